@@ -1,0 +1,41 @@
+# Entry points: `make demo` (the main job) and `make test`. Both install what they need first and are idempotent:
+# stamps under .venv/ record what was installed, so a second run only re-checks and goes straight to the work.
+PYTHON ?= /usr/bin/python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+OUT    ?= results
+TRIALS ?=
+
+.PHONY: all demo test install system venv bench figures clean
+
+all: demo
+
+# --- installation -------------------------------------------------------------------------------------------
+system:
+	@bash install/system.sh
+
+$(PY): | system
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+
+# Reinstall the Python side when the package definition or the pinned versions change.
+$(VENV)/.installed: setup.py install/constraints.txt | $(PY)
+	PIP_CONSTRAINT=install/constraints.txt $(PY) -m pip install -q -e '.[test]'
+	@touch $@
+
+venv: $(VENV)/.installed
+
+install: system venv
+
+# --- jobs ---------------------------------------------------------------------------------------------------
+demo: install
+	$(VENV)/bin/mbalancer demo --out $(OUT)
+
+test: install
+	$(VENV)/bin/python -m pytest
+
+bench: install
+	$(PY) experiments/benchmarks/bench_simulation.py $(if $(TRIALS),--trials $(TRIALS))
+
+clean:
+	rm -rf $(VENV) $(OUT) build *.egg-info .pytest_cache

@@ -1,0 +1,1 @@
+"""Controller: hot-key decisions, replica weights, replication and coherence, independent of the switch."""

@@ -1,0 +1,1 @@
+"""Experiments: the imbalance-factor simulation, Mininet experiment runners, notebooks and benchmarks."""

@@ -1,0 +1,31 @@
+"""`mbalancer` command: one entry point, each part of the system registers its own subcommands.
+
+Library code raises typed errors; only this layer prints and picks exit codes (2 for bad arguments, as argparse).
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+from experiments.simulation import cli as simulation_cli
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="mbalancer", description="In-network load balancing of memcached hot keys.")
+    parser.add_argument("-v", "--verbose", action="store_true", help="log what the system decides and why")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    simulation_cli.register(commands)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING,
+                        format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    return args.run(args, args.fail)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""Monitor: capture memcached requests and find the hot keys with bounded memory."""

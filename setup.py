@@ -1,0 +1,28 @@
+"""MBalancer: in-network load balancing of memcached hot keys (after Moyal, 2016)."""
+from setuptools import find_packages, setup
+
+setup(
+    name="mbalancer",
+    version="0.1.0",
+    description="In-network load balancing of memcached hot keys: monitor, controller, data planes, experiments",
+    long_description=open("README.md", encoding="utf-8").read(),
+    long_description_content_type="text/markdown",
+    python_requires=">=3.9",
+    # The top-level folders are the packages (design card): controller/, monitor/, topologies/, experiments/,
+    # plus mbalancer/ for the command line that ties them together.
+    packages=find_packages(include=["mbalancer*", "controller*", "monitor*", "topologies*", "experiments*"]),
+    package_data={"experiments": ["notebooks/*.ipynb"]},
+    install_requires=[
+        "numpy>=1.24",
+        "matplotlib>=3.7",
+    ],
+    extras_require={
+        "test": [
+            "pytest>=7",
+            "nbclient>=0.8",
+            "nbformat>=5.9",
+            "ipykernel>=6.25",
+        ],
+    },
+    entry_points={"console_scripts": ["mbalancer = mbalancer.cli:main"]},
+)

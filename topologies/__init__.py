@@ -1,0 +1,1 @@
+"""Mininet topologies and switch nodes for MBalancer experiments."""
