@@ -16,7 +16,7 @@ system:
 
 $(PY): | system
 	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip
+	PIP_CONSTRAINT=install/constraints.txt $(PY) -m pip install -q --upgrade pip
 
 # Reinstall the Python side when the package definition or the pinned versions change.
 $(VENV)/.installed: setup.py install/constraints.txt | $(PY)

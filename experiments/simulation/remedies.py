@@ -1,8 +1,10 @@
 """Remedies for hot keys, applied to every trial of a Placement at once.
 
-A remedy takes the hottest keys one at a time (`add`), hottest first, as the thesis does, and can report the
-server loads after any number of keys. Adding keys one by one lets the auto-H search stop at the first H that
-reaches its target without redoing the work for each H.
+A remedy takes the hottest keys one at a time (`add`), hottest first, and can report the server loads after any
+number of keys. Each key is placed given the loads at the moment it becomes hot, with keys not yet hot still
+counted at their homes: the thesis's rule ("upon adding a hot key, the selected group is the one with the least
+such load") and what a controller sees as keys heat up. So the loads after H keys are the same whether H was
+fixed or reached by the auto-H search, which stops at the first H that reaches its target without redoing work.
 
 - ReplicatedGroups: MBalancer. Servers form G groups of n/G; each hot key goes to one group and all its
   requests are spread over that group: in equal shares (`equal`, the thesis) or by water-filling over the

@@ -1,0 +1,19 @@
+"""Shared test helpers: run the installed `mbalancer` command as a user would."""
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+MBALANCER = Path(sys.executable).parent / "mbalancer"
+
+
+@pytest.fixture
+def run_cli():
+    """Run `mbalancer ARGS...`; returns the CompletedProcess (text mode, output captured)."""
+    def run(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+        assert MBALANCER.exists(), f"console script missing at {MBALANCER}: is the package installed (pip install -e .)?"
+        return subprocess.run([str(MBALANCER), *args], capture_output=True, text=True, timeout=timeout)
+    return run

@@ -1,0 +1,16 @@
+"""The benchmark scripts run and print their figures (a smoke run at a tiny size; speed is not judged here)."""
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def test_simulation_benchmark_prints_timings():
+    result = subprocess.run([sys.executable, str(REPO / "experiments/benchmarks/bench_simulation.py"),
+                             "--trials", "20"], capture_output=True, text=True, timeout=300, cwd=REPO)
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout.strip().splitlines()[-1])
+    assert set(report["seconds"]) == {"3.1", "3.2", "3.3", "4.3"}
+    assert report["total_seconds"] > 0 and report["met"]
