@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from dataclasses import replace
+from dataclasses import asdict
 from pathlib import Path
 from typing import Callable
 
@@ -84,7 +84,7 @@ def _run_imbalance(args: argparse.Namespace, fail: Fail) -> int:
         print(f"mbalancer: imbalance factor {search['target']} not reached with up to {search['searched_up_to']} "
               f"hot keys (best {search['best_imbalance_factor']:.4f} at H={search['best_hot']})", file=sys.stderr)
         if args.json:
-            print(json.dumps({"auto": search, "inputs": scenario.__dict__}))
+            print(json.dumps({"auto": search, "inputs": asdict(scenario)}))
         return 1
     report = outcome.summary()
     if search:

@@ -14,6 +14,8 @@ fixed or reached by the auto-H search, which stops at the first H that reaches i
 """
 from __future__ import annotations
 
+from typing import Protocol
+
 import numpy as np
 
 from controller.water_filling import water_fill
@@ -21,6 +23,16 @@ from experiments.simulation.placement import Placement
 
 REPLICA_MODES = ("equal", "weighted")
 REMEDY_MODES = REPLICA_MODES + ("move",)
+
+
+class Remedy(Protocol):
+    """What every remedy offers: make the next hottest key hot, read the loads, count the copies it stored."""
+
+    extra_copies: np.ndarray  # (trials,)
+
+    def add(self, weight: float, homes: np.ndarray) -> None: ...
+
+    def loads(self) -> np.ndarray: ...
 
 
 class ReplicatedGroups:
@@ -86,7 +98,7 @@ class MovedKeys:
         return self._loads
 
 
-def make_remedy(placement: Placement, mode: str, groups: int = 1) -> ReplicatedGroups | MovedKeys:
+def make_remedy(placement: Placement, mode: str, groups: int = 1) -> Remedy:
     """The remedy named by `mode`: `equal` or `weighted` (MBalancer with `groups` groups), or `move`."""
     if mode == "move":
         return MovedKeys(placement)

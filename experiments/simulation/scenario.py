@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 
 from experiments.simulation.placement import Placement, place
-from experiments.simulation.remedies import (REMEDY_MODES, extra_servers_to_match, imbalance_factor,
+from experiments.simulation.remedies import (REMEDY_MODES, Remedy, extra_servers_to_match, imbalance_factor,
                                              make_remedy)
 from experiments.simulation.zipf import hot_share, zipf_weights
 
@@ -153,7 +153,7 @@ def smallest_hot_for(scenario: Scenario, target: float) -> tuple[Outcome | None,
     return None, facts
 
 
-def _outcome(scenario: Scenario, placement: Placement, remedy) -> Outcome:
+def _outcome(scenario: Scenario, placement: Placement, remedy: Remedy) -> Outcome:
     loads = remedy.loads()
     return Outcome(
         scenario=scenario,
