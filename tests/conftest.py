@@ -17,3 +17,11 @@ def run_cli():
         assert MBALANCER.exists(), f"console script missing at {MBALANCER}: is the package installed (pip install -e .)?"
         return subprocess.run([str(MBALANCER), *args], capture_output=True, text=True, timeout=timeout)
     return run
+
+
+@pytest.fixture(scope="module")
+def memcached():
+    """A real memcached on a free loopback port, TCP and UDP, stopped by PID after the module's tests."""
+    from mbalancer.memcache.server import MemcachedServer
+    with MemcachedServer(max_item="2m") as server:
+        yield server
