@@ -206,3 +206,10 @@ def test_reply_stream():
     wire = b"VALUE a 0 3\r\nabc\r\nEND\r\nSTORED\r\nEN\r\n"
     out = parser.feed(wire[:10]) + parser.feed(wire[10:])
     assert [type(r).__name__ for r in out] == ["ValuesReply", "StatusReply", "MetaReply"]
+
+
+def test_a_lone_noreply_is_the_key_not_the_option():
+    # memcached 1.6 answers `delete noreply` with DELETED: the token is the key, and a reply comes.
+    req = parse_request(b"delete noreply\r\n")
+    assert req.key == b"noreply" and not req.noreply
+    assert parse_request(b"delete k 0 noreply\r\n").noreply

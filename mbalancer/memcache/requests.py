@@ -17,6 +17,7 @@ TOUCH_RETRIEVAL = ("gat", "gats")
 STORAGE = ("set", "add", "replace", "append", "prepend", "cas")
 ARITHMETIC = ("incr", "decr")
 META = ("mg", "ms", "md", "ma", "mn")
+GETS = RETRIEVAL + TOUCH_RETRIEVAL + ("mg",)
 WRITES = STORAGE + ARITHMETIC + ("delete", "touch", "ms", "md", "ma")
 # Commands without keys: parsed so the monitor can tell them from garbage, otherwise ignored.
 ADMIN = ("version", "stats", "flush_all", "verbosity", "quit", "shutdown", "cache_memlimit", "lru_crawler",
@@ -45,7 +46,7 @@ class Request:
     @property
     def is_get(self) -> bool:
         """A read of one or more keys (get, gets, gat, gats, mg)."""
-        return self.command in RETRIEVAL + TOUCH_RETRIEVAL + ("mg",)
+        return self.command in GETS
 
     @property
     def is_single_key_get(self) -> bool:
@@ -84,9 +85,10 @@ def parse_request(buf: bytes, max_value: int = MAX_VALUE) -> Request | NotParsed
 
 def _retrieval(command, args, buf, size, max_value):
     if command in TOUCH_RETRIEVAL:
-        if not args or sint(args[0]) is None:
+        exptime = sint(args[0]) if args else None
+        if exptime is None:
             return NotParsed(f"{command} needs an expiry time then keys")
-        exptime, args = sint(args[0]), args[1:]
+        args = args[1:]
     else:
         exptime = None
     if not args:
@@ -99,8 +101,8 @@ def _retrieval(command, args, buf, size, max_value):
 
 def _storage(command, args, buf, size, max_value):
     fields = 5 if command == "cas" else 4  # key flags exptime bytes [cas]
-    noreply = len(args) == fields + 1 and args[-1] == b"noreply"
-    if len(args) != fields + noreply:
+    args, noreply = _split_noreply(args)
+    if len(args) != fields:
         return NotParsed(f"{command} takes key flags exptime bytes{' cas' if command == 'cas' else ''} [noreply]")
     key, flags, exptime, length = args[0], uint(args[1], 32), sint(args[2]), uint(args[3], 63)
     cas = uint(args[4], 64) if command == "cas" else None
@@ -115,8 +117,8 @@ def _storage(command, args, buf, size, max_value):
 
 
 def _delete(command, args, buf, size, max_value):
-    noreply = bool(args) and args[-1] == b"noreply"
-    rest = args[1:len(args) - noreply]
+    args, noreply = _split_noreply(args)
+    rest = args[1:]
     if not args or len(rest) > 1 or (rest and rest[0] != b"0"):
         return NotParsed("delete takes key [0] [noreply]")
     if problem := key_problem(args[0]):
@@ -126,8 +128,8 @@ def _delete(command, args, buf, size, max_value):
 
 def _key_and_number(command, args, buf, size, max_value):
     """incr/decr <key> <delta> and touch <key> <exptime>, each with an optional noreply."""
-    noreply = len(args) == 3 and args[2] == b"noreply"
-    if len(args) != 2 + noreply:
+    args, noreply = _split_noreply(args)
+    if len(args) != 2:
         return NotParsed(f"{command} takes key {'exptime' if command == 'touch' else 'value'} [noreply]")
     if problem := key_problem(args[0]):
         return NotParsed(problem)
@@ -162,6 +164,13 @@ def _meta(command, args, buf, size, max_value):
     if isinstance(data, NotParsed):
         return data
     return Request(command, (key,), size + length + 2, quiet, data=data, meta_flags=tuple(rest))
+
+
+def _split_noreply(args: list[bytes]) -> tuple[list[bytes], bool]:
+    """Split off a trailing `noreply`. A lone token stays: it is the key (`delete noreply` deletes "noreply")."""
+    if len(args) > 1 and args[-1] == b"noreply":
+        return args[:-1], True
+    return args, False
 
 
 _PARSERS = {**{c: _retrieval for c in RETRIEVAL + TOUCH_RETRIEVAL}, **{c: _storage for c in STORAGE},
