@@ -15,6 +15,7 @@ setup(
     install_requires=[
         "numpy>=1.24",
         "matplotlib>=3.7",
+        "pymemcache>=4.0",
     ],
     extras_require={
         "test": [

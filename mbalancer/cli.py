@@ -9,6 +9,7 @@ import logging
 import sys
 
 from experiments.simulation import cli as simulation_cli
+from experiments.workload import cli as workload_cli
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -16,6 +17,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("-v", "--verbose", action="store_true", help="log what the system decides and why")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     simulation_cli.register(commands)
+    workload_cli.register(commands)
     return parser
 
 

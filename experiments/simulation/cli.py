@@ -13,7 +13,8 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Callable
 
-from experiments.simulation.figures import FIGURES, make_figure, stderr_progress
+from experiments.simulation.figures import FIGURES, make_figure
+from mbalancer.progress import stderr_progress
 from experiments.simulation.headline import format_headline, headline
 from experiments.simulation.remedies import REMEDY_MODES
 from experiments.simulation.scenario import Outcome, Scenario, ScenarioError, simulate, smallest_hot_for

@@ -7,7 +7,6 @@ between curves are not sampling noise.
 from __future__ import annotations
 
 import csv
-import sys
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Iterable
@@ -158,8 +157,3 @@ def make_figure(name: str, out: Path, base: Scenario, progress: Callable[[str], 
     plot(spec, rows, png_path, base)
     return [csv_path, png_path]
 
-
-def stderr_progress(line: str) -> None:
-    """Progress on one rewritten terminal line (plain lines when stderr is not a terminal)."""
-    end = "\r" if sys.stderr.isatty() else "\n"
-    print(f"{line:<60}", end=end, file=sys.stderr, flush=True)

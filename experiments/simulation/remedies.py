@@ -106,8 +106,8 @@ def make_remedy(placement: Placement, mode: str, groups: int = 1) -> Remedy:
 
 
 def imbalance_factor(loads: np.ndarray) -> np.ndarray:
-    """Mean server load over the maximum, per trial: loads (trials, servers) -> (trials,)."""
-    return loads.mean(axis=1) / loads.max(axis=1)
+    """Mean server load over the maximum, along the last axis: (trials, servers) -> (trials,), (servers,) -> ()."""
+    return loads.mean(axis=-1) / loads.max(axis=-1)
 
 
 def extra_servers_to_match(loads: np.ndarray, target_max: np.ndarray) -> np.ndarray:

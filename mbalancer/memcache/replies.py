@@ -123,3 +123,30 @@ def _meta_value(tokens, buf, after, max_value) -> MetaReply | NotParsed:
     if isinstance(value, NotParsed):
         return value
     return MetaReply("VA", tuple(tokens[2:]), value, after + length + 2)
+
+
+OUTCOMES = ("hit", "miss", "stored", "not_stored", "exists", "not_found", "deleted", "touched", "number", "meta",
+            "error", "malformed")
+
+
+def reply_outcome(payload: bytes) -> str:
+    """One word for what a reply says (one of OUTCOMES), cheap for the replies a load generator sees most: a hit is
+    judged by its framing (VALUE ... END) without re-reading the value; anything else gets the full parser."""
+    if payload == b"END\r\n":
+        return "miss"
+    if payload.startswith(b"VALUE ") and payload.endswith(b"\r\nEND\r\n"):
+        return "hit"
+    if payload == b"STORED\r\n":
+        return "stored"
+    reply = parse_reply(payload)
+    if isinstance(reply, NotParsed) or reply.size != len(payload):
+        return "malformed"
+    if isinstance(reply, ValuesReply):
+        return "hit" if reply.hit else "miss"
+    if isinstance(reply, NumberReply):
+        return "number"
+    if isinstance(reply, MetaReply):
+        return "meta"
+    if reply.is_error:
+        return "error"
+    return reply.status.lower() if reply.status.lower() in OUTCOMES else "error"
