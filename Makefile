@@ -36,6 +36,7 @@ test: install
 
 bench: install
 	$(PY) experiments/benchmarks/bench_simulation.py $(if $(TRIALS),--trials $(TRIALS))
+	$(PY) experiments/benchmarks/bench_load.py
 
 clean:
 	rm -rf $(VENV) $(OUT) build *.egg-info .pytest_cache

@@ -14,3 +14,13 @@ def test_simulation_benchmark_prints_timings():
     report = json.loads(result.stdout.strip().splitlines()[-1])
     assert set(report["seconds"]) == {"3.1", "3.2", "3.3", "4.3"}
     assert report["total_seconds"] > 0 and report["met"]
+
+
+def test_load_benchmark_prints_rates():
+    result = subprocess.run([sys.executable, str(REPO / "experiments/benchmarks/bench_load.py"), "--seconds", "0.2",
+                             "--target", "1000"], capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout.strip().splitlines()[-1])
+    assert {r["protocol"] for r in report["rows"]} == {"udp", "tcp"}
+    assert all(r["gets_per_s"] > 0 and r["generator_cores"] > 0 for r in report["rows"])
+    assert report["met"]

@@ -90,7 +90,9 @@ class ClosedLoop:
                     self._report(now, end)
                     next_report = now + PROGRESS_EVERY
         finally:
-            self.records.duration = min(time.perf_counter(), end) - self.start
+            now = time.perf_counter()
+            self.records.duration = min(now, end) - self.start
+            self._report(now, end)  # the final count, also for runs shorter than one progress period
             self._close()
         return self.records
 
