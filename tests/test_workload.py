@@ -183,3 +183,11 @@ def test_load_command_bad_options_exit_2(run_cli, args, message):
 def test_load_command_populate_failure_exits_1(run_cli):
     result = run_cli("load", "--servers", str(nobody_listens()), "--populate", "--duration", "0")
     assert result.returncode == 1 and "cannot populate" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_large_values_reassemble_under_load(two_servers):
+    workload = Workload(servers=two_servers, keys=6, value_size=300_000, clients=4, requests=60,
+                        key_prefix="big:")
+    populate(workload)
+    summary = summarise(run_load(workload), workload)
+    assert summary["hits"] == 60 and summary["strays"] == 0

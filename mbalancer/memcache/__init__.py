@@ -7,6 +7,12 @@ requests.py  parse one ASCII request: get/gets/gat/gats, storage commands with t
 replies.py   parse one reply: VALUE ... END, status words, errors, numbers, meta VA/HD/EN/...
 stream.py    parse a TCP byte stream incrementally, across segments
 results.py   NotParsed: what every parser returns instead of raising on bytes it cannot read
+addresses.py server addresses as users write them (host:port)
+hashing.py   key -> server hashes as clients use them: ketama, modulo, skewed (experiments)
+pending.py   one outstanding UDP request: matches its reply's datagrams by request id, drops strays
+client.py    blocking clients: UdpClient (ours) and tcp_client (pymemcache)
+udp.py       UDP sockets with room for a 1 MB reply
+server.py    start and stop a local memcached (tests, benchmarks)
 """
 from mbalancer.memcache.frame import UDP_HEADER_SIZE, UdpFrame, pack_udp_frame, parse_udp_frame
 from mbalancer.memcache.keys import MAX_KEY_LENGTH, key_problem
