@@ -174,7 +174,8 @@ def test_load_command_human_output(run_cli, populated, tmp_path):
 
 @pytest.mark.parametrize("args, message", [(["--servers", "host:1"], "--servers"),
                                            (["--servers", "10.0.0.1,10.0.0.2", "--hash", "skewed:0.3"], "--hash"),
-                                           (["--servers", "10.0.0.1", "--clients", "0"], "--clients")])
+                                           (["--servers", "10.0.0.1", "--clients", "0"], "--clients"),
+                                           (["--servers", "10.0.0.1", "--duration", "0"], "nothing to do")])
 def test_load_command_bad_options_exit_2(run_cli, args, message):
     result = run_cli("load", *args)
     assert result.returncode == 2 and message in result.stderr and "Traceback" not in result.stderr

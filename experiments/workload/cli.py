@@ -54,6 +54,28 @@ def register(commands: argparse._SubParsersAction) -> None:
 
 
 def _run_load(args: argparse.Namespace, fail: Fail) -> int:
+    workload = _workload(args, fail)
+    load_nothing = workload.requests == 0 or (workload.requests is None and workload.duration == 0)
+    if load_nothing and not args.populate:
+        fail("nothing to do: --duration 0 or --requests 0 only makes sense with --populate")
+    if args.populate and not _populate(workload):
+        return 1
+    if load_nothing:
+        return 0
+    try:
+        records = run_load(workload, stderr_progress)
+    except OSError as err:
+        print(f"mbalancer load: cannot run the clients: {err}", file=sys.stderr)
+        return 1
+    end_progress()
+    summary = summarise(records, workload)
+    _write_outputs(args, records, workload, summary)
+    print(json.dumps(summary) if args.json else format_summary(summary, args.out))
+    return 0
+
+
+def _workload(args: argparse.Namespace, fail: Fail) -> Workload:
+    """The checked workload, or exit 2 naming the bad option."""
     try:
         servers = tuple(parse_servers(args.servers))
     except ValueError as err:
@@ -66,31 +88,27 @@ def _run_load(args: argparse.Namespace, fail: Fail) -> int:
         workload.check()
     except WorkloadError as err:
         fail(str(err))
-    if args.populate:
-        try:
-            stored = populate(workload, stderr_progress)
-        except PopulateError as err:
-            print(f"mbalancer load: {err}", file=sys.stderr)
-            return 1
-        end_progress()
-        print(f"populated {sum(stored.values())} keys of {workload.value_size} bytes: "
-              + ", ".join(f"{server} {n}" for server, n in stored.items()), file=sys.stderr)
-        if workload.requests == 0 or (workload.requests is None and workload.duration == 0):
-            return 0
+    return workload
+
+
+def _populate(workload: Workload) -> bool:
     try:
-        records = run_load(workload, stderr_progress)
-    except OSError as err:
-        print(f"mbalancer load: cannot run the clients: {err}", file=sys.stderr)
-        return 1
+        stored = populate(workload, stderr_progress)
+    except PopulateError as err:
+        print(f"mbalancer load: {err}", file=sys.stderr)
+        return False
     end_progress()
-    summary = summarise(records, workload)
+    print(f"populated {sum(stored.values())} keys of {workload.value_size} bytes: "
+          + ", ".join(f"{server} {n}" for server, n in stored.items()), file=sys.stderr)
+    return True
+
+
+def _write_outputs(args: argparse.Namespace, records, workload: Workload, summary: dict) -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
     if not args.no_records:
         write_csv(records, workload, args.out / "records.csv")
     plot_run(records, summary, args.out / "load.png")
-    print(json.dumps(summary) if args.json else format_summary(summary, args.out))
-    return 0
 
 
 def format_summary(s: dict, out: Path) -> str:
