@@ -10,6 +10,7 @@ import sys
 
 from experiments.simulation import cli as simulation_cli
 from experiments.workload import cli as workload_cli
+from monitor import cli as monitor_cli
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -18,6 +19,7 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     simulation_cli.register(commands)
     workload_cli.register(commands)
+    monitor_cli.register(commands)
     return parser
 
 

@@ -1,0 +1,99 @@
+"""`mbalancer monitor`: the hot keys of live traffic (--iface) or of a capture file (--pcap), per interval.
+
+Output contract: with --json, one JSON object per interval on stdout:
+{"time", "interval", "total", "rate", "top": [{"key", "count", "rate", "share", "error"}, ...], "packets",
+ "sample", "skipped": {reason: n}, "ignored"}; counts are estimated gets (scaled by --sample), `error` bounds how
+much `count` may overstate. --push URL POSTs the same object to the controller. Exit 2 for bad options or an
+unreadable --pcap or --iface.
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+import time
+from typing import Callable
+
+from monitor.capture import CaptureError, LiveCapture
+from monitor.frames import SUPPORTED_LINKTYPES
+from monitor.monitor import Monitor
+from monitor.outputs import Fanout, HttpPush, JsonLines, TerminalView
+from monitor.pcapfile import CaptureFile, PcapError
+
+log = logging.getLogger(__name__)
+Fail = Callable[[str], None]
+
+
+def register(commands: argparse._SubParsersAction) -> None:
+    parser = commands.add_parser(
+        "monitor", help="find the hot keys in live traffic or a capture file",
+        description="Count memcached get requests per key (UDP and TCP) in bounded memory and report the top keys "
+                    "every interval.")
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--iface", help="capture live on this interface (needs root)")
+    source.add_argument("--pcap", help="read a pcap or pcapng file; intervals follow its timestamps")
+    parser.add_argument("--port", type=int, default=11211, help="memcached port (default 11211)")
+    parser.add_argument("--sample", type=int, default=1, help="live: keep 1 in K requests, in the kernel (default 1)")
+    parser.add_argument("--interval", type=float, default=1.0, help="seconds per report (default 1)")
+    parser.add_argument("--top", type=int, default=10, help="hot keys per report, H (default 10)")
+    parser.add_argument("--capacity", type=int, default=1024,
+                        help="keys the summary tracks: sets the memory, not the number of distinct keys (default 1024)")
+    parser.add_argument("--duration", type=float, help="live: stop after this many seconds (default: until Ctrl-C)")
+    parser.add_argument("--json", action="store_true", help="one JSON object per interval instead of the table")
+    parser.add_argument("--push", metavar="URL", help="POST each report as JSON to this URL (the controller)")
+    parser.set_defaults(run=_run_monitor, fail=parser.error)
+
+
+def _run_monitor(args: argparse.Namespace, fail: Fail) -> int:
+    if not 0 < args.port < 65536:
+        fail(f"--port must be 1-65535 (got {args.port})")
+    if args.sample < 1 or args.top < 1 or args.capacity < args.top or not args.interval > 0:
+        fail("--sample and --top must be at least 1, --capacity at least --top, --interval positive")
+    if args.pcap and args.sample != 1:
+        fail("--sample applies to live capture only (the kernel samples); a pcap is read whole")
+    if args.duration is not None and not args.duration > 0:
+        fail(f"--duration must be positive (got {args.duration})")
+    outputs = [JsonLines() if args.json else TerminalView(source=args.iface or args.pcap)]
+    push = HttpPush(args.push) if args.push else None
+    monitor = Monitor(Fanout(*outputs, *([push] if push else [])), port=args.port, top=args.top,
+                      interval=args.interval, capacity=args.capacity, sample=args.sample)
+    try:
+        stats = _read_pcap(monitor, args.pcap) if args.pcap else _capture(monitor, args)
+    except (PcapError, CaptureError) as err:
+        fail(str(err))
+    totals = monitor.totals
+    print(f"mbalancer monitor: {stats}; {totals['gets']} gets counted, {totals['skipped']} skipped, "
+          f"{totals['ignored']} other traffic, {totals['reports']} reports"
+          + (f", {push.sent} pushed, {push.failed} failed pushes" if push else ""), file=sys.stderr)
+    return 0
+
+
+def _read_pcap(monitor: Monitor, path: str) -> str:
+    capture = CaptureFile(path)
+    last, packets = None, 0
+    for timestamp, linktype, frame in capture:
+        if linktype not in SUPPORTED_LINKTYPES:
+            raise PcapError(f"{path}: link type {linktype} is not supported "
+                            f"(supported: {', '.join(map(str, SUPPORTED_LINKTYPES))})")
+        monitor.frame(timestamp, linktype, frame)
+        last, packets = timestamp, packets + 1
+    monitor.finish(last)
+    return f"read {packets} packets from {path}" + (" (the last one cut short)" if capture.truncated else "")
+
+
+def _capture(monitor: Monitor, args: argparse.Namespace) -> str:
+    capture = LiveCapture(args.iface, args.port, args.sample)
+    until = time.monotonic() + (args.duration if args.duration else float("inf"))
+    try:
+        for timestamp, frame in capture.frames(until, wake_every=args.interval / 4):
+            if frame is None:
+                monitor.advance(timestamp)
+            else:
+                monitor.frame(timestamp, capture.linktype, frame)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        capture.close()
+    monitor.finish(time.time())
+    return (f"captured {capture.received} requests on {args.iface} (after the kernel filter"
+            f"{f' and 1-in-{args.sample} sampling' if args.sample > 1 else ''}), {capture.dropped} dropped by the kernel")

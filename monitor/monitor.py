@@ -1,0 +1,93 @@
+"""Frames in, one report per interval out.
+
+Time comes from the frames (capture time, or the pcap's own timestamps), so a pcap replays its intervals exactly
+as they happened, whatever the reading speed. Counts from a 1-in-k sampled capture are multiplied by k.
+"""
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from typing import Any, Callable
+
+from monitor.frames import memcached_segment
+from monitor.get_keys import get_keys
+from monitor.heavy_hitters import SpaceSaving
+
+log = logging.getLogger(__name__)
+Report = dict[str, Any]
+# Frame outcomes that are other traffic, not broken memcached: counted apart from "skipped".
+IGNORED = ("not IPv4", "other port", "not UDP or TCP", "IPv4 fragment")
+MAX_EMPTY_REPORTS = 1000  # intervals reported at most for one gap in the traffic
+
+
+class Monitor:
+    def __init__(self, on_report: Callable[[Report], None], port: int = 11211, top: int = 10,
+                 interval: float = 1.0, capacity: int = 1024, sample: int = 1):
+        if interval <= 0 or top < 1 or capacity < top or sample < 1:
+            raise ValueError("interval > 0, top >= 1, capacity >= top and sample >= 1 are required")
+        self.on_report = on_report
+        self.port, self.top, self.interval, self.sample = port, top, interval, sample
+        self.summary = SpaceSaving(capacity)
+        self.window_start: float | None = None
+        self.packets = 0  # frames in this window
+        self.skipped: Counter = Counter()  # memcached-port payloads that are not readable requests, by reason
+        self.ignored = 0  # other traffic
+        self.totals: Counter = Counter()  # over the whole run: packets, gets, skipped, ignored, reports
+
+    def frame(self, timestamp: float, linktype: int, frame: bytes) -> None:
+        self.advance(timestamp)
+        self.packets += 1
+        segment = memcached_segment(frame, linktype, self.port)
+        if isinstance(segment, str):
+            if segment in IGNORED:
+                self.ignored += 1
+            else:
+                self.skipped[segment] += 1
+            return
+        keys = get_keys(segment)
+        if isinstance(keys, str):
+            self.skipped[keys] += 1
+        elif keys:
+            self.summary.add(keys)
+
+    def advance(self, now: float) -> None:
+        """Close every interval that ended before `now`, reporting each."""
+        if self.window_start is None:
+            self.window_start = now
+            return
+        reports = 0
+        while now >= self.window_start + self.interval:
+            if reports == MAX_EMPTY_REPORTS:  # a long silence in a pcap: jump to the interval `now` is in
+                self.window_start += (now - self.window_start) // self.interval * self.interval
+                break
+            self._report(self.window_start + self.interval)
+            reports += 1
+
+    def finish(self, now: float | None = None) -> None:
+        """Report the last, partial interval (end of a pcap, or of a live run)."""
+        if self.window_start is None:
+            return
+        end = now if now is not None else self.window_start + self.interval
+        if end > self.window_start:
+            self._report(end)
+
+    def _report(self, end: float) -> None:
+        hitters = self.summary.top(self.top)  # merges the pending batch, so total is complete
+        length = end - self.window_start
+        total = self.summary.total * self.sample
+        report = {
+            "time": end, "interval": length, "total": total, "rate": total / length,
+            "top": [{"key": h.key.decode("utf-8", "backslashreplace"), "count": h.count * self.sample,
+                     "rate": h.count * self.sample / length, "share": h.count / max(self.summary.total, 1),
+                     "error": h.error * self.sample} for h in hitters],
+            "packets": self.packets, "sample": self.sample, "skipped": dict(self.skipped), "ignored": self.ignored,
+        }
+        self.totals.update(packets=self.packets, gets=self.summary.total, ignored=self.ignored, reports=1,
+                           skipped=sum(self.skipped.values()))
+        log.info("interval ending %.3f: %d gets, top %s", end, total,
+                 ", ".join(f"{t['key']} {100 * t['share']:.1f}%" for t in report["top"][:3]))
+        self.window_start = end
+        self.packets, self.ignored = 0, 0
+        self.skipped = Counter()
+        self.summary.reset()
+        self.on_report(report)

@@ -1,0 +1,75 @@
+"""What happens to each report: a live terminal view (like mctop), JSON lines, an HTTP push to the controller.
+
+Push protocol (for the controller, issue 5): each report is sent as the body of an HTTP POST to the configured URL,
+Content-Type application/json, the same object as a --json line. A failed push is logged and counted, never fatal:
+the next interval's report supersedes it.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import sys
+import urllib.error
+import urllib.request
+from typing import TextIO
+
+from monitor.monitor import Report
+
+log = logging.getLogger(__name__)
+
+
+class JsonLines:
+    def __init__(self, out: TextIO = sys.stdout):
+        self.out = out
+
+    def __call__(self, report: Report) -> None:
+        print(json.dumps(report), file=self.out, flush=True)
+
+
+class TerminalView:
+    """The top keys as a table; on a terminal the screen is redrawn each interval, elsewhere tables follow."""
+
+    def __init__(self, out: TextIO = sys.stdout, source: str = ""):
+        self.out = out
+        self.source = source
+        self.redraw = out.isatty()
+
+    def __call__(self, report: Report) -> None:
+        lines = [f"mbalancer monitor {self.source}  {report['rate']:,.0f} gets/s over {report['interval']:.2f} s  "
+                 f"packets {report['packets']}  skipped {sum(report['skipped'].values())}  "
+                 f"other traffic {report['ignored']}" + (f"  sample 1/{report['sample']}" if report["sample"] > 1 else ""),
+                 f"{'#':>3} {'key':<40} {'gets/s':>12} {'share':>7} {'± gets':>9}"]
+        for rank, hitter in enumerate(report["top"], 1):
+            lines.append(f"{rank:>3} {hitter['key'][:40]:<40} {hitter['rate']:>12,.1f} "
+                         f"{100 * hitter['share']:>6.2f}% {hitter['error']:>9}")
+        prefix = "\x1b[H\x1b[2J" if self.redraw else ""
+        print(prefix + "\n".join(lines) + ("" if self.redraw else "\n"), file=self.out, flush=True)
+
+
+class HttpPush:
+    def __init__(self, url: str, timeout: float = 0.5):
+        self.url = url
+        self.timeout = timeout
+        self.sent = self.failed = 0
+
+    def __call__(self, report: Report) -> None:
+        request = urllib.request.Request(self.url, data=json.dumps(report).encode(), method="POST",
+                                         headers={"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(request, timeout=self.timeout) as reply:
+                reply.read()
+            self.sent += 1
+        except (urllib.error.URLError, OSError, ValueError) as err:
+            self.failed += 1
+            log.warning("push of the report to %s failed (%s); %d failed so far", self.url, err, self.failed)
+
+
+class Fanout:
+    """Send each report to several outputs."""
+
+    def __init__(self, *outputs):
+        self.outputs = outputs
+
+    def __call__(self, report: Report) -> None:
+        for output in self.outputs:
+            output(report)
