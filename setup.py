@@ -23,6 +23,7 @@ setup(
             "nbclient>=0.8",
             "nbformat>=5.9",
             "ipykernel>=6.25",
+            "scapy>=2.5",  # tests write pcapng files and cross-check frame decoding
         ],
     },
     entry_points={"console_scripts": ["mbalancer = mbalancer.cli:main"]},

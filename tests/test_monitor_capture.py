@@ -1,0 +1,206 @@
+"""The monitor on real traffic: pcap and pcapng written by tcpdump and scapy, live capture on loopback, the push
+to the controller, and bad input on the command line."""
+from __future__ import annotations
+
+import http.server
+import json
+import signal
+import struct
+import subprocess
+import threading
+import time
+from collections import Counter
+
+import numpy as np
+import pytest
+
+from experiments.workload.engine import run_load
+from experiments.workload.populate import populate
+from experiments.workload.spec import Workload
+from mbalancer.memcache.addresses import ServerAddress
+from mbalancer.memcache.server import MemcachedServer
+
+REQUESTS = 20_000
+
+
+@pytest.fixture(scope="module")
+def server():
+    with MemcachedServer() as memcached:
+        address = ServerAddress(*memcached.address)
+        populate(Workload(servers=(address,), keys=500))
+        yield address
+
+
+def drive(server: ServerAddress, requests: int = REQUESTS, protocol: str = "udp") -> Counter:
+    """Run the load generator; returns how many gets each key got."""
+    workload = Workload(servers=(server,), keys=500, clients=8, requests=requests, protocol=protocol)
+    records = run_load(workload)
+    return Counter(f"key:{k + 1}" for k in records.key)
+
+
+class Tcpdump:
+    def __init__(self, path, port: int):
+        self.process = subprocess.Popen(["tcpdump", "-i", "lo", "--immediate-mode", "-B", "131072", "-U", "-s", "0", "-w", str(path),
+                                         f"udp dst port {port} or tcp dst port {port}"],
+                                        stderr=subprocess.PIPE, text=True)
+        assert "listening on" in self.process.stderr.readline()
+
+    def stop(self) -> str:
+        time.sleep(0.2)
+        self.process.send_signal(signal.SIGINT)
+        return self.process.communicate(timeout=10)[1]
+
+
+@pytest.fixture(scope="module")
+def captured(server, tmp_path_factory):
+    """A pcap written by tcpdump of REQUESTS gets (UDP) and 2000 (TCP), and the exact count per key."""
+    path = tmp_path_factory.mktemp("pcap") / "memcached.pcap"
+    tcpdump = Tcpdump(path, server.port)
+    counts = drive(server) + drive(server, 2000, "tcp")
+    stats = tcpdump.stop()
+    assert "0 packets dropped by kernel" in stats.splitlines(), stats
+    return path, counts
+
+
+def monitor_json(run_cli, *args):
+    result = run_cli("monitor", *args, "--json")
+    assert result.returncode == 0, result.stderr
+    return [json.loads(line) for line in result.stdout.splitlines()], result.stderr
+
+
+def test_pcap_from_tcpdump_counts_every_get(run_cli, captured, server):
+    path, counts = captured
+    reports, stderr = monitor_json(run_cli, "--pcap", str(path), "--port", str(server.port), "--top", "10")
+    assert sum(r["total"] for r in reports) == sum(counts.values())
+    assert "0 skipped" in stderr
+    # intervals follow the capture's timestamps: one-second windows, the last one partial
+    assert all(r["interval"] == pytest.approx(1.0) for r in reports[:-1])
+    merged = Counter()
+    for report in reports:
+        merged.update({t["key"]: t["count"] for t in report["top"]})
+    for key, _ in counts.most_common(5):
+        assert merged[key] == pytest.approx(counts[key], rel=0.05)
+
+
+def test_pcapng_gives_the_same_counts(run_cli, captured, server, tmp_path):
+    from scapy.utils import PcapNgWriter, rdpcap
+    path, counts = captured
+    pcapng = tmp_path / "memcached.pcapng"
+    with PcapNgWriter(str(pcapng)) as writer:
+        for packet in rdpcap(str(path)):
+            writer.write(packet)
+    reports, _ = monitor_json(run_cli, "--pcap", str(pcapng), "--port", str(server.port))
+    assert sum(r["total"] for r in reports) == sum(counts.values())
+
+
+def test_a_pcap_cut_short_is_read_up_to_the_cut(run_cli, captured, server, tmp_path):
+    path, counts = captured
+    cut = tmp_path / "cut.pcap"
+    whole = path.read_bytes()
+    position = 24  # walk the records to cut inside the data of the first one past half the file
+    while position < len(whole) // 2:
+        position += 16 + struct.unpack_from("<I", whole, position + 8)[0]
+    cut.write_bytes(whole[:position + 16 + 5])
+    reports, stderr = monitor_json(run_cli, "--pcap", str(cut), "--port", str(server.port))
+    assert 0.4 < sum(r["total"] for r in reports) / sum(counts.values()) < 0.6
+    assert "cut short" in stderr
+
+
+@pytest.mark.parametrize("content, message", [(None, "cannot open"), (b"", "not a pcap"),
+                                              (b"hello world, not a capture", "not a pcap"),
+                                              (b"\xd4\xc3\xb2\xa1\x02\x00", "header cut short"),
+                                              (b"\x0a\x0d\x0d\x0a\x1c\x00\x00\x00\x00\x00\x00\x00", "byte-order")])
+def test_missing_or_corrupt_pcap_exits_2(run_cli, tmp_path, content, message):
+    path = tmp_path / "bad.pcap"
+    if content is not None:
+        path.write_bytes(content)
+    result = run_cli("monitor", "--pcap", str(path))
+    assert result.returncode == 2 and message in result.stderr and "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize("args, message", [(["--iface", "nosuch0"], "no network interface"),
+                                           (["--pcap", "x", "--sample", "2"], "live capture only"),
+                                           (["--iface", "lo", "--top", "0"], "--top"),
+                                           (["--iface", "lo", "--port", "0"], "--port")])
+def test_bad_options_exit_2(run_cli, args, message):
+    result = run_cli("monitor", *args)
+    assert result.returncode == 2 and message in result.stderr and "Traceback" not in result.stderr
+
+
+def live_monitor(server: ServerAddress, *options: str):
+    from tests.conftest import MBALANCER
+    process = subprocess.Popen([str(MBALANCER), "monitor", "--iface", "lo", "--port", str(server.port), "--json",
+                                "--interval", "0.5", *options], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               text=True)
+    time.sleep(1.0)  # the socket is up well before this
+    return process
+
+
+def finish(process) -> tuple[list[dict], str]:
+    time.sleep(0.8)  # let the last interval close
+    process.send_signal(signal.SIGINT)
+    out, err = process.communicate(timeout=10)
+    assert process.returncode == 0, err
+    return [json.loads(line) for line in out.splitlines()], err
+
+
+def test_live_capture_counts_every_get(server):
+    process = live_monitor(server)
+    counts = drive(server)
+    reports, stderr = finish(process)
+    assert sum(r["total"] for r in reports) == REQUESTS
+    assert "0 dropped by the kernel" in stderr
+    hottest = max((t for r in reports for t in r["top"]), key=lambda t: t["count"])
+    assert hottest["key"] == counts.most_common(1)[0][0] == "key:1"
+
+
+def test_live_capture_sampled_in_the_kernel(server):
+    process = live_monitor(server, "--sample", "4")
+    drive(server)
+    reports, stderr = finish(process)
+    assert "1-in-4 sampling" in stderr
+    captured = int(stderr.split("captured ")[1].split()[0])
+    assert captured == pytest.approx(REQUESTS / 4, rel=0.1)
+    assert sum(r["total"] for r in reports) == pytest.approx(REQUESTS, rel=0.1)
+
+
+class Collector(http.server.BaseHTTPRequestHandler):
+    bodies: list = []
+
+    def do_POST(self):
+        length = int(self.headers["Content-Length"])
+        Collector.bodies.append((self.headers["Content-Type"], json.loads(self.rfile.read(length))))
+        self.send_response(204)
+        self.end_headers()
+
+    def log_message(self, *args):
+        pass
+
+
+def test_reports_are_pushed_to_the_controller(run_cli, captured, server):
+    path, _ = captured
+    httpd = http.server.HTTPServer(("127.0.0.1", 0), Collector)
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    try:
+        url = f"http://127.0.0.1:{httpd.server_address[1]}/monitor"
+        reports, stderr = monitor_json(run_cli, "--pcap", str(path), "--port", str(server.port), "--push", url)
+    finally:
+        httpd.shutdown()
+    assert [body for _, body in Collector.bodies] == reports
+    assert {kind for kind, _ in Collector.bodies} == {"application/json"}
+    assert f"{len(reports)} pushed, 0 failed" in stderr
+
+
+def test_a_failing_push_is_not_fatal(run_cli, captured, server):
+    path, _ = captured
+    reports, stderr = monitor_json(run_cli, "--pcap", str(path), "--port", str(server.port), "--push",
+                                   "http://127.0.0.1:9/none")
+    assert reports and f"0 pushed, {len(reports)} failed" in stderr
+
+
+def test_terminal_view(run_cli, captured, server):
+    path, _ = captured
+    result = run_cli("monitor", "--pcap", str(path), "--port", str(server.port), "--top", "3")
+    assert result.returncode == 0 and "key:1 " in result.stdout and "gets/s" in result.stdout
+    assert np.all([line.count("%") == 1 for line in result.stdout.splitlines() if line.strip().startswith("1 ")])
