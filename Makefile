@@ -37,6 +37,7 @@ test: install
 bench: install
 	$(PY) experiments/benchmarks/bench_simulation.py $(if $(TRIALS),--trials $(TRIALS))
 	$(PY) experiments/benchmarks/bench_load.py
+	$(PY) experiments/benchmarks/bench_monitor.py
 
 clean:
 	rm -rf $(VENV) $(OUT) build *.egg-info .pytest_cache

@@ -12,7 +12,7 @@ import socket
 import struct
 import time
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 from monitor.bpf import assemble, request_filter
 from monitor.frames import LINKTYPE_ETHERNET
@@ -57,13 +57,14 @@ class LiveCapture:
         self.sock.bind((iface, ETH_P_ALL))
         self.sock.setblocking(False)
 
-    def frames(self, until: float, wake_every: float) -> Iterator[tuple[float, bytes | None]]:
+    def frames(self, until: float, wake_every: float,
+               stop: Callable[[], bool] = lambda: False) -> Iterator[tuple[float, bytes | None]]:
         """(time, frame) as frames arrive; (time, None) at least every `wake_every` s, so reports go out on time
-        when traffic stops. Ends at monotonic time `until`."""
+        when traffic stops. Ends at monotonic time `until`, or once stop() says so."""
         poller = select.poll()
         poller.register(self.sock.fileno(), select.POLLIN)
         recv = self.sock.recv
-        while (left := until - time.monotonic()) > 0:
+        while (left := until - time.monotonic()) > 0 and not stop():
             if not poller.poll(min(left, wake_every) * 1000):
                 yield time.time(), None
                 continue

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import signal
 import sys
 import time
 from typing import Callable
@@ -84,14 +85,16 @@ def _read_pcap(monitor: Monitor, path: str) -> str:
 def _capture(monitor: Monitor, args: argparse.Namespace) -> str:
     capture = LiveCapture(args.iface, args.port, args.sample)
     until = time.monotonic() + (args.duration if args.duration else float("inf"))
+    # Ctrl-C and SIGTERM end the capture between packets (not in the middle of writing a report)
+    stopping = []
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, lambda *_: stopping.append(True))
     try:
-        for timestamp, frame in capture.frames(until, wake_every=args.interval / 4):
+        for timestamp, frame in capture.frames(until, wake_every=args.interval / 4, stop=lambda: bool(stopping)):
             if frame is None:
                 monitor.advance(timestamp)
             else:
                 monitor.frame(timestamp, capture.linktype, frame)
-    except KeyboardInterrupt:
-        pass
     finally:
         capture.close()
     monitor.finish(time.time())

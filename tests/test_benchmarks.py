@@ -24,3 +24,16 @@ def test_load_benchmark_prints_rates():
     assert {r["protocol"] for r in report["rows"]} == {"udp", "tcp"}
     assert all(r["gets_per_s"] > 0 and r["generator_cores"] > 0 for r in report["rows"])
     assert report["met"]
+
+
+def test_monitor_benchmark_prints_capture_figures():
+    result = subprocess.run([sys.executable, str(REPO / "experiments/benchmarks/bench_monitor.py"), "--rates", "50000",
+                             "--samples", "1,2", "--seconds", "1", "--trace-packets", "50000", "--target-pps", "40000"],
+                            capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert result.returncode == 0, result.stdout + result.stderr
+    report = json.loads(result.stdout.strip().splitlines()[-1])
+    exact = next(r for r in report["rows"] if r["sample"] == 1)
+    assert exact["offered"] == exact["sampled"] == exact["parsed"] == 50_000
+    assert exact["seen"] >= 50_000  # the veth may carry a few packets of its own (IPv6 neighbour discovery)
+    assert exact["recall"] == 1.0 and exact["worst_rate_error"] == 0.0
+    assert report["met"]

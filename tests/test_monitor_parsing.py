@@ -11,7 +11,7 @@ from monitor.frames import (LINKTYPE_ETHERNET, LINKTYPE_LINUX_SLL, LINKTYPE_LINU
                             TCP, UDP, Segment, memcached_segment)
 from monitor.get_keys import get_keys
 from monitor.monitor import Monitor
-from tests.traffic import ethernet, ipv4, tcp_frame, udp_frame
+from experiments.workload.trace import ethernet, ipv4, tcp_frame, udp_frame
 
 
 def test_udp_and_tcp_requests_to_the_port():

@@ -1,7 +1,10 @@
-"""Frames and traces for the monitor's tests, built with struct (fast enough for 10^5-packet traces)."""
+"""Synthetic memcached traffic as frames and pcap files: Zipf gets to load the monitor and the data planes
+without the cost of real clients (tcpreplay offers a pcap at hundreds of thousands of packets a second)."""
 from __future__ import annotations
 
 import struct
+from pathlib import Path
+from typing import Iterable
 
 import numpy as np
 
@@ -10,9 +13,11 @@ from mbalancer.memcache.frame import pack_udp_frame
 
 MAC_DST, MAC_SRC = b"\x02\x00\x00\x00\x00\x02", b"\x02\x00\x00\x00\x00\x01"
 IP_SRC, IP_DST = bytes([10, 0, 0, 1]), bytes([10, 0, 0, 2])
+LINKTYPE_ETHERNET = 1
 
 
 def ipv4(protocol: int, transport: bytes, flags_fragment: int = 0) -> bytes:
+    """An IPv4 packet from 10.0.0.1 to 10.0.0.2 (checksum left 0: nothing here routes it)."""
     header = struct.pack("!BBHHHBBH4s4s", 0x45, 0, 20 + len(transport), 1, flags_fragment, 64, protocol, 0,
                          IP_SRC, IP_DST)
     return header + transport
@@ -23,6 +28,7 @@ def ethernet(ip_packet: bytes, ethertype: int = 0x0800) -> bytes:
 
 
 def udp_frame(payload: bytes, dport: int = 11211, sport: int = 40000, request_id: int = 1) -> bytes:
+    """An Ethernet frame carrying one memcached UDP request (frame header included)."""
     data = pack_udp_frame(request_id, payload)
     return ethernet(ipv4(17, struct.pack("!HHHH", sport, dport, 8 + len(data), 0) + data))
 
@@ -40,13 +46,24 @@ def zipf_trace(keys: int, alpha: float, gets: int, seed: int = 1, ranks: np.ndar
     return drawn if ranks is None else ranks[drawn]
 
 
-def get_frames(key_indices: np.ndarray) -> list[bytes]:
+def get_frames(key_indices: np.ndarray, port: int = 11211) -> list[bytes]:
     """One UDP `get key:<i>` frame per request (frames of a key are built once and shared)."""
     cache: dict[int, bytes] = {}
     out = []
     for index in key_indices.tolist():
         frame = cache.get(index)
         if frame is None:
-            frame = cache[index] = udp_frame(b"get key:%d\r\n" % index)
+            frame = cache[index] = udp_frame(b"get key:%d\r\n" % index, dport=port)
         out.append(frame)
     return out
+
+
+def write_pcap(path: Path, frames: Iterable[bytes], rate: float = 100_000.0) -> None:
+    """A little-endian microsecond pcap of Ethernet frames, timestamped `rate` frames a second apart."""
+    record = struct.Struct("<IIII")
+    with open(path, "wb") as out:
+        out.write(struct.pack("<IHHiIII", 0xA1B2C3D4, 2, 4, 0, 0, 65535, LINKTYPE_ETHERNET))
+        for i, frame in enumerate(frames):
+            micros = int(i * 1e6 / rate)
+            out.write(record.pack(micros // 1_000_000, micros % 1_000_000, len(frame), len(frame)))
+            out.write(frame)
