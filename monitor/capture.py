@@ -77,11 +77,12 @@ class LiveCapture:
                 yield now, frame
             yield now, None
 
-    def update_statistics(self) -> None:
-        """Add the kernel's counters since the last call (reading them resets them)."""
+    def update_statistics(self) -> dict[str, int]:
+        """The kernel's counters since the last call (reading them resets them), also added to the totals."""
         packets, drops = struct.unpack("II", self.sock.getsockopt(SOL_PACKET, PACKET_STATISTICS, 8))
         self.received += packets
         self.dropped += drops
+        return {"kernel_received": packets, "kernel_dropped": drops}
 
     def close(self) -> None:
         self.update_statistics()

@@ -2,7 +2,8 @@
 
 Output contract: with --json, one JSON object per interval on stdout:
 {"time", "interval", "total", "rate", "top": [{"key", "count", "rate", "share", "error"}, ...], "packets",
- "sample", "skipped": {reason: n}, "ignored"}; counts are estimated gets (scaled by --sample), `error` bounds how
+ "sample", "skipped": {reason: n}, "ignored"}, and live also "kernel_received" and "kernel_dropped" (requests the
+socket lost for lack of buffer: counts are short by that much); counts are estimated gets (scaled by --sample), `error` bounds how
 much `count` may overstate. --push URL POSTs the same object to the controller. Exit 2 for bad options or an
 unreadable --pcap or --iface.
 """
@@ -84,6 +85,7 @@ def _read_pcap(monitor: Monitor, path: str) -> str:
 
 def _capture(monitor: Monitor, args: argparse.Namespace) -> str:
     capture = LiveCapture(args.iface, args.port, args.sample)
+    monitor.source_counters = capture.update_statistics  # each report says what the kernel dropped meanwhile
     until = time.monotonic() + (args.duration if args.duration else float("inf"))
     # Ctrl-C and SIGTERM end the capture between packets (not in the middle of writing a report)
     stopping = []
@@ -95,8 +97,8 @@ def _capture(monitor: Monitor, args: argparse.Namespace) -> str:
                 monitor.advance(timestamp)
             else:
                 monitor.frame(timestamp, capture.linktype, frame)
+        monitor.finish(time.time())
     finally:
         capture.close()
-    monitor.finish(time.time())
     return (f"captured {capture.received} requests on {args.iface} (after the kernel filter"
             f"{f' and 1-in-{args.sample} sampling' if args.sample > 1 else ''}), {capture.dropped} dropped by the kernel")

@@ -22,10 +22,12 @@ MAX_EMPTY_REPORTS = 1000  # intervals reported at most for one gap in the traffi
 
 class Monitor:
     def __init__(self, on_report: Callable[[Report], None], port: int = 11211, top: int = 10,
-                 interval: float = 1.0, capacity: int = 1024, sample: int = 1):
+                 interval: float = 1.0, capacity: int = 1024, sample: int = 1,
+                 source_counters: Callable[[], dict[str, int]] | None = None):
         if interval <= 0 or top < 1 or capacity < top or sample < 1:
             raise ValueError("interval > 0, top >= 1, capacity >= top and sample >= 1 are required")
         self.on_report = on_report
+        self.source_counters = source_counters  # live capture: the kernel's received/dropped of each interval
         self.port, self.top, self.interval, self.sample = port, top, interval, sample
         self.summary = SpaceSaving(capacity)
         self.window_start: float | None = None
@@ -81,6 +83,7 @@ class Monitor:
                      "rate": h.count * self.sample / length, "share": h.count / max(self.summary.total, 1),
                      "error": h.error * self.sample} for h in hitters],
             "packets": self.packets, "sample": self.sample, "skipped": dict(self.skipped), "ignored": self.ignored,
+            **(self.source_counters() if self.source_counters else {}),
         }
         self.totals.update(packets=self.packets, gets=self.summary.total, ignored=self.ignored, reports=1,
                            skipped=sum(self.skipped.values()))

@@ -150,6 +150,7 @@ def test_live_capture_counts_every_get(server):
     reports, stderr = finish(process)
     assert sum(r["total"] for r in reports) == REQUESTS
     assert "0 dropped by the kernel" in stderr
+    assert sum(r["kernel_received"] for r in reports) == REQUESTS and not any(r["kernel_dropped"] for r in reports)
     hottest = max((t for r in reports for t in r["top"]), key=lambda t: t["count"])
     assert hottest["key"] == counts.most_common(1)[0][0] == "key:1"
 
