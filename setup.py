@@ -11,7 +11,7 @@ setup(
     # The top-level folders are the packages (design card): controller/, monitor/, topologies/, experiments/,
     # plus mbalancer/ for the command line that ties them together.
     packages=find_packages(include=["mbalancer*", "controller*", "monitor*", "topologies*", "experiments*"]),
-    package_data={"experiments": ["notebooks/*.ipynb"]},
+    package_data={"experiments": ["notebooks/*.ipynb"], "mbalancer": ["*.toml"]},
     install_requires=[
         "numpy>=1.24",
         "matplotlib>=3.7",

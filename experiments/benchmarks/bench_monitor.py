@@ -22,8 +22,6 @@ import time
 from collections import Counter
 from pathlib import Path
 
-import numpy as np
-
 from experiments.benchmarks.bench_load import process_cpu_seconds
 from experiments.workload.trace import get_frames, write_pcap, zipf_trace
 

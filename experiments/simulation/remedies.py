@@ -20,8 +20,8 @@ import numpy as np
 
 from controller.water_filling import water_fill
 from experiments.simulation.placement import Placement
+from mbalancer.config import REPLICA_MODES  # the controller's replica weightings; the model adds "move"
 
-REPLICA_MODES = ("equal", "weighted")
 REMEDY_MODES = REPLICA_MODES + ("move",)
 
 

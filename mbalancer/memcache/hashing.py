@@ -93,21 +93,27 @@ class SkewedHash:
 HASH_KINDS = ("ketama", "modulo", "skewed:IF")
 
 
+def parse_hash_spec(spec: str) -> tuple[str, float | None]:
+    """`ketama`, `modulo` or `skewed:IF` -> (kind, target imbalance factor or None); ValueError if neither."""
+    kind, _, argument = spec.partition(":")
+    if kind in ("ketama", "modulo") and not argument:
+        return kind, None
+    if kind == "skewed":
+        try:
+            return kind, float(argument)
+        except ValueError:
+            raise ValueError(f"hash {spec!r}: write skewed:IF with IF the target imbalance factor, e.g. skewed:0.6")
+    raise ValueError(f"unknown hash {spec!r}: choose one of {', '.join(HASH_KINDS)}")
+
+
 def make_hash(spec: str, servers: Sequence[ServerAddress], keys: Sequence[bytes] = (),
               weights: Sequence[float] = ()) -> KeyHash:
     """`ketama`, `modulo` or `skewed:0.6` (target imbalance factor; needs the workload's keys and weights)."""
-    kind, _, argument = spec.partition(":")
-    if kind == "ketama" and not argument:
+    kind, target = parse_hash_spec(spec)
+    if kind == "ketama":
         return KetamaHash(servers)
-    if kind == "modulo" and not argument:
+    if kind == "modulo":
         return ModuloHash(servers)
-    if kind == "skewed":
-        try:
-            target = float(argument)
-        except ValueError:
-            raise ValueError(f"hash {spec!r}: write skewed:IF with IF the target imbalance factor, e.g. skewed:0.6")
-        if not keys:
-            raise ValueError("a skewed hash needs the workload's keys and their weights")
-        return SkewedHash(servers, keys, weights, target)
-    raise ValueError(f"unknown hash {spec!r}: choose one of {', '.join(HASH_KINDS)}")
-
+    if not keys:
+        raise ValueError("a skewed hash needs the workload's keys and their weights")
+    return SkewedHash(servers, keys, weights, target)

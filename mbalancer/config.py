@@ -1,0 +1,191 @@
+"""The MBalancer config file (TOML): one place for the settings the controller, the monitor and the experiments
+share. Every setting but the servers has a default; a bad value raises ConfigError naming the field.
+
+See mbalancer/mbalancer.example.toml for a documented example.
+"""
+from __future__ import annotations
+
+import ipaddress
+import math
+import re
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from mbalancer.memcache.addresses import DEFAULT_PORT, ServerAddress
+from mbalancer.memcache.hashing import parse_hash_spec
+
+REPLICA_MODES = ("equal", "weighted")
+MAC = re.compile(r"^[0-9a-fA-F]{2}(:[0-9a-fA-F]{2}){5}$")
+
+
+class ConfigError(ValueError):
+    """A config value that cannot be used; the message starts with the field, e.g. `servers[2].mac: ...`."""
+
+
+@dataclass(frozen=True)
+class Server:
+    name: str
+    ip: str
+    mac: str
+    port: int = DEFAULT_PORT
+
+    @property
+    def address(self) -> ServerAddress:
+        return ServerAddress(self.ip, self.port)
+
+
+@dataclass(frozen=True)
+class Balancing:
+    hot: int | None = 10  # H; None with a target: as many as it takes to reach the target imbalance factor
+    target: float | None = None
+    groups: int = 1  # G
+    mode: str = "equal"
+    hysteresis: int = 2  # reports a key must stay hot (or cold) before it changes state
+    hash: str = "ketama"  # how clients map keys to home servers
+
+
+@dataclass(frozen=True)
+class Monitoring:
+    interval: float = 1.0  # seconds per monitor report
+    capacity: int = 1024
+
+
+@dataclass(frozen=True)
+class Controller:
+    listen: str = "127.0.0.1:8080"  # HTTP: state as JSON, monitor reports in
+
+
+@dataclass(frozen=True)
+class Config:
+    servers: tuple[Server, ...]
+    balancing: Balancing = field(default_factory=Balancing)
+    monitor: Monitoring = field(default_factory=Monitoring)
+    controller: Controller = field(default_factory=Controller)
+
+
+SECTIONS = {"servers", "balancing", "monitor", "controller"}
+
+
+def load_config(path: Path | str) -> Config:
+    """Read and check a config file."""
+    try:
+        raw = tomllib.loads(Path(path).read_text())
+    except OSError as err:
+        raise ConfigError(f"{path}: cannot read: {err.strerror}") from None
+    except tomllib.TOMLDecodeError as err:
+        raise ConfigError(f"{path}: not valid TOML: {err}") from None
+    return parse_config(raw)
+
+
+def parse_config(raw: dict[str, Any]) -> Config:
+    """Check a parsed config document; unknown sections and keys are errors (a typo must not pass silently)."""
+    _no_unknown("", raw, SECTIONS)
+    servers = tuple(_server(i, entry) for i, entry in enumerate(_list(raw, "servers")))
+    if not servers:
+        raise ConfigError("servers: give at least one [[servers]] entry (name, ip, mac, port)")
+    for what in ("name", "ip", "mac"):
+        values = [getattr(s, what) if what != "ip" else s.address for s in servers]
+        if len(set(values)) != len(values):
+            raise ConfigError(f"servers: two servers share the same {what if what != 'ip' else 'ip and port'}")
+    balancing = _balancing(raw.get("balancing", {}), len(servers))
+    monitor = _section(raw, "monitor", Monitoring)
+    if not (monitor.interval > 0 and math.isfinite(monitor.interval)):
+        raise ConfigError(f"monitor.interval: must be a positive number of seconds (got {monitor.interval})")
+    if monitor.capacity < (balancing.hot or 1):
+        raise ConfigError(f"monitor.capacity: must be at least balancing.hot ({balancing.hot})")
+    controller = _section(raw, "controller", Controller)
+    _host_port("controller.listen", controller.listen)
+    return Config(servers, balancing, monitor, controller)
+
+
+def _server(index: int, entry: Any) -> Server:
+    where = f"servers[{index}]"
+    if not isinstance(entry, dict):
+        raise ConfigError(f"{where}: must be a table with name, ip, mac and port")
+    _no_unknown(where + ".", entry, {"name", "ip", "mac", "port"})
+    for required in ("name", "ip", "mac"):
+        if required not in entry:
+            raise ConfigError(f"{where}.{required}: missing")
+    server = Server(**{k: _typed(f"{where}.{k}", v, Server.__dataclass_fields__[k].type) for k, v in entry.items()})
+    try:
+        ipaddress.IPv4Address(server.ip)
+    except ValueError:
+        raise ConfigError(f"{where}.ip: {server.ip!r} is not an IPv4 address") from None
+    if not MAC.match(server.mac):
+        raise ConfigError(f"{where}.mac: {server.mac!r} is not a MAC address like 02:00:00:00:00:01")
+    if not 0 < server.port < 65536:
+        raise ConfigError(f"{where}.port: must be 1-65535 (got {server.port})")
+    return server
+
+
+def _balancing(raw: Any, servers: int) -> Balancing:
+    if isinstance(raw, dict) and raw.get("hot") == "auto":
+        raw = {**raw, "hot": None}
+        if "target" not in raw:
+            raise ConfigError('balancing.target: hot = "auto" needs a target imbalance factor, e.g. 0.9')
+    b = _section({"balancing": raw}, "balancing", Balancing)
+    if b.hot is not None and b.hot < 0:
+        raise ConfigError(f'balancing.hot: must be 0 or more, or "auto" (got {b.hot})')
+    if b.target is not None and not 0 < b.target <= 1:
+        raise ConfigError(f"balancing.target: an imbalance factor in (0, 1] (got {b.target})")
+    if b.hot is not None and b.target is not None:
+        raise ConfigError('balancing.target: only with hot = "auto"')
+    if b.groups < 1 or servers % b.groups:
+        raise ConfigError(f"balancing.groups: must divide the {servers} servers into equal groups (got {b.groups})")
+    if b.mode not in REPLICA_MODES:
+        raise ConfigError(f"balancing.mode: one of {', '.join(REPLICA_MODES)} (got {b.mode!r})")
+    if b.hysteresis < 1:
+        raise ConfigError(f"balancing.hysteresis: at least 1 report (got {b.hysteresis})")
+    try:
+        parse_hash_spec(b.hash)
+    except ValueError as err:
+        raise ConfigError(f"balancing.hash: {err}") from None
+    return b
+
+
+def _section(raw: dict, name: str, kind: type):
+    values = raw.get(name, {})
+    if not isinstance(values, dict):
+        raise ConfigError(f"{name}: must be a table ([{name}])")
+    fields = kind.__dataclass_fields__
+    _no_unknown(name + ".", values, set(fields))
+    return kind(**{k: _typed(f"{name}.{k}", v, fields[k].type) for k, v in values.items()})
+
+
+def _typed(where: str, value: Any, annotation: str) -> Any:
+    """Check a value against a field's annotation (as text: `int`, `float | None`, ...)."""
+    allowed = [a.strip() for a in annotation.split("|")]
+    if value is None and "None" in allowed:
+        return None
+    if "float" in allowed and isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value)
+    if "int" in allowed and isinstance(value, int) and not isinstance(value, bool):
+        return value
+    if "str" in allowed and isinstance(value, str):
+        return value
+    raise ConfigError(f"{where}: expected {' or '.join(a for a in allowed if a != 'None')}, got {value!r}")
+
+
+def _list(raw: dict, name: str) -> list:
+    value = raw.get(name, [])
+    if not isinstance(value, list):
+        raise ConfigError(f"{name}: must be a list of tables ([[{name}]])")
+    return value
+
+
+def _no_unknown(prefix: str, table: dict, known: set[str]) -> None:
+    for key in table:
+        if key not in known:
+            raise ConfigError(f"{prefix}{key}: unknown setting (known: {', '.join(sorted(known))})")
+
+
+def _host_port(where: str, text: str) -> None:
+    host, sep, port = text.rpartition(":")
+    if not sep or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ConfigError(f"{where}: write host:port, e.g. 127.0.0.1:8080 (got {text!r})")
+    try:
+        ipaddress.IPv4Address(host)
+    except ValueError:
+        raise ConfigError(f"{where}: {host!r} is not an IPv4 address") from None
