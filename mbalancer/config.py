@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from mbalancer.memcache.addresses import DEFAULT_PORT, ServerAddress
+from mbalancer.memcache.addresses import DEFAULT_PORT, ServerAddress, parse_server
 from mbalancer.memcache.hashing import parse_hash_spec
 
 REPLICA_MODES = ("equal", "weighted")
@@ -85,10 +85,10 @@ def parse_config(raw: dict[str, Any]) -> Config:
     servers = tuple(_server(i, entry) for i, entry in enumerate(_list(raw, "servers")))
     if not servers:
         raise ConfigError("servers: give at least one [[servers]] entry (name, ip, mac, port)")
-    for what in ("name", "ip", "mac"):
-        values = [getattr(s, what) if what != "ip" else s.address for s in servers]
+    for what, values in (("name", [s.name for s in servers]), ("ip and port", [s.address for s in servers]),
+                         ("mac", [s.mac.lower() for s in servers])):
         if len(set(values)) != len(values):
-            raise ConfigError(f"servers: two servers share the same {what if what != 'ip' else 'ip and port'}")
+            raise ConfigError(f"servers: two servers share the same {what}")
     balancing = _balancing(raw.get("balancing", {}), len(servers))
     monitor = _section(raw, "monitor", Monitoring)
     if not (monitor.interval > 0 and math.isfinite(monitor.interval)):
@@ -182,10 +182,10 @@ def _no_unknown(prefix: str, table: dict, known: set[str]) -> None:
 
 
 def _host_port(where: str, text: str) -> None:
-    host, sep, port = text.rpartition(":")
-    if not sep or not port.isdigit() or not 0 < int(port) < 65536:
+    """host:port with both given (parse_server would default the port to memcached's)."""
+    if ":" not in text:
         raise ConfigError(f"{where}: write host:port, e.g. 127.0.0.1:8080 (got {text!r})")
     try:
-        ipaddress.IPv4Address(host)
-    except ValueError:
-        raise ConfigError(f"{where}: {host!r} is not an IPv4 address") from None
+        parse_server(text)
+    except ValueError as err:
+        raise ConfigError(f"{where}: {err}") from None

@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 from typing import Callable, Iterator
 
+from mbalancer.memcache.udp import SO_RCVBUFFORCE
 from monitor.bpf import assemble, request_filter
 from monitor.frames import LINKTYPE_ETHERNET
 
@@ -51,7 +52,7 @@ class LiveCapture:
         fprog = struct.pack("HL", len(code) // 8, ctypes.addressof(self._program))
         self.sock.setsockopt(socket.SOL_SOCKET, SO_ATTACH_FILTER, fprog)
         try:
-            self.sock.setsockopt(socket.SOL_SOCKET, 33, RECEIVE_BUFFER)  # SO_RCVBUFFORCE
+            self.sock.setsockopt(socket.SOL_SOCKET, SO_RCVBUFFORCE, RECEIVE_BUFFER)
         except PermissionError:
             pass
         self.sock.bind((iface, ETH_P_ALL))

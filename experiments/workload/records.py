@@ -55,8 +55,9 @@ class Records:
         """Index of an answering address, registering addresses never seen before."""
         index = self.source_index.get(source)
         if index is None:
-            index = self.source_index[ServerAddress(*source)] = len(self.sources)
-            self.sources.append(ServerAddress(*source))
+            address = ServerAddress(*source)
+            index = self.source_index[address] = len(self.sources)
+            self.sources.append(address)
         return index
 
     def __len__(self) -> int:
@@ -67,13 +68,15 @@ def summarise(records: Records, workload: Workload) -> dict[str, Any]:
     """Throughput, latency percentiles, outcomes and per-server load of a run, as one JSON-ready dict."""
     outcome = np.frombuffer(records.outcome, dtype=np.int8)
     answered = np.frombuffer(records.answered, dtype=np.int16)
-    latency_ms = np.frombuffer(records.latency, dtype=float)[answered != NOT_ANSWERED] * 1e3
+    ok = answered != NOT_ANSWERED
+    latency_ms = np.frombuffer(records.latency, dtype=float)[ok] * 1e3
     counts = {name: int((outcome == code).sum()) for code, name in enumerate(OUTCOMES)}
     n_sources = len(records.sources)
     asked = np.bincount(np.frombuffer(records.asked, dtype=np.int16), minlength=n_sources)
-    got = np.bincount(answered[answered != NOT_ANSWERED], minlength=n_sources)
+    got = np.bincount(answered[ok], minlength=n_sources)
+    total = int(got.sum())
     duration = records.duration or float("nan")
-    share = got / max(got.sum(), 1)
+    share = got / max(total, 1)
     return {
         "protocol": workload.protocol, "servers": [str(s) for s in workload.servers], "keys": workload.keys,
         "alpha": workload.alpha, "clients": workload.clients, "hash": workload.key_hash.spec,
@@ -81,8 +84,8 @@ def summarise(records: Records, workload: Workload) -> dict[str, Any]:
         "seed": workload.seed,
         "duration_s": records.duration,
         "requests": len(records),
-        "answered": int(got.sum()),
-        "throughput": float(got.sum() / duration),
+        "answered": total,
+        "throughput": total / duration,
         **_latency(latency_ms),
         "hits": counts["hit"], "misses": counts["miss"], "stored": counts["stored"],
         "timeouts": counts["timeout"], "unreachable": counts["unreachable"],
@@ -91,9 +94,9 @@ def summarise(records: Records, workload: Workload) -> dict[str, Any]:
         "strays": records.strays,
         "per_server": [{"server": str(s), "asked": int(asked[i]), "answered": int(got[i]), "share": float(share[i])}
                        for i, s in enumerate(records.sources)],
-        "max_server_share": float(share.max()) if got.sum() else 0.0,
+        "max_server_share": float(share.max()) if total else 0.0,
         "imbalance_factor_measured": float(imbalance_factor(got[:len(workload.servers)].astype(float)))
-        if got.sum() else None,
+        if total else None,
         "imbalance_factor_expected": expected_imbalance(workload),
     }
 

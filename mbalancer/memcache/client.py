@@ -16,7 +16,7 @@ from mbalancer.memcache.addresses import ServerAddress
 from mbalancer.memcache.frame import UDP_HEADER_SIZE, pack_udp_frame
 from mbalancer.memcache.hashing import KeyHash
 from mbalancer.memcache.pending import STRAY, PendingReply
-from mbalancer.memcache.replies import Reply, ValuesReply, parse_reply, reply_outcome
+from mbalancer.memcache.replies import Reply, ValuesReply, outcome_of, parse_reply
 from mbalancer.memcache.requests import build_get, build_set
 from mbalancer.memcache.results import NotParsed
 from mbalancer.memcache.udp import REPLY_BUFFER, udp_socket
@@ -86,7 +86,7 @@ class UdpClient:
             elif whole is not None:
                 latency = time.perf_counter() - sent
                 reply = parse_reply(whole)
-                return UdpResult(reply_outcome(whole), server, ServerAddress(*source), latency, reply)
+                return UdpResult(outcome_of(reply, len(whole)), server, ServerAddress(*source), latency, reply)
         return UdpResult("timeout", server, None, time.perf_counter() - sent)
 
     def close(self) -> None:

@@ -138,8 +138,12 @@ def reply_outcome(payload: bytes) -> str:
         return "hit"
     if payload == b"STORED\r\n":
         return "stored"
-    reply = parse_reply(payload)
-    if isinstance(reply, NotParsed) or reply.size != len(payload):
+    return outcome_of(parse_reply(payload), len(payload))
+
+
+def outcome_of(reply: Reply | NotParsed, payload_size: int) -> str:
+    """The OUTCOMES word of a reply already parsed from a payload of `payload_size` bytes."""
+    if isinstance(reply, NotParsed) or reply.size != payload_size:
         return "malformed"
     if isinstance(reply, ValuesReply):
         return "hit" if reply.hit else "miss"
