@@ -8,6 +8,7 @@ import argparse
 import logging
 import sys
 
+from controller import cli as controller_cli
 from experiments.simulation import cli as simulation_cli
 from experiments.workload import cli as workload_cli
 from monitor import cli as monitor_cli
@@ -20,6 +21,7 @@ def build_parser() -> argparse.ArgumentParser:
     simulation_cli.register(commands)
     workload_cli.register(commands)
     monitor_cli.register(commands)
+    controller_cli.register(commands)
     return parser
 
 

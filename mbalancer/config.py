@@ -55,6 +55,8 @@ class Monitoring:
 @dataclass(frozen=True)
 class Controller:
     listen: str = "127.0.0.1:8080"  # HTTP: state as JSON, monitor reports in
+    health_interval: float = 0.5  # seconds between probes of each server
+    health_failures: int = 3  # probes in a row that fail before a server loses its weight
 
 
 @dataclass(frozen=True)
@@ -97,6 +99,11 @@ def parse_config(raw: dict[str, Any]) -> Config:
         raise ConfigError(f"monitor.capacity: must be at least balancing.hot ({balancing.hot})")
     controller = _section(raw, "controller", Controller)
     _host_port("controller.listen", controller.listen)
+    if not (controller.health_interval > 0 and math.isfinite(controller.health_interval)):
+        raise ConfigError(f"controller.health_interval: must be a positive number of seconds "
+                          f"(got {controller.health_interval})")
+    if controller.health_failures < 1:
+        raise ConfigError(f"controller.health_failures: at least 1 probe (got {controller.health_failures})")
     return Config(servers, balancing, monitor, controller)
 
 

@@ -1,4 +1,5 @@
-"""The keys a request segment asks for, read with the shared protocol module.
+"""The keys a request segment asks for (gets: the monitor) or changes (writes: the controller's mirrors), read
+with the shared protocol module.
 
 A UDP datagram is one memcached frame; a TCP segment is read on its own, request after request, as mctop and
 memkeys do: a request split across segments is lost, which for small get requests is rare and with 1-in-k
@@ -6,29 +7,52 @@ sampling unavoidable anyway. Gets of several keys count once per key.
 """
 from __future__ import annotations
 
+from typing import Callable
+
 from mbalancer.memcache.frame import parse_udp_frame
 from mbalancer.memcache.keys import key_problem
-from mbalancer.memcache.requests import parse_request
+from mbalancer.memcache.lines import read_line
+from mbalancer.memcache.requests import WRITES, Request, parse_request
 from mbalancer.memcache.results import NotParsed
 from monitor.frames import UDP, Segment
 
 MAX_REQUESTS_PER_SEGMENT = 1000  # bound the work one packet can cause
+WHOLE_VALUE_WRITES = ("set", "cas", "ms")  # writes whose data is the key's new value
 
 
 def get_keys(segment: Segment) -> list[bytes] | str:
     """Keys asked for by the get requests in the segment, or why nothing could be read."""
-    payload = segment.payload
-    if segment.transport == UDP:
-        frame = parse_udp_frame(payload)
-        if isinstance(frame, NotParsed):
-            return "bad UDP frame"
-        if frame[0].total != 1:
-            return "multi-datagram request"
-        payload = frame[1]
+    payload = _request_bytes(segment)
+    if isinstance(payload, str):
+        return payload
     single = _single_get(payload)
     if single is not None:
         return single
     return _parse_all(payload)
+
+
+def written_keys(segment: Segment) -> list[tuple[bytes, bytes | None]] | str:
+    """(key, new value) of each write in the segment (set, delete, incr, ...; the value only for writes that
+    replace it whole: set, cas, ms), or why nothing could be read.
+
+    A mirrored set whose value continues in later TCP segments still names its key on its command line, so a
+    request cut short is read from that line alone (value unknown)."""
+    payload = _request_bytes(segment)
+    if isinstance(payload, str):
+        return payload
+    return _parse_all(payload, _write_of)
+
+
+def _request_bytes(segment: Segment) -> bytes | str:
+    """The request bytes: a UDP datagram without its memcached frame header, a TCP segment as it is."""
+    if segment.transport != UDP:
+        return segment.payload
+    frame = parse_udp_frame(segment.payload)
+    if isinstance(frame, NotParsed):
+        return "bad UDP frame"
+    if frame[0].total != 1:
+        return "multi-datagram request"
+    return frame[1]
 
 
 def _single_get(payload: bytes) -> list[bytes] | None:
@@ -40,21 +64,38 @@ def _single_get(payload: bytes) -> list[bytes] | None:
     return None
 
 
-def _parse_all(payload: bytes) -> list[bytes] | str:
-    keys: list[bytes] = []
+def _parse_all(payload: bytes, pick: Callable[[Request], list] = lambda r: list(r.keys) if r.is_get else []
+               ) -> list | str:
+    """What `pick` takes from each request in the payload (by default: the keys of gets)."""
+    found: list = []
     position = 0
     for _ in range(MAX_REQUESTS_PER_SEGMENT):
         if position >= len(payload):
             break
         request = parse_request(payload[position:])
         if isinstance(request, NotParsed):
-            if keys or position:
+            if pick is _write_of and request.incomplete:
+                found.extend(_write_of_line(payload[position:]))
+            if found or position:
                 break  # what was read stays; the rest continues in another segment or is garbage
             return _why(request)
-        if request.is_get:
-            keys.extend(request.keys)
+        found.extend(pick(request))
         position += request.size
-    return keys
+    return found
+
+
+def _write_of(request: Request) -> list[tuple[bytes, bytes | None]]:
+    if not request.is_write:
+        return []
+    return [(request.key, request.data if request.command in WHOLE_VALUE_WRITES else None)]
+
+
+def _write_of_line(buf: bytes) -> list[tuple[bytes, None]]:
+    """The key on a write's command line when its data block is not all here."""
+    line = read_line(buf)
+    if isinstance(line, NotParsed) or len(line[0]) < 2 or line[0][0].decode("ascii", "replace") not in WRITES:
+        return []
+    return [(line[0][1], None)] if key_problem(line[0][1]) is None else []
 
 
 def _why(failure: NotParsed) -> str:

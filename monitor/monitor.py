@@ -9,6 +9,7 @@ import logging
 from collections import Counter
 from typing import Any, Callable
 
+from mbalancer.memcache.keys import key_to_text, printable_key
 from monitor.frames import memcached_segment
 from monitor.get_keys import get_keys
 from monitor.heavy_hitters import SpaceSaving
@@ -79,7 +80,7 @@ class Monitor:
         total = self.summary.total * self.sample
         report = {
             "time": end, "interval": length, "total": total, "rate": total / length,
-            "top": [{"key": h.key.decode("utf-8", "backslashreplace"), "count": h.count * self.sample,
+            "top": [{"key": key_to_text(h.key), "count": h.count * self.sample,
                      "rate": h.count * self.sample / length, "share": h.count / max(self.summary.total, 1),
                      "error": h.error * self.sample} for h in hitters],
             "packets": self.packets, "sample": self.sample, "skipped": dict(self.skipped), "ignored": self.ignored,
@@ -88,7 +89,7 @@ class Monitor:
         self.totals.update(packets=self.packets, gets=self.summary.total, ignored=self.ignored, reports=1,
                            skipped=sum(self.skipped.values()))
         log.info("interval ending %.3f: %d gets, top %s", end, total,
-                 ", ".join(f"{t['key']} {100 * t['share']:.1f}%" for t in report["top"][:3]))
+                 ", ".join(f"{printable_key(t['key'])} {100 * t['share']:.1f}%" for t in report["top"][:3]))
         self.window_start = end
         self.packets, self.ignored = 0, 0
         self.skipped = Counter()

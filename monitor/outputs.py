@@ -13,6 +13,7 @@ import urllib.error
 import urllib.request
 from typing import TextIO
 
+from mbalancer.memcache.keys import printable_key
 from monitor.monitor import Report
 
 log = logging.getLogger(__name__)
@@ -40,7 +41,7 @@ class TerminalView:
                  f"other traffic {report['ignored']}" + (f"  sample 1/{report['sample']}" if report["sample"] > 1 else ""),
                  f"{'#':>3} {'key':<40} {'gets/s':>12} {'share':>7} {'± gets':>9}"]
         for rank, hitter in enumerate(report["top"], 1):
-            lines.append(f"{rank:>3} {hitter['key'][:40]:<40} {hitter['rate']:>12,.1f} "
+            lines.append(f"{rank:>3} {printable_key(hitter['key'])[:40]:<40} {hitter['rate']:>12,.1f} "
                          f"{100 * hitter['share']:>6.2f}% {hitter['error']:>9}")
         prefix = "\x1b[H\x1b[2J" if self.redraw else ""
         print(prefix + "\n".join(lines) + ("" if self.redraw else "\n"), file=self.out, flush=True)

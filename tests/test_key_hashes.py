@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from experiments.simulation.remedies import imbalance_factor
+from controller.load import imbalance_factor
 from experiments.simulation.zipf import zipf_weights
 from mbalancer.memcache.addresses import ServerAddress
 from mbalancer.memcache.hashing import KetamaHash, ModuloHash, SkewedHash, make_hash

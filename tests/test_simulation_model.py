@@ -6,7 +6,8 @@ import pytest
 
 from experiments.simulation.figures import FIGURES, compute_figure
 from experiments.simulation.placement import place, server_loads
-from experiments.simulation.remedies import extra_servers_to_match, imbalance_factor, make_remedy
+from controller.load import imbalance_factor
+from experiments.simulation.remedies import extra_servers_to_match, make_remedy
 from experiments.simulation.scenario import Scenario, ScenarioError, simulate, smallest_hot_for
 from experiments.simulation.zipf import hot_share, zipf_weights
 

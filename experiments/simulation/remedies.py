@@ -105,11 +105,6 @@ def make_remedy(placement: Placement, mode: str, groups: int = 1) -> Remedy:
     return ReplicatedGroups(placement, groups, mode)
 
 
-def imbalance_factor(loads: np.ndarray) -> np.ndarray:
-    """Mean server load over the maximum, along the last axis: (trials, servers) -> (trials,), (servers,) -> ()."""
-    return loads.mean(axis=-1) / loads.max(axis=-1)
-
-
 def extra_servers_to_match(loads: np.ndarray, target_max: np.ndarray) -> np.ndarray:
     """Facebook's remedy: how many copies of the busiest servers bring the busiest copy down to `target_max`.
 

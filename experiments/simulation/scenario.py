@@ -12,8 +12,8 @@ from typing import Any
 import numpy as np
 
 from experiments.simulation.placement import Placement, place
-from experiments.simulation.remedies import (REMEDY_MODES, Remedy, extra_servers_to_match, imbalance_factor,
-                                             make_remedy)
+from controller.load import imbalance_factor
+from experiments.simulation.remedies import REMEDY_MODES, Remedy, extra_servers_to_match, make_remedy
 from experiments.simulation.zipf import hot_share, zipf_weights
 
 # The auto-H search keeps the homes of this many hottest keys per trial (int32 each): 10^4 keys x 2000 trials

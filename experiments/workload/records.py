@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from experiments.simulation.remedies import imbalance_factor
+from controller.load import imbalance_factor
 from experiments.workload.spec import Workload
 from mbalancer.memcache.addresses import ServerAddress
 from mbalancer.memcache.replies import OUTCOMES as REPLY_OUTCOMES

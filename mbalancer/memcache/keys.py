@@ -14,3 +14,19 @@ def key_problem(key: bytes) -> str | None:
     if len(key.translate(None, _FORBIDDEN)) != len(key):  # in C: the monitor checks every key it sees
         return "key contains a space or a control character"
     return None
+
+
+def key_to_text(key: bytes) -> str:
+    """A key as JSON text, reversibly: UTF-8 keys read as themselves, other bytes become lone surrogates (which
+    json.dumps writes as \\udcXX escapes), so key_from_text gives back the exact bytes."""
+    return key.decode("utf-8", "surrogateescape")
+
+
+def key_from_text(text: str) -> bytes:
+    """The key bytes of key_to_text's text."""
+    return text.encode("utf-8", "surrogateescape")
+
+
+def printable_key(text: str) -> str:
+    """key_to_text's text made safe to print (undecodable bytes shown as \\xNN)."""
+    return key_from_text(text).decode("utf-8", "backslashreplace")

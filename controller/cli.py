@@ -1,0 +1,58 @@
+"""`mbalancer controller`: run the controller core with a driver and its HTTP interface until Ctrl-C.
+
+Exit 2 for a bad config (the message names the field), an unknown driver or an address that cannot be bound.
+"""
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+import threading
+from typing import Callable
+
+from controller.core import ControllerCore
+from controller.drivers import DRIVERS, make_driver
+from controller.http_api import serve
+from mbalancer.config import ConfigError, load_config
+
+Fail = Callable[[str], None]
+
+
+def register(commands: argparse._SubParsersAction) -> None:
+    parser = commands.add_parser(
+        "controller", help="decide hot keys, replicate them and program the data plane",
+        description="Take monitor reports (POST /report), choose the hot keys, copy them to their groups, install "
+                    "the rules through a driver, keep the copies coherent; state as JSON at GET /state.")
+    parser.add_argument("--config", required=True, help="TOML config (see mbalancer/mbalancer.example.toml)")
+    parser.add_argument("--driver", default="none", choices=DRIVERS,
+                        help="data plane: none = decide and replicate without a switch (default none)")
+    parser.add_argument("--listen", help="host:port for HTTP, overriding the config's controller.listen")
+    parser.add_argument("--duration", type=float, help="stop after this many seconds (default: until Ctrl-C)")
+    parser.set_defaults(run=_run_controller, fail=parser.error)
+
+
+def _run_controller(args: argparse.Namespace, fail: Fail) -> int:
+    try:
+        config = load_config(args.config)
+    except ConfigError as err:
+        fail(f"--config: {err}")
+    try:
+        core = ControllerCore(config, make_driver(args.driver))
+    except ValueError as err:  # e.g. a skewed hash, which needs the workload's keys
+        fail(f"balancing.hash: {err}")
+    try:
+        http = serve(core, args.listen or config.controller.listen)
+    except (OSError, ValueError) as err:
+        fail(f"--listen: cannot serve on {args.listen or config.controller.listen}: {err}")
+    stop = threading.Event()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, lambda *_: stop.set())
+    core.start()
+    threading.Thread(target=http.serve_forever, name="mbalancer-http", daemon=True).start()
+    host, port = http.server_address[:2]
+    print(f"mbalancer controller: http://{host}:{port}/state, reports to http://{host}:{port}/report "
+          f"(driver {args.driver}); Ctrl-C stops", file=sys.stderr, flush=True)
+    stop.wait(args.duration)
+    http.shutdown()
+    core.stop()
+    return 0

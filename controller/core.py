@@ -1,0 +1,245 @@
+"""The controller core: monitor reports and mirrored writes in, decisions out to a driver, state out as JSON.
+
+Threads, not asyncio (ryu-manager greens plain threads with eventlet; an asyncio loop would not run there):
+- callers (the HTTP server, the driver's mirror thread) only parse and queue;
+- one worker thread handles the queue in order (reports, mirrored writes, health changes) and runs due retries,
+  so the hot-key state has a single writer;
+- one prober thread checks every server's health and queues the changes.
+`state()` may be called from any thread: it reads under the same lock the worker holds per event.
+"""
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections import Counter, deque
+from typing import Any, Callable
+
+from controller.driver import Driver
+from controller.execution import Executor
+from controller.health import HealthTracker, probe
+from controller.planner import Plan, Planner
+from controller.replicator import Replicator
+from controller.reports import MonitorReport, parse_report
+from mbalancer.config import Config
+from mbalancer.memcache.hashing import KeyHash, make_hash
+from mbalancer.memcache.keys import key_to_text
+from mbalancer.memcache.meta import MetaClient
+from monitor.frames import LINKTYPE_ETHERNET, memcached_segment
+from monitor.get_keys import written_keys
+
+log = logging.getLogger(__name__)
+
+DECISIONS_KEPT = 1000
+COPY_TIMEOUT = 1.0  # seconds a copy to or read from one server may take
+
+
+class ControllerCore:
+    def __init__(self, config: Config, driver: Driver, key_hash: KeyHash | None = None,
+                 clock: Callable[[], float] = time.monotonic, probe_health: bool = True):
+        """key_hash: how clients map keys to servers; by default the config's hash (a skewed hash needs the
+        workload's keys, so experiments pass theirs)."""
+        self.config, self.driver, self.clock = config, driver, clock
+        addresses = [s.address for s in config.servers]
+        self.key_hash = key_hash or make_hash(config.balancing.hash, addresses)
+        self.planner = Planner(config.balancing, len(addresses), self.key_hash.server_of)
+        self.replicator = Replicator(addresses, COPY_TIMEOUT)
+        self.executor = Executor(driver, self.replicator, self._decide, clock)
+        self.health = HealthTracker(len(addresses), config.controller.health_failures)
+        self.ports = sorted({s.port for s in config.servers})
+        self.decisions: deque[dict[str, Any]] = deque(maxlen=DECISIONS_KEPT)
+        self.counts: Counter = Counter()
+        self.last_plan: Plan | None = None
+        self.last_report: MonitorReport | None = None
+        self.started = clock()
+        self.lock = threading.RLock()
+        self._events: queue.Queue = queue.Queue()
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+        self._probe_health = probe_health
+
+    # --- life cycle -----------------------------------------------------------------------------------------
+    def start(self) -> "ControllerCore":
+        self.driver.attach(self.config.servers, self.submit_mirror)
+        self._spawn(self._work, "mbalancer-core")
+        if self._probe_health:
+            self._spawn(self._probe, "mbalancer-health")
+        log.info("controller core started: %d servers, H=%s, G=%d, %s weights, hysteresis %d, driver %s",
+                 len(self.config.servers), self.config.balancing.hot or f"auto({self.config.balancing.target})",
+                 self.config.balancing.groups, self.config.balancing.mode, self.config.balancing.hysteresis,
+                 self.driver.name)
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._events.put(None)
+        for thread in self._threads:
+            thread.join(timeout=5)
+        self.driver.close()
+        self.replicator.close()
+
+    def wait_idle(self, timeout: float = 10.0) -> bool:
+        """Block until every queued event has been handled (tests and benchmarks)."""
+        deadline = time.monotonic() + timeout
+        while self._events.unfinished_tasks and time.monotonic() < deadline:
+            time.sleep(0.001)
+        return not self._events.unfinished_tasks
+
+    # --- inputs (any thread) --------------------------------------------------------------------------------
+    def submit_report(self, raw: Any) -> MonitorReport:
+        """Queue a monitor report (the decoded JSON); raises ReportError, naming the field, if it is malformed."""
+        try:
+            report = parse_report(raw)
+        except ValueError:
+            self.counts["bad_reports"] += 1
+            raise
+        self._events.put(("report", report, self.clock()))
+        return report
+
+    def submit_mirror(self, frame: bytes) -> None:
+        """Queue a mirrored write (a whole Ethernet frame, as the data plane copied it)."""
+        self._events.put(("mirror", frame, self.clock()))
+
+    # --- the worker -----------------------------------------------------------------------------------------
+    def _work(self) -> None:
+        while not self._stop.is_set():
+            due = self.executor.next_due()
+            try:
+                event = self._events.get(timeout=None if due is None else max(due - self.clock(), 0.0))
+            except queue.Empty:
+                event = ("due",)
+            if event is None:
+                self._events.task_done()
+                break
+            with self.lock:
+                try:
+                    self._handle(event)
+                    self.executor.run_due()
+                except Exception:  # one bad event must not stop the controller
+                    self.counts["internal_errors"] += 1
+                    log.exception("handling %s failed", event[0])
+            if event[0] != "due":
+                self._events.task_done()
+
+    def _handle(self, event: tuple) -> None:
+        kind = event[0]
+        if kind == "report":
+            self._on_report(event[1])
+        elif kind == "mirror":
+            self._on_mirror(event[1], event[2])
+        elif kind == "health":
+            self._on_health(*event[1:])
+
+    def _on_report(self, report: MonitorReport) -> None:
+        self.counts["reports"] += 1
+        self.last_report = report
+        installed = {k: h.placement for k, h in self.executor.hot.items()}
+        plan = self.planner.plan(report, installed, self.health.down())
+        self.last_plan = plan
+        self.executor.apply(plan.changes)
+
+    def _on_mirror(self, frame: bytes, received: float) -> None:
+        self.counts["mirrors"] += 1
+        writes: list | str = "no memcached port"
+        for port in self.ports:
+            segment = memcached_segment(frame, LINKTYPE_ETHERNET, port)
+            if not isinstance(segment, str):
+                writes = written_keys(segment)
+                break
+            writes = segment
+        if isinstance(writes, str):
+            self.counts["mirrors_unreadable"] += 1
+            log.warning("mirrored packet not readable (%s): ignored", writes)
+            return
+        for key, data in writes:
+            self.executor.sync(key, data, received)
+
+    def _on_health(self, server: int, error: str | None) -> None:
+        change = self.health.record(server, error, self.clock())
+        name = self.config.servers[server].name
+        if change == "down":
+            self.executor.server_down(server)
+            self._decide("server-down", None, f"server {server} ({name}) failed "
+                                              f"{self.health.failures} probes in a row: {error}; weight 0")
+        elif change == "up":
+            self.executor.server_up(server)
+            self._decide("server-up", None, f"server {server} ({name}) answers again; its copies refilled")
+
+    def _probe(self) -> None:
+        interval = self.config.controller.health_interval
+        clients = [MetaClient(s.address, timeout=min(interval, COPY_TIMEOUT)) for s in self.config.servers]
+        while not self._stop.wait(interval):
+            for server, client in enumerate(clients):
+                error = probe(client)
+                if error is not None or not self.health.servers[server].up:
+                    self._events.put(("health", server, error))
+                elif self.health.servers[server].failures:
+                    self._events.put(("health", server, None))
+        for client in clients:
+            client.close()
+
+    def _spawn(self, target: Callable[[], None], name: str) -> None:
+        thread = threading.Thread(target=target, name=name, daemon=True)
+        thread.start()
+        self._threads.append(thread)
+
+    def _decide(self, action: str, key: bytes | None, reason: str) -> None:
+        entry = {"time": round(time.time(), 3), "action": action, "key": key_to_text(key) if key else None,
+                 "reason": reason}
+        self.decisions.append(entry)
+        self.counts[f"decisions_{action}"] += 1
+        log.info("%s %s: %s", action, entry["key"] or "", reason)
+
+    # --- output ---------------------------------------------------------------------------------------------
+    def state(self) -> dict[str, Any]:
+        """Everything an operator or a test wants to see, as JSON-ready data."""
+        with self.lock:
+            return {
+                "uptime": round(self.clock() - self.started, 3),
+                "driver": self.driver.name,
+                "config": {"hot": self.config.balancing.hot, "target": self.config.balancing.target,
+                           "groups": [list(g) for g in self.planner.groups], "mode": self.config.balancing.mode,
+                           "hysteresis": self.config.balancing.hysteresis, "hash": self.config.balancing.hash},
+                "servers": self._servers_state(),
+                "hot_keys": [self._hot_key_state(k) for k in self.executor.hot],
+                "plan": self._plan_state(),
+                "retries": [{"action": r.action, "key": key_to_text(r.key), "server": r.server,
+                             "attempt": r.attempt, "error": r.last_error} for r in self.executor.retries.values()],
+                "counters": self._counters_state(),
+                "decisions": list(self.decisions)[-100:],
+            }
+
+    def _servers_state(self) -> list[dict[str, Any]]:
+        loads = self.last_plan.loads if self.last_plan else [0.0] * len(self.config.servers)
+        return [{"index": i, "name": s.name, "ip": s.ip, "mac": s.mac, "port": s.port, "up": h.up,
+                 "failed_probes": h.failures, "last_error": h.last_error, "estimated_gets_per_s": round(load, 1)}
+                for i, (s, h, load) in enumerate(zip(self.config.servers, self.health.servers, loads))]
+
+    def _hot_key_state(self, key: bytes) -> dict[str, Any]:
+        hot = self.executor.hot[key]
+        p = hot.placement
+        return {"key": key_to_text(key), "home": p.home, "group": p.group, "rate": round(p.rate, 1),
+                "replicas": [{"server": r.server, "weight": round(r.weight, 4), "holds_value": r.server in hot.holding}
+                             for r in hot.weights()],
+                "dirty": hot.dirty, "since": round(hot.since - self.started, 3), "syncs": hot.syncs,
+                "last_sync_ms": hot.last_sync_ms}
+
+    def _plan_state(self) -> dict[str, Any] | None:
+        if self.last_plan is None:
+            return None
+        return {"hot_target": self.last_plan.hot_target, "imbalance_now": round(self.last_plan.imbalance_now, 4),
+                "imbalance_predicted": round(self.last_plan.imbalance_predicted, 4),
+                "predicted_gets_per_s": [round(x, 1) for x in self.last_plan.predicted_loads]}
+
+    def _counters_state(self) -> dict[str, Any]:
+        syncs = sorted(self.executor.sync_ms)
+        data_plane = self.driver.read_counters()
+        return {**self.counts, "copies": self.replicator.copies, "bytes_copied": self.replicator.bytes_copied,
+                "copy_failures": self.replicator.failures,
+                "sync_ms": {"count": len(syncs), "p50": syncs[len(syncs) // 2] if syncs else None,
+                            "max": syncs[-1] if syncs else None},
+                "data_plane": {"unparsed": data_plane.unparsed, "keys": {
+                    key_to_text(k): {"gets": c.gets, "home_while_dirty": c.home_while_dirty, "mirrored": c.mirrored,
+                                     "per_replica": {str(s): n for s, n in c.per_replica.items()}}
+                    for k, c in data_plane.keys.items()}}}

@@ -1,0 +1,90 @@
+"""The driver interface: what the controller core asks of a data plane, whatever the switch.
+
+The core decides and replicates; a driver only turns its requests into table writes for one kind of switch (eBPF
+maps, P4Runtime entries, OpenFlow flows and groups) and hands back what the data plane saw. Servers are named by
+their index in the config's server list (the order the clients hash over); `attach` gives the driver that list so
+it can turn an index into MAC, IP and port. Every method may raise DriverError; the core logs it, keeps its own
+state unchanged for that key, and retries.
+
+The order of calls the core guarantees (so a driver never has to check it):
+- `install_hot_key` only after every replica with a positive weight holds the value; it installs with the dirty bit
+  set, and the core clears it once it has checked the copies are still current.
+- `remove_hot_key` before the extra copies are deleted; `set_weights` with weight 0 for a replica before its copy
+  is deleted or while it is stale.
+"""
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+from mbalancer.config import Server
+
+MirrorHandler = Callable[[bytes], None]  # called with each mirrored write as a whole Ethernet frame
+
+
+class DriverError(RuntimeError):
+    """The data plane refused or could not take a request."""
+
+
+@dataclass(frozen=True)
+class ReplicaWeight:
+    server: int  # index into the config's servers
+    weight: float  # share of the key's gets, 0..1; the weights of a key sum to 1
+
+
+@dataclass(frozen=True)
+class ForwardingEntry:
+    mac: str  # destination MAC
+    port: str  # switch port (interface name or port number as text)
+
+
+@dataclass
+class KeyCounters:
+    gets: int = 0  # gets for the key that the hot_get table matched
+    home_while_dirty: int = 0  # of those, sent home because the dirty bit was set
+    mirrored: int = 0  # writes to the key copied to the controller
+    per_replica: dict[int, int] = field(default_factory=dict)  # server index -> gets sent there
+
+
+@dataclass
+class Counters:
+    keys: dict[bytes, KeyCounters] = field(default_factory=dict)
+    unparsed: int = 0  # memcached-port packets forwarded untouched because the pipeline could not read them
+
+
+class Driver(ABC):
+    """One data plane. Implementations: controller/drivers/ (recording for tests and dry runs; eBPF, P4 next)."""
+
+    name = "abstract"
+
+    @abstractmethod
+    def attach(self, servers: Sequence[Server], on_mirror: MirrorHandler) -> None:
+        """Start: learn the servers, begin delivering mirrored writes to `on_mirror` (from any thread)."""
+
+    @abstractmethod
+    def install_hot_key(self, key: bytes, home: int, replicas: Sequence[ReplicaWeight]) -> None:
+        """Balance gets for `key` over `replicas` (home among them) by weight; dirty bit set, writes mirrored."""
+
+    @abstractmethod
+    def set_weights(self, key: bytes, replicas: Sequence[ReplicaWeight]) -> None:
+        """New weights for an installed key (same replica set; a weight of 0 takes a replica out)."""
+
+    @abstractmethod
+    def remove_hot_key(self, key: bytes) -> None:
+        """Stop balancing and mirroring `key`: its gets and writes go to the home server untouched."""
+
+    @abstractmethod
+    def set_dirty(self, key: bytes, dirty: bool) -> None:
+        """Dirty: gets go home. The data plane sets it on every write it mirrors; the core clears it."""
+
+    @abstractmethod
+    def set_forwarding(self, entries: Sequence[ForwardingEntry]) -> None:
+        """The whole forwarding table (destination MAC -> port)."""
+
+    @abstractmethod
+    def read_counters(self) -> Counters:
+        """Counters since attach."""
+
+    def close(self) -> None:
+        """Stop delivering mirrors and release the data plane (tables may stay: the switch keeps forwarding)."""

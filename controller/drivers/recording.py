@@ -1,0 +1,123 @@
+"""A driver without a switch: it records every call and keeps the tables a data plane would hold.
+
+For unit tests of the core (ask `route` where a get would go, as faucet's tests ask a fake flow table) and for
+`mbalancer controller --driver none`, a dry run that decides and replicates without touching any switch. Mirrored
+writes come in through `mirror(frame)`, the way a real driver's capture thread would deliver them.
+"""
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass
+from typing import Sequence
+
+from controller.driver import (Counters, Driver, DriverError, ForwardingEntry, KeyCounters, MirrorHandler,
+                               ReplicaWeight)
+from mbalancer.config import Server
+
+
+@dataclass(frozen=True)
+class Call:
+    time: float  # time.monotonic() when the core made the call
+    method: str
+    key: bytes | None = None
+    args: tuple = ()
+
+
+@dataclass
+class TableEntry:
+    home: int
+    replicas: tuple[ReplicaWeight, ...]
+    dirty: bool = True
+
+
+class RecordingDriver(Driver):
+    name = "none"
+
+    def __init__(self) -> None:
+        self.calls: list[Call] = []
+        self.table: dict[bytes, TableEntry] = {}
+        self.forwarding: tuple[ForwardingEntry, ...] = ()
+        self.servers: tuple[Server, ...] = ()
+        self.counters = Counters()
+        self.fail_next: str | None = None  # tests: the next call of this method raises DriverError
+        self._on_mirror: MirrorHandler | None = None
+        self._lock = threading.Lock()
+
+    def attach(self, servers: Sequence[Server], on_mirror: MirrorHandler) -> None:
+        self.servers = tuple(servers)
+        self._on_mirror = on_mirror
+        self._record("attach")
+
+    def install_hot_key(self, key: bytes, home: int, replicas: Sequence[ReplicaWeight]) -> None:
+        self._check_weights(key, replicas)
+        self._record("install_hot_key", key, home, tuple(replicas))
+        self.table[key] = TableEntry(home, tuple(replicas))
+
+    def set_weights(self, key: bytes, replicas: Sequence[ReplicaWeight]) -> None:
+        self._check_weights(key, replicas)
+        self._record("set_weights", key, tuple(replicas))
+        self._entry(key).replicas = tuple(replicas)
+
+    def remove_hot_key(self, key: bytes) -> None:
+        self._record("remove_hot_key", key)
+        self._entry(key)
+        del self.table[key]
+
+    def set_dirty(self, key: bytes, dirty: bool) -> None:
+        self._record("set_dirty", key, dirty)
+        self._entry(key).dirty = dirty
+
+    def set_forwarding(self, entries: Sequence[ForwardingEntry]) -> None:
+        self._record("set_forwarding", None, tuple(entries))
+        self.forwarding = tuple(entries)
+
+    def read_counters(self) -> Counters:
+        return self.counters
+
+    # What a test (or a real data plane) does from the switch side.
+    def mirror(self, frame: bytes, key: bytes | None = None) -> None:
+        """Deliver a mirrored write; with `key`, first set its dirty bit as the data plane would."""
+        if key is not None and key in self.table:
+            self.table[key].dirty = True
+            self.counters.keys.setdefault(key, KeyCounters()).mirrored += 1
+        if self._on_mirror is not None:
+            self._on_mirror(frame)
+
+    def route(self, key: bytes, request_id: int) -> int | None:
+        """The server a get for `key` would go to: None when not hot (its home), the home when dirty, else the
+        replica whose cumulative weight covers request_id's place in [0, 1)."""
+        entry = self.table.get(key)
+        if entry is None:
+            return None
+        if entry.dirty:
+            return entry.home
+        point = (request_id * 2654435761 % 2 ** 32) / 2 ** 32
+        total = 0.0
+        for replica in entry.replicas:
+            total += replica.weight
+            if replica.weight > 0 and point < total:
+                return replica.server
+        return next(r.server for r in reversed(entry.replicas) if r.weight > 0)
+
+    def calls_of(self, method: str) -> list[Call]:
+        with self._lock:
+            return [c for c in self.calls if c.method == method]
+
+    def _record(self, method: str, key: bytes | None = None, *args) -> None:
+        with self._lock:
+            if self.fail_next == method:
+                self.fail_next = None
+                raise DriverError(f"{method} refused (test)")
+            self.calls.append(Call(time.monotonic(), method, key, args))
+
+    def _entry(self, key: bytes) -> TableEntry:
+        entry = self.table.get(key)
+        if entry is None:
+            raise DriverError(f"{key!r} is not installed")
+        return entry
+
+    def _check_weights(self, key: bytes, replicas: Sequence[ReplicaWeight]) -> None:
+        total = sum(r.weight for r in replicas)
+        if not replicas or abs(total - 1) > 1e-6 or any(not 0 <= r.server < len(self.servers) for r in replicas):
+            raise DriverError(f"{key!r}: bad replicas {replicas}")

@@ -1,0 +1,284 @@
+"""Carrying out the plan against real servers and a driver, in the order that keeps every get correct.
+
+Invariants (the reason for every ordering below):
+- A rule never sends gets to a replica that does not hold the home's current value. A key is installed only after
+  its copies are made, and with the dirty bit set (gets go home); the bit is cleared only when the home's CAS is
+  still the one the copies were made from. A replica whose copy or update failed gets weight 0 before the bit is
+  cleared, and is refilled with backoff.
+- On cool-down the rules go first, then the extra copies.
+- A mirrored write: wait (briefly) until the home shows it (its CAS changes, or for a set, the value equals the
+  mirrored one), push the home's item to the replicas (or delete them), clear the dirty bit, and check the CAS once
+  more: if another write slipped in, set the bit again and repeat.
+Only the core's worker thread calls in here.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Callable
+
+from controller.driver import Driver, DriverError, ReplicaWeight
+from controller.planner import Change, Placement
+from controller.replicator import Replicator
+from mbalancer.memcache.meta import MetaError, StoredItem
+
+log = logging.getLogger(__name__)
+
+BACKOFF_FIRST = 0.1  # seconds before the first retry of a failed copy or delete; doubles each time
+BACKOFF_MAX = 5.0
+RETRY_LIMIT = 8  # then the failure is logged and left to the health checker / the next report
+SYNC_WAIT = 0.05  # how long a mirrored write may take to show on the home server (it arrives in microseconds)
+SYNC_ROUNDS = 3  # copies retried when writes keep landing during a sync; then the key stays dirty (served home)
+
+Decide = Callable[[str, "bytes | None", str], None]  # (action, key, reason): the decision log
+
+
+@dataclass
+class HotKey:
+    placement: Placement
+    holding: set[int]  # servers known to hold the home's current item (the home included)
+    synced_cas: int | None  # the home's CAS the copies were made from (None: the key is absent everywhere)
+    since: float
+    dirty: bool = True
+    syncs: int = 0
+    last_sync_ms: float | None = None
+
+    def weights(self) -> tuple[ReplicaWeight, ...]:
+        """The placement's weights with replicas that do not hold the value at 0 (all at home if none does)."""
+        p = self.placement
+        kept = [w if s in self.holding else 0.0 for s, w in zip(p.replicas, p.weights)]
+        total = sum(kept)
+        if total <= 0:
+            kept, total = [1.0 if s == p.home else 0.0 for s in p.replicas], 1.0
+        return tuple(ReplicaWeight(s, w / total) for s, w in zip(p.replicas, kept))
+
+
+@dataclass
+class Retry:
+    action: str  # "refill" (copy home -> server, then give it weight) or "delete" (an extra copy after cool-down)
+    key: bytes
+    server: int
+    attempt: int = 0
+    due: float = 0.0
+    last_error: str = field(default="", compare=False)
+
+
+class Executor:
+    def __init__(self, driver: Driver, replicator: Replicator, decide: Decide,
+                 clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep):
+        self.driver, self.replicator, self.decide = driver, replicator, decide
+        self.clock, self.sleep = clock, sleep
+        self.hot: dict[bytes, HotKey] = {}
+        self.retries: dict[tuple[str, bytes, int], Retry] = {}
+        self.sync_ms: deque[float] = deque(maxlen=1000)  # mirrored write -> replicas updated and bit cleared
+        self.down: set[int] = set()
+
+    # --- the plan ---------------------------------------------------------------------------------------------
+    def apply(self, changes: tuple[Change, ...]) -> None:
+        for change in changes:  # the planner lists cools first: they free room and load before warms
+            getattr(self, change.action)(change)
+
+    def warm(self, change: Change) -> None:
+        key, p = change.key, change.placement
+        started = self.clock()
+        try:
+            item = self.replicator.read(p.home, key)
+        except MetaError as err:
+            return self.decide("skip", key, f"cannot read it from its home server {p.home}: {err}")
+        if item is None:
+            return self.decide("skip", key, f"not stored on its home server {p.home}: nothing to copy yet")
+        targets = [s for s, w in zip(p.replicas, p.weights) if s != p.home and w > 0]
+        failed = self.replicator.write(key, item, targets)
+        holding = {p.home} | (set(targets) - set(failed))
+        if len(holding) < 2:
+            return self.decide("skip", key, f"no replica took the copy: {_errors(failed)}")
+        self._cancel(key, "delete")
+        hot = HotKey(p, holding, item.cas, since=started)
+        try:
+            self.driver.install_hot_key(key, p.home, hot.weights())
+        except DriverError as err:
+            self.replicator.delete(key, holding - {p.home})
+            return self.decide("skip", key, f"the driver refused the rules: {err}")
+        self.hot[key] = hot
+        for server in failed:
+            self._schedule("refill", key, server, failed[server])
+        settled = self._settle(key, hot)
+        copied = ", ".join(str(s) for s in sorted(holding - {p.home}))
+        self.decide("warm", key, f"{change.reason}; {len(item.value)} B copied from {p.home} to {copied} in "
+                                 f"{1000 * (self.clock() - started):.1f} ms"
+                                 + ("" if settled else "; left dirty (written during the copy)")
+                                 + (f"; copy failed on {_errors(failed)}, retrying" if failed else ""))
+
+    def cool(self, change: Change) -> None:
+        key = change.key
+        hot = self.hot.get(key)
+        if hot is None:
+            return
+        try:
+            self.driver.remove_hot_key(key)
+        except DriverError as err:
+            return self.decide("error", key, f"cool-down postponed, the driver refused to remove the rules: {err}")
+        del self.hot[key]
+        self._cancel(key, "refill")
+        extras = [s for s in hot.placement.replicas if s != hot.placement.home]
+        for server, error in self.replicator.delete(key, extras).items():
+            self._schedule("delete", key, server, error)
+        self.decide("cool", key, f"{change.reason}; rules removed, then copies on {extras} deleted")
+
+    def reweight(self, change: Change) -> None:
+        hot = self.hot.get(change.key)
+        if hot is None:
+            return
+        previous, hot.placement = hot.placement, change.placement
+        try:
+            self.driver.set_weights(change.key, hot.weights())
+        except DriverError as err:
+            hot.placement = previous
+            return self.decide("error", change.key, f"weights not changed, the driver refused: {err}")
+        self.decide("reweight", change.key, f"{change.reason}: " + ", ".join(
+            f"{r.server}={r.weight:.2f}" for r in hot.weights()))
+
+    # --- coherence ------------------------------------------------------------------------------------------
+    def sync(self, key: bytes, data: bytes | None, received: float) -> None:
+        """A write to `key` was mirrored (its data if it was a set): bring the replicas up to date."""
+        hot = self.hot.get(key)
+        if hot is None:
+            return
+        hot.dirty = True  # the data plane set it when it mirrored the write
+        item = self._wait_for_write(hot, key, data)
+        if isinstance(item, MetaError):
+            return self.decide("error", key, f"mirrored write not synced, home unreadable (gets stay home): {item}")
+        self._push(key, hot, item)
+        if self._settle(key, hot):
+            hot.syncs += 1
+            hot.last_sync_ms = 1000 * (self.clock() - received)
+            self.sync_ms.append(hot.last_sync_ms)
+            log.debug("synced %r in %.2f ms", key, hot.last_sync_ms)
+
+    def _wait_for_write(self, hot: HotKey, key: bytes, data: bytes | None) -> StoredItem | None | MetaError:
+        """The home's item once the mirrored write shows there, or as it is after SYNC_WAIT (a write that failed,
+        such as an add of an existing key, never shows; pushing the home's item is right then too)."""
+        deadline, delay = self.clock() + SYNC_WAIT, 0.0005
+        while True:
+            try:
+                item = self.replicator.read(hot.placement.home, key)
+            except MetaError as err:
+                return err
+            if item is None or item.cas != hot.synced_cas or (data is not None and item.value == data):
+                return item
+            if self.clock() >= deadline:
+                return item
+            self.sleep(delay)
+            delay = min(2 * delay, 0.01)
+
+    def _push(self, key: bytes, hot: HotKey, item: StoredItem | None) -> None:
+        """Make every holding replica match the home's item; replicas that fail lose their weight now."""
+        replicas = sorted(hot.holding - {hot.placement.home})
+        if item is None:
+            failed = self.replicator.delete(key, replicas)
+        else:
+            failed = self.replicator.write(key, item, replicas)
+        hot.synced_cas = item.cas if item is not None else None
+        if failed:
+            hot.holding -= set(failed)
+            self._set_weights(key, hot)
+            for server, error in failed.items():
+                self._schedule("refill", key, server, error)
+
+    def _settle(self, key: bytes, hot: HotKey) -> bool:
+        """Clear the dirty bit if the copies match the home; re-copy while writes keep landing. True if cleared."""
+        home = hot.placement.home
+        for _ in range(SYNC_ROUNDS):
+            try:
+                if self.replicator.cas(home, key) == hot.synced_cas:
+                    self._dirty(key, hot, False)
+                    if self.replicator.cas(home, key) == hot.synced_cas:
+                        return True
+                    self._dirty(key, hot, True)  # a write landed while clearing: its mirror is on its way
+                self._push(key, hot, self.replicator.read(home, key))
+            except (MetaError, DriverError) as err:
+                self.decide("error", key, f"left dirty (gets go home): {err}")
+                return False
+        return False
+
+    # --- health -------------------------------------------------------------------------------------------------
+    def server_down(self, server: int) -> None:
+        """A server stopped answering: it holds nothing we can trust any more, so it loses every weight now."""
+        self.down.add(server)
+        for key, hot in self.hot.items():
+            if server in hot.holding:
+                hot.holding.discard(server)
+                self._set_weights(key, hot)
+        for retry in [r for r in self.retries.values() if r.server == server and r.action == "refill"]:
+            del self.retries[(retry.action, retry.key, retry.server)]
+
+    def server_up(self, server: int) -> None:
+        """A server answers again (maybe restarted, empty): refill its copies before it gets weight back."""
+        self.down.discard(server)
+        for key, hot in self.hot.items():
+            if server in hot.placement.replicas and server not in hot.holding:
+                self._refill(Retry("refill", key, server))
+
+    # --- retries --------------------------------------------------------------------------------------------
+    def run_due(self) -> None:
+        now = self.clock()
+        for retry in [r for r in self.retries.values() if r.due <= now]:
+            del self.retries[(retry.action, retry.key, retry.server)]
+            if retry.action == "refill":
+                self._refill(retry)
+            else:
+                failed = self.replicator.delete(retry.key, [retry.server])
+                if failed:
+                    self._schedule("delete", retry.key, retry.server, failed[retry.server], retry.attempt + 1)
+
+    def next_due(self) -> float | None:
+        return min((r.due for r in self.retries.values()), default=None)
+
+    def _refill(self, retry: Retry) -> None:
+        key, server = retry.key, retry.server
+        hot = self.hot.get(key)
+        if hot is None or server in self.down:
+            return
+        home = hot.placement.home
+        try:
+            item = self.replicator.read(home, key)
+        except MetaError as err:
+            return self._schedule("refill", key, server, str(err), retry.attempt + 1)
+        failed = (self.replicator.delete(key, [server]) if item is None
+                  else self.replicator.write(key, item, [server]) if server != home else {})
+        if failed:
+            return self._schedule("refill", key, server, failed[server], retry.attempt + 1)
+        if item is not None and item.cas != hot.synced_cas:
+            return self._schedule("refill", key, server, "home changed during the refill", retry.attempt + 1)
+        hot.holding.add(server)
+        self._set_weights(key, hot)
+        self.decide("refill", key, f"server {server} holds the value again; weights " + ", ".join(
+            f"{r.server}={r.weight:.2f}" for r in hot.weights()))
+
+    def _schedule(self, action: str, key: bytes, server: int, error: str, attempt: int = 0) -> None:
+        if attempt >= RETRY_LIMIT:
+            return self.decide("give-up", key, f"{action} on server {server} failed {attempt} times: {error}")
+        due = self.clock() + min(BACKOFF_FIRST * 2 ** attempt, BACKOFF_MAX)
+        self.retries[(action, key, server)] = Retry(action, key, server, attempt, due, error)
+
+    def _cancel(self, key: bytes, action: str) -> None:
+        for retry_key in [k for k in self.retries if k[0] == action and k[1] == key]:
+            del self.retries[retry_key]
+
+    def _set_weights(self, key: bytes, hot: HotKey) -> None:
+        try:
+            self.driver.set_weights(key, hot.weights())
+        except DriverError as err:
+            # The replica must not be used: keep the key dirty (served at home) until weights can be written.
+            self.decide("error", key, f"weights not written ({err}); key kept dirty so gets go home")
+            self._dirty(key, hot, True)
+
+    def _dirty(self, key: bytes, hot: HotKey, dirty: bool) -> None:
+        self.driver.set_dirty(key, dirty)
+        hot.dirty = dirty
+
+
+def _errors(failed: dict[int, str]) -> str:
+    return "; ".join(f"server {s}: {e}" for s, e in failed.items()) or "none"

@@ -1,0 +1,141 @@
+"""The decisions: from one monitor report to the changes of the hot set, each with its reason.
+
+Plain logic, no I/O and no clock (faucet's way): the core hands in the report, the keys installed now and the
+servers that are down, and gets back a Plan; carrying it out (copies, table writes) is the core's job. So unit
+tests drive every decision directly.
+
+Per report: estimate per-server load; pick H (fixed, or the smallest H whose predicted imbalance factor reaches
+the target); the top H keys are candidates, and the hysteresis tracker says which keys have been candidates (or
+not) long enough to warm (or cool). Then all hot keys are laid out hottest first: a key keeps its group, a new
+key goes to the group least loaded at that point, and its weights are equal or water-filled over the load
+already placed. Installed keys whose weights moved by more than REWEIGHT_STEP get new weights.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Iterable, Mapping
+
+import numpy as np
+
+from controller.driver import ReplicaWeight
+from controller.hysteresis import HotKeyTracker
+from controller.load import estimate_loads, imbalance_factor
+from controller.placement import least_loaded_group, replica_weights, replicas_of, server_groups
+from controller.reports import MonitorReport
+from mbalancer.config import Balancing
+
+REWEIGHT_STEP = 0.05  # smaller moves of a weight are not worth a table write
+
+
+@dataclass(frozen=True)
+class Placement:
+    key: bytes
+    home: int
+    group: int
+    replicas: tuple[int, ...]
+    weights: tuple[float, ...]  # aligned with replicas, summing to 1
+    rate: float = 0.0  # gets/s when placed
+
+    def replica_weights(self) -> tuple[ReplicaWeight, ...]:
+        return tuple(ReplicaWeight(s, w) for s, w in zip(self.replicas, self.weights))
+
+
+@dataclass(frozen=True)
+class Change:
+    action: str  # "warm" (copy, then install), "cool" (remove, then delete copies), "reweight"
+    key: bytes
+    placement: Placement | None  # None for cool
+    reason: str
+
+
+@dataclass(frozen=True)
+class Plan:
+    changes: tuple[Change, ...]
+    hot_target: int  # H used for this report
+    loads: tuple[float, ...]  # estimated gets/s per server as the traffic is spread now
+    predicted_loads: tuple[float, ...]  # ... once the plan is carried out
+    imbalance_now: float
+    imbalance_predicted: float
+
+
+class Planner:
+    def __init__(self, balancing: Balancing, servers: int, home_of: Callable[[bytes], int]):
+        self.balancing = balancing
+        self.servers = servers
+        self.home_of = home_of
+        self.groups = server_groups(servers, balancing.groups)
+        self.tracker = HotKeyTracker(balancing.hysteresis)
+
+    def plan(self, report: MonitorReport, installed: Mapping[bytes, Placement],
+             down: Iterable[int] = ()) -> Plan:
+        down = frozenset(down)
+        spread = {k: tuple(zip(p.replicas, p.weights)) for k, p in installed.items()}
+        loads = estimate_loads(report, self.servers, self.home_of, spread)
+        hot_target = self.balancing.hot if self.balancing.hot is not None else self._auto_hot(report, installed, down)
+        rates = {k.key: k.rate for k in report.top}
+        candidates = [k.key for k in report.top[:hot_target]]
+        ready_warm, ready_cool = self.tracker.update(candidates, installed)
+        changes = [Change("cool", key, None, f"out of the top {hot_target} for {self.tracker.streak(key)} "
+                                             f"reports ({rates.get(key, 0.0):.0f} gets/s)") for key in ready_cool]
+        staying = [k for k in installed if k not in set(ready_cool)]
+        room = max(hot_target - len(staying), 0)
+        layout, predicted = self._layout(report, staying + ready_warm[:room], installed, down)
+        for key in ready_warm[:room]:
+            if key in layout:
+                share = rates[key] / report.rate if report.rate else 0.0
+                changes.append(Change("warm", key, layout[key],
+                                      f"in the top {hot_target} for {self.tracker.streak(key)} reports: "
+                                      f"{rates[key]:.0f} gets/s, {100 * share:.1f}% of gets"))
+        for key in staying:
+            reason = _weights_moved(installed[key], layout[key])
+            if reason:
+                changes.append(Change("reweight", key, layout[key], reason))
+        return Plan(tuple(changes), hot_target, tuple(loads), tuple(predicted), float(imbalance_factor(loads)),
+                    float(imbalance_factor(predicted)))
+
+    def _layout(self, report: MonitorReport, hot: list[bytes], installed: Mapping[bytes, Placement],
+                down: frozenset[int]) -> tuple[dict[bytes, Placement], np.ndarray]:
+        """Place the hot keys, hottest first, over the load of everything else; returns placements and loads.
+
+        A new key whose only live replica would be its home is left out (nothing to balance)."""
+        rates = {k.key: k.rate for k in report.top}
+        hot_set = set(hot)
+        running = estimate_loads(report, self.servers, self.home_of, {k: () for k in hot_set})
+        placed: dict[bytes, Placement] = {}
+        for key in sorted(hot, key=lambda k: rates.get(k, 0.0), reverse=True):
+            rate, home = rates.get(key, 0.0), self.home_of(key)
+            group = installed[key].group if key in installed else least_loaded_group(self.groups, running)
+            replicas = replicas_of(home, self.groups[group])
+            usable = [r not in down for r in replicas]
+            if key not in installed and sum(usable) < 2:
+                running[home] += rate
+                continue
+            if not any(usable):
+                usable = [r == home for r in replicas]  # all down: keep the home, where writes go anyway
+            weights = replica_weights(self.balancing.mode, replicas, running, rate, usable)
+            running[list(replicas)] += rate * np.asarray(weights)
+            placed[key] = Placement(key, home, group, replicas, weights, rate)
+        return placed, running
+
+    def _auto_hot(self, report: MonitorReport, installed: Mapping[bytes, Placement], down: frozenset[int]) -> int:
+        """Smallest H whose layout reaches the target imbalance factor; all reported keys if none does."""
+        keys = [k.key for k in report.top]
+        for h in range(len(keys) + 1):
+            _, loads = self._layout(report, keys[:h], installed, down)
+            if imbalance_factor(loads) >= self.balancing.target:
+                return h
+        return len(keys)
+
+
+def _weights_moved(old: Placement, new: Placement) -> str | None:
+    if old.replicas != new.replicas:
+        return None  # a key keeps its group and home, so its replicas only change with the config
+    on_off = [(a > 0) != (b > 0) for a, b in zip(old.weights, new.weights)]
+    if any(on_off):
+        changed = [f"server {r} {'back in' if w > 0 else 'out'}" for r, flip, w in
+                   zip(new.replicas, on_off, new.weights) if flip]
+        return ", ".join(changed) + " (health)"
+    step = max(abs(a - b) for a, b in zip(old.weights, new.weights))
+    if step > REWEIGHT_STEP:
+        return f"measured load moved the weights by up to {step:.2f}"
+    return None

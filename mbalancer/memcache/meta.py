@@ -1,0 +1,140 @@
+"""A blocking TCP client for memcached's meta commands (memcached >= 1.6), used by the controller's replicator.
+
+Why meta commands: `mg <key> v f t c` returns the value, the client flags, the *remaining* TTL and the CAS in one
+round trip, so a copy keeps the item's expiry (a classic `get` cannot tell it) and the coherence logic can tell
+whether a write has been applied (the CAS changes on every write). Any socket or protocol error raises
+MetaError; the connection is then dropped and the next call reconnects.
+"""
+from __future__ import annotations
+
+import socket
+from dataclasses import dataclass
+
+from mbalancer.memcache.addresses import ServerAddress
+from mbalancer.memcache.keys import key_problem
+from mbalancer.memcache.replies import MetaReply, parse_reply
+from mbalancer.memcache.results import NotParsed
+
+NO_EXPIRY = -1  # mg's remaining TTL for an item that never expires
+
+
+class MetaError(RuntimeError):
+    """The server could not be reached or answered something a meta command does not."""
+
+
+@dataclass(frozen=True)
+class StoredItem:
+    """An item as a server holds it: what a copy must carry over."""
+
+    value: bytes
+    flags: int
+    ttl: int  # seconds left, or NO_EXPIRY
+    cas: int
+
+
+class MetaClient:
+    """One TCP connection to one memcached server; not thread-safe (one per thread or per server)."""
+
+    def __init__(self, server: ServerAddress, timeout: float = 1.0):
+        self.server = server
+        self.timeout = timeout
+        self._sock: socket.socket | None = None
+        self._buffer = bytearray()
+
+    def get(self, key: bytes) -> StoredItem | None:
+        """The item with its flags, remaining TTL and CAS, or None on a miss."""
+        reply = self._call(b"mg %s v f t c\r\n" % _checked(key))
+        if reply.code == "EN":
+            return None
+        if reply.code != "VA":
+            raise MetaError(f"{self.server}: mg answered {reply.code}")
+        flags = _flag_values(reply.flags)
+        try:
+            return StoredItem(reply.value or b"", int(flags[b"f"]), int(flags[b"t"]), int(flags[b"c"]))
+        except (KeyError, ValueError):
+            raise MetaError(f"{self.server}: mg reply lacks f/t/c: {reply.flags!r}") from None
+
+    def cas(self, key: bytes) -> int | None:
+        """The item's CAS (changes on every write), or None on a miss; no value is sent."""
+        reply = self._call(b"mg %s c\r\n" % _checked(key))
+        if reply.code == "EN":
+            return None
+        flags = _flag_values(reply.flags)
+        if reply.code != "HD" or b"c" not in flags:
+            raise MetaError(f"{self.server}: mg c answered {reply.code} {reply.flags!r}")
+        return int(flags[b"c"])
+
+    def set(self, key: bytes, item: StoredItem) -> int:
+        """Store a copy with the same flags and remaining TTL; returns the copy's CAS on this server."""
+        # exptime 0 means "never" to memcached, so an item with less than a second left keeps 1 s.
+        exptime = 0 if item.ttl == NO_EXPIRY else max(item.ttl, 1)
+        command = b"ms %s %d F%d T%d c\r\n" % (_checked(key), len(item.value), item.flags, exptime)
+        reply = self._call(command + item.value + b"\r\n")
+        flags = _flag_values(reply.flags)
+        if reply.code != "HD":
+            raise MetaError(f"{self.server}: ms answered {reply.code}")
+        return int(flags.get(b"c", 0))
+
+    def delete(self, key: bytes) -> bool:
+        """Delete the key; False if it was not there."""
+        reply = self._call(b"md %s\r\n" % _checked(key))
+        if reply.code not in ("HD", "NF"):
+            raise MetaError(f"{self.server}: md answered {reply.code}")
+        return reply.code == "HD"
+
+    def ping(self) -> None:
+        """Round trip with the meta no-op; raises MetaError if the server does not answer in time."""
+        reply = self._call(b"mn\r\n")
+        if reply.code != "MN":
+            raise MetaError(f"{self.server}: mn answered {reply.code}")
+
+    def close(self) -> None:
+        if self._sock is not None:
+            self._sock.close()
+        self._sock = None
+        self._buffer.clear()
+
+    def _call(self, request: bytes) -> MetaReply:
+        try:
+            sock = self._connected()
+            sock.sendall(request)
+            return self._read_reply(sock)
+        except OSError as err:
+            self.close()
+            raise MetaError(f"{self.server}: {err.strerror or err}") from None
+        except MetaError:
+            self.close()
+            raise
+
+    def _connected(self) -> socket.socket:
+        if self._sock is None:
+            self._sock = socket.create_connection(tuple(self.server), timeout=self.timeout)
+            self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        return self._sock
+
+    def _read_reply(self, sock: socket.socket) -> MetaReply:
+        while True:
+            reply = parse_reply(self._buffer)
+            if isinstance(reply, NotParsed) and reply.incomplete:
+                chunk = sock.recv(256 * 1024)
+                if not chunk:
+                    raise MetaError(f"{self.server}: connection closed")
+                self._buffer += chunk
+                continue
+            if not isinstance(reply, MetaReply):
+                what = reply.reason if isinstance(reply, NotParsed) else getattr(reply, "status", type(reply))
+                raise MetaError(f"{self.server}: not a meta reply ({what})")
+            del self._buffer[:reply.size]
+            return reply
+
+
+def _checked(key: bytes) -> bytes:
+    problem = key_problem(key)
+    if problem:
+        raise ValueError(f"key {key[:40]!r}: {problem}")
+    return key
+
+
+def _flag_values(flags: tuple[bytes, ...]) -> dict[bytes, bytes]:
+    """Meta reply flags such as (b"f0", b"t-1", b"c42") as {b"f": b"0", ...}."""
+    return {flag[:1]: flag[1:] for flag in flags if flag}
