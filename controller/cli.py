@@ -14,6 +14,7 @@ from controller.core import ControllerCore
 from controller.drivers import DRIVERS, make_driver
 from controller.http_api import serve
 from mbalancer.config import ConfigError, load_config
+from mbalancer.memcache.addresses import parse_server
 
 Fail = Callable[[str], None]
 
@@ -41,7 +42,7 @@ def _run_controller(args: argparse.Namespace, fail: Fail) -> int:
     except ValueError as err:  # e.g. a skewed hash, which needs the workload's keys
         fail(f"balancing.hash: {err}")
     try:
-        http = serve(core, args.listen or config.controller.listen)
+        http = serve(core, tuple(parse_server(args.listen or config.controller.listen)))
     except (OSError, ValueError) as err:
         fail(f"--listen: cannot serve on {args.listen or config.controller.listen}: {err}")
     stop = threading.Event()

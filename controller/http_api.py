@@ -13,7 +13,6 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from controller.core import ControllerCore
-from mbalancer.memcache.addresses import parse_server
 
 log = logging.getLogger(__name__)
 
@@ -21,10 +20,10 @@ MAX_REPORT_BYTES = 4 * 1024 * 1024
 ENDPOINTS = {"GET /state": "controller state", "GET /decisions": "decision log", "POST /report": "monitor report"}
 
 
-def serve(core: ControllerCore, listen: str) -> ThreadingHTTPServer:
-    """Bind `host:port` (port 0: any free one; see server.server_address) and return the server, not yet serving:
-    run serve_forever() in a thread, shutdown() to stop."""
-    host, port = parse_server(listen)
+def serve(core: ControllerCore, address: tuple[str, int]) -> ThreadingHTTPServer:
+    """Bind (host, port) (port 0: any free one; see server.server_address) and return the server, not yet
+    serving: run serve_forever() in a thread, shutdown() to stop."""
+    host, port = address
     handler = type("Handler", (_Handler,), {"core": core})
     server = ThreadingHTTPServer((host, port), handler)
     server.daemon_threads = True

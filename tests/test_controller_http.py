@@ -1,0 +1,158 @@
+"""The controller's HTTP interface and command: reports in, state out, and the monitor pushing to a live controller."""
+from __future__ import annotations
+
+import json
+import subprocess
+import threading
+import time
+import urllib.error
+import urllib.request
+
+import pytest
+
+from controller.core import ControllerCore
+from controller.drivers.recording import RecordingDriver
+from controller.http_api import serve
+from experiments.workload.trace import get_frames, write_pcap, zipf_trace
+from mbalancer.config import parse_config
+from mbalancer.memcache.addresses import ServerAddress
+from mbalancer.memcache.hashing import KetamaHash
+from mbalancer.memcache.meta import MetaClient, StoredItem
+from mbalancer.memcache.server import MemcachedServer, free_port
+from tests.conftest import MBALANCER
+
+
+@pytest.fixture(scope="module")
+def servers():
+    started = [MemcachedServer().start() for _ in range(2)]
+    yield started
+    for server in started:
+        server.stop()
+
+
+def server_table(servers) -> list[dict]:
+    return [{"name": f"s{i}", "ip": "127.0.0.1", "mac": f"02:00:00:00:00:0{i + 1}", "port": s.port}
+            for i, s in enumerate(servers)]
+
+
+@pytest.fixture
+def api(servers):
+    config = parse_config({"servers": server_table(servers), "balancing": {"hot": 1, "hysteresis": 1}})
+    core = ControllerCore(config, RecordingDriver(), probe_health=False).start()
+    http = serve(core, ("127.0.0.1", 0))
+    threading.Thread(target=http.serve_forever, daemon=True).start()
+    yield core, f"http://127.0.0.1:{http.server_address[1]}"
+    http.shutdown()
+    core.stop()
+
+
+def call(url: str, body: bytes | None = None) -> tuple[int, object]:
+    request = urllib.request.Request(url, data=body, method="POST" if body is not None else "GET",
+                                     headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=5) as reply:
+            return reply.status, json.loads(reply.read())
+    except urllib.error.HTTPError as err:
+        return err.code, json.loads(err.read())
+
+
+def test_a_posted_report_makes_a_key_hot_and_the_state_shows_it(api):
+    core, url = api
+    home = core.key_hash.server_of(b"popular")
+    MetaClient(core.config.servers[home].address).set(b"popular", StoredItem(b"v", 0, -1, 0))
+    status, body = call(url + "/report", json.dumps(
+        {"time": 1.0, "interval": 1.0, "rate": 500.0, "top": [{"key": "popular", "rate": 400.0}]}).encode())
+    assert (status, body) == (202, {"accepted": True, "keys": 1})
+    assert core.wait_idle()
+    status, state = call(url + "/state")
+    assert status == 200
+    assert [k["key"] for k in state["hot_keys"]] == ["popular"]
+    hot = state["hot_keys"][0]
+    assert hot["home"] == home and not hot["dirty"]
+    assert sorted(r["server"] for r in hot["replicas"]) == [0, 1]
+    assert state["servers"][home]["estimated_gets_per_s"] > 0
+    assert state["plan"]["imbalance_predicted"] >= state["plan"]["imbalance_now"]
+    assert {"uptime", "driver", "config", "retries", "counters", "decisions"} <= set(state)
+    status, decisions = call(url + "/decisions")
+    assert status == 200 and decisions[-1]["action"] == "warm" and decisions[-1]["key"] == "popular"
+
+
+@pytest.mark.parametrize("body, message", [
+    (b"{not json", "Expecting"),
+    (b'{"time": 1, "interval": 1, "rate": 5}', "top:"),
+    (b'{"time": 1, "interval": -1, "rate": 5, "top": []}', "interval:"),
+])
+def test_a_bad_report_gets_a_400_naming_the_problem(api, body, message):
+    core, url = api
+    status, reply = call(url + "/report", body)
+    assert status == 400 and message in reply["error"]
+    assert core.counts["bad_reports"] >= (0 if message == "Expecting" else 1)
+
+
+def test_unknown_paths_list_the_endpoints(api):
+    _, url = api
+    status, reply = call(url + "/nothing")
+    assert status == 404 and "GET /state" in reply["endpoints"]
+    status, _ = call(url + "/state", b"{}")
+    assert status == 404
+
+
+def test_bad_config_exits_2_naming_the_field(run_cli, tmp_path):
+    path = tmp_path / "bad.toml"
+    path.write_text('[[servers]]\nname = "a"\nip = "10.0.0.1"\nmac = "nonsense"\n')
+    result = run_cli("controller", "--config", str(path))
+    assert result.returncode == 2 and "servers[0].mac" in result.stderr
+    result = run_cli("controller", "--config", str(tmp_path / "missing.toml"))
+    assert result.returncode == 2 and "cannot read" in result.stderr
+
+
+def test_the_monitor_pushes_reports_to_a_running_controller(servers, tmp_path):
+    """The real loop minus the switch: pcap -> mbalancer monitor --push -> mbalancer controller -> copies."""
+    addresses = [MetaClient(ServerAddress("127.0.0.1", s.port)) for s in servers]
+    ketama = KetamaHash([c.server for c in addresses])
+    for index in range(10):
+        key = b"key:%d" % index
+        addresses[ketama.server_of(key)].set(key, StoredItem(b"value %d" % index, 0, -1, 0))
+    port = free_port()
+    config = tmp_path / "mbalancer.toml"
+    config.write_text("".join(f'[[servers]]\nname = "{s["name"]}"\nip = "{s["ip"]}"\nmac = "{s["mac"]}"\n'
+                              f'port = {s["port"]}\n' for s in server_table(servers))
+                      + f'[balancing]\nhot = 3\nhysteresis = 2\n[controller]\nlisten = "127.0.0.1:{port}"\n')
+    pcap = tmp_path / "gets.pcap"
+    write_pcap(pcap, get_frames(zipf_trace(100, 1.0, 40_000, seed=3)), rate=10_000)
+    controller = subprocess.Popen([str(MBALANCER), "-v", "controller", "--config", str(config)],
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        url = f"http://127.0.0.1:{port}"
+        assert _eventually(lambda: _reachable(url + "/state")), "controller did not start"
+        monitor = subprocess.run([str(MBALANCER), "monitor", "--pcap", str(pcap), "--json", "--top", "3",
+                                  "--push", url + "/report"], capture_output=True, text=True, timeout=60)
+        assert monitor.returncode == 0, monitor.stderr
+        assert _eventually(lambda: len(call(url + "/state")[1]["hot_keys"]) == 3)
+        state = call(url + "/state")[1]
+        assert sorted(k["key"] for k in state["hot_keys"]) == ["key:0", "key:1", "key:2"]
+        assert state["counters"]["reports"] == 4
+        for index in range(3):
+            assert all(c.get(b"key:%d" % index).value == b"value %d" % index for c in addresses)
+    finally:
+        controller.terminate()
+        _, stderr = controller.communicate(timeout=10)
+    assert controller.returncode == 0
+    assert "warm key:0" in stderr  # -v logs each decision with its reason
+
+
+def _reachable(url: str) -> bool:
+    try:
+        urllib.request.urlopen(url, timeout=1).close()
+        return True
+    except OSError:
+        return False
+
+
+def _eventually(check, timeout: float = 10.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if check():
+            return True
+        time.sleep(0.05)
+    return False

@@ -1,0 +1,358 @@
+"""Replication and coherence against real memcached servers, with the recording driver as the data plane.
+
+The recording driver keeps the tables a switch would; subclasses look at the servers at the moment the core calls
+them, to check the orderings the core promises (copies before rules, rules before deletes)."""
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from controller.core import ControllerCore
+from controller.drivers.recording import RecordingDriver
+from experiments.workload.trace import tcp_frame, udp_frame
+from mbalancer.config import parse_config
+from mbalancer.memcache.addresses import ServerAddress
+from mbalancer.memcache.client import tcp_client
+from mbalancer.memcache.meta import MetaClient, StoredItem
+from mbalancer.memcache.requests import build_set
+from mbalancer.memcache.server import MemcachedServer, free_port
+
+SERVERS = 3
+
+
+@pytest.fixture(scope="module")
+def servers():
+    started = [MemcachedServer(max_item="2m").start() for _ in range(SERVERS)]
+    yield started
+    for server in started:
+        server.stop()
+
+
+@pytest.fixture(autouse=True)
+def empty_servers(servers):
+    for server in servers:
+        tcp_client(ServerAddress(*server.address)).flush_all()
+
+
+def config_for(ports: list[int], **balancing):
+    return parse_config({
+        "servers": [{"name": f"s{i}", "ip": "127.0.0.1", "mac": f"02:00:00:00:00:{i + 1:02x}", "port": p}
+                    for i, p in enumerate(ports)],
+        "balancing": {"hot": 2, "hysteresis": 1, **balancing},
+        "controller": {"health_interval": 0.1, "health_failures": 2}})
+
+
+def make_core(ports, driver=None, probe_health=False, **balancing) -> tuple[ControllerCore, RecordingDriver]:
+    driver = driver or RecordingDriver()
+    core = ControllerCore(config_for(ports, **balancing), driver, probe_health=probe_health).start()
+    return core, driver
+
+
+@pytest.fixture
+def core(servers):
+    core, driver = make_core([s.port for s in servers])
+    yield core
+    core.stop()
+
+
+def meta(core: ControllerCore, server: int) -> MetaClient:
+    return MetaClient(core.config.servers[server].address)
+
+
+def store(core, key: bytes, value: bytes, flags: int = 0, ttl: int = -1) -> int:
+    """Put the key on its home server (as a client would); returns the home's index."""
+    home = core.key_hash.server_of(key)
+    meta(core, home).set(key, StoredItem(value, flags, ttl, 0))
+    return home
+
+
+def held(core, key: bytes) -> list[bytes | None]:
+    """The value each server holds for the key."""
+    items = [meta(core, s).get(key) for s in range(len(core.config.servers))]
+    return [i.value if i else None for i in items]
+
+
+def hot_report(*keys: bytes, rate: float = 1000.0) -> dict:
+    return {"time": time.time(), "interval": 1.0, "rate": rate * (len(keys) + 1),
+            "top": [{"key": k.decode(), "rate": rate - i} for i, k in enumerate(keys)]}
+
+
+def warm(core, *keys: bytes) -> None:
+    core.submit_report(hot_report(*keys))
+    assert core.wait_idle()
+
+
+def mirror_set(core, key: bytes, value: bytes, apply: bool = True) -> None:
+    """A client's set to the home (over UDP, as the data plane would see it) and its mirror to the controller."""
+    payload = build_set(key, value)
+    if apply:
+        meta(core, core.key_hash.server_of(key)).set(key, StoredItem(value, 0, -1, 0))
+    core.driver.mirror(udp_frame(payload, dport=core.config.servers[0].port), key)
+
+
+# --- warm and cool ------------------------------------------------------------------------------------------
+class CheckingDriver(RecordingDriver):
+    """Looks at the servers when the core installs or removes a key."""
+
+    def __init__(self):
+        super().__init__()
+        self.at_install: dict[bytes, list] = {}
+        self.at_remove: dict[bytes, list] = {}
+        self.core: ControllerCore | None = None
+
+    def install_hot_key(self, key, home, replicas):
+        self.at_install[key] = [(r.weight, held(self.core, key)[r.server]) for r in replicas]
+        super().install_hot_key(key, home, replicas)
+
+    def remove_hot_key(self, key):
+        self.at_remove[key] = held(self.core, key)
+        super().remove_hot_key(key)
+
+
+@pytest.fixture
+def checked(servers):
+    driver = CheckingDriver()
+    core, _ = make_core([s.port for s in servers], driver)
+    driver.core = core
+    yield core, driver
+    core.stop()
+
+
+def test_warm_copies_value_flags_and_ttl_before_the_rules_and_ends_clean(checked):
+    core, driver = checked
+    value = bytes(range(256)) * 400  # 100 KB, every byte value
+    home = store(core, b"hot:1", value, flags=77, ttl=300)
+    warm(core, b"hot:1")
+    # At install time every replica with weight already held the value.
+    assert all(v == value for w, v in driver.at_install[b"hot:1"] if w > 0)
+    entry = driver.table[b"hot:1"]
+    assert entry.home == home and not entry.dirty
+    assert [r.weight for r in entry.replicas] == pytest.approx([1 / 3] * 3)
+    for server in range(SERVERS):
+        item = meta(core, server).get(b"hot:1")
+        assert item.value == value and item.flags == 77 and 295 <= item.ttl <= 300
+    decision = core.state()["decisions"][-1]
+    assert decision["action"] == "warm" and "copied from" in decision["reason"]
+
+
+def test_an_item_without_expiry_is_copied_without_expiry(core):
+    store(core, b"forever", b"v", ttl=-1)
+    warm(core, b"forever")
+    assert {meta(core, s).get(b"forever").ttl for s in range(SERVERS)} == {-1}
+
+
+def test_cool_down_removes_the_rules_before_deleting_the_copies(checked):
+    core, driver = checked
+    home = store(core, b"hot:2", b"v2")
+    warm(core, b"hot:2")
+    warm(core, b"other")  # hot:2 leaves the top (other is not stored: it is skipped)
+    assert driver.at_remove[b"hot:2"] == [b"v2"] * SERVERS  # copies still there when the rules went
+    assert b"hot:2" not in driver.table
+    assert held(core, b"hot:2") == [b"v2" if s == home else None for s in range(SERVERS)]
+    assert core.state()["decisions"][-2]["action"] == "cool"
+
+
+def test_a_key_missing_on_its_home_is_not_installed(core):
+    warm(core, b"never-set")
+    assert b"never-set" not in core.driver.table
+    last = core.state()["decisions"][-1]
+    assert last["action"] == "skip" and "nothing to copy" in last["reason"]
+
+
+def test_a_refused_install_leaves_no_copies_behind(core):
+    home = store(core, b"hot:3", b"v3")
+    core.driver.fail_next = "install_hot_key"
+    warm(core, b"hot:3")
+    assert b"hot:3" not in core.driver.table and not core.executor.hot
+    assert held(core, b"hot:3") == [b"v3" if s == home else None for s in range(SERVERS)]
+    assert "driver refused" in core.state()["decisions"][-1]["reason"]
+
+
+def test_an_unreachable_replica_gets_no_weight_until_it_is_refilled(servers):
+    port = free_port()
+    ports = [servers[0].port, servers[1].port, port]
+    core, driver = make_core(ports, hot=1)
+    try:
+        key = next(k for k in (b"k%d" % i for i in range(100)) if core.key_hash.server_of(k) != 2)
+        store(core, key, b"value")
+        warm(core, key)
+        weights = {r.server: r.weight for r in driver.table[key].replicas}
+        assert weights[2] == 0 and sum(weights.values()) == pytest.approx(1)
+        assert not driver.table[key].dirty
+        assert any(r["action"] == "refill" and r["server"] == 2 for r in core.state()["retries"])
+        with MemcachedServer(port=port):
+            deadline = time.monotonic() + 5
+            while time.monotonic() < deadline and not {r.server: r.weight for r in
+                                                       driver.table[key].replicas}[2] > 0:
+                time.sleep(0.05)
+            assert {r.server: r.weight for r in driver.table[key].replicas}[2] == pytest.approx(1 / 3)
+            assert meta(core, 2).get(key).value == b"value"
+    finally:
+        core.stop()
+
+
+# --- coherence ----------------------------------------------------------------------------------------------
+def test_a_mirrored_set_reaches_every_replica_then_clears_the_dirty_bit(core):
+    store(core, b"hot:4", b"old")
+    warm(core, b"hot:4")
+    started = time.monotonic()
+    mirror_set(core, b"hot:4", b"new")
+    assert core.driver.table[b"hot:4"].dirty  # set by the data plane on the mirror
+    assert core.wait_idle()
+    elapsed = time.monotonic() - started
+    assert held(core, b"hot:4") == [b"new"] * SERVERS
+    assert not core.driver.table[b"hot:4"].dirty
+    hot = core.state()["hot_keys"][0]
+    assert hot["syncs"] == 1 and hot["last_sync_ms"] < 1000 * elapsed + 1
+    assert core.state()["counters"]["sync_ms"]["count"] == 1
+
+
+def test_a_mirror_that_arrives_before_the_home_applies_the_write(core):
+    home = store(core, b"hot:5", b"old")
+    warm(core, b"hot:5")
+    mirror_set(core, b"hot:5", b"new", apply=False)
+    time.sleep(0.01)  # the core is waiting for the home's CAS to change
+    meta(core, home).set(b"hot:5", StoredItem(b"new", 0, -1, 0))
+    assert core.wait_idle()
+    assert held(core, b"hot:5") == [b"new"] * SERVERS
+    assert not core.driver.table[b"hot:5"].dirty
+
+
+def test_a_write_that_never_lands_still_ends_clean(core):
+    store(core, b"hot:6", b"old")
+    warm(core, b"hot:6")
+    core.driver.mirror(udp_frame(b"add hot:6 0 0 3\r\nnew\r\n", dport=core.config.servers[0].port), b"hot:6")
+    assert core.wait_idle()
+    assert held(core, b"hot:6") == [b"old"] * SERVERS and not core.driver.table[b"hot:6"].dirty
+
+
+def test_a_mirrored_delete_deletes_the_copies(core):
+    home = store(core, b"hot:7", b"old")
+    warm(core, b"hot:7")
+    meta(core, home).delete(b"hot:7")
+    core.driver.mirror(tcp_frame(b"delete hot:7\r\n", dport=core.config.servers[0].port), b"hot:7")
+    assert core.wait_idle()
+    assert held(core, b"hot:7") == [None] * SERVERS and not core.driver.table[b"hot:7"].dirty
+
+
+def test_a_large_set_cut_across_tcp_segments_is_still_synced(core):
+    home = store(core, b"hot:8", b"old")
+    warm(core, b"hot:8")
+    value = b"x" * 200_000
+    meta(core, home).set(b"hot:8", StoredItem(value, 0, -1, 0))
+    first_segment = build_set(b"hot:8", value)[:1400]
+    core.driver.mirror(tcp_frame(first_segment, dport=core.config.servers[0].port), b"hot:8")
+    assert core.wait_idle()
+    assert held(core, b"hot:8") == [value] * SERVERS
+
+
+class WritingDriver(RecordingDriver):
+    """Makes a client write land at the worst moment: during install, or while the dirty bit is cleared."""
+
+    def __init__(self, when: str):
+        super().__init__()
+        self.when, self.core, self.done = when, None, False
+
+    def _write(self, key):
+        if not self.done:
+            self.done = True
+            home = self.core.key_hash.server_of(key)
+            meta(self.core, home).set(key, StoredItem(b"racing", 0, -1, 0))
+
+    def install_hot_key(self, key, home, replicas):
+        super().install_hot_key(key, home, replicas)
+        if self.when == "install":
+            self._write(key)
+
+    def set_dirty(self, key, dirty):
+        super().set_dirty(key, dirty)
+        if self.when == "clear" and not dirty:
+            self._write(key)
+
+
+@pytest.mark.parametrize("when", ["install", "clear"])
+def test_a_write_racing_the_core_never_leaves_stale_replicas_in_use(servers, when):
+    driver = WritingDriver(when)
+    core, _ = make_core([s.port for s in servers], driver)
+    driver.core = core
+    try:
+        store(core, b"hot:9", b"old")
+        warm(core, b"hot:9")
+        assert driver.done
+        assert held(core, b"hot:9") == [b"racing"] * SERVERS
+        assert not driver.table[b"hot:9"].dirty
+        if when == "clear":  # the bit went back up the moment the core saw the home change
+            assert [c.args[0] for c in driver.calls_of("set_dirty")] == [False, True, False]
+    finally:
+        core.stop()
+
+
+@pytest.mark.parametrize("frame", [b"", b"\x00" * 10, udp_frame(b"\x80\x01binary"), udp_frame(b"garbage\r\n"),
+                                   udp_frame(b"set k 0 0 99999999999999999999\r\n"), tcp_frame(b"x" * 300)])
+def test_unreadable_mirrors_are_counted_and_ignored(core, frame):
+    core.submit_mirror(frame)
+    assert core.wait_idle()
+    counters = core.state()["counters"]
+    assert counters["mirrors"] == 1 and counters.get("internal_errors", 0) == 0
+
+
+def test_a_mirror_for_a_key_that_is_not_hot_is_ignored(core):
+    mirror_set(core, b"cold", b"v")
+    assert core.wait_idle()
+    assert held(core, b"cold").count(b"v") == 1
+
+
+# --- health -------------------------------------------------------------------------------------------------
+def test_a_dead_replica_loses_its_weight_and_is_refilled_when_it_returns():
+    servers = [MemcachedServer().start() for _ in range(SERVERS)]
+    core, driver = make_core([s.port for s in servers], probe_health=True, hot=1)
+    try:
+        key = next(k for k in (b"h%d" % i for i in range(100)) if core.key_hash.server_of(k) != 2)
+        store(core, key, b"value")
+        warm(core, key)
+        port = servers[2].port
+        servers[2].stop()
+        assert _eventually(lambda: {r.server: r.weight for r in driver.table[key].replicas}[2] == 0)
+        assert not core.state()["servers"][2]["up"]
+        servers[2] = MemcachedServer(port=port).start()  # back, empty
+        assert _eventually(lambda: {r.server: r.weight for r in driver.table[key].replicas}[2] > 0)
+        assert meta(core, 2).get(key).value == b"value"
+        actions = [d["action"] for d in core.state()["decisions"]]
+        assert actions.index("server-down") < actions.index("server-up") < actions.index("refill")
+    finally:
+        core.stop()
+        for server in servers:
+            server.stop()
+
+
+def _eventually(check, timeout: float = 5.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if check():
+            return True
+        time.sleep(0.02)
+    return False
+
+
+def test_state_is_readable_while_the_core_works(core):
+    store(core, b"hot:10", b"v" * 100_000)
+    stop = threading.Event()
+    errors = []
+
+    def read_state():
+        while not stop.is_set():
+            try:
+                core.state()
+            except Exception as err:  # noqa: BLE001 - the test reports any
+                errors.append(err)
+
+    reader = threading.Thread(target=read_state)
+    reader.start()
+    for _ in range(20):
+        warm(core, b"hot:10")
+        warm(core, b"x")
+    stop.set()
+    reader.join()
+    assert not errors
