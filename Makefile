@@ -38,6 +38,7 @@ bench: install
 	$(PY) experiments/benchmarks/bench_simulation.py $(if $(TRIALS),--trials $(TRIALS))
 	$(PY) experiments/benchmarks/bench_load.py
 	$(PY) experiments/benchmarks/bench_monitor.py
+	$(PY) experiments/benchmarks/bench_controller.py
 
 clean:
 	rm -rf $(VENV) $(OUT) build *.egg-info .pytest_cache

@@ -37,3 +37,15 @@ def test_monitor_benchmark_prints_capture_figures():
     assert exact["seen"] >= 50_000  # the veth may carry a few packets of its own (IPv6 neighbour discovery)
     assert exact["recall"] == 1.0 and exact["worst_rate_error"] == 0.0
     assert report["met"]
+
+
+def test_controller_benchmark_prints_warm_and_sync_times():
+    result = subprocess.run([sys.executable, str(REPO / "experiments/benchmarks/bench_controller.py"), "--servers", "2",
+                             "--hot", "3", "--value-kb", "10", "--rounds", "2", "--syncs", "3"],
+                            capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert result.returncode == 0, result.stdout + result.stderr
+    report = json.loads(result.stdout.strip().splitlines()[-1])
+    row = report["rows"][0]
+    assert row["copies_per_change"] == 3 and row["copy_failures"] == 0
+    assert 0 < row["warm_ms_median"] <= row["warm_ms_max"] and row["set_to_replicas_ms_max"] > 0
+    assert report["met"]
