@@ -25,3 +25,14 @@ def memcached():
     from mbalancer.memcache.server import MemcachedServer
     with MemcachedServer(max_item="2m") as server:
         yield server
+
+
+def eventually(check, timeout: float = 10.0, every: float = 0.02) -> bool:
+    """Poll `check()` until it is true or `timeout` seconds pass; returns its last answer."""
+    import time
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if check():
+            return True
+        time.sleep(every)
+    return bool(check())

@@ -19,7 +19,7 @@ from mbalancer.memcache.addresses import ServerAddress
 from mbalancer.memcache.hashing import KetamaHash
 from mbalancer.memcache.meta import MetaClient, StoredItem
 from mbalancer.memcache.server import MemcachedServer, free_port
-from tests.conftest import MBALANCER
+from tests.conftest import MBALANCER, eventually
 
 
 @pytest.fixture(scope="module")
@@ -124,11 +124,11 @@ def test_the_monitor_pushes_reports_to_a_running_controller(servers, tmp_path):
                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         url = f"http://127.0.0.1:{port}"
-        assert _eventually(lambda: _reachable(url + "/state")), "controller did not start"
+        assert eventually(lambda: _reachable(url + "/state")), "controller did not start"
         monitor = subprocess.run([str(MBALANCER), "monitor", "--pcap", str(pcap), "--json", "--top", "3",
                                   "--push", url + "/report"], capture_output=True, text=True, timeout=60)
         assert monitor.returncode == 0, monitor.stderr
-        assert _eventually(lambda: len(call(url + "/state")[1]["hot_keys"]) == 3)
+        assert eventually(lambda: len(call(url + "/state")[1]["hot_keys"]) == 3)
         state = call(url + "/state")[1]
         assert sorted(k["key"] for k in state["hot_keys"]) == ["key:0", "key:1", "key:2"]
         assert state["counters"]["reports"] == 4
@@ -147,12 +147,3 @@ def _reachable(url: str) -> bool:
         return True
     except OSError:
         return False
-
-
-def _eventually(check, timeout: float = 10.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if check():
-            return True
-        time.sleep(0.05)
-    return False

@@ -18,6 +18,7 @@ from mbalancer.memcache.client import tcp_client
 from mbalancer.memcache.meta import MetaClient, StoredItem
 from mbalancer.memcache.requests import build_set
 from mbalancer.memcache.server import MemcachedServer, free_port
+from tests.conftest import eventually
 
 SERVERS = 3
 
@@ -314,10 +315,10 @@ def test_a_dead_replica_loses_its_weight_and_is_refilled_when_it_returns():
         warm(core, key)
         port = servers[2].port
         servers[2].stop()
-        assert _eventually(lambda: {r.server: r.weight for r in driver.table[key].replicas}[2] == 0)
+        assert eventually(lambda: {r.server: r.weight for r in driver.table[key].replicas}[2] == 0)
         assert not core.state()["servers"][2]["up"]
         servers[2] = MemcachedServer(port=port).start()  # back, empty
-        assert _eventually(lambda: {r.server: r.weight for r in driver.table[key].replicas}[2] > 0)
+        assert eventually(lambda: {r.server: r.weight for r in driver.table[key].replicas}[2] > 0)
         assert meta(core, 2).get(key).value == b"value"
         actions = [d["action"] for d in core.state()["decisions"]]
         assert actions.index("server-down") < actions.index("server-up") < actions.index("refill")
@@ -325,15 +326,6 @@ def test_a_dead_replica_loses_its_weight_and_is_refilled_when_it_returns():
         core.stop()
         for server in servers:
             server.stop()
-
-
-def _eventually(check, timeout: float = 5.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if check():
-            return True
-        time.sleep(0.02)
-    return False
 
 
 def test_state_is_readable_while_the_core_works(core):
