@@ -1,0 +1,82 @@
+/* Structs shared by the BPF program and its control library (topologies/ebpf/tables.py declares the same layouts;
+ * tests/test_ebpf_program.py checks the sizes against the object's BTF). */
+#ifndef MB_STRUCTS_H
+#define MB_STRUCTS_H
+
+#include <linux/types.h>
+
+#define MB_MAX_KEY 250      /* memcached's key limit */
+#define MB_KEY_BYTES 252    /* key buffer: 250 bytes, zero padded to a multiple of 4 */
+#define MB_MAX_REPLICAS 8   /* servers one hot key can be spread over */
+#define MB_MAX_HOT 4096     /* hot keys (slots) */
+#define MB_MAX_SERVERS 256
+#define MB_MAX_PORTS 32     /* switch ports (flooding walks them) */
+#define MB_MAX_FLOWS 65536  /* balanced gets waiting for their reply */
+#define MB_WEIGHT_ONE 65536 /* weights are cumulative fractions of this */
+
+/* A memcached key as a map key: the length, then the bytes, zero padded. */
+struct mb_key {
+	__u32 len;
+	__u8 bytes[MB_KEY_BYTES];
+};
+
+/* Where the key is read: the key, then room so that a load masked to at most 256 bytes stays in bounds. */
+struct mb_scratch {
+	struct mb_key key;
+	__u8 tail[8];
+};
+
+/* hot_get / set_mirror: one hot key. `cumulative[i]` is the running sum of the weights of replicas 0..i
+ * (out of MB_WEIGHT_ONE); a replica with weight 0 repeats its predecessor's sum and is never chosen. */
+struct mb_hot {
+	__u32 slot;                            /* index into dirty and key_counters */
+	__u32 home;                            /* server index */
+	__u32 replicas;                        /* how many of the arrays below are used */
+	__u32 server[MB_MAX_REPLICAS];
+	__u32 cumulative[MB_MAX_REPLICAS];
+};
+
+/* A memcached server as the data plane rewrites to it. */
+struct mb_server {
+	__u8 mac[6];
+	__u16 port;   /* network order */
+	__u32 ip;     /* network order */
+};
+
+/* Per hot key (per CPU): what the pipeline did with its packets. */
+struct mb_key_counters {
+	__u64 gets;              /* single-key gets matched by hot_get */
+	__u64 home_while_dirty;  /* ... sent home because the dirty bit was set */
+	__u64 mirrored;          /* writes copied to the controller */
+	__u64 per_replica[MB_MAX_REPLICAS];
+};
+
+/* reply_source: a balanced get waiting for its reply, by the client's address and the request id. */
+struct mb_flow {
+	__u32 client_ip;
+	__u16 client_port;
+	__u16 request_id;
+};
+
+/* Switch-wide settings (array map, index 0). */
+struct mb_settings {
+	__u32 controller_ifindex;  /* where mirrored writes are cloned to; 0: none */
+	__u16 memcached_port;      /* network order */
+	__u16 pad;
+};
+
+/* Switch-wide counters (per CPU), index by enum mb_counter. */
+enum mb_counter {
+	MB_C_PACKETS,
+	MB_C_MEMCACHED,       /* to or from the memcached port */
+	MB_C_UNPARSED,        /* memcached-port packets forwarded untouched: not a request the pipeline reads */
+	MB_C_BALANCED,        /* gets rewritten to a replica */
+	MB_C_ALREADY_BALANCED,/* marked by an earlier switch: left alone */
+	MB_C_MIRRORED,
+	MB_C_REPLIES_REWRITTEN,
+	MB_C_FLOODED,
+	MB_C_DROPPED,         /* nowhere to send (no port) */
+	MB_C_COUNT,
+};
+
+#endif
