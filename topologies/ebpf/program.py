@@ -1,0 +1,128 @@
+"""Build, load and attach the eBPF data plane.
+
+- build(): clang compiles bpf/mbalancer.bpf.c once, at setup (`make` runs `python -m topologies.ebpf.program
+  build`); nothing is compiled at run time.
+- DataPlane(name).load(): bpftool loads one copy of the program per switch and pins it and its maps under
+  /sys/fs/bpf/mbalancer/<name>/, so each switch has its own tables and the driver opens them by path.
+- attach(iface): a clsact qdisc and the pinned program as a direct-action ingress filter (tc object-pinned).
+- unload(): detach from every port it attached and remove the pins (the kernel frees the program then).
+"""
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+SOURCE = HERE / "bpf" / "mbalancer.bpf.c"
+OBJECT = HERE / "build" / "mbalancer.bpf.o"
+BPFFS = Path("/sys/fs/bpf")
+PIN_ROOT = BPFFS / "mbalancer"
+
+
+class DataPlaneError(RuntimeError):
+    """The program could not be built, loaded or attached; the message carries the tool's own words."""
+
+
+def _run(args: list[str], what: str) -> str:
+    try:
+        result = subprocess.run(args, capture_output=True, text=True)
+    except FileNotFoundError:
+        raise DataPlaneError(f"{what}: {args[0]} is not installed (install/apt-packages.txt; run make install)")
+    if result.returncode:
+        raise DataPlaneError(f"{what} failed: {(result.stderr or result.stdout).strip()[-2000:]}")
+    return result.stdout
+
+
+def build(force: bool = False) -> Path:
+    """Compile the program if the object is missing or older than any source; returns the object's path."""
+    sources = list((HERE / "bpf").glob("*"))
+    if not force and OBJECT.exists() and all(s.stat().st_mtime <= OBJECT.stat().st_mtime for s in sources):
+        return OBJECT
+    OBJECT.parent.mkdir(exist_ok=True)
+    arch = subprocess.run(["gcc", "-dumpmachine"], capture_output=True, text=True).stdout.strip() or "x86_64-linux-gnu"
+    _run(["clang", "-O2", "-g", "-Wall", "-Werror", "-target", "bpf", f"-I/usr/include/{arch}",
+          "-c", str(SOURCE), "-o", str(OBJECT)], "compiling the eBPF data plane")
+    return OBJECT
+
+
+def available() -> str | None:
+    """None if this machine can run the eBPF data plane, else why not (for tests that must skip)."""
+    for tool in ("bpftool", "tc", "clang"):
+        if shutil.which(tool) is None:
+            return f"{tool} is not installed (install/apt-packages.txt)"
+    if not OBJECT.exists():
+        return f"{OBJECT} is not built (make install builds it)"
+    try:
+        mount_bpffs()
+    except DataPlaneError as err:
+        return str(err)
+    return None
+
+
+def mount_bpffs() -> None:
+    if subprocess.run(["mountpoint", "-q", str(BPFFS)]).returncode:
+        _run(["mount", "-t", "bpf", "bpf", str(BPFFS)], "mounting bpffs")
+
+
+class DataPlane:
+    """One switch's copy of the program and its maps."""
+
+    def __init__(self, name: str):
+        if not name or "/" in name:
+            raise ValueError(f"bad data plane name {name!r}")
+        self.name = name
+        self.pin_dir = PIN_ROOT / name
+        self.attached: list[str] = []
+
+    @property
+    def program_pin(self) -> Path:
+        return self.pin_dir / "prog"
+
+    def load(self) -> "DataPlane":
+        mount_bpffs()
+        if self.pin_dir.exists():
+            raise DataPlaneError(f"{self.pin_dir} exists: another switch named {self.name} is loaded "
+                                 f"(remove the directory if it is left over)")
+        self.pin_dir.mkdir(parents=True)
+        try:
+            _run(["bpftool", "prog", "load", str(build()), str(self.program_pin), "type", "classifier",
+                  "pinmaps", str(self.pin_dir)], f"loading the program for {self.name}")
+        except DataPlaneError:
+            shutil.rmtree(self.pin_dir, ignore_errors=True)
+            raise
+        return self
+
+    def attach(self, iface: str, netns: str | None = None) -> None:
+        """Run the program on every packet arriving at `iface` (in network namespace `netns` if given)."""
+        prefix = ["ip", "netns", "exec", netns] if netns else []
+        subprocess.run(prefix + ["tc", "qdisc", "del", "dev", iface, "clsact"], capture_output=True)
+        _run(prefix + ["tc", "qdisc", "add", "dev", iface, "clsact"], f"clsact on {iface}")
+        _run(prefix + ["tc", "filter", "add", "dev", iface, "ingress", "bpf", "direct-action", "object-pinned",
+                       str(self.program_pin)], f"attaching to {iface}")
+        self.attached.append(iface if not netns else f"{netns}:{iface}")
+
+    def unload(self) -> None:
+        for entry in self.attached:
+            netns, _, iface = entry.rpartition(":")
+            prefix = ["ip", "netns", "exec", netns] if netns else []
+            subprocess.run(prefix + ["tc", "qdisc", "del", "dev", iface, "clsact"], capture_output=True)
+        self.attached.clear()
+        shutil.rmtree(self.pin_dir, ignore_errors=True)
+
+
+def main(argv: list[str]) -> int:
+    if argv[:1] != ["build"]:
+        print("usage: python -m topologies.ebpf.program build", file=sys.stderr)
+        return 2
+    try:
+        print(f"eBPF data plane: {build(force='--force' in argv)}")
+    except DataPlaneError as err:
+        print(err, file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,144 @@
+"""The control library of the eBPF data plane: every table of bpf/maps.h, read and written through one class.
+
+Struct layouts mirror bpf/structs.h (tests/test_ebpf_program.py checks each size against the maps the kernel
+loaded, so a change on one side fails the tests instead of corrupting entries).
+"""
+from __future__ import annotations
+
+import socket
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+from topologies.ebpf.bpf_syscall import BpfMap
+
+KEY_BYTES = 252
+MAX_KEY = 250
+MAX_REPLICAS = 8
+MAX_HOT = 4096
+MAX_PORTS = 32
+WEIGHT_ONE = 65536
+COUNTERS = ("packets", "memcached", "unparsed", "balanced", "already_balanced", "mirrored", "replies_rewritten",
+            "flooded", "dropped")  # enum mb_counter, in order
+
+KEY = struct.Struct(f"=I{KEY_BYTES}s")  # struct mb_key
+HOT = struct.Struct(f"=III{MAX_REPLICAS}I{MAX_REPLICAS}I")  # struct mb_hot
+SERVER = struct.Struct("=6sH4s")  # struct mb_server (port and ip in network order)
+KEY_COUNTERS = struct.Struct(f"=QQQ{MAX_REPLICAS}Q")  # struct mb_key_counters
+SETTINGS = struct.Struct("=IHH")  # struct mb_settings
+U32 = struct.Struct("=I")
+U64 = struct.Struct("=Q")
+STRUCT_SIZES = {"hot_keys": (KEY.size, HOT.size), "servers": (U32.size, SERVER.size), "dirty": (4, 4),
+                "forward": (8, 4), "ports": (4, 4), "flows": (8, 4), "key_counters": (4, KEY_COUNTERS.size),
+                "counters": (4, 8), "settings": (4, SETTINGS.size)}
+
+
+def key_entry(key: bytes) -> bytes:
+    if not 1 <= len(key) <= MAX_KEY:
+        raise ValueError(f"key of {len(key)} bytes: the data plane takes 1 to {MAX_KEY}")
+    return KEY.pack(len(key), key)
+
+
+def mac_bytes(mac: str) -> bytes:
+    return bytes(int(part, 16) for part in mac.split(":"))
+
+
+def cumulative_weights(weights: Sequence[float]) -> list[int]:
+    """Weights (summing to 1) as the running sums the program compares its hash (0..65535) against; the last one
+    is WEIGHT_ONE exactly, so some replica with weight is always chosen."""
+    total, sums = 0.0, []
+    for weight in weights:
+        total += weight
+        sums.append(min(round(total * WEIGHT_ONE), WEIGHT_ONE))
+    last_used = max((i for i, w in enumerate(weights) if w > 0), default=len(weights) - 1)
+    for i in range(last_used, len(sums)):
+        sums[i] = WEIGHT_ONE
+    return sums
+
+
+@dataclass(frozen=True)
+class HotEntry:
+    slot: int
+    home: int
+    servers: tuple[int, ...]
+    cumulative: tuple[int, ...]
+
+
+@dataclass
+class KeyCounts:
+    gets: int
+    home_while_dirty: int
+    mirrored: int
+    per_replica: list[int]
+
+
+class Tables:
+    """The maps of one loaded program (one switch), opened from their pins."""
+
+    def __init__(self, pin_dir: Path | str):
+        pin_dir = Path(pin_dir)
+        self.maps = {name: BpfMap(str(pin_dir / name)) for name in STRUCT_SIZES}
+
+    def close(self) -> None:
+        for bpf_map in self.maps.values():
+            bpf_map.close()
+
+    # hot_get / set_mirror
+    def set_hot(self, key: bytes, entry: HotEntry) -> None:
+        if not 1 <= len(entry.servers) <= MAX_REPLICAS or not 0 <= entry.slot < MAX_HOT:
+            raise ValueError(f"{len(entry.servers)} replicas (at most {MAX_REPLICAS}), slot {entry.slot}")
+        pad = MAX_REPLICAS - len(entry.servers)
+        value = HOT.pack(entry.slot, entry.home, len(entry.servers), *entry.servers, *([0] * pad),
+                         *entry.cumulative, *([WEIGHT_ONE] * pad))
+        self.maps["hot_keys"].update(key_entry(key), value)
+
+    def hot(self, key: bytes) -> HotEntry | None:
+        raw = self.maps["hot_keys"].lookup(key_entry(key))
+        if raw is None:
+            return None
+        fields = HOT.unpack(raw)
+        n = fields[2]
+        return HotEntry(fields[0], fields[1], fields[3:3 + n], fields[3 + MAX_REPLICAS:3 + MAX_REPLICAS + n])
+
+    def delete_hot(self, key: bytes) -> bool:
+        return self.maps["hot_keys"].delete(key_entry(key))
+
+    def set_dirty(self, slot: int, dirty: bool) -> None:
+        self.maps["dirty"].update(U32.pack(slot), U32.pack(int(dirty)))
+
+    def dirty(self, slot: int) -> bool:
+        return U32.unpack(self.maps["dirty"].lookup(U32.pack(slot)))[0] != 0
+
+    def key_counts(self, slot: int) -> KeyCounts:
+        per_cpu = [KEY_COUNTERS.unpack(v) for v in self.maps["key_counters"].lookup(U32.pack(slot))]
+        sums = [sum(column) for column in zip(*per_cpu)]
+        return KeyCounts(sums[0], sums[1], sums[2], sums[3:])
+
+    def reset_key_counts(self, slot: int) -> None:
+        self.maps["key_counters"].update(U32.pack(slot), bytes(KEY_COUNTERS.size))
+
+    # servers, settings, forwarding
+    def set_server(self, index: int, mac: str, ip: str, port: int) -> None:
+        self.maps["servers"].update(U32.pack(index), SERVER.pack(mac_bytes(mac), socket.htons(port),
+                                                                 socket.inet_aton(ip)))
+
+    def set_settings(self, controller_ifindex: int, memcached_port: int = 11211) -> None:
+        self.maps["settings"].update(U32.pack(0), SETTINGS.pack(controller_ifindex, socket.htons(memcached_port), 0))
+
+    def set_ports(self, ifindexes: Sequence[int]) -> None:
+        if len(ifindexes) > MAX_PORTS:
+            raise ValueError(f"{len(ifindexes)} ports: the program floods over at most {MAX_PORTS}")
+        for i in range(MAX_PORTS):
+            self.maps["ports"].update(U32.pack(i), U32.pack(ifindexes[i] if i < len(ifindexes) else 0))
+
+    def set_forward(self, mac: str, ifindex: int) -> None:
+        self.maps["forward"].update(mac_bytes(mac).ljust(8, b"\0"), U32.pack(ifindex))
+
+    def forward(self) -> dict[str, int]:
+        table = self.maps["forward"]
+        return {":".join(f"{b:02x}" for b in key[:6]): U32.unpack(table.lookup(key))[0] for key in table.keys()}
+
+    def counters(self) -> dict[str, int]:
+        table = self.maps["counters"]
+        return {name: sum(U64.unpack(v)[0] for v in table.lookup(U32.pack(i))) for i, name in enumerate(COUNTERS)}
