@@ -25,7 +25,12 @@ $(VENV)/.installed: setup.py install/constraints.txt | $(PY)
 
 venv: $(VENV)/.installed
 
-install: system venv
+# The eBPF data plane is compiled once here (clang, from apt), never at run time.
+BPF_OBJECT := topologies/ebpf/build/mbalancer.bpf.o
+$(BPF_OBJECT): $(wildcard topologies/ebpf/bpf/*) | $(VENV)/.installed
+	$(PY) -m topologies.ebpf.program build --force
+
+install: system venv $(BPF_OBJECT)
 
 # --- jobs ---------------------------------------------------------------------------------------------------
 demo: install
@@ -41,4 +46,4 @@ bench: install
 	$(PY) experiments/benchmarks/bench_controller.py
 
 clean:
-	rm -rf $(VENV) $(OUT) build *.egg-info .pytest_cache
+	rm -rf $(VENV) $(OUT) build topologies/ebpf/build *.egg-info .pytest_cache

@@ -11,11 +11,12 @@ setup(
     # The top-level folders are the packages (design card): controller/, monitor/, topologies/, experiments/,
     # plus mbalancer/ for the command line that ties them together.
     packages=find_packages(include=["mbalancer*", "controller*", "monitor*", "topologies*", "experiments*"]),
-    package_data={"experiments": ["notebooks/*.ipynb"], "mbalancer": ["*.toml"]},
+    package_data={"experiments": ["notebooks/*.ipynb"], "mbalancer": ["*.toml"], "topologies": ["ebpf/bpf/*"]},
     install_requires=[
         "numpy>=1.24",
         "matplotlib>=3.7",
         "pymemcache>=4.0",
+        "mininet==2.3.0.dev6",  # the topologies; uses Debian's mnexec (apt package mininet)
     ],
     extras_require={
         "test": [

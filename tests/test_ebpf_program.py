@@ -237,3 +237,13 @@ def test_cumulative_weights_end_at_one_and_skip_zero_weights():
     assert cumulative_weights([0.5, 0.5]) == [32768, 65536]
     assert cumulative_weights([0.3, 0.7, 0.0]) == [19661, 65536, 65536]
     assert cumulative_weights([0.0, 1.0]) == [0, 65536]
+
+
+def test_a_write_to_a_replica_is_not_mirrored(plane, hot):
+    """The controller's own copies go to the replicas: they must not set the bit or come back as mirrors."""
+    hot(b"hot")
+    mac, ip, port = SERVERS[1]
+    packet = bytes(Ether(src=CLIENT[0], dst=mac) / IP(src=CLIENT[1], dst=ip) / TCP(sport=40000, dport=port)
+                   / Raw(b"ms hot 1 T0\r\nx\r\n"))
+    assert run(plane, packet).packet == packet
+    assert not plane[0].dirty(0) and plane[0].key_counts(0).mirrored == 0

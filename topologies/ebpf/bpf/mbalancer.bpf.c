@@ -3,7 +3,8 @@
  * It implements the pipeline of DESIGN.md table for table:
  *   hot_get      single-key UDP get/gets of a hot key: dirty -> home unchanged; else a replica chosen by weight from
  *                a hash of the request id and client, dst MAC/IP/port rewritten, marked balanced
- *   set_mirror   a write (UDP or TCP) to a hot key: forwarded unchanged, dirty bit set, cloned to the controller
+ *   set_mirror   a write (UDP or TCP) to a hot key's home: forwarded unchanged, dirty bit set, cloned to the
+ *                controller (writes to replicas are the controller's own copies)
  *   reply_source UDP replies to balanced gets leave with the home server's source MAC/IP/port
  *   forward      destination MAC -> port (learned from source MACs, or set by the controller); flood otherwise
  *   counters     per hot key and replica, and switch-wide
@@ -111,9 +112,12 @@ static __always_inline int mb_hot_get(struct __sk_buff *skb, struct mb_packet *p
 	return mb_forward(skb);
 }
 
-static __always_inline int mb_set_mirror(struct __sk_buff *skb, struct mb_hot *hot)
+static __always_inline int mb_set_mirror(struct __sk_buff *skb, struct mb_packet *pkt, struct mb_hot *hot)
 {
-	__u32 slot = hot->slot, zero = 0, one = 1;
+	__u32 slot = hot->slot, zero = 0, one = 1, home = hot->home;
+	struct mb_server *server = bpf_map_lookup_elem(&servers, &home);
+	if (!server || server->ip != pkt->daddr)
+		return mb_forward(skb);  /* only writes to the home count: the controller's own copies to replicas do not */
 	bpf_map_update_elem(&dirty, &slot, &one, BPF_ANY);
 	struct mb_key_counters *kc = bpf_map_lookup_elem(&key_counters, &slot);
 	if (kc)
@@ -180,7 +184,7 @@ int mbalancer(struct __sk_buff *skb)
 	if (!hot)
 		return mb_forward(skb);
 	if (command == MB_CMD_WRITE)
-		return mb_set_mirror(skb, hot);
+		return mb_set_mirror(skb, &pkt, hot);
 	if (pkt.proto == IPPROTO_UDP && exact)
 		return mb_hot_get(skb, &pkt, hot);
 	return mb_forward(skb);  /* a get over TCP, or with more keys: to its home, untouched */

@@ -1,0 +1,135 @@
+"""A single eBPF switch with memcached servers and clients in plain network namespaces (no Mininet needed).
+
+    clients c1..cm, servers s1..sn (each its own namespace, eth0 10.0.0.x/24)
+        each host's eth0 <-veth-> a switch port in the root namespace (the program on every port's ingress)
+    root namespace: port `<tag>-r` with 10.0.0.254/24 so the controller reaches the servers (through the switch),
+    and the mirror link `<tag>-m` (switch side) <-> `<tag>-mc` (the controller reads mirrored writes there).
+
+Everything it makes is named after `tag` and removed by close(), also after a failed start; processes started with
+`popen` are stopped by PID.
+"""
+from __future__ import annotations
+
+import shlex
+import socket
+import subprocess
+from dataclasses import dataclass, field
+
+from topologies.ebpf.program import DataPlane, DataPlaneError
+from topologies.ebpf.tables import Tables
+
+SUBNET = "10.0.0"
+ROOT_IP = f"{SUBNET}.254"
+
+
+@dataclass(frozen=True)
+class Host:
+    name: str
+    netns: str
+    ip: str
+    mac: str
+    port: str  # the switch port it is wired to
+
+
+def _sh(*args: str, check: bool = True) -> subprocess.CompletedProcess:
+    result = subprocess.run(args, capture_output=True, text=True)
+    if check and result.returncode:
+        raise DataPlaneError(f"{' '.join(map(shlex.quote, args))}: {result.stderr.strip()}")
+    return result
+
+
+@dataclass
+class NamespaceNetwork:
+    servers: int = 2
+    clients: int = 1
+    tag: str = "mb"
+    hosts: list[Host] = field(default_factory=list)
+    processes: list[subprocess.Popen] = field(default_factory=list)
+    plane: DataPlane | None = None
+
+    @property
+    def server_hosts(self) -> list[Host]:
+        return [h for h in self.hosts if h.name.startswith("s")]
+
+    @property
+    def client_hosts(self) -> list[Host]:
+        return [h for h in self.hosts if h.name.startswith("c")]
+
+    @property
+    def mirror_iface(self) -> str:
+        return f"{self.tag}-mc"
+
+    def start(self) -> "NamespaceNetwork":
+        if len(self.tag) > 8:
+            raise ValueError("tag: at most 8 characters (interface names are short)")
+        try:
+            self._build()
+        except Exception:
+            self.close()
+            raise
+        return self
+
+    def _build(self) -> None:
+        self.plane = DataPlane(self.tag).load()
+        names = [f"s{i + 1}" for i in range(self.servers)] + [f"c{i + 1}" for i in range(self.clients)]
+        for number, name in enumerate(names, 1):
+            host = Host(name, f"{self.tag}-{name}", f"{SUBNET}.{number}", f"02:00:00:00:00:{number:02x}",
+                        f"{self.tag}-{name}")
+            _sh("ip", "netns", "add", host.netns)
+            _sh("ip", "link", "add", host.port, "type", "veth", "peer", "name", "eth0", "netns", host.netns)
+            ns = ("ip", "netns", "exec", host.netns)
+            _sh(*ns, "ip", "link", "set", "eth0", "address", host.mac)
+            _sh(*ns, "ip", "addr", "add", f"{host.ip}/24", "dev", "eth0")
+            _sh(*ns, "ip", "link", "set", "eth0", "up")
+            _sh(*ns, "ip", "link", "set", "lo", "up")
+            self.hosts.append(host)
+        root = f"{self.tag}-r"
+        _sh("ip", "link", "add", root, "type", "veth", "peer", "name", f"{self.tag}-rp")
+        _sh("ip", "addr", "add", f"{ROOT_IP}/24", "dev", root)
+        _sh("ip", "link", "add", f"{self.tag}-m", "type", "veth", "peer", "name", self.mirror_iface)
+        ports = [h.port for h in self.hosts] + [f"{self.tag}-rp"]
+        for iface in ports + [root, f"{self.tag}-m", self.mirror_iface]:
+            _sh("ip", "link", "set", iface, "up")
+        for port in ports:
+            self.plane.attach(port)
+        tables = Tables(self.plane.pin_dir)
+        try:
+            tables.set_ports([socket.if_nametoindex(p) for p in ports])
+            tables.set_settings(socket.if_nametoindex(f"{self.tag}-m"))
+        finally:
+            tables.close()
+
+    def popen(self, host: Host, command: list[str], **kwargs) -> subprocess.Popen:
+        """Start a process inside a host's namespace; close() stops it."""
+        process = subprocess.Popen(["ip", "netns", "exec", host.netns, *command], **kwargs)
+        self.processes.append(process)
+        return process
+
+    def run(self, host: Host, command: list[str], timeout: float = 60) -> subprocess.CompletedProcess:
+        return subprocess.run(["ip", "netns", "exec", host.netns, *command], capture_output=True, text=True,
+                              timeout=timeout)
+
+    def close(self) -> None:
+        for process in self.processes:
+            if process.poll() is None:
+                process.terminate()
+                try:
+                    process.wait(timeout=5)
+                except subprocess.TimeoutExpired:
+                    process.kill()
+                    process.wait()
+        self.processes.clear()
+        if self.plane is not None:
+            self.plane.unload()
+            self.plane = None
+        for iface in [f"{self.tag}-r", f"{self.tag}-m"] + [h.port for h in self.hosts]:
+            _sh("ip", "link", "del", iface, check=False)
+        for host in self.hosts:
+            _sh("ip", "netns", "del", host.netns, check=False)
+        self.hosts.clear()
+
+    def __enter__(self) -> "NamespaceNetwork":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.close()
