@@ -89,6 +89,7 @@ class NamespaceNetwork:
         _sh("ip", "link", "add", f"{self.tag}-m", "type", "veth", "peer", "name", self.mirror_iface)
         ports = [h.port for h in self.hosts] + [f"{self.tag}-rp"]
         for iface in ports + [root, f"{self.tag}-m", self.mirror_iface]:
+            _sh("sysctl", "-qw", f"net.ipv6.conf.{iface}.disable_ipv6=1", check=False)  # no IPv6 chatter
             _sh("ip", "link", "set", iface, "up")
         for port in ports:
             self.plane.attach(port)

@@ -155,9 +155,13 @@ class EbpfDriver(Driver):
                 ready, _, _ = select.select([sock], [], [], 0.2)
                 if not ready:
                     continue
-                frame, address = sock.recvfrom(65535)
-                if address[2] == PACKET_OUTGOING:
-                    continue
+                try:
+                    frame, address = sock.recvfrom(65535)
+                except OSError as err:  # the link went away (the topology is being torn down)
+                    log.info("mirror capture on %s ended: %s", self.controller_iface, err)
+                    return
+                if address[2] == PACKET_OUTGOING or frame[12:14] != b"\x08\x00":
+                    continue  # mirrors are IPv4; the link's own IPv6 chatter is not
                 self.mirrors_received += 1
                 try:
                     self.on_mirror(frame)

@@ -32,17 +32,27 @@ static __always_inline __u64 mb_mac_key(const __u8 *mac)
 	return key;
 }
 
-/* forward: learn where the source lives, then send to the destination's port or flood. */
+/* forward, learning half: where the packet's source lives. Runs first, before any rewrite: a reply rewritten to
+ * carry the home's source MAC must not teach the switch that the home sits behind the replica's port. */
+static __always_inline void mb_learn(struct __sk_buff *skb)
+{
+	struct ethhdr eth;
+	if (bpf_skb_load_bytes(skb, 0, &eth, sizeof(eth)) < 0 || (eth.h_source[0] & 1))
+		return;
+	__u64 src = mb_mac_key(eth.h_source);
+	__u32 in = skb->ingress_ifindex;
+	__u32 *known = bpf_map_lookup_elem(&forward, &src);
+	if (!known || *known != in)
+		bpf_map_update_elem(&forward, &src, &in, BPF_ANY);
+}
+
+/* forward: send to the destination's port, or flood. */
 static __always_inline int mb_forward(struct __sk_buff *skb)
 {
 	struct ethhdr eth;
 	if (bpf_skb_load_bytes(skb, 0, &eth, sizeof(eth)) < 0)
 		return TC_ACT_SHOT;
-	__u64 src = mb_mac_key(eth.h_source);
 	__u32 in = skb->ingress_ifindex;
-	__u32 *known = bpf_map_lookup_elem(&forward, &src);
-	if (!(eth.h_source[0] & 1) && (!known || *known != in))
-		bpf_map_update_elem(&forward, &src, &in, BPF_ANY);
 	__u64 dst = mb_mac_key(eth.h_dest);
 	__u32 *out = (eth.h_dest[0] & 1) ? 0 : bpf_map_lookup_elem(&forward, &dst);
 	if (out && *out != in)
@@ -154,6 +164,7 @@ int mbalancer(struct __sk_buff *skb)
 	struct mb_packet pkt = {};
 	__u32 zero = 0;
 	mb_count(MB_C_PACKETS);
+	mb_learn(skb);
 	struct mb_settings *cfg = bpf_map_lookup_elem(&settings, &zero);
 	if (!cfg || mb_parse_headers(skb, &eth, &pkt) < 0)
 		return mb_forward(skb);
@@ -167,6 +178,8 @@ int mbalancer(struct __sk_buff *skb)
 		mb_count(MB_C_ALREADY_BALANCED);
 		return mb_forward(skb);
 	}
+	if (pkt.payload_len == 0)
+		return mb_forward(skb);  /* a bare TCP ACK: nothing to read, nothing wrong */
 	if (pkt.proto == IPPROTO_UDP && mb_parse_udp_frame(skb, &pkt) < 0)
 		goto unparsed;
 	__u32 key_off = 0;

@@ -1,0 +1,187 @@
+"""End to end through the eBPF switch: real memcached servers and real UDP clients in network namespaces, the
+controller core with the eBPF driver. Which server answered is read from each memcached's own counters."""
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+
+import pytest
+
+from controller.core import ControllerCore
+from controller.drivers.ebpf import EbpfDriver
+from mbalancer.config import parse_config
+from mbalancer.memcache.addresses import ServerAddress
+from mbalancer.memcache.client import tcp_client
+from mbalancer.memcache.meta import MetaClient, MetaError, StoredItem
+from tests.conftest import eventually
+from topologies.ebpf.program import available
+from topologies.ebpf.tables import Tables
+from topologies.netns import NamespaceNetwork
+
+why_not = available() if os.geteuid() == 0 else "needs root (namespaces, bpf)"
+pytestmark = pytest.mark.skipif(why_not is not None, reason=f"eBPF data plane cannot run here: {why_not}")
+
+# Runs in the client's namespace: gets over a *connected* UDP socket (it only accepts replies from the address it
+# sent to), each with a fresh request id; prints how many were answered and the distinct values seen.
+CLIENT = r"""
+import json, random, socket, struct, sys
+host, key, count = sys.argv[1], sys.argv[2].encode(), int(sys.argv[3])
+command = sys.argv[4].encode() if len(sys.argv) > 4 else b"get " + key + b"\r\n"
+sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+sock.connect((host, 11211))
+sock.settimeout(1.0)
+answered, values, rng = 0, {}, random.Random(1)
+for _ in range(count):
+    rid = rng.randrange(65536)
+    sock.send(struct.pack("!HHHH", rid, 0, 1, 0) + command)
+    try:
+        while True:
+            data = sock.recv(65535)
+            if data[:2] == struct.pack("!H", rid):
+                break
+    except socket.timeout:
+        continue
+    answered += 1
+    body = data[8:].decode("latin-1")
+    values[body] = values.get(body, 0) + 1
+print(json.dumps({"answered": answered, "values": values}))
+"""
+
+
+@pytest.fixture(scope="module")
+def network():
+    with NamespaceNetwork(servers=3, clients=1, tag=f"mbe{os.getpid() % 1000}") as net:
+        for host in net.server_hosts:
+            net.popen(host, ["memcached", "-l", host.ip, "-p", "11211", "-U", "11211", "-u", "root", "-t", "1"])
+        for host in net.server_hosts:
+            assert eventually(lambda: _answers(host.ip), timeout=10), f"memcached on {host.name} did not start"
+        yield net
+
+
+def _answers(ip: str) -> bool:
+    try:
+        MetaClient(ServerAddress(ip, 11211), timeout=0.5).ping()
+        return True
+    except MetaError:
+        return False
+
+
+def config_of(net: NamespaceNetwork):
+    return parse_config({"servers": [{"name": h.name, "ip": h.ip, "mac": h.mac} for h in net.server_hosts],
+                         "balancing": {"hot": 2, "hysteresis": 1}})
+
+
+@pytest.fixture
+def core(network):
+    driver = EbpfDriver([network.plane.pin_dir], network.mirror_iface)
+    core = ControllerCore(config_of(network), driver, probe_health=False).start()
+    yield core
+    core.stop()
+    tables = Tables(network.plane.pin_dir)
+    for key in tables.maps["hot_keys"].keys():
+        tables.maps["hot_keys"].delete(key)
+    tables.close()
+    for host in network.server_hosts:
+        tcp_client(ServerAddress(host.ip)).flush_all()
+
+
+def hits(net: NamespaceNetwork) -> list[int]:
+    return [int(tcp_client(ServerAddress(h.ip)).stats()[b"get_hits"]) for h in net.server_hosts]
+
+
+def client_gets(net, server_ip: str, key: bytes, count: int, command: bytes | None = None) -> dict:
+    args = [sys.executable, "-c", CLIENT, server_ip, key.decode(), str(count)]
+    result = net.run(net.client_hosts[0], args + ([command.decode("latin-1")] if command else []))
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout)
+
+
+def make_hot(core, key: bytes, value: bytes) -> int:
+    home = core.key_hash.server_of(key)
+    MetaClient(core.config.servers[home].address).set(key, StoredItem(value, 0, -1, 0))
+    core.submit_report({"time": time.time(), "interval": 1.0, "rate": 1000.0,
+                        "top": [{"key": key.decode(), "rate": 500.0}]})
+    assert core.wait_idle()
+    assert key in core.executor.hot, core.state()["decisions"][-1]
+    return home
+
+
+def chi_square(observed: list[int], weights: list[float]) -> float:
+    total = sum(observed)
+    return sum((o - w * total) ** 2 / (w * total) for o, w in zip(observed, weights) if w > 0)
+
+
+def test_hot_gets_are_spread_by_weight_and_answered_from_the_home_address(network, core):
+    home = make_hot(core, b"hot:1", b"v1")
+    before = hits(network)
+    reply = client_gets(network, network.server_hosts[home].ip, b"hot:1", 900)
+    assert reply["answered"] == 900  # a connected socket: every reply came back with the home's address
+    assert list(reply["values"]) == ["VALUE hot:1 0 2\r\nv1\r\nEND\r\n"]
+    spread = [a - b for a, b in zip(hits(network), before)]
+    assert sum(spread) == 900 and chi_square(spread, [1 / 3] * 3) < 13.8, spread
+    # weights 0.1 / 0.3 / 0.6 through the driver, on the same key
+    weights = [0.1, 0.3, 0.6]
+    core.driver.set_weights(b"hot:1", [type(r)(r.server, w) for r, w in
+                                       zip(core.executor.hot[b"hot:1"].weights(), weights)])
+    before = hits(network)
+    client_gets(network, network.server_hosts[home].ip, b"hot:1", 900)
+    spread = [a - b for a, b in zip(hits(network), before)]
+    assert chi_square(spread, weights) < 13.8, spread
+    assert core.driver.switch_counters()[0]["replies_rewritten"] > 0
+
+
+def test_cold_keys_and_multi_gets_reach_their_home(network, core):
+    home = make_hot(core, b"hot:2", b"v2")
+    cold_home = core.key_hash.server_of(b"cold")
+    MetaClient(core.config.servers[cold_home].address).set(b"cold", StoredItem(b"c", 0, -1, 0))
+    before = hits(network)
+    client_gets(network, network.server_hosts[cold_home].ip, b"cold", 50)
+    client_gets(network, network.server_hosts[home].ip, b"hot:2", 50, command=b"get hot:2 hot:2\r\n")
+    spread = [a - b for a, b in zip(hits(network), before)]
+    expected = [0, 0, 0]
+    expected[cold_home] += 50
+    expected[home] += 100  # a two-key get counts two hits, all at home
+    assert spread == expected
+
+
+def test_a_set_is_mirrored_and_gets_go_home_until_the_copies_are_fresh(network, core):
+    home = make_hot(core, b"hot:3", b"old")
+    home_ip = network.server_hosts[home].ip
+    started = time.monotonic()
+    result = client_gets(network, home_ip, b"hot:3", 1, command=b"set hot:3 0 0 3\r\nnew\r\n")
+    assert list(result["values"]) == ["STORED\r\n"]
+    assert eventually(lambda: core.state()["hot_keys"][0]["syncs"] == 1, timeout=5)
+    took = time.monotonic() - started
+    for server in range(3):
+        assert MetaClient(core.config.servers[server].address).get(b"hot:3").value == b"new"
+    counters = core.state()["counters"]["data_plane"]["keys"]["hot:3"]
+    assert counters["mirrored"] == 1
+    assert took < 2.0
+    reply = client_gets(network, home_ip, b"hot:3", 300)
+    assert reply["values"] == {"VALUE hot:3 0 3\r\nnew\r\nEND\r\n": 300}
+
+
+def test_the_dirty_bit_sends_gets_home(network, core):
+    home = make_hot(core, b"hot:4", b"v4")
+    core.driver.set_dirty(b"hot:4", True)
+    before = hits(network)
+    client_gets(network, network.server_hosts[home].ip, b"hot:4", 100)
+    spread = [a - b for a, b in zip(hits(network), before)]
+    assert spread[home] == 100 and sum(spread) == 100
+    assert core.driver.read_counters().keys[b"hot:4"].home_while_dirty == 100
+
+
+def test_malformed_requests_and_long_keys_reach_the_server_untouched(network, core):
+    longest = b"k" * 250
+    home = make_hot(core, longest, b"L")
+    before = hits(network)
+    reply = client_gets(network, network.server_hosts[home].ip, longest, 300)
+    spread = [a - b for a, b in zip(hits(network), before)]
+    assert reply["answered"] == 300 and min(spread) > 50  # balanced
+    too_long = b"k" * 251
+    reply = client_gets(network, network.server_hosts[home].ip, too_long, 5)
+    assert list(reply["values"]) == ["CLIENT_ERROR bad command line format\r\n"]  # memcached itself refused it
+    reply = client_gets(network, network.server_hosts[home].ip, b"x", 5, command=b"garbage\r\n")
+    assert list(reply["values"]) == ["ERROR\r\n"]
