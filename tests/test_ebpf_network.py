@@ -75,7 +75,7 @@ def config_of(net: NamespaceNetwork):
 
 @pytest.fixture
 def core(network):
-    driver = EbpfDriver([network.plane.pin_dir], network.mirror_iface)
+    driver = EbpfDriver([network.plane.pin_dir], [network.mirror_iface])
     core = ControllerCore(config_of(network), driver, probe_health=False).start()
     yield core
     core.stop()

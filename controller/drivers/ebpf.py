@@ -32,12 +32,12 @@ PACKET_OUTGOING = 4
 class EbpfDriver(Driver):
     name = "ebpf"
 
-    def __init__(self, pin_dirs: Sequence[Path | str], controller_iface: str | None = None,
+    def __init__(self, pin_dirs: Sequence[Path | str], mirror_ifaces: Sequence[str] = (),
                  memcached_port: int = 11211):
-        """pin_dirs: one per switch; controller_iface: the controller's end of the mirror link (None: no mirrors,
-        e.g. packet-fixture tests); the switch side of that link is set with `mirror_ifindex` on each switch."""
+        """pin_dirs: one per switch; mirror_ifaces: the controller's ends of the switches' mirror links (none: no
+        mirrored writes are read, e.g. in packet-fixture tests)."""
         self.pin_dirs = [Path(p) for p in pin_dirs]
-        self.controller_iface = controller_iface
+        self.mirror_ifaces = list(mirror_ifaces)
         self.memcached_port = memcached_port
         self.tables: list[Tables] = []
         self.slots: dict[bytes, int] = {}
@@ -56,10 +56,13 @@ class EbpfDriver(Driver):
         except (BpfError, ValueError) as err:
             raise DriverError(f"eBPF tables: {err}") from None
         self.on_mirror = on_mirror
-        if self.controller_iface:
-            sock = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.htons(ETH_P_ALL))
-            sock.bind((self.controller_iface, 0))
-            self._capture = threading.Thread(target=self._read_mirrors, args=(sock,), name="mbalancer-mirrors",
+        if self.mirror_ifaces:
+            sockets = []
+            for iface in self.mirror_ifaces:
+                sock = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.htons(ETH_P_ALL))
+                sock.bind((iface, 0))
+                sockets.append(sock)
+            self._capture = threading.Thread(target=self._read_mirrors, args=(sockets,), name="mbalancer-mirrors",
                                              daemon=True)
             self._capture.start()
 
@@ -149,21 +152,32 @@ class EbpfDriver(Driver):
         except (BpfError, ValueError) as err:
             raise DriverError(f"{what}: {err}") from None
 
-    def _read_mirrors(self, sock: socket.socket) -> None:
-        with sock:
-            while not self._stop.is_set():
-                ready, _, _ = select.select([sock], [], [], 0.2)
-                if not ready:
-                    continue
-                try:
-                    frame, address = sock.recvfrom(65535)
-                except OSError as err:  # the link went away (the topology is being torn down)
-                    log.info("mirror capture on %s ended: %s", self.controller_iface, err)
-                    return
-                if address[2] == PACKET_OUTGOING or frame[12:14] != b"\x08\x00":
-                    continue  # mirrors are IPv4; the link's own IPv6 chatter is not
-                self.mirrors_received += 1
-                try:
-                    self.on_mirror(frame)
-                except Exception:  # the core queues; a failure there must not end the capture
-                    log.exception("mirror handler failed")
+    def _read_mirrors(self, sockets: list[socket.socket]) -> None:
+        try:
+            while not self._stop.is_set() and sockets:
+                ready, _, _ = select.select(sockets, [], [], 0.2)
+                for sock in ready:
+                    try:
+                        frame, address = sock.recvfrom(65535)
+                    except OSError as err:  # the link went away (the topology is being torn down)
+                        log.info("mirror capture on %s ended: %s", address_of(sock), err)
+                        sockets.remove(sock)
+                        sock.close()
+                        continue
+                    if address[2] == PACKET_OUTGOING or frame[12:14] != b"\x08\x00":
+                        continue  # mirrors are IPv4; the link's own IPv6 chatter is not
+                    self.mirrors_received += 1
+                    try:
+                        self.on_mirror(frame)
+                    except Exception:  # the core queues; a failure there must not end the capture
+                        log.exception("mirror handler failed")
+        finally:
+            for sock in sockets:
+                sock.close()
+
+
+def address_of(sock: socket.socket) -> str:
+    try:
+        return sock.getsockname()[0]
+    except OSError:
+        return "?"
