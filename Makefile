@@ -44,6 +44,7 @@ bench: install
 	$(PY) experiments/benchmarks/bench_load.py
 	$(PY) experiments/benchmarks/bench_monitor.py
 	$(PY) experiments/benchmarks/bench_controller.py
+	$(PY) experiments/benchmarks/bench_ebpf_switch.py
 
 clean:
 	rm -rf $(VENV) $(OUT) build topologies/ebpf/build *.egg-info .pytest_cache

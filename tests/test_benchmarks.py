@@ -49,3 +49,21 @@ def test_controller_benchmark_prints_warm_and_sync_times():
     assert row["copies_per_change"] == 3 and row["copy_failures"] == 0
     assert 0 < row["warm_ms_median"] <= row["warm_ms_max"] and row["set_to_replicas_ms_max"] > 0
     assert report["met"]
+
+
+def test_ebpf_switch_benchmark_prints_rates_side_by_side():
+    import os
+
+    import pytest
+
+    from topologies.ebpf.program import available
+    why_not = available() if os.geteuid() == 0 else "needs root"
+    if why_not:
+        pytest.skip(f"eBPF data plane cannot run here: {why_not}")
+    result = subprocess.run([sys.executable, str(REPO / "experiments/benchmarks/bench_ebpf_switch.py"), "--packets",
+                             "20000", "--repeats", "1", "--target", "0"], capture_output=True, text=True,
+                            timeout=300, cwd=REPO)
+    assert result.returncode == 0, result.stdout + result.stderr
+    report = json.loads(result.stdout.strip().splitlines()[-1])
+    assert report["bridge_cold_pps"] > 0 and report["ebpf_cold_pps"] > 0 and report["ebpf_hot_pps"] > 0
+    assert report["hot_gets_balanced"] >= 20000

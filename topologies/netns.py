@@ -43,6 +43,7 @@ class NamespaceNetwork:
     servers: int = 2
     clients: int = 1
     tag: str = "mb"
+    dataplane: str = "ebpf"  # or "bridge": the same topology forwarded by a Linux bridge (benchmark baseline)
     hosts: list[Host] = field(default_factory=list)
     processes: list[subprocess.Popen] = field(default_factory=list)
     plane: DataPlane | None = None
@@ -70,7 +71,10 @@ class NamespaceNetwork:
         return self
 
     def _build(self) -> None:
-        self.plane = DataPlane(self.tag).load()
+        if self.dataplane not in ("ebpf", "bridge"):
+            raise ValueError(f"dataplane: ebpf or bridge (got {self.dataplane!r})")
+        if self.dataplane == "ebpf":
+            self.plane = DataPlane(self.tag).load()
         names = [f"s{i + 1}" for i in range(self.servers)] + [f"c{i + 1}" for i in range(self.clients)]
         for number, name in enumerate(names, 1):
             host = Host(name, f"{self.tag}-{name}", f"{SUBNET}.{number}", f"02:00:00:00:00:{number:02x}",
@@ -91,6 +95,12 @@ class NamespaceNetwork:
         for iface in ports + [root, f"{self.tag}-m", self.mirror_iface]:
             _sh("sysctl", "-qw", f"net.ipv6.conf.{iface}.disable_ipv6=1", check=False)  # no IPv6 chatter
             _sh("ip", "link", "set", iface, "up")
+        if self.plane is None:
+            _sh("ip", "link", "add", f"{self.tag}-br", "type", "bridge")
+            for port in ports:
+                _sh("ip", "link", "set", port, "master", f"{self.tag}-br")
+            _sh("ip", "link", "set", f"{self.tag}-br", "up")
+            return
         for port in ports:
             self.plane.attach(port)
         tables = Tables(self.plane.pin_dir)
@@ -123,7 +133,7 @@ class NamespaceNetwork:
         if self.plane is not None:
             self.plane.unload()
             self.plane = None
-        for iface in [f"{self.tag}-r", f"{self.tag}-m"] + [h.port for h in self.hosts]:
+        for iface in [f"{self.tag}-r", f"{self.tag}-m", f"{self.tag}-br"] + [h.port for h in self.hosts]:
             _sh("ip", "link", "del", iface, check=False)
         for host in self.hosts:
             _sh("ip", "netns", "del", host.netns, check=False)
