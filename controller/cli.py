@@ -11,6 +11,7 @@ import threading
 from typing import Callable
 
 from controller.core import ControllerCore
+from controller.driver import DriverError
 from controller.drivers import DRIVERS, make_driver
 from controller.http_api import serve
 from mbalancer.config import ConfigError, load_config
@@ -26,7 +27,8 @@ def register(commands: argparse._SubParsersAction) -> None:
                     "the rules through a driver, keep the copies coherent; state as JSON at GET /state.")
     parser.add_argument("--config", required=True, help="TOML config (see mbalancer/mbalancer.example.toml)")
     parser.add_argument("--driver", default="none", choices=DRIVERS,
-                        help="data plane: none = decide and replicate without a switch (default none)")
+                        help="data plane: ebpf = every eBPF switch loaded on this machine; none = decide and "
+                             "replicate without a switch (default none)")
     parser.add_argument("--listen", help="host:port for HTTP, overriding the config's controller.listen")
     parser.add_argument("--duration", type=float, help="stop after this many seconds (default: until Ctrl-C)")
     parser.set_defaults(run=_run_controller, fail=parser.error)
@@ -38,7 +40,11 @@ def _run_controller(args: argparse.Namespace, fail: Fail) -> int:
     except ConfigError as err:
         fail(f"--config: {err}")
     try:
-        core = ControllerCore(config, make_driver(args.driver))
+        driver = make_driver(args.driver)
+    except ValueError as err:
+        fail(f"--driver: {err}")
+    try:
+        core = ControllerCore(config, driver)
     except ValueError as err:  # e.g. a skewed hash, which needs the workload's keys
         fail(f"balancing.hash: {err}")
     try:
@@ -48,7 +54,11 @@ def _run_controller(args: argparse.Namespace, fail: Fail) -> int:
     stop = threading.Event()
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, lambda *_: stop.set())
-    core.start()
+    try:
+        core.start()
+    except DriverError as err:
+        http.server_close()
+        fail(f"--driver {args.driver}: {err}")
     threading.Thread(target=http.serve_forever, name="mbalancer-http", daemon=True).start()
     host, port = http.server_address[:2]
     print(f"mbalancer controller: http://{host}:{port}/state, reports to http://{host}:{port}/report "
