@@ -41,6 +41,7 @@ class EbpfDriver(Driver):
         self.memcached_port = memcached_port
         self.tables: list[Tables] = []
         self.slots: dict[bytes, int] = {}
+        self.homes: dict[bytes, int] = {}
         self.free_slots = list(range(MAX_HOT - 1, -1, -1))
         self.on_mirror: MirrorHandler | None = None
         self.mirrors_received = 0
@@ -81,16 +82,16 @@ class EbpfDriver(Driver):
             self._forget(key, slot)
             raise DriverError(f"install {key!r}: {err}") from None
         self.slots[key] = slot
+        self.homes[key] = home
 
     def set_weights(self, key: bytes, replicas: Sequence[ReplicaWeight]) -> None:
         slot = self._slot(key)
-        home = self.tables[0].hot(key).home if self.tables else 0
-        self._write_all(lambda t: t.set_hot(key, self._entry(slot, home, replicas)), f"weights of {key!r}")
+        self._write_all(lambda t: t.set_hot(key, self._entry(slot, self.homes[key], replicas)), f"weights of {key!r}")
 
     def remove_hot_key(self, key: bytes) -> None:
         slot = self._slot(key)
         self._write_all(lambda t: t.delete_hot(key), f"remove {key!r}")
-        del self.slots[key]
+        del self.slots[key], self.homes[key]
         self.free_slots.append(slot)
 
     def set_dirty(self, key: bytes, dirty: bool) -> None:
