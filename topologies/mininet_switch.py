@@ -8,14 +8,12 @@ and the driver reads them on `<name>-mc`.
 """
 from __future__ import annotations
 
-import socket
 import subprocess
 from pathlib import Path
 
 from mininet.node import Switch
 
 from topologies.ebpf.program import DataPlane
-from topologies.ebpf.tables import Tables
 
 
 class EbpfSwitch(Switch):
@@ -33,30 +31,15 @@ class EbpfSwitch(Switch):
     def start(self, controllers) -> None:
         self.plane = DataPlane(self.name).load()
         ports = [intf.name for intf in self.intfList() if intf.name != "lo"]
-        mirror_ifindex = 0
-        if self.mirror:
-            subprocess.run(["ip", "link", "add", f"{self.name}-m", "type", "veth", "peer", "name", self.mirror_iface],
-                           check=True, capture_output=True)
-            for iface in (f"{self.name}-m", self.mirror_iface):
-                subprocess.run(["sysctl", "-qw", f"net.ipv6.conf.{iface}.disable_ipv6=1"], capture_output=True)
-                subprocess.run(["ip", "link", "set", iface, "up"], check=True)
-            mirror_ifindex = socket.if_nametoindex(f"{self.name}-m")
+        mirror_ifindex = self.plane.add_mirror_link() if self.mirror else 0
         for port in ports:
             subprocess.run(["ip", "link", "set", port, "up"], check=True)
-            self.plane.attach(port)
-        tables = Tables(self.plane.pin_dir)
-        try:
-            tables.set_ports([socket.if_nametoindex(p) for p in ports])
-            tables.set_settings(mirror_ifindex, self.memcached_port)
-        finally:
-            tables.close()
+        self.plane.serve(ports, mirror_ifindex, self.memcached_port)
 
     def stop(self, deleteIntfs: bool = True) -> None:
         if self.plane is not None:
-            self.plane.unload()
+            self.plane.unload()  # the mirror link with it
             self.plane = None
-        if self.mirror:
-            subprocess.run(["ip", "link", "del", f"{self.name}-m"], capture_output=True)
         super().stop(deleteIntfs)
 
     @staticmethod

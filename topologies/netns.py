@@ -11,12 +11,10 @@ Everything it makes is named after `tag` and removed by close(), also after a fa
 from __future__ import annotations
 
 import shlex
-import socket
 import subprocess
 from dataclasses import dataclass, field
 
 from topologies.ebpf.program import DataPlane, DataPlaneError
-from topologies.ebpf.tables import Tables
 
 SUBNET = "10.0.0"
 ROOT_IP = f"{SUBNET}.254"
@@ -58,7 +56,7 @@ class NamespaceNetwork:
 
     @property
     def mirror_iface(self) -> str:
-        return f"{self.tag}-mc"
+        return f"{self.tag}-mc"  # made by the data plane (DataPlane.add_mirror_link)
 
     def start(self) -> "NamespaceNetwork":
         if len(self.tag) > 8:
@@ -90,9 +88,8 @@ class NamespaceNetwork:
         root = f"{self.tag}-r"
         _sh("ip", "link", "add", root, "type", "veth", "peer", "name", f"{self.tag}-rp")
         _sh("ip", "addr", "add", f"{ROOT_IP}/24", "dev", root)
-        _sh("ip", "link", "add", f"{self.tag}-m", "type", "veth", "peer", "name", self.mirror_iface)
         ports = [h.port for h in self.hosts] + [f"{self.tag}-rp"]
-        for iface in ports + [root, f"{self.tag}-m", self.mirror_iface]:
+        for iface in ports + [root]:
             _sh("sysctl", "-qw", f"net.ipv6.conf.{iface}.disable_ipv6=1", check=False)  # no IPv6 chatter
             _sh("ip", "link", "set", iface, "up")
         if self.plane is None:
@@ -101,14 +98,7 @@ class NamespaceNetwork:
                 _sh("ip", "link", "set", port, "master", f"{self.tag}-br")
             _sh("ip", "link", "set", f"{self.tag}-br", "up")
             return
-        for port in ports:
-            self.plane.attach(port)
-        tables = Tables(self.plane.pin_dir)
-        try:
-            tables.set_ports([socket.if_nametoindex(p) for p in ports])
-            tables.set_settings(socket.if_nametoindex(f"{self.tag}-m"))
-        finally:
-            tables.close()
+        self.plane.serve(ports, self.plane.add_mirror_link())
 
     def popen(self, host: Host, command: list[str], **kwargs) -> subprocess.Popen:
         """Start a process inside a host's namespace; close() stops it."""
@@ -133,7 +123,7 @@ class NamespaceNetwork:
         if self.plane is not None:
             self.plane.unload()
             self.plane = None
-        for iface in [f"{self.tag}-r", f"{self.tag}-m", f"{self.tag}-br"] + [h.port for h in self.hosts]:
+        for iface in [f"{self.tag}-r", f"{self.tag}-br"] + [h.port for h in self.hosts]:
             _sh("ip", "link", "del", iface, check=False)
         for host in self.hosts:
             _sh("ip", "netns", "del", host.netns, check=False)

@@ -5,14 +5,20 @@
 - DataPlane(name).load(): bpftool loads one copy of the program per switch and pins it and its maps under
   /sys/fs/bpf/mbalancer/<name>/, so each switch has its own tables and the driver opens them by path.
 - attach(iface): a clsact qdisc and the pinned program as a direct-action ingress filter (tc object-pinned).
-- unload(): detach from every port it attached and remove the pins (the kernel frees the program then).
+- add_mirror_link(): the veth pair `<name>-m` (switch side: writes to hot keys are cloned there) <->
+  `<name>-mc` (the controller's eBPF driver reads them there).
+- serve(ports): attach to every port and write the ports and settings tables: what every switch does at start.
+- unload(): detach from every port it attached, delete the mirror link, remove the pins (the kernel frees the
+  program then).
 """
 from __future__ import annotations
 
 import shutil
+import socket
 import subprocess
 import sys
 from pathlib import Path
+from typing import Sequence
 
 HERE = Path(__file__).resolve().parent
 SOURCE = HERE / "bpf" / "mbalancer.bpf.c"
@@ -75,6 +81,12 @@ class DataPlane:
         self.name = name
         self.pin_dir = PIN_ROOT / name
         self.attached: list[str] = []
+        self.mirror_link = False
+
+    @property
+    def mirror_iface(self) -> str:
+        """The controller's end of this switch's mirror link."""
+        return f"{self.name}-mc"
 
     @property
     def program_pin(self) -> Path:
@@ -103,7 +115,33 @@ class DataPlane:
                        str(self.program_pin)], f"attaching to {iface}")
         self.attached.append(iface if not netns else f"{netns}:{iface}")
 
+    def add_mirror_link(self) -> int:
+        """Make the mirror link; returns the ifindex of its switch side (settings.controller_ifindex)."""
+        switch_side = f"{self.name}-m"
+        _run(["ip", "link", "add", switch_side, "type", "veth", "peer", "name", self.mirror_iface],
+             f"mirror link of {self.name}")
+        self.mirror_link = True
+        for iface in (switch_side, self.mirror_iface):
+            subprocess.run(["sysctl", "-qw", f"net.ipv6.conf.{iface}.disable_ipv6=1"], capture_output=True)
+            _run(["ip", "link", "set", iface, "up"], f"bringing {iface} up")
+        return socket.if_nametoindex(switch_side)
+
+    def serve(self, ports: Sequence[str], mirror_ifindex: int = 0, memcached_port: int = 11211) -> None:
+        """Attach to every port (root namespace) and fill the ports and settings tables."""
+        from topologies.ebpf.tables import Tables  # here: tables needs the bpf syscall, building does not
+        for port in ports:
+            self.attach(port)
+        tables = Tables(self.pin_dir)
+        try:
+            tables.set_ports([socket.if_nametoindex(p) for p in ports])
+            tables.set_settings(mirror_ifindex, memcached_port)
+        finally:
+            tables.close()
+
     def unload(self) -> None:
+        if self.mirror_link:
+            subprocess.run(["ip", "link", "del", f"{self.name}-m"], capture_output=True)
+            self.mirror_link = False
         for entry in self.attached:
             netns, _, iface = entry.rpartition(":")
             prefix = ["ip", "netns", "exec", netns] if netns else []
