@@ -13,7 +13,7 @@ from typing import Callable
 from controller.core import ControllerCore
 from controller.driver import DriverError
 from controller.drivers import DRIVERS, make_driver
-from controller.http_api import serve
+from controller.http_api import serve, start_serving
 from mbalancer.config import ConfigError, load_config
 from mbalancer.memcache.addresses import parse_server
 
@@ -59,7 +59,7 @@ def _run_controller(args: argparse.Namespace, fail: Fail) -> int:
     except DriverError as err:
         http.server_close()
         fail(f"--driver {args.driver}: {err}")
-    threading.Thread(target=http.serve_forever, name="mbalancer-http", daemon=True).start()
+    start_serving(http)
     host, port = http.server_address[:2]
     print(f"mbalancer controller: http://{host}:{port}/state, reports to http://{host}:{port}/report "
           f"(driver {args.driver}); Ctrl-C stops", file=sys.stderr, flush=True)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
@@ -27,6 +28,12 @@ def serve(core: ControllerCore, address: tuple[str, int]) -> ThreadingHTTPServer
     handler = type("Handler", (_Handler,), {"core": core})
     server = ThreadingHTTPServer((host, port), handler)
     server.daemon_threads = True
+    return server
+
+
+def start_serving(server: ThreadingHTTPServer) -> ThreadingHTTPServer:
+    """Serve in a daemon thread; returns the server (shutdown() stops it)."""
+    threading.Thread(target=server.serve_forever, name="mbalancer-http", daemon=True).start()
     return server
 
 

@@ -9,6 +9,7 @@ import logging
 import sys
 
 from controller import cli as controller_cli
+from experiments.endtoend import cli as experiment_cli
 from experiments.simulation import cli as simulation_cli
 from experiments.workload import cli as workload_cli
 from monitor import cli as monitor_cli
@@ -22,6 +23,7 @@ def build_parser() -> argparse.ArgumentParser:
     workload_cli.register(commands)
     monitor_cli.register(commands)
     controller_cli.register(commands)
+    experiment_cli.register(commands)
     return parser
 
 

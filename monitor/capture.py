@@ -12,7 +12,7 @@ import socket
 import struct
 import time
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Callable, Iterator, Sequence
 
 from mbalancer.memcache.udp import SO_RCVBUFFORCE
 from monitor.bpf import assemble, request_filter
@@ -32,22 +32,29 @@ class CaptureError(RuntimeError):
 
 
 class LiveCapture:
+    """Requests arriving on one interface, or on any of several (one socket on all interfaces; the kernel filter
+    keeps those whose ifindex is listed, so each request is counted once, where it enters)."""
+
     linktype = LINKTYPE_ETHERNET
 
-    def __init__(self, iface: str, port: int = 11211, sample: int = 1):
-        self.iface = iface
+    def __init__(self, ifaces: str | Sequence[str], port: int = 11211, sample: int = 1):
+        self.ifaces = [ifaces] if isinstance(ifaces, str) else list(ifaces)
+        if not self.ifaces:
+            raise CaptureError("no interface to capture on")
         self.received = 0  # passed by the kernel filter (after sampling)
         self.dropped = 0  # passed by the filter but lost: the socket buffer was full
-        kind = Path(f"/sys/class/net/{iface}/type")
-        if not kind.exists():
-            raise CaptureError(f"no network interface named {iface!r}")
-        if int(kind.read_text()) not in ETHERNET_FRAMED:
-            raise CaptureError(f"{iface} is not Ethernet-framed (ARPHRD {kind.read_text().strip()})")
+        ifindexes = tuple(_ethernet_ifindex(iface) for iface in self.ifaces)
+        several = len(ifindexes) > 1
         try:
-            self.sock = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, 0)  # protocol 0: nothing until bound
+            # protocol 0: nothing arrives until bound; a socket for several interfaces cannot bind to one and
+            # receives from the start, so what came before the filter is drained below.
+            self.sock = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.htons(ETH_P_ALL) if several else 0)
         except PermissionError:
             raise CaptureError("capturing needs root (or CAP_NET_RAW)") from None
-        code = assemble(request_filter(port, sample))
+        try:
+            code = assemble(request_filter(port, sample, ifindexes if several else ()))
+        except ValueError as err:
+            raise CaptureError(str(err)) from None
         self._program = ctypes.create_string_buffer(code, len(code))  # must outlive the setsockopt
         fprog = struct.pack("HL", len(code) // 8, ctypes.addressof(self._program))
         self.sock.setsockopt(socket.SOL_SOCKET, SO_ATTACH_FILTER, fprog)
@@ -55,8 +62,11 @@ class LiveCapture:
             self.sock.setsockopt(socket.SOL_SOCKET, SO_RCVBUFFORCE, RECEIVE_BUFFER)
         except PermissionError:
             pass
-        self.sock.bind((iface, ETH_P_ALL))
         self.sock.setblocking(False)
+        if several:
+            _drain(self.sock)
+        else:
+            self.sock.bind((self.ifaces[0], ETH_P_ALL))
 
     def frames(self, until: float, wake_every: float,
                stop: Callable[[], bool] = lambda: False) -> Iterator[tuple[float, bytes | None]]:
@@ -88,3 +98,21 @@ class LiveCapture:
     def close(self) -> None:
         self.update_statistics()
         self.sock.close()
+
+
+def _ethernet_ifindex(iface: str) -> int:
+    kind = Path(f"/sys/class/net/{iface}/type")
+    if not kind.exists():
+        raise CaptureError(f"no network interface named {iface!r}")
+    if int(kind.read_text()) not in ETHERNET_FRAMED:
+        raise CaptureError(f"{iface} is not Ethernet-framed (ARPHRD {kind.read_text().strip()})")
+    return socket.if_nametoindex(iface)
+
+
+def _drain(sock: socket.socket) -> None:
+    """Throw away what an unbound socket received before its filter was attached."""
+    while True:
+        try:
+            sock.recv(MAX_FRAME)
+        except BlockingIOError:
+            return

@@ -32,7 +32,8 @@ def register(commands: argparse._SubParsersAction) -> None:
         description="Count memcached get requests per key (UDP and TCP) in bounded memory and report the top keys "
                     "every interval.")
     source = parser.add_mutually_exclusive_group(required=True)
-    source.add_argument("--iface", help="capture live on this interface (needs root)")
+    source.add_argument("--iface", help="capture live on this interface, or on several: a,b,c (each request is "
+                                        "counted where it arrives; needs root)")
     source.add_argument("--pcap", help="read a pcap or pcapng file; intervals follow its timestamps")
     parser.add_argument("--port", type=int, default=11211, help="memcached port (default 11211)")
     parser.add_argument("--sample", type=int, default=1, help="live: keep 1 in K requests, in the kernel (default 1)")
@@ -84,7 +85,7 @@ def _read_pcap(monitor: Monitor, path: str) -> str:
 
 
 def _capture(monitor: Monitor, args: argparse.Namespace) -> str:
-    capture = LiveCapture(args.iface, args.port, args.sample)
+    capture = LiveCapture(args.iface.split(","), args.port, args.sample)
     monitor.source_counters = capture.update_statistics  # each report says what the kernel dropped meanwhile
     until = time.monotonic() + (args.duration if args.duration else float("inf"))
     # Ctrl-C and SIGTERM end the capture between packets (not in the middle of writing a report)

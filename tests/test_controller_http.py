@@ -3,8 +3,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import threading
-import time
 import urllib.error
 import urllib.request
 
@@ -12,7 +10,7 @@ import pytest
 
 from controller.core import ControllerCore
 from controller.drivers.recording import RecordingDriver
-from controller.http_api import serve
+from controller.http_api import serve, start_serving
 from experiments.workload.trace import get_frames, write_pcap, zipf_trace
 from mbalancer.config import parse_config
 from mbalancer.memcache.addresses import ServerAddress
@@ -39,8 +37,7 @@ def server_table(servers) -> list[dict]:
 def api(servers):
     config = parse_config({"servers": server_table(servers), "balancing": {"hot": 1, "hysteresis": 1}})
     core = ControllerCore(config, RecordingDriver(), probe_health=False).start()
-    http = serve(core, ("127.0.0.1", 0))
-    threading.Thread(target=http.serve_forever, daemon=True).start()
+    http = start_serving(serve(core, ("127.0.0.1", 0)))
     yield core, f"http://127.0.0.1:{http.server_address[1]}"
     http.shutdown()
     core.stop()

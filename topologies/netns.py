@@ -14,6 +14,7 @@ import shlex
 import subprocess
 from dataclasses import dataclass, field
 
+from mbalancer.processes import stop_process
 from topologies.ebpf.program import DataPlane, DataPlaneError
 
 SUBNET = "10.0.0"
@@ -112,13 +113,7 @@ class NamespaceNetwork:
 
     def close(self) -> None:
         for process in self.processes:
-            if process.poll() is None:
-                process.terminate()
-                try:
-                    process.wait(timeout=5)
-                except subprocess.TimeoutExpired:
-                    process.kill()
-                    process.wait()
+            stop_process(process)
         self.processes.clear()
         if self.plane is not None:
             self.plane.unload()

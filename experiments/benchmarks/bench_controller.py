@@ -17,13 +17,12 @@ import argparse
 import json
 import statistics
 import sys
-import threading
 import time
 import urllib.request
 
 from controller.core import ControllerCore
 from controller.drivers.recording import RecordingDriver
-from controller.http_api import serve
+from controller.http_api import serve, start_serving
 from experiments.workload.trace import tcp_frame
 from mbalancer.config import parse_config
 from mbalancer.memcache.meta import MetaClient, StoredItem
@@ -50,8 +49,7 @@ def run_case(servers: int, hot: int, value_size: int, rounds: int, syncs: int) -
                                         "port": m.port} for i, m in enumerate(memcached)],
                            "balancing": {"hot": hot, "hysteresis": 1}})
     core = ControllerCore(config, driver, probe_health=False).start()
-    http = serve(core, ("127.0.0.1", 0))
-    threading.Thread(target=http.serve_forever, daemon=True).start()
+    http = start_serving(serve(core, ("127.0.0.1", 0)))
     url = f"http://127.0.0.1:{http.server_address[1]}/report"
     clients = [MetaClient(s.address) for s in config.servers]
     try:

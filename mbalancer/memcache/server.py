@@ -6,9 +6,11 @@ import socket
 import subprocess
 import time
 from dataclasses import dataclass, field
+from typing import Callable
 
 from mbalancer.memcache.frame import pack_udp_frame, parse_udp_frame
 from mbalancer.memcache.requests import build_get
+from mbalancer.processes import stop_process
 
 
 class MemcachedError(RuntimeError):
@@ -40,6 +42,7 @@ class MemcachedServer:
     memory_mb: int = 64
     max_item: str = "1m"
     extra_args: list[str] = field(default_factory=list)
+    launcher: Callable[..., subprocess.Popen] = subprocess.Popen  # e.g. a Mininet host's popen: run it there
     process: subprocess.Popen | None = None
 
     @property
@@ -53,18 +56,13 @@ class MemcachedServer:
         self.port = self.port or free_port(self.host)
         args = [binary, "-l", self.host, "-p", str(self.port), "-U", str(self.port), "-t", str(self.threads),
                 "-m", str(self.memory_mb), "-I", self.max_item, "-u", "root", *self.extra_args]
-        self.process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        self.process = self.launcher(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         self._wait_ready(timeout)
         return self
 
     def stop(self) -> None:
-        if self.process and self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
+        if self.process:
+            stop_process(self.process)
         if self.process and self.process.stderr:
             self.process.stderr.close()
 

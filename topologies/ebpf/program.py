@@ -126,14 +126,16 @@ class DataPlane:
             _run(["ip", "link", "set", iface, "up"], f"bringing {iface} up")
         return socket.if_nametoindex(switch_side)
 
-    def serve(self, ports: Sequence[str], mirror_ifindex: int = 0, memcached_port: int = 11211) -> None:
-        """Attach to every port (root namespace) and fill the ports and settings tables."""
+    def serve(self, ports: Sequence[str], mirror_ifindex: int = 0, memcached_port: int = 11211,
+              flood_ports: Sequence[str] | None = None) -> None:
+        """Attach to every port (root namespace) and fill the ports and settings tables; floods go out of
+        `flood_ports` (default: every port; fewer keep a topology with cycles loop-free)."""
         from topologies.ebpf.tables import Tables  # here: tables needs the bpf syscall, building does not
         for port in ports:
             self.attach(port)
         tables = Tables(self.pin_dir)
         try:
-            tables.set_ports([socket.if_nametoindex(p) for p in ports])
+            tables.set_ports([socket.if_nametoindex(p) for p in (ports if flood_ports is None else flood_ports)])
             tables.set_settings(mirror_ifindex, memcached_port)
         finally:
             tables.close()

@@ -1,0 +1,123 @@
+"""`mbalancer experiment NAME --out DIR`: the thesis's chapter 5 end to end on a Mininet testbed (needs root).
+
+NAME: fig5.1 (throughput) and fig5.2 (latency) run the same sweep (the second reuses the first's runs when DIR
+holds a sweep of identical settings), ketama10 (ten servers, ketama hash), demo (one point, short: `make demo`).
+Writes DIR/runs.csv, summary.json, fig5_1.png, fig5_2.png, servers.png and a folder per run; progress on
+stderr; the demo ends with one JSON line on stdout. Exit 2 for bad options, 1 when a run fails, 130 when
+interrupted (everything the run made is removed either way).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import sys
+from dataclasses import replace
+from pathlib import Path
+from typing import Callable
+
+from experiments.endtoend.plot import plot_all
+from experiments.endtoend.report import demo_line, format_runs
+from experiments.endtoend.spec import PRESETS, SWEEP_FIGURES, ExperimentSpec
+from experiments.endtoend.sweep import load_summary, run_sweep, spec_dict
+from mbalancer.config import ConfigError, load_config
+from mbalancer.progress import end_progress, stderr_progress
+
+Fail = Callable[[str], None]
+
+
+def register(commands: argparse._SubParsersAction) -> None:
+    parser = commands.add_parser(
+        "experiment", help="the thesis's Figs 5.1/5.2 end to end on Mininet (root)",
+        description="Build a Mininet testbed (eBPF switch, memcached servers with capped links, client hosts), then "
+                    "run every point with and without MBalancer (monitor -> controller -> replication -> data "
+                    "plane) and compare throughput, latency and per-server load.")
+    parser.add_argument("name", choices=sorted(PRESETS), help="which experiment")
+    parser.add_argument("--out", type=Path, required=True, help="folder for the CSV, JSON and plots")
+    parser.add_argument("--config", type=Path,
+                        help="MBalancer config (TOML): its [balancing] and [monitor] are used; its servers are not "
+                             "(the testbed makes them)")
+    parser.add_argument("--points", help="imbalance factors to run instead of the preset's, e.g. 0.5,0.7,0.9 "
+                                         "(the skewed hash dials them)")
+    parser.add_argument("--warmup", type=float, help="seconds of load before measuring")
+    parser.add_argument("--measure", type=float, help="seconds measured per run")
+    parser.add_argument("--rerun", action="store_true", help="run even if OUT holds a sweep of these settings")
+    parser.set_defaults(run=_run_experiment, fail=parser.error)
+
+
+def _run_experiment(args: argparse.Namespace, fail: Fail) -> int:
+    spec = _spec(args, fail)
+    if os.geteuid() != 0:
+        fail("the testbed needs root (network namespaces, tc, eBPF)")
+    previous = load_summary(args.out)
+    if previous and not args.rerun and _same_settings(previous, spec):
+        print(f"mbalancer experiment: reusing the runs in {args.out}/summary.json (same settings; --rerun to run "
+              f"again)", file=sys.stderr)
+        summary = previous
+    else:
+        summary = _sweep(spec, args.out)
+        if summary is None:
+            return 130
+        if isinstance(summary, str):
+            print(f"mbalancer experiment: {summary}", file=sys.stderr)
+            return 1
+    plots = plot_all(summary, args.out)
+    print(format_runs(summary, SWEEP_FIGURES.get(spec.name)))
+    print(f"written: {args.out}/runs.csv, summary.json, " + ", ".join(p.name for p in plots), file=sys.stderr)
+    if spec.name == "demo":
+        print(json.dumps(demo_line(summary)))
+    return 0
+
+
+def _sweep(spec: ExperimentSpec, out: Path) -> dict | str | None:
+    """The summary; an error message if a run failed; None if interrupted. The testbed is gone either way."""
+    signal.signal(signal.SIGTERM, _interrupt)  # a kill cleans up like Ctrl-C
+    try:
+        return run_sweep(spec, out, stderr_progress)
+    except KeyboardInterrupt:
+        end_progress()
+        print("mbalancer experiment: interrupted; the testbed was removed", file=sys.stderr)
+        return None
+    except (RuntimeError, OSError, ValueError) as err:
+        end_progress()
+        return f"{type(err).__name__}: {err}"
+    finally:
+        end_progress()
+
+
+def _interrupt(*_) -> None:
+    raise KeyboardInterrupt
+
+
+def _spec(args: argparse.Namespace, fail: Fail) -> ExperimentSpec:
+    spec = PRESETS[args.name]
+    changes: dict = {}
+    if args.config:
+        try:
+            config = load_config(args.config)
+        except (ConfigError, OSError) as err:
+            fail(f"--config: {err}")
+        changes.update(balancing=config.balancing, monitor_interval=config.monitor.interval)
+    if args.points:
+        try:
+            changes["hashes"] = tuple(f"skewed:{float(x):g}" for x in args.points.split(","))
+        except ValueError:
+            fail(f"--points: comma-separated imbalance factors, e.g. 0.5,0.7 (got {args.points!r})")
+    if args.warmup is not None:
+        changes["warmup"] = args.warmup
+    if args.measure is not None:
+        changes["measure"] = args.measure
+    spec = replace(spec, **changes)
+    try:
+        spec.check()
+    except ValueError as err:
+        fail(str(err))
+    return spec
+
+
+def _same_settings(summary: dict, spec: ExperimentSpec) -> bool:
+    old, new = dict(summary.get("spec", {})), spec_dict(spec)
+    old.pop("name", None)
+    new.pop("name", None)
+    return old == new

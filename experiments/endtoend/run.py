@@ -1,0 +1,162 @@
+"""One run: a point (the clients' hash) in one mode (baseline or MBalancer) on a running testbed.
+
+    fresh switch tables -> flush and fill the servers (each key on its home) -> [MBalancer: controller + monitor]
+    -> load from every client host for warm-up + measurement -> server counters at the window's ends
+    -> stop what the run started -> RunResult
+"""
+from __future__ import annotations
+
+import logging
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+from pymemcache.exceptions import MemcacheError
+
+from controller.load import imbalance_factor
+from experiments.endtoend.measure import read_client_records, sample_servers, server_rates
+from experiments.endtoend.predict import simulated_imbalance
+from experiments.endtoend.spec import ExperimentSpec
+from experiments.endtoend.stack import MBalancerStack, wait_until
+from experiments.workload.populate import populate
+from experiments.workload.spec import Workload
+from mbalancer.memcache.client import tcp_client
+from mbalancer.processes import stop_process
+from topologies.testbed import Testbed
+
+log = logging.getLogger(__name__)
+Progress = Callable[[str], None]
+STARTUP = 1.5  # seconds a load generator takes to start (Python imports) before its clock starts
+TAIL = 1.0  # load kept on after the window, so the window's end is steady too
+
+
+class RunError(RuntimeError):
+    """A run could not be carried out (a generator or the monitor failed); the message says which and why."""
+
+
+@dataclass
+class RunResult:
+    point: str  # the clients' hash, e.g. skewed:0.7
+    mode: str  # baseline | mbalancer | calibration
+    throughput: float  # answered gets/s, all clients, in the window
+    server_rates: list[float]  # gets/s each server served (its own counters)
+    imbalance_measured: float  # mean / max of server_rates
+    imbalance_simulated: float  # the model's IF for this placement and mode
+    imbalance_hash: float  # the model's IF of the placement with no remedy
+    mean_ms: float
+    p50_ms: float
+    p99_ms: float
+    server_mean_ms: list[float]  # mean latency of the requests addressed to each server
+    answered: int
+    timeouts: int
+    misses: int
+    hot_keys: int  # hot keys installed when the window opened (MBalancer)
+    bytes_copied: int
+    window_s: float
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def run_once(bed: Testbed, spec: ExperimentSpec, workload: Workload, mode: str, out: Path,
+             progress: Progress) -> RunResult:
+    """Run `workload` in `mode` (baseline, mbalancer, or calibration = baseline of the capacity workload)."""
+    out.mkdir(parents=True, exist_ok=True)
+    bed.reload_dataplane()
+    _fill(workload)
+    stack = MBalancerStack(bed, spec.balancing, workload.key_hash, spec.monitor_interval, out).start() \
+        if mode == "mbalancer" else None
+    generators: list[subprocess.Popen] = []
+    try:
+        generators = _start_generators(bed, spec, workload, out)
+        started = time.monotonic()
+        check = _checker(generators, stack)
+        wait_until(started + STARTUP + spec.warmup, check)
+        hot_keys = stack.hot_keys() if stack else 0
+        if stack and not hot_keys:
+            log.warning("no hot key installed after the warm-up: MBalancer's run measures the baseline")
+        first = sample_servers(workload.servers)
+        end = first.time + spec.measure
+        while (now := time.monotonic()) < end:
+            wait_until(min(now + 1.0, end), check)
+            progress(f"{workload.hash:<10} {mode:<11} measuring {min(time.monotonic(), end) - first.time:4.1f}/"
+                     f"{spec.measure:g} s")
+        last = sample_servers(workload.servers)
+        _wait_generators(generators, spec)
+    finally:
+        for process in generators:
+            stop_process(process)
+        state = stack.stop() if stack else None
+    return _result(spec, workload, mode, out, first, last, hot_keys, state)
+
+
+def _fill(workload: Workload) -> None:
+    """Empty every server, then store each key on its home (copies left by an earlier run would be served)."""
+    for server in workload.servers:
+        client = tcp_client(server, timeout=5.0)
+        try:
+            client.flush_all(noreply=False)
+        except (OSError, MemcacheError) as err:
+            raise RunError(f"cannot flush {server}: {err}") from None
+        finally:
+            client.close()
+    populate(workload)
+
+
+def _start_generators(bed: Testbed, spec: ExperimentSpec, workload: Workload, out: Path) -> list[subprocess.Popen]:
+    servers = ",".join(f"{s.host}:{s.port}" for s in workload.servers)
+    generators = []
+    for number, host in enumerate(bed.client_hosts, 1):
+        share = spec.workload(workload.servers, workload.hash, host=number)
+        command = [sys.executable, "-m", "mbalancer.cli", "load", "--servers", servers, "--hash", workload.hash,
+                   "--keys", str(workload.keys), "--alpha", f"{workload.alpha:g}", "--clients", str(share.clients),
+                   "--duration", f"{spec.warmup + spec.measure + TAIL:g}", "--value-size", str(workload.value_size),
+                   "--timeout", f"{workload.timeout:g}", "--seed", str(share.seed), "--json",
+                   "--out", str(out / host.name)]
+        generators.append(bed.popen(host, command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    return generators
+
+
+def _checker(generators: list[subprocess.Popen], stack: MBalancerStack | None) -> Callable[[], None]:
+    def check() -> None:
+        for process in generators:
+            if process.poll() is not None and process.returncode != 0:
+                raise RunError(f"a load generator exited with code {process.returncode}: "
+                               f"{process.stderr.read().strip()[-500:]}")
+        if stack:
+            stack.check_monitor()
+    return check
+
+
+def _wait_generators(generators: list[subprocess.Popen], spec: ExperimentSpec) -> None:
+    for process in generators:
+        try:
+            _, stderr = process.communicate(timeout=STARTUP + spec.warmup + spec.measure + TAIL + 30)
+        except subprocess.TimeoutExpired:
+            raise RunError("a load generator did not finish in time") from None
+        if process.returncode != 0:
+            raise RunError(f"a load generator exited with code {process.returncode}: {stderr.strip()[-500:]}")
+
+
+def _result(spec: ExperimentSpec, workload: Workload, mode: str, out: Path, first, last, hot_keys: int, state: dict | None) -> RunResult:
+    rates = server_rates(first, last)
+    paths = [out / host / "records.csv" for host in sorted(p.name for p in out.iterdir() if p.is_dir())]
+    # Each generator's clock starts about STARTUP after launch: its window is [warm-up, warm-up + measure).
+    records = read_client_records(paths, workload.servers, spec.warmup, spec.warmup + spec.measure)
+    latency = records.latency_ms[records.answered]
+    mean, p50, p99 = (float(latency.mean()), *map(float, np.percentile(latency, [50, 99]))) if latency.size \
+        else (float("nan"),) * 3
+    return RunResult(
+        point=workload.hash, mode=mode, throughput=records.throughput, server_rates=rates.round(1).tolist(),
+        imbalance_measured=float(imbalance_factor(rates)),
+        imbalance_simulated=simulated_imbalance(workload, spec.balancing if mode == "mbalancer" else None),
+        imbalance_hash=simulated_imbalance(workload, None),
+        mean_ms=mean, p50_ms=p50, p99_ms=p99,
+        server_mean_ms=[round(float(x), 3) for x in records.latency_by_server(len(workload.servers))],
+        answered=int(records.answered.sum()), timeouts=int((records.outcome == "timeout").sum()),
+        misses=int((records.outcome == "miss").sum()), hot_keys=hot_keys,
+        bytes_copied=int(state["counters"]["bytes_copied"]) if state else 0, window_s=records.window)

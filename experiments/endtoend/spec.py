@@ -1,0 +1,93 @@
+"""What an end-to-end experiment runs: the testbed, the workload, MBalancer's settings, the phases, the points.
+
+The thesis's chapter 5 scaled to a 2-core machine (presets below):
+- 64 blocking UDP clients (1 s timeout) on two client hosts, 1000 keys of Zipf(1) popularity, H = 10, G = 1;
+- two memcached servers; a skewed hash dials the imbalance factor (IF, mean load / max load) over 0.5..1;
+- the servers are the bottleneck because their links are capped: the thesis's 100 KB values on 1 Gbit/s links
+  become 10 KB values on 100 Mbit/s links, the same 0.8 ms to send one value, at a tenth of the packets/s (which
+  2 shared cores can forward, replicate and generate without becoming the bottleneck themselves).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+from experiments.workload.spec import Workload, WorkloadError
+from mbalancer.config import Balancing
+from mbalancer.memcache.addresses import ServerAddress
+from topologies.shapes import LinkSpec
+from topologies.testbed import TestbedSpec
+
+MODES = ("baseline", "mbalancer")
+CALIBRATION_ALPHA = 0.01  # near-uniform popularity: with the skewed hash at IF 1, every server is equally busy
+
+
+@dataclass(frozen=True)
+class ExperimentSpec:
+    name: str
+    testbed: TestbedSpec
+    hashes: tuple[str, ...]  # one point per hash: "skewed:0.6", "ketama", ...
+    clients: int = 64  # in all, split over the client hosts
+    keys: int = 1000
+    alpha: float = 1.0
+    value_size: int = 10_000
+    timeout: float = 1.0
+    balancing: Balancing = field(default_factory=lambda: Balancing(hot=10, groups=1, hysteresis=2))
+    monitor_interval: float = 1.0
+    warmup: float = 4.0  # seconds of load before measuring: MBalancer finds and copies the hot keys then
+    measure: float = 8.0  # seconds measured
+
+    def check(self) -> None:
+        """Raise ValueError naming the first impossible setting (before any network is built)."""
+        self.testbed.check()
+        if self.clients < self.testbed.clients:
+            raise ValueError(f"clients ({self.clients}) must be at least the client hosts ({self.testbed.clients})")
+        if self.warmup < 0 or self.measure <= 0:
+            raise ValueError(f"warm-up must be >= 0 and measurement > 0 s (got {self.warmup}, {self.measure})")
+        if not self.balancing.hot:
+            raise ValueError("experiments need a fixed H (balancing.hot), so the model's IF can be computed")
+        if not self.hashes:
+            raise ValueError("no point to run: give at least one hash")
+        fake = tuple(ServerAddress(f"10.0.0.{i + 1}") for i in range(self.testbed.servers))
+        try:
+            for spec in self.hashes:
+                self.workload(fake, spec).check()
+            self.calibration(fake).check()
+        except WorkloadError as err:
+            raise ValueError(str(err)) from None
+
+    def workload(self, servers: tuple[ServerAddress, ...], hash_spec: str, host: int = 0) -> Workload:
+        """The whole workload (host=0), or the share one client host runs (its clients, its own key sequence)."""
+        whole = Workload(servers=servers, keys=self.keys, alpha=self.alpha, clients=self.clients,
+                         duration=self.warmup + self.measure, value_size=self.value_size, hash=hash_spec,
+                         timeout=self.timeout)
+        return whole if not host else replace(whole, clients=self.clients_of(host), seed=host)
+
+    def calibration(self, servers: tuple[ServerAddress, ...]) -> Workload:
+        """The servers' capacity run: same clients, keys and values, popularity near-uniform, load even."""
+        return replace(self.workload(servers, "skewed:1"), alpha=CALIBRATION_ALPHA)
+
+    def clients_of(self, host: int) -> int:
+        """Clients on client host `host` (1-based): an even split, the first hosts take the remainder."""
+        hosts = self.testbed.clients
+        return self.clients // hosts + (host <= self.clients % hosts)
+
+
+def _chapter5(name: str, **changes) -> ExperimentSpec:
+    base = ExperimentSpec(
+        name=name,
+        testbed=TestbedSpec(servers=2, clients=2, server_link=LinkSpec(rate_mbit=100)),
+        hashes=tuple(f"skewed:{f:g}" for f in (0.5, 0.6, 0.7, 0.8, 0.9, 1.0)))
+    return replace(base, **changes)
+
+
+PRESETS: dict[str, ExperimentSpec] = {
+    # Figs 5.1 and 5.2 come from the same sweep: throughput and latency of the same runs.
+    "fig5.1": _chapter5("fig5.1"),
+    "fig5.2": _chapter5("fig5.2"),
+    # Ten servers with the clients' usual ketama hash; links capped so the total capacity stays that of two.
+    "ketama10": _chapter5("ketama10", hashes=("ketama",),
+                          testbed=TestbedSpec(servers=10, clients=2, server_link=LinkSpec(rate_mbit=20))),
+    # The README's main job: one point, short phases.
+    "demo": _chapter5("demo", hashes=("skewed:0.7",), warmup=4.0, measure=6.0),
+}
+SWEEP_FIGURES = {"fig5.1": "throughput", "fig5.2": "latency"}

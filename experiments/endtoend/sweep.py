@@ -1,0 +1,88 @@
+"""A whole experiment: one testbed, the capacity (calibration) run, then every point in both modes.
+
+Throughput is normalised by the capacity run: the same clients, keys and values with the load spread evenly over
+the servers, measured in the same sweep on the same testbed. Outputs in OUT: runs.csv (one row per run),
+summary.json (the spec and every run), and per run a folder with the generators' records and, for MBalancer,
+the monitor's reports and the controller's final state.
+"""
+from __future__ import annotations
+
+import csv
+import json
+import logging
+from dataclasses import asdict
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+from experiments.endtoend.run import RunResult, run_once
+from experiments.endtoend.spec import MODES, ExperimentSpec
+from topologies.testbed import Testbed
+
+log = logging.getLogger(__name__)
+Progress = Callable[[str], None]
+CSV_FIELDS = ("point", "mode", "imbalance_hash", "imbalance_simulated", "imbalance_measured", "throughput",
+              "normalised", "server_normalised_min", "server_normalised_max", "mean_ms", "p50_ms", "p99_ms",
+              "server_mean_ms_min", "server_mean_ms_max", "answered", "timeouts", "misses", "hot_keys",
+              "bytes_copied", "server_rates")
+
+
+def run_sweep(spec: ExperimentSpec, out: Path, progress: Progress) -> dict:
+    """Run every point of `spec` in both modes after a capacity run; returns the summary (also written)."""
+    spec.check()
+    out.mkdir(parents=True, exist_ok=True)
+    total = 1 + len(spec.hashes) * len(MODES)
+    with Testbed(spec.testbed) as bed:
+        servers = tuple(bed.addresses)
+        progress(f"[1/{total}] capacity run (load spread evenly)")
+        capacity = run_once(bed, spec, spec.calibration(servers), "calibration", out / "capacity", progress)
+        rows = [_row(capacity, capacity)]
+        done = 1
+        for point in spec.hashes:
+            for mode in MODES:
+                done += 1
+                progress(f"[{done}/{total}] {point} {mode}")
+                result = run_once(bed, spec, spec.workload(servers, point), mode,
+                                  out / _folder(point) / mode, progress)
+                rows.append(_row(result, capacity))
+                log.info("%s %s: %.0f gets/s (%.2f of capacity), IF measured %.3f, simulated %.3f", point, mode,
+                         result.throughput, rows[-1]["normalised"], result.imbalance_measured,
+                         result.imbalance_simulated)
+    summary = {"experiment": spec.name, "spec": spec_dict(spec), "capacity": capacity.throughput, "runs": rows}
+    write_outputs(summary, out)
+    return summary
+
+
+def _row(result: RunResult, capacity: RunResult) -> dict:
+    """A run's figures, normalised by the capacity run: the whole and each server (by its even share)."""
+    per_server_capacity = capacity.throughput / len(result.server_rates)
+    server_normalised = np.array(result.server_rates) / per_server_capacity
+    server_ms = np.array(result.server_mean_ms, dtype=float)
+    return {**result.to_dict(), "normalised": result.throughput / capacity.throughput,
+            "server_normalised_min": float(server_normalised.min()),
+            "server_normalised_max": float(server_normalised.max()),
+            "server_mean_ms_min": float(np.nanmin(server_ms)) if np.isfinite(server_ms).any() else None,
+            "server_mean_ms_max": float(np.nanmax(server_ms)) if np.isfinite(server_ms).any() else None}
+
+
+def _folder(point: str) -> str:
+    return point.replace(":", "_")
+
+
+def spec_dict(spec: ExperimentSpec) -> dict:
+    return json.loads(json.dumps(asdict(spec), default=str))
+
+
+def write_outputs(summary: dict, out: Path) -> None:
+    (out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
+    with open(out / "runs.csv", "w", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=CSV_FIELDS, extrasaction="ignore")
+        writer.writeheader()
+        for row in summary["runs"]:
+            writer.writerow({k: (" ".join(map(str, v)) if isinstance(v, list) else v) for k, v in row.items()})
+
+
+def load_summary(out: Path) -> dict | None:
+    path = out / "summary.json"
+    return json.loads(path.read_text()) if path.exists() else None

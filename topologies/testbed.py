@@ -1,0 +1,183 @@
+"""A running experiment network: a Mininet topology on a chosen data plane, memcached on every server host.
+
+    with Testbed(TestbedSpec(servers=2, clients=2)) as bed:
+        bed.servers        # the controller config's [[servers]] (name, ip, mac, port), in hash order
+        bed.popen(bed.client_hosts[0], [...])   # a process in a host; stopped by PID at close
+        bed.monitor_ports  # switch ports where client requests arrive (what the monitor sniffs)
+
+Everything it makes (namespaces, links, qdiscs, pinned programs, processes) goes at close(), also after a failed
+start; a run killed with SIGKILL leaves pinned maps under /sys/fs/bpf/mbalancer/, which the next start names.
+"""
+from __future__ import annotations
+
+import logging
+import subprocess
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from mbalancer.config import Server
+from mbalancer.memcache.addresses import ServerAddress
+from mbalancer.memcache.server import MemcachedServer
+from mbalancer.processes import stop_process
+from topologies.mininet_switch import EbpfSwitch, peer_intf
+from topologies.shapes import CONTROLLER_HOST, TOPOLOGIES, LeafSpineTopo, LinkSpec, SingleSwitchTopo, TopologyError
+
+log = logging.getLogger(__name__)
+
+DATAPLANES = ("ebpf",)
+NOT_YET = {"p4": "the P4Runtime driver (bmv2) has not landed", "openflow": "the OpenFlow (Ryu) driver has not landed"}
+MEMCACHED_PORT = 11211
+
+
+@dataclass(frozen=True)
+class TestbedSpec:
+    topology: str = "single"  # or "leafspine"
+    servers: int = 2
+    clients: int = 2
+    leaves: int = 2
+    spines: int = 2
+    dataplane: str = "ebpf"
+    server_link: LinkSpec = LinkSpec()
+    client_link: LinkSpec = LinkSpec()
+    fabric_link: LinkSpec = LinkSpec()
+    memcached_threads: int = 1
+    memcached_memory_mb: int = 64
+
+    def check(self) -> None:
+        if self.topology not in TOPOLOGIES:
+            raise TopologyError(f"topology must be one of {', '.join(TOPOLOGIES)} (got {self.topology!r})")
+        if self.dataplane in NOT_YET:
+            raise TopologyError(f"data plane {self.dataplane}: {NOT_YET[self.dataplane]}; use ebpf")
+        if self.dataplane not in DATAPLANES:
+            raise TopologyError(f"data plane must be one of {', '.join(DATAPLANES)} (got {self.dataplane!r})")
+        for name in ("server_link", "client_link", "fabric_link"):
+            getattr(self, name).check(name.replace("_", " "))
+        if self.memcached_threads < 1 or self.memcached_memory_mb < 8:
+            raise TopologyError("memcached needs at least 1 thread and 8 MB")
+
+    def topo(self):
+        links = {"server_link": self.server_link, "client_link": self.client_link}
+        if self.topology == "single":
+            return SingleSwitchTopo(servers=self.servers, clients=self.clients, **links)
+        return LeafSpineTopo(servers=self.servers, clients=self.clients, leaves=self.leaves, spines=self.spines,
+                             fabric_link=self.fabric_link, **links)
+
+
+@dataclass
+class Testbed:
+    spec: TestbedSpec
+    net: Any = None
+    memcached: list[MemcachedServer] = field(default_factory=list)
+    processes: list[subprocess.Popen] = field(default_factory=list)
+
+    # --- life cycle -------------------------------------------------------------------------------------------
+    def start(self) -> "Testbed":
+        self.spec.check()
+        try:
+            self._build()
+            self._start_memcached()
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def _build(self) -> None:
+        from mininet.link import TCLink
+        from mininet.net import Mininet
+
+        self.net = Mininet(topo=self.spec.topo(), switch=EbpfSwitch, link=TCLink, controller=None,
+                           autoSetMacs=False, waitConnected=False)
+        self.net.start()
+        for node in self.net.hosts:
+            node.cmd("sysctl -qw net.ipv6.conf.all.disable_ipv6=1" if node.inNamespace else
+                     f"sysctl -qw net.ipv6.conf.{node.defaultIntf().name}.disable_ipv6=1")
+        for switch in self.net.switches:
+            for intf in switch.intfList():
+                subprocess.run(["sysctl", "-qw", f"net.ipv6.conf.{intf.name}.disable_ipv6=1"], capture_output=True)
+        self._check_shaping()
+        log.info("testbed: %s topology, %d servers, %d clients, %s data plane, server links %s",
+                 self.spec.topology, self.spec.servers, self.spec.clients, self.spec.dataplane,
+                 self.spec.server_link)
+
+    def _check_shaping(self) -> None:
+        """Mininet only prints tc's errors; a cap that silently did not apply would void the experiment."""
+        for link in self.net.links:
+            options = link.intf1.params
+            for intf in (link.intf1, link.intf2):
+                qdiscs = intf.node.cmd(f"tc qdisc show dev {intf.name}")
+                if "bw" in options and "htb" not in qdiscs:
+                    raise TopologyError(f"the rate cap on {intf.name} did not apply (tc: {qdiscs.strip()!r}): "
+                                        f"the kernel needs the htb qdisc")
+                if "delay" in options and "netem" not in qdiscs:
+                    raise TopologyError(f"the delay on {intf.name} did not apply: this kernel has no netem qdisc "
+                                        f"(sch_netem); run without a link delay")
+
+    def _start_memcached(self) -> None:
+        for host in self.server_hosts:
+            server = MemcachedServer(host=host.IP(), port=MEMCACHED_PORT, threads=self.spec.memcached_threads,
+                                     memory_mb=self.spec.memcached_memory_mb, launcher=host.popen)
+            self.memcached.append(server)
+            server.start()  # readiness probed from here, through the controller's port and the switch
+
+    def close(self) -> None:
+        for server in self.memcached:
+            server.stop()
+        self.memcached.clear()
+        for process in self.processes:
+            stop_process(process)
+        self.processes.clear()
+        if self.net is not None:
+            net, self.net = self.net, None
+            net.stop()
+
+    def __enter__(self) -> "Testbed":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def reload_dataplane(self) -> None:
+        """Every switch gets a fresh program and empty tables: no hot key or learned state left from a run."""
+        for switch in self.net.switches:
+            switch.reload()
+
+    # --- what experiments use ---------------------------------------------------------------------------------
+    @property
+    def server_hosts(self) -> list:
+        return [h for h in self.net.hosts if h.name.startswith("srv")]
+
+    @property
+    def client_hosts(self) -> list:
+        return [h for h in self.net.hosts if h.name.startswith("cli")]
+
+    @property
+    def servers(self) -> list[Server]:
+        return [Server(name=h.name, ip=h.IP(), mac=h.MAC(), port=MEMCACHED_PORT) for h in self.server_hosts]
+
+    @property
+    def addresses(self) -> list[ServerAddress]:
+        return [s.address for s in self.servers]
+
+    @property
+    def monitor_ports(self) -> list[str]:
+        """The switch ports the clients' links end on: every request enters the network there once."""
+        return [peer_intf(host.defaultIntf()).name for host in self.client_hosts]
+
+    @property
+    def pin_dirs(self) -> list[Path]:
+        return EbpfSwitch.pin_dirs(self.net)
+
+    @property
+    def mirror_ifaces(self) -> list[str]:
+        return [switch.mirror_iface for switch in self.net.switches]
+
+    @property
+    def controller_port(self) -> str:
+        return self.net.get(CONTROLLER_HOST).defaultIntf().name
+
+    def popen(self, host, args: list[str], **kwargs) -> subprocess.Popen:
+        """Start a process in a host; close() stops it (by PID) if it is still running."""
+        process = host.popen(args, **kwargs)
+        self.processes.append(process)
+        return process
