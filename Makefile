@@ -6,7 +6,7 @@ PY     := $(VENV)/bin/python
 OUT    ?= results
 TRIALS ?=
 
-.PHONY: all demo test install system venv bench figures clean
+.PHONY: all demo experiments simulation test install system venv bench clean
 
 all: demo
 
@@ -33,7 +33,18 @@ $(BPF_OBJECT): $(wildcard topologies/ebpf/bpf/*) | $(VENV)/.installed
 install: system venv $(BPF_OBJECT)
 
 # --- jobs ---------------------------------------------------------------------------------------------------
+# The main job: the Mininet testbed, baseline against MBalancer at one point (about a minute).
 demo: install
+	$(VENV)/bin/mbalancer experiment demo --out $(OUT)/demo
+
+# The thesis's chapter 5: Figs 5.1 and 5.2 (one sweep, about 4 minutes) and the 10-server ketama run.
+experiments: install
+	$(VENV)/bin/mbalancer experiment fig5.1 --out $(OUT)/chapter5
+	$(VENV)/bin/mbalancer experiment fig5.2 --out $(OUT)/chapter5
+	$(VENV)/bin/mbalancer experiment ketama10 --out $(OUT)/ketama10
+
+# The imbalance-factor model (chapters 3 and 4.4): table and figures in seconds.
+simulation: install
 	$(VENV)/bin/mbalancer demo --out $(OUT)
 
 test: install

@@ -7,6 +7,7 @@ import json
 import signal
 import struct
 import subprocess
+import sys
 import threading
 import time
 from collections import Counter
@@ -205,3 +206,36 @@ def test_terminal_view(run_cli, captured, server):
     result = run_cli("monitor", "--pcap", str(path), "--port", str(server.port), "--top", "3")
     assert result.returncode == 0 and "key:1 " in result.stdout and "gets/s" in result.stdout
     assert np.all([line.count("%") == 1 for line in result.stdout.splitlines() if line.strip().startswith("1 ")])
+
+
+def test_live_capture_on_several_interfaces_counts_each_request_once():
+    """Two clients on a switch (a Linux bridge in namespaces): captured on both client ports at once, every get is
+    counted once, where it enters; the server's port (where the gets only leave) adds nothing."""
+    import os
+
+    from topologies.netns import NamespaceNetwork
+    if os.geteuid() != 0:
+        pytest.skip("needs root (network namespaces)")
+    client = ("import socket, sys, time\n"
+              "s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)\n"
+              "def get(key): s.sendto(b'\\x00\\x01\\x00\\x00\\x00\\x01\\x00\\x00get ' + key + b'\\r\\n', ('10.0.0.1', 11211))\n"
+              "get(b'arp'); time.sleep(0.3)  # resolve the server's MAC first: nothing queued, nothing dropped\n"
+              "for i in range(int(sys.argv[1])): get(sys.argv[2].encode())\n")
+    with NamespaceNetwork(servers=1, clients=2, tag="mbmon", dataplane="bridge") as net:
+        c1, c2 = net.client_hosts
+        ports = f"{c1.port},{c2.port},{net.server_hosts[0].port}"
+        process = subprocess.Popen([sys.executable, "-m", "mbalancer.cli", "monitor", "--iface", ports, "--json",
+                                    "--interval", "0.5"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        time.sleep(1.0)
+        for host, count, key in ((c1, 300, "one"), (c2, 200, "two")):
+            assert net.run(host, [sys.executable, "-c", client, str(count), key]).returncode == 0
+        reports, _ = finish(process)
+    counts = Counter()
+    for report in reports:
+        counts.update({t["key"]: t["count"] for t in report["top"]})
+    assert (counts["one"], counts["two"], counts["arp"]) == (300, 200, 2)
+
+
+def test_several_interfaces_need_existing_ones(run_cli):
+    result = run_cli("monitor", "--iface", "lo,no-such-if0", "--duration", "1")
+    assert result.returncode == 2 and "no-such-if0" in result.stderr

@@ -1,0 +1,178 @@
+"""The end-to-end experiments: settings and the model's numbers (pure), the testbed's topologies on Mininet, and
+a short experiment through the command line with the whole loop running (monitor -> controller -> replication ->
+eBPF data plane) against real memcached servers, including an interrupted one."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from experiments.endtoend.predict import simulated_imbalance
+from experiments.endtoend.report import demo_line
+from experiments.endtoend.spec import PRESETS
+from mbalancer.config import Balancing
+from mbalancer.memcache.addresses import ServerAddress
+from topologies.ebpf.program import PIN_ROOT, available
+from topologies.shapes import LinkSpec, TopologyError, host_plan
+from topologies.testbed import TestbedSpec
+
+TWO = (ServerAddress("10.0.0.1"), ServerAddress("10.0.0.2"))
+why_not = (available() if os.geteuid() == 0 else "needs root") or (
+    None if shutil.which("mnexec") else "mnexec missing (apt package mininet)")
+needs_testbed = pytest.mark.skipif(why_not is not None, reason=f"the Mininet testbed cannot run: {why_not}")
+
+
+# --- settings and the model (pure) ----------------------------------------------------------------------------
+@pytest.mark.parametrize("name", sorted(PRESETS))
+def test_presets_are_runnable(name):
+    PRESETS[name].check()
+
+
+def test_clients_are_split_over_the_client_hosts():
+    spec = replace(PRESETS["fig5.1"], clients=65, testbed=TestbedSpec(clients=3))
+    assert [spec.clients_of(h) for h in (1, 2, 3)] == [22, 22, 21]
+    assert spec.workload(TWO, "skewed:0.7", host=2).seed != spec.workload(TWO, "skewed:0.7", host=1).seed
+
+
+def test_the_model_for_the_thesis_setting():
+    """Skewed hash at IF 0.7 on two servers: the ten hottest keys (39.1% of gets) all live on server 1; split
+    evenly they leave it 0.714 - 0.196 = 0.519 of the load: IF = 0.5 / 0.519 = 0.964."""
+    spec = PRESETS["fig5.1"]
+    workload = spec.workload(TWO, "skewed:0.7")
+    assert simulated_imbalance(workload, None) == pytest.approx(0.7, abs=0.002)
+    assert simulated_imbalance(workload, spec.balancing) == pytest.approx(0.964, abs=0.002)
+    assert simulated_imbalance(spec.calibration(TWO), None) == pytest.approx(1.0, abs=0.01)
+    # more hot keys can only help here; none is the baseline
+    assert simulated_imbalance(workload, Balancing(hot=20)) >= simulated_imbalance(workload, spec.balancing)
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"clients": 1}, "client hosts"),
+    ({"measure": 0}, "measurement"),
+    ({"balancing": Balancing(hot=None, target=0.9)}, "fixed H"),
+    ({"hashes": ("skewed:0.2",)}, "out of reach"),
+    ({"testbed": TestbedSpec(dataplane="p4")}, "has not landed"),
+    ({"testbed": TestbedSpec(topology="ring")}, "topology"),
+    ({"testbed": TestbedSpec(server_link=LinkSpec(rate_mbit=-1))}, "rate"),
+])
+def test_impossible_settings_are_named(change, message):
+    with pytest.raises((ValueError, TopologyError), match=message):
+        replace(PRESETS["demo"], **change).check()
+
+
+def test_host_plan_addresses():
+    servers, clients = host_plan(2, 3)
+    assert [h.ip for h in servers + clients] == [f"10.0.0.{i}" for i in range(1, 6)]
+    assert servers[1].mac == "02:00:00:00:00:02" and clients[0].name == "cli1"
+    with pytest.raises(TopologyError):
+        host_plan(200, 60)
+
+
+def test_demo_line_has_the_contract_fields():
+    run = {"point": "skewed:0.7", "throughput": 100.0, "p50_ms": 5.0, "server_rates": [75.0, 25.0],
+           "normalised": 0.7, "imbalance_measured": 0.66, "imbalance_simulated": 0.7}
+    summary = {"runs": [{**run, "mode": "calibration", "point": "skewed:1"}, {**run, "mode": "baseline"},
+                        {**run, "mode": "mbalancer", "throughput": 130.0, "server_rates": [50.0, 50.0]}]}
+    line = demo_line(summary)
+    assert line["gain"] == 1.3 and line["baseline"]["max_server_share"] == 0.75
+    assert set(line["mbalancer"]) >= {"throughput", "p50_ms", "max_server_share"}
+
+
+@pytest.mark.parametrize("args, message", [
+    (["nosuch", "--out", "x"], "invalid choice"),
+    (["demo", "--out", "x", "--points", "a,b"], "--points"),
+    (["demo", "--out", "x", "--measure", "-1"], "measurement"),
+    (["demo", "--out", "x", "--config", "/nonexistent.toml"], "--config"),
+])
+def test_bad_options_exit_2(run_cli, args, message):
+    result = run_cli("experiment", *args)
+    assert result.returncode == 2 and message in result.stderr and "Traceback" not in result.stderr
+
+
+# --- the testbed ----------------------------------------------------------------------------------------------
+@needs_testbed
+def test_leaf_spine_reaches_every_host_and_caps_the_server_links():
+    from topologies.testbed import Testbed
+    spec = TestbedSpec(topology="leafspine", servers=2, clients=2, leaves=2, spines=2,
+                       server_link=LinkSpec(rate_mbit=50))
+    with Testbed(spec) as bed:
+        assert bed.net.pingAll(timeout=2) == 0.0  # floods follow the tree: no storm, every pair answers
+        assert sorted(s.name for s in bed.net.switches) == ["leaf1", "leaf2", "spine1", "spine2"]
+        assert all(port.startswith("leaf") for port in bed.monitor_ports)
+        assert "rate 50Mbit" in bed.server_hosts[0].cmd("tc class show dev srv1-eth0")
+        from mbalancer.memcache.meta import MetaClient
+        for address in bed.addresses:  # the controller's port reaches every memcached through the fabric
+            MetaClient(address).ping()
+        pins = bed.pin_dirs
+    assert not any(p.exists() for p in pins)
+    assert subprocess.run(["ip", "link", "show", "mbctl-eth0"], capture_output=True).returncode != 0
+
+
+@needs_testbed
+def test_a_delay_that_cannot_apply_is_refused():
+    from topologies.testbed import Testbed
+    netem = subprocess.run(["tc", "qdisc", "add", "dev", "lo", "root", "netem", "delay", "1ms"],
+                           capture_output=True).returncode == 0
+    if netem:
+        subprocess.run(["tc", "qdisc", "del", "dev", "lo", "root"], capture_output=True)
+        with Testbed(TestbedSpec(servers=1, clients=1, client_link=LinkSpec(delay_ms=5))) as bed:
+            assert "netem" in bed.client_hosts[0].cmd("tc qdisc show dev cli1-eth0")
+    else:
+        with pytest.raises(TopologyError, match="netem"):
+            Testbed(TestbedSpec(servers=1, clients=1, client_link=LinkSpec(delay_ms=5))).start()
+        assert not (PIN_ROOT / "sw1").exists()  # a failed start leaves nothing behind
+
+
+# --- the whole loop -------------------------------------------------------------------------------------------
+@needs_testbed
+def test_demo_end_to_end(run_cli, tmp_path):
+    """Two servers at IF 0.7, 64 clients: MBalancer installs the hot keys, copies them, the switch spreads them;
+    throughput rises by about 0.964 / 0.7 and the measured normalised throughput tracks the model's IF."""
+    result = run_cli("experiment", "demo", "--out", str(tmp_path), "--warmup", "3", "--measure", "3", timeout=240)
+    assert result.returncode == 0, result.stderr[-2000:]
+    line = json.loads(result.stdout.strip().splitlines()[-1])
+    assert line["gain"] > 1.2
+    base, mb = line["baseline"], line["mbalancer"]
+    assert base["max_server_share"] == pytest.approx(0.714, abs=0.03)
+    assert mb["max_server_share"] < 0.56
+    for figures in (base, mb):
+        assert figures["normalised_throughput"] == pytest.approx(figures["imbalance_model"], abs=0.08)
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    run = next(r for r in summary["runs"] if r["mode"] == "mbalancer")
+    assert run["hot_keys"] >= 8 and run["bytes_copied"] >= 8 * 10_000 and run["timeouts"] == 0
+    assert run["misses"] == 0  # every balanced get found its copy
+    state = json.loads((tmp_path / "skewed_0.7" / "mbalancer" / "state.json").read_text())
+    assert state["counters"]["data_plane"]["keys"]  # the switch counted gets for the hot keys
+    for name in ("runs.csv", "fig5_1.png", "fig5_2.png", "servers.png"):
+        assert (tmp_path / name).stat().st_size > 0
+    assert not (PIN_ROOT / "sw1").exists()
+
+
+@needs_testbed
+def test_an_interrupted_experiment_removes_what_it_made(tmp_path):
+    from tests.conftest import MBALANCER
+    process = subprocess.Popen([str(MBALANCER), "experiment", "demo", "--out", str(tmp_path), "--warmup", "2",
+                                "--measure", "20"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while not (tmp_path / "skewed_0.7" / "mbalancer").exists() and time.monotonic() < deadline:
+        time.sleep(0.2)  # interrupt in the middle of the MBalancer run: controller, monitor and load all up
+    time.sleep(3)
+    process.send_signal(signal.SIGTERM)
+    _, err = process.communicate(timeout=60)
+    assert process.returncode == 130, err[-2000:]
+    assert "interrupted" in err
+    assert not (PIN_ROOT / "sw1").exists()
+    links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout
+    assert "mbctl-eth0" not in links and "sw1-" not in links
+    memcached = subprocess.run(["pgrep", "-af", "memcached -l 10.0.0."], capture_output=True, text=True).stdout
+    assert not memcached.strip()
+    hosts = subprocess.run(["pgrep", "-af", "mininet:"], capture_output=True, text=True).stdout
+    assert not hosts.strip()  # every host's shell (and with it its namespace) is gone
+    assert not Path(tmp_path / "summary.json").exists()
