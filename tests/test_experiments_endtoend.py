@@ -49,8 +49,11 @@ def test_the_model_for_the_thesis_setting():
     assert simulated_imbalance(workload, None) == pytest.approx(0.7, abs=0.002)
     assert simulated_imbalance(workload, spec.balancing) == pytest.approx(0.964, abs=0.002)
     assert simulated_imbalance(spec.calibration(TWO), None) == pytest.approx(1.0, abs=0.01)
-    # more hot keys can only help here; none is the baseline
-    assert simulated_imbalance(workload, Balancing(hot=20)) >= simulated_imbalance(workload, spec.balancing)
+    # Already even (IF 1) with the hot keys on server 1: equal weights push 0.196 of the load onto server 2
+    # (0.5 / 0.696 = 0.718); water-filling keeps it even.
+    even = spec.workload(TWO, "skewed:1")
+    assert simulated_imbalance(even, spec.balancing) == pytest.approx(0.718, abs=0.005)
+    assert simulated_imbalance(even, Balancing(hot=10, mode="weighted")) > 0.99
 
 
 @pytest.mark.parametrize("change, message", [
@@ -76,12 +79,14 @@ def test_host_plan_addresses():
 
 
 def test_demo_line_has_the_contract_fields():
-    run = {"point": "skewed:0.7", "throughput": 100.0, "p50_ms": 5.0, "server_rates": [75.0, 25.0],
+    run = {"point": "skewed:0.7", "replicas": "", "throughput": 100.0, "p50_ms": 5.0, "server_rates": [75.0, 25.0],
            "normalised": 0.7, "imbalance_measured": 0.66, "imbalance_simulated": 0.7}
     summary = {"runs": [{**run, "mode": "calibration", "point": "skewed:1"}, {**run, "mode": "baseline"},
-                        {**run, "mode": "mbalancer", "throughput": 130.0, "server_rates": [50.0, 50.0]}]}
+                        {**run, "mode": "mbalancer", "replicas": "equal", "throughput": 130.0,
+                         "server_rates": [50.0, 50.0]},
+                        {**run, "mode": "mbalancer", "replicas": "weighted", "throughput": 140.0}]}
     line = demo_line(summary)
-    assert line["gain"] == 1.3 and line["baseline"]["max_server_share"] == 0.75
+    assert line["gain"] == 1.3 and line["baseline"]["max_server_share"] == 0.75 and line["replicas"] == "equal"
     assert set(line["mbalancer"]) >= {"throughput", "p50_ms", "max_server_share"}
 
 

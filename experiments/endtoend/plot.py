@@ -1,6 +1,7 @@
 """The thesis's figures from a sweep's summary.
 
-fig5_1.png  normalised throughput against the placement's imbalance factor, with and without MBalancer; bars from
+fig5_1.png  normalised throughput against the placement's imbalance factor, without MBalancer and with it (each
+            replica weighting run); bars from
             the least to the most loaded server (normalised by its even share of capacity), as in the thesis;
             dashed: throughput = IF (the thesis's model), hollow markers: the model's IF with MBalancer.
 fig5_2.png  average latency likewise; bars from the server with the lowest to the highest mean latency.
@@ -15,11 +16,17 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-STYLE = {"baseline": ("tab:red", "o", "without MBalancer"), "mbalancer": ("tab:blue", "s", "with MBalancer")}
+STYLE = {"baseline": ("tab:red", "o", "without MBalancer"),
+         "equal": ("tab:blue", "s", "MBalancer, equal weights (thesis)"),
+         "weighted": ("tab:green", "^", "MBalancer, weighted (water-filling)")}
+
+
+def _series_key(run: dict) -> str:
+    return run["replicas"] if run["mode"] == "mbalancer" else run["mode"]
 
 
 def plot_all(summary: dict, out: Path) -> list[Path]:
-    runs = [r for r in summary["runs"] if r["mode"] in STYLE]
+    runs = [r for r in summary["runs"] if _series_key(r) in STYLE]
     paths = [out / "fig5_1.png", out / "fig5_2.png", out / "servers.png"]
     _throughput(runs, summary, paths[0])
     _latency(runs, summary, paths[1])
@@ -27,13 +34,14 @@ def plot_all(summary: dict, out: Path) -> list[Path]:
     return paths
 
 
-def _series(runs: list[dict], mode: str) -> list[dict]:
-    return sorted((r for r in runs if r["mode"] == mode), key=lambda r: r["imbalance_hash"])
+def _series(runs: list[dict], series: str) -> list[dict]:
+    return sorted((r for r in runs if _series_key(r) == series), key=lambda r: r["imbalance_hash"])
 
 
-def _errorbars(ax, rows: list[dict], mode: str, value: str, low: str, high: str) -> None:
-    color, marker, label = STYLE[mode]
-    x = [r["imbalance_hash"] for r in rows]
+def _errorbars(ax, rows: list[dict], series: str, value: str, low: str, high: str) -> None:
+    color, marker, label = STYLE[series]
+    nudge = 0.006 * (list(STYLE).index(series) - 1)  # side by side, so the server bars do not hide each other
+    x = [r["imbalance_hash"] + nudge for r in rows]
     y = [r[value] for r in rows]
     below = [max(v - (r[low] if r[low] is not None else v), 0) for v, r in zip(y, rows)]
     above = [max((r[high] if r[high] is not None else v) - v, 0) for v, r in zip(y, rows)]
@@ -42,12 +50,14 @@ def _errorbars(ax, rows: list[dict], mode: str, value: str, low: str, high: str)
 
 def _throughput(runs: list[dict], summary: dict, path: Path) -> None:
     fig, ax = plt.subplots(figsize=(6.4, 4.4))
-    for mode in STYLE:
-        rows = _series(runs, mode)
-        _errorbars(ax, rows, mode, "normalised", "server_normalised_min", "server_normalised_max")
-    mb = _series(runs, "mbalancer")
-    ax.scatter([r["imbalance_hash"] for r in mb], [r["imbalance_simulated"] for r in mb], facecolors="none",
-               edgecolors="tab:blue", s=70, zorder=3, label="model: IF with MBalancer")
+    for series in STYLE:
+        rows = _series(runs, series)
+        if rows:
+            _errorbars(ax, rows, series, "normalised", "server_normalised_min", "server_normalised_max")
+        if rows and series != "baseline":
+            ax.scatter([r["imbalance_hash"] for r in rows], [r["imbalance_simulated"] for r in rows],
+                       facecolors="none", edgecolors=STYLE[series][0], s=70, zorder=3,
+                       label=f"model: IF, {series} weights")
     ax.plot([0.45, 1.0], [0.45, 1.0], ls="--", color="grey", lw=1, label="throughput = IF (model)")
     ax.set_xlabel("imbalance factor of the placement (mean / max server load)")
     ax.set_ylabel("normalised throughput")
@@ -62,8 +72,9 @@ def _throughput(runs: list[dict], summary: dict, path: Path) -> None:
 
 def _latency(runs: list[dict], summary: dict, path: Path) -> None:
     fig, ax = plt.subplots(figsize=(6.4, 4.4))
-    for mode in STYLE:
-        _errorbars(ax, _series(runs, mode), mode, "mean_ms", "server_mean_ms_min", "server_mean_ms_max")
+    for series in STYLE:
+        if rows := _series(runs, series):
+            _errorbars(ax, rows, series, "mean_ms", "server_mean_ms_min", "server_mean_ms_max")
     ax.set_xlabel("imbalance factor of the placement (mean / max server load)")
     ax.set_ylabel("average latency (ms)")
     ax.set_title(_title(summary, "Fig 5.2: latency"))
@@ -84,7 +95,7 @@ def _servers(runs: list[dict], path: Path) -> None:
         for s, rate in enumerate(run["server_rates"]):
             ax.bar(i + (s - (len(run["server_rates"]) - 1) / 2) * width, rate / share, width,
                    color=plt.cm.tab10(s % 10), label=f"server {s + 1}" if i == 0 else None)
-    ax.set_xticks(range(len(runs)), [f"{r['point']}\n{r['mode']}" for r in runs], fontsize=7)
+    ax.set_xticks(range(len(runs)), [f"{r['point']}\n{_series_key(r)}" for r in runs], fontsize=7)
     ax.set_ylabel("gets/s / even share of capacity")
     ax.axhline(1.0, color="grey", ls="--", lw=1)
     ax.legend(fontsize=7, ncol=min(5, len(capacity["server_rates"])))

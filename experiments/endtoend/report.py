@@ -12,11 +12,11 @@ FOCUS_COLUMNS = {
 def format_runs(summary: dict, focus: str | None = None) -> str:
     """One line per run: the point, the mode, the model's IF, what was measured."""
     columns = [FOCUS_COLUMNS[focus]] if focus else list(FOCUS_COLUMNS.values())
-    header = (f"{'point':<12} {'mode':<12} {'IF model':>8} {'IF measured':>11} {'gets/s':>8} "
+    header = (f"{'point':<12} {'mode':<19} {'IF model':>8} {'IF measured':>11} {'gets/s':>8} "
               + " ".join(f"{title:>26}" for title, _ in columns) + f" {'p50 ms':>7} {'timeouts':>8} {'hot':>4}")
     lines = [f"{summary['experiment']}: capacity {summary['capacity']:,.0f} gets/s (load spread evenly)", header]
     for r in summary["runs"]:
-        lines.append(f"{r['point']:<12} {r['mode']:<12} {r['imbalance_simulated']:>8.3f} "
+        lines.append(f"{r['point']:<12} {label(r):<19} {r['imbalance_simulated']:>8.3f} "
                      f"{r['imbalance_measured']:>11.3f} {r['throughput']:>8,.0f} "
                      + " ".join(f"{cell(r):>26}" for _, cell in columns)
                      + f" {r['p50_ms']:>7.1f} {r['timeouts']:>8} {r['hot_keys']:>4}")
@@ -24,13 +24,22 @@ def format_runs(summary: dict, focus: str | None = None) -> str:
     return "\n".join(lines)
 
 
+def label(run: dict) -> str:
+    return f"mbalancer/{run['replicas']}" if run["mode"] == "mbalancer" else run["mode"]
+
+
 def demo_line(summary: dict) -> dict:
-    """{"baseline": {...}, "mbalancer": {...}, "gain": throughput ratio} for the sweep's first point."""
+    """{"baseline": {...}, "mbalancer": {...}, "gain": throughput ratio} for the sweep's first point (MBalancer:
+    its first replica weighting)."""
     point = next(r["point"] for r in summary["runs"] if r["mode"] == "baseline")
-    by_mode = {r["mode"]: r for r in summary["runs"] if r["point"] == point and r["mode"] in ("baseline", "mbalancer")}
+    by_mode: dict = {}
+    for r in summary["runs"]:
+        if r["point"] == point and r["mode"] in ("baseline", "mbalancer"):
+            by_mode.setdefault(r["mode"], r)
     line = {mode: _figures(by_mode[mode]) for mode in ("baseline", "mbalancer")}
     line["gain"] = round(by_mode["mbalancer"]["throughput"] / by_mode["baseline"]["throughput"], 3)
     line["point"] = point
+    line["replicas"] = by_mode["mbalancer"]["replicas"]
     return line
 
 

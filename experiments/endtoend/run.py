@@ -24,6 +24,7 @@ from experiments.endtoend.spec import ExperimentSpec
 from experiments.endtoend.stack import MBalancerStack, wait_until
 from experiments.workload.populate import populate
 from experiments.workload.spec import Workload
+from mbalancer.config import Balancing
 from mbalancer.memcache.client import tcp_client
 from mbalancer.processes import stop_process
 from topologies.testbed import Testbed
@@ -42,6 +43,7 @@ class RunError(RuntimeError):
 class RunResult:
     point: str  # the clients' hash, e.g. skewed:0.7
     mode: str  # baseline | mbalancer | calibration
+    replicas: str  # MBalancer's replica weighting (equal | weighted); "" otherwise
     throughput: float  # answered gets/s, all clients, in the window
     server_rates: list[float]  # gets/s each server served (its own counters)
     imbalance_measured: float  # mean / max of server_rates
@@ -62,13 +64,14 @@ class RunResult:
         return asdict(self)
 
 
-def run_once(bed: Testbed, spec: ExperimentSpec, workload: Workload, mode: str, out: Path,
-             progress: Progress) -> RunResult:
-    """Run `workload` in `mode` (baseline, mbalancer, or calibration = baseline of the capacity workload)."""
+def run_once(bed: Testbed, spec: ExperimentSpec, workload: Workload, mode: str, out: Path, progress: Progress,
+             balancing: Balancing | None = None) -> RunResult:
+    """Run `workload` in `mode`: baseline, calibration (the baseline of the capacity workload), or mbalancer
+    with `balancing`."""
     out.mkdir(parents=True, exist_ok=True)
     bed.reload_dataplane()
     _fill(workload)
-    stack = MBalancerStack(bed, spec.balancing, workload.key_hash, spec.monitor_interval, out).start() \
+    stack = MBalancerStack(bed, balancing, workload.key_hash, spec.monitor_interval, out).start() \
         if mode == "mbalancer" else None
     generators: list[subprocess.Popen] = []
     try:
@@ -83,7 +86,7 @@ def run_once(bed: Testbed, spec: ExperimentSpec, workload: Workload, mode: str, 
         end = first.time + spec.measure
         while (now := time.monotonic()) < end:
             wait_until(min(now + 1.0, end), check)
-            progress(f"{workload.hash:<10} {mode:<11} measuring {min(time.monotonic(), end) - first.time:4.1f}/"
+            progress(f"{workload.hash:<10} {mode:<11} {balancing.mode if stack else '':<8} measuring {min(time.monotonic(), end) - first.time:4.1f}/"
                      f"{spec.measure:g} s")
         last = sample_servers(workload.servers)
         _wait_generators(generators, spec)
@@ -91,7 +94,7 @@ def run_once(bed: Testbed, spec: ExperimentSpec, workload: Workload, mode: str, 
         for process in generators:
             stop_process(process)
         state = stack.stop() if stack else None
-    return _result(spec, workload, mode, out, first, last, hot_keys, state)
+    return _result(workload, mode, balancing, spec, out, (first, last), hot_keys, state)
 
 
 def _fill(workload: Workload) -> None:
@@ -142,8 +145,9 @@ def _wait_generators(generators: list[subprocess.Popen], spec: ExperimentSpec) -
             raise RunError(f"a load generator exited with code {process.returncode}: {stderr.strip()[-500:]}")
 
 
-def _result(spec: ExperimentSpec, workload: Workload, mode: str, out: Path, first, last, hot_keys: int, state: dict | None) -> RunResult:
-    rates = server_rates(first, last)
+def _result(workload: Workload, mode: str, balancing: Balancing | None, spec: ExperimentSpec, out: Path,
+            window: tuple, hot_keys: int, state: dict | None) -> RunResult:
+    rates = server_rates(*window)
     paths = [out / host / "records.csv" for host in sorted(p.name for p in out.iterdir() if p.is_dir())]
     # Each generator's clock starts about STARTUP after launch: its window is [warm-up, warm-up + measure).
     records = read_client_records(paths, workload.servers, spec.warmup, spec.warmup + spec.measure)
@@ -151,9 +155,9 @@ def _result(spec: ExperimentSpec, workload: Workload, mode: str, out: Path, firs
     mean, p50, p99 = (float(latency.mean()), *map(float, np.percentile(latency, [50, 99]))) if latency.size \
         else (float("nan"),) * 3
     return RunResult(
-        point=workload.hash, mode=mode, throughput=records.throughput, server_rates=rates.round(1).tolist(),
+        point=workload.hash, mode=mode, replicas=balancing.mode if mode == "mbalancer" else "", throughput=records.throughput, server_rates=rates.round(1).tolist(),
         imbalance_measured=float(imbalance_factor(rates)),
-        imbalance_simulated=simulated_imbalance(workload, spec.balancing if mode == "mbalancer" else None),
+        imbalance_simulated=simulated_imbalance(workload, balancing if mode == "mbalancer" else None),
         imbalance_hash=simulated_imbalance(workload, None),
         mean_ms=mean, p50_ms=p50, p99_ms=p99,
         server_mean_ms=[round(float(x), 3) for x in records.latency_by_server(len(workload.servers))],

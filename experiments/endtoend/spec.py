@@ -12,12 +12,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from experiments.workload.spec import Workload, WorkloadError
-from mbalancer.config import Balancing
+from mbalancer.config import REPLICA_MODES, Balancing
 from mbalancer.memcache.addresses import ServerAddress
 from topologies.shapes import LinkSpec
 from topologies.testbed import TestbedSpec
 
-MODES = ("baseline", "mbalancer")
 CALIBRATION_ALPHA = 0.01  # near-uniform popularity: with the skewed hash at IF 1, every server is equally busy
 
 
@@ -32,6 +31,8 @@ class ExperimentSpec:
     value_size: int = 10_000
     timeout: float = 1.0
     balancing: Balancing = field(default_factory=lambda: Balancing(hot=10, groups=1, hysteresis=2))
+    # MBalancer's runs per point, by replica weighting: "equal" (the thesis) and/or "weighted" (water-filling)
+    replica_modes: tuple[str, ...] = ("equal",)
     monitor_interval: float = 1.0
     warmup: float = 4.0  # seconds of load before measuring: MBalancer finds and copies the hot keys then
     measure: float = 8.0  # seconds measured
@@ -45,6 +46,8 @@ class ExperimentSpec:
             raise ValueError(f"warm-up must be >= 0 and measurement > 0 s (got {self.warmup}, {self.measure})")
         if not self.balancing.hot:
             raise ValueError("experiments need a fixed H (balancing.hot), so the model's IF can be computed")
+        if not self.replica_modes or any(m not in REPLICA_MODES for m in self.replica_modes):
+            raise ValueError(f"replica modes must be among {', '.join(REPLICA_MODES)} (got {self.replica_modes})")
         if not self.hashes:
             raise ValueError("no point to run: give at least one hash")
         fake = tuple(ServerAddress(f"10.0.0.{i + 1}") for i in range(self.testbed.servers))
@@ -76,7 +79,7 @@ def _chapter5(name: str, **changes) -> ExperimentSpec:
     base = ExperimentSpec(
         name=name,
         testbed=TestbedSpec(servers=2, clients=2, server_link=LinkSpec(rate_mbit=100)),
-        hashes=tuple(f"skewed:{f:g}" for f in (0.5, 0.6, 0.7, 0.8, 0.9, 1.0)))
+        hashes=tuple(f"skewed:{f:g}" for f in (0.5, 0.6, 0.7, 0.8, 0.9, 1.0)), replica_modes=("equal", "weighted"))
     return replace(base, **changes)
 
 
@@ -87,7 +90,7 @@ PRESETS: dict[str, ExperimentSpec] = {
     # Ten servers with the clients' usual ketama hash; links capped so the total capacity stays that of two.
     "ketama10": _chapter5("ketama10", hashes=("ketama",),
                           testbed=TestbedSpec(servers=10, clients=2, server_link=LinkSpec(rate_mbit=20))),
-    # The README's main job: one point, short phases.
-    "demo": _chapter5("demo", hashes=("skewed:0.7",), warmup=4.0, measure=6.0),
+    # The README's main job: one point, the thesis's equal weights, short phases.
+    "demo": _chapter5("demo", hashes=("skewed:0.7",), replica_modes=("equal",), warmup=4.0, measure=6.0),
 }
 SWEEP_FIGURES = {"fig5.1": "throughput", "fig5.2": "latency"}

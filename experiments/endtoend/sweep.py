@@ -10,19 +10,19 @@ from __future__ import annotations
 import csv
 import json
 import logging
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Callable
 
 import numpy as np
 
 from experiments.endtoend.run import RunResult, run_once
-from experiments.endtoend.spec import MODES, ExperimentSpec
+from experiments.endtoend.spec import ExperimentSpec
 from topologies.testbed import Testbed
 
 log = logging.getLogger(__name__)
 Progress = Callable[[str], None]
-CSV_FIELDS = ("point", "mode", "imbalance_hash", "imbalance_simulated", "imbalance_measured", "throughput",
+CSV_FIELDS = ("point", "mode", "replicas", "imbalance_hash", "imbalance_simulated", "imbalance_measured", "throughput",
               "normalised", "server_normalised_min", "server_normalised_max", "mean_ms", "p50_ms", "p99_ms",
               "server_mean_ms_min", "server_mean_ms_max", "answered", "timeouts", "misses", "hot_keys",
               "bytes_copied", "server_rates")
@@ -32,7 +32,7 @@ def run_sweep(spec: ExperimentSpec, out: Path, progress: Progress) -> dict:
     """Run every point of `spec` in both modes after a capacity run; returns the summary (also written)."""
     spec.check()
     out.mkdir(parents=True, exist_ok=True)
-    total = 1 + len(spec.hashes) * len(MODES)
+    total = 1 + len(spec.hashes) * (1 + len(spec.replica_modes))
     with Testbed(spec.testbed) as bed:
         servers = tuple(bed.addresses)
         progress(f"[1/{total}] capacity run (load spread evenly)")
@@ -40,13 +40,16 @@ def run_sweep(spec: ExperimentSpec, out: Path, progress: Progress) -> dict:
         rows = [_row(capacity, capacity)]
         done = 1
         for point in spec.hashes:
-            for mode in MODES:
+            workload = spec.workload(servers, point)
+            runs = [("baseline", None)] + [("mbalancer", replace(spec.balancing, mode=m)) for m in spec.replica_modes]
+            for mode, balancing in runs:
                 done += 1
-                progress(f"[{done}/{total}] {point} {mode}")
-                result = run_once(bed, spec, spec.workload(servers, point), mode,
-                                  out / _folder(point) / mode, progress)
+                label = mode + (f" ({balancing.mode} weights)" if balancing else "")
+                progress(f"[{done}/{total}] {point} {label}")
+                folder = out / _folder(point) / (f"{mode}-{balancing.mode}" if balancing else mode)
+                result = run_once(bed, spec, workload, mode, folder, progress, balancing)
                 rows.append(_row(result, capacity))
-                log.info("%s %s: %.0f gets/s (%.2f of capacity), IF measured %.3f, simulated %.3f", point, mode,
+                log.info("%s %s: %.0f gets/s (%.2f of capacity), IF measured %.3f, model %.3f", point, label,
                          result.throughput, rows[-1]["normalised"], result.imbalance_measured,
                          result.imbalance_simulated)
     summary = {"experiment": spec.name, "spec": spec_dict(spec), "capacity": capacity.throughput, "runs": rows}
