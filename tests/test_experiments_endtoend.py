@@ -153,7 +153,7 @@ def test_demo_end_to_end(run_cli, tmp_path):
     run = next(r for r in summary["runs"] if r["mode"] == "mbalancer")
     assert run["hot_keys"] >= 8 and run["bytes_copied"] >= 8 * 10_000 and run["timeouts"] == 0
     assert run["misses"] == 0  # every balanced get found its copy
-    state = json.loads((tmp_path / "skewed_0.7" / "mbalancer" / "state.json").read_text())
+    state = json.loads((tmp_path / "skewed_0.7" / "mbalancer-equal" / "state.json").read_text())
     assert state["counters"]["data_plane"]["keys"]  # the switch counted gets for the hot keys
     for name in ("runs.csv", "fig5_1.png", "fig5_2.png", "servers.png"):
         assert (tmp_path / name).stat().st_size > 0
@@ -166,7 +166,7 @@ def test_an_interrupted_experiment_removes_what_it_made(tmp_path):
     process = subprocess.Popen([str(MBALANCER), "experiment", "demo", "--out", str(tmp_path), "--warmup", "2",
                                 "--measure", "20"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 60
-    while not (tmp_path / "skewed_0.7" / "mbalancer").exists() and time.monotonic() < deadline:
+    while not (tmp_path / "skewed_0.7" / "mbalancer-equal").exists() and time.monotonic() < deadline:
         time.sleep(0.2)  # interrupt in the middle of the MBalancer run: controller, monitor and load all up
     time.sleep(3)
     process.send_signal(signal.SIGTERM)
