@@ -36,3 +36,14 @@ def eventually(check, timeout: float = 10.0, every: float = 0.02) -> bool:
             return True
         time.sleep(every)
     return bool(check())
+
+
+def why_no_mininet() -> str | None:
+    """None if Mininet with the eBPF switch can run here, else why not (for skipif)."""
+    import os
+    import shutil
+
+    from topologies.ebpf.program import available
+    if os.geteuid() != 0:
+        return "needs root"
+    return available() or (None if shutil.which("mnexec") else "mnexec missing (apt package mininet)")

@@ -4,8 +4,6 @@ eBPF data plane) against real memcached servers, including an interrupted one.""
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import signal
 import subprocess
 import time
@@ -19,13 +17,13 @@ from experiments.endtoend.report import demo_line
 from experiments.endtoend.spec import PRESETS
 from mbalancer.config import Balancing
 from mbalancer.memcache.addresses import ServerAddress
-from topologies.ebpf.program import PIN_ROOT, available
+from tests.conftest import why_no_mininet
+from topologies.ebpf.program import PIN_ROOT
 from topologies.shapes import LinkSpec, TopologyError, host_plan
 from topologies.testbed import TestbedSpec
 
 TWO = (ServerAddress("10.0.0.1"), ServerAddress("10.0.0.2"))
-why_not = (available() if os.geteuid() == 0 else "needs root") or (
-    None if shutil.which("mnexec") else "mnexec missing (apt package mininet)")
+why_not = why_no_mininet()
 needs_testbed = pytest.mark.skipif(why_not is not None, reason=f"the Mininet testbed cannot run: {why_not}")
 
 

@@ -1,15 +1,11 @@
 """The eBPF switch inside Mininet: hosts reach each other through one switch and through several."""
 from __future__ import annotations
 
-import os
-import shutil
-
 import pytest
 
-from topologies.ebpf.program import available
+from tests.conftest import why_no_mininet
 
-why_not = (available() if os.geteuid() == 0 else "needs root") or (
-    None if shutil.which("mnexec") else "mnexec missing (apt package mininet)")
+why_not = why_no_mininet()
 pytestmark = pytest.mark.skipif(why_not is not None, reason=f"Mininet with the eBPF switch cannot run: {why_not}")
 
 

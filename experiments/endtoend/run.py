@@ -21,7 +21,7 @@ from controller.load import imbalance_factor
 from experiments.endtoend.measure import read_client_records, sample_servers, server_rates
 from experiments.endtoend.predict import simulated_imbalance
 from experiments.endtoend.spec import ExperimentSpec
-from experiments.endtoend.stack import MBalancerStack, wait_until
+from experiments.endtoend.stack import MBalancerStack
 from experiments.workload.populate import populate
 from experiments.workload.spec import Workload
 from mbalancer.config import Balancing
@@ -86,8 +86,8 @@ def run_once(bed: Testbed, spec: ExperimentSpec, workload: Workload, mode: str, 
         end = first.time + spec.measure
         while (now := time.monotonic()) < end:
             wait_until(min(now + 1.0, end), check)
-            progress(f"{workload.hash:<10} {mode:<11} {balancing.mode if stack else '':<8} measuring {min(time.monotonic(), end) - first.time:4.1f}/"
-                     f"{spec.measure:g} s")
+            progress(f"{workload.hash:<10} {mode:<11} {balancing.mode if stack else '':<8} measuring "
+                     f"{min(time.monotonic(), end) - first.time:4.1f}/{spec.measure:g} s")
         last = sample_servers(workload.servers)
         _wait_generators(generators, spec)
     finally:
@@ -95,6 +95,13 @@ def run_once(bed: Testbed, spec: ExperimentSpec, workload: Workload, mode: str, 
             stop_process(process)
         state = stack.stop() if stack else None
     return _result(workload, mode, balancing, spec, out, (first, last), hot_keys, state)
+
+
+def wait_until(deadline: float, check=lambda: None, step: float = 0.2) -> None:
+    """Sleep until monotonic `deadline`, calling check() (which may raise) every `step` seconds."""
+    while (left := deadline - time.monotonic()) > 0:
+        check()
+        time.sleep(min(step, left))
 
 
 def _fill(workload: Workload) -> None:

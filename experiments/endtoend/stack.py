@@ -7,7 +7,6 @@ import json
 import logging
 import subprocess
 import sys
-import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -80,10 +79,3 @@ class MBalancerStack:
         self.core.stop()
         (self.out / "state.json").write_text(json.dumps(state, indent=1, default=str) + "\n")
         return state
-
-
-def wait_until(deadline: float, check=lambda: None, step: float = 0.2) -> None:
-    """Sleep until monotonic `deadline`, calling check() (which may raise) every `step` seconds."""
-    while (left := deadline - time.monotonic()) > 0:
-        check()
-        time.sleep(min(step, left))
