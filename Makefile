@@ -25,12 +25,14 @@ $(VENV)/.installed: setup.py install/constraints.txt | $(PY)
 
 venv: $(VENV)/.installed
 
-# The eBPF data plane is compiled once here (clang, from apt), never at run time.
-BPF_OBJECT := topologies/ebpf/build/mbalancer.bpf.o
-$(BPF_OBJECT): $(wildcard topologies/ebpf/bpf/*) | $(VENV)/.installed
-	$(PY) -m topologies.ebpf.program build --force
+# Every data plane with a build step (dataplanes/registry.py) is built here, never at run time: today the eBPF
+# program (clang, from apt). The stamp follows the sources of every data plane.
+DATAPLANES_BUILT := $(VENV)/.dataplanes-built
+$(DATAPLANES_BUILT): $(wildcard dataplanes/*/bpf/*) dataplanes/registry.py | $(VENV)/.installed
+	$(PY) -m dataplanes build
+	@touch $@
 
-install: system venv $(BPF_OBJECT)
+install: system venv $(DATAPLANES_BUILT)
 
 # --- jobs ---------------------------------------------------------------------------------------------------
 # The main job: the Mininet testbed, baseline against MBalancer at one point (about a minute).
@@ -58,4 +60,4 @@ bench: install
 	$(PY) experiments/benchmarks/bench_ebpf_switch.py
 
 clean:
-	rm -rf $(VENV) $(OUT) build topologies/ebpf/build *.egg-info .pytest_cache
+	rm -rf $(VENV) $(OUT) build dataplanes/*/build *.egg-info .pytest_cache

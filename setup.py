@@ -7,11 +7,13 @@ setup(
     description="In-network load balancing of memcached hot keys: monitor, controller, data planes, experiments",
     long_description=open("README.md", encoding="utf-8").read(),
     long_description_content_type="text/markdown",
-    python_requires=">=3.9",
+    python_requires=">=3.11",  # tomllib
     # The top-level folders are the packages (design card): controller/, monitor/, topologies/, experiments/,
-    # plus mbalancer/ for the command line that ties them together.
-    packages=find_packages(include=["mbalancer*", "controller*", "monitor*", "topologies*", "experiments*"]),
-    package_data={"experiments": ["notebooks/*.ipynb"], "mbalancer": ["*.toml"], "topologies": ["ebpf/bpf/*"]},
+    # dataplanes/ (build, load and talk to each kind of switch), plus mbalancer/ for the command line and the code
+    # the parts share.
+    packages=find_packages(include=["mbalancer*", "controller*", "monitor*", "dataplanes*", "topologies*",
+                                    "experiments*"]),
+    package_data={"experiments": ["notebooks/*.ipynb"], "mbalancer": ["*.toml"], "dataplanes": ["ebpf/bpf/*"]},
     install_requires=[
         "numpy>=1.24",
         "matplotlib>=3.7",

@@ -1,6 +1,8 @@
 """`mbalancer controller`: run the controller core with a driver and its HTTP interface until Ctrl-C.
 
-Exit 2 for a bad config (the message names the field), an unknown driver or an address that cannot be bound.
+The data plane is the config's [dataplane] section (kind and its settings), or --driver for the kind. Exit 2 for a
+bad config (the message names the field), a data plane that cannot be driven here, or an address that cannot be
+bound.
 """
 from __future__ import annotations
 
@@ -11,9 +13,12 @@ import threading
 from typing import Callable
 
 from controller.core import ControllerCore
+from dataclasses import replace
+
 from controller.driver import DriverError
-from controller.drivers import DRIVERS, make_driver
+from controller.drivers import make_driver
 from controller.http_api import serve, start_serving
+from dataplanes import registry
 from mbalancer.config import ConfigError, load_config
 from mbalancer.memcache.addresses import parse_server
 
@@ -26,9 +31,10 @@ def register(commands: argparse._SubParsersAction) -> None:
         description="Take monitor reports (POST /report), choose the hot keys, copy them to their groups, install "
                     "the rules through a driver, keep the copies coherent; state as JSON at GET /state.")
     parser.add_argument("--config", required=True, help="TOML config (see mbalancer/mbalancer.example.toml)")
-    parser.add_argument("--driver", default="none", choices=DRIVERS,
-                        help="data plane: ebpf = every eBPF switch loaded on this machine; none = decide and "
-                             "replicate without a switch (default none)")
+    parser.add_argument("--driver", choices=registry.names("driver"),
+                        help="the data plane to drive, overriding the config's dataplane.kind: ebpf = the eBPF "
+                             "switches of [dataplane.ebpf] (default: every one loaded on this machine); none = "
+                             "decide and replicate without a switch (the config's default)")
     parser.add_argument("--listen", help="host:port for HTTP, overriding the config's controller.listen")
     parser.add_argument("--duration", type=float, help="stop after this many seconds (default: until Ctrl-C)")
     parser.set_defaults(run=_run_controller, fail=parser.error)
@@ -39,10 +45,15 @@ def _run_controller(args: argparse.Namespace, fail: Fail) -> int:
         config = load_config(args.config)
     except ConfigError as err:
         fail(f"--config: {err}")
+    if args.driver:
+        try:
+            config = replace(config, dataplane=config.dataplane.choose(args.driver))
+        except ConfigError as err:
+            fail(f"--driver: {err}")
     try:
-        driver = make_driver(args.driver)
-    except ValueError as err:
-        fail(f"--driver: {err}")
+        driver = make_driver(config.dataplane)
+    except (DriverError, ConfigError) as err:
+        fail(f"--driver {config.dataplane.kind}: {err}")
     try:
         core = ControllerCore(config, driver)
     except ValueError as err:  # e.g. a skewed hash, which needs the workload's keys
@@ -58,11 +69,11 @@ def _run_controller(args: argparse.Namespace, fail: Fail) -> int:
         core.start()
     except DriverError as err:
         http.server_close()
-        fail(f"--driver {args.driver}: {err}")
+        fail(f"--driver {config.dataplane.kind}: {err}")
     start_serving(http)
     host, port = http.server_address[:2]
     print(f"mbalancer controller: http://{host}:{port}/state, reports to http://{host}:{port}/report "
-          f"(driver {args.driver}); Ctrl-C stops", file=sys.stderr, flush=True)
+          f"(driver {config.dataplane.kind}); Ctrl-C stops", file=sys.stderr, flush=True)
     stop.wait(args.duration)
     http.shutdown()
     core.stop()

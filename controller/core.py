@@ -2,10 +2,11 @@
 
 Threads, not asyncio (ryu-manager greens plain threads with eventlet; an asyncio loop would not run there):
 - callers (the HTTP server, the driver's mirror thread) only parse and queue;
-- one worker thread handles the queue in order (reports, mirrored writes, health changes) and runs due retries,
-  so the hot-key state has a single writer;
+- one worker thread handles the queue in order (reports, mirrored writes, health changes, a switch that came back
+  empty) and runs due retries, so the hot-key state has a single writer;
 - one prober thread checks every server's health and queues the changes.
-`state()` may be called from any thread: it reads under the same lock the worker holds per event.
+`state()` may be called from any thread: it reads the core's state under the lock the worker holds per event, and
+the data plane's counters outside it (a network driver's read may take a round trip; the worker must not wait).
 """
 from __future__ import annotations
 
@@ -16,18 +17,18 @@ import time
 from collections import Counter, deque
 from typing import Any, Callable
 
-from controller.driver import Driver
+from controller.driver import Driver, DriverError
 from controller.execution import Executor
 from controller.health import HealthTracker, probe
 from controller.planner import Plan, Planner
 from controller.replicator import Replicator
-from controller.reports import MonitorReport, parse_report
 from mbalancer.config import Config
 from mbalancer.memcache.hashing import KeyHash, make_hash
 from mbalancer.memcache.keys import key_to_text
 from mbalancer.memcache.meta import MetaClient
-from monitor.frames import LINKTYPE_ETHERNET, memcached_segment
-from monitor.get_keys import written_keys
+from mbalancer.memcache.segment_keys import written_keys
+from mbalancer.monitor_report import MonitorReport, parse_report
+from mbalancer.packets import LINKTYPE_ETHERNET, memcached_segment
 
 log = logging.getLogger(__name__)
 
@@ -61,7 +62,7 @@ class ControllerCore:
 
     # --- life cycle -----------------------------------------------------------------------------------------
     def start(self) -> "ControllerCore":
-        self.driver.attach(self.config.servers, self.submit_mirror)
+        self.driver.attach(self.config.servers, self.submit_mirror, self.submit_reconnect)
         self._spawn(self._work, "mbalancer-core")
         if self._probe_health:
             self._spawn(self._probe, "mbalancer-health")
@@ -101,6 +102,10 @@ class ControllerCore:
         """Queue a mirrored write (a whole Ethernet frame, as the data plane copied it)."""
         self._events.put(("mirror", frame, self.clock()))
 
+    def submit_reconnect(self) -> None:
+        """The driver's switch came back empty: queue the replay of every hot key."""
+        self._events.put(("reconnect",))
+
     # --- the worker -----------------------------------------------------------------------------------------
     def _work(self) -> None:
         while not self._stop.is_set():
@@ -130,6 +135,9 @@ class ControllerCore:
             self._on_mirror(event[1], event[2])
         elif kind == "health":
             self._on_health(*event[1:])
+        elif kind == "reconnect":
+            self.counts["reconnects"] += 1
+            self.executor.replay()
 
     def _on_report(self, report: MonitorReport) -> None:
         self.counts["reports"] += 1
@@ -194,6 +202,7 @@ class ControllerCore:
     # --- output ---------------------------------------------------------------------------------------------
     def state(self) -> dict[str, Any]:
         """Everything an operator or a test wants to see, as JSON-ready data."""
+        data_plane = self._data_plane_counters()  # outside the lock: it may be a round trip to the switch
         with self.lock:
             return {
                 "uptime": round(self.clock() - self.started, 3),
@@ -206,7 +215,7 @@ class ControllerCore:
                 "plan": self._plan_state(),
                 "retries": [{"action": r.action, "key": key_to_text(r.key), "server": r.server,
                              "attempt": r.attempt, "error": r.last_error} for r in self.executor.retries.values()],
-                "counters": self._counters_state(),
+                "counters": {**self._counters_state(), "data_plane": data_plane},
                 "decisions": list(self.decisions)[-100:],
             }
 
@@ -234,12 +243,17 @@ class ControllerCore:
 
     def _counters_state(self) -> dict[str, Any]:
         syncs = sorted(self.executor.sync_ms)
-        data_plane = self.driver.read_counters()
         return {**self.counts, "copies": self.replicator.copies, "bytes_copied": self.replicator.bytes_copied,
                 "copy_failures": self.replicator.failures,
                 "sync_ms": {"count": len(syncs), "p50": syncs[len(syncs) // 2] if syncs else None,
-                            "max": syncs[-1] if syncs else None},
-                "data_plane": {"unparsed": data_plane.unparsed, "keys": {
-                    key_to_text(k): {"gets": c.gets, "home_while_dirty": c.home_while_dirty, "mirrored": c.mirrored,
-                                     "per_replica": {str(s): n for s, n in c.per_replica.items()}}
-                    for k, c in data_plane.keys.items()}}}
+                            "max": syncs[-1] if syncs else None}}
+
+    def _data_plane_counters(self) -> dict[str, Any]:
+        try:
+            counters = self.driver.read_counters()
+        except DriverError as err:
+            return {"error": str(err)}
+        return {"unparsed": counters.unparsed, "keys": {
+            key_to_text(k): {"gets": c.gets, "home_while_dirty": c.home_while_dirty, "mirrored": c.mirrored,
+                             "per_replica": {str(s): n for s, n in c.per_replica.items()}}
+            for k, c in counters.keys.items()}}

@@ -3,8 +3,10 @@
 The core decides and replicates; a driver only turns its requests into table writes for one kind of switch (eBPF
 maps, P4Runtime entries, OpenFlow flows and groups) and hands back what the data plane saw. Servers are named by
 their index in the config's server list (the order the clients hash over); `attach` gives the driver that list so
-it can turn an index into MAC, IP and port. Every method may raise DriverError; the core logs it, keeps its own
-state unchanged for that key, and retries.
+it can turn an index into MAC, IP and port. Every method may raise DriverError, and a refused request must leave
+the switch and the driver as they were; the core logs it, keeps gets safe (a key whose weights cannot be written
+is made dirty, or its rules removed, so its gets go home) and retries with back-off (controller/execution.py).
+Drivers are made by name from the registry (dataplanes/registry.py).
 
 The order of calls the core guarantees (so a driver never has to check it):
 - `install_hot_key` only after every replica with a positive weight holds the value; it installs with the dirty bit
@@ -16,11 +18,12 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
+from typing import Callable, ClassVar, Sequence
 
 from mbalancer.config import Server
 
 MirrorHandler = Callable[[bytes], None]  # called with each mirrored write as a whole Ethernet frame
+ReconnectHandler = Callable[[], None]  # called when the switch came back empty (restarted, reloaded)
 
 
 class DriverError(RuntimeError):
@@ -54,13 +57,17 @@ class Counters:
 
 
 class Driver(ABC):
-    """One data plane. Implementations: controller/drivers/ (recording for tests and dry runs; eBPF, P4 next)."""
+    """One data plane. Implementations: controller/drivers/ (recording for tests and dry runs, eBPF)."""
 
     name = "abstract"
+    max_replicas: ClassVar[int | None] = None  # servers one hot key can be spread over (home included); None: any
 
     @abstractmethod
-    def attach(self, servers: Sequence[Server], on_mirror: MirrorHandler) -> None:
-        """Start: learn the servers, begin delivering mirrored writes to `on_mirror` (from any thread)."""
+    def attach(self, servers: Sequence[Server], on_mirror: MirrorHandler,
+               on_reconnect: ReconnectHandler | None = None) -> None:
+        """Start: learn the servers, begin delivering mirrored writes to `on_mirror` (from any thread). A driver
+        that sees its switch come back empty (restarted, reloaded) forgets what it had installed and calls
+        `on_reconnect` (from any thread); the core then installs every hot key again."""
 
     @abstractmethod
     def install_hot_key(self, key: bytes, home: int, replicas: Sequence[ReplicaWeight]) -> None:
@@ -84,7 +91,8 @@ class Driver(ABC):
 
     @abstractmethod
     def read_counters(self) -> Counters:
-        """Counters since attach."""
+        """Counters since attach. Called from any thread (the HTTP server's), never under the core's lock: an
+        implementation guards its own bookkeeping."""
 
     def close(self) -> None:
         """Stop delivering mirrors and release the data plane (tables may stay: the switch keeps forwarding)."""

@@ -9,6 +9,11 @@ Invariants (the reason for every ordering below):
 - A mirrored write: wait (briefly) until the home shows it (its CAS changes, or for a set, the value equals the
   mirrored one), push the home's item to the replicas (or delete them), clear the dirty bit, and check the CAS once
   more: if another write slipped in, set the bit again and repeat.
+- A driver call that fails leaves gets safe, then is retried with back-off: weights that cannot be written make
+  the key dirty, and if that fails too its rules are removed (gets go home untouched either way) and reinstalled
+  later; a dirty bit that cannot be cleared stays set (safe) and the clear is retried; an install the driver
+  refuses is not tried again (nor its value copied again) before its back-off ends.
+- A switch that came back empty (the driver's reconnect) gets every hot key installed again, dirty, then settled.
 Only the core's worker thread calls in here.
 """
 from __future__ import annotations
@@ -29,6 +34,8 @@ log = logging.getLogger(__name__)
 BACKOFF_FIRST = 0.1  # seconds before the first retry of a failed copy or delete; doubles each time
 BACKOFF_MAX = 5.0
 RETRY_LIMIT = 8  # then the failure is logged and left to the health checker / the next report
+REFUSED_BACKOFF_MAX = 60.0  # seconds at most between installs of a key the driver keeps refusing
+KEY_LEVEL = -1  # the server of a retry that concerns the key's rules, not one server's copy
 SYNC_WAIT = 0.05  # how long a mirrored write may take to show on the home server (it arrives in microseconds)
 SYNC_ROUNDS = 3  # copies retried when writes keep landing during a sync; then the key stays dirty (served home)
 
@@ -41,7 +48,8 @@ class HotKey:
     holding: set[int]  # servers known to hold the home's current item (the home included)
     synced_cas: int | None  # the home's CAS the copies were made from (None: the key is absent everywhere)
     since: float
-    dirty: bool = True
+    dirty: bool = True  # as the data plane has it, as far as the core knows
+    installed: bool = True  # the switch holds the key's rules (False while a reinstall is pending)
     syncs: int = 0
     last_sync_ms: float | None = None
 
@@ -57,7 +65,10 @@ class HotKey:
 
 @dataclass
 class Retry:
-    action: str  # "refill" (copy home -> server, then give it weight) or "delete" (an extra copy after cool-down)
+    # refill: copy home -> server, then give it weight; delete: an extra copy after cool-down (per server);
+    # rules: write the key's weights; settle: clear its dirty bit once the copies match; install: its rules again;
+    # cool: remove its rules, then its copies (per key: server is KEY_LEVEL)
+    action: str
     key: bytes
     server: int
     attempt: int = 0
@@ -74,15 +85,27 @@ class Executor:
         self.retries: dict[tuple[str, bytes, int], Retry] = {}
         self.sync_ms: deque[float] = deque(maxlen=1000)  # mirrored write -> replicas updated and bit cleared
         self.down: set[int] = set()
+        self.refused: dict[bytes, Retry] = {}  # installs the driver refused: not tried again before `due`
 
     # --- the plan ---------------------------------------------------------------------------------------------
     def apply(self, changes: tuple[Change, ...]) -> None:
         for change in changes:  # the planner lists cools first: they free room and load before warms
-            getattr(self, change.action)(change)
+            if change.action == "warm":
+                self.warm(change)
+            elif change.action == "cool":
+                self.cool(change)
+            elif change.action == "reweight":
+                self.reweight(change)
+            else:
+                raise ValueError(f"unknown change {change.action!r} for {change.key!r}")
 
     def warm(self, change: Change) -> None:
         key, p = change.key, change.placement
         started = self.clock()
+        refused = self.refused.get(key)
+        if refused is not None and refused.due > started:
+            return self.decide("skip", key, f"the driver refused its rules {refused.attempt} time(s) ("
+                                            f"{refused.last_error}); next try in {refused.due - started:.1f} s")
         try:
             item = self.replicator.read(p.home, key)
         except MetaError as err:
@@ -100,7 +123,12 @@ class Executor:
             self.driver.install_hot_key(key, p.home, hot.weights())
         except DriverError as err:
             self.replicator.delete(key, holding - {p.home})
-            return self.decide("skip", key, f"the driver refused the rules: {err}")
+            attempt = refused.attempt + 1 if refused else 1
+            wait = min(BACKOFF_FIRST * 2 ** attempt, REFUSED_BACKOFF_MAX)
+            self.refused[key] = Retry("install", key, KEY_LEVEL, attempt, started + wait, str(err))
+            return self.decide("skip", key, f"the driver refused the rules: {err}; copies deleted, next try in "
+                                            f"{wait:.1f} s at the earliest")
+        self.refused.pop(key, None)
         self.hot[key] = hot
         for server in failed:
             self._schedule("refill", key, server, failed[server])
@@ -111,34 +139,50 @@ class Executor:
                                  + ("" if settled else "; left dirty (written during the copy)")
                                  + (f"; copy failed on {_errors(failed)}, retrying" if failed else ""))
 
-    def cool(self, change: Change) -> None:
+    def cool(self, change: Change, attempt: int = 0) -> None:
         key = change.key
         hot = self.hot.get(key)
         if hot is None:
             return
-        try:
-            self.driver.remove_hot_key(key)
-        except DriverError as err:
-            return self.decide("error", key, f"cool-down postponed, the driver refused to remove the rules: {err}")
+        if hot.installed:
+            try:
+                self.driver.remove_hot_key(key)
+            except DriverError as err:
+                self._schedule("cool", key, KEY_LEVEL, str(err), attempt)
+                return self.decide("error", key, f"cool-down postponed, the driver refused to remove the rules: "
+                                                 f"{err}; retrying")
         del self.hot[key]
-        self._cancel(key, "refill")
+        for action in ("refill", "rules", "settle", "install", "cool"):
+            self._cancel(key, action)
         extras = [s for s in hot.placement.replicas if s != hot.placement.home]
         for server, error in self.replicator.delete(key, extras).items():
             self._schedule("delete", key, server, error)
         self.decide("cool", key, f"{change.reason}; rules removed, then copies on {extras} deleted")
 
     def reweight(self, change: Change) -> None:
+        """New weights; if the driver refuses, the old ones stay (both are safe) and the next report asks again."""
         hot = self.hot.get(change.key)
         if hot is None:
             return
         previous, hot.placement = hot.placement, change.placement
-        try:
-            self.driver.set_weights(change.key, hot.weights())
-        except DriverError as err:
-            hot.placement = previous
-            return self.decide("error", change.key, f"weights not changed, the driver refused: {err}")
+        if hot.installed:
+            try:
+                self.driver.set_weights(change.key, hot.weights())
+            except DriverError as err:
+                hot.placement = previous
+                return self.decide("error", change.key, f"weights not changed, the driver refused: {err}")
         self.decide("reweight", change.key, f"{change.reason}: " + ", ".join(
             f"{r.server}={r.weight:.2f}" for r in hot.weights()))
+
+    def replay(self) -> None:
+        """The switch came back empty: every hot key is installed again, dirty (its copies may have missed writes
+        while no rule mirrored them), then settled against the home's CAS."""
+        for key, hot in self.hot.items():
+            hot.installed, hot.dirty = False, True
+            for action in ("rules", "settle", "install"):
+                self._cancel(key, action)
+            self._install(key, hot)
+        self.decide("replay", None, f"the data plane came back empty: {len(self.hot)} hot keys installed again")
 
     # --- coherence ------------------------------------------------------------------------------------------
     def sync(self, key: bytes, data: bytes | None, received: float) -> None:
@@ -187,8 +231,11 @@ class Executor:
             for server, error in failed.items():
                 self._schedule("refill", key, server, error)
 
-    def _settle(self, key: bytes, hot: HotKey) -> bool:
-        """Clear the dirty bit if the copies match the home; re-copy while writes keep landing. True if cleared."""
+    def _settle(self, key: bytes, hot: HotKey, attempt: int = 0) -> bool:
+        """Clear the dirty bit if the copies match the home; re-copy while writes keep landing. True if cleared.
+        When it cannot finish, the bit stays set (gets go home) and the settle is retried with back-off."""
+        if not hot.installed:
+            return False  # its reinstall settles it
         home = hot.placement.home
         for _ in range(SYNC_ROUNDS):
             try:
@@ -199,8 +246,12 @@ class Executor:
                     self._dirty(key, hot, True)  # a write landed while clearing: its mirror is on its way
                 self._push(key, hot, self.replicator.read(home, key))
             except (MetaError, DriverError) as err:
-                self.decide("error", key, f"left dirty (gets go home): {err}")
+                if not hot.dirty:  # cleared, then the check or the re-set failed: the copies may be stale
+                    self._protect(key, hot, str(err))
+                self._schedule("settle", key, KEY_LEVEL, str(err), attempt)
+                self.decide("error", key, f"left dirty (gets go home), retrying: {err}")
                 return False
+        self._schedule("settle", key, KEY_LEVEL, "writes kept landing during the sync", attempt)
         return False
 
     # --- health -------------------------------------------------------------------------------------------------
@@ -224,17 +275,47 @@ class Executor:
     # --- retries --------------------------------------------------------------------------------------------
     def run_due(self) -> None:
         now = self.clock()
-        for retry in [r for r in self.retries.values() if r.due <= now]:
+        for retry in sorted((r for r in self.retries.values() if r.due <= now), key=lambda r: r.due):
+            if self.retries.get((retry.action, retry.key, retry.server)) is not retry:
+                continue  # replaced or cancelled by an earlier retry of this round
             del self.retries[(retry.action, retry.key, retry.server)]
-            if retry.action == "refill":
-                self._refill(retry)
-            else:
-                failed = self.replicator.delete(retry.key, [retry.server])
-                if failed:
-                    self._schedule("delete", retry.key, retry.server, failed[retry.server], retry.attempt + 1)
+            self._run(retry)
+
+    def _run(self, retry: Retry) -> None:
+        key, hot, attempt = retry.key, self.hot.get(retry.key), retry.attempt + 1
+        if retry.action == "refill":
+            self._refill(retry)
+        elif retry.action == "delete":
+            failed = self.replicator.delete(key, [retry.server])
+            if failed:
+                self._schedule("delete", key, retry.server, failed[retry.server], attempt)
+        elif hot is None:
+            return  # the key cooled meanwhile: nothing left to retry
+        elif retry.action == "rules":
+            self._set_weights(key, hot, attempt)
+            if hot.dirty and hot.installed and ("rules", key, KEY_LEVEL) not in self.retries:
+                self._settle(key, hot)  # the weights are in: the key need not stay at home
+        elif retry.action == "settle":
+            self._settle(key, hot, attempt)
+        elif retry.action == "install":
+            self._install(key, hot, attempt)
+        elif retry.action == "cool":
+            self.cool(Change("cool", key, None, "retried"), attempt)
+        else:
+            raise ValueError(f"unknown retry {retry.action!r}")
 
     def next_due(self) -> float | None:
         return min((r.due for r in self.retries.values()), default=None)
+
+    def _install(self, key: bytes, hot: HotKey, attempt: int = 0) -> None:
+        """The key's rules again (after a reconnect, or after they were removed to keep gets safe), then settle."""
+        try:
+            self.driver.install_hot_key(key, hot.placement.home, hot.weights())
+        except DriverError as err:
+            self._schedule("install", key, KEY_LEVEL, str(err), attempt)
+            return self.decide("error", key, f"rules not installed again ({err}); gets go home meanwhile; retrying")
+        hot.installed, hot.dirty = True, True
+        self._settle(key, hot)
 
     def _refill(self, retry: Retry) -> None:
         key, server = retry.key, retry.server
@@ -267,13 +348,35 @@ class Executor:
         for retry_key in [k for k in self.retries if k[0] == action and k[1] == key]:
             del self.retries[retry_key]
 
-    def _set_weights(self, key: bytes, hot: HotKey) -> None:
+    def _set_weights(self, key: bytes, hot: HotKey, attempt: int = 0) -> None:
+        """Write the key's weights now (a replica lost its copy, or got it back); if the driver refuses, keep gets
+        away from the replicas and retry."""
+        if not hot.installed:
+            return  # its reinstall writes the current weights
         try:
             self.driver.set_weights(key, hot.weights())
         except DriverError as err:
-            # The replica must not be used: keep the key dirty (served at home) until weights can be written.
-            self.decide("error", key, f"weights not written ({err}); key kept dirty so gets go home")
+            self._schedule("rules", key, KEY_LEVEL, str(err), attempt)
+            self._protect(key, hot, f"weights not written ({err})")
+
+    def _protect(self, key: bytes, hot: HotKey, why: str) -> None:
+        """Make the data plane send the key's gets home: set its dirty bit, or if that fails remove its rules
+        (and reinstall them later). Never raises: it is what the core does when a driver call has failed."""
+        try:
             self._dirty(key, hot, True)
+            return self.decide("error", key, f"{why}; key kept dirty so gets go home")
+        except DriverError as err:
+            dirty_error = err
+        try:
+            self.driver.remove_hot_key(key)
+        except DriverError as err:
+            return self.decide("error", key, f"{why}; the data plane refused the dirty bit ({dirty_error}) and the "
+                                             f"removal ({err}): gets may reach a stale replica until a retry lands")
+        hot.installed, hot.dirty = False, True
+        self._cancel(key, "rules")
+        self._schedule("install", key, KEY_LEVEL, str(dirty_error))
+        self.decide("error", key, f"{why}; the dirty bit was refused too ({dirty_error}): rules removed so gets go "
+                                  f"home, reinstalling")
 
     def _dirty(self, key: bytes, hot: HotKey, dirty: bool) -> None:
         self.driver.set_dirty(key, dirty)

@@ -11,7 +11,7 @@ from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
-from controller.reports import MonitorReport
+from mbalancer.monitor_report import MonitorReport
 
 
 def estimate_loads(report: MonitorReport, servers: int, home_of: Callable[[bytes], int],

@@ -21,7 +21,7 @@ from controller.driver import ReplicaWeight
 from controller.hysteresis import HotKeyTracker
 from controller.load import estimate_loads, imbalance_factor
 from controller.placement import least_loaded_group, replica_weights, replicas_of, server_groups
-from controller.reports import MonitorReport
+from mbalancer.monitor_report import MonitorReport
 from mbalancer.config import Balancing
 
 REWEIGHT_STEP = 0.05  # smaller moves of a weight are not worth a table write

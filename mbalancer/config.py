@@ -60,14 +60,31 @@ class Controller:
 
 
 @dataclass(frozen=True)
+class DataPlane:
+    kind: str = "none"  # the data plane the controller drives, by its name in dataplanes/registry.py
+    sections: tuple[tuple[str, Any], ...] = ()  # (kind, its [dataplane.<kind>] section as its Settings dataclass)
+
+    @property
+    def settings(self) -> Any:
+        """The chosen kind's settings (None: a kind without any)."""
+        return dict(self.sections).get(self.kind)
+
+    def choose(self, kind: str) -> "DataPlane":
+        """The same sections with another kind (e.g. from --driver); ConfigError if it cannot drive a switch."""
+        _check_kind(kind)
+        return DataPlane(kind, self.sections)
+
+
+@dataclass(frozen=True)
 class Config:
     servers: tuple[Server, ...]
     balancing: Balancing = field(default_factory=Balancing)
     monitor: Monitoring = field(default_factory=Monitoring)
     controller: Controller = field(default_factory=Controller)
+    dataplane: DataPlane = field(default_factory=DataPlane)
 
 
-SECTIONS = {"servers", "balancing", "monitor", "controller"}
+SECTIONS = {"servers", "balancing", "monitor", "controller", "dataplane"}
 
 
 def load_config(path: Path | str) -> Config:
@@ -104,7 +121,44 @@ def parse_config(raw: dict[str, Any]) -> Config:
                           f"(got {controller.health_interval})")
     if controller.health_failures < 1:
         raise ConfigError(f"controller.health_failures: at least 1 probe (got {controller.health_failures})")
-    return Config(servers, balancing, monitor, controller)
+    return Config(servers, balancing, monitor, controller, parse_dataplane(raw.get("dataplane", {})))
+
+
+def parse_dataplane(raw: Any) -> DataPlane:
+    """The [dataplane] section: `kind` and each kind's own sub-table, checked against the registry (every
+    sub-table is checked, so a typo in one that is not in use is caught too)."""
+    from dataplanes.registry import KINDS  # here: the registry reads its sections with parse_section below
+    if not isinstance(raw, dict):
+        raise ConfigError("dataplane: must be a table ([dataplane])")
+    _no_unknown("dataplane.", raw, {"kind"} | {k.name for k in KINDS.values() if k.settings})
+    kind = raw.get("kind", DataPlane.kind)
+    if not isinstance(kind, str):
+        raise ConfigError(f"dataplane.kind: expected str, got {kind!r}")
+    _check_kind(kind)
+    return DataPlane(kind, tuple((k.name, k.parse_settings(raw.get(k.name))) for k in KINDS.values() if k.settings))
+
+
+def _check_kind(name: str) -> None:
+    from dataplanes.registry import KINDS, UnknownDataPlane, get
+    try:
+        kind = get(name)
+    except UnknownDataPlane as err:
+        raise ConfigError(f"dataplane.kind: {err}") from None
+    if kind.missing:
+        raise ConfigError(f"dataplane.kind: {name}: {kind.missing}")
+    if kind.driver is None:
+        raise ConfigError(f"dataplane.kind: {name} has no controller driver "
+                          f"(choose from {', '.join(k.name for k in KINDS.values() if k.driver and not k.missing)})")
+
+
+def parse_section(values: Any, where: str, kind: type) -> Any:
+    """A table of settings as the dataclass `kind` (every field has a default); unknown keys and values of the
+    wrong type are errors naming the field, e.g. `dataplane.ebpf.switches: ...`."""
+    if not isinstance(values, dict):
+        raise ConfigError(f"{where}: must be a table ([{where}])")
+    fields = kind.__dataclass_fields__
+    _no_unknown(where + ".", values, set(fields))
+    return kind(**{k: _typed(f"{where}.{k}", v, fields[k].type) for k, v in values.items()})
 
 
 def _server(index: int, entry: Any) -> Server:
@@ -153,12 +207,7 @@ def _balancing(raw: Any, servers: int) -> Balancing:
 
 
 def _section(raw: dict, name: str, kind: type):
-    values = raw.get(name, {})
-    if not isinstance(values, dict):
-        raise ConfigError(f"{name}: must be a table ([{name}])")
-    fields = kind.__dataclass_fields__
-    _no_unknown(name + ".", values, set(fields))
-    return kind(**{k: _typed(f"{name}.{k}", v, fields[k].type) for k, v in values.items()})
+    return parse_section(raw.get(name, {}), name, kind)
 
 
 def _typed(where: str, value: Any, annotation: str) -> Any:
@@ -172,7 +221,11 @@ def _typed(where: str, value: Any, annotation: str) -> Any:
         return value
     if "str" in allowed and isinstance(value, str):
         return value
-    raise ConfigError(f"{where}: expected {' or '.join(a for a in allowed if a != 'None')}, got {value!r}")
+    if "tuple[str, ...]" in allowed and isinstance(value, list) and all(isinstance(v, str) for v in value):
+        return tuple(value)
+    names = {"tuple[str, ...]": "a list of strings"}
+    raise ConfigError(f"{where}: expected {' or '.join(names.get(a, a) for a in allowed if a != 'None')}, "
+                      f"got {value!r}")
 
 
 def _list(raw: dict, name: str) -> list:

@@ -16,7 +16,7 @@ from typing import Callable, Iterator, Sequence
 
 from mbalancer.memcache.udp import SO_RCVBUFFORCE
 from monitor.bpf import assemble, request_filter
-from monitor.frames import LINKTYPE_ETHERNET
+from mbalancer.packets import LINKTYPE_ETHERNET
 
 ETH_P_ALL = 0x0003
 SO_ATTACH_FILTER = 26

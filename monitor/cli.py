@@ -1,11 +1,9 @@
 """`mbalancer monitor`: the hot keys of live traffic (--iface) or of a capture file (--pcap), per interval.
 
-Output contract: with --json, one JSON object per interval on stdout:
-{"time", "interval", "total", "rate", "top": [{"key", "count", "rate", "share", "error"}, ...], "packets",
- "sample", "skipped": {reason: n}, "ignored"}, and live also "kernel_received" and "kernel_dropped" (requests the
-socket lost for lack of buffer: counts are short by that much); counts are estimated gets (scaled by --sample), `error` bounds how
-much `count` may overstate. --push URL POSTs the same object to the controller. Exit 2 for bad options or an
-unreadable --pcap or --iface.
+Output: with --json, one JSON object per interval on stdout, the report that mbalancer/monitor_report.py defines
+field by field (FIELDS there; `mbalancer monitor --help` lists them); --push URL POSTs the same object to the
+controller. Live capture says on stderr when it is listening ("capturing on ..."), so scripts can wait for it.
+Exit 2 for bad options or an unreadable --pcap or --iface.
 """
 from __future__ import annotations
 
@@ -17,12 +15,14 @@ import time
 from typing import Callable
 
 from monitor.capture import CaptureError, LiveCapture
-from monitor.frames import SUPPORTED_LINKTYPES
+from mbalancer.monitor_report import FIELDS
+from mbalancer.packets import SUPPORTED_LINKTYPES
 from monitor.monitor import Monitor
 from monitor.outputs import Fanout, HttpPush, JsonLines, TerminalView
 from monitor.pcapfile import CaptureFile, PcapError
 
 log = logging.getLogger(__name__)
+READY = "capturing on"  # said on stderr once the live socket and its filter are in place
 Fail = Callable[[str], None]
 
 
@@ -30,7 +30,8 @@ def register(commands: argparse._SubParsersAction) -> None:
     parser = commands.add_parser(
         "monitor", help="find the hot keys in live traffic or a capture file",
         description="Count memcached get requests per key (UDP and TCP) in bounded memory and report the top keys "
-                    "every interval.")
+                    "every interval.",
+        epilog="report fields (--json, --push): " + "; ".join(f"{name}: {text}" for name, text in FIELDS.items()))
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--iface", help="capture live on this interface, or on several: a,b,c (each request is "
                                         "counted where it arrives; needs root)")
@@ -92,6 +93,7 @@ def _capture(monitor: Monitor, args: argparse.Namespace) -> str:
     stopping = []
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, lambda *_: stopping.append(True))
+    print(f"mbalancer monitor: {READY} {args.iface}, port {args.port}", file=sys.stderr, flush=True)
     try:
         for timestamp, frame in capture.frames(until, wake_every=args.interval / 4, stop=lambda: bool(stopping)):
             if frame is None:

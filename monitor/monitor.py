@@ -9,13 +9,14 @@ import logging
 from collections import Counter
 from typing import Any, Callable
 
-from mbalancer.memcache.keys import key_to_text, printable_key
-from monitor.frames import memcached_segment
-from monitor.get_keys import get_keys
+from mbalancer.memcache.keys import printable_key
+from mbalancer.memcache.segment_keys import get_keys
+from mbalancer.monitor_report import KeyRate, MonitorReport
+from mbalancer.packets import memcached_segment
 from monitor.heavy_hitters import SpaceSaving
 
 log = logging.getLogger(__name__)
-Report = dict[str, Any]
+Report = dict[str, Any]  # a MonitorReport as JSON (mbalancer/monitor_report.py defines every field)
 # Frame outcomes that are other traffic, not broken memcached: counted apart from "skipped".
 IGNORED = ("not IPv4", "other port", "not UDP or TCP", "IPv4 fragment")
 MAX_EMPTY_REPORTS = 1000  # intervals reported at most for one gap in the traffic
@@ -78,14 +79,12 @@ class Monitor:
         hitters = self.summary.top(self.top)  # merges the pending batch, so total is complete
         length = end - self.window_start
         total = self.summary.total * self.sample
-        report = {
-            "time": end, "interval": length, "total": total, "rate": total / length,
-            "top": [{"key": key_to_text(h.key), "count": h.count * self.sample,
-                     "rate": h.count * self.sample / length, "share": h.count / max(self.summary.total, 1),
-                     "error": h.error * self.sample} for h in hitters],
-            "packets": self.packets, "sample": self.sample, "skipped": dict(self.skipped), "ignored": self.ignored,
-            **(self.source_counters() if self.source_counters else {}),
-        }
+        report = MonitorReport(
+            time=end, interval=length, total=total, rate=total / length,
+            top=tuple(KeyRate(h.key, h.count * self.sample / length, h.count * self.sample,
+                              h.count / max(self.summary.total, 1), h.error * self.sample) for h in hitters),
+            packets=self.packets, sample=self.sample, skipped=dict(self.skipped), ignored=self.ignored,
+            **(self.source_counters() if self.source_counters else {})).to_json()
         self.totals.update(packets=self.packets, gets=self.summary.total, ignored=self.ignored, reports=1,
                            skipped=sum(self.skipped.values()))
         log.info("interval ending %.3f: %d gets, top %s", end, total,

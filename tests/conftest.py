@@ -38,12 +38,29 @@ def eventually(check, timeout: float = 10.0, every: float = 0.02) -> bool:
     return bool(check())
 
 
+def wait_for_line(process, text: str, timeout: float = 30.0) -> str:
+    """Read the process's stderr (a text pipe) until a line contains `text`; returns what was read. Fails the test
+    if the process exits or the time runs out first (start-up time depends on the machine: wait, never guess)."""
+    import select
+    import time
+    deadline, seen = time.monotonic() + timeout, []
+    while (left := deadline - time.monotonic()) > 0:
+        if select.select([process.stderr], [], [], left)[0]:
+            line = process.stderr.readline()
+            if not line:
+                break
+            seen.append(line)
+            if text in line:
+                return "".join(seen)
+    pytest.fail(f"no {text!r} from the process within {timeout:g} s; it said: {''.join(seen)[-2000:]!r}")
+
+
 def why_no_mininet() -> str | None:
     """None if Mininet with the eBPF switch can run here, else why not (for skipif)."""
     import os
     import shutil
 
-    from topologies.ebpf.program import available
+    from dataplanes.ebpf.program import available
     if os.geteuid() != 0:
         return "needs root"
     return available() or (None if shutil.which("mnexec") else "mnexec missing (apt package mininet)")

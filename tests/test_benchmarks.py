@@ -7,48 +7,44 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 
 
+def run_benchmark(script: str, *args: str, timeout: float = 120) -> dict:
+    """Run a benchmark at a smoke size; returns its JSON line. Its target verdict depends on the machine's speed,
+    so only its consistency is checked: exit 0 when it says met, 1 when it says missed."""
+    result = subprocess.run([sys.executable, str(REPO / "experiments/benchmarks" / script), *args],
+                            capture_output=True, text=True, timeout=timeout, cwd=REPO)
+    report = json.loads(result.stdout.strip().splitlines()[-1]) if result.stdout.strip() else {}
+    assert "met" in report, result.stdout + result.stderr
+    assert result.returncode == (0 if report["met"] else 1), result.stdout + result.stderr
+    return report
+
+
 def test_simulation_benchmark_prints_timings():
-    result = subprocess.run([sys.executable, str(REPO / "experiments/benchmarks/bench_simulation.py"),
-                             "--trials", "20"], capture_output=True, text=True, timeout=300, cwd=REPO)
-    assert result.returncode == 0, result.stderr
-    report = json.loads(result.stdout.strip().splitlines()[-1])
+    report = run_benchmark("bench_simulation.py", "--trials", "20", timeout=300)
     assert set(report["seconds"]) == {"3.1", "3.2", "3.3", "4.3"}
-    assert report["total_seconds"] > 0 and report["met"]
+    assert report["total_seconds"] > 0
 
 
 def test_load_benchmark_prints_rates():
-    result = subprocess.run([sys.executable, str(REPO / "experiments/benchmarks/bench_load.py"), "--seconds", "0.2",
-                             "--target", "1000"], capture_output=True, text=True, timeout=120, cwd=REPO)
-    assert result.returncode == 0, result.stderr
-    report = json.loads(result.stdout.strip().splitlines()[-1])
+    report = run_benchmark("bench_load.py", "--seconds", "0.2", "--target", "1000")
     assert {r["protocol"] for r in report["rows"]} == {"udp", "tcp"}
     assert all(r["gets_per_s"] > 0 and r["generator_cores"] > 0 for r in report["rows"])
-    assert report["met"]
 
 
 def test_monitor_benchmark_prints_capture_figures():
-    result = subprocess.run([sys.executable, str(REPO / "experiments/benchmarks/bench_monitor.py"), "--rates", "50000",
-                             "--samples", "1,2", "--seconds", "1", "--trace-packets", "50000", "--target-pps", "40000"],
-                            capture_output=True, text=True, timeout=120, cwd=REPO)
-    assert result.returncode == 0, result.stdout + result.stderr
-    report = json.loads(result.stdout.strip().splitlines()[-1])
+    report = run_benchmark("bench_monitor.py", "--rates", "50000", "--samples", "1,2", "--seconds", "1",
+                           "--trace-packets", "50000", "--target-pps", "40000")
     exact = next(r for r in report["rows"] if r["sample"] == 1)
     assert exact["offered"] == exact["sampled"] == exact["parsed"] == 50_000
     assert exact["seen"] >= 50_000  # the veth may carry a few packets of its own (IPv6 neighbour discovery)
     assert exact["recall"] == 1.0 and exact["worst_rate_error"] == 0.0
-    assert report["met"]
 
 
 def test_controller_benchmark_prints_warm_and_sync_times():
-    result = subprocess.run([sys.executable, str(REPO / "experiments/benchmarks/bench_controller.py"), "--servers", "2",
-                             "--hot", "3", "--value-kb", "10", "--rounds", "2", "--syncs", "3"],
-                            capture_output=True, text=True, timeout=120, cwd=REPO)
-    assert result.returncode == 0, result.stdout + result.stderr
-    report = json.loads(result.stdout.strip().splitlines()[-1])
+    report = run_benchmark("bench_controller.py", "--servers", "2", "--hot", "3", "--value-kb", "10", "--rounds", "2",
+                           "--syncs", "3")
     row = report["rows"][0]
     assert row["copies_per_change"] == 3 and row["copy_failures"] == 0
     assert 0 < row["warm_ms_median"] <= row["warm_ms_max"] and row["set_to_replicas_ms_max"] > 0
-    assert report["met"]
 
 
 def test_ebpf_switch_benchmark_prints_rates_side_by_side():
@@ -56,14 +52,11 @@ def test_ebpf_switch_benchmark_prints_rates_side_by_side():
 
     import pytest
 
-    from topologies.ebpf.program import available
+    from dataplanes.ebpf.program import available
     why_not = available() if os.geteuid() == 0 else "needs root"
     if why_not:
         pytest.skip(f"eBPF data plane cannot run here: {why_not}")
-    result = subprocess.run([sys.executable, str(REPO / "experiments/benchmarks/bench_ebpf_switch.py"), "--packets",
-                             "20000", "--repeats", "1", "--target", "0"], capture_output=True, text=True,
-                            timeout=300, cwd=REPO)
-    assert result.returncode == 0, result.stdout + result.stderr
-    report = json.loads(result.stdout.strip().splitlines()[-1])
+    report = run_benchmark("bench_ebpf_switch.py", "--packets", "20000", "--repeats", "1", "--target", "0",
+                           timeout=300)
     assert report["bridge_cold_pps"] > 0 and report["ebpf_cold_pps"] > 0 and report["ebpf_hot_pps"] > 0
     assert report["hot_gets_balanced"] >= 20000

@@ -8,7 +8,7 @@ from controller.hysteresis import HotKeyTracker
 from controller.load import estimate_loads, imbalance_factor
 from controller.placement import replica_weights, replicas_of, server_groups
 from controller.planner import Placement, Planner
-from controller.reports import MonitorReport, ReportError, parse_report
+from mbalancer.monitor_report import MonitorReport, ReportError, parse_report
 from mbalancer.config import Balancing
 
 

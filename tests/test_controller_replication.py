@@ -164,7 +164,7 @@ def test_a_key_missing_on_its_home_is_not_installed(core):
 
 def test_a_refused_install_leaves_no_copies_behind(core):
     home = store(core, b"hot:3", b"v3")
-    core.driver.fail_next = "install_hot_key"
+    core.driver.refuse("install_hot_key")
     warm(core, b"hot:3")
     assert b"hot:3" not in core.driver.table and not core.executor.hot
     assert held(core, b"hot:3") == [b"v3" if s == home else None for s in range(SERVERS)]
@@ -296,7 +296,8 @@ def test_unreadable_mirrors_are_counted_and_ignored(core, frame):
     core.submit_mirror(frame)
     assert core.wait_idle()
     counters = core.state()["counters"]
-    assert counters["mirrors"] == 1 and counters.get("internal_errors", 0) == 0
+    assert counters["mirrors"] == counters["mirrors_unreadable"] == 1
+    assert counters.get("internal_errors", 0) == 0
 
 
 def test_a_mirror_for_a_key_that_is_not_hot_is_ignored(core):
@@ -348,3 +349,104 @@ def test_state_is_readable_while_the_core_works(core):
     stop.set()
     reader.join()
     assert not errors
+
+
+# --- driver failures: gets stay safe, the core retries ------------------------------------------------------
+def two_hot_keys(core) -> list[bytes]:
+    """Two keys homed away from server 2, warmed on all three servers."""
+    keys = [k for k in (b"f%d" % i for i in range(200)) if core.key_hash.server_of(k) != 2][:2]
+    for key in keys:
+        store(core, key, b"v")
+    warm(core, *keys)
+    assert all(key in core.driver.table and not core.driver.table[key].dirty for key in keys)
+    return keys
+
+
+def take_down(core, server: int) -> None:
+    """What the prober reports when a server misses its probes: the worker handles it, as in production."""
+    for _ in range(core.config.controller.health_failures):
+        core._events.put(("health", server, "no answer (test)"))
+    assert core.wait_idle()
+    assert not core.state()["servers"][server]["up"]
+
+
+def weight_of(driver, key: bytes, server: int) -> float:
+    return {r.server: r.weight for r in driver.table[key].replicas}[server]
+
+
+def test_a_key_whose_weights_and_dirty_bit_are_refused_does_not_stop_a_server_going_down(core):
+    first, second = two_hot_keys(core)
+    core.driver.refuse("set_weights", first, times=100)
+    core.driver.refuse("set_dirty", first, times=100)
+    take_down(core, 2)
+    assert weight_of(core.driver, second, 2) == 0  # the later key is not left on the dead server
+    assert first not in core.driver.table  # the refused one: its rules removed, so its gets go home untouched
+    assert not core.executor.hot[first].installed
+    assert any(r["action"] == "install" and r["key"] == first.decode() for r in core.state()["retries"])
+
+
+def test_refused_weights_keep_the_key_dirty_and_are_retried_until_written(core):
+    key, _ = two_hot_keys(core)
+    core.driver.refuse("set_weights", key, times=2)
+    take_down(core, 2)
+    assert core.driver.table[key].dirty and weight_of(core.driver, key, 2) > 0  # safe: gets go home meanwhile
+    assert eventually(lambda: weight_of(core.driver, key, 2) == 0 and not core.driver.table[key].dirty, timeout=5)
+    assert [c.args[0][2].weight for c in core.driver.calls_of("set_weights") if c.key == key][-1] == 0
+
+
+def test_a_dirty_bit_that_cannot_be_cleared_stays_set_and_is_cleared_later(core):
+    store(core, b"hot:11", b"v")
+    core.driver.refuse("set_dirty", b"hot:11", times=1)
+    warm(core, b"hot:11")
+    assert core.driver.table[b"hot:11"].dirty  # the clear was refused: gets go home
+    assert eventually(lambda: not core.driver.table[b"hot:11"].dirty, timeout=5)
+
+
+def test_an_install_the_driver_refuses_is_not_copied_again_before_its_back_off(core):
+    store(core, b"hot:12", b"v")
+    core.driver.refuse("install_hot_key", b"hot:12", times=100)
+    warm(core, b"hot:12")
+    copies = core.replicator.copies
+    warm(core, b"hot:12")
+    assert core.replicator.copies == copies  # no copy to waste while backing off
+    assert "next try in" in core.state()["decisions"][-1]["reason"]
+
+
+def test_a_switch_that_comes_back_empty_gets_every_hot_key_again(core):
+    keys = two_hot_keys(core)
+    weights = {k: core.driver.table[k].replicas for k in keys}
+    core.driver.reconnect()
+    assert core.wait_idle()
+    assert {k: core.driver.table[k].replicas for k in keys} == weights
+    assert not any(core.driver.table[k].dirty for k in keys)
+    assert core.state()["counters"]["reconnects"] == 1
+
+
+class SlowCountersDriver(RecordingDriver):
+    """read_counters takes as long as a slow switch's round trip."""
+
+    def __init__(self):
+        super().__init__()
+        self.reading, self.release = threading.Event(), threading.Event()
+
+    def read_counters(self):
+        self.reading.set()
+        self.release.wait(10)
+        return super().read_counters()
+
+
+def test_reading_counters_never_holds_up_the_core(servers):
+    driver = SlowCountersDriver()
+    core, _ = make_core([s.port for s in servers], driver)
+    try:
+        reader = threading.Thread(target=core.state)
+        reader.start()
+        assert driver.reading.wait(5)
+        store(core, b"hot:13", b"v")
+        warm(core, b"hot:13")  # handled while a state() call waits for the counters
+        assert b"hot:13" in driver.table
+        driver.release.set()
+        reader.join(5)
+    finally:
+        driver.release.set()
+        core.stop()

@@ -10,14 +10,13 @@ import time
 import pytest
 
 from controller.core import ControllerCore
-from controller.drivers.ebpf import EbpfDriver
 from mbalancer.config import parse_config
 from mbalancer.memcache.addresses import ServerAddress
 from mbalancer.memcache.client import tcp_client
 from mbalancer.memcache.meta import MetaClient, MetaError, StoredItem
 from tests.conftest import eventually
-from topologies.ebpf.program import available
-from topologies.ebpf.tables import Tables
+from dataplanes.ebpf.program import available
+from dataplanes.ebpf.tables import Tables
 from topologies.netns import NamespaceNetwork
 
 why_not = available() if os.geteuid() == 0 else "needs root (namespaces, bpf)"
@@ -75,11 +74,10 @@ def config_of(net: NamespaceNetwork):
 
 @pytest.fixture
 def core(network):
-    driver = EbpfDriver([network.plane.pin_dir], [network.mirror_iface])
-    core = ControllerCore(config_of(network), driver, probe_health=False).start()
+    core = ControllerCore(config_of(network), network.driver(), probe_health=False).start()
     yield core
     core.stop()
-    tables = Tables(network.plane.pin_dir)
+    tables = Tables(network.switch.plane.pin_dir)
     for key in tables.maps["hot_keys"].keys():
         tables.maps["hot_keys"].delete(key)
     tables.close()

@@ -18,7 +18,7 @@ from experiments.endtoend.spec import PRESETS
 from mbalancer.config import Balancing
 from mbalancer.memcache.addresses import ServerAddress
 from tests.conftest import why_no_mininet
-from topologies.ebpf.program import PIN_ROOT
+from dataplanes.ebpf.program import PIN_ROOT
 from topologies.shapes import LinkSpec, TopologyError, host_plan
 from topologies.testbed import TestbedSpec
 
@@ -113,7 +113,7 @@ def test_leaf_spine_reaches_every_host_and_caps_the_server_links():
         from mbalancer.memcache.meta import MetaClient
         for address in bed.addresses:  # the controller's port reaches every memcached through the fabric
             MetaClient(address).ping()
-        pins = bed.pin_dirs
+        pins = [PIN_ROOT / name for name in bed.dataplane().settings.switches]
     assert not any(p.exists() for p in pins)
     assert subprocess.run(["ip", "link", "show", "mbctl-eth0"], capture_output=True).returncode != 0
 

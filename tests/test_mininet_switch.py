@@ -14,11 +14,12 @@ def test_every_host_reaches_every_other(topology):
     from mininet.net import Mininet
     from mininet.topo import LinearTopo, SingleSwitchTopo
 
+    from dataplanes.ebpf.program import PIN_ROOT
     from topologies.mininet_switch import EbpfSwitch
     topo = SingleSwitchTopo(3) if topology == "single" else LinearTopo(k=3, n=1)
     net = Mininet(topo=topo, switch=EbpfSwitch, controller=None, autoSetMacs=True)
     net.start()
-    pins = EbpfSwitch.pin_dirs(net)
+    pins = [PIN_ROOT / name for name in EbpfSwitch.driver_settings(net)["switches"]]
     try:
         assert len(pins) == len(net.switches) and all((p / "prog").exists() for p in pins)
         assert net.pingAll(timeout=2) == 0.0
@@ -41,6 +42,7 @@ def test_a_hot_key_is_balanced_once_across_two_switches():
     from mbalancer.config import Server
     from tests.conftest import eventually
     from tests.test_ebpf_network import CLIENT
+    from dataplanes.ebpf.program import PIN_ROOT
     from topologies.mininet_switch import EbpfSwitch
     net = Mininet(topo=LinearTopo(k=2, n=2), switch=EbpfSwitch, controller=None, autoSetMacs=True)
     net.start()
@@ -55,7 +57,7 @@ def test_a_hot_key_is_balanced_once_across_two_switches():
                   "MetaClient(ServerAddress(sys.argv[1], 11211)).set(b'hot', StoredItem(b'v', 0, -1, 0))")
         for host in servers:
             assert eventually(lambda: host.popen([sys.executable, "-c", setter, host.IP()]).wait() == 0, timeout=10)
-        driver = EbpfDriver(EbpfSwitch.pin_dirs(net))
+        driver = EbpfDriver([PIN_ROOT / name for name in EbpfSwitch.driver_settings(net)["switches"]])
         driver.attach([Server(h.name, h.IP(), h.MAC()) for h in servers], lambda frame: None)
         driver.install_hot_key(b"hot", 0, [ReplicaWeight(0, 0.5), ReplicaWeight(1, 0.5)])
         driver.set_dirty(b"hot", False)

@@ -20,6 +20,8 @@ from experiments.workload.populate import populate
 from experiments.workload.spec import Workload
 from mbalancer.memcache.addresses import ServerAddress
 from mbalancer.memcache.server import MemcachedServer
+from monitor.cli import READY
+from tests.conftest import wait_for_line
 
 REQUESTS = 20_000
 
@@ -130,10 +132,14 @@ def test_bad_options_exit_2(run_cli, args, message):
 
 def live_monitor(server: ServerAddress, *options: str):
     from tests.conftest import MBALANCER
-    process = subprocess.Popen([str(MBALANCER), "monitor", "--iface", "lo", "--port", str(server.port), "--json",
-                                "--interval", "0.5", *options], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                               text=True)
-    time.sleep(1.0)  # the socket is up well before this
+    return started_monitor([str(MBALANCER), "monitor", "--iface", "lo", "--port", str(server.port), "--json",
+                            "--interval", "0.5", *options])
+
+
+def started_monitor(command: list[str]) -> subprocess.Popen:
+    """A live monitor, once it says its socket is listening."""
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    process.early_stderr = wait_for_line(process, READY)
     return process
 
 
@@ -142,7 +148,7 @@ def finish(process) -> tuple[list[dict], str]:
     process.send_signal(signal.SIGINT)
     out, err = process.communicate(timeout=10)
     assert process.returncode == 0, err
-    return [json.loads(line) for line in out.splitlines()], err
+    return [json.loads(line) for line in out.splitlines()], process.early_stderr + err
 
 
 def test_live_capture_counts_every_get(server):
@@ -224,9 +230,8 @@ def test_live_capture_on_several_interfaces_counts_each_request_once():
     with NamespaceNetwork(servers=1, clients=2, tag="mbmon", dataplane="bridge") as net:
         c1, c2 = net.client_hosts
         ports = f"{c1.port},{c2.port},{net.server_hosts[0].port}"
-        process = subprocess.Popen([sys.executable, "-m", "mbalancer.cli", "monitor", "--iface", ports, "--json",
-                                    "--interval", "0.5"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        time.sleep(1.0)
+        process = started_monitor([sys.executable, "-m", "mbalancer.cli", "monitor", "--iface", ports, "--json",
+                                   "--interval", "0.5"])
         for host, count, key in ((c1, 300, "one"), (c2, 200, "two")):
             assert net.run(host, [sys.executable, "-c", client, str(count), key]).returncode == 0
         reports, _ = finish(process)

@@ -7,7 +7,7 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from monitor.frames import LINKTYPE_ETHERNET
+from mbalancer.packets import LINKTYPE_ETHERNET
 from monitor.heavy_hitters import SpaceSaving
 from monitor.monitor import Monitor
 from experiments.workload.trace import get_frames, zipf_trace

@@ -7,9 +7,9 @@ import struct
 import pytest
 
 from mbalancer.memcache.frame import pack_udp_frame
-from monitor.frames import (LINKTYPE_ETHERNET, LINKTYPE_LINUX_SLL, LINKTYPE_LINUX_SLL2, LINKTYPE_NULL, LINKTYPE_RAW,
+from mbalancer.packets import (LINKTYPE_ETHERNET, LINKTYPE_LINUX_SLL, LINKTYPE_LINUX_SLL2, LINKTYPE_NULL, LINKTYPE_RAW,
                             TCP, UDP, Segment, memcached_segment)
-from monitor.get_keys import get_keys
+from mbalancer.memcache.segment_keys import get_keys
 from monitor.monitor import Monitor
 from experiments.workload.trace import ethernet, ipv4, tcp_frame, udp_frame
 

@@ -2,34 +2,35 @@
 
 Like Mininet's own switches it lives in the root namespace; each one loads its own copy of the program and maps
 (pinned under /sys/fs/bpf/mbalancer/<name>/) and attaches it to every one of its ports, so several switches per
-network work and the controller's eBPF driver writes to all of them (`EbpfSwitch.pin_dirs(net)`). With mirror=True
-(the default) it also makes its mirror link `<name>-m` <-> `<name>-mc`: writes to hot keys are cloned to `<name>-m`
-and the driver reads them on `<name>-mc`.
+network work and the controller's eBPF driver writes to all of them (`EbpfSwitch.driver_settings(net)` names
+them). With mirror=True (the default) it also makes its mirror link (dataplanes/ebpf/program.py, mirror_link_of):
+writes to hot keys are cloned to the switch side and the driver reads them on the controller side.
 """
 from __future__ import annotations
 
 import subprocess
-from pathlib import Path
+from typing import Any
 
 from mininet.node import Switch
 
-from topologies.ebpf.program import DataPlane
+from dataplanes.ebpf.program import DataPlane, mirror_link_of
+from topologies.shapes import peer_intf
 
 
 class EbpfSwitch(Switch):
-    def __init__(self, name: str, mirror: bool = True, memcached_port: int = 11211,
+    def __init__(self, name: str, mirror: bool = True, memcached_ports: tuple[int, ...] = (11211,),
                  flood_exclude: tuple[str, ...] = (), **params):
         """flood_exclude: names of neighbour switches this one never floods to (a loop-free flood tree)."""
         super().__init__(name, **params)
         self.mirror = mirror
         self.flood_exclude = set(flood_exclude)
-        self.memcached_port = memcached_port
+        self.memcached_ports = memcached_ports
         self.plane: DataPlane | None = None
 
     @property
     def mirror_iface(self) -> str:
         """The controller's end of this switch's mirror link."""
-        return f"{self.name}-mc"
+        return mirror_link_of(self.name)[1]
 
     def start(self, controllers) -> None:
         self.plane = DataPlane(self.name).load()
@@ -39,8 +40,7 @@ class EbpfSwitch(Switch):
         mirror_ifindex = self.plane.add_mirror_link() if self.mirror else 0
         for port in ports:
             subprocess.run(["ip", "link", "set", port, "up"], check=True)
-        self.plane.serve(ports, mirror_ifindex, self.memcached_port, flood)
-
+        self.plane.serve(ports, mirror_ifindex, self.memcached_ports, flood)
 
     def reload(self) -> None:
         """A fresh program and empty tables on the same ports (experiments start every run from a clean switch)."""
@@ -56,12 +56,6 @@ class EbpfSwitch(Switch):
         super().stop(deleteIntfs)
 
     @staticmethod
-    def pin_dirs(net) -> list[Path]:
-        """Where the eBPF driver finds each switch's maps."""
-        return [s.plane.pin_dir for s in net.switches if isinstance(s, EbpfSwitch) and s.plane]
-
-
-def peer_intf(intf):
-    """The interface at the other end of a Mininet interface's link."""
-    link = intf.link
-    return link.intf2 if link.intf1 is intf else link.intf1
+    def driver_settings(net) -> dict[str, Any]:
+        """The [dataplane.ebpf] section that drives this network's eBPF switches."""
+        return {"switches": [s.name for s in net.switches if isinstance(s, EbpfSwitch) and s.plane]}

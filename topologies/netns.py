@@ -2,11 +2,12 @@
 
     clients c1..cm, servers s1..sn (each its own namespace, eth0 10.0.0.x/24)
         each host's eth0 <-veth-> a switch port in the root namespace (the program on every port's ingress)
-    root namespace: port `<tag>-r` with 10.0.0.254/24 so the controller reaches the servers (through the switch),
-    and the mirror link `<tag>-m` (switch side) <-> `<tag>-mc` (the controller reads mirrored writes there).
+    root namespace: port `<tag>-r` with 10.0.0.254/24 so the controller reaches the servers (through the switch).
 
-Everything it makes is named after `tag` and removed by close(), also after a failed start; processes started with
-`popen` are stopped by PID.
+The switch is a data plane from the registry (dataplanes/registry.py) that has a namespace switch: `ebpf` (the
+program on every port, plus its mirror link) or `bridge` (a Linux bridge: the benchmarks' baseline). `driver()`
+gives the controller's driver for it. Everything it makes is named after `tag` and removed by close(), also after
+a failed start; processes started with `popen` are stopped by PID.
 """
 from __future__ import annotations
 
@@ -14,8 +15,11 @@ import shlex
 import subprocess
 from dataclasses import dataclass, field
 
+from typing import Any
+
+from dataplanes import registry
+from dataplanes.ebpf.program import DataPlane, DataPlaneError
 from mbalancer.processes import stop_process
-from topologies.ebpf.program import DataPlane, DataPlaneError
 
 SUBNET = "10.0.0"
 ROOT_IP = f"{SUBNET}.254"
@@ -37,15 +41,51 @@ def _sh(*args: str, check: bool = True) -> subprocess.CompletedProcess:
     return result
 
 
+class EbpfPorts:
+    """The eBPF data plane over the network's switch ports, with its mirror link."""
+
+    def __init__(self, tag: str):
+        self.plane = DataPlane(tag)
+
+    def start(self, ports: list[str]) -> None:
+        self.plane.load()
+        self.plane.serve(ports, self.plane.add_mirror_link())
+
+    def close(self) -> None:
+        self.plane.unload()
+
+    def driver_settings(self) -> dict[str, Any]:
+        return {"switches": [self.plane.name]}
+
+
+class BridgePorts:
+    """A Linux bridge over the network's switch ports: forwarding only."""
+
+    def __init__(self, tag: str):
+        self.name = f"{tag}-br"
+
+    def start(self, ports: list[str]) -> None:
+        _sh("ip", "link", "add", self.name, "type", "bridge")
+        for port in ports:
+            _sh("ip", "link", "set", port, "master", self.name)
+        _sh("ip", "link", "set", self.name, "up")
+
+    def close(self) -> None:
+        _sh("ip", "link", "del", self.name, check=False)
+
+    def driver_settings(self) -> dict[str, Any]:
+        return {}
+
+
 @dataclass
 class NamespaceNetwork:
     servers: int = 2
     clients: int = 1
     tag: str = "mb"
-    dataplane: str = "ebpf"  # or "bridge": the same topology forwarded by a Linux bridge (benchmark baseline)
+    dataplane: str = "ebpf"  # a registry name with a namespace switch: ebpf, or bridge (benchmark baseline)
     hosts: list[Host] = field(default_factory=list)
     processes: list[subprocess.Popen] = field(default_factory=list)
-    plane: DataPlane | None = None
+    switch: Any = None  # the data plane's namespace switch, once started
 
     @property
     def server_hosts(self) -> list[Host]:
@@ -55,25 +95,23 @@ class NamespaceNetwork:
     def client_hosts(self) -> list[Host]:
         return [h for h in self.hosts if h.name.startswith("c")]
 
-    @property
-    def mirror_iface(self) -> str:
-        return f"{self.tag}-mc"  # made by the data plane (DataPlane.add_mirror_link)
+    def driver(self):
+        """The controller's driver for this network's switch (the registry's, with this switch's settings)."""
+        kind = registry.get(self.dataplane)
+        return kind.make_driver(kind.parse_settings(self.switch.driver_settings()))
 
     def start(self) -> "NamespaceNetwork":
         if len(self.tag) > 8:
             raise ValueError("tag: at most 8 characters (interface names are short)")
+        switch_class = registry.get(self.dataplane).namespace_switch_class()  # refuses a name without one
         try:
-            self._build()
+            self._build(switch_class)
         except Exception:
             self.close()
             raise
         return self
 
-    def _build(self) -> None:
-        if self.dataplane not in ("ebpf", "bridge"):
-            raise ValueError(f"dataplane: ebpf or bridge (got {self.dataplane!r})")
-        if self.dataplane == "ebpf":
-            self.plane = DataPlane(self.tag).load()
+    def _build(self, switch_class: type) -> None:
         names = [f"s{i + 1}" for i in range(self.servers)] + [f"c{i + 1}" for i in range(self.clients)]
         for number, name in enumerate(names, 1):
             host = Host(name, f"{self.tag}-{name}", f"{SUBNET}.{number}", f"02:00:00:00:00:{number:02x}",
@@ -93,13 +131,8 @@ class NamespaceNetwork:
         for iface in ports + [root]:
             _sh("sysctl", "-qw", f"net.ipv6.conf.{iface}.disable_ipv6=1", check=False)  # no IPv6 chatter
             _sh("ip", "link", "set", iface, "up")
-        if self.plane is None:
-            _sh("ip", "link", "add", f"{self.tag}-br", "type", "bridge")
-            for port in ports:
-                _sh("ip", "link", "set", port, "master", f"{self.tag}-br")
-            _sh("ip", "link", "set", f"{self.tag}-br", "up")
-            return
-        self.plane.serve(ports, self.plane.add_mirror_link())
+        self.switch = switch_class(self.tag)
+        self.switch.start(ports)
 
     def popen(self, host: Host, command: list[str], **kwargs) -> subprocess.Popen:
         """Start a process inside a host's namespace; close() stops it."""
@@ -115,10 +148,10 @@ class NamespaceNetwork:
         for process in self.processes:
             stop_process(process)
         self.processes.clear()
-        if self.plane is not None:
-            self.plane.unload()
-            self.plane = None
-        for iface in [f"{self.tag}-r", f"{self.tag}-br"] + [h.port for h in self.hosts]:
+        if self.switch is not None:
+            self.switch.close()
+            self.switch = None
+        for iface in [f"{self.tag}-r"] + [h.port for h in self.hosts]:
             _sh("ip", "link", "del", iface, check=False)
         for host in self.hosts:
             _sh("ip", "netns", "del", host.netns, check=False)

@@ -13,20 +13,18 @@ from __future__ import annotations
 import logging
 import subprocess
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
-from mbalancer.config import Server
+from dataplanes import registry
+from mbalancer.config import DataPlane, Server
 from mbalancer.memcache.addresses import ServerAddress
 from mbalancer.memcache.server import MemcachedServer
 from mbalancer.processes import stop_process
-from topologies.mininet_switch import EbpfSwitch, peer_intf
-from topologies.shapes import CONTROLLER_HOST, TOPOLOGIES, LeafSpineTopo, LinkSpec, SingleSwitchTopo, TopologyError
+from topologies.shapes import (CONTROLLER_HOST, TOPOLOGIES, LeafSpineTopo, LinkSpec, SingleSwitchTopo, TopologyError,
+                               peer_intf)
 
 log = logging.getLogger(__name__)
 
-DATAPLANES = ("ebpf",)
-NOT_YET = {"p4": "the P4Runtime driver (bmv2) has not landed", "openflow": "the OpenFlow (Ryu) driver has not landed"}
 MEMCACHED_PORT = 11211
 
 
@@ -37,7 +35,7 @@ class TestbedSpec:
     clients: int = 2
     leaves: int = 2
     spines: int = 2
-    dataplane: str = "ebpf"
+    dataplane: str = "ebpf"  # a data plane of the registry with a Mininet switch
     server_link: LinkSpec = LinkSpec()
     client_link: LinkSpec = LinkSpec()
     fabric_link: LinkSpec = LinkSpec()
@@ -47,10 +45,11 @@ class TestbedSpec:
     def check(self) -> None:
         if self.topology not in TOPOLOGIES:
             raise TopologyError(f"topology must be one of {', '.join(TOPOLOGIES)} (got {self.topology!r})")
-        if self.dataplane in NOT_YET:
-            raise TopologyError(f"data plane {self.dataplane}: {NOT_YET[self.dataplane]}; use ebpf")
-        if self.dataplane not in DATAPLANES:
-            raise TopologyError(f"data plane must be one of {', '.join(DATAPLANES)} (got {self.dataplane!r})")
+        try:
+            registry.get(self.dataplane).mininet_switch_class()
+        except registry.UnknownDataPlane as err:
+            raise TopologyError(f"{err}; the testbed runs on {', '.join(registry.names('mininet_switch'))}") \
+                from None
         for name in ("server_link", "client_link", "fabric_link"):
             getattr(self, name).check(name.replace("_", " "))
         if self.memcached_threads < 1 or self.memcached_memory_mb < 8:
@@ -86,7 +85,7 @@ class Testbed:
         from mininet.link import TCLink
         from mininet.net import Mininet
 
-        self.net = Mininet(topo=self.spec.topo(), switch=EbpfSwitch, link=TCLink, controller=None,
+        self.net = Mininet(topo=self.spec.topo(), switch=self.switch_class, link=TCLink, controller=None,
                            autoSetMacs=False, waitConnected=False)
         self.net.start()
         for node in self.net.hosts:
@@ -144,6 +143,15 @@ class Testbed:
 
     # --- what experiments use ---------------------------------------------------------------------------------
     @property
+    def switch_class(self) -> type:
+        return registry.get(self.spec.dataplane).mininet_switch_class()
+
+    def dataplane(self) -> DataPlane:
+        """The config's [dataplane] for this network: its kind, with settings naming its switches."""
+        kind = registry.get(self.spec.dataplane)
+        return DataPlane(kind.name, ((kind.name, kind.parse_settings(self.switch_class.driver_settings(self.net))),))
+
+    @property
     def server_hosts(self) -> list:
         return [h for h in self.net.hosts if h.name.startswith("srv")]
 
@@ -163,14 +171,6 @@ class Testbed:
     def monitor_ports(self) -> list[str]:
         """The switch ports the clients' links end on: every request enters the network there once."""
         return [peer_intf(host.defaultIntf()).name for host in self.client_hosts]
-
-    @property
-    def pin_dirs(self) -> list[Path]:
-        return EbpfSwitch.pin_dirs(self.net)
-
-    @property
-    def mirror_ifaces(self) -> list[str]:
-        return [switch.mirror_iface for switch in self.net.switches]
 
     @property
     def controller_port(self) -> str:

@@ -1,13 +1,15 @@
 """The eBPF driver: the controller core's requests as writes to the maps of one or more eBPF switches.
 
-Each switch has its own copy of the program and maps (topologies/ebpf/program.py pins them under
+Each switch has its own copy of the program and maps (dataplanes/ebpf/program.py pins them under
 /sys/fs/bpf/mbalancer/<switch>/); every hot-key request is written to all of them, so a key is balanced by the
 first switch on its path (later switches see the "already balanced" mark). Maps are written through the bpf
-syscall (topologies/ebpf/bpf_syscall.py says why). Mirrored writes arrive as clones on the switch's controller
-port: a capture thread reads them from the controller's end of that link with an AF_PACKET socket.
+syscall (dataplanes/ebpf/bpf_syscall.py says why). Mirrored writes arrive as clones on the switch's controller
+port: a thread reads them from the controller's end of that link with an AF_PACKET socket. The same thread
+notices a switch that was reloaded (its pins lead to new maps): the driver then reopens the maps, forgets its
+slots and asks the core to install everything again.
 
 Slots: each hot key gets a slot, the index of its dirty bit and counters. A slot is freed when the key is removed
-and its counters are reset when it is reused.
+or its install is refused, and its counters are reset when it is reused.
 """
 from __future__ import annotations
 
@@ -15,124 +17,159 @@ import logging
 import select
 import socket
 import threading
+import time
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
 
 from controller.driver import (Counters, Driver, DriverError, ForwardingEntry, KeyCounters, MirrorHandler,
-                               ReplicaWeight)
+                               ReconnectHandler, ReplicaWeight)
+from dataplanes.ebpf import Settings
+from dataplanes.ebpf.bpf_syscall import BpfError
+from dataplanes.ebpf.program import PIN_ROOT, loaded_switches, mirror_link_of
+from dataplanes.ebpf.tables import MAX_HOT, MAX_REPLICAS, HotEntry, Tables, cumulative_weights
 from mbalancer.config import Server
-from topologies.ebpf.bpf_syscall import BpfError
-from topologies.ebpf.tables import MAX_HOT, MAX_REPLICAS, HotEntry, Tables, cumulative_weights
 
 log = logging.getLogger(__name__)
 ETH_P_ALL = 0x0003
 PACKET_OUTGOING = 4
+WATCH_EVERY = 0.5  # seconds between checks that the switches are still the ones whose maps are open
+
+
+def driver_from_settings(settings: Settings) -> "EbpfDriver":
+    """The registry's factory: the named switches (every loaded one if none is named), each with its mirror link
+    where it has one."""
+    names = list(settings.switches) or loaded_switches()
+    if not names:
+        raise DriverError(f"no eBPF switch is loaded (nothing under {PIN_ROOT}): start a topology, or load the "
+                          f"data plane on your switch's ports first")
+    missing = [n for n in names if not (PIN_ROOT / n / "prog").exists()]
+    if missing:
+        raise DriverError(f"no eBPF switch named {', '.join(missing)} is loaded (loaded: "
+                          f"{', '.join(loaded_switches()) or 'none'})")
+    mirrors = [mirror_link_of(n)[1] for n in names if Path(f"/sys/class/net/{mirror_link_of(n)[1]}").exists()]
+    return EbpfDriver([PIN_ROOT / n for n in names], mirrors)
 
 
 class EbpfDriver(Driver):
     name = "ebpf"
+    max_replicas = MAX_REPLICAS
 
-    def __init__(self, pin_dirs: Sequence[Path | str], mirror_ifaces: Sequence[str] = (),
-                 memcached_port: int = 11211):
+    def __init__(self, pin_dirs: Sequence[Path | str], mirror_ifaces: Sequence[str] = ()):
         """pin_dirs: one per switch; mirror_ifaces: the controller's ends of the switches' mirror links (none: no
         mirrored writes are read, e.g. in packet-fixture tests)."""
         self.pin_dirs = [Path(p) for p in pin_dirs]
         self.mirror_ifaces = list(mirror_ifaces)
-        self.memcached_port = memcached_port
+        self.servers: tuple[Server, ...] = ()
         self.tables: list[Tables] = []
         self.slots: dict[bytes, int] = {}
         self.homes: dict[bytes, int] = {}
         self.free_slots = list(range(MAX_HOT - 1, -1, -1))
         self.on_mirror: MirrorHandler | None = None
+        self.on_reconnect: ReconnectHandler | None = None
         self.mirrors_received = 0
+        self.reconnects = 0
+        # The core's worker writes slots and tables; read_counters (HTTP threads) and the reload watcher read them.
+        self._lock = threading.RLock()
         self._stop = threading.Event()
-        self._capture: threading.Thread | None = None
+        self._thread: threading.Thread | None = None
 
-    def attach(self, servers: Sequence[Server], on_mirror: MirrorHandler) -> None:
-        try:
-            self.tables = [Tables(p) for p in self.pin_dirs]
-            for tables in self.tables:
-                for index, server in enumerate(servers):
-                    tables.set_server(index, server.mac, server.ip, server.port)
-        except (BpfError, ValueError) as err:
-            raise DriverError(f"eBPF tables: {err}") from None
-        self.on_mirror = on_mirror
-        if self.mirror_ifaces:
-            sockets = []
-            for iface in self.mirror_ifaces:
-                sock = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.htons(ETH_P_ALL))
-                sock.bind((iface, 0))
-                sockets.append(sock)
-            self._capture = threading.Thread(target=self._read_mirrors, args=(sockets,), name="mbalancer-mirrors",
-                                             daemon=True)
-            self._capture.start()
+    def attach(self, servers: Sequence[Server], on_mirror: MirrorHandler,
+               on_reconnect: ReconnectHandler | None = None) -> None:
+        self.servers = tuple(servers)
+        self.on_mirror, self.on_reconnect = on_mirror, on_reconnect
+        self._open()
+        self._thread = threading.Thread(target=self._watch, name="mbalancer-ebpf", daemon=True)
+        self._thread.start()
 
     def install_hot_key(self, key: bytes, home: int, replicas: Sequence[ReplicaWeight]) -> None:
-        if key in self.slots:
-            raise DriverError(f"{key!r} is already installed")
-        if not self.free_slots:
-            raise DriverError(f"all {MAX_HOT} hot-key slots are in use")
-        slot = self.free_slots.pop()
-        try:
-            for tables in self.tables:
-                tables.reset_key_counts(slot)
-                tables.set_dirty(slot, True)  # before the entry exists: no get is balanced before the core says
-                tables.set_hot(key, self._entry(slot, home, replicas))
-        except (BpfError, ValueError) as err:
-            self._forget(key, slot)
-            raise DriverError(f"install {key!r}: {err}") from None
-        self.slots[key] = slot
-        self.homes[key] = home
+        with self._lock:
+            if key in self.slots:
+                raise DriverError(f"{key!r} is already installed")
+            if not self.free_slots:
+                raise DriverError(f"all {MAX_HOT} hot-key slots are in use")
+            slot = self.free_slots[-1]
+            entry = self._entry(slot, home, replicas)  # refused here, nothing is taken
+            self.free_slots.pop()
+            try:
+                for tables in self.tables:
+                    tables.reset_key_counts(slot)
+                    tables.set_dirty(slot, True)  # before the entry exists: no get is balanced before the core says
+                    tables.set_hot(key, entry)
+            except (BpfError, ValueError) as err:
+                self._forget(key, slot)
+                raise DriverError(f"install {key!r}: {err}") from None
+            self.slots[key] = slot
+            self.homes[key] = home
 
     def set_weights(self, key: bytes, replicas: Sequence[ReplicaWeight]) -> None:
-        slot = self._slot(key)
-        self._write_all(lambda t: t.set_hot(key, self._entry(slot, self.homes[key], replicas)), f"weights of {key!r}")
+        with self._lock:
+            entry = self._entry(self._slot(key), self.homes[key], replicas)
+            self._write_all(lambda t: t.set_hot(key, entry), f"weights of {key!r}")
 
     def remove_hot_key(self, key: bytes) -> None:
-        slot = self._slot(key)
-        self._write_all(lambda t: t.delete_hot(key), f"remove {key!r}")
-        del self.slots[key], self.homes[key]
-        self.free_slots.append(slot)
+        with self._lock:
+            slot = self._slot(key)
+            self._write_all(lambda t: t.delete_hot(key), f"remove {key!r}")
+            del self.slots[key], self.homes[key]
+            self.free_slots.append(slot)
 
     def set_dirty(self, key: bytes, dirty: bool) -> None:
-        slot = self._slot(key)
-        self._write_all(lambda t: t.set_dirty(slot, dirty), f"dirty bit of {key!r}")
+        with self._lock:
+            slot = self._slot(key)
+            self._write_all(lambda t: t.set_dirty(slot, dirty), f"dirty bit of {key!r}")
 
     def set_forwarding(self, entries: Sequence[ForwardingEntry]) -> None:
-        for entry in entries:
-            ifindex = socket.if_nametoindex(entry.port) if not entry.port.isdigit() else int(entry.port)
-            self._write_all(lambda t: t.set_forward(entry.mac, ifindex), f"forwarding of {entry.mac}")
+        with self._lock:
+            for entry in entries:
+                try:
+                    ifindex = int(entry.port) if entry.port.isdigit() else socket.if_nametoindex(entry.port)
+                except OSError:
+                    raise DriverError(f"forwarding of {entry.mac}: no interface {entry.port!r}") from None
+                self._write_all(lambda t: t.set_forward(entry.mac, ifindex), f"forwarding of {entry.mac}")
 
     def read_counters(self) -> Counters:
         counters = Counters()
-        for tables in self.tables:
-            counters.unparsed += tables.counters()["unparsed"]
-            for key, slot in self.slots.items():
-                counts = tables.key_counts(slot)
-                entry = tables.hot(key)
-                total = counters.keys.setdefault(key, KeyCounters())
-                total.gets += counts.gets
-                total.home_while_dirty += counts.home_while_dirty
-                total.mirrored += counts.mirrored
-                for server, n in zip(entry.servers if entry else (), counts.per_replica):
-                    total.per_replica[server] = total.per_replica.get(server, 0) + n
+        with self._lock:
+            try:
+                for tables in self.tables:
+                    self._add_counts(tables, counters)
+            except (BpfError, ValueError) as err:
+                raise DriverError(f"reading counters: {err}") from None
         return counters
 
     def switch_counters(self) -> list[dict[str, int]]:
         """Each switch's own counters (packets, balanced, mirrored, ...)."""
-        return [t.counters() for t in self.tables]
+        with self._lock:
+            return [t.counters() for t in self.tables]
 
     def close(self) -> None:
         self._stop.set()
-        if self._capture:
-            self._capture.join(timeout=2)
+        if self._thread:
+            self._thread.join(timeout=2)
+        with self._lock:
+            self._close_tables()
+
+    # --- inside ---------------------------------------------------------------------------------------------
+    def _open(self) -> None:
+        """Open every switch's maps and write what the driver owns there: the servers and their ports."""
+        try:
+            self.tables = [Tables(p) for p in self.pin_dirs]
+            for tables in self.tables:
+                for index, server in enumerate(self.servers):
+                    tables.set_server(index, server.mac, server.ip, server.port)
+                tables.add_memcached_ports(sorted({s.port for s in self.servers}))
+        except (BpfError, ValueError) as err:
+            self._close_tables()
+            raise DriverError(f"eBPF tables: {err}") from None
+
+    def _close_tables(self) -> None:
         for tables in self.tables:
             tables.close()
         self.tables = []
 
     def _entry(self, slot: int, home: int, replicas: Sequence[ReplicaWeight]) -> HotEntry:
-        if len(replicas) > MAX_REPLICAS:
-            raise DriverError(f"{len(replicas)} replicas: the eBPF data plane holds at most {MAX_REPLICAS}")
+        if not 1 <= len(replicas) <= MAX_REPLICAS:
+            raise DriverError(f"{len(replicas)} replicas: the eBPF data plane holds 1 to {MAX_REPLICAS} per key")
         return HotEntry(slot, home, tuple(r.server for r in replicas),
                         tuple(cumulative_weights([r.weight for r in replicas])))
 
@@ -143,38 +180,102 @@ class EbpfDriver(Driver):
 
     def _forget(self, key: bytes, slot: int) -> None:
         for tables in self.tables:
-            tables.delete_hot(key)
+            try:
+                tables.delete_hot(key)
+            except (BpfError, ValueError) as err:
+                log.warning("could not remove the half-installed %r: %s", key, err)
         self.free_slots.append(slot)
 
-    def _write_all(self, write, what: str) -> None:
+    def _write_all(self, write: Callable[[Tables], object], what: str) -> None:
         try:
             for tables in self.tables:
                 write(tables)
         except (BpfError, ValueError) as err:
             raise DriverError(f"{what}: {err}") from None
 
-    def _read_mirrors(self, sockets: list[socket.socket]) -> None:
+    def _add_counts(self, tables: Tables, counters: Counters) -> None:
+        counters.unparsed += tables.counters()["unparsed"]
+        for key, slot in self.slots.items():
+            counts = tables.key_counts(slot)
+            entry = tables.hot(key)
+            total = counters.keys.setdefault(key, KeyCounters())
+            total.gets += counts.gets
+            total.home_while_dirty += counts.home_while_dirty
+            total.mirrored += counts.mirrored
+            for server, n in zip(entry.servers if entry else (), counts.per_replica):
+                total.per_replica[server] = total.per_replica.get(server, 0) + n
+
+    # --- the driver's thread: mirrored writes in, reloads noticed -------------------------------------------
+    def _watch(self) -> None:
+        sockets = self._mirror_sockets()
+        checked = time.monotonic()
         try:
-            while not self._stop.is_set() and sockets:
-                ready, _, _ = select.select(sockets, [], [], 0.2)
-                for sock in ready:
-                    try:
-                        frame, address = sock.recvfrom(65535)
-                    except OSError as err:  # the link went away (the topology is being torn down)
-                        log.info("mirror capture on %s ended: %s", address_of(sock), err)
-                        sockets.remove(sock)
-                        sock.close()
-                        continue
-                    if address[2] == PACKET_OUTGOING or frame[12:14] != b"\x08\x00":
-                        continue  # mirrors are IPv4; the link's own IPv6 chatter is not
-                    self.mirrors_received += 1
-                    try:
-                        self.on_mirror(frame)
-                    except Exception:  # the core queues; a failure there must not end the capture
-                        log.exception("mirror handler failed")
+            while not self._stop.is_set():
+                if sockets:
+                    for sock in select.select(sockets, [], [], 0.2)[0]:
+                        self._read_mirror(sock, sockets)
+                else:
+                    self._stop.wait(0.2)
+                if time.monotonic() - checked >= WATCH_EVERY:
+                    checked = time.monotonic()
+                    if self._reloaded():
+                        for sock in sockets:
+                            sock.close()
+                        sockets = self._mirror_sockets()
         finally:
             for sock in sockets:
                 sock.close()
+
+    def _mirror_sockets(self) -> list[socket.socket]:
+        sockets = []
+        for iface in self.mirror_ifaces:
+            sock = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.htons(ETH_P_ALL))
+            try:
+                sock.bind((iface, 0))
+            except OSError as err:  # the switch is being reloaded: its link comes back with it
+                log.warning("mirror link %s not there (%s): mirrored writes from it are not read", iface, err)
+                sock.close()
+                continue
+            sockets.append(sock)
+        return sockets
+
+    def _read_mirror(self, sock: socket.socket, sockets: list[socket.socket]) -> None:
+        try:
+            frame, address = sock.recvfrom(65535)
+        except OSError as err:  # the link went away (the topology is being torn down, or the switch reloaded)
+            log.info("mirror capture on %s ended: %s", address_of(sock), err)
+            sockets.remove(sock)
+            sock.close()
+            return
+        if address[2] == PACKET_OUTGOING or frame[12:14] != b"\x08\x00":
+            return  # mirrors are IPv4; the link's own IPv6 chatter is not
+        self.mirrors_received += 1
+        try:
+            self.on_mirror(frame)
+        except Exception:  # the core queues; a failure there must not end the capture
+            log.exception("mirror handler failed")
+
+    def _reloaded(self) -> bool:
+        """True if a switch came back with new maps (and the driver has reopened them and told the core)."""
+        with self._lock:
+            if all(t.current() for t in self.tables) and len(self.tables) == len(self.pin_dirs):
+                return False
+            if not all((p / "prog").exists() for p in self.pin_dirs):
+                return False  # unloaded, not (yet) loaded again: wait for it
+            log.warning("an eBPF switch was reloaded: its tables are empty; installing every hot key again")
+            self._close_tables()
+            self.slots.clear()
+            self.homes.clear()
+            self.free_slots = list(range(MAX_HOT - 1, -1, -1))
+            try:
+                self._open()
+            except DriverError as err:
+                log.warning("reopening the reloaded switch failed (%s): trying again", err)
+                return False
+            self.reconnects += 1
+        if self.on_reconnect is not None:
+            self.on_reconnect()
+        return True
 
 
 def address_of(sock: socket.socket) -> str:

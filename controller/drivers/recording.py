@@ -2,18 +2,27 @@
 
 For unit tests of the core (ask `route` where a get would go, as faucet's tests ask a fake flow table) and for
 `mbalancer controller --driver none`, a dry run that decides and replicates without touching any switch. Mirrored
-writes come in through `mirror(frame)`, the way a real driver's capture thread would deliver them.
+writes come in through `mirror(frame)`, the way a real driver's capture thread would deliver them; `reconnect()`
+plays a switch that came back empty; `refuse(...)` makes chosen calls fail as a network driver's would.
 """
 from __future__ import annotations
 
 import threading
 import time
+from collections import deque
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Any, Sequence
 
 from controller.driver import (Counters, Driver, DriverError, ForwardingEntry, KeyCounters, MirrorHandler,
-                               ReplicaWeight)
+                               ReconnectHandler, ReplicaWeight)
 from mbalancer.config import Server
+
+CALLS_KEPT = 10_000  # a dry run may last days: the call log keeps the latest only
+
+
+def driver_from_settings(settings: Any = None) -> "RecordingDriver":
+    """The registry's factory (the `none` data plane has no settings)."""
+    return RecordingDriver()
 
 
 @dataclass(frozen=True)
@@ -34,30 +43,43 @@ class TableEntry:
 class RecordingDriver(Driver):
     name = "none"
 
-    def __init__(self) -> None:
-        self.calls: list[Call] = []
+    def __init__(self, max_replicas: int | None = None) -> None:
+        self.max_replicas = max_replicas
+        self.calls: deque[Call] = deque(maxlen=CALLS_KEPT)
         self.table: dict[bytes, TableEntry] = {}
         self.forwarding: tuple[ForwardingEntry, ...] = ()
         self.servers: tuple[Server, ...] = ()
         self.counters = Counters()
-        self.fail_next: str | None = None  # tests: the next call of this method raises DriverError
+        self.refusals: list[list] = []  # [method, key or None, calls left]: see refuse()
         self._on_mirror: MirrorHandler | None = None
+        self._on_reconnect: ReconnectHandler | None = None
         self._lock = threading.Lock()
 
-    def attach(self, servers: Sequence[Server], on_mirror: MirrorHandler) -> None:
+    def attach(self, servers: Sequence[Server], on_mirror: MirrorHandler,
+               on_reconnect: ReconnectHandler | None = None) -> None:
         self.servers = tuple(servers)
-        self._on_mirror = on_mirror
+        self._on_mirror, self._on_reconnect = on_mirror, on_reconnect
         self._record("attach")
+
+    def refuse(self, method: str, key: bytes | None = None, times: int = 1) -> None:
+        """The next `times` calls of `method` (for `key`, or any key) raise DriverError, changing nothing."""
+        with self._lock:
+            self.refusals.append([method, key, times])
 
     def install_hot_key(self, key: bytes, home: int, replicas: Sequence[ReplicaWeight]) -> None:
         self._check_weights(key, replicas)
         self._record("install_hot_key", key, home, tuple(replicas))
+        if key in self.table:
+            raise DriverError(f"{key!r} is already installed")
         self.table[key] = TableEntry(home, tuple(replicas))
 
     def set_weights(self, key: bytes, replicas: Sequence[ReplicaWeight]) -> None:
         self._check_weights(key, replicas)
         self._record("set_weights", key, tuple(replicas))
-        self._entry(key).replicas = tuple(replicas)
+        entry = self._entry(key)
+        if [r.server for r in replicas] != [r.server for r in entry.replicas]:
+            raise DriverError(f"{key!r}: set_weights keeps the replica set")
+        entry.replicas = tuple(replicas)
 
     def remove_hot_key(self, key: bytes) -> None:
         self._record("remove_hot_key", key)
@@ -76,6 +98,13 @@ class RecordingDriver(Driver):
         return self.counters
 
     # What a test (or a real data plane) does from the switch side.
+    def reconnect(self) -> None:
+        """The switch came back empty: every table entry is gone; the core is told to install them again."""
+        self.table.clear()
+        self.forwarding = ()
+        if self._on_reconnect is not None:
+            self._on_reconnect()
+
     def mirror(self, frame: bytes, key: bytes | None = None) -> None:
         """Deliver a mirrored write; with `key`, first set its dirty bit as the data plane would."""
         if key is not None and key in self.table:
@@ -106,9 +135,10 @@ class RecordingDriver(Driver):
 
     def _record(self, method: str, key: bytes | None = None, *args) -> None:
         with self._lock:
-            if self.fail_next == method:
-                self.fail_next = None
-                raise DriverError(f"{method} refused (test)")
+            for refusal in self.refusals:
+                if refusal[0] == method and refusal[1] in (None, key) and refusal[2] > 0:
+                    refusal[2] -= 1
+                    raise DriverError(f"{method} refused (test)")
             self.calls.append(Call(time.monotonic(), method, key, args))
 
     def _entry(self, key: bytes) -> TableEntry:
@@ -121,3 +151,5 @@ class RecordingDriver(Driver):
         total = sum(r.weight for r in replicas)
         if not replicas or abs(total - 1) > 1e-6 or any(not 0 <= r.server < len(self.servers) for r in replicas):
             raise DriverError(f"{key!r}: bad replicas {replicas}")
+        if self.max_replicas is not None and len(replicas) > self.max_replicas:
+            raise DriverError(f"{len(replicas)} replicas: this driver holds at most {self.max_replicas} per key")

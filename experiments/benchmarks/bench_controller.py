@@ -65,7 +65,7 @@ def run_case(servers: int, hot: int, value_size: int, rounds: int, syncs: int) -
             started = time.monotonic()
             post(url, report_of(new))
             core.wait_idle(60)
-            calls = driver.calls[mark:]
+            calls = list(driver.calls)[mark:]
             cleared = [c.time for c in calls if c.method == "set_dirty" and c.key in new and c.args == (False,)]
             if len(cleared) != hot:
                 raise RuntimeError(f"round {round_}: only {len(cleared)} of {hot} keys went clean: "

@@ -21,7 +21,6 @@ from pathlib import Path
 from scapy.all import IP, UDP, Ether, Raw
 
 from controller.driver import ReplicaWeight
-from controller.drivers.ebpf import EbpfDriver
 from experiments.workload.trace import write_pcap
 from mbalancer.config import Server
 from topologies.netns import NamespaceNetwork
@@ -56,7 +55,7 @@ def run_dataplane(dataplane: str, packets: int, repeats: int, tmp: Path) -> dict
     with NamespaceNetwork(servers=2, clients=1, tag=f"mbb{dataplane[:2]}", dataplane=dataplane) as net:
         kinds = ["cold"] if dataplane == "bridge" else ["hot", "cold"]
         if dataplane == "ebpf":
-            driver = EbpfDriver([net.plane.pin_dir])
+            driver = net.driver()
             driver.attach([Server(h.name, h.ip, h.mac) for h in net.server_hosts], lambda frame: None)
             driver.install_hot_key(b"hot", 0, [ReplicaWeight(0, 0.5), ReplicaWeight(1, 0.5)])
             driver.set_dirty(b"hot", False)

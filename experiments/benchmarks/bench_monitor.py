@@ -24,6 +24,7 @@ from pathlib import Path
 
 from experiments.benchmarks.bench_load import process_cpu_seconds
 from experiments.workload.trace import get_frames, write_pcap, zipf_trace
+from monitor.cli import READY
 
 MBALANCER = Path(sys.executable).parent / "mbalancer"
 SEND, CAPTURE = "mbbench0", "mbbench1"
@@ -31,6 +32,15 @@ SEND, CAPTURE = "mbbench0", "mbbench1"
 
 def interface_rx(iface: str) -> int:
     return int(Path(f"/sys/class/net/{iface}/statistics/rx_packets").read_text())
+
+
+def wait_until_listening(monitor: subprocess.Popen, err_path: Path, timeout: float = 60.0) -> None:
+    """Wait for the monitor to say its socket and filter are in place (start-up time varies by machine)."""
+    deadline = time.monotonic() + timeout
+    while READY not in err_path.read_text():
+        if monitor.poll() is not None or time.monotonic() > deadline:
+            raise RuntimeError(f"the monitor did not start listening: {err_path.read_text().strip()[-500:]}")
+        time.sleep(0.05)
 
 
 def run_case(pcap: Path, rate: str, sample: int, loops: int, true_counts: Counter, tmp: Path) -> dict:
@@ -41,7 +51,7 @@ def run_case(pcap: Path, rate: str, sample: int, loops: int, true_counts: Counte
     with open(out_path, "w") as out, open(err_path, "w") as err:
         monitor = subprocess.Popen([str(MBALANCER), "monitor", "--iface", CAPTURE, "--json", "--sample",
                                     str(sample), "--top", "50"], stdout=out, stderr=err)
-    time.sleep(1.0)  # socket bound, filter attached
+    wait_until_listening(monitor, err_path)
     seen0, cpu0 = interface_rx(CAPTURE), process_cpu_seconds(monitor.pid)  # start-up excluded
     speed = ["--topspeed"] if rate == "max" else ["--pps", rate]
     started = time.perf_counter()

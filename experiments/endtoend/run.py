@@ -74,6 +74,7 @@ def run_once(bed: Testbed, spec: ExperimentSpec, workload: Workload, mode: str, 
     stack = MBalancerStack(bed, balancing, workload.key_hash, spec.monitor_interval, out).start() \
         if mode == "mbalancer" else None
     generators: list[subprocess.Popen] = []
+    window_state = None
     try:
         generators = _start_generators(bed, spec, workload, out)
         started = time.monotonic()
@@ -89,11 +90,13 @@ def run_once(bed: Testbed, spec: ExperimentSpec, workload: Workload, mode: str, 
             progress(f"{workload.hash:<10} {mode:<11} {balancing.mode if stack else '':<8} measuring "
                      f"{min(time.monotonic(), end) - first.time:4.1f}/{spec.measure:g} s")
         last = sample_servers(workload.servers)
+        # The controller as the window closed: once the load ends, the monitor's empty reports cool every key.
+        window_state = stack.core.state() if stack else None
         _wait_generators(generators, spec)
     finally:
         for process in generators:
             stop_process(process)
-        state = stack.stop() if stack else None
+        state = stack.stop(window_state) if stack else None
     return _result(workload, mode, balancing, spec, out, (first, last), hot_keys, state)
 
 

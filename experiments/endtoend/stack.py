@@ -1,5 +1,5 @@
-"""MBalancer's full loop on a running testbed: the controller core with the eBPF driver (in this process), its
-HTTP API, and the monitor (`mbalancer monitor`, a process) sniffing the switch ports where client requests
+"""MBalancer's full loop on a running testbed: the controller core with the testbed's data-plane driver (in this
+process), its HTTP API, and the monitor (`mbalancer monitor`, a process) sniffing the switch ports where client requests
 arrive and pushing its reports to the controller."""
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from controller.core import ControllerCore
-from controller.drivers.ebpf import EbpfDriver
+from controller.drivers import make_driver
 from controller.http_api import serve, start_serving
 from mbalancer.config import Balancing, Config, Controller, Monitoring
 from mbalancer.memcache.hashing import KeyHash
@@ -29,8 +29,8 @@ class MBalancerStack:
         port = free_port()
         self.config = Config(servers=bed.servers, balancing=replace(balancing, hash=key_hash.spec),
                              monitor=Monitoring(interval=monitor_interval),
-                             controller=Controller(listen=f"127.0.0.1:{port}"))
-        self.core = ControllerCore(self.config, EbpfDriver(bed.pin_dirs, bed.mirror_ifaces), key_hash=key_hash)
+                             controller=Controller(listen=f"127.0.0.1:{port}"), dataplane=bed.dataplane())
+        self.core = ControllerCore(self.config, make_driver(self.config.dataplane), key_hash=key_hash)
         self.port = port
         self.http = None
         self.monitor: subprocess.Popen | None = None
@@ -62,8 +62,9 @@ class MBalancerStack:
             raise RuntimeError(f"the monitor exited with code {self.monitor.returncode}: "
                                f"{self.monitor.stderr.read().strip()[-500:]}")
 
-    def stop(self) -> dict:
-        """Stop everything; returns the controller's final state (also written to state.json)."""
+    def stop(self, state: dict | None = None) -> dict:
+        """Stop everything; returns `state` (the controller's state taken when the caller chose, e.g. as the
+        measurement ended), or the final state if none was taken; it is also written to state.json."""
         if self.monitor is not None:
             stop_process(self.monitor)
             (self.out / "monitor.log").write_text(self.monitor.stderr.read())
@@ -71,7 +72,7 @@ class MBalancerStack:
         if self._monitor_out is not None:
             self._monitor_out.close()
             self._monitor_out = None
-        state = self.core.state()
+        state = state or self.core.state()
         if self.http is not None:
             self.http.shutdown()
             self.http.server_close()

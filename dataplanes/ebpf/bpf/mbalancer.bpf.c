@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: GPL-2.0
 /* MBalancer's data plane as a tc (clsact ingress) program, attached to every port of one switch.
- * It implements the pipeline of DESIGN.md table for table:
+ * It implements the pipeline (README.md, "The pipeline") table for table:
  *   hot_get      single-key UDP get/gets of a hot key: dirty -> home unchanged; else a replica chosen by weight from
  *                a hash of the request id and client, dst MAC/IP/port rewritten, marked balanced
  *   set_mirror   a write (UDP or TCP) to a hot key's home: forwarded unchanged, dirty bit set, cloned to the
@@ -74,6 +74,11 @@ static __always_inline int mb_forward(struct __sk_buff *skb)
 	return TC_ACT_SHOT;  /* every copy has been sent */
 }
 
+static __always_inline int mb_is_memcached_port(__u16 port)
+{
+	return bpf_map_lookup_elem(&memcached_ports, &port) != 0;
+}
+
 static __always_inline __u32 mb_pick(__u16 request_id, __u32 client_ip, __u16 client_port)
 {
 	__u32 h = ((__u32)request_id | ((__u32)client_port << 16)) ^ client_ip;
@@ -126,7 +131,7 @@ static __always_inline int mb_set_mirror(struct __sk_buff *skb, struct mb_packet
 {
 	__u32 slot = hot->slot, zero = 0, one = 1, home = hot->home;
 	struct mb_server *server = bpf_map_lookup_elem(&servers, &home);
-	if (!server || server->ip != pkt->daddr)
+	if (!server || server->ip != pkt->daddr || server->port != pkt->dport)
 		return mb_forward(skb);  /* only writes to the home count: the controller's own copies to replicas do not */
 	bpf_map_update_elem(&dirty, &slot, &one, BPF_ANY);
 	struct mb_key_counters *kc = bpf_map_lookup_elem(&key_counters, &slot);
@@ -149,7 +154,7 @@ static __always_inline int mb_reply_source(struct __sk_buff *skb, struct mb_pack
 	if (!home)
 		return mb_forward(skb);
 	struct mb_server *server = bpf_map_lookup_elem(&servers, home);
-	if (server && server->ip != pkt->saddr) {
+	if (server && (server->ip != pkt->saddr || server->port != pkt->sport)) {
 		if (mb_rewrite_source(skb, pkt, server) < 0)
 			return TC_ACT_SHOT;
 		mb_count(MB_C_REPLIES_REWRITTEN);
@@ -165,13 +170,12 @@ int mbalancer(struct __sk_buff *skb)
 	__u32 zero = 0;
 	mb_count(MB_C_PACKETS);
 	mb_learn(skb);
-	struct mb_settings *cfg = bpf_map_lookup_elem(&settings, &zero);
-	if (!cfg || mb_parse_headers(skb, &eth, &pkt) < 0)
+	if (mb_parse_headers(skb, &eth, &pkt) < 0)
 		return mb_forward(skb);
-	__u16 port = cfg->memcached_port;
-	if (pkt.proto == IPPROTO_UDP && pkt.sport == port && pkt.dport != port)
+	int request = mb_is_memcached_port(pkt.dport);
+	if (pkt.proto == IPPROTO_UDP && !request && mb_is_memcached_port(pkt.sport))
 		return mb_reply_source(skb, &pkt);
-	if (pkt.dport != port)
+	if (!request)
 		return mb_forward(skb);
 	mb_count(MB_C_MEMCACHED);
 	if (pkt.frag_off & bpf_htons(MB_IP_BALANCED)) {

@@ -1,13 +1,15 @@
 """Build, load and attach the eBPF data plane.
 
-- build(): clang compiles bpf/mbalancer.bpf.c once, at setup (`make` runs `python -m topologies.ebpf.program
-  build`); nothing is compiled at run time.
+- build(): clang compiles bpf/mbalancer.bpf.c once, at setup (`make install` runs `python -m dataplanes build`);
+  nothing is compiled at run time.
 - DataPlane(name).load(): bpftool loads one copy of the program per switch and pins it and its maps under
   /sys/fs/bpf/mbalancer/<name>/, so each switch has its own tables and the driver opens them by path.
 - attach(iface): a clsact qdisc and the pinned program as a direct-action ingress filter (tc object-pinned).
 - add_mirror_link(): the veth pair `<name>-m` (switch side: writes to hot keys are cloned there) <->
-  `<name>-mc` (the controller's eBPF driver reads them there).
-- serve(ports): attach to every port and write the ports and settings tables: what every switch does at start.
+  `<name>-mc` (the controller's eBPF driver reads them there); mirror_link_of() is the one place these names are
+  made.
+- serve(ports): attach to every port and write the ports, settings and memcached ports tables: what every switch
+  does at start.
 - unload(): detach from every port it attached, delete the mirror link, remove the pins (the kernel frees the
   program then).
 """
@@ -16,7 +18,6 @@ from __future__ import annotations
 import shutil
 import socket
 import subprocess
-import sys
 from pathlib import Path
 from typing import Sequence
 
@@ -25,6 +26,17 @@ SOURCE = HERE / "bpf" / "mbalancer.bpf.c"
 OBJECT = HERE / "build" / "mbalancer.bpf.o"
 BPFFS = Path("/sys/fs/bpf")
 PIN_ROOT = BPFFS / "mbalancer"
+
+
+def mirror_link_of(switch: str) -> tuple[str, str]:
+    """The mirror link's two ends: (switch side, where writes are cloned to; controller side, where the driver
+    reads them)."""
+    return f"{switch}-m", f"{switch}-mc"
+
+
+def loaded_switches() -> list[str]:
+    """The names of the switches whose program is pinned on this machine."""
+    return sorted(p.name for p in PIN_ROOT.glob("*") if (p / "prog").exists()) if PIN_ROOT.exists() else []
 
 
 class DataPlaneError(RuntimeError):
@@ -86,7 +98,7 @@ class DataPlane:
     @property
     def mirror_iface(self) -> str:
         """The controller's end of this switch's mirror link."""
-        return f"{self.name}-mc"
+        return mirror_link_of(self.name)[1]
 
     @property
     def program_pin(self) -> Path:
@@ -117,7 +129,7 @@ class DataPlane:
 
     def add_mirror_link(self) -> int:
         """Make the mirror link; returns the ifindex of its switch side (settings.controller_ifindex)."""
-        switch_side = f"{self.name}-m"
+        switch_side = mirror_link_of(self.name)[0]
         _run(["ip", "link", "add", switch_side, "type", "veth", "peer", "name", self.mirror_iface],
              f"mirror link of {self.name}")
         self.mirror_link = True
@@ -126,23 +138,25 @@ class DataPlane:
             _run(["ip", "link", "set", iface, "up"], f"bringing {iface} up")
         return socket.if_nametoindex(switch_side)
 
-    def serve(self, ports: Sequence[str], mirror_ifindex: int = 0, memcached_port: int = 11211,
+    def serve(self, ports: Sequence[str], mirror_ifindex: int = 0, memcached_ports: Sequence[int] = (11211,),
               flood_ports: Sequence[str] | None = None) -> None:
-        """Attach to every port (root namespace) and fill the ports and settings tables; floods go out of
-        `flood_ports` (default: every port; fewer keep a topology with cycles loop-free)."""
-        from topologies.ebpf.tables import Tables  # here: tables needs the bpf syscall, building does not
+        """Attach to every port (root namespace) and fill the ports, settings and memcached ports tables (the
+        driver adds each configured server's port); floods go out of `flood_ports` (default: every port; fewer keep
+        a topology with cycles loop-free)."""
+        from dataplanes.ebpf.tables import Tables  # here: tables needs the bpf syscall, building does not
         for port in ports:
             self.attach(port)
         tables = Tables(self.pin_dir)
         try:
             tables.set_ports([socket.if_nametoindex(p) for p in (ports if flood_ports is None else flood_ports)])
-            tables.set_settings(mirror_ifindex, memcached_port)
+            tables.set_settings(mirror_ifindex)
+            tables.add_memcached_ports(memcached_ports)
         finally:
             tables.close()
 
     def unload(self) -> None:
         if self.mirror_link:
-            subprocess.run(["ip", "link", "del", f"{self.name}-m"], capture_output=True)
+            subprocess.run(["ip", "link", "del", mirror_link_of(self.name)[0]], capture_output=True)
             self.mirror_link = False
         for entry in self.attached:
             netns, _, iface = entry.rpartition(":")
@@ -151,18 +165,3 @@ class DataPlane:
         self.attached.clear()
         shutil.rmtree(self.pin_dir, ignore_errors=True)
 
-
-def main(argv: list[str]) -> int:
-    if argv[:1] != ["build"]:
-        print("usage: python -m topologies.ebpf.program build", file=sys.stderr)
-        return 2
-    try:
-        print(f"eBPF data plane: {build(force='--force' in argv)}")
-    except DataPlaneError as err:
-        print(err, file=sys.stderr)
-        return 1
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))

@@ -54,6 +54,7 @@ def obj_get(path: str) -> int:
 @dataclass(frozen=True)
 class MapInfo:
     type: int
+    id: int  # the kernel's id of the map: a reloaded switch has new maps behind the same pins
     key_size: int
     value_size: int
     max_entries: int
@@ -65,9 +66,21 @@ def map_info(fd: int) -> MapInfo:
     attr = _attr()
     struct.pack_into("=IIQ", attr, 0, fd, len(info), _address(info))
     _bpf(BPF_OBJ_GET_INFO_BY_FD, attr, "map info")
-    kind, _, key_size, value_size, max_entries, _ = struct.unpack_from("=6I", info, 0)
+    kind, map_id, key_size, value_size, max_entries, _ = struct.unpack_from("=6I", info, 0)
     name = bytes(info[24:40]).split(b"\0")[0].decode()
-    return MapInfo(kind, key_size, value_size, max_entries, name)
+    return MapInfo(kind, map_id, key_size, value_size, max_entries, name)
+
+
+def pinned_map_id(path: str) -> int | None:
+    """The id of the map pinned at `path`, or None when nothing is pinned there (the switch is gone)."""
+    try:
+        fd = obj_get(path)
+    except BpfError:
+        return None
+    try:
+        return map_info(fd).id
+    finally:
+        os.close(fd)
 
 
 def possible_cpus() -> int:

@@ -1,4 +1,4 @@
-/* Every table of the pipeline, declared once. Names are what topologies/ebpf/tables.py opens. */
+/* Every table of the pipeline, declared once. Names are what dataplanes/ebpf/tables.py opens. */
 #ifndef MB_MAPS_H
 #define MB_MAPS_H
 
@@ -30,6 +30,15 @@ struct {
 	__type(key, __u32);
 	__type(value, struct mb_server);
 } servers SEC(".maps");
+
+/* The ports memcached servers listen on (network order -> 1): a request goes to one of them, a reply comes from
+ * one. Each server's own port is written here, so servers on different ports are all served. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, MB_MAX_MEMCACHED_PORTS);
+	__type(key, __u16);
+	__type(value, __u32);
+} memcached_ports SEC(".maps");
 
 /* forward: destination MAC (8 bytes, last 2 zero) -> output ifindex. Learned from source MACs, or set. */
 struct {

@@ -1,5 +1,5 @@
-/* Structs shared by the BPF program and its control library (topologies/ebpf/tables.py declares the same layouts;
- * tests/test_ebpf_program.py checks the sizes against the object's BTF). */
+/* Structs shared by the BPF program and its control library (dataplanes/ebpf/tables.py declares the same layouts;
+ * tests/test_ebpf_program.py checks the sizes against the loaded maps and the counter names against the enum). */
 #ifndef MB_STRUCTS_H
 #define MB_STRUCTS_H
 
@@ -12,6 +12,7 @@
 #define MB_MAX_SERVERS 256
 #define MB_MAX_PORTS 32     /* switch ports (flooding walks them) */
 #define MB_MAX_FLOWS 65536  /* balanced gets waiting for their reply */
+#define MB_MAX_MEMCACHED_PORTS 64  /* distinct ports the servers listen on */
 #define MB_WEIGHT_ONE 65536 /* weights are cumulative fractions of this */
 
 /* A memcached key as a map key: the length, then the bytes, zero padded. */
@@ -61,8 +62,6 @@ struct mb_flow {
 /* Switch-wide settings (array map, index 0). */
 struct mb_settings {
 	__u32 controller_ifindex;  /* where mirrored writes are cloned to; 0: none */
-	__u16 memcached_port;      /* network order */
-	__u16 pad;
 };
 
 /* Switch-wide counters (per CPU), index by enum mb_counter. */

@@ -11,13 +11,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
-from topologies.ebpf.bpf_syscall import BpfMap
+from dataplanes.ebpf.bpf_syscall import BpfMap, pinned_map_id
 
 KEY_BYTES = 252
 MAX_KEY = 250
 MAX_REPLICAS = 8
 MAX_HOT = 4096
 MAX_PORTS = 32
+MAX_MEMCACHED_PORTS = 64
 WEIGHT_ONE = 65536
 COUNTERS = ("packets", "memcached", "unparsed", "balanced", "already_balanced", "mirrored", "replies_rewritten",
             "flooded", "dropped")  # enum mb_counter, in order
@@ -26,12 +27,12 @@ KEY = struct.Struct(f"=I{KEY_BYTES}s")  # struct mb_key
 HOT = struct.Struct(f"=III{MAX_REPLICAS}I{MAX_REPLICAS}I")  # struct mb_hot
 SERVER = struct.Struct("=6sH4s")  # struct mb_server (port and ip in network order)
 KEY_COUNTERS = struct.Struct(f"=QQQ{MAX_REPLICAS}Q")  # struct mb_key_counters
-SETTINGS = struct.Struct("=IHH")  # struct mb_settings
+SETTINGS = struct.Struct("=I")  # struct mb_settings
 U32 = struct.Struct("=I")
 U64 = struct.Struct("=Q")
 STRUCT_SIZES = {"hot_keys": (KEY.size, HOT.size), "servers": (U32.size, SERVER.size), "dirty": (4, 4),
                 "forward": (8, 4), "ports": (4, 4), "flows": (8, 4), "key_counters": (4, KEY_COUNTERS.size),
-                "counters": (4, 8), "settings": (4, SETTINGS.size)}
+                "counters": (4, 8), "settings": (4, SETTINGS.size), "memcached_ports": (2, 4)}
 
 
 def key_entry(key: bytes) -> bytes:
@@ -77,12 +78,16 @@ class Tables:
     """The maps of one loaded program (one switch), opened from their pins."""
 
     def __init__(self, pin_dir: Path | str):
-        pin_dir = Path(pin_dir)
-        self.maps = {name: BpfMap(str(pin_dir / name)) for name in STRUCT_SIZES}
+        self.pin_dir = Path(pin_dir)
+        self.maps = {name: BpfMap(str(self.pin_dir / name)) for name in STRUCT_SIZES}
 
     def close(self) -> None:
         for bpf_map in self.maps.values():
             bpf_map.close()
+
+    def current(self) -> bool:
+        """False once the switch was unloaded or reloaded: the pins no longer lead to the maps held open here."""
+        return pinned_map_id(str(self.pin_dir / "hot_keys")) == self.maps["hot_keys"].info.id
 
     # hot_get / set_mirror
     def set_hot(self, key: bytes, entry: HotEntry) -> None:
@@ -123,8 +128,18 @@ class Tables:
         self.maps["servers"].update(U32.pack(index), SERVER.pack(mac_bytes(mac), socket.htons(port),
                                                                  socket.inet_aton(ip)))
 
-    def set_settings(self, controller_ifindex: int, memcached_port: int = 11211) -> None:
-        self.maps["settings"].update(U32.pack(0), SETTINGS.pack(controller_ifindex, socket.htons(memcached_port), 0))
+    def set_settings(self, controller_ifindex: int) -> None:
+        self.maps["settings"].update(U32.pack(0), SETTINGS.pack(controller_ifindex))
+
+    def add_memcached_ports(self, ports: Sequence[int]) -> None:
+        """Ports memcached servers listen on: requests to them are read, replies from them are matched."""
+        for port in ports:
+            if not 0 < port < 65536:
+                raise ValueError(f"port {port}: must be 1-65535")
+            self.maps["memcached_ports"].update(struct.pack("=H", socket.htons(port)), U32.pack(1))
+
+    def memcached_ports(self) -> set[int]:
+        return {socket.ntohs(struct.unpack("=H", key)[0]) for key in self.maps["memcached_ports"].keys()}
 
     def set_ports(self, ifindexes: Sequence[int]) -> None:
         if len(ifindexes) > MAX_PORTS:

@@ -14,7 +14,7 @@ from mbalancer.memcache.keys import key_problem
 from mbalancer.memcache.lines import read_line
 from mbalancer.memcache.requests import WRITES, Request, parse_request
 from mbalancer.memcache.results import NotParsed
-from monitor.frames import UDP, Segment
+from mbalancer.packets import UDP, Segment
 
 MAX_REQUESTS_PER_SEGMENT = 1000  # bound the work one packet can cause
 WHOLE_VALUE_WRITES = ("set", "cas", "ms")  # writes whose data is the key's new value

@@ -93,8 +93,11 @@ static __always_inline int mb_word(const __u8 *w, const char *s, int n)
 static __always_inline enum mb_command mb_parse_command(struct __sk_buff *skb, struct mb_packet *pkt, __u32 *key_off)
 {
 	__u8 w[8] = {};
-	if (pkt->payload_len < 6 || bpf_skb_load_bytes(skb, pkt->payload_off, w, sizeof(w)) < 0)
-		return MB_CMD_OTHER;  /* "get k\r\n" is 7 bytes; shorter payloads are read by the 8-byte load anyway */
+	/* The shortest command is 6 bytes ("md k\r\n"); a payload that ends the packet may be shorter than the 8 bytes
+	 * compared (an unpadded frame), so load only what is there. */
+	__u32 n = pkt->payload_len < sizeof(w) ? pkt->payload_len : sizeof(w);
+	if (n < 6 || bpf_skb_load_bytes(skb, pkt->payload_off, w, n) < 0)
+		return MB_CMD_OTHER;
 #define MB_IS(word, kind) if (mb_word(w, word " ", sizeof(word))) { *key_off = pkt->payload_off + sizeof(word); return kind; }
 	MB_IS("get", MB_CMD_GET)
 	MB_IS("gets", MB_CMD_GET)

@@ -1,0 +1,111 @@
+"""The data planes MBalancer runs on, by name: the one list that `mbalancer controller --driver` and the config's
+[dataplane] section, the testbed and the namespace topology (switch nodes), `make install` (build steps) and the
+tests all read.
+
+An entry names its parts by import path ("module:attribute") and loads them only when asked, so reading the
+registry imports nothing heavy (no Mininet, no bpf syscall), and a kind that has not landed still has a name and a
+reason. Adding a data plane is one entry here plus its own folder: dataplanes/<name>/ (build, load, control
+library), its driver in controller/drivers/, its switch nodes in topologies/.
+"""
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from typing import Any
+
+from mbalancer.config import ConfigError, parse_section
+
+
+class UnknownDataPlane(ValueError):
+    """A name that is not in the registry, or a kind that cannot do what was asked; the message says which."""
+
+
+@dataclass(frozen=True)
+class DataPlaneKind:
+    name: str
+    summary: str
+    settings: str | None = None  # its config section [dataplane.<name>]: a dataclass whose fields have defaults
+    driver: str | None = None  # factory(settings) -> controller.driver.Driver; None: no controller (plain switch)
+    mininet_switch: str | None = None  # a Mininet switch class with driver_settings(net) -> dict
+    namespace_switch: str | None = None  # a switch for topologies/netns.py: start(ports), close(), driver_settings()
+    build: str | None = None  # run by `make install` (python -m dataplanes build)
+    check: str | None = None  # () -> None if it can run on this machine, else why not
+    missing: str | None = None  # not landed: why the name is refused
+
+    def available(self) -> str | None:
+        """None if this kind can run here, else why not."""
+        if self.missing:
+            return self.missing
+        return load(self.check)() if self.check else None
+
+    def settings_class(self) -> type | None:
+        return load(self.settings) if self.settings else None
+
+    def default_settings(self) -> Any:
+        return self.settings_class()() if self.settings else None
+
+    def parse_settings(self, raw: dict[str, Any] | None) -> Any:
+        """Its settings from its config section (a dict; None or empty: the defaults); ConfigError naming the
+        field for a bad one."""
+        where = f"dataplane.{self.name}"
+        if not self.settings:
+            if raw:
+                raise ConfigError(f"{where}: the {self.name} data plane takes no settings")
+            return None
+        return parse_section(raw or {}, where, self.settings_class())
+
+    def make_driver(self, settings: Any = None):
+        """The controller's driver for this kind, with its settings (None: the defaults)."""
+        self._require(self.driver, "drive it from the controller")
+        return load(self.driver)(self.default_settings() if settings is None else settings)
+
+    def mininet_switch_class(self) -> type:
+        self._require(self.mininet_switch, "run as a Mininet switch")
+        return load(self.mininet_switch)
+
+    def namespace_switch_class(self) -> type:
+        self._require(self.namespace_switch, "run in the namespace topology")
+        return load(self.namespace_switch)
+
+    def _require(self, part: str | None, what: str) -> None:
+        if self.missing:
+            raise UnknownDataPlane(f"data plane {self.name}: {self.missing}")
+        if part is None:
+            raise UnknownDataPlane(f"data plane {self.name} cannot {what}")
+
+
+KINDS: dict[str, DataPlaneKind] = {kind.name: kind for kind in (
+    DataPlaneKind(
+        "ebpf", "tc (clsact) eBPF program on every port of a Linux switch, tables in BPF maps (the default)",
+        settings="dataplanes.ebpf:Settings", driver="controller.drivers.ebpf:driver_from_settings",
+        mininet_switch="topologies.mininet_switch:EbpfSwitch", namespace_switch="topologies.netns:EbpfPorts",
+        build="dataplanes.ebpf.program:build", check="dataplanes.ebpf.program:available"),
+    DataPlaneKind(
+        "none", "no switch: the recording driver keeps the tables a switch would (dry runs, tests)",
+        driver="controller.drivers.recording:driver_from_settings"),
+    DataPlaneKind(
+        "bridge", "a plain Linux bridge: forwarding only, no MBalancer (the benchmarks' baseline)",
+        namespace_switch="topologies.netns:BridgePorts"),
+    DataPlaneKind("p4", "P4 (p4src/) on bmv2 through P4Runtime",
+                  missing="the P4Runtime driver (bmv2) has not landed"),
+    DataPlaneKind("openflow", "OpenFlow switches (Open vSwitch) through the Ryu app",
+                  missing="the OpenFlow (Ryu) driver has not landed"),
+)}
+
+
+def get(name: str) -> DataPlaneKind:
+    """The kind called `name`; UnknownDataPlane naming the choices otherwise."""
+    if name not in KINDS:
+        raise UnknownDataPlane(f"unknown data plane {name!r} (choose from {', '.join(KINDS)})")
+    return KINDS[name]
+
+
+def names(part: str = "") -> list[str]:
+    """The names of the kinds that have `part` (driver, mininet_switch, namespace_switch, build), landed or not."""
+    return [k.name for k in KINDS.values() if not part or getattr(k, part) is not None or k.missing]
+
+
+def load(path: str) -> Any:
+    """The attribute named by "module:attribute"."""
+    module, _, attribute = path.partition(":")
+    return getattr(importlib.import_module(module), attribute)

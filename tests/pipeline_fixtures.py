@@ -1,0 +1,161 @@
+"""The pipeline's packet fixtures, as data: every data plane's test runs these same cases (Katran's fixture style).
+
+Each case is the table state (hot keys with their weights and dirty bits), the frames the pipeline sees first, the
+frame in, and what must come out: the verdict, the exact frame out (None: the input, untouched), whether the write
+was mirrored to the controller, the dirty bit after, and the switch counters that moved. A runner loads the state
+through its data plane's own control API and compares; tests/test_ebpf_program.py runs them on the eBPF program
+in the kernel (BPF_PROG_TEST_RUN). The P4 and OpenFlow data planes are to run the same list.
+
+The network of every case: a client, and three servers (server 2 on another port); every hot key's replicas are
+the three servers in order, its home server 0 unless the case says otherwise.
+"""
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass, field
+
+from scapy.all import IP, TCP, UDP, Ether, Raw
+
+CLIENT = ("02:00:00:00:00:aa", "10.0.0.100")
+SERVERS = (("02:00:00:00:00:01", "10.0.0.1", 11211), ("02:00:00:00:00:02", "10.0.0.2", 11211),
+           ("02:00:00:00:00:03", "10.0.0.3", 11311))
+REPLICAS = (0, 1, 2)
+IP_BALANCED = 4  # the IPv4 reserved ("evil") flag bit, as scapy numbers the flags: "already balanced"
+
+
+@dataclass(frozen=True)
+class HotKey:
+    key: bytes
+    weights: tuple[float, ...] = (0.0, 1.0, 0.0)  # over REPLICAS
+    dirty: bool = False
+    home: int = 0
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    packet: bytes  # the frame in, at a switch port
+    hot: tuple[HotKey, ...] = (HotKey(b"hot"),)  # slot i holds hot[i]
+    before: tuple[bytes, ...] = ()  # frames the pipeline sees first (e.g. the get a reply answers)
+    verdict: str = "forward"  # forward: sent out of a port; drop
+    out: bytes | None = None  # the frame out; None: the input, untouched
+    mirrored: bool = False  # a copy went to the controller, and the key's write was counted in its slot
+    dirty_after: bool | None = None  # slot 0's dirty bit after the frame (None: as it was)
+    counters: dict[str, int] | None = None  # switch counters that moved (None: not checked)
+    gets: dict[int, int] = field(default_factory=dict)  # slot 0's get counts after: {replica position: n}
+
+
+def request(payload: bytes, to: int = 0, request_id: int = 7, sport: int = 40000, udp: bool = True,
+            frame: bool = True, flags: int = 0, frag: int = 0) -> bytes:
+    """A client's request to server `to`: UDP with the memcached frame header (unless frame=False), or TCP."""
+    return request_to(SERVERS[to], payload, request_id, sport, udp, frame, flags, frag)
+
+
+def request_to(server: tuple, payload: bytes, request_id: int = 7, sport: int = 40000, udp: bool = True,
+               frame: bool = True, flags: int = 0, frag: int = 0) -> bytes:
+    """The same to any server given as (mac, ip, port), or as a config Server."""
+    mac, ip, port = (server.mac, server.ip, server.port) if hasattr(server, "mac") else server
+    header = struct.pack("!HHHH", request_id, 0, 1, 0) if udp and frame else b""
+    l4 = UDP(sport=sport, dport=port) if udp else TCP(sport=sport, dport=port, flags="PA")
+    return bytes(Ether(src=CLIENT[0], dst=mac) / IP(src=CLIENT[1], dst=ip, flags=flags, frag=frag) / l4
+                 / Raw(header + payload))
+
+
+def reply(payload: bytes, by: int, request_id: int, dport: int = 40000, sequence: int = 0, total: int = 1) -> bytes:
+    """Server `by`'s UDP reply to the client."""
+    mac, ip, port = SERVERS[by]
+    return bytes(Ether(src=mac, dst=CLIENT[0]) / IP(src=ip, dst=CLIENT[1]) / UDP(sport=port, dport=dport)
+                 / Raw(struct.pack("!HHHH", request_id, sequence, total, 0) + payload))
+
+
+def balanced_to(packet: bytes, to: int) -> bytes:
+    """`packet` as hot_get sends it to replica `to`: destination MAC/IP/port rewritten, marked, checksums valid."""
+    mac, ip, port = SERVERS[to]
+    out = Ether(packet)
+    out.dst, out[IP].dst, out[UDP].dport = mac, ip, port
+    out[IP].flags = int(out[IP].flags) | IP_BALANCED
+    return _with_checksums(out)
+
+
+def from_home(packet: bytes, home: int) -> bytes:
+    """A reply as reply_source sends it on: source MAC/IP/port of the home server."""
+    mac, ip, port = SERVERS[home]
+    out = Ether(packet)
+    out.src, out[IP].src, out[UDP].sport = mac, ip, port
+    return _with_checksums(out)
+
+
+def zero_udp_checksum(frame: bytes) -> bytes:
+    """The frame with its UDP checksum 0: "no checksum" in IPv4."""
+    at = 14 + 20 + 6
+    return frame[:at] + b"\x00\x00" + frame[at + 2:]
+
+
+def _with_checksums(frame) -> bytes:
+    del frame[IP].chksum
+    del frame[UDP].chksum
+    return bytes(frame)
+
+
+LONGEST = b"k" * 250
+GET = request(b"get hot\r\n")
+CASES = (
+    # hot_get
+    Case("a hot get is rewritten to the chosen replica and marked", GET, out=balanced_to(GET, 1),
+         counters={"packets": 1, "memcached": 1, "balanced": 1}, gets={1: 1}),
+    Case("a replica on another port gets its port", request(b"gets hot\r\n"), hot=(HotKey(b"hot", (0, 0, 1)),),
+         out=balanced_to(request(b"gets hot\r\n"), 2)),
+    Case("a dirty key's get goes home untouched", GET, hot=(HotKey(b"hot", dirty=True),),
+         counters={"packets": 1, "memcached": 1}),
+    Case("a 250-byte key is balanced", request(b"get " + LONGEST + b"\r\n"), hot=(HotKey(LONGEST),),
+         out=balanced_to(request(b"get " + LONGEST + b"\r\n"), 1)),
+    Case("a 1-byte key at the very end of an unpadded frame is balanced", request(b"get k\r\n"),
+         hot=(HotKey(b"k"),), out=balanced_to(request(b"get k\r\n"), 1)),
+    Case("a hot key homed on another port is balanced from there", request(b"get hot\r\n", to=2),
+         hot=(HotKey(b"hot", (1, 0, 0), home=2),), out=balanced_to(request(b"get hot\r\n", to=2), 0)),
+    Case("a zero UDP checksum (none) stays zero", zero_udp_checksum(GET), out=zero_udp_checksum(balanced_to(GET, 1))),
+    # gets that are not hot_get's
+    *(Case(f"not balanced: {payload!r}", request(payload)) for payload in (
+        b"get cold\r\n", b"get hot other\r\n", b"get hot\r\nget hot\r\n", b"get hot", b"get hot \r\n",
+        b"gat 0 hot\r\n")),
+    Case("a 251-byte key is left alone and counted unparsed", request(b"get " + b"k" * 251 + b"\r\n"),
+         hot=(HotKey(LONGEST),), counters={"packets": 1, "memcached": 1, "unparsed": 1}),
+    Case("a get over TCP is not balanced", request(b"get hot\r\n", udp=False)),
+    Case("an already balanced get is not balanced again", request(b"get hot\r\n", flags=IP_BALANCED),
+         counters={"packets": 1, "memcached": 1, "already_balanced": 1}),
+    # set_mirror
+    *(Case(f"a write to a hot key's home is mirrored: {payload[:24]!r} over {'UDP' if udp else 'TCP'}",
+           request(payload, udp=udp), mirrored=True, dirty_after=True,
+           counters={"packets": 1, "memcached": 1, "mirrored": 1}) for payload, udp in (
+        (b"set hot 0 0 1\r\nx\r\n", True), (b"delete hot\r\n", True), (b"set hot 0 0 100000\r\n" + b"x" * 1000, False),
+        (b"incr hot 1\r\n", False), (b"touch hot 10\r\n", True))),
+    Case("the shortest write (6 bytes, unpadded) is mirrored", request(b"md k\r\n", udp=False),
+         hot=(HotKey(b"k"),), mirrored=True, dirty_after=True),
+    Case("a write to a home on its own port is mirrored", request(b"set hot 0 0 1\r\nx\r\n", to=2),
+         hot=(HotKey(b"hot", home=2),), mirrored=True, dirty_after=True),
+    Case("a write to a replica (the controller's own copy) is not mirrored",
+         request(b"ms hot 1 T0\r\nx\r\n", to=1, udp=False), dirty_after=False),
+    Case("a write to a cold key changes nothing", request(b"set cold 0 0 1\r\nx\r\n"), dirty_after=False),
+    # reply_source
+    *(Case(f"datagram {sequence} of a balanced get's reply leaves from the home",
+           reply(b"VALUE hot 0 1\r\nx\r\nEND\r\n", 1, 4242, 40001, sequence, 2),
+           before=(request(b"get hot\r\n", request_id=4242, sport=40001),),
+           out=from_home(reply(b"VALUE hot 0 1\r\nx\r\nEND\r\n", 1, 4242, 40001, sequence, 2), 0))
+      for sequence in (0, 1)),
+    Case("a reply from a replica on another port leaves with the home's port",
+         reply(b"END\r\n", 2, 4343, 40002), hot=(HotKey(b"hot", (0, 0, 1)),),
+         before=(request(b"get hot\r\n", request_id=4343, sport=40002),),
+         out=from_home(reply(b"END\r\n", 2, 4343, 40002), 0)),
+    Case("a reply to a get that was not balanced is untouched", reply(b"END\r\n", 1, 999, 40001)),
+    # unparsed and foreign traffic: forwarded untouched
+    *(Case(f"untouched: {name}", packet) for name, packet in (
+        ("binary protocol", request(b"\x80\x00\x00\x03hot\x00")),
+        ("not a command", request(b"garbage\r\n")),
+        ("no frame header", request(b"get hot\r\n", frame=False)),
+        ("control character in the key", request(b"get h\x01t\r\n")),
+        ("more fragments", request(b"get hot\r\n", flags=1)),
+        ("empty UDP", request(b"", frame=False)),
+        ("cut inside the UDP header", request(b"get hot\r\n")[:40]),
+        ("ARP", bytes(Ether(src=CLIENT[0], dst=SERVERS[0][0], type=0x0806) / Raw(b"\x00" * 28))))),
+)
+

@@ -1,0 +1,188 @@
+"""The core/driver contract (controller/driver.py), tested once for every driver in the registry: each is driven
+through install, weights, dirty, remove and refused requests, and asked where a get goes (faucet's way of asking
+a fake table; for the eBPF driver the real program answers, in the kernel, through BPF_PROG_TEST_RUN)."""
+from __future__ import annotations
+
+import os
+import random
+import threading
+from dataclasses import dataclass
+from typing import Callable
+
+import pytest
+
+from controller.driver import Driver, DriverError, ReplicaWeight
+from controller.drivers.recording import RecordingDriver
+from dataplanes import registry
+from mbalancer.config import Server
+
+SERVERS = [Server(f"s{i}", f"10.0.0.{i + 1}", f"02:00:00:00:00:{i + 1:02x}", 11211) for i in range(10)]
+UNTOUCHED = -1  # route(): the get left the switch as it came (to its home)
+
+
+@dataclass
+class Harness:
+    driver: Driver
+    route: Callable[[bytes, int, int], int]  # (key, home, request id) -> the server it reaches, or UNTOUCHED
+    reload: Callable[[], None]  # the switch comes back empty
+
+
+def recording_harness():
+    driver = RecordingDriver(max_replicas=8)
+
+    def route(key: bytes, home: int, request_id: int) -> int:
+        entry = driver.table.get(key)
+        return UNTOUCHED if entry is None or entry.dirty else driver.route(key, request_id)
+
+    yield Harness(driver, route, driver.reconnect)
+
+
+def ebpf_harness():
+    from dataplanes.ebpf.bpf_syscall import obj_get, prog_test_run
+    from dataplanes.ebpf.program import DataPlane
+    from tests.pipeline_fixtures import request_to
+
+    plane = DataPlane(f"contract{os.getpid()}").load()
+    plane.serve([])
+    driver = registry.get("ebpf").make_driver(registry.get("ebpf").parse_settings({"switches": [plane.name]}))
+    by_ip = {s.ip: i for i, s in enumerate(SERVERS)}
+
+    def route(key: bytes, home: int, request_id: int) -> int:
+        packet = request_to(SERVERS[home], b"get " + key + b"\r\n", request_id)
+        prog = obj_get(str(plane.program_pin))
+        try:
+            out = prog_test_run(prog, packet).packet
+        finally:
+            os.close(prog)
+        return UNTOUCHED if out == packet else by_ip[".".join(str(b) for b in out[30:34])]
+
+    def reload() -> None:
+        plane.unload()
+        plane.load()
+        plane.serve([])
+
+    try:
+        yield Harness(driver, route, reload)
+    finally:
+        driver.close()
+        plane.unload()
+
+
+HARNESSES = {"none": recording_harness, "ebpf": ebpf_harness}
+
+
+def test_every_driver_of_the_registry_is_held_to_the_contract():
+    assert set(registry.names("driver")) - {k for k in registry.KINDS if registry.KINDS[k].missing} == \
+        set(HARNESSES)
+
+
+@pytest.fixture(params=sorted(HARNESSES))
+def harness(request):
+    why_not = registry.get(request.param).available()
+    if request.param == "ebpf" and os.geteuid() != 0:
+        why_not = "needs root (bpf syscall, bpffs)"
+    if why_not:
+        pytest.skip(f"{request.param}: {why_not}")
+    made = HARNESSES[request.param]()
+    harness = next(made)
+    reconnected = threading.Event()
+    harness.driver.attach(SERVERS, lambda frame: None, reconnected.set)
+    harness.reconnected = reconnected
+    yield harness
+    next(made, None)
+
+
+def equal(*servers: int) -> list[ReplicaWeight]:
+    return [ReplicaWeight(s, 1 / len(servers)) for s in servers]
+
+
+def spread(harness: Harness, key: bytes, home: int, gets: int = 300) -> dict[int, int]:
+    rng, seen = random.Random(3), {}
+    for _ in range(gets):
+        server = harness.route(key, home, rng.randrange(65536))
+        seen[server] = seen.get(server, 0) + 1
+    return seen
+
+
+def test_a_key_is_installed_dirty_and_balanced_once_clean(harness):
+    harness.driver.install_hot_key(b"k", 0, equal(0, 1, 2))
+    assert spread(harness, b"k", 0, 50) == {UNTOUCHED: 50}  # dirty: every get goes home as it is
+    harness.driver.set_dirty(b"k", False)
+    seen = spread(harness, b"k", 0)
+    assert set(seen) == {0, 1, 2} and min(seen.values()) > 50, seen
+
+
+def test_weights_move_gets_and_a_zero_weight_takes_none(harness):
+    harness.driver.install_hot_key(b"k", 0, equal(0, 1, 2))
+    harness.driver.set_dirty(b"k", False)
+    harness.driver.set_weights(b"k", [ReplicaWeight(0, 0.0), ReplicaWeight(1, 0.0), ReplicaWeight(2, 1.0)])
+    assert spread(harness, b"k", 0, 100) == {2: 100}
+    harness.driver.set_weights(b"k", [ReplicaWeight(0, 0.0), ReplicaWeight(1, 0.5), ReplicaWeight(2, 0.5)])
+    assert set(spread(harness, b"k", 0, 100)) == {1, 2}
+
+
+def test_the_dirty_bit_sends_gets_home_and_removal_leaves_the_key_cold(harness):
+    harness.driver.install_hot_key(b"k", 0, equal(0, 1))
+    harness.driver.set_dirty(b"k", False)
+    harness.driver.set_dirty(b"k", True)
+    assert spread(harness, b"k", 0, 50) == {UNTOUCHED: 50}
+    harness.driver.set_dirty(b"k", False)
+    harness.driver.remove_hot_key(b"k")
+    assert spread(harness, b"k", 0, 50) == {UNTOUCHED: 50}
+    for call in (lambda: harness.driver.remove_hot_key(b"k"), lambda: harness.driver.set_dirty(b"k", False),
+                 lambda: harness.driver.set_weights(b"k", equal(0, 1))):
+        with pytest.raises(DriverError):
+            call()
+
+
+def test_a_refused_install_changes_nothing(harness):
+    limit = harness.driver.max_replicas
+    assert limit is not None and limit < len(SERVERS)
+    for _ in range(3):
+        with pytest.raises(DriverError):
+            harness.driver.install_hot_key(b"big", 0, equal(*range(limit + 1)))
+    assert spread(harness, b"big", 0, 20) == {UNTOUCHED: 20}
+    harness.driver.install_hot_key(b"big", 0, equal(*range(limit)))  # within the limit it goes in
+    harness.driver.set_dirty(b"big", False)
+    assert len(spread(harness, b"big", 0)) == limit
+    with pytest.raises(DriverError):  # twice: refused, and the entry stays as it was
+        harness.driver.install_hot_key(b"big", 0, equal(0, 1))
+    assert len(spread(harness, b"big", 0)) == limit
+
+
+def test_a_switch_that_comes_back_empty_is_reported_and_takes_the_keys_again(harness):
+    harness.driver.install_hot_key(b"k", 0, equal(0, 1))
+    harness.driver.set_dirty(b"k", False)
+    harness.reload()
+    assert harness.reconnected.wait(10), "the driver did not notice its switch came back"
+    assert spread(harness, b"k", 0, 20) == {UNTOUCHED: 20}
+    harness.driver.install_hot_key(b"k", 0, equal(0, 1))  # what the core's replay does
+    harness.driver.set_dirty(b"k", False)
+    assert set(spread(harness, b"k", 0)) == {0, 1}
+
+
+def test_counters_count_gets_per_replica(harness):
+    harness.driver.install_hot_key(b"k", 0, [ReplicaWeight(0, 0.0), ReplicaWeight(1, 1.0)])
+    harness.driver.set_dirty(b"k", False)
+    spread(harness, b"k", 0, 30)
+    counters = harness.driver.read_counters()
+    if isinstance(harness.driver, RecordingDriver):
+        pytest.skip("the recording driver counts only what a test tells it")
+    assert counters.keys[b"k"].per_replica.get(1) == 30 and counters.keys[b"k"].gets == 30
+
+
+def test_an_ebpf_install_refused_for_its_replicas_takes_no_slot():
+    """The slot leak: a refused install used to keep the slot it had taken (4096 -> 4093 after three)."""
+    if os.geteuid() != 0 or registry.get("ebpf").available():
+        pytest.skip("needs the eBPF data plane (root)")
+    made = ebpf_harness()
+    harness = next(made)
+    try:
+        harness.driver.attach(SERVERS, lambda frame: None)
+        free = len(harness.driver.free_slots)
+        for _ in range(3):
+            with pytest.raises(DriverError):
+                harness.driver.install_hot_key(b"big", 0, equal(*range(9)))
+        assert len(harness.driver.free_slots) == free
+    finally:
+        next(made, None)
