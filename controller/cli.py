@@ -10,11 +10,10 @@ import argparse
 import signal
 import sys
 import threading
+from dataclasses import replace
 from typing import Callable
 
 from controller.core import ControllerCore
-from dataclasses import replace
-
 from controller.driver import DriverError
 from controller.drivers import make_driver
 from controller.http_api import serve, start_serving

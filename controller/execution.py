@@ -152,8 +152,7 @@ class Executor:
                 return self.decide("error", key, f"cool-down postponed, the driver refused to remove the rules: "
                                                  f"{err}; retrying")
         del self.hot[key]
-        for action in ("refill", "rules", "settle", "install", "cool"):
-            self._cancel(key, action)
+        self._cancel(key, "refill", "rules", "settle", "install", "cool")
         extras = [s for s in hot.placement.replicas if s != hot.placement.home]
         for server, error in self.replicator.delete(key, extras).items():
             self._schedule("delete", key, server, error)
@@ -179,8 +178,7 @@ class Executor:
         while no rule mirrored them), then settled against the home's CAS."""
         for key, hot in self.hot.items():
             hot.installed, hot.dirty = False, True
-            for action in ("rules", "settle", "install"):
-                self._cancel(key, action)
+            self._cancel(key, "rules", "settle", "install")
             self._install(key, hot)
         self.decide("replay", None, f"the data plane came back empty: {len(self.hot)} hot keys installed again")
 
@@ -344,8 +342,8 @@ class Executor:
         due = self.clock() + min(BACKOFF_FIRST * 2 ** attempt, BACKOFF_MAX)
         self.retries[(action, key, server)] = Retry(action, key, server, attempt, due, error)
 
-    def _cancel(self, key: bytes, action: str) -> None:
-        for retry_key in [k for k in self.retries if k[0] == action and k[1] == key]:
+    def _cancel(self, key: bytes, *actions: str) -> None:
+        for retry_key in [k for k in self.retries if k[0] in actions and k[1] == key]:
             del self.retries[retry_key]
 
     def _set_weights(self, key: bytes, hot: HotKey, attempt: int = 0) -> None:

@@ -41,9 +41,6 @@ class DataPlaneKind:
     def settings_class(self) -> type | None:
         return load(self.settings) if self.settings else None
 
-    def default_settings(self) -> Any:
-        return self.settings_class()() if self.settings else None
-
     def parse_settings(self, raw: dict[str, Any] | None) -> Any:
         """Its settings from its config section (a dict; None or empty: the defaults); ConfigError naming the
         field for a bad one."""
@@ -57,7 +54,7 @@ class DataPlaneKind:
     def make_driver(self, settings: Any = None):
         """The controller's driver for this kind, with its settings (None: the defaults)."""
         self._require(self.driver, "drive it from the controller")
-        return load(self.driver)(self.default_settings() if settings is None else settings)
+        return load(self.driver)(self.parse_settings(None) if settings is None else settings)
 
     def mininet_switch_class(self) -> type:
         self._require(self.mininet_switch, "run as a Mininet switch")

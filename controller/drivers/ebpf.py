@@ -61,9 +61,7 @@ class EbpfDriver(Driver):
         self.mirror_ifaces = list(mirror_ifaces)
         self.servers: tuple[Server, ...] = ()
         self.tables: list[Tables] = []
-        self.slots: dict[bytes, int] = {}
-        self.homes: dict[bytes, int] = {}
-        self.free_slots = list(range(MAX_HOT - 1, -1, -1))
+        self._reset_slots()
         self.on_mirror: MirrorHandler | None = None
         self.on_reconnect: ReconnectHandler | None = None
         self.mirrors_received = 0
@@ -161,6 +159,12 @@ class EbpfDriver(Driver):
         except (BpfError, ValueError) as err:
             self._close_tables()
             raise DriverError(f"eBPF tables: {err}") from None
+
+    def _reset_slots(self) -> None:
+        """No key installed: every slot free (at start, and when the switch came back empty)."""
+        self.slots: dict[bytes, int] = {}
+        self.homes: dict[bytes, int] = {}
+        self.free_slots = list(range(MAX_HOT - 1, -1, -1))
 
     def _close_tables(self) -> None:
         for tables in self.tables:
@@ -264,9 +268,7 @@ class EbpfDriver(Driver):
                 return False  # unloaded, not (yet) loaded again: wait for it
             log.warning("an eBPF switch was reloaded: its tables are empty; installing every hot key again")
             self._close_tables()
-            self.slots.clear()
-            self.homes.clear()
-            self.free_slots = list(range(MAX_HOT - 1, -1, -1))
+            self._reset_slots()
             try:
                 self._open()
             except DriverError as err:

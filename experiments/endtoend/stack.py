@@ -1,6 +1,6 @@
 """MBalancer's full loop on a running testbed: the controller core with the testbed's data-plane driver (in this
-process), its HTTP API, and the monitor (`mbalancer monitor`, a process) sniffing the switch ports where client requests
-arrive and pushing its reports to the controller."""
+process), its HTTP API, and the monitor (`mbalancer monitor`, a process) sniffing the switch ports where client
+requests arrive and pushing its reports to the controller."""
 from __future__ import annotations
 
 import json
@@ -72,7 +72,7 @@ class MBalancerStack:
         if self._monitor_out is not None:
             self._monitor_out.close()
             self._monitor_out = None
-        state = state or self.core.state()
+        state = self.core.state() if state is None else state
         if self.http is not None:
             self.http.shutdown()
             self.http.server_close()
