@@ -1,8 +1,9 @@
 """The pipeline's packet fixtures, as data: every data plane's test runs these same cases (Katran's fixture style).
 
-Each case is the table state (hot keys with their weights and dirty bits), the frames the pipeline sees first, the
-frame in, and what must come out: the verdict, the exact frame out (None: the input, untouched), whether the write
-was mirrored to the controller, the dirty bit after, and the switch counters that moved. A runner loads the state
+Each case is the table state (hot keys with their weights and dirty state, the controller's lease), the frames the
+pipeline sees first, the frame in, and what must come out: the verdict, the exact frame out (None: the input,
+untouched), whether the write was mirrored to the controller, whether the request made its server unsure (it may
+hold writes the pipeline cannot read), the key's dirty state after, and the switch counters that moved. A runner loads the state
 through its data plane's own control API and compares; tests/test_ebpf_program.py runs them on the eBPF program
 in the kernel (BPF_PROG_TEST_RUN). The P4 and OpenFlow data planes are to run the same list.
 
@@ -40,7 +41,9 @@ class Case:
     verdict: str = "forward"  # forward: sent out of a port; drop
     out: bytes | None = None  # the frame out; None: the input, untouched
     mirrored: bool = False  # a copy went to the controller, and the key's write was counted in its slot
-    dirty_after: bool | None = None  # slot 0's dirty bit after the frame (None: as it was)
+    dirty_after: bool | None = None  # slot 0's key dirty after the frame (None: as it was)
+    unsure: int | None = None  # the server whose unsure count the frame raised (None: no server's)
+    lease: bool = True  # the controller's lease runs
     counters: dict[str, int] | None = None  # switch counters that moved (None: not checked)
     gets: dict[int, int] = field(default_factory=dict)  # slot 0's get counts after: {replica position: n}
 
@@ -99,6 +102,7 @@ def _with_checksums(frame) -> bytes:
 
 LONGEST = b"k" * 250
 GET = request(b"get hot\r\n")
+SET_HOT = b"set hot 0 0 1\r\nx\r\n"
 CASES = (
     # hot_get
     Case("a hot get is rewritten to the chosen replica and marked", GET, out=balanced_to(GET, 1),
@@ -107,6 +111,13 @@ CASES = (
          out=balanced_to(request(b"gets hot\r\n"), 2)),
     Case("a dirty key's get goes home untouched", GET, hot=(HotKey(b"hot", dirty=True),),
          counters={"packets": 1, "memcached": 1}),
+    Case("without the controller's lease a hot get goes home untouched", GET, lease=False,
+         counters={"packets": 1, "memcached": 1, "lease_expired": 1}),
+    Case("after a write the key's gets go home", GET, before=(request(SET_HOT),), dirty_after=True),
+    Case("after a request its home's pipeline could not read, the key's gets go home", GET,
+         before=(request(b"garbage\r\n", udp=False),), dirty_after=True),
+    Case("a request the pipeline cannot read for another server leaves this key clean", GET,
+         before=(request(b"garbage\r\n", to=1, udp=False),), out=balanced_to(GET, 1), dirty_after=False),
     Case("a 250-byte key is balanced", request(b"get " + LONGEST + b"\r\n"), hot=(HotKey(LONGEST),),
          out=balanced_to(request(b"get " + LONGEST + b"\r\n"), 1)),
     Case("a 1-byte key at the very end of an unpadded frame is balanced", request(b"get k\r\n"),
@@ -116,19 +127,45 @@ CASES = (
     Case("a zero UDP checksum (none) stays zero", zero_udp_checksum(GET), out=zero_udp_checksum(balanced_to(GET, 1))),
     # gets that are not hot_get's
     *(Case(f"not balanced: {payload!r}", request(payload)) for payload in (
-        b"get cold\r\n", b"get hot other\r\n", b"get hot\r\nget hot\r\n", b"get hot", b"get hot \r\n",
-        b"gat 0 hot\r\n")),
+        b"get cold\r\n", b"get hot other\r\n", b"get hot \r\n")),
+    *(Case(f"not balanced, and its server unsure: {payload!r}", request(payload), unsure=0, dirty_after=True)
+      for payload in (b"get hot\r\nget hot\r\n", b"get hot", b"gat 0 hot\r\n")),
     Case("a 251-byte key is left alone and counted unparsed", request(b"get " + b"k" * 251 + b"\r\n"),
-         hot=(HotKey(LONGEST),), counters={"packets": 1, "memcached": 1, "unparsed": 1}),
+         hot=(HotKey(LONGEST),), counters={"packets": 1, "memcached": 1, "unparsed": 1, "unsure": 1}, unsure=0,
+         dirty_after=True),
     Case("a get over TCP is not balanced", request(b"get hot\r\n", udp=False)),
+    *(Case(f"a whole read changes nothing: {payload!r}", request(payload, udp=False), dirty_after=False)
+      for payload in (b"get a b hot\r\n", b"gets hot cold\r\n", b"mg hot v f t c\r\n", b"mn\r\n")),
     Case("an already balanced get is not balanced again", request(b"get hot\r\n", flags=IP_BALANCED),
          counters={"packets": 1, "memcached": 1, "already_balanced": 1}),
     # set_mirror
     *(Case(f"a write to a hot key's home is mirrored: {payload[:24]!r} over {'UDP' if udp else 'TCP'}",
            request(payload, udp=udp), mirrored=True, dirty_after=True,
            counters={"packets": 1, "memcached": 1, "mirrored": 1}) for payload, udp in (
-        (b"set hot 0 0 1\r\nx\r\n", True), (b"delete hot\r\n", True), (b"set hot 0 0 100000\r\n" + b"x" * 1000, False),
-        (b"incr hot 1\r\n", False), (b"touch hot 10\r\n", True))),
+        (SET_HOT, True), (b"delete hot\r\n", True), (b"incr hot 1\r\n", False), (b"touch hot 10\r\n", True),
+        (b"set hot 0 0 2 noreply\r\nxy\r\n", False), (b"cas hot 0 0 1 99\r\nx\r\n", False),
+        (b"ms hot 2 T0 F5\r\nxy\r\n", False), (b"delete hot noreply\r\n", False))),
+    # writes the pipeline cannot read whole: the server is unsure, every hot key homed there dirty
+    *(Case(f"unsure: {name}", request(payload, udp=udp), mirrored=mirrored, unsure=0, dirty_after=True)
+      for name, payload, udp, mirrored in (
+        ("a hot set whose value continues in the next segment", b"set hot 0 0 100000\r\n" + b"x" * 1000, False, True),
+        ("the next segment of a value", b"x" * 1000, False, False),
+        ("set_many: a cold set, then a hot one", b"set cold 0 0 1\r\nx\r\n" + SET_HOT, False, False),
+        ("a hot set, then a cold one", SET_HOT + b"set cold 0 0 1\r\nx\r\n", False, True),
+        ("a get and a set pipelined", b"get cold\r\n" + SET_HOT, False, False),
+        ("a set whose length does not match its data", b"set hot 0 0 5\r\nx\r\n", False, True),
+        ("a set without a length", b"set hot 0 0\r\nx\r\n", False, True),
+        ("the binary protocol", b"\x80\x01\x00\x03\x08\x00\x00\x00" + b"\x00" * 16 + b"hot", False, False),
+        ("a meta get that sets a TTL", b"mg hot v T30\r\n", False, False),
+        ("gat (the key is not first)", b"gat 30 hot\r\n", False, False),
+        ("flush_all", b"flush_all\r\n", False, False),
+        ("pipelined over UDP", b"get cold\r\n" + SET_HOT, True, False),
+        ("a request of two datagrams", b"set hot 0 0 1\r\nx\r\n", True, False))
+      if name != "a request of two datagrams"),
+    Case("unsure: a request of two datagrams", request(SET_HOT, frame=False)[:-len(SET_HOT)]
+         + struct.pack("!HHHH", 7, 0, 2, 0) + SET_HOT, unsure=0, dirty_after=True),
+    Case("a whole write to a cold key leaves the hot key clean", request(b"set cold 0 0 1\r\nx\r\n", udp=False),
+         dirty_after=False),
     Case("the shortest write (6 bytes, unpadded) is mirrored", request(b"md k\r\n", udp=False),
          hot=(HotKey(b"k"),), mirrored=True, dirty_after=True),
     Case("a write to a home on its own port is mirrored", request(b"set hot 0 0 1\r\nx\r\n", to=2),
@@ -148,11 +185,12 @@ CASES = (
          out=from_home(reply(b"END\r\n", 2, 4343, 40002), 0)),
     Case("a reply to a get that was not balanced is untouched", reply(b"END\r\n", 1, 999, 40001)),
     # unparsed and foreign traffic: forwarded untouched
-    *(Case(f"untouched: {name}", packet) for name, packet in (
+    *(Case(f"untouched, its server unsure: {name}", packet, unsure=0, dirty_after=True) for name, packet in (
         ("binary protocol", request(b"\x80\x00\x00\x03hot\x00")),
         ("not a command", request(b"garbage\r\n")),
         ("no frame header", request(b"get hot\r\n", frame=False)),
-        ("control character in the key", request(b"get h\x01t\r\n")),
+        ("control character in the key", request(b"get h\x01t\r\n")))),
+    *(Case(f"untouched: {name}", packet) for name, packet in (
         ("more fragments", request(b"get hot\r\n", flags=1)),
         ("empty UDP", request(b"", frame=False)),
         ("cut inside the UDP header", request(b"get hot\r\n")[:40]),

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import random
+import time
 import re
 
 import pytest
@@ -37,6 +38,7 @@ def plane():
     data_plane = DataPlane(f"fixture{os.getpid()}").load()
     tables = Tables(data_plane.pin_dir)
     tables.set_settings(controller_ifindex=0)
+    tables.set_lease(time.monotonic_ns() + 3600 * 10**9)  # a controller that vouches for the copies
     tables.add_memcached_ports(sorted({port for _, _, port in SERVERS}))
     for index, (mac, ip, port) in enumerate(SERVERS):
         tables.set_server(index, mac, ip, port)
@@ -50,8 +52,16 @@ def plane():
 def load_state(tables: Tables, case: Case) -> None:
     for slot, hot in enumerate(case.hot):
         tables.set_hot(hot.key, HotEntry(slot, hot.home, REPLICAS, tuple(cumulative_weights(hot.weights))))
-        tables.set_dirty(slot, hot.dirty)
+        make_clean(tables, slot, hot.home)
+        if hot.dirty:
+            tables.hold(slot)
         tables.reset_key_counts(slot)
+    tables.set_lease(time.monotonic_ns() + (3600 * 10**9 if case.lease else -1))
+
+
+def make_clean(tables: Tables, slot: int, home: int) -> None:
+    """The controller's clear: synced to the counts as they are."""
+    tables.set_synced(slot, tables.writes(slot), tables.unsure(home))
 
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
@@ -62,16 +72,21 @@ def test_pipeline_fixture(plane, case):
         for frame in case.before:
             prog_test_run(prog, frame)
         place_hosts(tables)
-        before = tables.counters()
+        before, unsure_before = tables.counters(), [tables.unsure(i) for i in range(len(SERVERS))]
+        mirrored_before = tables.key_counts(0).mirrored
         out = prog_test_run(prog, case.packet)
-        after = tables.counters()
+        after, unsure_after = tables.counters(), [tables.unsure(i) for i in range(len(SERVERS))]
         assert VERDICTS.get(out.verdict) == case.verdict
         assert out.packet == (case.out or case.packet), Ether(out.packet).show(dump=True)
         if case.counters is not None:
             assert {k: after[k] - before[k] for k in after if after[k] != before[k]} == case.counters
         counts = tables.key_counts(0)
-        assert (after["mirrored"] - before["mirrored"], counts.mirrored) == ((1, 1) if case.mirrored else (0, 0))
-        assert tables.dirty(0) == (case.hot[0].dirty if case.dirty_after is None else case.dirty_after)
+        assert (after["mirrored"] - before["mirrored"], counts.mirrored - mirrored_before) == (
+            (1, 1) if case.mirrored else (0, 0))
+        assert tables.dirty(0, case.hot[0].home) == (case.hot[0].dirty if case.dirty_after is None
+                                                     else case.dirty_after)
+        assert [a - b for a, b in zip(unsure_after, unsure_before)] == [
+            int(i == case.unsure) for i in range(len(SERVERS))]
         for position, n in case.gets.items():
             assert counts.per_replica[position] == n
     finally:
@@ -101,7 +116,8 @@ def test_gets_are_spread_in_proportion_to_the_weights(plane):
     tables, prog = plane
     weights = (0.2, 0.3, 0.5)
     tables.set_hot(b"hot", HotEntry(0, 0, REPLICAS, tuple(cumulative_weights(weights))))
-    tables.set_dirty(0, False)
+    make_clean(tables, 0, 0)
+    tables.set_lease(time.monotonic_ns() + 3600 * 10**9)
     rng = random.Random(5)
     seen = {ip: 0 for _, ip, _ in SERVERS}
     gets = 3000

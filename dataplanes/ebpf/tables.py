@@ -21,16 +21,20 @@ MAX_PORTS = 32
 MAX_MEMCACHED_PORTS = 64
 WEIGHT_ONE = 65536
 COUNTERS = ("packets", "memcached", "unparsed", "balanced", "already_balanced", "mirrored", "replies_rewritten",
-            "flooded", "dropped")  # enum mb_counter, in order
+            "flooded", "dropped", "unsure", "cloned", "lease_expired")  # enum mb_counter, in order
+HELD = 2 ** 64 - 1  # MB_HELD: a synced write count no slot reaches, so the key stays dirty
 
 KEY = struct.Struct(f"=I{KEY_BYTES}s")  # struct mb_key
 HOT = struct.Struct(f"=III{MAX_REPLICAS}I{MAX_REPLICAS}I")  # struct mb_hot
 SERVER = struct.Struct("=6sH4s")  # struct mb_server (port and ip in network order)
 KEY_COUNTERS = struct.Struct(f"=QQQ{MAX_REPLICAS}Q")  # struct mb_key_counters
 SETTINGS = struct.Struct("=I")  # struct mb_settings
+SYNCED = struct.Struct("=QQ")  # struct mb_synced
+SERVER_ADDRESS = struct.Struct("=4sHH")  # struct mb_server_address (network order)
 U32 = struct.Struct("=I")
 U64 = struct.Struct("=Q")
-STRUCT_SIZES = {"hot_keys": (KEY.size, HOT.size), "servers": (U32.size, SERVER.size), "dirty": (4, 4),
+STRUCT_SIZES = {"hot_keys": (KEY.size, HOT.size), "servers": (U32.size, SERVER.size), "writes": (4, 8),
+                "unsure": (4, 8), "synced": (4, SYNCED.size), "lease": (4, 8), "server_index": (SERVER_ADDRESS.size, 4),
                 "forward": (8, 4), "ports": (4, 4), "flows": (8, 4), "key_counters": (4, KEY_COUNTERS.size),
                 "counters": (4, 8), "settings": (4, SETTINGS.size), "memcached_ports": (2, 4)}
 
@@ -106,14 +110,50 @@ class Tables:
         n = fields[2]
         return HotEntry(fields[0], fields[1], fields[3:3 + n], fields[3 + MAX_REPLICAS:3 + MAX_REPLICAS + n])
 
+    def hot_entries(self) -> dict[bytes, HotEntry]:
+        """Every hot key the switch holds (e.g. left by a controller that stopped)."""
+        entries = {}
+        for raw in self.maps["hot_keys"].keys():
+            length, padded = KEY.unpack(raw)
+            key = padded[:length]
+            entry = self.hot(key)
+            if entry is not None:
+                entries[key] = entry
+        return entries
+
     def delete_hot(self, key: bytes) -> bool:
         return self.maps["hot_keys"].delete(key_entry(key))
 
-    def set_dirty(self, slot: int, dirty: bool) -> None:
-        self.maps["dirty"].update(U32.pack(slot), U32.pack(int(dirty)))
+    # dirty state (bpf/structs.h, struct mb_synced)
+    def writes(self, slot: int) -> int:
+        """Writes to the slot's key the pipeline has counted (since the program was loaded)."""
+        return U64.unpack(self.maps["writes"].lookup(U32.pack(slot)))[0]
 
-    def dirty(self, slot: int) -> bool:
-        return U32.unpack(self.maps["dirty"].lookup(U32.pack(slot)))[0] != 0
+    def unsure(self, server: int) -> int:
+        """Requests to the server the pipeline could not be sure held no write."""
+        return U64.unpack(self.maps["unsure"].lookup(U32.pack(server)))[0]
+
+    def synced(self, slot: int) -> tuple[int, int]:
+        return SYNCED.unpack(self.maps["synced"].lookup(U32.pack(slot)))
+
+    def set_synced(self, slot: int, writes: int, unsure: int) -> None:
+        """The counts the controller synced the slot's key to: clean while the pipeline's counts still equal them."""
+        self.maps["synced"].update(U32.pack(slot), SYNCED.pack(writes, unsure))
+
+    def hold(self, slot: int) -> None:
+        """Dirty until the controller says otherwise, whatever the counts."""
+        self.set_synced(slot, HELD, 0)
+
+    def dirty(self, slot: int, home: int) -> bool:
+        """The pipeline's dirty test for a key in `slot` homed on `home` (the lease aside)."""
+        return self.synced(slot) != (self.writes(slot), self.unsure(home))
+
+    def set_lease(self, until_ns: int) -> None:
+        """Until when (CLOCK_MONOTONIC ns, as bpf_ktime_get_ns) the controller vouches for the copies; 0: never."""
+        self.maps["lease"].update(U32.pack(0), U64.pack(until_ns))
+
+    def lease(self) -> int:
+        return U64.unpack(self.maps["lease"].lookup(U32.pack(0)))[0]
 
     def key_counts(self, slot: int) -> KeyCounts:
         per_cpu = [KEY_COUNTERS.unpack(v) for v in self.maps["key_counters"].lookup(U32.pack(slot))]
@@ -127,6 +167,8 @@ class Tables:
     def set_server(self, index: int, mac: str, ip: str, port: int) -> None:
         self.maps["servers"].update(U32.pack(index), SERVER.pack(mac_bytes(mac), socket.htons(port),
                                                                  socket.inet_aton(ip)))
+        self.maps["server_index"].update(SERVER_ADDRESS.pack(socket.inet_aton(ip), socket.htons(port), 0),
+                                         U32.pack(index))
 
     def set_settings(self, controller_ifindex: int) -> None:
         self.maps["settings"].update(U32.pack(0), SETTINGS.pack(controller_ifindex))

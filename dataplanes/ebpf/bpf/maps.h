@@ -14,14 +14,39 @@ struct {
 	__type(value, struct mb_hot);
 } hot_keys SEC(".maps");
 
-/* Dirty bit per slot: set by the pipeline on a mirrored write, cleared by the controller. Kept apart from hot_keys
- * so that rewriting a key's weights can never clear a bit the pipeline has just set. */
+/* Dirty state (struct mb_synced says how). writes: per slot, writes the pipeline mirrored (atomic adds). */
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
 	__uint(max_entries, MB_MAX_HOT);
 	__type(key, __u32);
-	__type(value, __u32);
-} dirty SEC(".maps");
+	__type(value, __u64);
+} writes SEC(".maps");
+
+/* unsure: per server, requests that may hold writes the pipeline cannot read (pipelined commands, a command
+ * split over segments, the binary protocol, ...): every hot key homed there is dirty until the controller checks. */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, MB_MAX_SERVERS);
+	__type(key, __u32);
+	__type(value, __u64);
+} unsure SEC(".maps");
+
+/* synced: per slot, written by the controller only. */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, MB_MAX_HOT);
+	__type(key, __u32);
+	__type(value, struct mb_synced);
+} synced SEC(".maps");
+
+/* The controller's lease: bpf_ktime_get_ns() until which it vouches for the copies (it renews it while it runs).
+ * After it, or while it is 0 (no controller yet), every hot key acts dirty: gets go home. */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, __u64);
+} lease SEC(".maps");
 
 /* Server index -> MAC, IP, port. */
 struct {
@@ -30,6 +55,14 @@ struct {
 	__type(key, __u32);
 	__type(value, struct mb_server);
 } servers SEC(".maps");
+
+/* Server address -> index: which server a request is for (unsure counts are kept per server). */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, MB_MAX_SERVERS);
+	__type(key, struct mb_server_address);
+	__type(value, __u32);
+} server_index SEC(".maps");
 
 /* The ports memcached servers listen on (network order -> 1): a request goes to one of them, a reply comes from
  * one. Each server's own port is written here, so servers on different ports are all served. */
@@ -40,9 +73,10 @@ struct {
 	__type(value, __u32);
 } memcached_ports SEC(".maps");
 
-/* forward: destination MAC (8 bytes, last 2 zero) -> output ifindex. Learned from source MACs, or set. */
+/* forward: destination MAC (8 bytes, last 2 zero) -> output ifindex. Learned from source MACs, or set. LRU: a
+ * flood of spoofed source MACs evicts old entries instead of filling the table, so a new host is still learned. */
 struct {
-	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
 	__uint(max_entries, 4096);
 	__type(key, __u64);
 	__type(value, __u32);

@@ -1,10 +1,13 @@
 // SPDX-License-Identifier: GPL-2.0
 /* MBalancer's data plane as a tc (clsact ingress) program, attached to every port of one switch.
  * It implements the pipeline (README.md, "The pipeline") table for table:
- *   hot_get      single-key UDP get/gets of a hot key: dirty -> home unchanged; else a replica chosen by weight from
- *                a hash of the request id and client, dst MAC/IP/port rewritten, marked balanced
- *   set_mirror   a write (UDP or TCP) to a hot key's home: forwarded unchanged, dirty bit set, cloned to the
- *                controller (writes to replicas are the controller's own copies)
+ *   hot_get      single-key UDP get/gets of a hot key: dirty (or the controller's lease out) -> home unchanged;
+ *                else a replica chosen by weight from a hash of the request id and client, dst MAC/IP/port
+ *                rewritten, marked balanced
+ *   set_mirror   a write (UDP or TCP) to a hot key's home: forwarded unchanged, counted in its slot (dirty), cloned
+ *                to the controller (writes to replicas are the controller's own copies); a request to a server that
+ *                is not exactly one command the pipeline reads is counted unsure for that server (all its hot keys
+ *                dirty) and cloned too
  *   reply_source UDP replies to balanced gets leave with the home server's source MAC/IP/port
  *   forward      destination MAC -> port (learned from source MACs, or set by the controller); flood otherwise
  *   counters     per hot key and replica, and switch-wide
@@ -89,14 +92,55 @@ static __always_inline __u32 mb_pick(__u16 request_id, __u32 client_ip, __u16 cl
 	return h & (MB_WEIGHT_ONE - 1);
 }
 
+/* Dirty: gets go home. True unless the controller's lease runs and the slot's and home's counts still equal what
+ * the controller synced the slot to (struct mb_synced). */
+static __always_inline int mb_dirty(const struct mb_hot *hot)
+{
+	__u32 zero = 0, slot = hot->slot, home = hot->home;
+	__u64 *until = bpf_map_lookup_elem(&lease, &zero);
+	if (!until || bpf_ktime_get_ns() >= *until) {
+		mb_count(MB_C_LEASE_EXPIRED);
+		return 1;
+	}
+	struct mb_synced *synced_to = bpf_map_lookup_elem(&synced, &slot);
+	__u64 *written = bpf_map_lookup_elem(&writes, &slot);
+	__u64 *unsure_count = bpf_map_lookup_elem(&unsure, &home);
+	if (!synced_to || !written || !unsure_count)
+		return 1;
+	return synced_to->writes != *written || synced_to->unsure != *unsure_count;
+}
+
+/* Copy the packet to the controller (a mirrored write, or an unsure request it must check). */
+static __always_inline void mb_clone_to_controller(struct __sk_buff *skb)
+{
+	__u32 zero = 0;
+	struct mb_settings *cfg = bpf_map_lookup_elem(&settings, &zero);
+	if (cfg && cfg->controller_ifindex && bpf_clone_redirect(skb, cfg->controller_ifindex, 0) == 0)
+		mb_count(MB_C_CLONED);
+}
+
+/* The request may hold writes the pipeline cannot read: every hot key of its server is dirty from now until the
+ * controller has checked them; the controller gets a copy. Requests to no known server are not ours. */
+static __always_inline void mb_unsure(struct __sk_buff *skb, struct mb_packet *pkt)
+{
+	struct mb_server_address address = {.ip = pkt->daddr, .port = pkt->dport};
+	__u32 *server = bpf_map_lookup_elem(&server_index, &address);
+	if (!server)
+		return;
+	__u64 *count = bpf_map_lookup_elem(&unsure, server);
+	if (count)
+		__sync_fetch_and_add(count, 1);
+	mb_count(MB_C_UNSURE);
+	mb_clone_to_controller(skb);
+}
+
 static __always_inline int mb_hot_get(struct __sk_buff *skb, struct mb_packet *pkt, struct mb_hot *hot)
 {
 	__u32 slot = hot->slot;
 	struct mb_key_counters *kc = bpf_map_lookup_elem(&key_counters, &slot);
-	__u32 *is_dirty = bpf_map_lookup_elem(&dirty, &slot);
 	if (kc)
 		kc->gets++;
-	if (is_dirty && *is_dirty) {
+	if (mb_dirty(hot)) {
 		if (kc)
 			kc->home_while_dirty++;
 		return mb_forward(skb);  /* clients address the home: unchanged is home */
@@ -127,20 +171,30 @@ static __always_inline int mb_hot_get(struct __sk_buff *skb, struct mb_packet *p
 	return mb_forward(skb);
 }
 
-static __always_inline int mb_set_mirror(struct __sk_buff *skb, struct mb_packet *pkt, struct mb_hot *hot)
+/* A write to a hot key: counted in its slot (which makes it dirty) before it leaves for the home, so no get
+ * after it can reach a copy the controller has not synced. `whole`: the packet is this one command and nothing
+ * else; if not, its server is also unsure. */
+static __always_inline int mb_set_mirror(struct __sk_buff *skb, struct mb_packet *pkt, struct mb_hot *hot, int whole)
 {
-	__u32 slot = hot->slot, zero = 0, one = 1, home = hot->home;
+	__u32 slot = hot->slot, home = hot->home;
 	struct mb_server *server = bpf_map_lookup_elem(&servers, &home);
-	if (!server || server->ip != pkt->daddr || server->port != pkt->dport)
-		return mb_forward(skb);  /* only writes to the home count: the controller's own copies to replicas do not */
-	bpf_map_update_elem(&dirty, &slot, &one, BPF_ANY);
+	if (!server || server->ip != pkt->daddr || server->port != pkt->dport) {
+		if (!whole)  /* only writes to the home count: the controller's own copies to replicas do not */
+			mb_unsure(skb, pkt);
+		return mb_forward(skb);
+	}
+	__u64 *written = bpf_map_lookup_elem(&writes, &slot);
+	if (written)
+		__sync_fetch_and_add(written, 1);
 	struct mb_key_counters *kc = bpf_map_lookup_elem(&key_counters, &slot);
 	if (kc)
 		kc->mirrored++;
-	struct mb_settings *cfg = bpf_map_lookup_elem(&settings, &zero);
-	if (cfg && cfg->controller_ifindex)
-		bpf_clone_redirect(skb, cfg->controller_ifindex, 0);
 	mb_count(MB_C_MIRRORED);
+	if (whole) {
+		mb_clone_to_controller(skb);
+	} else {
+		mb_unsure(skb, pkt);  /* counts, and clones once */
+	}
 	return mb_forward(skb);
 }
 
@@ -187,26 +241,36 @@ int mbalancer(struct __sk_buff *skb)
 	if (pkt.proto == IPPROTO_UDP && mb_parse_udp_frame(skb, &pkt) < 0)
 		goto unparsed;
 	__u32 key_off = 0;
-	enum mb_command command = mb_parse_command(skb, &pkt, &key_off);
+	__u8 data_field = MB_NO_DATA;
+	enum mb_command command = mb_parse_command(skb, &pkt, &key_off, &data_field);
+	if (command == MB_CMD_NOOP)
+		return mb_forward(skb);
 	if (command == MB_CMD_OTHER)
 		goto unparsed;
 	struct mb_scratch *scratched = bpf_map_lookup_elem(&scratch, &zero);
 	if (!scratched)
-		return mb_forward(skb);
+		goto unparsed;
 	struct mb_key *key = &scratched->key;
 	int exact = 0;
 	if (!mb_read_key(skb, &pkt, key_off, key, &exact))
 		goto unparsed;
+	__u32 key_end = key_off + key->len;
 	struct mb_hot *hot = bpf_map_lookup_elem(&hot_keys, key);
-	if (!hot)
-		return mb_forward(skb);
-	if (command == MB_CMD_WRITE)
-		return mb_set_mirror(skb, &pkt, hot);
-	if (pkt.proto == IPPROTO_UDP && exact)
-		return mb_hot_get(skb, &pkt, hot);
-	return mb_forward(skb);  /* a get over TCP, or with more keys: to its home, untouched */
+	if (command == MB_CMD_GET && exact) {  /* a single-key get, and nothing else */
+		if (hot && pkt.proto == IPPROTO_UDP)
+			return mb_hot_get(skb, &pkt, hot);
+		return mb_forward(skb);  /* over TCP: to its home, untouched */
+	}
+	/* From here on the key map lookup is done: the scratch line may reuse the scratch space after the key. */
+	int whole = mb_whole_command(skb, &pkt, key_end, data_field, command);
+	if (command == MB_CMD_WRITE && hot)
+		return mb_set_mirror(skb, &pkt, hot, whole);
+	if (!whole)
+		mb_unsure(skb, &pkt);
+	return mb_forward(skb);  /* a read, or a write to a cold key */
 unparsed:
 	mb_count(MB_C_UNPARSED);
+	mb_unsure(skb, &pkt);
 	return mb_forward(skb);
 }
 

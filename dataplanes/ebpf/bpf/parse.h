@@ -24,7 +24,14 @@ struct mb_packet {
 	__u8 proto;
 };
 
-enum mb_command { MB_CMD_OTHER, MB_CMD_GET, MB_CMD_WRITE };
+enum mb_command {
+	MB_CMD_OTHER,  /* not a command the pipeline reads: unsure */
+	MB_CMD_GET,    /* get, gets */
+	MB_CMD_WRITE,  /* a write the controller must see */
+	MB_CMD_READ,   /* mg: reads, unless its flags ask for a change (T, N, I) */
+	MB_CMD_NOOP,   /* mn: nothing */
+};
+#define MB_NO_DATA 0xff  /* the command has no data block */
 
 /* Ethernet + IPv4 + UDP/TCP headers; 0 if this is an unfragmented IPv4 UDP or TCP packet. */
 static __always_inline int mb_parse_headers(struct __sk_buff *skb, struct ethhdr *eth, struct mb_packet *pkt)
@@ -88,32 +95,40 @@ static __always_inline int mb_word(const __u8 *w, const char *s, int n)
 	return 1;
 }
 
-/* The command at the start of the payload: a get (get/gets) or a write the controller must see; sets *key_off
- * to the byte after "<command> ". */
-static __always_inline enum mb_command mb_parse_command(struct __sk_buff *skb, struct mb_packet *pkt, __u32 *key_off)
+/* The command at the start of the payload; sets *key_off to the byte after "<command> ", and *data_field to which
+ * field after the key gives the length of its data block (MB_NO_DATA: a one-line command). */
+static __always_inline enum mb_command mb_parse_command(struct __sk_buff *skb, struct mb_packet *pkt, __u32 *key_off,
+							__u8 *data_field)
 {
 	__u8 w[8] = {};
-	/* The shortest command is 6 bytes ("md k\r\n"); a payload that ends the packet may be shorter than the 8 bytes
-	 * compared (an unpadded frame), so load only what is there. */
+	/* The shortest command with a key is 6 bytes ("md k\r\n"); a payload that ends the packet may be shorter than
+	 * the 8 bytes compared (an unpadded frame), so load only what is there. */
 	__u32 n = pkt->payload_len < sizeof(w) ? pkt->payload_len : sizeof(w);
-	if (n < 6 || bpf_skb_load_bytes(skb, pkt->payload_off, w, n) < 0)
+	*data_field = MB_NO_DATA;
+	if (n == 4 && bpf_skb_load_bytes(skb, pkt->payload_off, w, 4) == 0 && mb_word(w, "mn\r\n", 4))
+		return MB_CMD_NOOP;
+	/* the size masked to 1..8 for the verifier (unchanged: already 6..8) */
+	if (n < 6 || bpf_skb_load_bytes(skb, pkt->payload_off, w, ((n - 1) & 7) + 1) < 0)
 		return MB_CMD_OTHER;
-#define MB_IS(word, kind) if (mb_word(w, word " ", sizeof(word))) { *key_off = pkt->payload_off + sizeof(word); return kind; }
-	MB_IS("get", MB_CMD_GET)
-	MB_IS("gets", MB_CMD_GET)
-	MB_IS("set", MB_CMD_WRITE)
-	MB_IS("add", MB_CMD_WRITE)
-	MB_IS("cas", MB_CMD_WRITE)
-	MB_IS("replace", MB_CMD_WRITE)
-	MB_IS("append", MB_CMD_WRITE)
-	MB_IS("prepend", MB_CMD_WRITE)
-	MB_IS("delete", MB_CMD_WRITE)
-	MB_IS("incr", MB_CMD_WRITE)
-	MB_IS("decr", MB_CMD_WRITE)
-	MB_IS("touch", MB_CMD_WRITE)
-	MB_IS("ms", MB_CMD_WRITE)
-	MB_IS("md", MB_CMD_WRITE)
-	MB_IS("ma", MB_CMD_WRITE)
+#define MB_IS(word, kind, field) \
+	if (mb_word(w, word " ", sizeof(word))) { *key_off = pkt->payload_off + sizeof(word); *data_field = field; \
+		return kind; }
+	MB_IS("get", MB_CMD_GET, MB_NO_DATA)
+	MB_IS("gets", MB_CMD_GET, MB_NO_DATA)
+	MB_IS("set", MB_CMD_WRITE, 2)      /* set <key> <flags> <exptime> <bytes> [noreply] */
+	MB_IS("add", MB_CMD_WRITE, 2)
+	MB_IS("cas", MB_CMD_WRITE, 2)
+	MB_IS("replace", MB_CMD_WRITE, 2)
+	MB_IS("append", MB_CMD_WRITE, 2)
+	MB_IS("prepend", MB_CMD_WRITE, 2)
+	MB_IS("delete", MB_CMD_WRITE, MB_NO_DATA)
+	MB_IS("incr", MB_CMD_WRITE, MB_NO_DATA)
+	MB_IS("decr", MB_CMD_WRITE, MB_NO_DATA)
+	MB_IS("touch", MB_CMD_WRITE, MB_NO_DATA)
+	MB_IS("ms", MB_CMD_WRITE, 0)       /* ms <key> <datalen> <flags>* */
+	MB_IS("md", MB_CMD_WRITE, MB_NO_DATA)
+	MB_IS("ma", MB_CMD_WRITE, MB_NO_DATA)
+	MB_IS("mg", MB_CMD_READ, MB_NO_DATA)
 #undef MB_IS
 	return MB_CMD_OTHER;
 }
@@ -180,6 +195,83 @@ static __always_inline __u8 mb_read_key(struct __sk_buff *skb, struct mb_packet 
 		*exact = lf == '\n' && key_off + len + 2 == end;
 	}
 	return scan.stop;
+}
+
+/* The rest of a command line after its key, as mb_scan_line reads it. */
+struct mb_line {
+	__u32 avail;     /* bytes loaded into the scratch line */
+	__u32 cr;        /* where '\r' is */
+	__u32 fields;    /* fields (space-separated) started so far */
+	__u32 number;    /* the data length, from field data_field */
+	__u8 data_field; /* MB_NO_DATA, or which field gives the data length */
+	__u8 found;      /* '\r' found */
+	__u8 bad;        /* the data length is not a number, or too big */
+	__u8 in_field;
+	__u8 changes;    /* a flag that makes a meta command change the item (T, N, I) */
+};
+
+static long mb_scan_line(__u64 i, void *ctx)
+{
+	struct mb_line *line = ctx;
+	__u32 zero = 0;
+	struct mb_scratch *scratched = bpf_map_lookup_elem(&scratch, &zero);
+	if (!scratched || i >= line->avail || i >= MB_LINE_BYTES)
+		return 1;
+	__u8 c = scratched->line[i];
+	if (c == '\r') {
+		line->found = 1;
+		line->cr = i;
+		return 1;
+	}
+	if (c == ' ') {
+		line->in_field = 0;
+		return 0;
+	}
+	if (!line->in_field) {
+		line->in_field = 1;
+		line->fields++;
+	}
+	if (c == 'T' || c == 'N' || c == 'I')
+		line->changes = 1;
+	if (line->fields == (__u32)line->data_field + 1) {
+		if (c < '0' || c > '9' || line->number > 100000000) {
+			line->bad = 1;
+			return 1;
+		}
+		line->number = line->number * 10 + (c - '0');
+	}
+	return 0;
+}
+
+/* True if the payload is exactly one command whose key ends at key_end: its line ends with "\r\n", then its data
+ * block and "\r\n" if it has one, then nothing. Only then can the pipeline be sure the packet holds no other
+ * write (pipelined commands, the rest of an earlier command's data). For mg, also that it changes nothing. */
+static __always_inline int mb_whole_command(struct __sk_buff *skb, struct mb_packet *pkt, __u32 key_end,
+					    __u8 data_field, enum mb_command command)
+{
+	__u32 end = pkt->payload_off + pkt->payload_len;
+	__u32 zero = 0;
+	if (key_end >= end)
+		return 0;
+	__u32 avail = end - key_end;
+	if (avail > MB_LINE_BYTES)
+		avail = MB_LINE_BYTES;
+	struct mb_scratch *scratched = bpf_map_lookup_elem(&scratch, &zero);
+	if (!scratched || bpf_skb_load_bytes(skb, key_end, scratched->line, ((avail - 1) & 0xff) + 1) < 0)
+		return 0;
+	struct mb_line line = {.avail = avail, .data_field = data_field};
+	bpf_loop(MB_LINE_BYTES, mb_scan_line, &line, 0);
+	if (!line.found || line.bad || (command == MB_CMD_READ && line.changes))
+		return 0;
+	__u32 line_end = key_end + line.cr + 2;  /* past "\r\n" */
+	__u8 lf = 0;
+	if (bpf_skb_load_bytes(skb, line_end - 1, &lf, 1) < 0 || lf != '\n')
+		return 0;
+	if (data_field == MB_NO_DATA)
+		return line_end == end;
+	if (line.fields <= data_field)
+		return 0;
+	return (__u64)line_end + line.number + 2 == end;
 }
 
 #endif

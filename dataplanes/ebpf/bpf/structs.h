@@ -14,6 +14,8 @@
 #define MB_MAX_FLOWS 65536  /* balanced gets waiting for their reply */
 #define MB_MAX_MEMCACHED_PORTS 64  /* distinct ports the servers listen on */
 #define MB_WEIGHT_ONE 65536 /* weights are cumulative fractions of this */
+#define MB_LINE_BYTES 256   /* the rest of a command line after the key that is read to prove it whole */
+#define MB_HELD (~0ULL)     /* mb_synced.writes while the controller holds a key dirty: no count reaches it */
 
 /* A memcached key as a map key: the length, then the bytes, zero padded. */
 struct mb_key {
@@ -21,16 +23,33 @@ struct mb_key {
 	__u8 bytes[MB_KEY_BYTES];
 };
 
-/* Where the key is read: the key, then room so that a load masked to at most 256 bytes stays in bounds. */
+/* Where the key is read: the key, then room so that a load masked to at most 256 bytes stays in bounds; then the
+ * rest of the command line. */
 struct mb_scratch {
 	struct mb_key key;
 	__u8 tail[8];
+	__u8 line[MB_LINE_BYTES];
+};
+
+/* Dirty state, race-free: the data plane only ever adds to its counts (writes per slot, unsure per server), the
+ * controller only ever writes what it synced a slot to. A hot key is clean while both counts still equal what the
+ * controller synced: a write after the sync changes a count, so no clear can hide it (no read-modify-write). */
+struct mb_synced {
+	__u64 writes;   /* the slot's write count the copies include; MB_HELD: dirty until the controller says */
+	__u64 unsure;   /* the home's unsure count the controller had checked the key against */
+};
+
+/* A server as a request addresses it: finds the server index of a request's destination. */
+struct mb_server_address {
+	__u32 ip;     /* network order */
+	__u16 port;   /* network order */
+	__u16 pad;
 };
 
 /* hot_get / set_mirror: one hot key. `cumulative[i]` is the running sum of the weights of replicas 0..i
  * (out of MB_WEIGHT_ONE); a replica with weight 0 repeats its predecessor's sum and is never chosen. */
 struct mb_hot {
-	__u32 slot;                            /* index into dirty and key_counters */
+	__u32 slot;                            /* index into writes, synced and key_counters */
 	__u32 home;                            /* server index */
 	__u32 replicas;                        /* how many of the arrays below are used */
 	__u32 server[MB_MAX_REPLICAS];
@@ -75,6 +94,9 @@ enum mb_counter {
 	MB_C_REPLIES_REWRITTEN,
 	MB_C_FLOODED,
 	MB_C_DROPPED,         /* nowhere to send (no port) */
+	MB_C_UNSURE,          /* requests to a server that may hold writes the pipeline cannot read: its keys dirty */
+	MB_C_CLONED,          /* packets copied to the controller (mirrored writes and unsure requests) */
+	MB_C_LEASE_EXPIRED,   /* hot gets sent home because the controller's lease ran out */
 	MB_C_COUNT,
 };
 
