@@ -2,9 +2,12 @@
 
 Threads, not asyncio (ryu-manager greens plain threads with eventlet; an asyncio loop would not run there):
 - callers (the HTTP server, the driver's mirror thread) only parse and queue;
-- one worker thread handles the queue in order (reports, mirrored writes, health changes, a switch that came back
-  empty) and runs due retries, so the hot-key state has a single writer;
-- one prober thread checks every server's health and queues the changes.
+- one worker thread handles the queue in batches (everything queued at once: health changes and a switch that came
+  back empty first, then reports, then the copied packets, coalesced per key) and runs due retries, so the hot-key
+  state has a single writer; health changes that arrive meanwhile are handled between two keys' syncs;
+- one prober thread per server checks its health (so one hung server delays no other's probes) and queues changes;
+- one lease thread renews the core's lease on the data plane: if this process dies or hangs, the switch stops
+  trusting the copies within `controller.lease` seconds.
 `state()` may be called from any thread: it reads the core's state under the lock the worker holds per event, and
 the data plane's counters outside it (a network driver's read may take a round trip; the worker must not wait).
 """
@@ -19,21 +22,21 @@ from typing import Any, Callable
 
 from controller.driver import Driver, DriverError
 from controller.execution import Executor
-from controller.health import HealthTracker, probe
+from controller.health import HealthTracker, Prober
 from controller.planner import Plan, Planner
 from controller.replicator import Replicator
 from mbalancer.config import Config
 from mbalancer.memcache.hashing import KeyHash, make_hash
 from mbalancer.memcache.keys import key_to_text
-from mbalancer.memcache.meta import MetaClient
 from mbalancer.memcache.segment_keys import written_keys
 from mbalancer.monitor_report import MonitorReport, parse_report
-from mbalancer.packets import LINKTYPE_ETHERNET, memcached_segment
+from mbalancer.packets import LINKTYPE_ETHERNET, destination, memcached_segment
 
 log = logging.getLogger(__name__)
 
 DECISIONS_KEPT = 1000
-COPY_TIMEOUT = 1.0  # seconds a copy to or read from one server may take
+COPY_TIMEOUT = 0.5  # seconds a copy to or read from one server may take
+BATCH_MAX = 10_000  # events handled in one batch at most
 
 
 class ControllerCore:
@@ -45,9 +48,11 @@ class ControllerCore:
         addresses = [s.address for s in config.servers]
         self.key_hash = key_hash or make_hash(config.balancing.hash, addresses)
         self.planner = Planner(config.balancing, len(addresses), self.key_hash.server_of)
-        self.replicator = Replicator(addresses, COPY_TIMEOUT)
-        self.executor = Executor(driver, self.replicator, self._decide, clock)
-        self.health = HealthTracker(len(addresses), config.controller.health_failures)
+        self.health = HealthTracker(len(addresses), config.controller.health_failures, config.controller.health_hold)
+        self.replicator = Replicator(addresses, COPY_TIMEOUT, self.health.unavailable)
+        self.executor = Executor(driver, self.replicator, self._decide, clock,
+                                 poll_every=config.controller.poll_interval)
+        self.server_of_address = {(s.ip, s.port): i for i, s in enumerate(config.servers)}
         self.ports = sorted({s.port for s in config.servers})
         self.decisions: deque[dict[str, Any]] = deque(maxlen=DECISIONS_KEPT)
         self.counts: Counter = Counter()
@@ -56,16 +61,21 @@ class ControllerCore:
         self.started = clock()
         self.lock = threading.RLock()
         self._events: queue.Queue = queue.Queue()
+        self._urgent: deque[tuple] = deque()  # health changes, handled even in the middle of a batch
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
         self._probe_health = probe_health
 
     # --- life cycle -----------------------------------------------------------------------------------------
     def start(self) -> "ControllerCore":
-        self.driver.attach(self.config.servers, self.submit_mirror, self.submit_reconnect)
+        leftovers = self.driver.attach(self.config.servers, self.submit_mirror, self.submit_reconnect)
+        self._remove_leftovers(leftovers)
+        self.driver.renew_lease(self.config.controller.lease)
         self._spawn(self._work, "mbalancer-core")
+        self._spawn(self._renew_lease, "mbalancer-lease")
         if self._probe_health:
-            self._spawn(self._probe, "mbalancer-health")
+            for server in range(len(self.config.servers)):
+                self._spawn(lambda server=server: self._probe(server), f"mbalancer-health-{server}")
         log.info("controller core started: %d servers, H=%s, G=%d, %s weights, hysteresis %d, driver %s",
                  len(self.config.servers), self.config.balancing.hot or f"auto({self.config.balancing.target})",
                  self.config.balancing.groups, self.config.balancing.mode, self.config.balancing.hysteresis,
@@ -74,7 +84,7 @@ class ControllerCore:
 
     def stop(self) -> None:
         self._stop.set()
-        self._events.put(None)
+        self._events.put(("stop",))
         for thread in self._threads:
             thread.join(timeout=5)
         self.driver.close()
@@ -102,42 +112,74 @@ class ControllerCore:
         """Queue a mirrored write (a whole Ethernet frame, as the data plane copied it)."""
         self._events.put(("mirror", frame, self.clock()))
 
+    def submit_health(self, server: int, change: str, error: str | None) -> None:
+        """A server went "down" or came "up" (the health tracker's verdict): handled before anything queued."""
+        self._urgent.append((server, change, error))
+        self._events.put(("wake",))
+
     def submit_reconnect(self) -> None:
         """The driver's switch came back empty: queue the replay of every hot key."""
         self._events.put(("reconnect",))
+
+    def _remove_leftovers(self, leftovers: list) -> None:
+        """Hot keys a previous controller left in the switch: the driver removed their rules; their extra copies
+        were synced by nobody here, so they are deleted (the clients' gets for them go home meanwhile)."""
+        for left in leftovers:
+            extras = [s for s in left.servers if s != left.home and 0 <= s < len(self.config.servers)]
+            failed = self.replicator.delete(left.key, extras)
+            self._decide("reconcile", left.key, f"left in the switch by an earlier controller: rules removed, "
+                                                f"copies on {extras} deleted" + (
+                                                    f" (failed on {sorted(failed)}: stale there, unused)"
+                                                    if failed else ""))
 
     # --- the worker -----------------------------------------------------------------------------------------
     def _work(self) -> None:
         while not self._stop.is_set():
             due = self.executor.next_due()
             try:
-                event = self._events.get(timeout=None if due is None else max(due - self.clock(), 0.0))
+                batch = [self._events.get(timeout=None if due is None else max(due - self.clock(), 0.0))]
             except queue.Empty:
-                event = ("due",)
-            if event is None:
-                self._events.task_done()
-                break
+                batch = []  # a retry is due
+            batch += self._drain()
             with self.lock:
                 try:
-                    self._handle(event)
+                    self._handle(batch)
                     self.executor.run_due()
+                    self.executor.poll()
                 except Exception:  # one bad event must not stop the controller
                     self.counts["internal_errors"] += 1
-                    log.exception("handling %s failed", event[0])
-            if event[0] != "due":
+                    log.exception("handling a batch of %d events failed", len(batch))
+            for _ in batch:
                 self._events.task_done()
+            if any(event == ("stop",) for event in batch):
+                break
 
-    def _handle(self, event: tuple) -> None:
-        kind = event[0]
-        if kind == "report":
-            self._on_report(event[1])
-        elif kind == "mirror":
-            self._on_mirror(event[1], event[2])
-        elif kind == "health":
-            self._on_health(*event[1:])
-        elif kind == "reconnect":
-            self.counts["reconnects"] += 1
-            self.executor.replay()
+    def _drain(self) -> list[tuple]:
+        """Everything queued behind the first event, up to BATCH_MAX."""
+        batch = []
+        while len(batch) < BATCH_MAX:
+            try:
+                batch.append(self._events.get_nowait())
+            except queue.Empty:
+                break
+        return batch
+
+    def _handle(self, batch: list[tuple]) -> None:
+        self._handle_urgent()
+        for event in batch:
+            if event[0] == "reconnect":
+                self.counts["reconnects"] += 1
+                self.executor.replay()
+        for event in batch:
+            if event[0] == "report":
+                self._on_report(event[1])
+        mirrors = [event for event in batch if event[0] == "mirror"]
+        if mirrors:
+            self._on_mirrors(mirrors)
+
+    def _handle_urgent(self) -> None:
+        while self._urgent:
+            self._on_health(*self._urgent.popleft())
 
     def _on_report(self, report: MonitorReport) -> None:
         self.counts["reports"] += 1
@@ -147,45 +189,60 @@ class ControllerCore:
         self.last_plan = plan
         self.executor.apply(plan.changes)
 
-    def _on_mirror(self, frame: bytes, received: float) -> None:
-        self.counts["mirrors"] += 1
-        writes: list | str = "no memcached port"
-        for port in self.ports:
-            segment = memcached_segment(frame, LINKTYPE_ETHERNET, port)
-            if not isinstance(segment, str):
-                writes = written_keys(segment)
-                break
-            writes = segment
-        if isinstance(writes, str):
-            self.counts["mirrors_unreadable"] += 1
-            log.warning("mirrored packet not readable (%s): ignored", writes)
-            return
-        for key, data in writes:
-            self.executor.sync(key, data, received)
+    def _on_mirrors(self, mirrors: list[tuple]) -> None:
+        """A batch of packets the data plane copied: the keys they write (the latest value of each), and the
+        servers they were for (the data plane may have made every hot key there dirty)."""
+        writes: dict[bytes, tuple[bytes | None, float]] = {}
+        unsure: dict[int, bool] = {}
+        for _, frame, received in mirrors:
+            self.counts["mirrors"] += 1
+            server = self.server_of_address.get(destination(frame, LINKTYPE_ETHERNET) or ("", 0))
+            if server is None:
+                self.counts["mirrors_unreadable"] += 1
+                log.warning("copied packet not for a configured server: ignored")
+                continue
+            segment = memcached_segment(frame, LINKTYPE_ETHERNET, self.config.servers[server].port)
+            found = written_keys(segment) if not isinstance(segment, str) else segment
+            if isinstance(found, str):
+                self.counts["mirrors_unreadable"] += 1
+                log.debug("copied packet for server %d not readable (%s): its hot keys are checked", server, found)
+                unsure[server] = True
+                continue
+            for key, data in found[0]:
+                writes[key] = (data, writes[key][1] if key in writes else received)
+            unsure[server] = unsure.get(server, False) or not found[1]
+        self.executor.sync_batch(writes, unsure, len(mirrors), between=self._handle_urgent)
 
-    def _on_health(self, server: int, error: str | None) -> None:
-        change = self.health.record(server, error, self.clock())
+    def _on_health(self, server: int, change: str, error: str | None) -> None:
         name = self.config.servers[server].name
         if change == "down":
             self.executor.server_down(server)
-            self._decide("server-down", None, f"server {server} ({name}) failed "
-                                              f"{self.health.failures} probes in a row: {error}; weight 0")
+            self._decide("server-down", None, f"server {server} ({name}) failed its probes for "
+                                              f"{self.config.controller.health_hold:g} s: {error}; weight 0")
         elif change == "up":
             self.executor.server_up(server)
-            self._decide("server-up", None, f"server {server} ({name}) answers again; its copies refilled")
+            self._decide("server-up", None, f"server {server} ({name}) answers again; its copies are refilled, "
+                                            f"then it gets weight")
 
-    def _probe(self) -> None:
+    def _probe(self, server: int) -> None:
         interval = self.config.controller.health_interval
-        clients = [MetaClient(s.address, timeout=min(interval, COPY_TIMEOUT)) for s in self.config.servers]
-        while not self._stop.wait(interval):
-            for server, client in enumerate(clients):
-                error = probe(client)
-                if error is not None or not self.health.servers[server].up:
-                    self._events.put(("health", server, error))
-                elif self.health.servers[server].failures:
-                    self._events.put(("health", server, None))
-        for client in clients:
-            client.close()
+        prober = Prober(self.config.servers[server].address, interval, self.config.controller.health_udp)
+        try:
+            while not self._stop.wait(interval):
+                sent = self.clock()
+                change = self.health.record(server, prober.check(), sent)
+                if change is not None:
+                    self.submit_health(server, change, self.health.servers[server].last_error)
+        finally:
+            prober.close()
+
+    def _renew_lease(self) -> None:
+        every = self.config.controller.health_interval
+        while not self._stop.wait(every):
+            try:
+                self.driver.renew_lease(self.config.controller.lease)
+            except DriverError as err:
+                log.warning("lease not renewed (the switch sends gets home when it runs out): %s", err)
 
     def _spawn(self, target: Callable[[], None], name: str) -> None:
         thread = threading.Thread(target=target, name=name, daemon=True)
@@ -244,7 +301,8 @@ class ControllerCore:
     def _counters_state(self) -> dict[str, Any]:
         syncs = sorted(self.executor.sync_ms)
         return {**self.counts, "copies": self.replicator.copies, "bytes_copied": self.replicator.bytes_copied,
-                "copy_failures": self.replicator.failures,
+                "copy_failures": self.replicator.failures, "clones_handled": self.executor.clones_handled,
+                "clones_lost": self.executor.clones_lost, "writes_found_by_polling": self.executor.unseen_writes,
                 "sync_ms": {"count": len(syncs), "p50": syncs[len(syncs) // 2] if syncs else None,
                             "max": syncs[-1] if syncs else None}}
 
@@ -253,7 +311,7 @@ class ControllerCore:
             counters = self.driver.read_counters()
         except DriverError as err:
             return {"error": str(err)}
-        return {"unparsed": counters.unparsed, "keys": {
+        return {"unparsed": counters.unparsed, "unsure": counters.unsure, "keys": {
             key_to_text(k): {"gets": c.gets, "home_while_dirty": c.home_while_dirty, "mirrored": c.mirrored,
                              "per_replica": {str(s): n for s, n in c.per_replica.items()}}
             for k, c in counters.keys.items()}}

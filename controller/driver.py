@@ -8,9 +8,18 @@ the switch and the driver as they were; the core logs it, keeps gets safe (a key
 is made dirty, or its rules removed, so its gets go home) and retries with back-off (controller/execution.py).
 Drivers are made by name from the registry (dataplanes/registry.py).
 
+Dirty state without races: the data plane counts, the core never clears blindly. A data plane counts every write
+to a hot key it mirrors, and every request to a server that may hold writes it cannot read ("unsure": all hot keys
+homed there). A key is dirty (its gets go home) unless the counts still equal what the core last synced it to:
+the core reads a `write_stamp`, brings the copies up to date, then `clear_dirty(key, stamp)`; a write counted
+after the stamp keeps the key dirty, with no read-modify-write anywhere. The stamp also says how many packets the
+data plane had copied to the controller, so the core does not clear a key while a copy of one of its writes is
+still on its way. And the core holds a lease (`renew_lease`): when it stops renewing (killed, hung), every hot
+key acts dirty, so no crash or restart order can serve a stale copy.
+
 The order of calls the core guarantees (so a driver never has to check it):
-- `install_hot_key` only after every replica with a positive weight holds the value; it installs with the dirty bit
-  set, and the core clears it once it has checked the copies are still current.
+- `install_hot_key` only after every replica with a positive weight holds the value; it installs dirty, and the
+  core clears it once it has checked the copies are still current.
 - `remove_hot_key` before the extra copies are deleted; `set_weights` with weight 0 for a replica before its copy
   is deleted or while it is stale.
 """
@@ -22,7 +31,7 @@ from typing import Callable, ClassVar, Sequence
 
 from mbalancer.config import Server
 
-MirrorHandler = Callable[[bytes], None]  # called with each mirrored write as a whole Ethernet frame
+MirrorHandler = Callable[[bytes], None]  # called with each packet copied to the controller, a whole Ethernet frame
 ReconnectHandler = Callable[[], None]  # called when the switch came back empty (restarted, reloaded)
 
 
@@ -34,6 +43,21 @@ class DriverError(RuntimeError):
 class ReplicaWeight:
     server: int  # index into the config's servers
     weight: float  # share of the key's gets, 0..1; the weights of a key sum to 1
+
+
+@dataclass(frozen=True)
+class WriteStamp:
+    """What the data plane had counted for one key when the core read it."""
+    clones: int  # packets copied to the controller so far (all keys, every switch), counted as the driver delivers
+    counts: tuple = ()  # the driver's own record of the key's write and unsure counts (opaque to the core)
+
+
+@dataclass(frozen=True)
+class LeftoverKey:
+    """A hot key found in the switch when the driver attached (left by a controller that stopped)."""
+    key: bytes
+    home: int
+    servers: tuple[int, ...]  # the servers it was spread over (home included)
 
 
 @dataclass(frozen=True)
@@ -54,6 +78,7 @@ class KeyCounters:
 class Counters:
     keys: dict[bytes, KeyCounters] = field(default_factory=dict)
     unparsed: int = 0  # memcached-port packets forwarded untouched because the pipeline could not read them
+    unsure: int = 0  # requests that made their server's hot keys dirty (they may hold writes the pipeline cannot read)
 
 
 class Driver(ABC):
@@ -64,8 +89,10 @@ class Driver(ABC):
 
     @abstractmethod
     def attach(self, servers: Sequence[Server], on_mirror: MirrorHandler,
-               on_reconnect: ReconnectHandler | None = None) -> None:
-        """Start: learn the servers, begin delivering mirrored writes to `on_mirror` (from any thread). A driver
+               on_reconnect: ReconnectHandler | None = None) -> list[LeftoverKey]:
+        """Start: learn the servers, begin delivering the data plane's copies to `on_mirror` (from any thread). Hot
+        keys the switch already holds were not installed by this core: the driver removes their rules (gets go
+        home) and returns them, so the core can delete their extra copies; no slot is reused unchecked. A driver
         that sees its switch come back empty (restarted, reloaded) forgets what it had installed and calls
         `on_reconnect` (from any thread); the core then installs every hot key again."""
 
@@ -82,8 +109,21 @@ class Driver(ABC):
         """Stop balancing and mirroring `key`: its gets and writes go to the home server untouched."""
 
     @abstractmethod
-    def set_dirty(self, key: bytes, dirty: bool) -> None:
-        """Dirty: gets go home. The data plane sets it on every write it mirrors; the core clears it."""
+    def set_dirty(self, key: bytes) -> None:
+        """Hold the key dirty (gets go home) until `clear_dirty`, whatever the data plane counts."""
+
+    @abstractmethod
+    def write_stamp(self, key: bytes) -> WriteStamp:
+        """The key's write counts (and the home's unsure count) as the data plane has them now."""
+
+    @abstractmethod
+    def clear_dirty(self, key: bytes, stamp: WriteStamp) -> None:
+        """Let the key's gets be balanced again, unless the data plane counted a write to it, or an unsure request
+        to its home, after `stamp` was read."""
+
+    @abstractmethod
+    def renew_lease(self, seconds: float) -> None:
+        """The core vouches for the copies for `seconds` from now; after that every hot key acts dirty."""
 
     @abstractmethod
     def set_forwarding(self, entries: Sequence[ForwardingEntry]) -> None:
@@ -95,4 +135,5 @@ class Driver(ABC):
         implementation guards its own bookkeeping."""
 
     def close(self) -> None:
-        """Stop delivering mirrors and release the data plane (tables may stay: the switch keeps forwarding)."""
+        """Stop delivering mirrors, end the lease (gets go home: nobody keeps the copies fresh any more) and release
+        the data plane (tables may stay: the switch keeps forwarding)."""

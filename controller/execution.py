@@ -2,13 +2,19 @@
 
 Invariants (the reason for every ordering below):
 - A rule never sends gets to a replica that does not hold the home's current value. A key is installed only after
-  its copies are made, and with the dirty bit set (gets go home); the bit is cleared only when the home's CAS is
-  still the one the copies were made from. A replica whose copy or update failed gets weight 0 before the bit is
-  cleared, and is refilled with backoff.
+  its copies are made, and dirty (gets go home); it is cleared only to a write stamp (controller/driver.py) read
+  before the home's CAS was found to be the one the copies were made from, and only once every packet the data
+  plane had copied to the controller by then has been handled here. A write the data plane counts after the stamp
+  keeps the key dirty. A replica whose copy or update failed gets weight 0 before the key is cleared, and is
+  refilled with backoff.
 - On cool-down the rules go first, then the extra copies.
-- A mirrored write: wait (briefly) until the home shows it (its CAS changes, or for a set, the value equals the
-  mirrored one), push the home's item to the replicas (or delete them), clear the dirty bit, and check the CAS once
-  more: if another write slipped in, set the bit again and repeat.
+- Mirrored writes are coalesced per key (only the latest value matters): for each key written in a batch, wait
+  (briefly) until the home shows the latest write (its CAS changes, or for a set, the value equals the mirrored
+  one), push the home's item to the replicas (or delete them), clear to the stamp, and check the CAS once more.
+- A copied request the data plane could not read made every hot key of its server dirty: each is checked against
+  its home's CAS (after a short wait, if not even the controller could read the request: the home must have
+  applied it first) and cleared, or synced. Every hot key's home CAS is also polled now and then, for writes that
+  never passed the switch.
 - A driver call that fails leaves gets safe, then is retried with back-off: weights that cannot be written make
   the key dirty, and if that fails too its rules are removed (gets go home untouched either way) and reinstalled
   later; a dirty bit that cannot be cleared stays set (safe) and the clear is retried; an install the driver
@@ -24,7 +30,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable
 
-from controller.driver import Driver, DriverError, ReplicaWeight
+from controller.driver import Driver, DriverError, ReplicaWeight, WriteStamp
 from controller.planner import Change, Placement
 from controller.replicator import Replicator
 from mbalancer.memcache.meta import MetaError, StoredItem
@@ -38,6 +44,10 @@ REFUSED_BACKOFF_MAX = 60.0  # seconds at most between installs of a key the driv
 KEY_LEVEL = -1  # the server of a retry that concerns the key's rules, not one server's copy
 SYNC_WAIT = 0.05  # how long a mirrored write may take to show on the home server (it arrives in microseconds)
 SYNC_ROUNDS = 3  # copies retried when writes keep landing during a sync; then the key stays dirty (served home)
+CLONE_WAIT = 0.002  # seconds before looking again for a copied packet the data plane sent and the core has not had
+CLONES_LOST_AFTER = 0.1  # a copied packet not here after this long was lost: every hot key is checked at its home
+UNREADABLE_WAIT = 0.005  # before checking the keys of a request nobody could read: the home applies it first
+REFILL_DELAY = 0.05  # after a server comes back: what it had queued while hung lands before it is refilled
 
 Decide = Callable[[str, "bytes | None", str], None]  # (action, key, reason): the decision log
 
@@ -49,9 +59,11 @@ class HotKey:
     synced_cas: int | None  # the home's CAS the copies were made from (None: the key is absent everywhere)
     since: float
     dirty: bool = True  # as the data plane has it, as far as the core knows
+    cleared: WriteStamp | None = None  # the stamp the key was last cleared to (None: held dirty since)
     installed: bool = True  # the switch holds the key's rules (False while a reinstall is pending)
     syncs: int = 0
     last_sync_ms: float | None = None
+    unsynced_since: float | None = None  # when the oldest mirrored write not yet synced was received
 
     def weights(self) -> tuple[ReplicaWeight, ...]:
         """The placement's weights with replicas that do not hold the value at 0 (all at home if none does)."""
@@ -66,7 +78,7 @@ class HotKey:
 @dataclass
 class Retry:
     # refill: copy home -> server, then give it weight; delete: an extra copy after cool-down (per server);
-    # rules: write the key's weights; settle: clear its dirty bit once the copies match; install: its rules again;
+    # rules: write the key's weights; settle: clear it once the copies match; install: its rules again;
     # cool: remove its rules, then its copies (per key: server is KEY_LEVEL)
     action: str
     key: bytes
@@ -74,18 +86,27 @@ class Retry:
     attempt: int = 0
     due: float = 0.0
     last_error: str = field(default="", compare=False)
+    waiting: bool = False  # a wait for something on its way, not a failure: the attempt count stays
 
 
 class Executor:
     def __init__(self, driver: Driver, replicator: Replicator, decide: Decide,
-                 clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep):
+                 clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep,
+                 poll_every: float = 0.5):
+        """poll_every: seconds between checks of every clean hot key's CAS at its home (0: never)."""
         self.driver, self.replicator, self.decide = driver, replicator, decide
+        self.poll_every = poll_every
         self.clock, self.sleep = clock, sleep
         self.hot: dict[bytes, HotKey] = {}
         self.retries: dict[tuple[str, bytes, int], Retry] = {}
         self.sync_ms: deque[float] = deque(maxlen=1000)  # mirrored write -> replicas updated and bit cleared
         self.down: set[int] = set()
         self.refused: dict[bytes, Retry] = {}  # installs the driver refused: not tried again before `due`
+        self.clones_handled = 0  # packets copied by the data plane that the core has handled (or given up on)
+        self.clones_lost = 0
+        self.missing_since: float | None = None  # since when a copied packet is awaited
+        self.unseen_writes = 0  # changes at a home found by polling, not by a mirrored write
+        self.next_poll = clock() + poll_every
 
     # --- the plan ---------------------------------------------------------------------------------------------
     def apply(self, changes: tuple[Change, ...]) -> None:
@@ -183,21 +204,71 @@ class Executor:
         self.decide("replay", None, f"the data plane came back empty: {len(self.hot)} hot keys installed again")
 
     # --- coherence ------------------------------------------------------------------------------------------
+    def sync_batch(self, writes: dict[bytes, tuple[bytes | None, float]], unsure: dict[int, bool], clones: int,
+                   between: Callable[[], None] = lambda: None) -> None:
+        """Handle a batch of `clones` copied packets: `writes` {key: (latest data or None, first received)} read
+        from them; `unsure` {server: True if some request to it could not be read even here} for every server the
+        data plane may have made unsure. `between` runs before each key (the core handles health changes there)."""
+        self.clones_handled += clones
+        for key, (data, received) in writes.items():
+            between()
+            self.sync(key, data, received)
+        for server, unreadable in unsure.items():
+            for key, hot in list(self.hot.items()):
+                if hot.placement.home != server or key in writes:
+                    continue
+                if unreadable:  # the home may not have applied it yet: look after it has
+                    self._schedule("settle", key, KEY_LEVEL, "a request nobody could read", delay=UNREADABLE_WAIT)
+                else:
+                    between()
+                    self._check(key, hot)
+
     def sync(self, key: bytes, data: bytes | None, received: float) -> None:
         """A write to `key` was mirrored (its data if it was a set): bring the replicas up to date."""
         hot = self.hot.get(key)
         if hot is None:
             return
-        hot.dirty = True  # the data plane set it when it mirrored the write
+        hot.dirty, hot.cleared = True, None  # the data plane counted the write: dirty there
+        if hot.unsynced_since is None:
+            hot.unsynced_since = received
         item = self._wait_for_write(hot, key, data)
         if isinstance(item, MetaError):
             return self.decide("error", key, f"mirrored write not synced, home unreadable (gets stay home): {item}")
         self._push(key, hot, item)
-        if self._settle(key, hot):
-            hot.syncs += 1
-            hot.last_sync_ms = 1000 * (self.clock() - received)
-            self.sync_ms.append(hot.last_sync_ms)
-            log.debug("synced %r in %.2f ms", key, hot.last_sync_ms)
+        self._settle(key, hot)
+
+    def poll(self) -> None:
+        """Every poll_every seconds: each clean hot key's CAS at its home, for writes no switch saw (a client on the
+        server's own host, a path around the switch). A changed one is made dirty and synced."""
+        now = self.clock()
+        if not self.poll_every or now < self.next_poll:
+            return
+        self.next_poll = now + self.poll_every
+        for key, hot in list(self.hot.items()):
+            if hot.dirty or not hot.installed:
+                continue
+            try:
+                cas = self.replicator.cas(hot.placement.home, key)
+            except MetaError:
+                continue  # the health checker deals with servers that do not answer
+            if cas != hot.synced_cas:
+                self.unseen_writes += 1
+                self._protect(key, hot, "its home changed without a write the switch saw")
+                self._settle(key, hot)  # pushes the home's item, then clears
+
+    def _check(self, key: bytes, hot: HotKey) -> None:
+        """The data plane may have made the key dirty (an unsure request to its home): settle it again unless the
+        counts are still the ones it was cleared to."""
+        if not hot.installed:
+            return
+        try:
+            stamp = self.driver.write_stamp(key)
+        except DriverError as err:
+            return self._schedule("settle", key, KEY_LEVEL, str(err))
+        if hot.cleared is not None and stamp.counts == hot.cleared.counts:
+            return
+        hot.dirty, hot.cleared = True, None
+        self._settle(key, hot)
 
     def _wait_for_write(self, hot: HotKey, key: bytes, data: bytes | None) -> StoredItem | None | MetaError:
         """The home's item once the mirrored write shows there, or as it is after SYNC_WAIT (a write that failed,
@@ -230,26 +301,64 @@ class Executor:
                 self._schedule("refill", key, server, error)
 
     def _settle(self, key: bytes, hot: HotKey, attempt: int = 0) -> bool:
-        """Clear the dirty bit if the copies match the home; re-copy while writes keep landing. True if cleared.
-        When it cannot finish, the bit stays set (gets go home) and the settle is retried with back-off."""
+        """Clear the key if the copies match the home; re-copy while writes keep landing. True if cleared. When it
+        cannot finish, the key stays dirty (gets go home) and the settle is retried."""
         if not hot.installed:
             return False  # its reinstall settles it
         home = hot.placement.home
         for _ in range(SYNC_ROUNDS):
             try:
+                stamp = self.driver.write_stamp(key)
+                if not self._clones_in(stamp):
+                    self._schedule("settle", key, KEY_LEVEL, "a copied packet is on its way", attempt,
+                                   delay=CLONE_WAIT)
+                    return False
                 if self.replicator.cas(home, key) == hot.synced_cas:
-                    self._dirty(key, hot, False)
+                    self.driver.clear_dirty(key, stamp)
+                    hot.dirty, hot.cleared = False, stamp
                     if self.replicator.cas(home, key) == hot.synced_cas:
+                        self._synced(key, hot)
                         return True
-                    self._dirty(key, hot, True)  # a write landed while clearing: its mirror is on its way
+                    self._dirty(key, hot)  # a write landed at the home while clearing: sync it first
                 self._push(key, hot, self.replicator.read(home, key))
             except (MetaError, DriverError) as err:
-                if not hot.dirty:  # cleared, then the check or the re-set failed: the copies may be stale
+                if not hot.dirty:  # cleared, then the check or the hold failed: the copies may be stale
                     self._protect(key, hot, str(err))
                 self._schedule("settle", key, KEY_LEVEL, str(err), attempt)
                 self.decide("error", key, f"left dirty (gets go home), retrying: {err}")
                 return False
         self._schedule("settle", key, KEY_LEVEL, "writes kept landing during the sync", attempt)
+        return False
+
+    def _synced(self, key: bytes, hot: HotKey) -> None:
+        if hot.unsynced_since is None:
+            return
+        hot.syncs += 1
+        hot.last_sync_ms = 1000 * (self.clock() - hot.unsynced_since)
+        hot.unsynced_since = None
+        self.sync_ms.append(hot.last_sync_ms)
+        log.debug("synced %r in %.2f ms", key, hot.last_sync_ms)
+
+    def _clones_in(self, stamp: WriteStamp) -> bool:
+        """True once the core has handled every packet the data plane had copied when `stamp` was read (a write
+        counted in the stamp must have been synced before the key is cleared to it). One that never comes was lost
+        on the way: then every hot key is checked at its home, as a lost write may be anyone's."""
+        if stamp.clones <= self.clones_handled:
+            self.missing_since = None
+            return True
+        now = self.clock()
+        if self.missing_since is None:
+            self.missing_since = now
+        if now - self.missing_since < CLONES_LOST_AFTER:
+            return False
+        lost = stamp.clones - self.clones_handled
+        self.clones_lost += lost
+        self.clones_handled = stamp.clones
+        self.missing_since = None
+        self.decide("error", None, f"{lost} packet(s) the data plane copied to the controller never arrived: "
+                                   f"checking every hot key against its home")
+        for other in self.hot:  # a settle compares the home's CAS: a lost write changed it, and is pushed
+            self._schedule("settle", other, KEY_LEVEL, "copied packets were lost", delay=0.0)
         return False
 
     # --- health -------------------------------------------------------------------------------------------------
@@ -268,7 +377,7 @@ class Executor:
         self.down.discard(server)
         for key, hot in self.hot.items():
             if server in hot.placement.replicas and server not in hot.holding:
-                self._refill(Retry("refill", key, server))
+                self._schedule("refill", key, server, "the server is back", delay=REFILL_DELAY)
 
     # --- retries --------------------------------------------------------------------------------------------
     def run_due(self) -> None:
@@ -280,7 +389,8 @@ class Executor:
             self._run(retry)
 
     def _run(self, retry: Retry) -> None:
-        key, hot, attempt = retry.key, self.hot.get(retry.key), retry.attempt + 1
+        key, hot = retry.key, self.hot.get(retry.key)
+        attempt = retry.attempt if retry.waiting else retry.attempt + 1
         if retry.action == "refill":
             self._refill(retry)
         elif retry.action == "delete":
@@ -336,11 +446,16 @@ class Executor:
         self.decide("refill", key, f"server {server} holds the value again; weights " + ", ".join(
             f"{r.server}={r.weight:.2f}" for r in hot.weights()))
 
-    def _schedule(self, action: str, key: bytes, server: int, error: str, attempt: int = 0) -> None:
+    def _schedule(self, action: str, key: bytes, server: int, error: str, attempt: int = 0,
+                  delay: float | None = None) -> None:
+        """Retry `action` after the back-off of `attempt` (or after `delay`: a wait, not a failure)."""
         if attempt >= RETRY_LIMIT:
             return self.decide("give-up", key, f"{action} on server {server} failed {attempt} times: {error}")
-        due = self.clock() + min(BACKOFF_FIRST * 2 ** attempt, BACKOFF_MAX)
-        self.retries[(action, key, server)] = Retry(action, key, server, attempt, due, error)
+        due = self.clock() + (min(BACKOFF_FIRST * 2 ** attempt, BACKOFF_MAX) if delay is None else delay)
+        existing = self.retries.get((action, key, server))
+        if existing is not None and existing.due <= due:
+            return  # already due sooner
+        self.retries[(action, key, server)] = Retry(action, key, server, attempt, due, error, delay is not None)
 
     def _cancel(self, key: bytes, *actions: str) -> None:
         for retry_key in [k for k in self.retries if k[0] in actions and k[1] == key]:
@@ -361,7 +476,7 @@ class Executor:
         """Make the data plane send the key's gets home: set its dirty bit, or if that fails remove its rules
         (and reinstall them later). Never raises: it is what the core does when a driver call has failed."""
         try:
-            self._dirty(key, hot, True)
+            self._dirty(key, hot)
             return self.decide("error", key, f"{why}; key kept dirty so gets go home")
         except DriverError as err:
             dirty_error = err
@@ -376,9 +491,10 @@ class Executor:
         self.decide("error", key, f"{why}; the dirty bit was refused too ({dirty_error}): rules removed so gets go "
                                   f"home, reinstalling")
 
-    def _dirty(self, key: bytes, hot: HotKey, dirty: bool) -> None:
-        self.driver.set_dirty(key, dirty)
-        hot.dirty = dirty
+    def _dirty(self, key: bytes, hot: HotKey) -> None:
+        """Hold the key dirty in the data plane (raises DriverError)."""
+        self.driver.set_dirty(key)
+        hot.dirty, hot.cleared = True, None
 
 
 def _errors(failed: dict[int, str]) -> str:

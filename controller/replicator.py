@@ -1,12 +1,13 @@
 """Copies of hot items between memcached servers, over meta commands (value, flags and remaining TTL kept).
 
 One MetaClient per server, used only from the core's worker thread. Errors are returned per server, never
-raised, so one dead replica does not stop the copies to the others.
+raised, so one dead replica does not stop the copies to the others; and a server the health checker already
+finds failing is not tried at all (`unavailable`), so a hung server holds up nothing but its own copies.
 """
 from __future__ import annotations
 
 import logging
-from typing import Iterable, Sequence
+from typing import Callable, Iterable, Sequence
 
 from mbalancer.memcache.addresses import ServerAddress
 from mbalancer.memcache.meta import MetaClient, MetaError, StoredItem
@@ -15,26 +16,29 @@ log = logging.getLogger(__name__)
 
 
 class Replicator:
-    def __init__(self, servers: Sequence[ServerAddress], timeout: float = 1.0):
+    def __init__(self, servers: Sequence[ServerAddress], timeout: float = 1.0,
+                 unavailable: Callable[[int], str | None] = lambda server: None):
+        """unavailable(server): why the server is not worth trying now, or None."""
         self.clients = [MetaClient(s, timeout) for s in servers]
+        self.unavailable = unavailable
         self.copies = 0  # items written to replicas
         self.bytes_copied = 0
         self.failures = 0
 
     def read(self, server: int, key: bytes) -> StoredItem | None:
         """The item on `server` (None on a miss); raises MetaError if the server cannot be read."""
-        return self.clients[server].get(key)
+        return self._client(server).get(key)
 
     def cas(self, server: int, key: bytes) -> int | None:
         """The item's CAS on `server` (None on a miss); raises MetaError."""
-        return self.clients[server].cas(key)
+        return self._client(server).cas(key)
 
     def write(self, key: bytes, item: StoredItem, targets: Iterable[int]) -> dict[int, str]:
         """Store `item` on each target; returns {server: error} for the ones that failed."""
         failed = {}
         for server in targets:
             try:
-                self.clients[server].set(key, item)
+                self._client(server).set(key, item)
                 self.copies += 1
                 self.bytes_copied += len(item.value)
             except (MetaError, ValueError) as err:
@@ -47,11 +51,17 @@ class Replicator:
         failed = {}
         for server in targets:
             try:
-                self.clients[server].delete(key)
+                self._client(server).delete(key)
             except MetaError as err:
                 failed[server] = str(err)
         self.failures += len(failed)
         return failed
+
+    def _client(self, server: int) -> MetaClient:
+        why = self.unavailable(server)
+        if why is not None:
+            raise MetaError(why)
+        return self.clients[server]
 
     def close(self) -> None:
         for client in self.clients:

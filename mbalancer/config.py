@@ -55,8 +55,12 @@ class Monitoring:
 @dataclass(frozen=True)
 class Controller:
     listen: str = "127.0.0.1:8080"  # HTTP: state as JSON, monitor reports in
-    health_interval: float = 0.5  # seconds between probes of each server
-    health_failures: int = 3  # probes in a row that fail before a server loses its weight
+    health_interval: float = 0.1  # seconds between probes of each server (also each probe's timeout)
+    health_failures: int = 2  # probes in a row that must fail before a server loses its weight ...
+    health_hold: float = 0.25  # ... over at least this many seconds: shorter transients move nothing
+    health_udp: bool = True  # probe over UDP too (the protocol balanced gets use); false for TCP-only servers
+    lease: float = 1.0  # seconds the switch trusts the copies without hearing from the controller
+    poll_interval: float = 0.5  # seconds between CAS checks of every hot key at its home (writes around the switch)
 
 
 @dataclass(frozen=True)
@@ -121,6 +125,13 @@ def parse_config(raw: dict[str, Any]) -> Config:
                           f"(got {controller.health_interval})")
     if controller.health_failures < 1:
         raise ConfigError(f"controller.health_failures: at least 1 probe (got {controller.health_failures})")
+    for name in ("health_hold", "lease", "poll_interval"):
+        value = getattr(controller, name)
+        if not (value >= 0 and math.isfinite(value)):
+            raise ConfigError(f"controller.{name}: must be a number of seconds, 0 or more (got {value})")
+    if controller.lease <= 2 * controller.health_interval:
+        raise ConfigError(f"controller.lease: must be longer than two health intervals ({controller.lease} <= "
+                          f"2 x {controller.health_interval}): the lease is renewed once per interval")
     return Config(servers, balancing, monitor, controller, parse_dataplane(raw.get("dataplane", {})))
 
 
@@ -221,9 +232,11 @@ def _typed(where: str, value: Any, annotation: str) -> Any:
         return value
     if "str" in allowed and isinstance(value, str):
         return value
+    if "bool" in allowed and isinstance(value, bool):
+        return value
     if "tuple[str, ...]" in allowed and isinstance(value, list) and all(isinstance(v, str) for v in value):
         return tuple(value)
-    names = {"tuple[str, ...]": "a list of strings"}
+    names = {"tuple[str, ...]": "a list of strings", "bool": "true or false"}
     raise ConfigError(f"{where}: expected {' or '.join(names.get(a, a) for a in allowed if a != 'None')}, "
                       f"got {value!r}")
 

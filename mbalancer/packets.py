@@ -5,6 +5,7 @@ IPv4 fragments after the first carry no transport header and are skipped as such
 """
 from __future__ import annotations
 
+import socket
 import struct
 from typing import NamedTuple
 
@@ -44,6 +45,17 @@ def ip_offset(frame: bytes, linktype: int) -> int | None:
     if linktype == LINKTYPE_NULL:  # BSD loopback: 4-byte address family in host order; 2 is IPv4
         return 4 if len(frame) >= 4 and frame[0] in (2, 0) and frame[3] in (2, 0) else None
     return None
+
+
+def destination(frame: bytes, linktype: int) -> tuple[str, int] | None:
+    """The destination IPv4 address and UDP/TCP port of a frame, or None if it has none."""
+    ip = ip_offset(frame, linktype)
+    if ip is None or len(frame) < ip + 20 or frame[ip + 9] not in (UDP, TCP):
+        return None
+    start = ip + (frame[ip] & 0x0F) * 4
+    if len(frame) < start + 4:
+        return None
+    return socket.inet_ntoa(frame[ip + 16:ip + 20]), _U16.unpack_from(frame, start + 2)[0]
 
 
 def memcached_segment(frame: bytes, linktype: int, port: int) -> Segment | str:

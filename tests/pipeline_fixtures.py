@@ -135,7 +135,8 @@ CASES = (
          dirty_after=True),
     Case("a get over TCP is not balanced", request(b"get hot\r\n", udp=False)),
     *(Case(f"a whole read changes nothing: {payload!r}", request(payload, udp=False), dirty_after=False)
-      for payload in (b"get a b hot\r\n", b"gets hot cold\r\n", b"mg hot v f t c\r\n", b"mn\r\n")),
+      for payload in (b"get a b hot\r\n", b"gets hot cold\r\n", b"mg hot v f t c\r\n", b"mn\r\n", b"stats\r\n",
+                      b"stats slabs\r\n", b"version\r\n")),
     Case("an already balanced get is not balanced again", request(b"get hot\r\n", flags=IP_BALANCED),
          counters={"packets": 1, "memcached": 1, "already_balanced": 1}),
     # set_mirror
@@ -159,6 +160,7 @@ CASES = (
         ("a meta get that sets a TTL", b"mg hot v T30\r\n", False, False),
         ("gat (the key is not first)", b"gat 30 hot\r\n", False, False),
         ("flush_all", b"flush_all\r\n", False, False),
+        ("stats, then a set", b"stats\r\n" + SET_HOT, False, False),
         ("pipelined over UDP", b"get cold\r\n" + SET_HOT, True, False),
         ("a request of two datagrams", b"set hot 0 0 1\r\nx\r\n", True, False))
       if name != "a request of two datagrams"),

@@ -90,7 +90,13 @@ def mirror_set(core, key: bytes, value: bytes, apply: bool = True) -> None:
     payload = build_set(key, value)
     if apply:
         meta(core, core.key_hash.server_of(key)).set(key, StoredItem(value, 0, -1, 0))
-    core.driver.mirror(udp_frame(payload, dport=core.config.servers[0].port), key)
+    core.driver.mirror(udp_frame(payload, **at_home(core, key)), key)
+
+
+def at_home(core, key: bytes) -> dict:
+    """Where a client's request for `key` goes: its home's address, as udp_frame/tcp_frame take it."""
+    server = core.config.servers[core.key_hash.server_of(key)]
+    return {"dst": server.ip, "dport": server.port}
 
 
 # --- warm and cool ------------------------------------------------------------------------------------------
@@ -129,7 +135,7 @@ def test_warm_copies_value_flags_and_ttl_before_the_rules_and_ends_clean(checked
     # At install time every replica with weight already held the value.
     assert all(v == value for w, v in driver.at_install[b"hot:1"] if w > 0)
     entry = driver.table[b"hot:1"]
-    assert entry.home == home and not entry.dirty
+    assert entry.home == home and not driver.dirty(b"hot:1")
     assert [r.weight for r in entry.replicas] == pytest.approx([1 / 3] * 3)
     for server in range(SERVERS):
         item = meta(core, server).get(b"hot:1")
@@ -181,7 +187,7 @@ def test_an_unreachable_replica_gets_no_weight_until_it_is_refilled(servers):
         warm(core, key)
         weights = {r.server: r.weight for r in driver.table[key].replicas}
         assert weights[2] == 0 and sum(weights.values()) == pytest.approx(1)
-        assert not driver.table[key].dirty
+        assert not driver.dirty(key)
         assert any(r["action"] == "refill" and r["server"] == 2 for r in core.state()["retries"])
         with MemcachedServer(port=port):
             deadline = time.monotonic() + 5
@@ -200,11 +206,11 @@ def test_a_mirrored_set_reaches_every_replica_then_clears_the_dirty_bit(core):
     warm(core, b"hot:4")
     started = time.monotonic()
     mirror_set(core, b"hot:4", b"new")
-    assert core.driver.table[b"hot:4"].dirty  # set by the data plane on the mirror
+    assert core.driver.dirty(b"hot:4")  # set by the data plane on the mirror
     assert core.wait_idle()
     elapsed = time.monotonic() - started
     assert held(core, b"hot:4") == [b"new"] * SERVERS
-    assert not core.driver.table[b"hot:4"].dirty
+    assert not core.driver.dirty(b"hot:4")
     hot = core.state()["hot_keys"][0]
     assert hot["syncs"] == 1 and hot["last_sync_ms"] < 1000 * elapsed + 1
     assert core.state()["counters"]["sync_ms"]["count"] == 1
@@ -218,24 +224,24 @@ def test_a_mirror_that_arrives_before_the_home_applies_the_write(core):
     meta(core, home).set(b"hot:5", StoredItem(b"new", 0, -1, 0))
     assert core.wait_idle()
     assert held(core, b"hot:5") == [b"new"] * SERVERS
-    assert not core.driver.table[b"hot:5"].dirty
+    assert not core.driver.dirty(b"hot:5")
 
 
 def test_a_write_that_never_lands_still_ends_clean(core):
     store(core, b"hot:6", b"old")
     warm(core, b"hot:6")
-    core.driver.mirror(udp_frame(b"add hot:6 0 0 3\r\nnew\r\n", dport=core.config.servers[0].port), b"hot:6")
+    core.driver.mirror(udp_frame(b"add hot:6 0 0 3\r\nnew\r\n", **at_home(core, b"hot:6")), b"hot:6")
     assert core.wait_idle()
-    assert held(core, b"hot:6") == [b"old"] * SERVERS and not core.driver.table[b"hot:6"].dirty
+    assert held(core, b"hot:6") == [b"old"] * SERVERS and not core.driver.dirty(b"hot:6")
 
 
 def test_a_mirrored_delete_deletes_the_copies(core):
     home = store(core, b"hot:7", b"old")
     warm(core, b"hot:7")
     meta(core, home).delete(b"hot:7")
-    core.driver.mirror(tcp_frame(b"delete hot:7\r\n", dport=core.config.servers[0].port), b"hot:7")
+    core.driver.mirror(tcp_frame(b"delete hot:7\r\n", **at_home(core, b"hot:7")), b"hot:7")
     assert core.wait_idle()
-    assert held(core, b"hot:7") == [None] * SERVERS and not core.driver.table[b"hot:7"].dirty
+    assert held(core, b"hot:7") == [None] * SERVERS and not core.driver.dirty(b"hot:7")
 
 
 def test_a_large_set_cut_across_tcp_segments_is_still_synced(core):
@@ -244,7 +250,7 @@ def test_a_large_set_cut_across_tcp_segments_is_still_synced(core):
     value = b"x" * 200_000
     meta(core, home).set(b"hot:8", StoredItem(value, 0, -1, 0))
     first_segment = build_set(b"hot:8", value)[:1400]
-    core.driver.mirror(tcp_frame(first_segment, dport=core.config.servers[0].port), b"hot:8")
+    core.driver.mirror(tcp_frame(first_segment, **at_home(core, b"hot:8")), b"hot:8")
     assert core.wait_idle()
     assert held(core, b"hot:8") == [value] * SERVERS
 
@@ -267,9 +273,9 @@ class WritingDriver(RecordingDriver):
         if self.when == "install":
             self._write(key)
 
-    def set_dirty(self, key, dirty):
-        super().set_dirty(key, dirty)
-        if self.when == "clear" and not dirty:
+    def clear_dirty(self, key, stamp):
+        super().clear_dirty(key, stamp)
+        if self.when == "clear":
             self._write(key)
 
 
@@ -283,9 +289,10 @@ def test_a_write_racing_the_core_never_leaves_stale_replicas_in_use(servers, whe
         warm(core, b"hot:9")
         assert driver.done
         assert held(core, b"hot:9") == [b"racing"] * SERVERS
-        assert not driver.table[b"hot:9"].dirty
-        if when == "clear":  # the bit went back up the moment the core saw the home change
-            assert [c.args[0] for c in driver.calls_of("set_dirty")] == [False, True, False]
+        assert not driver.dirty(b"hot:9")
+        if when == "clear":  # held dirty again the moment the core saw the home change
+            assert [c.method for c in driver.calls if c.method in ("set_dirty", "clear_dirty")] == [
+                "clear_dirty", "set_dirty", "clear_dirty"]
     finally:
         core.stop()
 
@@ -358,14 +365,17 @@ def two_hot_keys(core) -> list[bytes]:
     for key in keys:
         store(core, key, b"v")
     warm(core, *keys)
-    assert all(key in core.driver.table and not core.driver.table[key].dirty for key in keys)
+    assert all(key in core.driver.table and not core.driver.dirty(key) for key in keys)
     return keys
 
 
 def take_down(core, server: int) -> None:
-    """What the prober reports when a server misses its probes: the worker handles it, as in production."""
-    for _ in range(core.config.controller.health_failures):
-        core._events.put(("health", server, "no answer (test)"))
+    """What a prober does when a server keeps failing its probes: the worker handles it, as in production."""
+    hold, start = core.config.controller.health_hold, time.monotonic()
+    changes = [core.health.record(server, "no answer (test)", start + i * hold)
+               for i in range(core.config.controller.health_failures + 1)]
+    assert "down" in changes
+    core.submit_health(server, "down", "no answer (test)")
     assert core.wait_idle()
     assert not core.state()["servers"][server]["up"]
 
@@ -389,17 +399,17 @@ def test_refused_weights_keep_the_key_dirty_and_are_retried_until_written(core):
     key, _ = two_hot_keys(core)
     core.driver.refuse("set_weights", key, times=2)
     take_down(core, 2)
-    assert core.driver.table[key].dirty and weight_of(core.driver, key, 2) > 0  # safe: gets go home meanwhile
-    assert eventually(lambda: weight_of(core.driver, key, 2) == 0 and not core.driver.table[key].dirty, timeout=5)
+    assert core.driver.dirty(key) and weight_of(core.driver, key, 2) > 0  # safe: gets go home meanwhile
+    assert eventually(lambda: weight_of(core.driver, key, 2) == 0 and not core.driver.dirty(key), timeout=5)
     assert [c.args[0][2].weight for c in core.driver.calls_of("set_weights") if c.key == key][-1] == 0
 
 
 def test_a_dirty_bit_that_cannot_be_cleared_stays_set_and_is_cleared_later(core):
     store(core, b"hot:11", b"v")
-    core.driver.refuse("set_dirty", b"hot:11", times=1)
+    core.driver.refuse("clear_dirty", b"hot:11", times=1)
     warm(core, b"hot:11")
-    assert core.driver.table[b"hot:11"].dirty  # the clear was refused: gets go home
-    assert eventually(lambda: not core.driver.table[b"hot:11"].dirty, timeout=5)
+    assert core.driver.dirty(b"hot:11")  # the clear was refused: gets go home
+    assert eventually(lambda: not core.driver.dirty(b"hot:11"), timeout=5)
 
 
 def test_an_install_the_driver_refuses_is_not_copied_again_before_its_back_off(core):
@@ -418,7 +428,7 @@ def test_a_switch_that_comes_back_empty_gets_every_hot_key_again(core):
     core.driver.reconnect()
     assert core.wait_idle()
     assert {k: core.driver.table[k].replicas for k in keys} == weights
-    assert not any(core.driver.table[k].dirty for k in keys)
+    assert not any(core.driver.dirty(k) for k in keys)
     assert core.state()["counters"]["reconnects"] == 1
 
 

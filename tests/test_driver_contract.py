@@ -1,11 +1,13 @@
 """The core/driver contract (controller/driver.py), tested once for every driver in the registry: each is driven
-through install, weights, dirty, remove and refused requests, and asked where a get goes (faucet's way of asking
+through install, weights, dirty state (write stamps, writes and unsure requests the data plane counts, the lease),
+remove, refused requests and keys left by an earlier controller, and asked where a get goes (faucet's way of asking
 a fake table; for the eBPF driver the real program answers, in the kernel, through BPF_PROG_TEST_RUN)."""
 from __future__ import annotations
 
 import os
 import random
 import threading
+import time
 from dataclasses import dataclass
 from typing import Callable
 
@@ -25,6 +27,8 @@ class Harness:
     driver: Driver
     route: Callable[[bytes, int, int], int]  # (key, home, request id) -> the server it reaches, or UNTOUCHED
     reload: Callable[[], None]  # the switch comes back empty
+    send: Callable[[bytes, int], None]  # a client's request (payload) to a server passes the switch
+    successor: Callable[[], Driver]  # a new driver on the same switch (a controller that restarted)
 
 
 def recording_harness():
@@ -32,9 +36,27 @@ def recording_harness():
 
     def route(key: bytes, home: int, request_id: int) -> int:
         entry = driver.table.get(key)
-        return UNTOUCHED if entry is None or entry.dirty else driver.route(key, request_id)
+        if entry is None or driver.dirty(key) or time.monotonic() >= driver.lease_until:
+            return UNTOUCHED
+        return driver.route(key, request_id)
 
-    yield Harness(driver, route, driver.reconnect)
+    def send(payload: bytes, server: int) -> None:  # what the data plane counts, as the eBPF program does
+        words = payload.split(b"\r\n")[0].split(b" ")
+        whole = payload.count(b"\r\n") == (2 if words[0] == b"set" else 1) and payload.endswith(b"\r\n")
+        key = words[1] if len(words) > 1 and words[0] in (b"set", b"delete") else None
+        entry = driver.table.get(key)
+        if entry is not None and entry.home == server:
+            driver.mirror(b"", key)
+        if not whole:
+            driver.unsure(server, b"")
+
+    def successor() -> Driver:
+        after = RecordingDriver(max_replicas=8)
+        for key, entry in driver.table.items():
+            after.leftover(key, entry.home, tuple(r.server for r in entry.replicas))
+        return after
+
+    yield Harness(driver, route, driver.reconnect, send, successor)
 
 
 def ebpf_harness():
@@ -61,8 +83,18 @@ def ebpf_harness():
         plane.load()
         plane.serve([])
 
+    def send(payload: bytes, server: int) -> None:
+        prog = obj_get(str(plane.program_pin))
+        try:
+            prog_test_run(prog, request_to(SERVERS[server], payload, udp=False))
+        finally:
+            os.close(prog)
+
+    def successor() -> Driver:
+        return registry.get("ebpf").make_driver(registry.get("ebpf").parse_settings({"switches": [plane.name]}))
+
     try:
-        yield Harness(driver, route, reload)
+        yield Harness(driver, route, reload, send, successor)
     finally:
         driver.close()
         plane.unload()
@@ -87,6 +119,7 @@ def harness(request):
     harness = next(made)
     reconnected = threading.Event()
     harness.driver.attach(SERVERS, lambda frame: None, reconnected.set)
+    harness.driver.renew_lease(3600)
     harness.reconnected = reconnected
     yield harness
     next(made, None)
@@ -94,6 +127,11 @@ def harness(request):
 
 def equal(*servers: int) -> list[ReplicaWeight]:
     return [ReplicaWeight(s, 1 / len(servers)) for s in servers]
+
+
+def clean(harness: Harness, key: bytes) -> None:
+    """What the core does once the copies are current: clear the key to the counts as they are."""
+    harness.driver.clear_dirty(key, harness.driver.write_stamp(key))
 
 
 def spread(harness: Harness, key: bytes, home: int, gets: int = 300) -> dict[int, int]:
@@ -107,14 +145,14 @@ def spread(harness: Harness, key: bytes, home: int, gets: int = 300) -> dict[int
 def test_a_key_is_installed_dirty_and_balanced_once_clean(harness):
     harness.driver.install_hot_key(b"k", 0, equal(0, 1, 2))
     assert spread(harness, b"k", 0, 50) == {UNTOUCHED: 50}  # dirty: every get goes home as it is
-    harness.driver.set_dirty(b"k", False)
+    clean(harness, b"k")
     seen = spread(harness, b"k", 0)
     assert set(seen) == {0, 1, 2} and min(seen.values()) > 50, seen
 
 
 def test_weights_move_gets_and_a_zero_weight_takes_none(harness):
     harness.driver.install_hot_key(b"k", 0, equal(0, 1, 2))
-    harness.driver.set_dirty(b"k", False)
+    clean(harness, b"k")
     harness.driver.set_weights(b"k", [ReplicaWeight(0, 0.0), ReplicaWeight(1, 0.0), ReplicaWeight(2, 1.0)])
     assert spread(harness, b"k", 0, 100) == {2: 100}
     harness.driver.set_weights(b"k", [ReplicaWeight(0, 0.0), ReplicaWeight(1, 0.5), ReplicaWeight(2, 0.5)])
@@ -123,16 +161,64 @@ def test_weights_move_gets_and_a_zero_weight_takes_none(harness):
 
 def test_the_dirty_bit_sends_gets_home_and_removal_leaves_the_key_cold(harness):
     harness.driver.install_hot_key(b"k", 0, equal(0, 1))
-    harness.driver.set_dirty(b"k", False)
-    harness.driver.set_dirty(b"k", True)
+    clean(harness, b"k")
+    harness.driver.set_dirty(b"k")
     assert spread(harness, b"k", 0, 50) == {UNTOUCHED: 50}
-    harness.driver.set_dirty(b"k", False)
+    clean(harness, b"k")
     harness.driver.remove_hot_key(b"k")
     assert spread(harness, b"k", 0, 50) == {UNTOUCHED: 50}
-    for call in (lambda: harness.driver.remove_hot_key(b"k"), lambda: harness.driver.set_dirty(b"k", False),
+    for call in (lambda: harness.driver.remove_hot_key(b"k"), lambda: harness.driver.set_dirty(b"k"),
                  lambda: harness.driver.set_weights(b"k", equal(0, 1))):
         with pytest.raises(DriverError):
             call()
+
+
+def test_a_write_counted_after_the_stamp_keeps_the_key_dirty(harness):
+    harness.driver.install_hot_key(b"k", 0, equal(0, 1))
+    stamp = harness.driver.write_stamp(b"k")
+    harness.send(b"set k 0 0 1\r\nx\r\n", 0)  # a client's write passes the switch while the core syncs
+    harness.driver.clear_dirty(b"k", stamp)  # the core clears to what it had read: too old
+    assert spread(harness, b"k", 0, 30) == {UNTOUCHED: 30}
+    harness.send(b"set k 0 0 1\r\nx\r\n", 1)  # to a replica (the controller's own copy): not counted
+    clean(harness, b"k")
+    assert set(spread(harness, b"k", 0)) == {0, 1}
+    harness.send(b"delete k\r\n", 0)
+    assert spread(harness, b"k", 0, 30) == {UNTOUCHED: 30}
+
+
+def test_a_request_the_data_plane_cannot_read_makes_its_servers_keys_dirty(harness):
+    harness.driver.install_hot_key(b"k", 0, equal(0, 1))
+    harness.driver.install_hot_key(b"j", 1, equal(0, 1))
+    clean(harness, b"k")
+    clean(harness, b"j")
+    harness.send(b"set cold 0 0 1\r\nx\r\nset k 0 0 1\r\ny\r\n", 0)  # set_many: a cold key first
+    assert spread(harness, b"k", 0, 30) == {UNTOUCHED: 30}
+    assert set(spread(harness, b"j", 1)) == {0, 1}  # homed elsewhere: still balanced
+    clean(harness, b"k")
+    assert set(spread(harness, b"k", 0)) == {0, 1}
+
+
+def test_without_the_lease_every_get_goes_home(harness):
+    harness.driver.install_hot_key(b"k", 0, equal(0, 1))
+    clean(harness, b"k")
+    harness.driver.renew_lease(0)
+    assert spread(harness, b"k", 0, 30) == {UNTOUCHED: 30}
+    harness.driver.renew_lease(3600)
+    assert set(spread(harness, b"k", 0)) == {0, 1}
+
+
+def test_a_new_driver_removes_what_an_earlier_controller_left(harness):
+    harness.driver.install_hot_key(b"k", 0, equal(0, 1, 2))
+    clean(harness, b"k")
+    after = harness.successor()
+    left = after.attach(SERVERS, lambda frame: None)
+    try:
+        assert [(x.key, x.home, x.servers) for x in left] == [(b"k", 0, (0, 1, 2))]
+        if isinstance(after, RecordingDriver):
+            return  # a recording driver is its own switch: the leftovers are only reported
+        assert spread(harness, b"k", 0, 30) == {UNTOUCHED: 30}  # gets go home: no slot reused unchecked
+    finally:
+        after.close()
 
 
 def test_a_refused_install_changes_nothing(harness):
@@ -143,7 +229,7 @@ def test_a_refused_install_changes_nothing(harness):
             harness.driver.install_hot_key(b"big", 0, equal(*range(limit + 1)))
     assert spread(harness, b"big", 0, 20) == {UNTOUCHED: 20}
     harness.driver.install_hot_key(b"big", 0, equal(*range(limit)))  # within the limit it goes in
-    harness.driver.set_dirty(b"big", False)
+    clean(harness, b"big")
     assert len(spread(harness, b"big", 0)) == limit
     with pytest.raises(DriverError):  # twice: refused, and the entry stays as it was
         harness.driver.install_hot_key(b"big", 0, equal(0, 1))
@@ -152,18 +238,18 @@ def test_a_refused_install_changes_nothing(harness):
 
 def test_a_switch_that_comes_back_empty_is_reported_and_takes_the_keys_again(harness):
     harness.driver.install_hot_key(b"k", 0, equal(0, 1))
-    harness.driver.set_dirty(b"k", False)
+    clean(harness, b"k")
     harness.reload()
     assert harness.reconnected.wait(10), "the driver did not notice its switch came back"
     assert spread(harness, b"k", 0, 20) == {UNTOUCHED: 20}
     harness.driver.install_hot_key(b"k", 0, equal(0, 1))  # what the core's replay does
-    harness.driver.set_dirty(b"k", False)
+    clean(harness, b"k")
     assert set(spread(harness, b"k", 0)) == {0, 1}
 
 
 def test_counters_count_gets_per_replica(harness):
     harness.driver.install_hot_key(b"k", 0, [ReplicaWeight(0, 0.0), ReplicaWeight(1, 1.0)])
-    harness.driver.set_dirty(b"k", False)
+    clean(harness, b"k")
     spread(harness, b"k", 0, 30)
     counters = harness.driver.read_counters()
     if isinstance(harness.driver, RecordingDriver):

@@ -60,7 +60,8 @@ def test_a_hot_key_is_balanced_once_across_two_switches():
         driver = EbpfDriver([PIN_ROOT / name for name in EbpfSwitch.driver_settings(net)["switches"]])
         driver.attach([Server(h.name, h.IP(), h.MAC()) for h in servers], lambda frame: None)
         driver.install_hot_key(b"hot", 0, [ReplicaWeight(0, 0.5), ReplicaWeight(1, 0.5)])
-        driver.set_dirty(b"hot", False)
+        driver.renew_lease(3600)  # no core here to renew it
+        driver.clear_dirty(b"hot", driver.write_stamp(b"hot"))
         run = client.popen([sys.executable, "-c", CLIENT, servers[0].IP(), "hot", "200"], stdout=subprocess.PIPE,
                            text=True)
         reply = json.loads(run.communicate(timeout=60)[0])

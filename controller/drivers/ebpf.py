@@ -8,8 +8,9 @@ port: a thread reads them from the controller's end of that link with an AF_PACK
 notices a switch that was reloaded (its pins lead to new maps): the driver then reopens the maps, forgets its
 slots and asks the core to install everything again.
 
-Slots: each hot key gets a slot, the index of its dirty bit and counters. A slot is freed when the key is removed
-or its install is refused, and its counters are reset when it is reused.
+Slots: each hot key gets a slot, the index of its write count, synced counts and counters. A slot is freed when
+the key is removed or its install is refused, and its counters are reset when it is reused. Keys a previous
+controller left in the maps are removed at attach, before any slot is handed out.
 """
 from __future__ import annotations
 
@@ -21,8 +22,8 @@ import time
 from pathlib import Path
 from typing import Callable, Sequence
 
-from controller.driver import (Counters, Driver, DriverError, ForwardingEntry, KeyCounters, MirrorHandler,
-                               ReconnectHandler, ReplicaWeight)
+from controller.driver import (Counters, Driver, DriverError, ForwardingEntry, KeyCounters, LeftoverKey,
+                               MirrorHandler, ReconnectHandler, ReplicaWeight, WriteStamp)
 from dataplanes.ebpf import Settings
 from dataplanes.ebpf.bpf_syscall import BpfError
 from dataplanes.ebpf.program import PIN_ROOT, loaded_switches, mirror_link_of
@@ -64,7 +65,9 @@ class EbpfDriver(Driver):
         self._reset_slots()
         self.on_mirror: MirrorHandler | None = None
         self.on_reconnect: ReconnectHandler | None = None
-        self.mirrors_received = 0
+        self.mirrors_received = 0  # copies delivered to on_mirror
+        self.clones_base = 0  # the data planes' clone count that corresponds to mirrors_received == 0
+        self.lease_until = 0  # CLOCK_MONOTONIC ns: the lease as last renewed (written again to a reloaded switch)
         self.reconnects = 0
         # The core's worker writes slots and tables; read_counters (HTTP threads) and the reload watcher read them.
         self._lock = threading.RLock()
@@ -72,12 +75,14 @@ class EbpfDriver(Driver):
         self._thread: threading.Thread | None = None
 
     def attach(self, servers: Sequence[Server], on_mirror: MirrorHandler,
-               on_reconnect: ReconnectHandler | None = None) -> None:
+               on_reconnect: ReconnectHandler | None = None) -> list[LeftoverKey]:
         self.servers = tuple(servers)
         self.on_mirror, self.on_reconnect = on_mirror, on_reconnect
         self._open()
+        leftovers = self._remove_leftovers()
         self._thread = threading.Thread(target=self._watch, name="mbalancer-ebpf", daemon=True)
         self._thread.start()
+        return leftovers
 
     def install_hot_key(self, key: bytes, home: int, replicas: Sequence[ReplicaWeight]) -> None:
         with self._lock:
@@ -91,7 +96,7 @@ class EbpfDriver(Driver):
             try:
                 for tables in self.tables:
                     tables.reset_key_counts(slot)
-                    tables.set_dirty(slot, True)  # before the entry exists: no get is balanced before the core says
+                    tables.hold(slot)  # before the entry exists: no get is balanced before the core says
                     tables.set_hot(key, entry)
             except (BpfError, ValueError) as err:
                 self._forget(key, slot)
@@ -111,10 +116,36 @@ class EbpfDriver(Driver):
             del self.slots[key], self.homes[key]
             self.free_slots.append(slot)
 
-    def set_dirty(self, key: bytes, dirty: bool) -> None:
+    def set_dirty(self, key: bytes) -> None:
         with self._lock:
             slot = self._slot(key)
-            self._write_all(lambda t: t.set_dirty(slot, dirty), f"dirty bit of {key!r}")
+            self._write_all(lambda t: t.hold(slot), f"hold {key!r} dirty")
+
+    def write_stamp(self, key: bytes) -> WriteStamp:
+        with self._lock:
+            slot, home = self._slot(key), self.homes[key]
+            try:
+                counts = tuple((t.writes(slot), t.unsure(home)) for t in self.tables)
+                return WriteStamp(self._clones() - self.clones_base, counts)
+            except (BpfError, ValueError) as err:
+                raise DriverError(f"write counts of {key!r}: {err}") from None
+
+    def clear_dirty(self, key: bytes, stamp: WriteStamp) -> None:
+        with self._lock:
+            slot = self._slot(key)
+            if len(stamp.counts) != len(self.tables):
+                raise DriverError(f"clear {key!r}: the stamp is from before a switch was reloaded")
+            try:
+                for tables, (writes, unsure) in zip(self.tables, stamp.counts):
+                    tables.set_synced(slot, writes, unsure)
+            except (BpfError, ValueError) as err:
+                raise DriverError(f"clear {key!r}: {err}") from None
+
+    def renew_lease(self, seconds: float) -> None:
+        until = time.monotonic_ns() + int(seconds * 1e9) if seconds > 0 else 0  # as bpf_ktime_get_ns counts
+        with self._lock:
+            self.lease_until = until
+            self._write_all(lambda t: t.set_lease(until), "lease")
 
     def set_forwarding(self, entries: Sequence[ForwardingEntry]) -> None:
         with self._lock:
@@ -145,6 +176,11 @@ class EbpfDriver(Driver):
         if self._thread:
             self._thread.join(timeout=2)
         with self._lock:
+            self.lease_until = 0
+            try:
+                self._write_all(lambda t: t.set_lease(0), "end the lease")
+            except DriverError as err:  # the switch is gone already: nothing left to balance
+                log.info("lease not ended: %s", err)
             self._close_tables()
 
     # --- inside ---------------------------------------------------------------------------------------------
@@ -156,9 +192,31 @@ class EbpfDriver(Driver):
                 for index, server in enumerate(self.servers):
                     tables.set_server(index, server.mac, server.ip, server.port)
                 tables.add_memcached_ports(sorted({s.port for s in self.servers}))
+                tables.set_lease(self.lease_until)
+            # the clone count from here on, in the numbering of mirrors_received (a reloaded program starts at 0)
+            self.clones_base = self._clones() - self.mirrors_received
         except (BpfError, ValueError) as err:
             self._close_tables()
             raise DriverError(f"eBPF tables: {err}") from None
+
+    def _clones(self) -> int:
+        return sum(t.counter("cloned") for t in self.tables)
+
+    def _remove_leftovers(self) -> list[LeftoverKey]:
+        """Remove the hot keys a previous controller left (their copies may be stale; this core never synced them)."""
+        found: dict[bytes, LeftoverKey] = {}
+        with self._lock:
+            try:
+                for tables in self.tables:
+                    for key, entry in tables.hot_entries().items():
+                        tables.delete_hot(key)
+                        found[key] = LeftoverKey(key, entry.home, tuple(entry.servers))
+            except (BpfError, ValueError) as err:
+                raise DriverError(f"removing the hot keys left in the switch: {err}") from None
+        if found:
+            log.warning("removed %d hot keys a previous controller left in the switch: their gets go home",
+                        len(found))
+        return list(found.values())
 
     def _reset_slots(self) -> None:
         """No key installed: every slot free (at start, and when the switch came back empty)."""
@@ -198,7 +256,9 @@ class EbpfDriver(Driver):
             raise DriverError(f"{what}: {err}") from None
 
     def _add_counts(self, tables: Tables, counters: Counters) -> None:
-        counters.unparsed += tables.counters()["unparsed"]
+        switch = tables.counters()
+        counters.unparsed += switch["unparsed"]
+        counters.unsure += switch["unsure"]
         for key, slot in self.slots.items():
             counts = tables.key_counts(slot)
             entry = tables.hot(key)

@@ -1,9 +1,12 @@
 """A driver without a switch: it records every call and keeps the tables a data plane would hold.
 
 For unit tests of the core (ask `route` where a get would go, as faucet's tests ask a fake flow table) and for
-`mbalancer controller --driver none`, a dry run that decides and replicates without touching any switch. Mirrored
-writes come in through `mirror(frame)`, the way a real driver's capture thread would deliver them; `reconnect()`
-plays a switch that came back empty; `refuse(...)` makes chosen calls fail as a network driver's would.
+`mbalancer controller --driver none`, a dry run that decides and replicates without touching any switch. It keeps
+dirty state the way a data plane does (write counts per key, unsure counts per server, what the core synced each
+key to, a lease). Mirrored writes come in through `mirror(frame, key)`, the way a data plane counts and copies
+them; `unsure(server)` plays a request the data plane could not read; `reconnect()` plays a switch that came back
+empty; `refuse(...)` makes chosen calls fail as a network driver's would; `leftover(...)` plays keys a previous
+controller left behind.
 """
 from __future__ import annotations
 
@@ -13,8 +16,8 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-from controller.driver import (Counters, Driver, DriverError, ForwardingEntry, KeyCounters, MirrorHandler,
-                               ReconnectHandler, ReplicaWeight)
+from controller.driver import (Counters, Driver, DriverError, ForwardingEntry, KeyCounters, LeftoverKey,
+                               MirrorHandler, ReconnectHandler, ReplicaWeight, WriteStamp)
 from mbalancer.config import Server
 
 CALLS_KEPT = 10_000  # a dry run may last days: the call log keeps the latest only
@@ -33,11 +36,17 @@ class Call:
     args: tuple = ()
 
 
+HELD = None  # TableEntry.synced while the core holds the key dirty
+
+
 @dataclass
 class TableEntry:
     home: int
     replicas: tuple[ReplicaWeight, ...]
-    dirty: bool = True
+    writes: int = 0  # mirrored writes to the key
+    synced: tuple[int, int] | None = HELD  # (writes, home's unsure count) the core synced it to
+
+
 
 
 class RecordingDriver(Driver):
@@ -50,16 +59,26 @@ class RecordingDriver(Driver):
         self.forwarding: tuple[ForwardingEntry, ...] = ()
         self.servers: tuple[Server, ...] = ()
         self.counters = Counters()
+        self.unsure_counts: dict[int, int] = {}  # server -> requests the data plane could not read
+        self.clones = 0  # packets copied to the core through mirror()
+        self.lease_until = 0.0  # time.monotonic() until which the core vouches for the copies
+        self.leftovers: list[LeftoverKey] = []
         self.refusals: list[list] = []  # [method, key or None, calls left]: see refuse()
         self._on_mirror: MirrorHandler | None = None
         self._on_reconnect: ReconnectHandler | None = None
         self._lock = threading.Lock()
 
     def attach(self, servers: Sequence[Server], on_mirror: MirrorHandler,
-               on_reconnect: ReconnectHandler | None = None) -> None:
+               on_reconnect: ReconnectHandler | None = None) -> list[LeftoverKey]:
         self.servers = tuple(servers)
         self._on_mirror, self._on_reconnect = on_mirror, on_reconnect
         self._record("attach")
+        found, self.leftovers = self.leftovers, []
+        return found
+
+    def leftover(self, key: bytes, home: int, servers: tuple[int, ...]) -> None:
+        """Before attach: the switch holds `key`, installed by a controller that is gone."""
+        self.leftovers.append(LeftoverKey(key, home, servers))
 
     def refuse(self, method: str, key: bytes | None = None, times: int = 1) -> None:
         """The next `times` calls of `method` (for `key`, or any key) raise DriverError, changing nothing."""
@@ -86,10 +105,26 @@ class RecordingDriver(Driver):
         self._entry(key)
         del self.table[key]
 
-    def set_dirty(self, key: bytes, dirty: bool) -> None:
-        self._record("set_dirty", key, dirty)
-        self._entry(key).dirty = dirty
+    def set_dirty(self, key: bytes) -> None:
+        self._record("set_dirty", key)
+        self._entry(key).synced = HELD
 
+    def write_stamp(self, key: bytes) -> WriteStamp:
+        self._record("write_stamp", key)
+        entry = self._entry(key)
+        return WriteStamp(self.clones, (entry.writes, self.unsure_counts.get(entry.home, 0)))
+
+    def clear_dirty(self, key: bytes, stamp: WriteStamp) -> None:
+        self._record("clear_dirty", key, stamp)
+        self._entry(key).synced = stamp.counts
+
+    def renew_lease(self, seconds: float) -> None:
+        self.lease_until = time.monotonic() + seconds
+
+    def dirty(self, key: bytes) -> bool:
+        """As the data plane decides: held, or a count moved since the core synced the key."""
+        entry = self._entry(key)
+        return entry.synced != (entry.writes, self.unsure_counts.get(entry.home, 0))
     def set_forwarding(self, entries: Sequence[ForwardingEntry]) -> None:
         self._record("set_forwarding", None, tuple(entries))
         self.forwarding = tuple(entries)
@@ -106,12 +141,19 @@ class RecordingDriver(Driver):
             self._on_reconnect()
 
     def mirror(self, frame: bytes, key: bytes | None = None) -> None:
-        """Deliver a mirrored write; with `key`, first set its dirty bit as the data plane would."""
+        """Deliver a copied packet; with `key`, first count the write to it as the data plane would."""
         if key is not None and key in self.table:
-            self.table[key].dirty = True
+            self.table[key].writes += 1
             self.counters.keys.setdefault(key, KeyCounters()).mirrored += 1
+        self.clones += 1
         if self._on_mirror is not None:
             self._on_mirror(frame)
+
+    def unsure(self, server: int, frame: bytes) -> None:
+        """A request to `server` the data plane could not read: every hot key homed there dirty, the frame copied."""
+        self.unsure_counts[server] = self.unsure_counts.get(server, 0) + 1
+        self.counters.unsure += 1
+        self.mirror(frame)
 
     def route(self, key: bytes, request_id: int) -> int | None:
         """The server a get for `key` would go to: None when not hot (its home), the home when dirty, else the
@@ -119,7 +161,7 @@ class RecordingDriver(Driver):
         entry = self.table.get(key)
         if entry is None:
             return None
-        if entry.dirty:
+        if self.dirty(key) or time.monotonic() >= self.lease_until:
             return entry.home
         point = (request_id * 2654435761 % 2 ** 32) / 2 ** 32
         total = 0.0

@@ -196,6 +196,11 @@ class Tables:
         table = self.maps["forward"]
         return {":".join(f"{b:02x}" for b in key[:6]): U32.unpack(table.lookup(key))[0] for key in table.keys()}
 
+    def counter(self, name: str) -> int:
+        """One switch counter (summed over CPUs)."""
+        values = self.maps["counters"].lookup(U32.pack(COUNTERS.index(name)))
+        return sum(U64.unpack(v)[0] for v in values)
+
     def counters(self) -> dict[str, int]:
         table = self.maps["counters"]
         return {name: sum(U64.unpack(v)[0] for v in table.lookup(U32.pack(i))) for i, name in enumerate(COUNTERS)}

@@ -58,7 +58,8 @@ def run_dataplane(dataplane: str, packets: int, repeats: int, tmp: Path) -> dict
             driver = net.driver()
             driver.attach([Server(h.name, h.ip, h.mac) for h in net.server_hosts], lambda frame: None)
             driver.install_hot_key(b"hot", 0, [ReplicaWeight(0, 0.5), ReplicaWeight(1, 0.5)])
-            driver.set_dirty(b"hot", False)
+            driver.renew_lease(3600)  # no core here to renew it
+            driver.clear_dirty(b"hot", driver.write_stamp(b"hot"))
         for kind in kinds:
             pcap = tmp / f"{kind}.pcap"
             batch = frames(net, b"hot" if kind == "hot" else b"cold", 10_000)

@@ -2,6 +2,7 @@
 without the cost of real clients (tcpreplay offers a pcap at hundreds of thousands of packets a second)."""
 from __future__ import annotations
 
+import socket
 import struct
 from pathlib import Path
 from typing import Iterable
@@ -16,10 +17,10 @@ IP_SRC, IP_DST = bytes([10, 0, 0, 1]), bytes([10, 0, 0, 2])
 LINKTYPE_ETHERNET = 1
 
 
-def ipv4(protocol: int, transport: bytes, flags_fragment: int = 0) -> bytes:
-    """An IPv4 packet from 10.0.0.1 to 10.0.0.2 (checksum left 0: nothing here routes it)."""
+def ipv4(protocol: int, transport: bytes, flags_fragment: int = 0, dst: bytes = IP_DST) -> bytes:
+    """An IPv4 packet from 10.0.0.1 to `dst` (checksum left 0: nothing here routes it)."""
     header = struct.pack("!BBHHHBBH4s4s", 0x45, 0, 20 + len(transport), 1, flags_fragment, 64, protocol, 0,
-                         IP_SRC, IP_DST)
+                         IP_SRC, dst)
     return header + transport
 
 
@@ -27,15 +28,17 @@ def ethernet(ip_packet: bytes, ethertype: int = 0x0800) -> bytes:
     return MAC_DST + MAC_SRC + struct.pack("!H", ethertype) + ip_packet
 
 
-def udp_frame(payload: bytes, dport: int = 11211, sport: int = 40000, request_id: int = 1) -> bytes:
-    """An Ethernet frame carrying one memcached UDP request (frame header included)."""
+def udp_frame(payload: bytes, dport: int = 11211, sport: int = 40000, request_id: int = 1,
+              dst: str = "10.0.0.2") -> bytes:
+    """An Ethernet frame carrying one memcached UDP request (frame header included) to dst:dport."""
     data = pack_udp_frame(request_id, payload)
-    return ethernet(ipv4(17, struct.pack("!HHHH", sport, dport, 8 + len(data), 0) + data))
+    return ethernet(ipv4(17, struct.pack("!HHHH", sport, dport, 8 + len(data), 0) + data, dst=socket.inet_aton(dst)))
 
 
-def tcp_frame(payload: bytes, dport: int = 11211, sport: int = 40000) -> bytes:
+def tcp_frame(payload: bytes, dport: int = 11211, sport: int = 40000, dst: str = "10.0.0.2") -> bytes:
+    """An Ethernet frame carrying one TCP segment of memcached requests to dst:dport."""
     header = struct.pack("!HHIIBBHHH", sport, dport, 1, 1, 5 << 4, 0x18, 65535, 0, 0)
-    return ethernet(ipv4(6, header + payload))
+    return ethernet(ipv4(6, header + payload, dst=socket.inet_aton(dst)))
 
 
 def zipf_trace(keys: int, alpha: float, gets: int, seed: int = 1, ranks: np.ndarray | None = None) -> np.ndarray:

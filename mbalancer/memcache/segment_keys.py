@@ -28,12 +28,14 @@ def get_keys(segment: Segment) -> list[bytes] | str:
     single = _single_get(payload)
     if single is not None:
         return single
-    return _parse_all(payload)
+    found = _parse_all(payload)
+    return found if isinstance(found, str) else found[0]
 
 
-def written_keys(segment: Segment) -> list[tuple[bytes, bytes | None]] | str:
+def written_keys(segment: Segment) -> tuple[list[tuple[bytes, bytes | None]], bool] | str:
     """(key, new value) of each write in the segment (set, delete, incr, ...; the value only for writes that
-    replace it whole: set, cas, ms), or why nothing could be read.
+    replace it whole: set, cas, ms), and whether every byte of the segment was read as whole requests (if not, it
+    may hold writes nobody can name); or why nothing could be read.
 
     A mirrored set whose value continues in later TCP segments still names its key on its command line, so a
     request cut short is read from that line alone (value unknown)."""
@@ -65,8 +67,9 @@ def _single_get(payload: bytes) -> list[bytes] | None:
 
 
 def _parse_all(payload: bytes, pick: Callable[[Request], list] = lambda r: list(r.keys) if r.is_get else []
-               ) -> list | str:
-    """What `pick` takes from each request in the payload (by default: the keys of gets)."""
+               ) -> tuple[list, bool] | str:
+    """What `pick` takes from each request in the payload (by default: the keys of gets), and whether the
+    whole payload was read."""
     found: list = []
     position = 0
     for _ in range(MAX_REQUESTS_PER_SEGMENT):
@@ -81,7 +84,7 @@ def _parse_all(payload: bytes, pick: Callable[[Request], list] = lambda r: list(
             return _why(request)
         found.extend(pick(request))
         position += request.size
-    return found
+    return found, position >= len(payload)
 
 
 def _write_of(request: Request) -> list[tuple[bytes, bytes | None]]:

@@ -247,6 +247,11 @@ int mbalancer(struct __sk_buff *skb)
 		return mb_forward(skb);
 	if (command == MB_CMD_OTHER)
 		goto unparsed;
+	if (command == MB_CMD_LINE) {
+		if (!mb_whole_command(skb, &pkt, key_off, MB_NO_DATA, command))
+			mb_unsure(skb, &pkt);
+		return mb_forward(skb);
+	}
 	struct mb_scratch *scratched = bpf_map_lookup_elem(&scratch, &zero);
 	if (!scratched)
 		goto unparsed;

@@ -30,6 +30,7 @@ enum mb_command {
 	MB_CMD_WRITE,  /* a write the controller must see */
 	MB_CMD_READ,   /* mg: reads, unless its flags ask for a change (T, N, I) */
 	MB_CMD_NOOP,   /* mn: nothing */
+	MB_CMD_LINE,   /* stats, version: a line without a key that changes no item */
 };
 #define MB_NO_DATA 0xff  /* the command has no data block */
 
@@ -130,6 +131,13 @@ static __always_inline enum mb_command mb_parse_command(struct __sk_buff *skb, s
 	MB_IS("ma", MB_CMD_WRITE, MB_NO_DATA)
 	MB_IS("mg", MB_CMD_READ, MB_NO_DATA)
 #undef MB_IS
+	/* keyless lines: *key_off is where the line goes on (at its '\r' or its arguments) */
+#define MB_IS_LINE(word) \
+	if (mb_word(w, word, sizeof(word) - 1) && (w[sizeof(word) - 1] == ' ' || w[sizeof(word) - 1] == '\r')) { \
+		*key_off = pkt->payload_off + sizeof(word) - 1; return MB_CMD_LINE; }
+	MB_IS_LINE("stats")
+	MB_IS_LINE("version")
+#undef MB_IS_LINE
 	return MB_CMD_OTHER;
 }
 
