@@ -209,6 +209,9 @@ class ControllerCore:
                 unsure[server] = True
                 continue
             for key, data in found[0]:
+                hot = self.executor.hot.get(key)
+                if hot is None or hot.placement.home != server:
+                    continue  # not hot, or a copy to a replica (the controller's own): the home did not change
                 writes[key] = (data, writes[key][1] if key in writes else received)
             unsure[server] = unsure.get(server, False) or not found[1]
         self.executor.sync_batch(writes, unsure, len(mirrors), between=self._handle_urgent)

@@ -10,6 +10,7 @@ import sys
 
 from controller import cli as controller_cli
 from experiments.endtoend import cli as experiment_cli
+from experiments.faults import cli as faults_cli
 from experiments.simulation import cli as simulation_cli
 from experiments.workload import cli as workload_cli
 from monitor import cli as monitor_cli
@@ -24,6 +25,7 @@ def build_parser() -> argparse.ArgumentParser:
     monitor_cli.register(commands)
     controller_cli.register(commands)
     experiment_cli.register(commands)
+    faults_cli.register(commands)
     return parser
 
 

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from scapy.all import IP, TCP, UDP, Ether, Raw
 
 CLIENT = ("02:00:00:00:00:aa", "10.0.0.100")
+CONTROLLER = ("02:00:00:00:00:fe", "10.0.0.254")  # a trusted source: its copies never make a server unsure
 SERVERS = (("02:00:00:00:00:01", "10.0.0.1", 11211), ("02:00:00:00:00:02", "10.0.0.2", 11211),
            ("02:00:00:00:00:03", "10.0.0.3", 11311))
 REPLICAS = (0, 1, 2)
@@ -49,18 +50,18 @@ class Case:
 
 
 def request(payload: bytes, to: int = 0, request_id: int = 7, sport: int = 40000, udp: bool = True,
-            frame: bool = True, flags: int = 0, frag: int = 0) -> bytes:
+            frame: bool = True, flags: int = 0, frag: int = 0, src: tuple = CLIENT) -> bytes:
     """A client's request to server `to`: UDP with the memcached frame header (unless frame=False), or TCP."""
-    return request_to(SERVERS[to], payload, request_id, sport, udp, frame, flags, frag)
+    return request_to(SERVERS[to], payload, request_id, sport, udp, frame, flags, frag, src)
 
 
 def request_to(server: tuple, payload: bytes, request_id: int = 7, sport: int = 40000, udp: bool = True,
-               frame: bool = True, flags: int = 0, frag: int = 0) -> bytes:
+               frame: bool = True, flags: int = 0, frag: int = 0, src: tuple = CLIENT) -> bytes:
     """The same to any server given as (mac, ip, port), or as a config Server."""
     mac, ip, port = (server.mac, server.ip, server.port) if hasattr(server, "mac") else server
     header = struct.pack("!HHHH", request_id, 0, 1, 0) if udp and frame else b""
     l4 = UDP(sport=sport, dport=port) if udp else TCP(sport=sport, dport=port, flags="PA")
-    return bytes(Ether(src=CLIENT[0], dst=mac) / IP(src=CLIENT[1], dst=ip, flags=flags, frag=frag) / l4
+    return bytes(Ether(src=src[0], dst=mac) / IP(src=src[1], dst=ip, flags=flags, frag=frag) / l4
                  / Raw(header + payload))
 
 
@@ -191,9 +192,14 @@ CASES = (
         ("binary protocol", request(b"\x80\x00\x00\x03hot\x00")),
         ("not a command", request(b"garbage\r\n")),
         ("no frame header", request(b"get hot\r\n", frame=False)),
-        ("control character in the key", request(b"get h\x01t\r\n")))),
+        ("control character in the key", request(b"get h\x01t\r\n")),
+        ("the first fragment of a large UDP set", request(b"set hot 0 0 9000\r\n" + b"x" * 100, flags=1)))),
+    Case("the controller's own copy, larger than a segment, leaves the replica's keys clean",
+         request(b"ms hot 9000 T0\r\n" + b"x" * 1000, to=1, udp=False, src=CONTROLLER), dirty_after=False),
+    Case("the controller's copies to a key's home would still count (it never sends them)",
+         request(SET_HOT, udp=False, src=CONTROLLER), mirrored=True, dirty_after=True),
     *(Case(f"untouched: {name}", packet) for name, packet in (
-        ("more fragments", request(b"get hot\r\n", flags=1)),
+        ("a later fragment", request(b"get hot\r\n", frag=100)),
         ("empty UDP", request(b"", frame=False)),
         ("cut inside the UDP header", request(b"get hot\r\n")[:40]),
         ("ARP", bytes(Ether(src=CLIENT[0], dst=SERVERS[0][0], type=0x0806) / Raw(b"\x00" * 28))))),

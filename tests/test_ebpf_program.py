@@ -17,7 +17,7 @@ from dataplanes.ebpf.tables import COUNTERS, STRUCT_SIZES, HotEntry, Tables, cum
 pytest.importorskip("scapy.all")
 from scapy.all import IP, Ether  # noqa: E402
 
-from tests.pipeline_fixtures import CASES, CLIENT, REPLICAS, SERVERS, Case, request  # noqa: E402
+from tests.pipeline_fixtures import CASES, CLIENT, CONTROLLER, REPLICAS, SERVERS, Case, request  # noqa: E402
 
 why_not = available() if os.geteuid() == 0 else "needs root (bpf syscall, bpffs)"
 pytestmark = pytest.mark.skipif(why_not is not None, reason=f"eBPF data plane cannot run here: {why_not}")
@@ -25,7 +25,7 @@ pytestmark = pytest.mark.skipif(why_not is not None, reason=f"eBPF data plane ca
 VERDICTS = {2: "drop", 7: "forward"}  # TC_ACT_SHOT; TC_ACT_REDIRECT (to the destination's port)
 # Each host behind its own switch port. A test run's packets arrive on ifindex 0, and the program learns where
 # each source is from that; the runner puts the hosts back on their ports before the packet under test.
-HOST_PORTS = {CLIENT[0]: 1, **{mac: 2 + i for i, (mac, _, _) in enumerate(SERVERS)}}
+HOST_PORTS = {CLIENT[0]: 1, CONTROLLER[0]: 9, **{mac: 2 + i for i, (mac, _, _) in enumerate(SERVERS)}}
 
 
 def place_hosts(tables: Tables) -> None:
@@ -40,6 +40,7 @@ def plane():
     tables.set_settings(controller_ifindex=0)
     tables.set_lease(time.monotonic_ns() + 3600 * 10**9)  # a controller that vouches for the copies
     tables.add_memcached_ports(sorted({port for _, _, port in SERVERS}))
+    tables.trust(CONTROLLER[1])
     for index, (mac, ip, port) in enumerate(SERVERS):
         tables.set_server(index, mac, ip, port)
     prog = obj_get(str(data_plane.program_pin))

@@ -46,10 +46,17 @@ class EbpfPorts:
 
     def __init__(self, tag: str):
         self.plane = DataPlane(tag)
+        self.ports: list[str] = []
 
     def start(self, ports: list[str]) -> None:
+        self.ports = list(ports)
         self.plane.load()
         self.plane.serve(ports, self.plane.add_mirror_link())
+
+    def reload(self) -> None:
+        """Unload the program and load it again: every table starts empty, as after a switch restart."""
+        self.close()
+        self.start(self.ports)
 
     def close(self) -> None:
         self.plane.unload()

@@ -192,6 +192,8 @@ class EbpfDriver(Driver):
                 for index, server in enumerate(self.servers):
                     tables.set_server(index, server.mac, server.ip, server.port)
                 tables.add_memcached_ports(sorted({s.port for s in self.servers}))
+                for ip in own_addresses(self.servers):
+                    tables.trust(ip)
                 tables.set_lease(self.lease_until)
             # the clone count from here on, in the numbering of mirrors_received (a reloaded program starts at 0)
             self.clones_base = self._clones() - self.mirrors_received
@@ -338,6 +340,19 @@ class EbpfDriver(Driver):
         if self.on_reconnect is not None:
             self.on_reconnect()
         return True
+
+
+def own_addresses(servers: Sequence[Server]) -> set[str]:
+    """This host's source address towards each server (what the controller's copies and reads come from)."""
+    found = set()
+    for server in servers:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+            try:
+                probe.connect((server.ip, server.port))  # UDP: picks the route and source, sends nothing
+            except OSError:
+                continue  # no route (yet): nothing of ours goes there either
+            found.add(probe.getsockname()[0])
+    return found
 
 
 def address_of(sock: socket.socket) -> str:

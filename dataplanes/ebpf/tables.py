@@ -34,6 +34,7 @@ SERVER_ADDRESS = struct.Struct("=4sHH")  # struct mb_server_address (network ord
 U32 = struct.Struct("=I")
 U64 = struct.Struct("=Q")
 STRUCT_SIZES = {"hot_keys": (KEY.size, HOT.size), "servers": (U32.size, SERVER.size), "writes": (4, 8),
+                "trusted_sources": (4, 4),
                 "unsure": (4, 8), "synced": (4, SYNCED.size), "lease": (4, 8), "server_index": (SERVER_ADDRESS.size, 4),
                 "forward": (8, 4), "ports": (4, 4), "flows": (8, 4), "key_counters": (4, KEY_COUNTERS.size),
                 "counters": (4, 8), "settings": (4, SETTINGS.size), "memcached_ports": (2, 4)}
@@ -172,6 +173,10 @@ class Tables:
 
     def set_settings(self, controller_ifindex: int) -> None:
         self.maps["settings"].update(U32.pack(0), SETTINGS.pack(controller_ifindex))
+
+    def trust(self, ip: str) -> None:
+        """Requests from `ip` (the controller's own address) never make a server unsure."""
+        self.maps["trusted_sources"].update(socket.inet_aton(ip), U32.pack(1))
 
     def add_memcached_ports(self, ports: Sequence[int]) -> None:
         """Ports memcached servers listen on: requests to them are read, replies from them are matched."""

@@ -64,6 +64,16 @@ struct {
 	__type(value, __u32);
 } server_index SEC(".maps");
 
+/* The controller's own addresses (IPv4, network order -> 1): its copies to replicas and its reads never change a
+ * key at its home, so its requests never make a server unsure (a copy larger than a segment would otherwise make
+ * every hot key homed on the replica dirty, for nothing). */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 16);
+	__type(key, __u32);
+	__type(value, __u32);
+} trusted_sources SEC(".maps");
+
 /* The ports memcached servers listen on (network order -> 1): a request goes to one of them, a reply comes from
  * one. Each server's own port is written here, so servers on different ports are all served. */
 struct {

@@ -125,7 +125,7 @@ static __always_inline void mb_unsure(struct __sk_buff *skb, struct mb_packet *p
 {
 	struct mb_server_address address = {.ip = pkt->daddr, .port = pkt->dport};
 	__u32 *server = bpf_map_lookup_elem(&server_index, &address);
-	if (!server)
+	if (!server || bpf_map_lookup_elem(&trusted_sources, &pkt->saddr))
 		return;
 	__u64 *count = bpf_map_lookup_elem(&unsure, server);
 	if (count)
@@ -224,7 +224,16 @@ int mbalancer(struct __sk_buff *skb)
 	__u32 zero = 0;
 	mb_count(MB_C_PACKETS);
 	mb_learn(skb);
-	if (mb_parse_headers(skb, &eth, &pkt) < 0)
+	int parsed = mb_parse_headers(skb, &eth, &pkt);
+	if (parsed == MB_FIRST_FRAGMENT && mb_is_memcached_port(pkt.dport)) {
+		/* A request too big for one frame (a UDP set of a large value): the server applies it once every
+		 * fragment is in, after this first one passes, so marking its server unsure now is in time. */
+		mb_count(MB_C_MEMCACHED);
+		mb_count(MB_C_UNPARSED);
+		mb_unsure(skb, &pkt);
+		return mb_forward(skb);
+	}
+	if (parsed < 0)
 		return mb_forward(skb);
 	int request = mb_is_memcached_port(pkt.dport);
 	if (pkt.proto == IPPROTO_UDP && !request && mb_is_memcached_port(pkt.sport))

@@ -14,6 +14,7 @@
 
 #define MB_IP_BALANCED 0x8000  /* IPv4 reserved flag bit: "already balanced by a switch on the path" */
 #define MB_FRAME_HEADER 8      /* memcached UDP frame: request id, sequence, datagrams, reserved */
+#define MB_FIRST_FRAGMENT 1    /* mb_parse_headers: the first fragment of a fragmented packet (ports read) */
 
 struct mb_packet {
 	__u32 ip_off, l4_off, payload_off, payload_len;
@@ -34,7 +35,8 @@ enum mb_command {
 };
 #define MB_NO_DATA 0xff  /* the command has no data block */
 
-/* Ethernet + IPv4 + UDP/TCP headers; 0 if this is an unfragmented IPv4 UDP or TCP packet. */
+/* Ethernet + IPv4 + UDP/TCP headers; 0 if this is an unfragmented IPv4 UDP or TCP packet, MB_FIRST_FRAGMENT if it
+ * is the first fragment of one (addresses and ports read, nothing after them), -1 otherwise. */
 static __always_inline int mb_parse_headers(struct __sk_buff *skb, struct ethhdr *eth, struct mb_packet *pkt)
 {
 	struct iphdr ip;
@@ -43,7 +45,7 @@ static __always_inline int mb_parse_headers(struct __sk_buff *skb, struct ethhdr
 	pkt->ip_off = sizeof(*eth);
 	if (bpf_skb_load_bytes(skb, pkt->ip_off, &ip, sizeof(ip)) < 0 || ip.version != 4 || ip.ihl < 5)
 		return -1;
-	if (ip.frag_off & bpf_htons(0x3fff))  /* a fragment (offset or more-fragments): not ours to read */
+	if (ip.frag_off & bpf_htons(0x1fff))  /* a later fragment: no transport header */
 		return -1;
 	if (ip.protocol != IPPROTO_UDP && ip.protocol != IPPROTO_TCP)
 		return -1;
@@ -60,6 +62,8 @@ static __always_inline int mb_parse_headers(struct __sk_buff *skb, struct ethhdr
 		return -1;
 	pkt->sport = ports[0];
 	pkt->dport = ports[1];
+	if (ip.frag_off & bpf_htons(0x2000))  /* more fragments follow: the payload is not all here */
+		return MB_FIRST_FRAGMENT;
 	if (ip.protocol == IPPROTO_UDP) {
 		pkt->payload_off = pkt->l4_off + 8;
 	} else {

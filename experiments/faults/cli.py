@@ -1,0 +1,78 @@
+"""`mbalancer faults`: inject faults under load and print what the clients saw (README: "Faults")."""
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+from pathlib import Path
+
+from experiments.faults.plot import plot_run
+from experiments.faults.rig import Rig, RigError
+from experiments.faults.run import Phases, format_table, run_fault, write_buckets_csv, write_summary
+from experiments.faults.scenarios import FAULTED, FAULTS
+from mbalancer.progress import end_progress, stderr_progress
+
+
+
+def register(commands: argparse._SubParsersAction) -> None:
+    parser = commands.add_parser(
+        "faults", help="inject faults (crash, hang, UDP wedge, controller kill, ...) under load (root)",
+        description="Three memcached servers and a client in namespaces behind the eBPF switch, MBalancer's "
+                    "controller as its own process. For each fault and load: warm-up, fault, recovery; the client "
+                    "counts per 100 ms gets answered, timeouts, stale reads (versioned values) and misses. Writes a "
+                    "CSV and a PNG per run, summary.csv/json, and prints the table.")
+    parser.add_argument("--out", type=Path, required=True, help="folder for the CSVs, plots and summary")
+    parser.add_argument("--faults", default=",".join(FAULTS), help=f"comma-separated, of: {', '.join(FAULTS)}")
+    parser.add_argument("--loads", default="0.5,0.75,1", help="fractions of --rate, comma-separated")
+    parser.add_argument("--rate", type=float, default=2000.0, help="gets/s at load 1 (about what one Python "
+                                                                   "client sustains on a 2-core machine)")
+    parser.add_argument("--write-rate", type=float, default=20.0, help="versioned sets/s to the hot keys")
+    parser.add_argument("--hot", type=int, default=6, help="hot keys, none homed on the faulted server")
+    parser.add_argument("--warmup", type=float, default=3.0)
+    parser.add_argument("--fault", type=float, default=3.0, help="seconds the fault lasts")
+    parser.add_argument("--recovery", type=float, default=4.0)
+    parser.set_defaults(run=_run, fail=parser.error)
+
+
+def _run(args: argparse.Namespace, fail) -> int:
+    faults = [f.strip() for f in args.faults.split(",") if f.strip()]
+    unknown = [f for f in faults if f not in FAULTS]
+    if unknown:
+        fail(f"--faults: unknown {', '.join(unknown)} (known: {', '.join(FAULTS)})")
+    try:
+        loads = [float(x) for x in args.loads.split(",")]
+    except ValueError:
+        fail(f"--loads: numbers between 0 and 1, comma-separated (got {args.loads!r})")
+    if not all(0 < x <= 1 for x in loads) or args.rate <= 0 or args.write_rate < 0 or args.hot < 1:
+        fail("--loads in (0, 1], --rate > 0, --write-rate >= 0, --hot >= 1")
+    if os.geteuid() != 0:
+        fail("needs root (network namespaces, tc, eBPF)")
+    phases = Phases(args.warmup, args.fault, args.recovery)
+    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt))
+    results = []
+    try:
+        runs = [(f, load) for f in faults for load in loads]
+        for done, (name, load) in enumerate(runs):
+            stderr_progress(f"{name} at {load:.0%} load ({done + 1}/{len(runs)}, {phases.total:g} s each)")
+            with Rig(args.out, args.hot, FAULTED) as rig:  # a fresh rig per run: no fault leaks into the next
+                result = run_fault(rig, FAULTS[name], load, args.rate, args.write_rate, phases, args.out)
+            write_buckets_csv(args.out, result)
+            plot_run(args.out, result, phases)
+            results.append(result)
+    except RigError as err:
+        end_progress()
+        print(f"mbalancer faults: {err}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        end_progress()
+        print(f"mbalancer faults: interrupted; the rig was removed ({len(results)} runs kept in {args.out})",
+              file=sys.stderr)
+        if results:
+            write_summary(args.out, results)
+        return 130
+    end_progress()
+    csv_path, _ = write_summary(args.out, results)
+    print(format_table(results))
+    print(f"written: {csv_path}, summary.json, one CSV and PNG per run in {args.out}", file=sys.stderr)
+    return 0

@@ -1,0 +1,185 @@
+"""The fault runner's client: paced UDP gets and versioned TCP sets to hot keys, every get checked for staleness.
+
+Runs inside the client's namespace (`python -m experiments.faults.load`). Each key has one writer, this process:
+its sets carry increasing versions, and a get is stale when it returns a version older than the newest set that
+had been acknowledged before the get was sent. A miss (END) on a key that exists is counted apart. Everything is
+counted per 100 ms bucket and written as JSON lines when the run ends (or on SIGTERM).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import select
+import signal
+import socket
+import struct
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+
+BUCKET = 0.1  # seconds per output row
+GET_TIMEOUT = 0.25  # a get unanswered after this counts as a timeout
+WRITE_TIMEOUT = 0.5
+VALUE_BYTES = 64
+
+
+@dataclass
+class Bucket:
+    t: float  # seconds since the start of the run, at the bucket's start
+    sent: int = 0
+    answered: int = 0
+    timeouts: int = 0
+    stale: int = 0
+    misses: int = 0
+    writes: int = 0
+    write_errors: int = 0
+
+
+@dataclass
+class Pending:
+    key: bytes
+    sent: float
+    floor: int  # the newest acknowledged version when the get was sent
+
+
+@dataclass
+class KeyState:
+    home: tuple[str, int]
+    acked: int = 0  # newest acknowledged version
+    writer: socket.socket | None = field(default=None, repr=False)
+
+
+def value_of(version: int) -> bytes:
+    return b"%d|" % version + b"v" * (VALUE_BYTES - len(b"%d|" % version))
+
+
+def version_in(reply: bytes) -> int | None:
+    """The version in a get reply ("VALUE k f n\\r\\n<n>|vvv\\r\\nEND"), or None for a miss."""
+    if not reply.startswith(b"VALUE "):
+        return None
+    body = reply.split(b"\r\n", 2)[1]
+    return int(body.split(b"|", 1)[0])
+
+
+class Load:
+    def __init__(self, keys: dict[bytes, tuple[str, int]], rate: float, write_rate: float):
+        self.keys = {k: KeyState(home) for k, home in keys.items()}
+        self.names = list(self.keys)
+        self.rate, self.write_rate = rate, write_rate
+        self.udp = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        self.udp.setblocking(False)
+        self.pending: dict[int, Pending] = {}
+        self.buckets: list[Bucket] = []
+        self.request_id = 0
+        self.started = time.monotonic()
+        self.stopped = False
+
+    def bucket(self, now: float) -> Bucket:
+        index = int((now - self.started) / BUCKET)
+        while len(self.buckets) <= index:
+            self.buckets.append(Bucket(round(len(self.buckets) * BUCKET, 3)))
+        return self.buckets[index]
+
+    def prepare(self) -> None:
+        """Version 1 of every key, acknowledged before the run (a miss later is then a real miss)."""
+        for key in self.names:
+            self.write(key, time.monotonic(), count=False)
+
+    def run(self, duration: float) -> None:
+        self.started = time.monotonic()
+        next_get, next_write, turn = self.started, self.started, 0
+        end = self.started + duration
+        while not self.stopped and (now := time.monotonic()) < end:
+            while next_get <= now:
+                self.get(self.names[turn % len(self.names)], now)
+                turn += 1
+                next_get += 1 / self.rate
+            if self.write_rate and next_write <= now:
+                self.write(self.names[int(now * 1000) % len(self.names)], now)
+                next_write += 1 / self.write_rate
+            self.receive(min(next_get, next_write if self.write_rate else next_get) - time.monotonic())
+            self.expire(time.monotonic())
+        self.expire(float("inf"))
+
+    def get(self, key: bytes, now: float) -> None:
+        self.request_id = (self.request_id + 1) & 0xFFFF
+        self.pending[self.request_id] = Pending(key, now, self.keys[key].acked)
+        self.udp.sendto(struct.pack("!HHHH", self.request_id, 0, 1, 0) + b"get " + key + b"\r\n", self.keys[key].home)
+        self.bucket(now).sent += 1
+
+    def receive(self, wait: float) -> None:
+        if not select.select([self.udp], [], [], max(wait, 0.0))[0]:
+            return
+        for _ in range(1000):
+            try:
+                datagram = self.udp.recv(65535)
+            except BlockingIOError:
+                return
+            pending = self.pending.pop(struct.unpack("!H", datagram[:2])[0], None)
+            if pending is None:
+                continue  # a late reply: already counted as a timeout
+            bucket = self.bucket(pending.sent)
+            bucket.answered += 1
+            version = version_in(datagram[8:])
+            if version is None:
+                bucket.misses += 1
+            elif version < pending.floor:
+                bucket.stale += 1
+
+    def expire(self, now: float) -> None:
+        for rid in [r for r, p in self.pending.items() if now - p.sent > GET_TIMEOUT]:
+            self.bucket(self.pending.pop(rid).sent).timeouts += 1
+
+    def write(self, key: bytes, now: float, count: bool = True) -> None:
+        """A set of the next version over TCP to the key's home, waiting for STORED."""
+        state = self.keys[key]
+        version = state.acked + 1
+        bucket = self.bucket(now) if count else None
+        try:
+            if state.writer is None:
+                state.writer = socket.create_connection(state.home, timeout=WRITE_TIMEOUT)
+                state.writer.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            value = value_of(version)
+            state.writer.sendall(b"set %s 0 0 %d\r\n%s\r\n" % (key, len(value), value))
+            reply = b""
+            while not reply.endswith(b"\r\n"):
+                chunk = state.writer.recv(64)
+                if not chunk:
+                    raise OSError("connection closed")
+                reply += chunk
+            if reply != b"STORED\r\n":
+                raise OSError(reply.decode("latin-1").strip())
+            state.acked = version
+            if bucket:
+                bucket.writes += 1
+        except OSError:
+            if state.writer is not None:
+                state.writer.close()
+                state.writer = None
+            if bucket:
+                bucket.write_errors += 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--keys", required=True, help='JSON: {"key": ["home ip", port], ...}')
+    parser.add_argument("--rate", type=float, default=2000.0, help="gets per second")
+    parser.add_argument("--write-rate", type=float, default=20.0, help="sets per second")
+    parser.add_argument("--duration", type=float, default=10.0)
+    parser.add_argument("--out", required=True, help="JSON lines, one per 100 ms bucket")
+    args = parser.parse_args(argv)
+    keys = {k.encode(): (ip, int(port)) for k, (ip, port) in json.loads(args.keys).items()}
+    load = Load(keys, args.rate, args.write_rate)
+    signal.signal(signal.SIGTERM, lambda *_: setattr(load, "stopped", True))
+    load.prepare()
+    print("ready", flush=True)
+    sys.stdin.readline()  # the runner says go: every run starts its clock at the same moment as the faults'
+    load.run(args.duration)
+    with open(args.out, "w") as out:
+        for bucket in load.buckets:
+            out.write(json.dumps(asdict(bucket)) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

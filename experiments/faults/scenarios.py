@@ -1,0 +1,120 @@
+"""The faults the runner injects, each with its way back. They hit server s3 (index 2, a replica of every hot key
+the load uses and the home of none) or the control plane.
+
+Each fault is a pair of functions over the running Rig: `inject` at the start of the fault phase, `recover` at its
+end. What each stands for:
+    crash           memcached killed (SIGKILL); back: started again, empty
+    hang            memcached stopped (SIGSTOP), the process and its sockets stay; back: SIGCONT
+    cpu_hog         memcached shares its CPU with four busy loops; back: they stop
+    slow_link       the link to the server shaped to 1 Mbit/s (tc tbf); back: unshaped
+    udp_wedge       one 30-byte datagram ("set x 0 0 1000000" and 3 bytes) wedges memcached 1.6's UDP listener
+                    (TCP still answers); back: memcached restarted
+    controller_kill the controller process killed (SIGKILL); back: started again (it finds the old entries)
+    switch_reload   the data plane unloaded and loaded again (every table empty); back: nothing to do
+"""
+from __future__ import annotations
+
+import os
+import signal
+import struct
+import subprocess
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Callable
+
+if TYPE_CHECKING:
+    from experiments.faults.rig import Rig
+
+FAULTED = 2  # the server the faults hit: s3
+HOGS = 4
+
+
+@dataclass(frozen=True)
+class Fault:
+    name: str
+    inject: Callable[["Rig"], None]
+    recover: Callable[["Rig"], None]
+    server: int | None = FAULTED  # the server it takes out (None: the control plane)
+
+
+def _crash(rig: "Rig") -> None:
+    rig.memcached[FAULTED].kill()
+    rig.memcached[FAULTED].wait()
+
+
+def _restart(rig: "Rig") -> None:
+    if rig.memcached[FAULTED].poll() is None:
+        rig.memcached[FAULTED].kill()
+        rig.memcached[FAULTED].wait()
+    rig.start_memcached(FAULTED)
+
+
+def _hang(rig: "Rig") -> None:
+    os.kill(rig.memcached[FAULTED].pid, signal.SIGSTOP)
+
+
+def _resume(rig: "Rig") -> None:
+    os.kill(rig.memcached[FAULTED].pid, signal.SIGCONT)
+
+
+def _hog(rig: "Rig") -> None:
+    cpu = str(max(os.sched_getaffinity(0)))
+    subprocess.run(["taskset", "-a", "-p", "-c", cpu, str(rig.memcached[FAULTED].pid)], capture_output=True,
+                   check=True)
+    rig.hogs = [subprocess.Popen(["taskset", "-c", cpu, "sh", "-c", "while :; do :; done"]) for _ in range(HOGS)]
+
+
+def _unhog(rig: "Rig") -> None:
+    for hog in rig.hogs:
+        hog.kill()
+        hog.wait()
+    rig.hogs = []
+    all_cpus = ",".join(str(c) for c in sorted(os.sched_getaffinity(0)))
+    subprocess.run(["taskset", "-a", "-p", "-c", all_cpus, str(rig.memcached[FAULTED].pid)], capture_output=True)
+
+
+def _shape(rig: "Rig") -> None:
+    port = rig.net.server_hosts[FAULTED].port
+    subprocess.run(["tc", "qdisc", "add", "dev", port, "root", "tbf", "rate", "1mbit", "burst", "16kbit",
+                    "latency", "200ms"], capture_output=True, text=True, check=True)
+
+
+def _unshape(rig: "Rig") -> None:
+    subprocess.run(["tc", "qdisc", "del", "dev", rig.net.server_hosts[FAULTED].port, "root"], capture_output=True)
+
+
+def _wedge(rig: "Rig") -> None:
+    """The datagram from the issue: a set announcing a 1 MB value with 3 bytes of it, over UDP."""
+    host = rig.net.server_hosts[FAULTED]
+    datagram = struct.pack("!HHHH", 1, 0, 1, 0) + b"set x 0 0 1000000\r\nabc"
+    code = (f"import socket; s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); "
+            f"s.sendto({datagram!r}, ({host.ip!r}, 11211))")
+    rig.net.run(rig.net.client_hosts[0], [rig.python, "-c", code])
+
+
+def _kill_controller(rig: "Rig") -> None:
+    rig.controller.kill()
+    rig.controller.wait()
+
+
+def _start_controller(rig: "Rig") -> None:
+    rig.start_controller()
+
+
+def _reload_switch(rig: "Rig") -> None:
+    rig.net.switch.reload()
+
+
+def _nothing(rig: "Rig") -> None:
+    pass
+
+
+FAULTS = {f.name: f for f in (
+    Fault("crash", _crash, _restart),
+    Fault("hang", _hang, _resume),
+    Fault("cpu_hog", _hog, _unhog),
+    Fault("slow_link", _shape, _unshape),
+    Fault("udp_wedge", _wedge, _restart),
+    Fault("controller_kill", _kill_controller, _start_controller, server=None),
+    Fault("switch_reload", _reload_switch, _nothing, server=None),
+)}
+
