@@ -145,7 +145,7 @@ class ControllerCore:
                 try:
                     self._handle(batch)
                     self.executor.run_due()
-                    self.executor.poll()
+                    self.executor.poll(idle=self._events.empty())
                 except Exception:  # one bad event must not stop the controller
                     self.counts["internal_errors"] += 1
                     log.exception("handling a batch of %d events failed", len(batch))
@@ -226,6 +226,9 @@ class ControllerCore:
             self.executor.server_up(server)
             self._decide("server-up", None, f"server {server} ({name}) answers again; its copies are refilled, "
                                             f"then it gets weight")
+        if self.last_report is not None:  # the weights now, not at the next report (a replica gets weight only
+            installed = {k: h.placement for k, h in self.executor.hot.items()}  # once it holds the value)
+            self.executor.apply(self.planner.reweigh(self.last_report, installed, self.health.down()))
 
     def _probe(self, server: int) -> None:
         interval = self.config.controller.health_interval
@@ -314,7 +317,7 @@ class ControllerCore:
             counters = self.driver.read_counters()
         except DriverError as err:
             return {"error": str(err)}
-        return {"unparsed": counters.unparsed, "unsure": counters.unsure, "keys": {
+        return {"unparsed": counters.unparsed, "unsure": counters.unsure, "switch": counters.switch, "keys": {
             key_to_text(k): {"gets": c.gets, "home_while_dirty": c.home_while_dirty, "mirrored": c.mirrored,
                              "per_replica": {str(s): n for s, n in c.per_replica.items()}}
             for k, c in counters.keys.items()}}

@@ -79,6 +79,7 @@ class Counters:
     keys: dict[bytes, KeyCounters] = field(default_factory=dict)
     unparsed: int = 0  # memcached-port packets forwarded untouched because the pipeline could not read them
     unsure: int = 0  # requests that made their server's hot keys dirty (they may hold writes the pipeline cannot read)
+    switch: dict[str, int] = field(default_factory=dict)  # the data plane's own switch-wide counters, by name
 
 
 class Driver(ABC):

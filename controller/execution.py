@@ -237,24 +237,30 @@ class Executor:
         self._push(key, hot, item)
         self._settle(key, hot)
 
-    def poll(self) -> None:
-        """Every poll_every seconds: each clean hot key's CAS at its home, for writes no switch saw (a client on the
-        server's own host, a path around the switch). A changed one is made dirty and synced."""
+    def poll(self, idle: bool = True) -> None:
+        """Every poll_every seconds: each clean hot key's CAS at its home (one round trip per home), for writes no
+        switch saw (a client on the server's own host, a path around the switch). A changed one is made dirty and
+        synced. Done when the core is idle, or once it is a whole interval late."""
         now = self.clock()
-        if not self.poll_every or now < self.next_poll:
+        if not self.poll_every or now < self.next_poll or (not idle and now < self.next_poll + self.poll_every):
             return
         self.next_poll = now + self.poll_every
-        for key, hot in list(self.hot.items()):
-            if hot.dirty or not hot.installed:
-                continue
+        by_home: dict[int, list[bytes]] = {}
+        for key, hot in self.hot.items():
+            if not hot.dirty and hot.installed:
+                by_home.setdefault(hot.placement.home, []).append(key)
+        for home, keys in by_home.items():
             try:
-                cas = self.replicator.cas(hot.placement.home, key)
+                found = self.replicator.cas_many(home, keys)
             except MetaError:
                 continue  # the health checker deals with servers that do not answer
-            if cas != hot.synced_cas:
-                self.unseen_writes += 1
-                self._protect(key, hot, "its home changed without a write the switch saw")
-                self._settle(key, hot)  # pushes the home's item, then clears
+            for key, cas in zip(keys, found):
+                hot = self.hot.get(key)
+                if hot is not None and cas != hot.synced_cas:
+                    self.unseen_writes += 1
+                    self._protect(key, hot, "its home changed without a write the switch saw (or memcached "
+                                            "moved the item: a new CAS, the same value)")
+                    self._settle(key, hot)  # pushes the home's item, then clears
 
     def _check(self, key: bytes, hot: HotKey) -> None:
         """The data plane may have made the key dirty (an unsure request to its home): settle it again unless the

@@ -93,6 +93,14 @@ class Planner:
         return Plan(tuple(changes), hot_target, tuple(loads), tuple(predicted), float(imbalance_factor(loads)),
                     float(imbalance_factor(predicted)))
 
+    def reweigh(self, report: MonitorReport, installed: Mapping[bytes, Placement],
+                down: Iterable[int] = ()) -> tuple[Change, ...]:
+        """New weights for the installed keys alone, from the last report (a server went down or came back): no
+        report is counted, no key warms or cools."""
+        layout, _ = self._layout(report, list(installed), installed, frozenset(down))
+        return tuple(Change("reweight", key, layout[key], reason) for key in installed
+                     if key in layout and (reason := _weights_moved(installed[key], layout[key])))
+
     def _layout(self, report: MonitorReport, hot: list[bytes], installed: Mapping[bytes, Placement],
                 down: frozenset[int]) -> tuple[dict[bytes, Placement], np.ndarray]:
         """Place the hot keys, hottest first, over the load of everything else; returns placements and loads.

@@ -33,6 +33,10 @@ class Replicator:
         """The item's CAS on `server` (None on a miss); raises MetaError."""
         return self._client(server).cas(key)
 
+    def cas_many(self, server: int, keys: list[bytes]) -> list[int | None]:
+        """The CAS of each key on `server` in one round trip; raises MetaError."""
+        return self._client(server).cas_many(keys)
+
     def write(self, key: bytes, item: StoredItem, targets: Iterable[int]) -> dict[int, str]:
         """Store `item` on each target; returns {server: error} for the ones that failed."""
         failed = {}

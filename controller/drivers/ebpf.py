@@ -261,6 +261,8 @@ class EbpfDriver(Driver):
         switch = tables.counters()
         counters.unparsed += switch["unparsed"]
         counters.unsure += switch["unsure"]
+        for name, value in switch.items():
+            counters.switch[name] = counters.switch.get(name, 0) + value
         for key, slot in self.slots.items():
             counts = tables.key_counts(slot)
             entry = tables.hot(key)

@@ -56,7 +56,14 @@ class MetaClient:
 
     def cas(self, key: bytes) -> int | None:
         """The item's CAS (changes on every write), or None on a miss; no value is sent."""
-        reply = self._call(b"mg %s c\r\n" % _checked(key))
+        return self.cas_many([key])[0]
+
+    def cas_many(self, keys: list[bytes]) -> list[int | None]:
+        """The CAS of each key (None for a miss) in one round trip: the requests are pipelined."""
+        replies = self._calls(b"".join(b"mg %s c\r\n" % _checked(key) for key in keys), len(keys))
+        return [self._cas_of(reply) for reply in replies]
+
+    def _cas_of(self, reply: MetaReply) -> int | None:
         if reply.code == "EN":
             return None
         flags = _flag_values(reply.flags)
@@ -95,10 +102,14 @@ class MetaClient:
         self._buffer.clear()
 
     def _call(self, request: bytes) -> MetaReply:
+        return self._calls(request, 1)[0]
+
+    def _calls(self, requests: bytes, count: int) -> list[MetaReply]:
+        """Send `requests` (count of them, pipelined) and read their replies in order."""
         try:
             sock = self._connected()
-            sock.sendall(request)
-            return self._read_reply(sock)
+            sock.sendall(requests)
+            return [self._read_reply(sock) for _ in range(count)]
         except OSError as err:
             self.close()
             raise MetaError(f"{self.server}: {err.strerror or err}") from None
