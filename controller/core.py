@@ -8,8 +8,9 @@ Threads, not asyncio (ryu-manager greens plain threads with eventlet; an asyncio
 - one prober thread per server checks its health (so one hung server delays no other's probes) and queues changes;
 - one lease thread renews the core's lease on the data plane: if this process dies or hangs, the switch stops
   trusting the copies within `controller.lease` seconds.
-`state()` may be called from any thread: it reads the core's state under the lock the worker holds per event, and
-the data plane's counters outside it (a network driver's read may take a round trip; the worker must not wait).
+`state()` may be called from any thread and never waits for the worker (whose batch may spend seconds copying to a
+slow server): the worker publishes a snapshot of its state after every batch and every decision; state() adds the
+servers' health and the data plane's counters, read when asked.
 """
 from __future__ import annotations
 
@@ -59,7 +60,9 @@ class ControllerCore:
         self.last_plan: Plan | None = None
         self.last_report: MonitorReport | None = None
         self.started = clock()
-        self.lock = threading.RLock()
+        self.lock = threading.Lock()  # guards `decisions` (appended by the worker, read by HTTP threads)
+        self._snapshot: dict[str, Any] = {}
+        self._worker: threading.Thread | None = None
         self._events: queue.Queue = queue.Queue()
         self._urgent: deque[tuple] = deque()  # health changes, handled even in the middle of a batch
         self._stop = threading.Event()
@@ -70,8 +73,9 @@ class ControllerCore:
     def start(self) -> "ControllerCore":
         leftovers = self.driver.attach(self.config.servers, self.submit_mirror, self.submit_reconnect)
         self._remove_leftovers(leftovers)
+        self._publish()
         self.driver.renew_lease(self.config.controller.lease)
-        self._spawn(self._work, "mbalancer-core")
+        self._worker = self._spawn(self._work, "mbalancer-core")
         self._spawn(self._renew_lease, "mbalancer-lease")
         if self._probe_health:
             for server in range(len(self.config.servers)):
@@ -141,14 +145,14 @@ class ControllerCore:
             except queue.Empty:
                 batch = []  # a retry is due
             batch += self._drain()
-            with self.lock:
-                try:
-                    self._handle(batch)
-                    self.executor.run_due()
-                    self.executor.poll(idle=self._events.empty())
-                except Exception:  # one bad event must not stop the controller
-                    self.counts["internal_errors"] += 1
-                    log.exception("handling a batch of %d events failed", len(batch))
+            try:
+                self._handle(batch)
+                self.executor.run_due()
+                self.executor.poll(idle=self._events.empty())
+            except Exception:  # one bad event must not stop the controller
+                self.counts["internal_errors"] += 1
+                log.exception("handling a batch of %d events failed", len(batch))
+            self._publish()
             for _ in batch:
                 self._events.task_done()
             if any(event == ("stop",) for event in batch):
@@ -250,40 +254,52 @@ class ControllerCore:
             except DriverError as err:
                 log.warning("lease not renewed (the switch sends gets home when it runs out): %s", err)
 
-    def _spawn(self, target: Callable[[], None], name: str) -> None:
+    def _spawn(self, target: Callable[[], None], name: str) -> threading.Thread:
         thread = threading.Thread(target=target, name=name, daemon=True)
         thread.start()
         self._threads.append(thread)
+        return thread
 
     def _decide(self, action: str, key: bytes | None, reason: str) -> None:
         entry = {"time": round(time.time(), 3), "action": action, "key": key_to_text(key) if key else None,
                  "reason": reason}
-        self.decisions.append(entry)
+        with self.lock:
+            self.decisions.append(entry)
         self.counts[f"decisions_{action}"] += 1
         log.info("%s %s: %s", action, entry["key"] or "", reason)
+        if threading.current_thread() is self._worker:  # the state moved on
+            self._publish()
+
+    def decisions_made(self) -> list[dict[str, Any]]:
+        """The decisions kept (DECISIONS_KEPT), oldest first; from any thread."""
+        with self.lock:
+            return list(self.decisions)
 
     # --- output ---------------------------------------------------------------------------------------------
     def state(self) -> dict[str, Any]:
-        """Everything an operator or a test wants to see, as JSON-ready data."""
-        data_plane = self._data_plane_counters()  # outside the lock: it may be a round trip to the switch
-        with self.lock:
-            return {
-                "uptime": round(self.clock() - self.started, 3),
-                "driver": self.driver.name,
-                "config": {"hot": self.config.balancing.hot, "target": self.config.balancing.target,
-                           "groups": [list(g) for g in self.planner.groups], "mode": self.config.balancing.mode,
-                           "hysteresis": self.config.balancing.hysteresis, "hash": self.config.balancing.hash},
-                "servers": self._servers_state(),
-                "hot_keys": [self._hot_key_state(k) for k in self.executor.hot],
-                "plan": self._plan_state(),
-                "retries": [{"action": r.action, "key": key_to_text(r.key), "server": r.server,
-                             "attempt": r.attempt, "error": r.last_error} for r in self.executor.retries.values()],
-                "counters": {**self._counters_state(), "data_plane": data_plane},
-                "decisions": list(self.decisions)[-100:],
-            }
+        """Everything an operator or a test wants to see, as JSON-ready data; from any thread, without waiting."""
+        snapshot = self._snapshot
+        return {"uptime": round(self.clock() - self.started, 3), "driver": self.driver.name,
+                "config": snapshot["config"], "servers": self._servers_state(snapshot["loads"]),
+                **{k: snapshot[k] for k in ("hot_keys", "plan", "retries")},
+                "counters": {**snapshot["counters"], "data_plane": self._data_plane_counters()},
+                "decisions": self.decisions_made()[-100:]}
 
-    def _servers_state(self) -> list[dict[str, Any]]:
-        loads = self.last_plan.loads if self.last_plan else [0.0] * len(self.config.servers)
+    def _publish(self) -> None:
+        """The worker's state as JSON-ready data, for state() (only the worker calls this)."""
+        self._snapshot = {
+            "config": {"hot": self.config.balancing.hot, "target": self.config.balancing.target,
+                       "groups": [list(g) for g in self.planner.groups], "mode": self.config.balancing.mode,
+                       "hysteresis": self.config.balancing.hysteresis, "hash": self.config.balancing.hash},
+            "loads": list(self.last_plan.loads) if self.last_plan else [0.0] * len(self.config.servers),
+            "hot_keys": [self._hot_key_state(k) for k in self.executor.hot],
+            "plan": self._plan_state(),
+            "retries": [{"action": r.action, "key": key_to_text(r.key), "server": r.server,
+                         "attempt": r.attempt, "error": r.last_error} for r in self.executor.retries.values()],
+            "counters": self._counters_state(),
+        }
+
+    def _servers_state(self, loads: list[float]) -> list[dict[str, Any]]:
         return [{"index": i, "name": s.name, "ip": s.ip, "mac": s.mac, "port": s.port, "up": h.up,
                  "failed_probes": h.failures, "last_error": h.last_error, "estimated_gets_per_s": round(load, 1)}
                 for i, (s, h, load) in enumerate(zip(self.config.servers, self.health.servers, loads))]
@@ -309,6 +325,7 @@ class ControllerCore:
         return {**self.counts, "copies": self.replicator.copies, "bytes_copied": self.replicator.bytes_copied,
                 "copy_failures": self.replicator.failures, "clones_handled": self.executor.clones_handled,
                 "clones_lost": self.executor.clones_lost, "writes_found_by_polling": self.executor.unseen_writes,
+                "cas_moves": self.executor.cas_moves,
                 "sync_ms": {"count": len(syncs), "p50": syncs[len(syncs) // 2] if syncs else None,
                             "max": syncs[-1] if syncs else None}}
 

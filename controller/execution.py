@@ -24,6 +24,7 @@ Only the core's worker thread calls in here.
 """
 from __future__ import annotations
 
+import hashlib
 import logging
 import time
 from collections import deque
@@ -57,6 +58,7 @@ class HotKey:
     placement: Placement
     holding: set[int]  # servers known to hold the home's current item (the home included)
     synced_cas: int | None  # the home's CAS the copies were made from (None: the key is absent everywhere)
+    synced_digest: bytes | None  # what the copies hold (value and flags), to tell a moved item from a write
     since: float
     dirty: bool = True  # as the data plane has it, as far as the core knows
     cleared: WriteStamp | None = None  # the stamp the key was last cleared to (None: held dirty since)
@@ -106,6 +108,7 @@ class Executor:
         self.clones_lost = 0
         self.missing_since: float | None = None  # since when a copied packet is awaited
         self.unseen_writes = 0  # changes at a home found by polling, not by a mirrored write
+        self.cas_moves = 0  # new CAS at a home with the same value (memcached relinked the item)
         self.next_poll = clock() + poll_every
 
     # --- the plan ---------------------------------------------------------------------------------------------
@@ -139,7 +142,7 @@ class Executor:
         if len(holding) < 2:
             return self.decide("skip", key, f"no replica took the copy: {_errors(failed)}")
         self._cancel(key, "delete")
-        hot = HotKey(p, holding, item.cas, since=started)
+        hot = HotKey(p, holding, item.cas, digest(item), since=started)
         try:
             self.driver.install_hot_key(key, p.home, hot.weights())
         except DriverError as err:
@@ -256,11 +259,23 @@ class Executor:
                 continue  # the health checker deals with servers that do not answer
             for key, cas in zip(keys, found):
                 hot = self.hot.get(key)
-                if hot is not None and cas != hot.synced_cas:
+                if hot is not None and cas != hot.synced_cas and not self._moved(key, hot):
                     self.unseen_writes += 1
-                    self._protect(key, hot, "its home changed without a write the switch saw (or memcached "
-                                            "moved the item: a new CAS, the same value)")
+                    self._protect(key, hot, "its home changed without a write the switch saw")
                     self._settle(key, hot)  # pushes the home's item, then clears
+
+    def _moved(self, key: bytes, hot: HotKey) -> bool:
+        """True if the home's item has a new CAS but the value and flags the copies hold: memcached gives an item it
+        relinks (a slab page moved, ...) a new CAS without any write. The new CAS is adopted."""
+        try:
+            item = self.replicator.read(hot.placement.home, key)
+        except MetaError:
+            return False
+        if item is None or digest(item) != hot.synced_digest:
+            return False
+        hot.synced_cas = item.cas
+        self.cas_moves += 1
+        return True
 
     def _check(self, key: bytes, hot: HotKey) -> None:
         """The data plane may have made the key dirty (an unsure request to its home): settle it again unless the
@@ -300,6 +315,7 @@ class Executor:
         else:
             failed = self.replicator.write(key, item, replicas)
         hot.synced_cas = item.cas if item is not None else None
+        hot.synced_digest = digest(item)
         if failed:
             hot.holding -= set(failed)
             self._set_weights(key, hot)
@@ -501,6 +517,13 @@ class Executor:
         """Hold the key dirty in the data plane (raises DriverError)."""
         self.driver.set_dirty(key)
         hot.dirty, hot.cleared = True, None
+
+
+def digest(item: StoredItem | None) -> bytes | None:
+    """A short fingerprint of an item's value and flags (not its CAS or TTL)."""
+    if item is None:
+        return None
+    return hashlib.blake2b(item.value, digest_size=16, key=str(item.flags).encode()).digest()
 
 
 def _errors(failed: dict[int, str]) -> str:

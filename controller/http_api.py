@@ -45,8 +45,7 @@ class _Handler(BaseHTTPRequestHandler):
         if self.path == "/state":
             self._reply(200, self.core.state())
         elif self.path == "/decisions":
-            with self.core.lock:
-                self._reply(200, list(self.core.decisions))
+            self._reply(200, self.core.decisions_made())
         else:
             self._reply(404, {"error": f"no such endpoint {self.path}", "endpoints": ENDPOINTS})
 
