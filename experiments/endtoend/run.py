@@ -64,6 +64,9 @@ class RunResult:
         return asdict(self)
 
 
+WARM_WAIT = 10.0  # seconds at most the measurement waits for the controller to finish acting on the warm-up
+
+
 def run_once(bed: Testbed, spec: ExperimentSpec, workload: Workload, mode: str, out: Path, progress: Progress,
              balancing: Balancing | None = None) -> RunResult:
     """Run `workload` in `mode`: baseline, calibration (the baseline of the capacity workload), or mbalancer
@@ -80,6 +83,8 @@ def run_once(bed: Testbed, spec: ExperimentSpec, workload: Workload, mode: str, 
         started = time.monotonic()
         check = _checker(generators, stack)
         wait_until(started + STARTUP + spec.warmup, check)
+        if stack:  # measure what MBalancer does once it has acted on the warm-up's reports (copies take a while
+            stack.core.wait_idle(WARM_WAIT)  # over saturated links)
         hot_keys = stack.hot_keys() if stack else 0
         if stack and not hot_keys:
             log.warning("no hot key installed after the warm-up: MBalancer's run measures the baseline")
