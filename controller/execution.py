@@ -311,9 +311,9 @@ class Executor:
         """Make every holding replica match the home's item; replicas that fail lose their weight now."""
         replicas = sorted(hot.holding - {hot.placement.home})
         if item is None:
-            failed = self.replicator.delete(key, replicas)
+            failed = self.replicator.delete(key, replicas, update=True)
         else:
-            failed = self.replicator.write(key, item, replicas)
+            failed = self.replicator.write(key, item, replicas, update=True)
         hot.synced_cas = item.cas if item is not None else None
         hot.synced_digest = digest(item)
         if failed:

@@ -3,6 +3,11 @@
 One MetaClient per server, used only from the core's worker thread. Errors are returned per server, never
 raised, so one dead replica does not stop the copies to the others; and a server the health checker already
 finds failing is not tried at all (`unavailable`), so a hung server holds up nothing but its own copies.
+
+Updates of a copy are conditional: each names the CAS the replica gave the copy it replaces (`ms ... C<cas>`). A
+copy that timed out may still land later (the kernel delivers what was sent once the path or the server is back,
+e.g. after a hang); by then the replica was refilled, its CAS changed, and the late copy is refused instead of
+overwriting a newer value. A copy whose outcome is unknown is forgotten, so the next write there is a refill.
 """
 from __future__ import annotations
 
@@ -21,6 +26,7 @@ class Replicator:
         """unavailable(server): why the server is not worth trying now, or None."""
         self.clients = [MetaClient(s, timeout) for s in servers]
         self.unavailable = unavailable
+        self.copy_cas: dict[tuple[bytes, int], int] = {}  # (key, server) -> the CAS the server gave our last copy
         self.copies = 0  # items written to replicas
         self.bytes_copied = 0
         self.failures = 0
@@ -37,12 +43,15 @@ class Replicator:
         """The CAS of each key on `server` in one round trip; raises MetaError."""
         return self._client(server).cas_many(keys)
 
-    def write(self, key: bytes, item: StoredItem, targets: Iterable[int]) -> dict[int, str]:
-        """Store `item` on each target; returns {server: error} for the ones that failed."""
+    def write(self, key: bytes, item: StoredItem, targets: Iterable[int], update: bool = False) -> dict[int, str]:
+        """Store `item` on each target; `update`: only over the copy made last (conditional on its CAS; a target
+        without a known copy is written as it is). Returns {server: error} for the ones that failed."""
         failed = {}
         for server in targets:
+            expected = self.copy_cas.pop((key, server), None) if update else None
+            self.copy_cas.pop((key, server), None)  # unknown until the write answers
             try:
-                self._client(server).set(key, item)
+                self.copy_cas[(key, server)] = self._client(server).set(key, item, expected)
                 self.copies += 1
                 self.bytes_copied += len(item.value)
             except (MetaError, ValueError) as err:
@@ -50,12 +59,14 @@ class Replicator:
         self.failures += len(failed)
         return failed
 
-    def delete(self, key: bytes, targets: Iterable[int]) -> dict[int, str]:
-        """Delete the key on each target (absent counts as done); returns {server: error} for failures."""
+    def delete(self, key: bytes, targets: Iterable[int], update: bool = False) -> dict[int, str]:
+        """Delete the key on each target (absent counts as done; `update`: only the copy made last); returns
+        {server: error} for failures."""
         failed = {}
         for server in targets:
+            expected = self.copy_cas.pop((key, server), None) if update else None
             try:
-                self._client(server).delete(key)
+                self._client(server).delete(key, expected)
             except MetaError as err:
                 failed[server] = str(err)
         self.failures += len(failed)

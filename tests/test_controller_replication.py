@@ -4,6 +4,7 @@ The recording driver keeps the tables a switch would; subclasses look at the ser
 them, to check the orderings the core promises (copies before rules, rules before deletes)."""
 from __future__ import annotations
 
+import subprocess
 import threading
 import time
 
@@ -11,6 +12,7 @@ import pytest
 
 from controller.core import ControllerCore
 from controller.drivers.recording import RecordingDriver
+from controller.health import HealthTracker, Prober
 from experiments.workload.trace import tcp_frame, udp_frame
 from mbalancer.config import parse_config
 from mbalancer.memcache.addresses import ServerAddress
@@ -460,3 +462,138 @@ def test_reading_counters_never_holds_up_the_core(servers):
     finally:
         driver.release.set()
         core.stop()
+
+
+# --- coherence under races, lost copies, unreadable requests, bursts, restarts ------------------------------------
+def test_a_key_is_not_cleared_while_a_copy_of_its_write_is_on_its_way(core):
+    home = store(core, b"hot:20", b"v1")
+    warm(core, b"hot:20")
+    core.driver.table[b"hot:20"].writes += 1  # the data plane counted a write and copied it: still in flight
+    core.driver.clones += 1
+    meta(core, home).set(b"hot:20", StoredItem(b"v2", 0, -1, 0))  # the home applied it
+    core.driver.unsure(home, tcp_frame(b"stats\r\n", **at_home(core, b"hot:20")))  # something makes the core look
+    assert core.wait_idle()
+    assert core.driver.dirty(b"hot:20")  # not cleared: the write's copy has not been handled
+    core.driver._on_mirror(udp_frame(build_set(b"hot:20", b"v2"), **at_home(core, b"hot:20")))  # it arrives
+    assert eventually(lambda: not core.driver.dirty(b"hot:20"))
+    assert held(core, b"hot:20") == [b"v2"] * SERVERS
+
+
+def test_a_copy_that_never_arrives_makes_the_core_check_every_key_at_its_home(core):
+    home = store(core, b"hot:21", b"v1")
+    warm(core, b"hot:21")
+    core.driver.table[b"hot:21"].writes += 1
+    core.driver.clones += 1  # copied by the data plane, lost on the way
+    meta(core, home).set(b"hot:21", StoredItem(b"v2", 0, -1, 0))
+    core.driver.unsure(home, tcp_frame(b"stats\r\n", **at_home(core, b"hot:21")))
+    assert eventually(lambda: not core.driver.dirty(b"hot:21"))
+    assert held(core, b"hot:21") == [b"v2"] * SERVERS
+    assert core.state()["counters"]["clones_lost"] == 1
+
+
+@pytest.mark.parametrize("request_bytes", [b"\x80\x01\x00\x06\x08\x00\x00\x00" + b"\x00" * 16, b"x" * 500],
+                         ids=["binary protocol", "middle of a value"])
+def test_a_write_nobody_can_read_is_found_at_the_home_and_synced(core, request_bytes):
+    home = store(core, b"hot:22", b"v1")
+    warm(core, b"hot:22")
+    meta(core, home).set(b"hot:22", StoredItem(b"v2", 0, -1, 0))  # what the unreadable request did
+    core.driver.unsure(home, tcp_frame(request_bytes, **at_home(core, b"hot:22")))
+    assert core.driver.dirty(b"hot:22")  # at once, in the data plane
+    assert eventually(lambda: not core.driver.dirty(b"hot:22"))
+    assert held(core, b"hot:22") == [b"v2"] * SERVERS
+
+
+def test_pipelined_writes_are_all_synced(core):
+    keys = [k for k in (b"p%d" % i for i in range(100)) if core.key_hash.server_of(k) == 0][:2]
+    for key in keys:
+        store(core, key, b"old")
+    warm(core, *keys)
+    segment = b"set cold 0 0 1\r\nx\r\n" + b"".join(build_set(k, b"new") for k in keys)  # set_many, cold first
+    for key in keys:
+        meta(core, 0).set(key, StoredItem(b"new", 0, -1, 0))
+    core.driver.unsure(0, tcp_frame(segment, **at_home(core, keys[0])))
+    assert eventually(lambda: not any(core.driver.dirty(k) for k in keys))
+    assert all(held(core, k) == [b"new"] * SERVERS for k in keys)
+
+
+class GatedDriver(RecordingDriver):
+    """Holds the core's worker in its first write_stamp until the test opens the gate."""
+
+    def __init__(self):
+        super().__init__()
+        self.gate, self.waiting = threading.Event(), threading.Event()
+
+    def write_stamp(self, key):
+        if not self.gate.is_set():
+            self.waiting.set()
+            self.gate.wait(10)
+        return super().write_stamp(key)
+
+
+def test_a_burst_of_writes_to_one_key_is_synced_once(servers):
+    driver = GatedDriver()
+    core, _ = make_core([s.port for s in servers], driver)
+    try:
+        driver.gate.set()
+        home = store(core, b"hot:23", b"v0")
+        warm(core, b"hot:23")
+        driver.gate.clear()
+        mirror_set(core, b"hot:23", b"v1")
+        assert driver.waiting.wait(10)  # the worker is inside the first sync
+        for version in range(2, 1001):
+            mirror_set(core, b"hot:23", b"v%d" % version)
+        copies = core.replicator.copies
+        driver.gate.set()
+        assert core.wait_idle()
+        assert held(core, b"hot:23") == [b"v1000"] * SERVERS and not driver.dirty(b"hot:23")
+        assert core.replicator.copies - copies <= 2 * (SERVERS - 1)  # 999 queued writes: one sync (and a recheck)
+        assert meta(core, home).get(b"hot:23").value == b"v1000"
+    finally:
+        core.stop()
+
+
+def test_keys_left_by_an_earlier_controller_are_removed_with_their_copies(servers):
+    driver = RecordingDriver()
+    driver.leftover(b"old:1", 0, (0, 1, 2))
+    for server in (1, 2):
+        MetaClient(ServerAddress("127.0.0.1", servers[server].port)).set(b"old:1", StoredItem(b"stale", 0, -1, 0))
+    core, _ = make_core([s.port for s in servers], driver)
+    try:
+        assert held(core, b"old:1") == [None] * SERVERS
+        assert [d["action"] for d in core.state()["decisions"]] == ["reconcile"]
+    finally:
+        core.stop()
+
+
+def test_the_lease_is_renewed_while_the_core_runs_and_ends_with_it(servers):
+    core, driver = make_core([s.port for s in servers])
+    assert driver.lease_until > time.monotonic() + 0.5 * core.config.controller.lease
+    renewed = driver.lease_until
+    assert eventually(lambda: driver.lease_until > renewed)
+    core.stop()
+    assert driver.lease_until == 0
+
+
+# --- health -----------------------------------------------------------------------------------------------------
+def test_a_server_is_down_only_after_failing_for_the_hold_time():
+    tracker = HealthTracker(1, failures=2, hold=0.25)
+    assert [tracker.record(0, "no answer", t) for t in (0.0, 0.1, 0.2)] == [None, None, None]  # 0.2 s: a transient
+    assert tracker.unavailable(0) is not None  # ... during which no copy waits on it
+    assert tracker.record(0, None, 0.3) is None and tracker.unavailable(0) is None
+    assert [tracker.record(0, "no answer", t) for t in (1.0, 1.1, 1.2, 1.3)] == [None, None, None, "down"]
+    assert tracker.record(0, None, 1.4) == "up"
+
+
+def test_the_probe_finds_a_server_that_answers_tcp_but_not_udp():
+    port = free_port()
+    tcp_only = subprocess.Popen(["memcached", "-l", "127.0.0.1", "-p", str(port), "-U", "0", "-u", "root"])
+    try:
+        tcp, both = Prober(ServerAddress("127.0.0.1", port), 0.2, udp=False), Prober(ServerAddress("127.0.0.1", port), 0.2)
+        assert eventually(lambda: tcp.check() is None)
+        error = both.check()
+        assert error is not None and "UDP" in error
+        tcp.close()
+        both.close()
+    finally:
+        tcp_only.kill()
+        tcp_only.wait()

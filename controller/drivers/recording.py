@@ -119,8 +119,10 @@ class RecordingDriver(Driver):
         self._entry(key).synced = stamp.counts
 
     def renew_lease(self, seconds: float) -> None:
-        self.lease_until = time.monotonic() + seconds
+        self.lease_until = time.monotonic() + seconds if seconds > 0 else 0.0
 
+    def close(self) -> None:
+        self.lease_until = 0.0  # nobody keeps the copies fresh any more
     def dirty(self, key: bytes) -> bool:
         """As the data plane decides: held, or a count moved since the core synced the key."""
         entry = self._entry(key)

@@ -2,8 +2,11 @@
 
 Runs inside the client's namespace (`python -m experiments.faults.load`). Each key has one writer, this process:
 its sets carry increasing versions, and a get is stale when it returns a version older than the newest set that
-had been acknowledged before the get was sent. A miss (END) on a key that exists is counted apart. Everything is
-counted per 100 ms bucket and written as JSON lines when the run ends (or on SIGTERM).
+had been acknowledged before the get was sent. A set that times out is abandoned with a reset (SO_LINGER 0, so the
+kernel does not deliver it later) and its version is never reused; if it reached the home anyway before the reset,
+the home really holds it, so reading it is not counted stale. A miss (END) on a key that exists is counted apart.
+Everything is counted per 100 ms bucket and written as JSON lines when the run ends (or on SIGTERM); every stale
+read is listed in OUT.stale.
 """
 from __future__ import annotations
 
@@ -46,6 +49,8 @@ class Pending:
 class KeyState:
     home: tuple[str, int]
     acked: int = 0  # newest acknowledged version
+    issued: int = 0  # newest version sent
+    abandoned: set[int] = field(default_factory=set)  # versions whose set timed out (they may have landed)
     writer: socket.socket | None = field(default=None, repr=False)
 
 
@@ -73,6 +78,7 @@ class Load:
         self.request_id = 0
         self.started = time.monotonic()
         self.stopped = False
+        self.stale: list[dict] = []  # every stale read: when sent, which key, the version got and the one acked
 
     def bucket(self, now: float) -> Bucket:
         index = int((now - self.started) / BUCKET)
@@ -123,8 +129,10 @@ class Load:
             version = version_in(datagram[8:])
             if version is None:
                 bucket.misses += 1
-            elif version < pending.floor:
+            elif version < pending.floor and version not in self.keys[pending.key].abandoned:
                 bucket.stale += 1
+                self.stale.append({"t": round(pending.sent - self.started, 4), "key": pending.key.decode(),
+                                   "got": version, "acked": pending.floor})
 
     def expire(self, now: float) -> None:
         for rid in [r for r, p in self.pending.items() if now - p.sent > GET_TIMEOUT]:
@@ -133,12 +141,14 @@ class Load:
     def write(self, key: bytes, now: float, count: bool = True) -> None:
         """A set of the next version over TCP to the key's home, waiting for STORED."""
         state = self.keys[key]
-        version = state.acked + 1
+        state.issued += 1
+        version = state.issued
         bucket = self.bucket(now) if count else None
         try:
             if state.writer is None:
                 state.writer = socket.create_connection(state.home, timeout=WRITE_TIMEOUT)
                 state.writer.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                state.writer.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
             value = value_of(version)
             state.writer.sendall(b"set %s 0 0 %d\r\n%s\r\n" % (key, len(value), value))
             reply = b""
@@ -153,8 +163,9 @@ class Load:
             if bucket:
                 bucket.writes += 1
         except OSError:
+            state.abandoned.add(version)
             if state.writer is not None:
-                state.writer.close()
+                state.writer.close()  # a reset: what was not delivered is dropped, not delivered late
                 state.writer = None
             if bucket:
                 bucket.write_errors += 1
@@ -178,6 +189,9 @@ def main(argv: list[str] | None = None) -> int:
     with open(args.out, "w") as out:
         for bucket in load.buckets:
             out.write(json.dumps(asdict(bucket)) + "\n")
+    if load.stale:
+        with open(args.out + ".stale", "w") as out:
+            json.dump(load.stale, out)
     return 0
 
 

@@ -71,20 +71,26 @@ class MetaClient:
             raise MetaError(f"{self.server}: mg c answered {reply.code} {reply.flags!r}")
         return int(flags[b"c"])
 
-    def set(self, key: bytes, item: StoredItem) -> int:
-        """Store a copy with the same flags and remaining TTL; returns the copy's CAS on this server."""
+    def set(self, key: bytes, item: StoredItem, if_cas: int | None = None) -> int:
+        """Store a copy with the same flags and remaining TTL; returns the copy's CAS on this server. With `if_cas`,
+        only if the item there still has that CAS (MetaError otherwise: it changed, or is gone)."""
         # exptime 0 means "never" to memcached, so an item with less than a second left keeps 1 s.
         exptime = 0 if item.ttl == NO_EXPIRY else max(item.ttl, 1)
-        command = b"ms %s %d F%d T%d c\r\n" % (_checked(key), len(item.value), item.flags, exptime)
+        compare = b"" if if_cas is None else b" C%d" % if_cas
+        command = b"ms %s %d F%d T%d c%s\r\n" % (_checked(key), len(item.value), item.flags, exptime, compare)
         reply = self._call(command + item.value + b"\r\n")
         flags = _flag_values(reply.flags)
         if reply.code != "HD":
-            raise MetaError(f"{self.server}: ms answered {reply.code}")
+            raise MetaError(f"{self.server}: ms answered {reply.code}" + (
+                " (the item is not the one expected)" if reply.code in ("EX", "NF") else ""))
         return int(flags.get(b"c", 0))
 
-    def delete(self, key: bytes) -> bool:
-        """Delete the key; False if it was not there."""
-        reply = self._call(b"md %s\r\n" % _checked(key))
+    def delete(self, key: bytes, if_cas: int | None = None) -> bool:
+        """Delete the key; False if it was not there. With `if_cas`, only if the item still has that CAS."""
+        compare = b"" if if_cas is None else b" C%d" % if_cas
+        reply = self._call(b"md %s%s\r\n" % (_checked(key), compare))
+        if reply.code == "EX":
+            raise MetaError(f"{self.server}: md answered EX (the item is not the one expected)")
         if reply.code not in ("HD", "NF"):
             raise MetaError(f"{self.server}: md answered {reply.code}")
         return reply.code == "HD"

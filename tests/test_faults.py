@@ -1,0 +1,53 @@
+"""The fault runner's scenarios as tests (experiments/faults/): three memcached servers and a client in namespaces,
+the eBPF switch, the controller as its own process; a steady load of UDP gets and versioned TCP sets to hot keys
+spread over all three servers while a fault hits one replica or the control plane. Asserted: counts, never
+throughput. No get ever returns a version older than an acknowledged set; a failed replica leaves rotation within
+the bound and nothing sent afterwards times out; a replica that comes back empty gets weight only once refilled."""
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from dataplanes.ebpf.program import available
+
+why_not = available() if os.geteuid() == 0 else "needs root (namespaces, bpf, tc)"
+pytestmark = pytest.mark.skipif(why_not is not None, reason=f"eBPF data plane cannot run here: {why_not}")
+
+from experiments.faults.rig import Rig  # noqa: E402
+from experiments.faults.run import Phases, run_fault  # noqa: E402
+from experiments.faults.scenarios import FAULTED, FAULTS  # noqa: E402
+
+PHASES = Phases(warmup=1.5, fault=2.0, recovery=2.5)
+RATE, WRITE_RATE, HOT = 600.0, 30.0, 4  # gets/s, sets/s (every set is checked by later gets), hot keys
+REMOVAL_BOUND = 1.0  # seconds from the fault to the server's weight going to 0 (the issue's bound)
+RESTORE_BOUND = 1.0  # seconds from the recovery to the server holding every copy again, with weight
+
+
+def run(tmp_path, name: str):
+    with Rig(tmp_path, HOT, FAULTED, tag="mbt") as rig:
+        return run_fault(rig, FAULTS[name], 1.0, RATE, WRITE_RATE, PHASES, tmp_path)
+
+
+@pytest.mark.parametrize("name", ["crash", "hang", "udp_wedge"])
+def test_a_failed_replica_leaves_rotation_in_time_and_returns_refilled(tmp_path, name):
+    result = run(tmp_path, name)
+    assert result.stale == 0, result.events
+    assert result.writes > 0 and result.answered > 0.9 * result.gets - result.timeouts
+    assert result.removed_after_s is not None and result.removed_after_s <= REMOVAL_BOUND, result.events
+    assert result.timeouts_after_removal == 0, result.events
+    assert result.restored_after_s is not None and result.restored_after_s <= RESTORE_BOUND, result.events
+    assert result.misses == 0  # an empty replica never got weight before its refill
+
+
+def test_a_killed_controller_serves_nothing_stale_and_its_successor_cleans_up(tmp_path):
+    result = run(tmp_path, "controller_kill")
+    assert result.stale == 0
+    assert result.misses == 0
+    assert any(e["action"] == "reconcile" for e in result.events), result.events  # the old entries were found
+
+
+def test_a_reloaded_switch_serves_nothing_stale(tmp_path):
+    result = run(tmp_path, "switch_reload")
+    assert result.stale == 0 and result.misses == 0
+    assert any(e["action"] == "replay" for e in result.events), result.events
