@@ -23,7 +23,7 @@ from typing import Any, Callable
 
 from controller.driver import Driver, DriverError
 from controller.execution import Executor
-from controller.health import HealthTracker, Prober
+from controller.health import RESTARTED, HealthTracker, Prober
 from controller.planner import Plan, Planner
 from controller.replicator import Replicator
 from mbalancer.config import Config
@@ -230,6 +230,11 @@ class ControllerCore:
             self.executor.server_up(server)
             self._decide("server-up", None, f"server {server} ({name}) answers again; its copies are refilled, "
                                             f"then it gets weight")
+        elif change == RESTARTED:
+            self.executor.server_down(server)
+            self.executor.server_up(server)
+            self._decide("server-restarted", None, f"server {server} ({name}) {error}: weight 0 until its copies "
+                                                   f"are refilled")
         if self.last_report is not None:  # the weights now, not at the next report (a replica gets weight only
             installed = {k: h.placement for k, h in self.executor.hot.items()}  # once it holds the value)
             self.executor.apply(self.planner.reweigh(self.last_report, installed, self.health.down()))
@@ -240,7 +245,13 @@ class ControllerCore:
         try:
             while not self._stop.wait(interval):
                 sent = self.clock()
-                change = self.health.record(server, prober.check(), sent)
+                result = prober.check()
+                if result == RESTARTED:  # it answers, but lost its data: its copies are gone, however fast it was
+                    back = self.health.record(server, None, sent) == "up"  # down before: "up" refills it anyway
+                    self.submit_health(server, "up" if back else RESTARTED,
+                                       "its sentinel key is gone (restarted or flushed)")
+                    continue
+                change = self.health.record(server, result, sent)
                 if change is not None:
                     self.submit_health(server, change, self.health.servers[server].last_error)
         finally:

@@ -259,10 +259,19 @@ class Executor:
                 continue  # the health checker deals with servers that do not answer
             for key, cas in zip(keys, found):
                 hot = self.hot.get(key)
-                if hot is not None and cas != hot.synced_cas and not self._moved(key, hot):
+                if hot is not None and cas != hot.synced_cas and not self._seen(key, hot) \
+                        and not self._moved(key, hot):
                     self.unseen_writes += 1
                     self._protect(key, hot, "its home changed without a write the switch saw")
                     self._settle(key, hot)  # pushes the home's item, then clears
+
+    def _seen(self, key: bytes, hot: HotKey) -> bool:
+        """True if the data plane counted a write since the key was cleared: its copy is on its way to the core,
+        which syncs it then (the key is dirty in the data plane meanwhile)."""
+        try:
+            return hot.cleared is None or self.driver.write_stamp(key).counts != hot.cleared.counts
+        except DriverError:
+            return False
 
     def _moved(self, key: bytes, hot: HotKey) -> bool:
         """True if the home's item has a new CAS but the value and flags the copies hold: memcached gives an item it

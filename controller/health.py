@@ -1,10 +1,13 @@
 """Replica health: is each memcached server answering, over the protocols its clients use?
 
-A probe is a TCP meta no-op and, unless the config says the servers take no UDP, a UDP get (a server whose UDP
-listener is wedged still answers over TCP, while every balanced get to it times out). A server is down once its
+A probe reads a sentinel key the prober stored on the server (over TCP: a miss means the server restarted or was
+flushed, however quickly, so its copies are gone) and, unless the config says the servers take no UDP, sends a
+burst of UDP gets (a server whose UDP listener is wedged still answers over TCP while balanced gets to it vanish;
+with several worker threads only some are wedged, so one get would often pass: each of the burst lands on a thread
+of its own choosing, and all must be answered). A server is down once its
 probes have kept failing for `hold` seconds (and at least `failures` probes): a transient shorter than that moves
-nothing, so nothing flaps. It is up again at the first probe that succeeds; the core then refills its copies before
-it gets weight back. A server with `suspect_after` failures in a row is suspect: the core stops sending it copies
+nothing. It is up again once its probes have kept succeeding as long (a half-wedged server that passes one probe
+in a while does not flap back in); the core then refills its copies before it gets weight back. A server with `suspect_after` failures in a row is suspect: the core stops sending it copies
 (they would wait out their timeout) before it is declared down.
 
 The tracker is plain logic fed with probe results, one server per prober thread (so one server's timeouts never
@@ -12,16 +15,21 @@ delay another's probes); `Prober` is the blocking check such a thread runs.
 """
 from __future__ import annotations
 
+import os
+import select
+import socket
+import struct
 import threading
+import time
 from dataclasses import dataclass
 
 from mbalancer.memcache.addresses import ServerAddress
-from mbalancer.memcache.client import UdpClient
-from mbalancer.memcache.meta import MetaClient, MetaError
+from mbalancer.memcache.meta import MetaClient, MetaError, StoredItem
 
-PROBE_KEY = b"mbalancer:health"  # the key the UDP probe asks for (a miss is an answer)
+PROBE_KEY = b"mbalancer:health"  # the key the UDP probes ask for (a miss is an answer)
+UDP_BURST = 16  # UDP gets per probe
 SUSPECT_AFTER = 2  # failed probes in a row before copies to the server are skipped
-UDP_PROBE_BUFFER = 64 * 1024  # the probe's reply is "END": no room for large replies needed
+RESTARTED = "restarted"  # Prober.check's verdict for a server that lost its data
 
 
 @dataclass
@@ -29,6 +37,8 @@ class ServerHealth:
     up: bool = True
     failures: int = 0  # in a row
     failing_since: float | None = None  # when the first probe of the current run of failures was sent
+    successes: int = 0  # in a row
+    passing_since: float | None = None  # when the first probe of the current run of successes was sent
     probes: int = 0
     last_error: str = ""
     changed_at: float | None = None
@@ -50,10 +60,14 @@ class HealthTracker:
             health.probes += 1
             if error is None:
                 health.failures, health.failing_since = 0, None
-                if not health.up:
+                health.successes += 1
+                if health.passing_since is None:
+                    health.passing_since = sent
+                if not health.up and health.successes >= self.failures and sent - health.passing_since >= self.hold:
                     health.up, health.changed_at = True, sent
                     return "up"
                 return None
+            health.successes, health.passing_since = 0, None
             health.failures += 1
             health.last_error = error
             if health.failing_since is None:
@@ -77,25 +91,51 @@ class HealthTracker:
 
 
 class Prober:
-    """The probes of one server: TCP (meta no-op) and, if `udp`, a UDP get."""
+    """The probes of one server: its sentinel over TCP and, if `udp`, a burst of UDP gets."""
 
     def __init__(self, address: ServerAddress, timeout: float, udp: bool = True):
-        self.address = address
+        self.address, self.timeout = address, timeout
         self.tcp = MetaClient(address, timeout=timeout)
-        self.udp = UdpClient(timeout=timeout, receive_buffer=UDP_PROBE_BUFFER) if udp else None
+        self.udp = socket.socket(socket.AF_INET, socket.SOCK_DGRAM) if udp else None
+        self.sentinel = b"mbalancer:alive:" + os.urandom(6).hex().encode()
+        self.sentinel_stored = False
+        self.request_id = 0
 
     def check(self) -> str | None:
-        """None if the server answered every probe within the timeout, else why not."""
+        """None if the server answered every probe within the timeout; RESTARTED if its sentinel is gone (it is
+        stored again); else why not."""
         try:
-            self.tcp.ping()
+            if not self.sentinel_stored:
+                self.tcp.set(self.sentinel, StoredItem(b"1", 0, -1, 0))
+                self.sentinel_stored = True
+            elif self.tcp.cas(self.sentinel) is None:
+                self.sentinel_stored = False
+                return RESTARTED
         except MetaError as err:
             return str(err)
-        if self.udp is None:
+        return self._udp_burst() if self.udp is not None else None
+
+    def _udp_burst(self) -> str | None:
+        waiting = set()
+        for _ in range(UDP_BURST):
+            self.request_id = (self.request_id + 1) & 0xFFFF
+            waiting.add(self.request_id)
+            self.udp.sendto(struct.pack("!HHHH", self.request_id, 0, 1, 0) + b"get " + PROBE_KEY + b"\r\n",
+                            tuple(self.address))
+        deadline = time.monotonic() + self.timeout
+        while waiting and (left := deadline - time.monotonic()) > 0:
+            if not select.select([self.udp], [], [], left)[0]:
+                break
+            try:
+                datagram = self.udp.recv(2048)
+            except OSError:  # e.g. ICMP port unreachable: nothing listens on UDP there
+                break
+            if len(datagram) >= 8:
+                waiting.discard(struct.unpack("!H", datagram[:2])[0])
+        if not waiting:
             return None
-        result = self.udp.get(PROBE_KEY, self.address)
-        if result.outcome in ("hit", "miss"):
-            return None
-        return f"{self.address}: UDP get {result.outcome} (TCP answers: is the UDP listener wedged?)"
+        return (f"{self.address}: {len(waiting)} of {UDP_BURST} UDP gets unanswered (TCP answers: is its UDP "
+                f"listener wedged, or off?)")
 
     def close(self) -> None:
         self.tcp.close()

@@ -581,7 +581,9 @@ def test_a_server_is_down_only_after_failing_for_the_hold_time():
     assert tracker.unavailable(0) is not None  # ... during which no copy waits on it
     assert tracker.record(0, None, 0.3) is None and tracker.unavailable(0) is None
     assert [tracker.record(0, "no answer", t) for t in (1.0, 1.1, 1.2, 1.3)] == [None, None, None, "down"]
-    assert tracker.record(0, None, 1.4) == "up"
+    assert [tracker.record(0, None, t) for t in (1.4, 1.5)] == [None, None]  # one good moment is not recovery
+    assert tracker.record(0, "no answer", 1.6) is None
+    assert [tracker.record(0, None, t) for t in (1.7, 1.8, 1.9, 2.0)] == [None, None, None, "up"]
 
 
 def test_the_probe_finds_a_server_that_answers_tcp_but_not_udp():
