@@ -5,8 +5,8 @@ flushed, however quickly, so its copies are gone) and, unless the config says th
 burst of UDP gets (a server whose UDP listener is wedged still answers over TCP while balanced gets to it vanish;
 with several worker threads only some are wedged, so one get would often pass: each of the burst lands on a thread
 of its own choosing, and all must be answered). A server is down once its
-probes have kept failing for `hold` seconds (and at least `failures` probes): a transient shorter than that moves
-nothing. It is up again once its probes have kept succeeding as long (a half-wedged server that passes one probe
+probes have kept failing for `hold` seconds (and at least `failures` probes; a single probe that passes in between
+does not end the failing, `failures` in a row do): a transient shorter than that moves nothing. It is up again once its probes have kept succeeding as long (a half-wedged server that passes one probe
 in a while does not flap back in); the core then refills its copies before it gets weight back. A server with `suspect_after` failures in a row is suspect: the core stops sending it copies
 (they would wait out their timeout) before it is declared down.
 
@@ -59,8 +59,9 @@ class HealthTracker:
             health = self.servers[server]
             health.probes += 1
             if error is None:
-                health.failures, health.failing_since = 0, None
                 health.successes += 1
+                if health.successes >= self.failures:  # one answer among failures does not end them: a
+                    health.failures, health.failing_since = 0, None  # half-wedged server answers some
                 if health.passing_since is None:
                     health.passing_since = sent
                 if not health.up and health.successes >= self.failures and sent - health.passing_since >= self.hold:

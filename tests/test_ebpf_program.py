@@ -138,3 +138,16 @@ def test_cumulative_weights_end_at_one_and_skip_zero_weights():
     assert cumulative_weights([0.5, 0.5]) == [32768, 65536]
     assert cumulative_weights([0.3, 0.7, 0.0]) == [19661, 65536, 65536]
     assert cumulative_weights([0.0, 1.0]) == [0, 65536]
+
+
+def test_a_flood_of_spoofed_source_macs_does_not_keep_a_new_host_out(plane):
+    """The forwarding table is an LRU: 5,000 spoofed source MACs (more than its 4,096 entries) evict old entries;
+    a host that appears after them is still learned, and its traffic is not flooded."""
+    tables, prog = plane
+    for i in range(5000):
+        spoofed = f"02:66:{i >> 16 & 0xff:02x}:{i >> 8 & 0xff:02x}:{i & 0xff:02x}:01"
+        prog_test_run(prog, bytes(Ether(src=spoofed, dst="ff:ff:ff:ff:ff:ff", type=0x0806) / (b"\x00" * 28)))
+    newcomer = "02:00:00:00:00:77"
+    prog_test_run(prog, bytes(Ether(src=newcomer, dst="ff:ff:ff:ff:ff:ff", type=0x0806) / (b"\x00" * 28)))
+    assert newcomer in tables.forward()
+    assert len(tables.forward()) <= 4096

@@ -6,7 +6,7 @@ end. What each stands for:
     crash           memcached killed (SIGKILL); back: started again, empty
     hang            memcached stopped (SIGSTOP), the process and its sockets stay; back: SIGCONT
     cpu_hog         memcached shares its CPU with four busy loops; back: they stop
-    slow_link       the link to the server shaped to 1 Mbit/s (tc tbf); back: unshaped
+    slow_link       the link to the server shaped to 200 kbit/s (tc tbf): its replies queue; back: unshaped
     udp_wedge       one 30-byte datagram ("set x 0 0 1000000" and 3 bytes) wedges memcached 1.6's UDP listener
                     (TCP still answers); back: memcached restarted
     controller_kill the controller process killed (SIGKILL); back: started again (it finds the old entries)
@@ -74,7 +74,7 @@ def _unhog(rig: "Rig") -> None:
 
 def _shape(rig: "Rig") -> None:
     port = rig.net.server_hosts[FAULTED].port
-    subprocess.run(["tc", "qdisc", "add", "dev", port, "root", "tbf", "rate", "1mbit", "burst", "16kbit",
+    subprocess.run(["tc", "qdisc", "add", "dev", port, "root", "tbf", "rate", "200kbit", "burst", "8kbit",
                     "latency", "200ms"], capture_output=True, text=True, check=True)
 
 
