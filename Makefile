@@ -6,7 +6,7 @@ PY     := $(VENV)/bin/python
 OUT    ?= results
 TRIALS ?=
 
-.PHONY: all demo experiments simulation test install system venv bench clean
+.PHONY: all demo experiments faults simulation test install system venv bench clean
 
 all: demo
 
@@ -45,6 +45,10 @@ experiments: install
 	$(VENV)/bin/mbalancer experiment fig5.2 --out $(OUT)/chapter5
 	$(VENV)/bin/mbalancer experiment ketama10 --out $(OUT)/ketama10
 
+# Faults under load (crash, hang, CPU hog, slow link, UDP wedge, controller kill, switch reload), about 6 minutes.
+faults: install
+	$(VENV)/bin/mbalancer faults --out $(OUT)/faults
+
 # The imbalance-factor model (chapters 3 and 4.4): table and figures in seconds.
 simulation: install
 	$(VENV)/bin/mbalancer demo --out $(OUT)
@@ -57,6 +61,7 @@ bench: install
 	$(PY) experiments/benchmarks/bench_load.py
 	$(PY) experiments/benchmarks/bench_monitor.py
 	$(PY) experiments/benchmarks/bench_controller.py
+	$(PY) experiments/benchmarks/bench_write_burst.py
 	$(PY) experiments/benchmarks/bench_ebpf_switch.py
 
 clean:

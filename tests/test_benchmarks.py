@@ -60,3 +60,9 @@ def test_ebpf_switch_benchmark_prints_rates_side_by_side():
                            timeout=300)
     assert report["bridge_cold_pps"] > 0 and report["ebpf_cold_pps"] > 0 and report["ebpf_hot_pps"] > 0
     assert report["hot_gets_balanced"] >= 20000
+
+
+def test_write_burst_benchmark_prints_sync_latency_and_ends_fresh():
+    report = run_benchmark("bench_write_burst.py", "--rate", "500", "--seconds", "0.5", "--hot", "3")
+    assert report["writes"] > 0 and report["syncs"] > 0
+    assert report["replicas_fresh"]  # after the burst every replica holds its home's value
