@@ -29,7 +29,7 @@ from controller.replicator import Replicator
 from mbalancer.config import Config
 from mbalancer.memcache.hashing import KeyHash, make_hash
 from mbalancer.memcache.keys import key_to_text
-from mbalancer.memcache.segment_keys import written_keys
+from mbalancer.memcache.segment_keys import first_written_key, written_keys
 from mbalancer.monitor_report import MonitorReport, parse_report
 from mbalancer.packets import LINKTYPE_ETHERNET, destination, memcached_segment
 
@@ -206,7 +206,12 @@ class ControllerCore:
                 log.warning("copied packet not for a configured server: ignored")
                 continue
             segment = memcached_segment(frame, LINKTYPE_ETHERNET, self.config.servers[server].port)
-            found = written_keys(segment) if not isinstance(segment, str) else segment
+            if isinstance(segment, str):
+                self.counts["mirrors_unreadable"] += 1
+                unsure[server] = True
+                continue
+            self.executor.count_mirror(first_written_key(segment), server)  # as the data plane counted it
+            found = written_keys(segment)
             if isinstance(found, str):
                 self.counts["mirrors_unreadable"] += 1
                 log.debug("copied packet for server %d not readable (%s): its hot keys are checked", server, found)
@@ -218,7 +223,7 @@ class ControllerCore:
                     continue  # not hot, or a copy to a replica (the controller's own): the home did not change
                 writes[key] = (data, writes[key][1] if key in writes else received)
             unsure[server] = unsure.get(server, False) or not found[1]
-        self.executor.sync_batch(writes, unsure, len(mirrors), between=self._handle_urgent)
+        self.executor.sync_batch(writes, unsure, between=self._handle_urgent)
 
     def _on_health(self, server: int, change: str, error: str | None) -> None:
         name = self.config.servers[server].name
@@ -334,8 +339,7 @@ class ControllerCore:
     def _counters_state(self) -> dict[str, Any]:
         syncs = sorted(self.executor.sync_ms)
         return {**self.counts, "copies": self.replicator.copies, "bytes_copied": self.replicator.bytes_copied,
-                "copy_failures": self.replicator.failures, "clones_handled": self.executor.clones_handled,
-                "clones_lost": self.executor.clones_lost, "writes_found_by_polling": self.executor.unseen_writes,
+                "copy_failures": self.replicator.failures, "mirrors_lost": self.executor.mirrors_lost, "writes_found_by_polling": self.executor.unseen_writes,
                 "cas_moves": self.executor.cas_moves,
                 "sync_ms": {"count": len(syncs), "p50": syncs[len(syncs) // 2] if syncs else None,
                             "max": syncs[-1] if syncs else None}}

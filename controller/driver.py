@@ -12,9 +12,9 @@ Dirty state without races: the data plane counts, the core never clears blindly.
 to a hot key it mirrors, and every request to a server that may hold writes it cannot read ("unsure": all hot keys
 homed there). A key is dirty (its gets go home) unless the counts still equal what the core last synced it to:
 the core reads a `write_stamp`, brings the copies up to date, then `clear_dirty(key, stamp)`; a write counted
-after the stamp keeps the key dirty, with no read-modify-write anywhere. The stamp also says how many packets the
-data plane had copied to the controller, so the core does not clear a key while a copy of one of its writes is
-still on its way. And the core holds a lease (`renew_lease`): when it stops renewing (killed, hung), every hot
+after the stamp keeps the key dirty, with no read-modify-write anywhere. The stamp also says how many writes to the
+key the data plane has counted since it was installed (each one copied to the controller once), so the core does
+not clear a key while the copy of one of them is still on its way. And the core holds a lease (`renew_lease`): when it stops renewing (killed, hung), every hot
 key acts dirty, so no crash or restart order can serve a stale copy.
 
 The order of calls the core guarantees (so a driver never has to check it):
@@ -48,7 +48,7 @@ class ReplicaWeight:
 @dataclass(frozen=True)
 class WriteStamp:
     """What the data plane had counted for one key when the core read it."""
-    clones: int  # packets copied to the controller so far (all keys, every switch), counted as the driver delivers
+    writes: int  # writes to the key counted (and copied to the controller) since it was installed, every switch
     counts: tuple = ()  # the driver's own record of the key's write and unsure counts (opaque to the core)
 
 

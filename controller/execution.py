@@ -3,8 +3,8 @@
 Invariants (the reason for every ordering below):
 - A rule never sends gets to a replica that does not hold the home's current value. A key is installed only after
   its copies are made, and dirty (gets go home); it is cleared only to a write stamp (controller/driver.py) read
-  before the home's CAS was found to be the one the copies were made from, and only once every packet the data
-  plane had copied to the controller by then has been handled here. A write the data plane counts after the stamp
+  before the home's CAS was found to be the one the copies were made from, and only once the copy of every write
+  to the key counted in that stamp has been handled here. A write the data plane counts after the stamp
   keeps the key dirty. A replica whose copy or update failed gets weight 0 before the key is cleared, and is
   refilled with backoff.
 - On cool-down the rules go first, then the extra copies.
@@ -45,8 +45,8 @@ REFUSED_BACKOFF_MAX = 60.0  # seconds at most between installs of a key the driv
 KEY_LEVEL = -1  # the server of a retry that concerns the key's rules, not one server's copy
 SYNC_WAIT = 0.05  # how long a mirrored write may take to show on the home server (it arrives in microseconds)
 SYNC_ROUNDS = 3  # copies retried when writes keep landing during a sync; then the key stays dirty (served home)
-CLONE_WAIT = 0.002  # seconds before looking again for a copied packet the data plane sent and the core has not had
-CLONES_LOST_AFTER = 0.1  # a copied packet not here after this long was lost: every hot key is checked at its home
+MIRROR_WAIT = 0.002  # seconds before looking again for the copy of a counted write the core has not had yet
+MIRRORS_LOST_AFTER = 0.1  # no copy of the key's writes for this long while some are missing: they were lost
 UNREADABLE_WAIT = 0.005  # before checking the keys of a request nobody could read: the home applies it first
 REFILL_DELAY = 0.05  # after a server comes back: what it had queued while hung lands before it is refilled
 
@@ -66,6 +66,8 @@ class HotKey:
     syncs: int = 0
     last_sync_ms: float | None = None
     unsynced_since: float | None = None  # when the oldest mirrored write not yet synced was received
+    mirrored: int = 0  # copies of writes to the key handled here since install (the data plane counts the same)
+    missing_since: float | None = None  # since when copies counted by the data plane are awaited, with none coming
 
     def weights(self) -> tuple[ReplicaWeight, ...]:
         """The placement's weights with replicas that do not hold the value at 0 (all at home if none does)."""
@@ -101,12 +103,10 @@ class Executor:
         self.clock, self.sleep = clock, sleep
         self.hot: dict[bytes, HotKey] = {}
         self.retries: dict[tuple[str, bytes, int], Retry] = {}
-        self.sync_ms: deque[float] = deque(maxlen=1000)  # mirrored write -> replicas updated and bit cleared
+        self.sync_ms: deque[float] = deque(maxlen=1000)  # mirrored write -> every replica updated
         self.down: set[int] = set()
         self.refused: dict[bytes, Retry] = {}  # installs the driver refused: not tried again before `due`
-        self.clones_handled = 0  # packets copied by the data plane that the core has handled (or given up on)
-        self.clones_lost = 0
-        self.missing_since: float | None = None  # since when a copied packet is awaited
+        self.mirrors_lost = 0  # copies of counted writes that never reached the core
         self.unseen_writes = 0  # changes at a home found by polling, not by a mirrored write
         self.cas_moves = 0  # new CAS at a home with the same value (memcached relinked the item)
         self.next_poll = clock() + poll_every
@@ -207,12 +207,19 @@ class Executor:
         self.decide("replay", None, f"the data plane came back empty: {len(self.hot)} hot keys installed again")
 
     # --- coherence ------------------------------------------------------------------------------------------
-    def sync_batch(self, writes: dict[bytes, tuple[bytes | None, float]], unsure: dict[int, bool], clones: int,
+    def count_mirror(self, key: bytes | None, server: int) -> None:
+        """A copied packet whose first request writes `key` to `server`: if that is the key's home, the data plane
+        counted it as one write to the key (before any of the batch is synced)."""
+        hot = self.hot.get(key) if key is not None else None
+        if hot is not None and hot.placement.home == server:
+            hot.mirrored += 1
+            hot.missing_since = None
+
+    def sync_batch(self, writes: dict[bytes, tuple[bytes | None, float]], unsure: dict[int, bool],
                    between: Callable[[], None] = lambda: None) -> None:
-        """Handle a batch of `clones` copied packets: `writes` {key: (latest data or None, first received)} read
-        from them; `unsure` {server: True if some request to it could not be read even here} for every server the
-        data plane may have made unsure. `between` runs before each key (the core handles health changes there)."""
-        self.clones_handled += clones
+        """Handle a batch of copied packets: `writes` {key: (latest data or None, first received)} read from them;
+        `unsure` {server: True if some request to it could not be read even here} for every server the data plane
+        may have made unsure. `between` runs before each key (the core handles health changes there)."""
         for key, (data, received) in writes.items():
             between()
             self.sync(key, data, received)
@@ -238,6 +245,7 @@ class Executor:
         if isinstance(item, MetaError):
             return self.decide("error", key, f"mirrored write not synced, home unreadable (gets stay home): {item}")
         self._push(key, hot, item)
+        self._synced(key, hot)  # every replica that holds the key holds the home's latest now
         self._settle(key, hot)
 
     def poll(self, idle: bool = True) -> None:
@@ -340,17 +348,19 @@ class Executor:
         for _ in range(SYNC_ROUNDS):
             try:
                 stamp = self.driver.write_stamp(key)
-                if not self._clones_in(stamp):
-                    self._schedule("settle", key, KEY_LEVEL, "a copied packet is on its way", attempt,
-                                   delay=CLONE_WAIT)
+                if not self._mirrors_in(key, hot, stamp):
+                    self._schedule("settle", key, KEY_LEVEL, "the copy of a counted write is on its way", attempt,
+                                   delay=MIRROR_WAIT)
                     return False
                 if self.replicator.cas(home, key) == hot.synced_cas:
                     self.driver.clear_dirty(key, stamp)
                     hot.dirty, hot.cleared = False, stamp
-                    if self.replicator.cas(home, key) == hot.synced_cas:
-                        self._synced(key, hot)
-                        return True
-                    self._dirty(key, hot)  # a write landed at the home while clearing: sync it first
+                    if self.replicator.cas(home, key) == hot.synced_cas or \
+                            self.driver.write_stamp(key).counts != stamp.counts:
+                        return True  # any change since is a write the data plane counted after the stamp: the key
+                        # is dirty there, and that write's copy is on its way
+                    self._dirty(key, hot)  # the home changed with no write counted (two writers' writes applied
+                    # in the other order than they passed the switch, or one around it): sync it again
                 self._push(key, hot, self.replicator.read(home, key))
             except (MetaError, DriverError) as err:
                 if not hot.dirty:  # cleared, then the check or the hold failed: the copies may be stale
@@ -370,27 +380,24 @@ class Executor:
         self.sync_ms.append(hot.last_sync_ms)
         log.debug("synced %r in %.2f ms", key, hot.last_sync_ms)
 
-    def _clones_in(self, stamp: WriteStamp) -> bool:
-        """True once the core has handled every packet the data plane had copied when `stamp` was read (a write
-        counted in the stamp must have been synced before the key is cleared to it). One that never comes was lost
-        on the way: then every hot key is checked at its home, as a lost write may be anyone's."""
-        if stamp.clones <= self.clones_handled:
-            self.missing_since = None
+    def _mirrors_in(self, key: bytes, hot: HotKey, stamp: WriteStamp) -> bool:
+        """True once the core has handled the copy of every write to the key the data plane counted in `stamp`
+        (each was synced then; a write whose copy is still on its way may not have reached the home yet). Copies
+        that stop coming while some are missing were lost: the key is then checked at its home (its CAS moved)."""
+        if stamp.writes <= hot.mirrored:
+            hot.missing_since = None
             return True
         now = self.clock()
-        if self.missing_since is None:
-            self.missing_since = now
-        if now - self.missing_since < CLONES_LOST_AFTER:
+        if hot.missing_since is None:
+            hot.missing_since = now
+        if now - hot.missing_since < MIRRORS_LOST_AFTER:
             return False
-        lost = stamp.clones - self.clones_handled
-        self.clones_lost += lost
-        self.clones_handled = stamp.clones
-        self.missing_since = None
-        self.decide("error", None, f"{lost} packet(s) the data plane copied to the controller never arrived: "
-                                   f"checking every hot key against its home")
-        for other in self.hot:  # a settle compares the home's CAS: a lost write changed it, and is pushed
-            self._schedule("settle", other, KEY_LEVEL, "copied packets were lost", delay=0.0)
-        return False
+        lost = stamp.writes - hot.mirrored
+        self.mirrors_lost += lost
+        hot.mirrored, hot.missing_since = stamp.writes, None
+        self.decide("error", key, f"{lost} copied write(s) never reached the controller: checking the key at its "
+                                  f"home")
+        return True  # the settle compares the home's CAS: a lost write changed it, and is pushed
 
     # --- health -------------------------------------------------------------------------------------------------
     def server_down(self, server: int) -> None:

@@ -66,7 +66,6 @@ class EbpfDriver(Driver):
         self.on_mirror: MirrorHandler | None = None
         self.on_reconnect: ReconnectHandler | None = None
         self.mirrors_received = 0  # copies delivered to on_mirror
-        self.clones_base = 0  # the data planes' clone count that corresponds to mirrors_received == 0
         self.lease_until = 0  # CLOCK_MONOTONIC ns: the lease as last renewed (written again to a reloaded switch)
         self.reconnects = 0
         # The core's worker writes slots and tables; read_counters (HTTP threads) and the reload watcher read them.
@@ -94,15 +93,18 @@ class EbpfDriver(Driver):
             entry = self._entry(slot, home, replicas)  # refused here, nothing is taken
             self.free_slots.pop()
             try:
+                bases = []
                 for tables in self.tables:
                     tables.reset_key_counts(slot)
                     tables.hold(slot)  # before the entry exists: no get is balanced before the core says
+                    bases.append(tables.writes(slot))  # the slot's count before this key: writes are counted anew
                     tables.set_hot(key, entry)
             except (BpfError, ValueError) as err:
                 self._forget(key, slot)
                 raise DriverError(f"install {key!r}: {err}") from None
             self.slots[key] = slot
             self.homes[key] = home
+            self.write_bases[key] = tuple(bases)
 
     def set_weights(self, key: bytes, replicas: Sequence[ReplicaWeight]) -> None:
         with self._lock:
@@ -113,7 +115,7 @@ class EbpfDriver(Driver):
         with self._lock:
             slot = self._slot(key)
             self._write_all(lambda t: t.delete_hot(key), f"remove {key!r}")
-            del self.slots[key], self.homes[key]
+            del self.slots[key], self.homes[key], self.write_bases[key]
             self.free_slots.append(slot)
 
     def set_dirty(self, key: bytes) -> None:
@@ -126,7 +128,8 @@ class EbpfDriver(Driver):
             slot, home = self._slot(key), self.homes[key]
             try:
                 counts = tuple((t.writes(slot), t.unsure(home)) for t in self.tables)
-                return WriteStamp(self._clones() - self.clones_base, counts)
+                written = sum(w for w, _ in counts) - sum(self.write_bases[key])
+                return WriteStamp(written, counts)
             except (BpfError, ValueError) as err:
                 raise DriverError(f"write counts of {key!r}: {err}") from None
 
@@ -195,14 +198,9 @@ class EbpfDriver(Driver):
                 for ip in own_addresses(self.servers):
                     tables.trust(ip)
                 tables.set_lease(self.lease_until)
-            # the clone count from here on, in the numbering of mirrors_received (a reloaded program starts at 0)
-            self.clones_base = self._clones() - self.mirrors_received
         except (BpfError, ValueError) as err:
             self._close_tables()
             raise DriverError(f"eBPF tables: {err}") from None
-
-    def _clones(self) -> int:
-        return sum(t.counter("cloned") for t in self.tables)
 
     def _remove_leftovers(self) -> list[LeftoverKey]:
         """Remove the hot keys a previous controller left (their copies may be stale; this core never synced them)."""
@@ -224,6 +222,7 @@ class EbpfDriver(Driver):
         """No key installed: every slot free (at start, and when the switch came back empty)."""
         self.slots: dict[bytes, int] = {}
         self.homes: dict[bytes, int] = {}
+        self.write_bases: dict[bytes, tuple[int, ...]] = {}  # each switch's write count of the slot at install
         self.free_slots = list(range(MAX_HOT - 1, -1, -1))
 
     def _close_tables(self) -> None:

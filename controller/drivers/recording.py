@@ -60,7 +60,6 @@ class RecordingDriver(Driver):
         self.servers: tuple[Server, ...] = ()
         self.counters = Counters()
         self.unsure_counts: dict[int, int] = {}  # server -> requests the data plane could not read
-        self.clones = 0  # packets copied to the core through mirror()
         self.lease_until = 0.0  # time.monotonic() until which the core vouches for the copies
         self.leftovers: list[LeftoverKey] = []
         self.refusals: list[list] = []  # [method, key or None, calls left]: see refuse()
@@ -112,7 +111,7 @@ class RecordingDriver(Driver):
     def write_stamp(self, key: bytes) -> WriteStamp:
         self._record("write_stamp", key)
         entry = self._entry(key)
-        return WriteStamp(self.clones, (entry.writes, self.unsure_counts.get(entry.home, 0)))
+        return WriteStamp(entry.writes, (entry.writes, self.unsure_counts.get(entry.home, 0)))
 
     def clear_dirty(self, key: bytes, stamp: WriteStamp) -> None:
         self._record("clear_dirty", key, stamp)
@@ -147,7 +146,6 @@ class RecordingDriver(Driver):
         if key is not None and key in self.table:
             self.table[key].writes += 1
             self.counters.keys.setdefault(key, KeyCounters()).mirrored += 1
-        self.clones += 1
         if self._on_mirror is not None:
             self._on_mirror(frame)
 

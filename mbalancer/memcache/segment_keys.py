@@ -45,6 +45,16 @@ def written_keys(segment: Segment) -> tuple[list[tuple[bytes, bytes | None]], bo
     return _parse_all(payload, _write_of)
 
 
+def first_written_key(segment: Segment) -> bytes | None:
+    """The key of the segment's first request if that request is a write, read from its command line alone (as
+    the data plane reads it, which counts a write per packet by that key); else None."""
+    payload = _request_bytes(segment)
+    if isinstance(payload, str):
+        return None
+    found = _write_of_line(payload)
+    return found[0][0] if found else None
+
+
 def _request_bytes(segment: Segment) -> bytes | str:
     """The request bytes: a UDP datagram without its memcached frame header, a TCP segment as it is."""
     if segment.transport != UDP:
