@@ -37,7 +37,7 @@ log = logging.getLogger(__name__)
 
 DECISIONS_KEPT = 1000
 COPY_TIMEOUT = 0.5  # seconds a copy to or read from one server may take
-BATCH_MAX = 10_000  # events handled in one batch at most
+BATCH_MAX = 1_000  # events handled in one batch at most (health changes wait at most for one batch's parsing)
 
 
 class ControllerCore:
@@ -52,7 +52,8 @@ class ControllerCore:
         self.health = HealthTracker(len(addresses), config.controller.health_failures, config.controller.health_hold)
         self.replicator = Replicator(addresses, COPY_TIMEOUT, self.health.unavailable)
         self.executor = Executor(driver, self.replicator, self._decide, clock,
-                                 poll_every=config.controller.poll_interval)
+                                 poll_every=config.controller.poll_interval,
+                                 backlog=lambda: not self._events.empty())
         self.server_of_address = {(s.ip, s.port): i for i, s in enumerate(config.servers)}
         self.ports = sorted({s.port for s in config.servers})
         self.decisions: deque[dict[str, Any]] = deque(maxlen=DECISIONS_KEPT)

@@ -96,9 +96,11 @@ class Retry:
 class Executor:
     def __init__(self, driver: Driver, replicator: Replicator, decide: Decide,
                  clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep,
-                 poll_every: float = 0.5):
-        """poll_every: seconds between checks of every clean hot key's CAS at its home (0: never)."""
+                 poll_every: float = 0.5, backlog: Callable[[], bool] = lambda: False):
+        """poll_every: seconds between checks of every clean hot key's CAS at its home (0: never); backlog: True
+        while copied packets wait in the core's queue (a copy not handled yet is then not lost)."""
         self.driver, self.replicator, self.decide = driver, replicator, decide
+        self.backlog = backlog
         self.poll_every = poll_every
         self.clock, self.sleep = clock, sleep
         self.hot: dict[bytes, HotKey] = {}
@@ -388,7 +390,7 @@ class Executor:
             hot.missing_since = None
             return True
         now = self.clock()
-        if hot.missing_since is None:
+        if hot.missing_since is None or self.backlog():
             hot.missing_since = now
         if now - hot.missing_since < MIRRORS_LOST_AFTER:
             return False
