@@ -69,7 +69,7 @@ class ForwardingEntry:
 @dataclass
 class KeyCounters:
     gets: int = 0  # gets for the key that the hot_get table matched
-    home_while_dirty: int = 0  # of those, sent home because the dirty bit was set
+    home_while_dirty: int = 0  # of those, sent home because the key was dirty (or the lease out)
     mirrored: int = 0  # writes to the key copied to the controller
     per_replica: dict[int, int] = field(default_factory=dict)  # server index -> gets sent there
 
@@ -99,7 +99,7 @@ class Driver(ABC):
 
     @abstractmethod
     def install_hot_key(self, key: bytes, home: int, replicas: Sequence[ReplicaWeight]) -> None:
-        """Balance gets for `key` over `replicas` (home among them) by weight; dirty bit set, writes mirrored."""
+        """Balance gets for `key` over `replicas` (home among them) by weight; held dirty, writes mirrored."""
 
     @abstractmethod
     def set_weights(self, key: bytes, replicas: Sequence[ReplicaWeight]) -> None:

@@ -17,7 +17,7 @@ Invariants (the reason for every ordering below):
   never passed the switch.
 - A driver call that fails leaves gets safe, then is retried with back-off: weights that cannot be written make
   the key dirty, and if that fails too its rules are removed (gets go home untouched either way) and reinstalled
-  later; a dirty bit that cannot be cleared stays set (safe) and the clear is retried; an install the driver
+  later; a key that cannot be cleared stays dirty (safe) and the clear is retried; an install the driver
   refuses is not tried again (nor its value copied again) before its back-off ends.
 - A switch that came back empty (the driver's reconnect) gets every hot key installed again, dirty, then settled.
 Only the core's worker thread calls in here.
@@ -513,7 +513,7 @@ class Executor:
             self._protect(key, hot, f"weights not written ({err})")
 
     def _protect(self, key: bytes, hot: HotKey, why: str) -> None:
-        """Make the data plane send the key's gets home: set its dirty bit, or if that fails remove its rules
+        """Make the data plane send the key's gets home: hold it dirty, or if that fails remove its rules
         (and reinstall them later). Never raises: it is what the core does when a driver call has failed."""
         try:
             self._dirty(key, hot)
@@ -523,12 +523,12 @@ class Executor:
         try:
             self.driver.remove_hot_key(key)
         except DriverError as err:
-            return self.decide("error", key, f"{why}; the data plane refused the dirty bit ({dirty_error}) and the "
+            return self.decide("error", key, f"{why}; the data plane refused to hold it dirty ({dirty_error}) and the "
                                              f"removal ({err}): gets may reach a stale replica until a retry lands")
         hot.installed, hot.dirty = False, True
         self._cancel(key, "rules")
         self._schedule("install", key, KEY_LEVEL, str(dirty_error))
-        self.decide("error", key, f"{why}; the dirty bit was refused too ({dirty_error}): rules removed so gets go "
+        self.decide("error", key, f"{why}; holding it dirty was refused too ({dirty_error}): rules removed so gets go "
                                   f"home, reinstalling")
 
     def _dirty(self, key: bytes, hot: HotKey) -> None:

@@ -1,10 +1,10 @@
 """Replica health: is each memcached server answering, over the protocols its clients use?
 
 A probe reads a sentinel key the prober stored on the server (over TCP: a miss means the server restarted or was
-flushed, however quickly, so its copies are gone) and, unless the config says the servers take no UDP, sends a
-burst of UDP gets (a server whose UDP listener is wedged still answers over TCP while balanced gets to it vanish;
-with several worker threads only some are wedged, so one get would often pass: each of the burst lands on a thread
-of its own choosing, and all must be answered). A server is down once its
+flushed, however quickly, so its copies are gone) and, unless the config says the servers take no UDP, sends UDP
+gets one after the other (a server whose UDP listener is wedged still answers over TCP while balanced gets to it
+vanish; with several worker threads only the one that read the wedging datagram swallows them, so one get would
+often pass: each of the sequence is read by whichever thread wakes, and all must be answered). A server is down once its
 probes have kept failing for `hold` seconds (and at least `failures` probes; a single probe that passes in between
 does not end the failing, `failures` in a row do): a transient shorter than that moves nothing. It is up again once its probes have kept succeeding as long (a half-wedged server that passes one probe
 in a while does not flap back in); the core then refills its copies before it gets weight back. A server with `suspect_after` failures in a row is suspect: the core stops sending it copies
@@ -27,7 +27,7 @@ from mbalancer.memcache.addresses import ServerAddress
 from mbalancer.memcache.meta import MetaClient, MetaError, StoredItem
 
 PROBE_KEY = b"mbalancer:health"  # the key the UDP probes ask for (a miss is an answer)
-UDP_BURST = 16  # UDP gets per probe
+UDP_GETS = 8  # UDP gets per probe, each sent once the previous one was answered
 SUSPECT_AFTER = 2  # failed probes in a row before copies to the server are skipped
 RESTARTED = "restarted"  # Prober.check's verdict for a server that lost its data
 
@@ -92,7 +92,7 @@ class HealthTracker:
 
 
 class Prober:
-    """The probes of one server: its sentinel over TCP and, if `udp`, a burst of UDP gets."""
+    """The probes of one server: its sentinel over TCP and, if `udp`, a sequence of UDP gets."""
 
     def __init__(self, address: ServerAddress, timeout: float, udp: bool = True):
         self.address, self.timeout = address, timeout
@@ -114,29 +114,30 @@ class Prober:
                 return RESTARTED
         except MetaError as err:
             return str(err)
-        return self._udp_burst() if self.udp is not None else None
+        if self.udp is None:
+            return None
+        for sent in range(UDP_GETS):
+            if not self._udp_get():
+                return (f"{self.address}: UDP get {sent + 1} of {UDP_GETS} unanswered (TCP answers: is its UDP "
+                        f"listener wedged, or off?)")
+        return None
 
-    def _udp_burst(self) -> str | None:
-        waiting = set()
-        for _ in range(UDP_BURST):
-            self.request_id = (self.request_id + 1) & 0xFFFF
-            waiting.add(self.request_id)
-            self.udp.sendto(struct.pack("!HHHH", self.request_id, 0, 1, 0) + b"get " + PROBE_KEY + b"\r\n",
-                            tuple(self.address))
+    def _udp_get(self) -> bool:
+        """One UDP get of PROBE_KEY; True if it was answered within the timeout."""
+        self.request_id = (self.request_id + 1) & 0xFFFF
+        self.udp.sendto(struct.pack("!HHHH", self.request_id, 0, 1, 0) + b"get " + PROBE_KEY + b"\r\n",
+                        tuple(self.address))
         deadline = time.monotonic() + self.timeout
-        while waiting and (left := deadline - time.monotonic()) > 0:
+        while (left := deadline - time.monotonic()) > 0:
             if not select.select([self.udp], [], [], left)[0]:
-                break
+                return False
             try:
                 datagram = self.udp.recv(2048)
             except OSError:  # e.g. ICMP port unreachable: nothing listens on UDP there
-                break
-            if len(datagram) >= 8:
-                waiting.discard(struct.unpack("!H", datagram[:2])[0])
-        if not waiting:
-            return None
-        return (f"{self.address}: {len(waiting)} of {UDP_BURST} UDP gets unanswered (TCP answers: is its UDP "
-                f"listener wedged, or off?)")
+                return False
+            if datagram[:2] == struct.pack("!H", self.request_id):
+                return True
+        return False
 
     def close(self) -> None:
         self.tcp.close()

@@ -3,11 +3,11 @@
 
 Real memcached servers on loopback, the real core behind its HTTP interface, the recording driver as the data
 plane (it timestamps every call). Each round POSTs a monitor report whose top H keys are all new (the two sets
-alternate, hysteresis 1): the figure is the time from the POST to the last "dirty bit cleared" of the new keys,
+alternate, hysteresis 1): the figure is the time from the POST to the last clear of the new keys,
 i.e. every copy made, checked against the home's CAS and the rules requested. Cooling the old set (rules removed,
 copies deleted) is timed too. Then each hot key is written with a new 100 KB value by a client (at its home, as the
 data plane would forward it) and the mirror handed to the core: the figures are mirror -> replicas updated and
-bit cleared, and client set sent -> every replica holding the new value.
+the key cleared, and client set sent -> every replica holding the new value.
     python experiments/benchmarks/bench_controller.py [--servers 2,4,8] [--hot 10] [--value-kb 100] [--rounds 10]
 Prints a table and one JSON line; exit 1 if the target is missed.
 """

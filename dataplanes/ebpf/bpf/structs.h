@@ -66,7 +66,7 @@ struct mb_server {
 /* Per hot key (per CPU): what the pipeline did with its packets. */
 struct mb_key_counters {
 	__u64 gets;              /* single-key gets matched by hot_get */
-	__u64 home_while_dirty;  /* ... sent home because the dirty bit was set */
+	__u64 home_while_dirty;  /* ... sent home because the key was dirty or the lease out */
 	__u64 mirrored;          /* writes copied to the controller */
 	__u64 per_replica[MB_MAX_REPLICAS];
 };
