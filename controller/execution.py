@@ -279,9 +279,14 @@ class Executor:
         """True if the data plane counted a write since the key was cleared: its copy is on its way to the core,
         which syncs it then (the key is dirty in the data plane meanwhile)."""
         try:
-            return hot.cleared is None or self.driver.write_stamp(key).counts != hot.cleared.counts
+            return self._counted_since_clear(key, hot)
         except DriverError:
             return False
+
+    def _counted_since_clear(self, key: bytes, hot: HotKey) -> bool:
+        """True if the data plane counted a write or an unsure request for the key since the core last cleared it
+        (the key is dirty there then). Raises DriverError."""
+        return hot.cleared is None or self.driver.write_stamp(key).counts != hot.cleared.counts
 
     def _moved(self, key: bytes, hot: HotKey) -> bool:
         """True if the home's item has a new CAS but the value and flags the copies hold: memcached gives an item it
@@ -302,11 +307,10 @@ class Executor:
         if not hot.installed:
             return
         try:
-            stamp = self.driver.write_stamp(key)
+            if not self._counted_since_clear(key, hot):
+                return
         except DriverError as err:
             return self._schedule("settle", key, KEY_LEVEL, str(err))
-        if hot.cleared is not None and stamp.counts == hot.cleared.counts:
-            return
         hot.dirty, hot.cleared = True, None
         self._settle(key, hot)
 

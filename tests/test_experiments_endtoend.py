@@ -114,6 +114,9 @@ def test_leaf_spine_reaches_every_host_and_caps_the_server_links():
         for address in bed.addresses:  # the controller's port reaches every memcached through the fabric
             MetaClient(address).ping()
         pins = [PIN_ROOT / name for name in bed.dataplane().settings.switches]
+        recorded = json.loads(Path("/run/mbalancer/network.lock").read_text())["made"]  # for a killed run's successor
+        in_root = {intf.name for node in bed.net.switches + [bed.net.get("mbctl")] for intf in node.intfList()}
+        assert set(recorded["interfaces"]) == in_root - {"lo"}
     assert not any(p.exists() for p in pins)
     assert subprocess.run(["ip", "link", "show", "mbctl-eth0"], capture_output=True).returncode != 0
 

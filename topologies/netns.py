@@ -20,6 +20,7 @@ from typing import Any
 from dataplanes import registry
 from dataplanes.ebpf.program import DataPlane, DataPlaneError
 from mbalancer.processes import stop_process
+from topologies.claim import Made, NetworkClaim
 
 SUBNET = "10.0.0"
 ROOT_IP = f"{SUBNET}.254"
@@ -93,6 +94,7 @@ class NamespaceNetwork:
     hosts: list[Host] = field(default_factory=list)
     processes: list[subprocess.Popen] = field(default_factory=list)
     switch: Any = None  # the data plane's namespace switch, once started
+    claim: NetworkClaim | None = None
 
     @property
     def server_hosts(self) -> list[Host]:
@@ -111,16 +113,25 @@ class NamespaceNetwork:
         if len(self.tag) > 8:
             raise ValueError("tag: at most 8 characters (interface names are short)")
         switch_class = registry.get(self.dataplane).namespace_switch_class()  # refuses a name without one
+        self.claim = NetworkClaim(f"namespace network {self.tag}").take()
         try:
+            self.claim.record(self._made())
             self._build(switch_class)
         except Exception:
             self.close()
             raise
         return self
 
+    def _host_names(self) -> list[str]:
+        return [f"s{i + 1}" for i in range(self.servers)] + [f"c{i + 1}" for i in range(self.clients)]
+
+    def _made(self) -> Made:
+        names = self._host_names()
+        return Made(interfaces=[f"{self.tag}-{n}" for n in names] + [f"{self.tag}-r", f"{self.tag}-br"],
+                    namespaces=[f"{self.tag}-{n}" for n in names], switches=[self.tag])
+
     def _build(self, switch_class: type) -> None:
-        names = [f"s{i + 1}" for i in range(self.servers)] + [f"c{i + 1}" for i in range(self.clients)]
-        for number, name in enumerate(names, 1):
+        for number, name in enumerate(self._host_names(), 1):
             host = Host(name, f"{self.tag}-{name}", f"{SUBNET}.{number}", f"02:00:00:00:00:{number:02x}",
                         f"{self.tag}-{name}")
             _sh("ip", "netns", "add", host.netns)
@@ -163,6 +174,9 @@ class NamespaceNetwork:
         for host in self.hosts:
             _sh("ip", "netns", "del", host.netns, check=False)
         self.hosts.clear()
+        if self.claim is not None:
+            self.claim.release()
+            self.claim = None
 
     def __enter__(self) -> "NamespaceNetwork":
         return self.start()

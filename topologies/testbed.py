@@ -6,7 +6,8 @@
         bed.monitor_ports  # switch ports where client requests arrive (what the monitor sniffs)
 
 Everything it makes (namespaces, links, qdiscs, pinned programs, processes) goes at close(), also after a failed
-start; a run killed with SIGKILL leaves pinned maps under /sys/fs/bpf/mbalancer/, which the next start names.
+start. A run killed with SIGKILL leaves its root-namespace links and pinned programs; the next start removes them
+(topologies/claim.py: one network per machine, and what it made written down before it is made).
 """
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from mbalancer.config import DataPlane, Server
 from mbalancer.memcache.addresses import ServerAddress
 from mbalancer.memcache.server import MemcachedServer
 from mbalancer.processes import stop_process
+from topologies.claim import Made, NetworkClaim
 from topologies.shapes import (CONTROLLER_HOST, TOPOLOGIES, LeafSpineTopo, LinkSpec, SingleSwitchTopo, TopologyError,
                                peer_intf)
 
@@ -69,10 +71,12 @@ class Testbed:
     net: Any = None
     memcached: list[MemcachedServer] = field(default_factory=list)
     processes: list[subprocess.Popen] = field(default_factory=list)
+    claim: NetworkClaim | None = None
 
     # --- life cycle -------------------------------------------------------------------------------------------
     def start(self) -> "Testbed":
         self.spec.check()
+        self.claim = NetworkClaim("testbed").take()
         try:
             self._build()
             self._start_memcached()
@@ -85,7 +89,9 @@ class Testbed:
         from mininet.link import TCLink
         from mininet.net import Mininet
 
-        self.net = Mininet(topo=self.spec.topo(), switch=self.switch_class, link=TCLink, controller=None,
+        topo = self.spec.topo()
+        self.claim.record(_root_namespace_made(topo))
+        self.net = Mininet(topo=topo, switch=self.switch_class, link=TCLink, controller=None,
                            autoSetMacs=False, waitConnected=False)
         self.net.start()
         for node in self.net.hosts:
@@ -129,6 +135,9 @@ class Testbed:
         if self.net is not None:
             net, self.net = self.net, None
             net.stop()
+        if self.claim is not None:
+            self.claim.release()
+            self.claim = None
 
     def __enter__(self) -> "Testbed":
         return self.start()
@@ -181,3 +190,14 @@ class Testbed:
         process = host.popen(args, **kwargs)
         self.processes.append(process)
         return process
+
+
+def _root_namespace_made(topo) -> Made:
+    """The names Mininet will give the root namespace's link ends (switches, hosts outside a namespace): known
+    from the topology before anything exists, as Mininet names a port `<node>-eth<port number>`."""
+    in_root = {name for name in topo.nodes() if topo.isSwitch(name) or not topo.nodeInfo(name).get("inNamespace", True)}
+    ends = []
+    for a, b in topo.links():
+        port_a, port_b = topo.port(a, b)
+        ends += [f"{node}-eth{port}" for node, port in ((a, port_a), (b, port_b)) if node in in_root]
+    return Made(interfaces=ends, switches=topo.switches())

@@ -1,0 +1,73 @@
+"""One network per machine, and a killed run's leftovers removed by the next start (topologies/claim.py)."""
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from dataplanes.ebpf.program import PIN_ROOT, available
+from topologies.claim import NetworkClaim
+from topologies.netns import NamespaceNetwork
+from topologies.shapes import TopologyError
+
+why_not = available() if os.geteuid() == 0 else "needs root (namespaces, bpf)"
+pytestmark = pytest.mark.skipif(why_not is not None, reason=f"eBPF data plane cannot run here: {why_not}")
+
+ROOT = Path(__file__).resolve().parent.parent
+
+# Builds a namespace network, says so, then waits to be killed.
+HOLDER = """
+import sys, time
+from topologies.netns import NamespaceNetwork
+net = NamespaceNetwork(servers=1, clients=1, tag=sys.argv[1]).start()
+print("up", flush=True)
+time.sleep(60)
+"""
+
+
+def _exists(iface: str) -> bool:
+    return Path("/sys/class/net", iface).exists()
+
+
+def _start_holder(tag: str) -> subprocess.Popen:
+    holder = subprocess.Popen([sys.executable, "-c", HOLDER, tag], cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    assert holder.stdout.readline().strip() == "up"
+    return holder
+
+
+def test_a_second_network_is_refused_while_one_runs():
+    holder = _start_holder("mbq1")
+    try:
+        with pytest.raises(TopologyError, match=f"another MBalancer network is running .*pid {holder.pid}"):
+            NamespaceNetwork(servers=1, clients=1, tag="mbq2").start()
+        assert not _exists("mbq2-s1")  # refused before making anything
+        assert _exists("mbq1-s1")  # and the running one untouched
+    finally:
+        holder.terminate()
+        holder.wait(timeout=10)
+
+
+def test_what_a_killed_run_left_is_removed_by_the_next_start(caplog):
+    holder = _start_holder("mbq3")
+    holder.send_signal(signal.SIGKILL)
+    holder.wait(timeout=10)
+    left = ["mbq3-s1", "mbq3-c1", "mbq3-r", "mbq3-m"]
+    assert all(_exists(iface) for iface in left) and (PIN_ROOT / "mbq3").exists()
+    with caplog.at_level(logging.WARNING, logger="topologies.claim"):
+        with NamespaceNetwork(servers=1, clients=1, tag="mbq4") as net:
+            assert net.switch is not None
+    assert not any(_exists(iface) for iface in left)
+    assert not (PIN_ROOT / "mbq3").exists() and not Path("/run/netns/mbq3-s1").exists()
+    assert "killed namespace network mbq3 run" in caplog.text and "mbq3-r" in caplog.text
+
+
+def test_a_corrupt_record_is_ignored(tmp_path):
+    (tmp_path / "network.lock").write_text("[not a record")
+    with NetworkClaim("test", directory=tmp_path):
+        pass
+    assert (tmp_path / "network.lock").read_text() == "{}"

@@ -1,0 +1,114 @@
+"""One MBalancer network per machine, and nothing left behind by a killed one.
+
+Both networks this package builds (the Mininet testbed, the namespace network) put the controller's port at
+10.0.0.254 and their switches' ports in the root namespace, so two at once would collide. A network holds a claim
+for its life: an exclusive flock on /run/mbalancer/network.lock, plus a record, written before anything is made,
+of what it is about to make in the root namespace (interfaces, named namespaces, switches with pinned programs).
+release() empties the record. The kernel drops the lock when its process dies, so a run killed with SIGKILL
+leaves a record and no holder: the next claim removes exactly what is listed, says so, and goes on.
+"""
+from __future__ import annotations
+
+import fcntl
+import json
+import logging
+import os
+import shutil
+import subprocess
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from dataplanes.ebpf.program import PIN_ROOT, mirror_link_of
+from topologies.shapes import TopologyError
+
+log = logging.getLogger(__name__)
+
+CLAIM_DIR = Path("/run/mbalancer")
+
+
+@dataclass
+class Made:
+    """What a network makes in the root namespace (all of it goes when it closes)."""
+    interfaces: list[str] = field(default_factory=list)
+    namespaces: list[str] = field(default_factory=list)
+    switches: list[str] = field(default_factory=list)  # eBPF switches: pins and mirror links named after them
+
+    def remove(self) -> list[str]:
+        """Delete whatever of it still exists; the names of what was there."""
+        removed = []
+        for switch in self.switches:
+            if (PIN_ROOT / switch).exists():
+                shutil.rmtree(PIN_ROOT / switch, ignore_errors=True)
+                removed.append(f"pins of {switch}")
+        for iface in self.interfaces + [end for s in self.switches for end in mirror_link_of(s)]:
+            if Path("/sys/class/net", iface).exists():
+                subprocess.run(["ip", "link", "del", iface], capture_output=True)
+                removed.append(iface)
+        for ns in self.namespaces:
+            if Path("/run/netns", ns).exists():
+                subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+                removed.append(f"namespace {ns}")
+        return removed
+
+
+class NetworkClaim:
+    """with NetworkClaim("testbed") as claim: claim.record(Made(...)); build ...  (released at exit)."""
+
+    def __init__(self, owner: str, directory: Path = CLAIM_DIR):
+        self.owner = owner
+        self.path = directory / "network.lock"
+        self._fd: int | None = None
+
+    def take(self) -> "NetworkClaim":
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = _read(fd).get("pid", "?")
+            os.close(fd)
+            raise TopologyError(f"another MBalancer network is running on this machine (pid {holder}, "
+                                f"{self.path}): one at a time, they share 10.0.0.254") from None
+        self._fd = fd
+        self._clean_after_a_killed_run()
+        return self
+
+    def record(self, made: Made) -> None:
+        """Written before building, so a kill at any point leaves the names for the next claim."""
+        self._write({"pid": os.getpid(), "owner": self.owner, "made": made.__dict__})
+
+    def release(self) -> None:
+        if self._fd is None:
+            return
+        self._write({})
+        os.close(self._fd)  # the lock goes with the descriptor
+        self._fd = None
+
+    def _clean_after_a_killed_run(self) -> None:
+        left = _read(self._fd)
+        if not left.get("made"):
+            return
+        made = left["made"] if isinstance(left["made"], dict) else {}
+        removed = Made(**{name: list(made.get(name, [])) for name in Made.__dataclass_fields__}).remove()
+        if removed:
+            log.warning("removed what a killed %s run (pid %s) left: %s", left.get("owner", "?"),
+                        left.get("pid", "?"), ", ".join(removed))
+        self._write({})
+
+    def _write(self, content: dict) -> None:
+        os.ftruncate(self._fd, 0)
+        os.pwrite(self._fd, json.dumps(content).encode(), 0)
+
+    def __enter__(self) -> "NetworkClaim":
+        return self.take()
+
+    def __exit__(self, *exc) -> None:
+        self.release()
+
+
+def _read(fd: int) -> dict:
+    try:
+        content = json.loads(os.pread(fd, 1 << 20, 0) or b"{}")
+    except ValueError:
+        return {}
+    return content if isinstance(content, dict) else {}
