@@ -7,9 +7,7 @@ bound.
 from __future__ import annotations
 
 import argparse
-import signal
 import sys
-import threading
 from dataclasses import replace
 from typing import Callable
 
@@ -20,6 +18,7 @@ from controller.http_api import serve, start_serving
 from dataplanes import registry
 from mbalancer.config import ConfigError, load_config
 from mbalancer.memcache.addresses import parse_server
+from mbalancer.processes import stop_on_signals
 
 Fail = Callable[[str], None]
 
@@ -61,9 +60,7 @@ def _run_controller(args: argparse.Namespace, fail: Fail) -> int:
         http = serve(core, tuple(parse_server(args.listen or config.controller.listen)))
     except (OSError, ValueError) as err:
         fail(f"--listen: cannot serve on {args.listen or config.controller.listen}: {err}")
-    stop = threading.Event()
-    for signum in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(signum, lambda *_: stop.set())
+    stop = stop_on_signals()
     try:
         core.start()
     except DriverError as err:

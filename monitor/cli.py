@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import signal
 import sys
 import time
 from typing import Callable
@@ -17,6 +16,7 @@ from typing import Callable
 from monitor.capture import CaptureError, LiveCapture
 from mbalancer.monitor_report import FIELDS
 from mbalancer.packets import SUPPORTED_LINKTYPES
+from mbalancer.processes import stop_on_signals
 from monitor.monitor import Monitor
 from monitor.outputs import Fanout, HttpPush, JsonLines, TerminalView
 from monitor.pcapfile import CaptureFile, PcapError
@@ -90,12 +90,10 @@ def _capture(monitor: Monitor, args: argparse.Namespace) -> str:
     monitor.source_counters = capture.update_statistics  # each report says what the kernel dropped meanwhile
     until = time.monotonic() + (args.duration if args.duration else float("inf"))
     # Ctrl-C and SIGTERM end the capture between packets (not in the middle of writing a report)
-    stopping = []
-    for signum in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(signum, lambda *_: stopping.append(True))
+    stopping = stop_on_signals()
     print(f"mbalancer monitor: {READY} {args.iface}, port {args.port}", file=sys.stderr, flush=True)
     try:
-        for timestamp, frame in capture.frames(until, wake_every=args.interval / 4, stop=lambda: bool(stopping)):
+        for timestamp, frame in capture.frames(until, wake_every=args.interval / 4, stop=stopping.is_set):
             if frame is None:
                 monitor.advance(timestamp)
             else:

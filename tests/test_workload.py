@@ -3,7 +3,9 @@ from __future__ import annotations
 
 import csv
 import json
+import signal
 import socket
+import subprocess
 
 import numpy as np
 import pytest
@@ -169,7 +171,30 @@ def test_load_command_human_output(run_cli, populated, tmp_path):
                      "0.3", "--no-records", "--out", str(tmp_path))
     assert result.returncode == 0, result.stderr
     assert "throughput" in result.stdout and "imbalance factor" in result.stdout
-    assert not (tmp_path / "records.csv").exists()
+    assert not (tmp_path / "records.csv").exists() and "records.csv" not in result.stdout
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_a_stopped_load_keeps_what_it_measured(populated, tmp_path, signum):
+    from tests.conftest import MBALANCER
+    process = subprocess.Popen([str(MBALANCER), "load", "--servers", ",".join(map(str, populated.servers)),
+                                "--keys", "200", "--duration", "120", "--out", str(tmp_path), "--json"],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        for _ in range(1000):  # progress lines: the run is under way
+            if process.stderr.readline().startswith("load ") or process.poll() is not None:
+                break
+        process.send_signal(signum)
+        out, err = process.communicate(timeout=60)
+    finally:
+        process.kill()
+    assert process.returncode == 0, err
+    summary = json.loads(out)
+    assert summary["stopped_early"] is True and 0 < summary["duration_s"] < 120 and summary["requests"] > 0
+    assert json.loads((tmp_path / "summary.json").read_text())["requests"] == summary["requests"]
+    with open(tmp_path / "records.csv") as f:
+        assert sum(1 for _ in csv.DictReader(f)) == summary["requests"]
+    assert "stopped by a signal after" in err and str(tmp_path) in err and "Traceback" not in err
 
 
 @pytest.mark.parametrize("args, message", [(["--servers", "host:1"], "--servers"),

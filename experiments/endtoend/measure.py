@@ -7,6 +7,7 @@ latency is taken over the requests whose key lives on that server (what the clie
 from __future__ import annotations
 
 import csv
+import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,6 +28,7 @@ class MeasureError(RuntimeError):
 class ServerSample:
     time: float  # monotonic
     gets: tuple[int, ...]  # cmd_get of each server
+    wall: float = 0.0  # time.time(), to find the same moment in the load generators' records
 
 
 def sample_servers(servers: Sequence[ServerAddress]) -> ServerSample:
@@ -39,7 +41,7 @@ def sample_servers(servers: Sequence[ServerAddress]) -> ServerSample:
             raise MeasureError(f"cannot read the counters of {server}: {err}") from None
         finally:
             client.close()
-    return ServerSample(time.monotonic(), tuple(gets))
+    return ServerSample(time.monotonic(), tuple(gets), time.time())
 
 
 def server_rates(start: ServerSample, end: ServerSample) -> np.ndarray:
@@ -71,18 +73,21 @@ class ClientRecords:
         return means
 
 
-def read_client_records(paths: Sequence[Path], servers: Sequence[ServerAddress], start: float,
-                        end: float) -> ClientRecords:
-    """Rows sent in [start, end) seconds after each generator began, from every client host's records.csv."""
+def read_client_records(folders: Sequence[Path], servers: Sequence[ServerAddress], start: ServerSample,
+                        end: ServerSample) -> ClientRecords:
+    """Rows sent between two server samples, from each load generator's folder (records.csv, and summary.json for
+    the wall-clock time its rows count from): the clients' window is the servers' window, whenever each started."""
     index = {str(s): i for i, s in enumerate(servers)}
     latency, asked, answered, outcome = [], [], [], []
-    for path in paths:
-        with open(path, newline="") as rows:
+    for folder in folders:
+        started = json.loads((folder / "summary.json").read_text())["started_unix"]
+        low, high = start.wall - started, end.wall - started
+        with open(folder / "records.csv", newline="") as rows:
             for row in csv.DictReader(rows):
-                if start <= float(row["time_s"]) < end:
+                if low <= float(row["time_s"]) < high:
                     latency.append(float(row["latency_ms"]))
                     asked.append(index.get(row["asked"], -1))
                     answered.append(bool(row["answered"]))
                     outcome.append(row["outcome"])
     return ClientRecords(np.array(latency), np.array(asked, dtype=int), np.array(answered, dtype=bool),
-                         np.array(outcome), end - start)
+                         np.array(outcome), end.wall - start.wall)

@@ -1,8 +1,9 @@
 """One run: a point (the clients' hash) in one mode (baseline or MBalancer) on a running testbed.
 
     fresh switch tables -> flush and fill the servers (each key on its home) -> [MBalancer: controller + monitor]
-    -> load from every client host for warm-up + measurement -> server counters at the window's ends
-    -> stop what the run started -> RunResult
+    -> load from every client host -> warm-up [MBalancer: until the controller has acted on it]
+    -> the window: server counters sampled at its ends, the clients' records cut at the same wall-clock moments
+    -> generators stopped (they write their records) -> stop what the run started -> RunResult
 """
 from __future__ import annotations
 
@@ -32,7 +33,8 @@ from topologies.testbed import Testbed
 log = logging.getLogger(__name__)
 Progress = Callable[[str], None]
 STARTUP = 1.5  # seconds a load generator takes to start (Python imports) before its clock starts
-TAIL = 1.0  # load kept on after the window, so the window's end is steady too
+TAIL = 1.0  # a generator's slack past the latest the window can end (it is stopped as the window closes)
+GENERATOR_WRITE = 60.0  # seconds a stopped generator may take to write its records
 
 
 class RunError(RuntimeError):
@@ -83,8 +85,11 @@ def run_once(bed: Testbed, spec: ExperimentSpec, workload: Workload, mode: str, 
         started = time.monotonic()
         check = _checker(generators, stack)
         wait_until(started + STARTUP + spec.warmup, check)
-        if stack:  # measure what MBalancer does once it has acted on the warm-up's reports (copies take a while
-            stack.core.wait_idle(WARM_WAIT)  # over saturated links)
+        # Measure what MBalancer does once it has acted on the warm-up's reports (copies take a while over
+        # saturated links); the window starts then, for the servers' counters and the clients' records alike.
+        if stack and not stack.wait_acted(WARM_WAIT):
+            log.warning("the controller had not acted on the warm-up after %g s more (%d reports): measuring "
+                        "anyway", WARM_WAIT, stack.core.counts["reports"])
         hot_keys = stack.hot_keys() if stack else 0
         if stack and not hot_keys:
             log.warning("no hot key installed after the warm-up: MBalancer's run measures the baseline")
@@ -97,12 +102,12 @@ def run_once(bed: Testbed, spec: ExperimentSpec, workload: Workload, mode: str, 
         last = sample_servers(workload.servers)
         # The controller as the window closed: once the load ends, the monitor's empty reports cool every key.
         window_state = stack.core.state() if stack else None
-        _wait_generators(generators, spec)
+        _stop_generators(generators)
     finally:
         for process in generators:
             stop_process(process)
         state = stack.stop(window_state) if stack else None
-    return _result(workload, mode, balancing, spec, out, (first, last), hot_keys, state)
+    return _result(workload, mode, balancing, out, (first, last), hot_keys, state)
 
 
 def wait_until(deadline: float, check=lambda: None, step: float = 0.2) -> None:
@@ -126,13 +131,15 @@ def _fill(workload: Workload) -> None:
 
 
 def _start_generators(bed: Testbed, spec: ExperimentSpec, workload: Workload, out: Path) -> list[subprocess.Popen]:
+    """One `mbalancer load` per client host, running until _stop_generators (its duration only bounds it)."""
     servers = ",".join(f"{s.host}:{s.port}" for s in workload.servers)
+    longest = STARTUP + spec.warmup + WARM_WAIT + spec.measure + TAIL
     generators = []
     for number, host in enumerate(bed.client_hosts, 1):
         share = spec.workload(workload.servers, workload.hash, host=number)
         command = [sys.executable, "-m", "mbalancer.cli", "load", "--servers", servers, "--hash", workload.hash,
                    "--keys", str(workload.keys), "--alpha", f"{workload.alpha:g}", "--clients", str(share.clients),
-                   "--duration", f"{spec.warmup + spec.measure + TAIL:g}", "--value-size", str(workload.value_size),
+                   "--duration", f"{longest:g}", "--value-size", str(workload.value_size),
                    "--timeout", f"{workload.timeout:g}", "--seed", str(share.seed), "--json",
                    "--out", str(out / host.name)]
         generators.append(bed.popen(host, command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
@@ -142,30 +149,32 @@ def _start_generators(bed: Testbed, spec: ExperimentSpec, workload: Workload, ou
 def _checker(generators: list[subprocess.Popen], stack: MBalancerStack | None) -> Callable[[], None]:
     def check() -> None:
         for process in generators:
-            if process.poll() is not None and process.returncode != 0:
-                raise RunError(f"a load generator exited with code {process.returncode}: "
+            if process.poll() is not None:
+                raise RunError(f"a load generator exited (code {process.returncode}) before the window closed: "
                                f"{process.stderr.read().strip()[-500:]}")
         if stack:
             stack.check_monitor()
     return check
 
 
-def _wait_generators(generators: list[subprocess.Popen], spec: ExperimentSpec) -> None:
+def _stop_generators(generators: list[subprocess.Popen]) -> None:
+    """SIGTERM ends each generator's run; it writes what it recorded and exits 0."""
+    for process in generators:
+        process.terminate()
     for process in generators:
         try:
-            _, stderr = process.communicate(timeout=STARTUP + spec.warmup + spec.measure + TAIL + 30)
+            _, stderr = process.communicate(timeout=GENERATOR_WRITE)
         except subprocess.TimeoutExpired:
-            raise RunError("a load generator did not finish in time") from None
+            raise RunError(f"a load generator did not write its records within {GENERATOR_WRITE:g} s") from None
         if process.returncode != 0:
             raise RunError(f"a load generator exited with code {process.returncode}: {stderr.strip()[-500:]}")
 
 
-def _result(workload: Workload, mode: str, balancing: Balancing | None, spec: ExperimentSpec, out: Path,
-            window: tuple, hot_keys: int, state: dict | None) -> RunResult:
+def _result(workload: Workload, mode: str, balancing: Balancing | None, out: Path, window: tuple, hot_keys: int,
+            state: dict | None) -> RunResult:
     rates = server_rates(*window)
-    paths = [out / host / "records.csv" for host in sorted(p.name for p in out.iterdir() if p.is_dir())]
-    # Each generator's clock starts about STARTUP after launch: its window is [warm-up, warm-up + measure).
-    records = read_client_records(paths, workload.servers, spec.warmup, spec.warmup + spec.measure)
+    folders = sorted(p for p in out.iterdir() if p.is_dir())  # one per client host
+    records = read_client_records(folders, workload.servers, *window)
     latency = records.latency_ms[records.answered]
     mean, p50, p99 = (float(latency.mean()), *map(float, np.percentile(latency, [50, 99]))) if latency.size \
         else (float("nan"),) * 3

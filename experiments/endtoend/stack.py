@@ -7,6 +7,7 @@ import json
 import logging
 import subprocess
 import sys
+import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -55,6 +56,17 @@ class MBalancerStack:
 
     def hot_keys(self) -> int:
         return len(self.core.state()["hot_keys"])
+
+    def wait_acted(self, timeout: float) -> bool:
+        """Wait until the controller has had the reports a key needs to turn hot (hysteresis, plus the monitor's
+        first, partial interval) and has acted on them; False if that took longer than `timeout` seconds. How
+        soon the monitor starts reporting depends on the machine: a fixed warm-up alone does not say."""
+        deadline = time.monotonic() + timeout
+        needed = self.config.balancing.hysteresis + 1
+        while self.core.counts["reports"] < needed and time.monotonic() < deadline:
+            self.check_monitor()
+            time.sleep(0.05)
+        return self.core.counts["reports"] >= needed and self.core.wait_idle(max(deadline - time.monotonic(), 0))
 
     def check_monitor(self) -> None:
         """Raise if the monitor process died (its own words)."""

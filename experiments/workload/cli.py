@@ -3,6 +3,7 @@
 Output contract: `--json` prints one JSON object (see records.summarise: throughput, p50_ms/p95_ms/p99_ms,
 per_server, hits, misses, timeouts, imbalance factors); OUT/records.csv has one row per request, OUT/summary.json
 the same object, OUT/load.png the plots. Progress goes to stderr. Exit 2 for bad options, 1 when servers fail.
+Ctrl-C or SIGTERM ends the run early: the outputs hold what was measured until then (summary: stopped_early).
 """
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from experiments.workload.records import summarise, write_csv
 from experiments.workload.spec import PROTOCOLS, Workload, WorkloadError
 from mbalancer.memcache.addresses import parse_servers
 from mbalancer.memcache.hashing import HASH_KINDS
+from mbalancer.processes import stop_on_signals
 from mbalancer.progress import end_progress, stderr_progress
 
 Fail = Callable[[str], None]
@@ -63,14 +65,17 @@ def _run_load(args: argparse.Namespace, fail: Fail) -> int:
     if load_nothing:
         return 0
     try:
-        records = run_load(workload, stderr_progress)
+        records = run_load(workload, stderr_progress, stop=stop_on_signals())
     except OSError as err:
         print(f"mbalancer load: cannot run the clients: {err}", file=sys.stderr)
         return 1
     end_progress()
     summary = summarise(records, workload)
     _write_outputs(args, records, workload, summary)
-    print(json.dumps(summary) if args.json else format_summary(summary, args.out))
+    if records.stopped_early:  # like ping: an interrupted run still reports what it measured
+        print(f"mbalancer load: stopped by a signal after {records.duration:.1f} s; what was measured is in "
+              f"{args.out}", file=sys.stderr)
+    print(json.dumps(summary) if args.json else format_summary(summary, args.out, not args.no_records))
     return 0
 
 
@@ -111,7 +116,7 @@ def _write_outputs(args: argparse.Namespace, records, workload: Workload, summar
     plot_run(records, summary, args.out / "load.png")
 
 
-def format_summary(s: dict, out: Path) -> str:
+def format_summary(s: dict, out: Path, with_records: bool = True) -> str:
     """Human-readable summary of a run."""
     def ms(value):
         return "-" if value is None else f"{value:.3f} ms"
@@ -125,6 +130,6 @@ def format_summary(s: dict, out: Path) -> str:
         f"  imbalance factor {s['imbalance_factor_measured'] or 0:.3f} measured, "
         f"{s['imbalance_factor_expected']:.3f} expected from the hash and Zipf weights",
         "  per server       " + ", ".join(f"{r['server']} {100 * r['share']:.1f}%" for r in s["per_server"]),
-        f"  written          {out}/summary.json, records.csv, load.png",
+        f"  written          {out}/summary.json, {'records.csv, ' if with_records else ''}load.png",
     ]
     return "\n".join(lines)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import collections
 import select
 import socket
+import threading
 import time
 from typing import Callable
 
@@ -29,6 +30,7 @@ from mbalancer.memcache.udp import udp_socket
 
 Progress = Callable[[str], None]
 PROGRESS_EVERY = 0.5  # seconds
+STOP_CHECK = 0.1  # seconds at most between looks at the stop event
 CLIENT_RECEIVE_BUFFER = 2 * 1024 * 1024  # one outstanding reply per client: room for a 1 MB value
 MAX_RECEIVE = 65536
 TIMEOUT = OUTCOME_CODE["timeout"]
@@ -52,9 +54,10 @@ class _Client:
 class ClosedLoop:
     """Run `workload` until its duration or request count is reached; fills and returns a Records."""
 
-    def __init__(self, workload: Workload, progress: Progress | None = None):
+    def __init__(self, workload: Workload, progress: Progress | None = None, stop: threading.Event | None = None):
         self.w = workload
         self.progress = progress
+        self.stop = stop or threading.Event()  # set (e.g. by a signal handler) to end the run early, records kept
         self.records = Records(workload.servers)
         self.stream = KeyStream(workload.weights(), workload.set_ratio, workload.seed)
         self.homes = workload.homes
@@ -71,7 +74,7 @@ class ClosedLoop:
 
     # --- the loop ---------------------------------------------------------------------------------------------
     def run(self) -> Records:
-        self.start = time.perf_counter()
+        self.start, self.records.started_unix = time.perf_counter(), time.time()
         end = self.start + self.w.duration if self.limit is None else float("inf")
         for client in self.clients:
             self._issue(client, self.start)
@@ -79,9 +82,9 @@ class ClosedLoop:
         try:
             while True:
                 now = time.perf_counter()
-                if now >= end or not self.busy:
+                if now >= end or not self.busy or self.stop.is_set():
                     break
-                wait = min(end, next_report, self.deadlines[0][0] if self.deadlines else end) - now
+                wait = min(end, next_report, self.deadlines[0][0] if self.deadlines else end, now + STOP_CHECK) - now
                 for fd, _ in self.epoll.poll(max(wait, 0.0)):
                     self._readable(fd)
                 now = time.perf_counter()
@@ -92,6 +95,7 @@ class ClosedLoop:
         finally:
             now = time.perf_counter()
             self.records.duration = min(now, end) - self.start
+            self.records.stopped_early = self.stop.is_set()
             self._report(now, end)  # the final count, also for runs shorter than one progress period
             self._close()
         return self.records
@@ -156,8 +160,8 @@ class ClosedLoop:
 
 
 class UdpLoop(ClosedLoop):
-    def __init__(self, workload: Workload, progress: Progress | None = None):
-        super().__init__(workload, progress)
+    def __init__(self, workload: Workload, progress: Progress | None = None, stop: threading.Event | None = None):
+        super().__init__(workload, progress, stop)
         self.sockets = []
         self.by_fd = {}
         for client in self.clients:
@@ -196,8 +200,8 @@ class UdpLoop(ClosedLoop):
 
 
 class TcpLoop(ClosedLoop):
-    def __init__(self, workload: Workload, progress: Progress | None = None):
-        super().__init__(workload, progress)
+    def __init__(self, workload: Workload, progress: Progress | None = None, stop: threading.Event | None = None):
+        super().__init__(workload, progress, stop)
         self.connections: dict[tuple[int, int], socket.socket] = {}  # (client, server) -> connection
         self.by_fd: dict[int, tuple[_Client, int]] = {}
 
@@ -257,7 +261,8 @@ class TcpLoop(ClosedLoop):
             conn.close()
 
 
-def run_load(workload: Workload, progress: Progress | None = None) -> Records:
-    """Run the workload's clients against its servers; every request ends up in the returned Records."""
+def run_load(workload: Workload, progress: Progress | None = None, stop: threading.Event | None = None) -> Records:
+    """Run the workload's clients against its servers; every request ends up in the returned Records. Setting
+    `stop` ends the run early; what was measured is returned."""
     loop = UdpLoop if workload.protocol == "udp" else TcpLoop
-    return loop(workload, progress).run()
+    return loop(workload, progress, stop).run()

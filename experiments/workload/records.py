@@ -39,6 +39,8 @@ class Records:
         self.outcome = array("b")
         self.strays = 0  # datagrams dropped as not answering the request outstanding
         self.duration = 0.0
+        self.started_unix = 0.0  # wall clock when `sent` was 0: lines runs up with other clocks on the machine
+        self.stopped_early = False  # ended by a signal before its duration or request count
 
     def add(self, sent: float, client: int, key: int, is_set: bool, asked: int, answered: int, latency: float,
             outcome: int) -> None:
@@ -82,7 +84,7 @@ def summarise(records: Records, workload: Workload) -> dict[str, Any]:
         "alpha": workload.alpha, "clients": workload.clients, "hash": workload.key_hash.spec,
         "value_size": workload.value_size, "set_ratio": workload.set_ratio, "timeout_s": workload.timeout,
         "seed": workload.seed,
-        "duration_s": records.duration,
+        "duration_s": records.duration, "started_unix": records.started_unix, "stopped_early": records.stopped_early,
         "requests": len(records),
         "answered": total,
         "throughput": total / duration,
