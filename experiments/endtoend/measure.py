@@ -9,7 +9,8 @@ from __future__ import annotations
 import csv
 import json
 import time
-from dataclasses import dataclass
+import os
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
 
@@ -29,9 +30,55 @@ class ServerSample:
     time: float  # monotonic
     gets: tuple[int, ...]  # cmd_get of each server
     wall: float = 0.0  # time.time(), to find the same moment in the load generators' records
+    cpu: tuple = ()  # each CPU's time so far (jiffies): (busy, stolen, all)
+    processes: dict = field(default_factory=dict)  # name -> CPU time so far (jiffies) of the run's own processes
 
 
-def sample_servers(servers: Sequence[ServerAddress]) -> ServerSample:
+def cpu_times() -> tuple[tuple[int, int, int], ...]:
+    """(busy, steal, total) jiffies of each CPU, from /proc/stat: busy is everything but idle, iowait and steal
+    (steal: time the hypervisor gave to someone else, which a run on a shared VM silently loses)."""
+    times = []
+    with open("/proc/stat") as stat:
+        for line in stat:
+            name, *values = line.split()
+            if not (name.startswith("cpu") and name[3:].isdigit()):
+                continue
+            fields = [int(x) for x in values[:8]]  # user nice system idle iowait irq softirq steal
+            idle, iowait, steal = fields[3], fields[4], fields[7]
+            times.append((sum(fields) - idle - iowait - steal, steal, sum(fields)))
+    return tuple(times)
+
+
+def cpu_shares(start: "ServerSample", end: "ServerSample") -> tuple[float, float]:
+    """(busy, stolen) share of the busiest CPU's time between two samples (busiest: highest busy + stolen). One
+    full CPU is enough to cap a run: interrupts and softirqs of a link are often handled on one."""
+    best = (float("nan"), float("nan"))
+    for (b0, s0, t0), (b1, s1, t1) in zip(start.cpu, end.cpu):
+        if t1 > t0:
+            shares = ((b1 - b0) / (t1 - t0), (s1 - s0) / (t1 - t0))
+            if not sum(best) >= sum(shares):  # also replaces the first nan
+                best = shares
+    return best
+
+
+def process_jiffies(pid: int) -> int:
+    """User plus system CPU time of a process so far (0 once it is gone)."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            fields = stat.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0
+    return int(fields[11]) + int(fields[12])  # utime, stime (fields 14 and 15 of proc(5))
+
+
+def process_cores(start: "ServerSample", end: "ServerSample") -> dict[str, float]:
+    """Cores each named process kept busy between two samples (1.0: one core all the time)."""
+    seconds = (end.time - start.time) * os.sysconf("SC_CLK_TCK")
+    return {name: (end.processes[name] - start.processes.get(name, 0)) / seconds for name in end.processes}
+
+
+def sample_servers(servers: Sequence[ServerAddress], processes: dict[str, int] | None = None) -> ServerSample:
+    """Each server's get count now, with the machine's CPU time and that of `processes` (name -> pid)."""
     gets = []
     for server in servers:
         client = tcp_client(server, timeout=2.0)
@@ -41,7 +88,8 @@ def sample_servers(servers: Sequence[ServerAddress]) -> ServerSample:
             raise MeasureError(f"cannot read the counters of {server}: {err}") from None
         finally:
             client.close()
-    return ServerSample(time.monotonic(), tuple(gets), time.time())
+    return ServerSample(time.monotonic(), tuple(gets), time.time(), cpu_times(),
+                        {name: process_jiffies(pid) for name, pid in (processes or {}).items()})
 
 
 def server_rates(start: ServerSample, end: ServerSample) -> np.ndarray:
@@ -91,3 +139,29 @@ def read_client_records(folders: Sequence[Path], servers: Sequence[ServerAddress
                     outcome.append(row["outcome"])
     return ClientRecords(np.array(latency), np.array(asked, dtype=int), np.array(answered, dtype=bool),
                          np.array(outcome), end.wall - start.wall)
+
+
+SERVER_BOUND = 0.95  # a server serving this share of what its link carries is the bottleneck
+CORE_BOUND = 0.90  # a single-threaded process using this much of one core is the bottleneck
+CPU_BOUND = 0.90  # busy plus stolen share of one CPU at which the machine itself is the bottleneck
+STEAL_BOUND = 0.05  # stolen share of a CPU that alone explains a shortfall of the servers' 5%: while the
+# hypervisor holds a vCPU, nothing on it runs (memcached, the links' queues), whatever the busy share says
+
+
+def run_limit(server_rates: Sequence[float], link_gets: float | None, cores: dict[str, float], cpu_busy: float,
+              cpu_steal: float) -> str:
+    """What limited a run: "servers" (the busiest at its link's capacity: the run measures the balance), a
+    process's name (one of the run's processes used a whole core: the load generators, or MBalancer's monitor or
+    controller), "cpu" (one of the machine's CPUs was full), "steal" (a hypervisor took a CPU away often enough to
+    explain it), "unknown" (none of these: suspect the path under test), or
+    "unshaped" (uncapped links: no capacity to compare with)."""
+    if link_gets is None:
+        return "unshaped"
+    if max(server_rates) >= SERVER_BOUND * link_gets:
+        return "servers"
+    busiest = max(cores, key=cores.get, default=None)
+    if busiest is not None and cores[busiest] >= CORE_BOUND:
+        return busiest
+    if cpu_busy + cpu_steal >= CPU_BOUND:
+        return "cpu"
+    return "steal" if cpu_steal >= STEAL_BOUND else "unknown"

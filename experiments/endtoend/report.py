@@ -13,13 +13,15 @@ def format_runs(summary: dict, focus: str | None = None) -> str:
     """One line per run: the point, the mode, the model's IF, what was measured."""
     columns = [FOCUS_COLUMNS[focus]] if focus else list(FOCUS_COLUMNS.values())
     header = (f"{'point':<12} {'mode':<19} {'IF model':>8} {'IF measured':>11} {'gets/s':>8} "
-              + " ".join(f"{title:>26}" for title, _ in columns) + f" {'p50 ms':>7} {'timeouts':>8} {'hot':>4}")
-    lines = [f"{summary['experiment']}: capacity {summary['capacity']:,.0f} gets/s (load spread evenly)", header]
+              + " ".join(f"{title:>26}" for title, _ in columns)
+              + f" {'p50 ms':>7} {'timeouts':>8} {'hot':>4} {'limit':>8}")
+    lines = [f"{summary['experiment']}: capacity {summary['capacity']:,.0f} gets/s (load spread evenly); limit: what "
+             f"held each run back (servers: the measure is sound; others: see the warnings)", header]
     for r in summary["runs"]:
         lines.append(f"{r['point']:<12} {label(r):<19} {r['imbalance_simulated']:>8.3f} "
                      f"{r['imbalance_measured']:>11.3f} {r['throughput']:>8,.0f} "
                      + " ".join(f"{cell(r):>26}" for _, cell in columns)
-                     + f" {r['p50_ms']:>7.1f} {r['timeouts']:>8} {r['hot_keys']:>4}")
+                     + f" {r['p50_ms']:>7.1f} {r['timeouts']:>8} {r['hot_keys']:>4} {r.get('limit', '-'):>8}")
         lines.append("    per server gets/s: " + ", ".join(f"{x:,.0f}" for x in r["server_rates"]))
     return "\n".join(lines)
 
@@ -49,7 +51,7 @@ def _figures(run: dict) -> dict:
             "max_server_share": round(max(rates) / sum(rates), 4) if sum(rates) else None,
             "normalised_throughput": round(run["normalised"], 4),
             "imbalance_measured": round(run["imbalance_measured"], 4),
-            "imbalance_model": round(run["imbalance_simulated"], 4)}
+            "imbalance_model": round(run["imbalance_simulated"], 4), "limit": run.get("limit")}
 
 
 def _ms(value) -> str:

@@ -8,6 +8,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import subprocess
 import sys
 import time
@@ -19,7 +20,8 @@ import numpy as np
 from pymemcache.exceptions import MemcacheError
 
 from controller.load import imbalance_factor
-from experiments.endtoend.measure import read_client_records, sample_servers, server_rates
+from experiments.endtoend.measure import (cpu_shares, process_cores, read_client_records, sample_servers,
+                                          server_rates)
 from experiments.endtoend.predict import simulated_imbalance
 from experiments.endtoend.spec import ExperimentSpec
 from experiments.endtoend.stack import MBalancerStack
@@ -61,6 +63,9 @@ class RunResult:
     hot_keys: int  # hot keys installed when the window opened (MBalancer)
     bytes_copied: int
     window_s: float
+    cpu_busy: float  # share of the busiest CPU's time in use during the window
+    cpu_steal: float  # share of that CPU taken by the hypervisor for others (a shared VM)
+    cores: dict[str, float]  # cores each of the run's processes kept busy in the window (load generators, ...)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -93,13 +98,14 @@ def run_once(bed: Testbed, spec: ExperimentSpec, workload: Workload, mode: str, 
         hot_keys = stack.hot_keys() if stack else 0
         if stack and not hot_keys:
             log.warning("no hot key installed after the warm-up: MBalancer's run measures the baseline")
-        first = sample_servers(workload.servers)
+        watched = _watched_processes(bed, generators, stack)
+        first = sample_servers(workload.servers, watched)
         end = first.time + spec.measure
         while (now := time.monotonic()) < end:
             wait_until(min(now + 1.0, end), check)
             progress(f"{workload.hash:<10} {mode:<11} {balancing.mode if stack else '':<8} measuring "
                      f"{min(time.monotonic(), end) - first.time:4.1f}/{spec.measure:g} s")
-        last = sample_servers(workload.servers)
+        last = sample_servers(workload.servers, watched)
         # The controller as the window closed: once the load ends, the monitor's empty reports cool every key.
         window_state = stack.core.state() if stack else None
         _stop_generators(generators)
@@ -146,6 +152,14 @@ def _start_generators(bed: Testbed, spec: ExperimentSpec, workload: Workload, ou
     return generators
 
 
+def _watched_processes(bed: Testbed, generators: list[subprocess.Popen], stack: MBalancerStack | None) -> dict:
+    """The run's single-threaded-ish processes whose CPU use may cap it: name -> pid."""
+    watched = {f"load on {host.name}": process.pid for host, process in zip(bed.client_hosts, generators)}
+    if stack:
+        watched.update({"monitor": stack.monitor.pid, "controller": os.getpid()})  # the core runs in this process
+    return watched
+
+
 def _checker(generators: list[subprocess.Popen], stack: MBalancerStack | None) -> Callable[[], None]:
     def check() -> None:
         for process in generators:
@@ -179,7 +193,8 @@ def _result(workload: Workload, mode: str, balancing: Balancing | None, out: Pat
     mean, p50, p99 = (float(latency.mean()), *map(float, np.percentile(latency, [50, 99]))) if latency.size \
         else (float("nan"),) * 3
     return RunResult(
-        point=workload.hash, mode=mode, replicas=balancing.mode if mode == "mbalancer" else "", throughput=records.throughput, server_rates=rates.round(1).tolist(),
+        point=workload.hash, mode=mode, replicas=balancing.mode if mode == "mbalancer" else "",
+        throughput=records.throughput, server_rates=rates.round(1).tolist(),
         imbalance_measured=float(imbalance_factor(rates)),
         imbalance_simulated=simulated_imbalance(workload, balancing if mode == "mbalancer" else None),
         imbalance_hash=simulated_imbalance(workload, None),
@@ -187,4 +202,6 @@ def _result(workload: Workload, mode: str, balancing: Balancing | None, out: Pat
         server_mean_ms=[round(float(x), 3) for x in records.latency_by_server(len(workload.servers))],
         answered=int(records.answered.sum()), timeouts=int((records.outcome == "timeout").sum()),
         misses=int((records.outcome == "miss").sum()), hot_keys=hot_keys,
-        bytes_copied=int(state["counters"]["bytes_copied"]) if state else 0, window_s=records.window)
+        bytes_copied=int(state["counters"]["bytes_copied"]) if state else 0, window_s=records.window,
+        cpu_busy=cpu_shares(*window)[0], cpu_steal=cpu_shares(*window)[1],
+        cores={name: round(used, 3) for name, used in process_cores(*window).items()})

@@ -17,6 +17,9 @@ from mbalancer.memcache.addresses import ServerAddress
 from topologies.shapes import LinkSpec
 from topologies.testbed import TestbedSpec
 
+MEMCACHED_DATAGRAM = 1400  # memcached sends a UDP reply in datagrams of at most this payload (its 8-byte frame incl.)
+DATAGRAM_HEADERS = 8 + 20 + 14  # UDP, IPv4, Ethernet: what a capped link carries on top of each datagram
+REPLY_FRAMING = 40  # "VALUE <key> <flags> <bytes>\r\n" ... "\r\nEND\r\n" around the value
 CALIBRATION_ALPHA = 0.01  # near-uniform popularity: with the skewed hash at IF 1, every server is equally busy
 
 
@@ -68,6 +71,16 @@ class ExperimentSpec:
     def calibration(self, servers: tuple[ServerAddress, ...]) -> Workload:
         """The servers' capacity run: same clients, keys and values, popularity near-uniform, load even."""
         return replace(self.workload(servers, "skewed:1"), alpha=CALIBRATION_ALPHA)
+
+    def link_gets(self) -> float | None:
+        """Gets/s one server's capped link carries: its rate over the bytes of one reply on the wire (None when
+        the server links are not capped)."""
+        rate = self.testbed.server_link.rate_mbit
+        if rate is None:
+            return None
+        payload = self.value_size + REPLY_FRAMING
+        datagrams = -(-payload // (MEMCACHED_DATAGRAM - 8))
+        return rate * 1e6 / 8 / (payload + datagrams * (8 + DATAGRAM_HEADERS))
 
     def clients_of(self, host: int) -> int:
         """Clients on client host `host` (1-based): an even split, the first hosts take the remainder."""
