@@ -159,12 +159,14 @@ def test_a_delay_that_cannot_apply_is_refused():
 @needs_testbed
 def test_demo_end_to_end(run_cli, tmp_path):
     """Two servers at IF 0.7, 64 clients: MBalancer installs the hot keys, copies them, the switch spreads them;
-    throughput rises by about 0.964 / 0.7 and the measured normalised throughput tracks the model's IF."""
+    throughput rises by about 0.964 / 0.7 and the measured normalised throughput tracks the model's IF, wherever
+    the servers were what limited the runs (the experiment says what did otherwise)."""
     result = run_cli("experiment", "demo", "--out", str(tmp_path), "--warmup", "3", "--measure", "3", timeout=240)
     assert result.returncode == 0, result.stderr[-2000:]
     line = json.loads(result.stdout.strip().splitlines()[-1])
-    assert line["gain"] > 1.2
     base, mb = line["baseline"], line["mbalancer"]
+    if base["limit"] == mb["limit"] == "servers":  # throughput compares where both runs measured the balance
+        assert line["gain"] > 1.2
     assert base["max_server_share"] == pytest.approx(0.714, abs=0.03)
     assert mb["max_server_share"] < 0.56
     summary = json.loads((tmp_path / "summary.json").read_text())
@@ -176,7 +178,7 @@ def test_demo_end_to_end(run_cli, tmp_path):
             assert figures["normalised_throughput"] == pytest.approx(figures["imbalance_model"], abs=0.08)
         else:
             limited = capacity if capacity["limit"] != "servers" else figures
-            assert "not limited by its servers" in result.stderr and limited["limit"] in result.stderr, name
+            assert f"limited by {limited['limit']}, not by its servers" in result.stderr, name
     run = next(r for r in summary["runs"] if r["mode"] == "mbalancer")
     assert run["hot_keys"] >= 8 and run["bytes_copied"] >= 8 * 10_000 and run["timeouts"] == 0
     assert run["misses"] == 0  # every balanced get found its copy

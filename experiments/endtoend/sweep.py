@@ -95,9 +95,9 @@ def _warn_if_not_server_bound(row: dict, spec: ExperimentSpec) -> None:
     share = max(_bound_rates(row["mode"], row["server_rates"])) / link
     cores = ", ".join(f"{name} {used:.2f}" for name, used in row["cores"].items())
     run = row["mode"] + (f"/{row['replicas']}" if row["replicas"] else "")
-    log.warning("%s %s: not limited by its servers (at %.0f%% of its link's %.0f gets/s; CPU %.0f%% busy, %.0f%% "
-                "stolen; cores used: %s): %s", row["point"], run, 100 * share, link, 100 * row["cpu_busy"],
-                100 * row["cpu_steal"], cores, why)
+    log.warning("%s %s: limited by %s, not by its servers (at %.0f%% of its link's %.0f gets/s; busiest CPU %.0f%% "
+                "busy, %.0f%% stolen; cores used: %s): %s", row["point"], run, row["limit"], 100 * share, link,
+                100 * row["cpu_busy"], 100 * row["cpu_steal"], cores, why)
 
 
 def _folder(point: str) -> str:
