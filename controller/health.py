@@ -27,7 +27,7 @@ from mbalancer.memcache.addresses import ServerAddress
 from mbalancer.memcache.meta import MetaClient, MetaError, StoredItem
 
 PROBE_KEY = b"mbalancer:health"  # the key the UDP probes ask for (a miss is an answer)
-UDP_GETS = 8  # UDP gets per probe, each sent once the previous one was answered
+UDP_GETS = 16  # UDP gets per probe, each sent once the previous one was answered
 SUSPECT_AFTER = 2  # failed probes in a row before copies to the server are skipped
 RESTARTED = "restarted"  # Prober.check's verdict for a server that lost its data
 
