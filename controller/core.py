@@ -48,7 +48,8 @@ class ControllerCore:
         self.config, self.driver, self.clock = config, driver, clock
         addresses = [s.address for s in config.servers]
         self.key_hash = key_hash or make_hash(config.balancing.hash, addresses)
-        self.planner = Planner(config.balancing, len(addresses), self.key_hash.server_of)
+        self.planner = Planner(config.balancing, len(addresses), self.key_hash.server_of,
+                               [f"{s.ip}:{s.port}" for s in config.servers], driver.max_replicas)
         self.health = HealthTracker(len(addresses), config.controller.health_failures, config.controller.health_hold)
         self.replicator = Replicator(addresses, COPY_TIMEOUT, self.health.unavailable)
         self.executor = Executor(driver, self.replicator, self._decide, clock,
@@ -192,6 +193,10 @@ class ControllerCore:
         installed = {k: h.placement for k, h in self.executor.hot.items()}
         plan = self.planner.plan(report, installed, self.health.down())
         self.last_plan = plan
+        for key, why in plan.home_notes:
+            self._decide("home", key, why)
+        if plan.held:
+            self._decide("hold", None, plan.held)
         self.executor.apply(plan.changes)
 
     def _on_mirrors(self, mirrors: list[tuple]) -> None:
@@ -247,7 +252,8 @@ class ControllerCore:
 
     def _probe(self, server: int) -> None:
         interval = self.config.controller.health_interval
-        prober = Prober(self.config.servers[server].address, interval, self.config.controller.health_udp)
+        prober = Prober(self.config.servers[server].address, self.config.controller.health_timeout,
+                        self.config.controller.health_udp)
         try:
             while not self._stop.wait(interval):
                 sent = self.clock()
@@ -297,7 +303,7 @@ class ControllerCore:
         """Everything an operator or a test wants to see, as JSON-ready data; from any thread, without waiting."""
         snapshot = self._snapshot
         return {"uptime": round(self.clock() - self.started, 3), "driver": self.driver.name,
-                "config": snapshot["config"], "servers": self._servers_state(snapshot["loads"]),
+                "config": snapshot["config"], "servers": self._servers_state(snapshot["loads"], snapshot["measured"]),
                 **{k: snapshot[k] for k in ("hot_keys", "plan", "retries")},
                 "counters": {**snapshot["counters"], "data_plane": self._data_plane_counters()},
                 "decisions": self.decisions_made()[-100:]}
@@ -309,6 +315,7 @@ class ControllerCore:
                        "groups": [list(g) for g in self.planner.groups], "mode": self.config.balancing.mode,
                        "hysteresis": self.config.balancing.hysteresis, "hash": self.config.balancing.hash},
             "loads": list(self.last_plan.loads) if self.last_plan else [0.0] * len(self.config.servers),
+            "measured": self.planner.homes.measured_loads(self.last_report) if self.last_report else None,
             "hot_keys": [self._hot_key_state(k) for k in self.executor.hot],
             "plan": self._plan_state(),
             "retries": [{"action": r.action, "key": key_to_text(r.key), "server": r.server,
@@ -316,9 +323,12 @@ class ControllerCore:
             "counters": self._counters_state(),
         }
 
-    def _servers_state(self, loads: list[float]) -> list[dict[str, Any]]:
+    def _servers_state(self, loads: list[float], measured: list[float] | None) -> list[dict[str, Any]]:
+        """Per server: health, the load the plan works with (measured and rebalanced, or estimated), and the gets
+        the clients sent it in the last report (null when the monitor does not say)."""
         return [{"index": i, "name": s.name, "ip": s.ip, "mac": s.mac, "port": s.port, "up": h.up,
-                 "failed_probes": h.failures, "last_error": h.last_error, "estimated_gets_per_s": round(load, 1)}
+                 "failed_probes": h.failures, "last_error": h.last_error, "estimated_gets_per_s": round(load, 1),
+                 "measured_gets_per_s": round(measured[i], 1) if measured else None}
                 for i, (s, h, load) in enumerate(zip(self.config.servers, self.health.servers, loads))]
 
     def _hot_key_state(self, key: bytes) -> dict[str, Any]:
@@ -335,12 +345,15 @@ class ControllerCore:
             return None
         return {"hot_target": self.last_plan.hot_target, "imbalance_now": round(self.last_plan.imbalance_now, 4),
                 "imbalance_predicted": round(self.last_plan.imbalance_predicted, 4),
-                "predicted_gets_per_s": [round(x, 1) for x in self.last_plan.predicted_loads]}
+                "predicted_gets_per_s": [round(x, 1) for x in self.last_plan.predicted_loads],
+                "loads": "measured" if self.last_plan.measured else "estimated (cold keys assumed even)",
+                "held": self.last_plan.held}
 
     def _counters_state(self) -> dict[str, Any]:
         syncs = sorted(self.executor.sync_ms)
         return {**self.counts, "copies": self.replicator.copies, "bytes_copied": self.replicator.bytes_copied,
-                "copy_failures": self.replicator.failures, "mirrors_lost": self.executor.mirrors_lost, "writes_found_by_polling": self.executor.unseen_writes,
+                "copy_failures": self.replicator.failures, "mirrors_lost": self.executor.mirrors_lost,
+                "writes_found_by_polling": self.executor.unseen_writes,
                 "cas_moves": self.executor.cas_moves,
                 "sync_ms": {"count": len(syncs), "p50": syncs[len(syncs) // 2] if syncs else None,
                             "max": syncs[-1] if syncs else None}}

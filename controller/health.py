@@ -4,11 +4,13 @@ A probe reads a sentinel key the prober stored on the server (over TCP: a miss m
 flushed, however quickly, so its copies are gone) and, unless the config says the servers take no UDP, sends UDP
 gets one after the other (a server whose UDP listener is wedged still answers over TCP while balanced gets to it
 vanish; with several worker threads only the one that read the wedging datagram swallows them, so one get would
-often pass: each of the sequence is read by whichever thread wakes, and all must be answered). A server is down once its
-probes have kept failing for `hold` seconds (and at least `failures` probes; a single probe that passes in between
-does not end the failing, `failures` in a row do): a transient shorter than that moves nothing. It is up again once its probes have kept succeeding as long (a half-wedged server that passes one probe
-in a while does not flap back in); the core then refills its copies before it gets weight back. A server with `suspect_after` failures in a row is suspect: the core stops sending it copies
-(they would wait out their timeout) before it is declared down.
+often pass: each of the sequence is read by whichever thread wakes, and all must be answered). A server is down once
+its probes have kept failing for `hold` seconds (and at least `failures` probes; a single probe that passes in
+between does not end the failing, `failures` in a row do): a transient shorter than that moves nothing. It is up
+again once its probes have kept succeeding as long (a half-wedged server that passes one probe in a while does not
+flap back in); the core then refills its copies before it gets weight back. A server with SUSPECT_AFTER failures
+in a row is suspect: the core stops sending it copies (they would wait out their timeout) before it is declared
+down.
 
 The tracker is plain logic fed with probe results, one server per prober thread (so one server's timeouts never
 delay another's probes); `Prober` is the blocking check such a thread runs.
@@ -28,7 +30,7 @@ from mbalancer.memcache.meta import MetaClient, MetaError, StoredItem
 
 PROBE_KEY = b"mbalancer:health"  # the key the UDP probes ask for (a miss is an answer)
 UDP_GETS = 16  # UDP gets per probe, each sent once the previous one was answered
-SUSPECT_AFTER = 2  # failed probes in a row before copies to the server are skipped
+SUSPECT_AFTER = 1  # failed probes (each unanswered for the timeout) before copies to the server are skipped
 RESTARTED = "restarted"  # Prober.check's verdict for a server that lost its data
 
 

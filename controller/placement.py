@@ -16,9 +16,15 @@ def server_groups(servers: int, groups: int) -> list[tuple[int, ...]]:
     return [tuple(range(g * size, (g + 1) * size)) for g in range(groups)]
 
 
-def replicas_of(home: int, group: Sequence[int]) -> tuple[int, ...]:
-    """The group's servers plus the home: the home always holds the value, so it always takes a share."""
-    return tuple(sorted(set(group) | {home}))
+def replicas_of(home: int, group: Sequence[int], loads: np.ndarray | None = None,
+                limit: int | None = None) -> tuple[int, ...]:
+    """The group's servers plus the home: the home always holds the value, so it always takes a share. With a
+    `limit` (what the data plane holds per key) below that, the home and the least loaded others."""
+    replicas = sorted(set(group) | {home})
+    if limit is None or len(replicas) <= limit:
+        return tuple(replicas)
+    others = sorted((s for s in replicas if s != home), key=lambda s: (loads[s] if loads is not None else 0, s))
+    return tuple(sorted([home] + others[:limit - 1]))
 
 
 def least_loaded_group(groups: Sequence[Sequence[int]], loads: np.ndarray) -> int:

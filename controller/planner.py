@@ -4,11 +4,17 @@ Plain logic, no I/O and no clock (faucet's way): the core hands in the report, t
 servers that are down, and gets back a Plan; carrying it out (copies, table writes) is the core's job. So unit
 tests drive every decision directly.
 
-Per report: estimate per-server load; pick H (fixed, or the smallest H whose predicted imbalance factor reaches
-the target); the top H keys are candidates, and the hysteresis tracker says which keys have been candidates (or
-not) long enough to warm (or cool). Then all hot keys are laid out hottest first: a key keeps its group, a new
-key goes to the group least loaded at that point, and its weights are equal or water-filled over the load
-already placed. Installed keys whose weights moved by more than REWEIGHT_STEP get new weights.
+Per report: learn the top keys' homes from where their gets went (controller/homes.py); per-server load measured
+from the report where it says where gets went, estimated otherwise (controller/load.py); pick H (fixed, or the
+smallest H whose predicted imbalance factor reaches the target); the top H keys are candidates, and the hysteresis
+tracker says which keys have been candidates (or not) long enough to warm (or cool). Then all hot keys are laid out
+hottest first: a key keeps its group, a new key goes to the group least loaded at that point, and its weights are
+equal or water-filled over the load already placed. Installed keys whose weights moved by more than REWEIGHT_STEP
+get new weights.
+
+Do no harm: outside the thesis's equal mode (kept as it was, for reproduction), a plan whose predicted imbalance
+factor is lower than the current one by more than HARM_MARGIN is held back: its warms and load-driven reweights
+are not applied (cools and health reweights are), and the plan says why.
 """
 from __future__ import annotations
 
@@ -18,6 +24,7 @@ from typing import Callable, Iterable, Mapping
 import numpy as np
 
 from controller.driver import ReplicaWeight
+from controller.homes import HomeBook
 from controller.hysteresis import HotKeyTracker
 from controller.load import estimate_loads, imbalance_factor
 from controller.placement import least_loaded_group, replica_weights, replicas_of, server_groups
@@ -25,6 +32,7 @@ from mbalancer.monitor_report import MonitorReport
 from mbalancer.config import Balancing
 
 REWEIGHT_STEP = 0.05  # smaller moves of a weight are not worth a table write
+HARM_MARGIN = 0.01  # a plan predicted to lower the imbalance factor by more than this is held back
 
 
 @dataclass(frozen=True)
@@ -56,21 +64,30 @@ class Plan:
     predicted_loads: tuple[float, ...]  # ... once the plan is carried out
     imbalance_now: float
     imbalance_predicted: float
+    measured: bool = False  # loads measured per server (else estimated: cold keys assumed even)
+    held: str | None = None  # why warms and reweights were held back (do no harm)
+    home_notes: tuple[tuple[bytes, str], ...] = ()  # keys whose traffic disagrees with the configured hash
 
 
 class Planner:
-    def __init__(self, balancing: Balancing, servers: int, home_of: Callable[[bytes], int]):
+    def __init__(self, balancing: Balancing, servers: int, home_of: Callable[[bytes], int],
+                 addresses: list[str] | None = None, max_replicas: int | None = None):
+        """home_of: the configured hash; addresses: the servers as "ip:port" (to read measured loads and homes);
+        max_replicas: what the data plane holds per key (a larger group is cut to its least loaded servers)."""
         self.balancing = balancing
+        self.max_replicas = max_replicas
         self.servers = servers
-        self.home_of = home_of
+        self.homes = HomeBook(home_of, addresses or [])
         self.groups = server_groups(servers, balancing.groups)
         self.tracker = HotKeyTracker(balancing.hysteresis)
 
     def plan(self, report: MonitorReport, installed: Mapping[bytes, Placement],
              down: Iterable[int] = ()) -> Plan:
         down = frozenset(down)
+        notes = self.homes.learn(report, installed)
+        measured = self.homes.measured_loads(report)
         spread = {k: tuple(zip(p.replicas, p.weights)) for k, p in installed.items()}
-        loads = estimate_loads(report, self.servers, self.home_of, spread)
+        loads = estimate_loads(report, self.servers, self._home_in(installed), spread, measured)
         hot_target = self.balancing.hot if self.balancing.hot is not None else self._auto_hot(report, installed, down)
         rates = {k.key: k.rate for k in report.top}
         candidates = [k.key for k in report.top[:hot_target]]
@@ -90,8 +107,20 @@ class Planner:
             reason = _weights_moved(installed[key], layout[key])
             if reason:
                 changes.append(Change("reweight", key, layout[key], reason))
-        return Plan(tuple(changes), hot_target, tuple(loads), tuple(predicted), float(imbalance_factor(loads)),
-                    float(imbalance_factor(predicted)))
+        now, after = float(imbalance_factor(loads)), float(imbalance_factor(predicted))
+        held = None
+        if self.balancing.mode != "equal" and after < now - HARM_MARGIN:
+            kept = [c for c in changes if c.action == "cool" or c.reason.endswith("(health)")]
+            if len(kept) < len(changes):
+                held = (f"the plan would lower the imbalance factor from {now:.3f} to {after:.3f} "
+                        f"({'measured' if measured else 'estimated'} loads): {len(changes) - len(kept)} changes held")
+                changes = kept
+        return Plan(tuple(changes), hot_target, tuple(loads), tuple(predicted), now, after,
+                    measured is not None, held, tuple(notes))
+
+    def _home_in(self, installed: Mapping[bytes, Placement]) -> Callable[[bytes], int]:
+        """An installed key's home is the one it was placed with; any other key's is learned or hashed."""
+        return lambda key: installed[key].home if key in installed else self.homes.home_of(key)
 
     def reweigh(self, report: MonitorReport, installed: Mapping[bytes, Placement],
                 down: Iterable[int] = ()) -> tuple[Change, ...]:
@@ -107,13 +136,17 @@ class Planner:
 
         A new key whose only live replica would be its home is left out (nothing to balance)."""
         rates = {k.key: k.rate for k in report.top}
-        hot_set = set(hot)
-        running = estimate_loads(report, self.servers, self.home_of, {k: () for k in hot_set})
+        home_of = self._home_in(installed)
+        running = estimate_loads(report, self.servers, home_of, {k: () for k in set(hot)},
+                                 self.homes.measured_loads(report))
         placed: dict[bytes, Placement] = {}
         for key in sorted(hot, key=lambda k: rates.get(k, 0.0), reverse=True):
-            rate, home = rates.get(key, 0.0), self.home_of(key)
-            group = installed[key].group if key in installed else least_loaded_group(self.groups, running)
-            replicas = replicas_of(home, self.groups[group])
+            rate, home = rates.get(key, 0.0), home_of(key)
+            if key in installed:
+                group, replicas = installed[key].group, installed[key].replicas
+            else:
+                group = least_loaded_group(self.groups, running)
+                replicas = replicas_of(home, self.groups[group], running, self.max_replicas)
             usable = [r not in down for r in replicas]
             if key not in installed and sum(usable) < 2:
                 running[home] += rate

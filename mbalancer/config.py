@@ -41,7 +41,7 @@ class Balancing:
     hot: int | None = 10  # H; None with a target: as many as it takes to reach the target imbalance factor
     target: float | None = None
     groups: int = 1  # G
-    mode: str = "equal"
+    mode: str = "weighted"  # water-filling over measured load; "equal" is the thesis's, kept for reproduction
     hysteresis: int = 2  # reports a key must stay hot (or cold) before it changes state
     hash: str = "ketama"  # how clients map keys to home servers
 
@@ -55,7 +55,10 @@ class Monitoring:
 @dataclass(frozen=True)
 class Controller:
     listen: str = "127.0.0.1:8080"  # HTTP: state as JSON, monitor reports in
-    health_interval: float = 0.1  # seconds between probes of each server (also each probe's timeout)
+    health_interval: float = 0.1  # seconds between probes of each server
+    health_timeout: float = 0.25  # seconds a probe waits for each answer: longer than the queueing delay of a
+    # server that is busy but alive (at its link's cap with 32 clients queued: ~55 ms p50), short enough that a
+    # hung one is out in well under a second
     health_failures: int = 2  # probes in a row that must fail before a server loses its weight ...
     health_hold: float = 0.25  # ... over at least this many seconds: shorter transients move nothing
     health_udp: bool = True  # probe over UDP too (the protocol balanced gets use); false for TCP-only servers
@@ -123,6 +126,9 @@ def parse_config(raw: dict[str, Any]) -> Config:
     if not (controller.health_interval > 0 and math.isfinite(controller.health_interval)):
         raise ConfigError(f"controller.health_interval: must be a positive number of seconds "
                           f"(got {controller.health_interval})")
+    if not (controller.health_timeout > 0 and math.isfinite(controller.health_timeout)):
+        raise ConfigError(f"controller.health_timeout: must be a positive number of seconds "
+                          f"(got {controller.health_timeout})")
     if controller.health_failures < 1:
         raise ConfigError(f"controller.health_failures: at least 1 probe (got {controller.health_failures})")
     for name in ("health_hold", "lease", "poll_interval"):

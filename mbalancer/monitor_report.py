@@ -25,6 +25,8 @@ FIELDS = {
     "top[].rate": "gets/s of the key",
     "top[].share": "the key's part of all gets counted",
     "top[].error": "how much count may overstate the truth (Space-Saving bound)",
+    "top[].server": "ip:port the clients sent the key's gets to (its home as they hash it; \"\" if not seen)",
+    "servers": "gets/s per ip:port the clients sent them to (before any rewrite: the load as the clients spread it)",
     "packets": "frames read in the interval",
     "sample": "1 in sample requests was kept (sampled in the kernel); counts are scaled back",
     "skipped": "memcached-port payloads that are not readable requests, by reason",
@@ -32,6 +34,9 @@ FIELDS = {
     "kernel_received": "live capture only: packets the kernel's filter passed to the socket",
     "kernel_dropped": "live capture only: packets the socket lost for lack of buffer (counts are short by that much)",
 }
+
+
+MAX_SERVERS = 4096  # destinations one report may list
 
 
 class ReportError(ValueError):
@@ -45,10 +50,11 @@ class KeyRate:
     count: float = 0.0
     share: float = 0.0
     error: float = 0.0
+    server: str = ""  # ip:port its gets were sent to
 
     def to_json(self) -> dict[str, Any]:
         return {"key": key_to_text(self.key), "count": self.count, "rate": self.rate, "share": self.share,
-                "error": self.error}
+                "error": self.error, "server": self.server}
 
 
 @dataclass(frozen=True)
@@ -64,6 +70,7 @@ class MonitorReport:
     ignored: int = 0
     kernel_received: int | None = None  # live capture only
     kernel_dropped: int | None = None
+    servers: dict[str, float] = field(default_factory=dict)  # gets/s per destination ip:port
 
     @property
     def top_rate(self) -> float:
@@ -72,7 +79,7 @@ class MonitorReport:
     def to_json(self) -> dict[str, Any]:
         report = {"time": self.time, "interval": self.interval, "total": self.total, "rate": self.rate,
                   "top": [k.to_json() for k in self.top], "packets": self.packets, "sample": self.sample,
-                  "skipped": dict(self.skipped), "ignored": self.ignored}
+                  "skipped": dict(self.skipped), "ignored": self.ignored, "servers": dict(self.servers)}
         for name in ("kernel_received", "kernel_dropped"):
             if getattr(self, name) is not None:
                 report[name] = getattr(self, name)
@@ -93,8 +100,13 @@ def parse_report(raw: Any) -> MonitorReport:
     skipped = raw.get("skipped", {})
     if not isinstance(skipped, dict) or not all(isinstance(k, str) and _is_count(v) for k, v in skipped.items()):
         raise ReportError("skipped: must be an object of reason -> count")
+    servers = raw.get("servers", {})
+    if not isinstance(servers, dict) or len(servers) > MAX_SERVERS:
+        raise ReportError(f"servers: must be an object of ip:port -> gets/s (at most {MAX_SERVERS})")
+    servers = {str(to): _number(servers, to, where="servers") for to in servers}
     return MonitorReport(
         time=_number(raw, "time"), interval=interval, rate=max(rate, sum(k.rate for k in keys)), top=keys,
+        servers=servers,
         total=_number(raw, "total", default=0.0), packets=_count(raw, "packets", 0), sample=_count(raw, "sample", 1),
         skipped=dict(skipped), ignored=_count(raw, "ignored", 0),
         kernel_received=_count(raw, "kernel_received", None), kernel_dropped=_count(raw, "kernel_dropped", None))
@@ -111,8 +123,11 @@ def _key_rate(index: int, entry: Any) -> KeyRate:
     problem = key_problem(key)
     if problem:
         raise ReportError(f"{where}.key: {problem}")
+    server = entry.get("server", "")
+    if not isinstance(server, str) or len(server) > 64:
+        raise ReportError(f"{where}.server: must be a string ip:port")
     return KeyRate(key, _number(entry, "rate", where=where), *(_number(entry, name, where=where, default=0.0)
-                                                               for name in ("count", "share", "error")))
+                                                               for name in ("count", "share", "error")), server)
 
 
 def _number(raw: dict, name: str, positive: bool = False, where: str = "", default: float | None = None) -> float:

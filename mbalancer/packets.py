@@ -27,6 +27,7 @@ _U16 = struct.Struct("!H")
 class Segment(NamedTuple):
     transport: int  # UDP or TCP
     payload: bytes
+    destination: str = ""  # "ip:port" the request was sent to (its server, as the client chose it)
 
 
 def ip_offset(frame: bytes, linktype: int) -> int | None:
@@ -73,12 +74,13 @@ def memcached_segment(frame: bytes, linktype: int, port: int) -> Segment | str:
         return "IPv4 fragment"
     end = min(len(frame), ip + total_length)  # Ethernet pads short frames: trust the IP length
     transport, start = frame[ip + 9], ip + header_length
+    to = f"{socket.inet_ntoa(frame[ip + 16:ip + 20])}:{port}"
     if transport == UDP:
         if end < start + 8:
             return "truncated UDP"
         if _U16.unpack_from(frame, start + 2)[0] != port:
             return "other port"
-        return Segment(UDP, frame[start + 8:end])
+        return Segment(UDP, frame[start + 8:end], to)
     if transport == TCP:
         if end < start + 20:
             return "truncated TCP"
@@ -87,5 +89,5 @@ def memcached_segment(frame: bytes, linktype: int, port: int) -> Segment | str:
         data = start + (frame[start + 12] >> 4) * 4
         if data < start + 20 or data > end:
             return "malformed TCP"
-        return Segment(TCP, frame[data:end])
+        return Segment(TCP, frame[data:end], to)
     return "not UDP or TCP"

@@ -20,6 +20,7 @@ Report = dict[str, Any]  # a MonitorReport as JSON (mbalancer/monitor_report.py 
 # Frame outcomes that are other traffic, not broken memcached: counted apart from "skipped".
 IGNORED = ("not IPv4", "other port", "not UDP or TCP", "IPv4 fragment")
 MAX_EMPTY_REPORTS = 1000  # intervals reported at most for one gap in the traffic
+KEY_DESTINATIONS = 65536  # keys per interval whose destination is remembered (a hot key shows up early in one)
 
 
 class Monitor:
@@ -36,6 +37,8 @@ class Monitor:
         self.packets = 0  # frames in this window
         self.skipped: Counter = Counter()  # memcached-port payloads that are not readable requests, by reason
         self.ignored = 0  # other traffic
+        self.destinations: Counter = Counter()  # gets per "ip:port" the clients sent them to, this window
+        self.key_destination: dict[bytes, str] = {}  # where each key's gets go (the first seen), this window
         self.totals: Counter = Counter()  # over the whole run: packets, gets, skipped, ignored, reports
 
     def frame(self, timestamp: float, linktype: int, frame: bytes) -> None:
@@ -53,6 +56,10 @@ class Monitor:
             self.skipped[keys] += 1
         elif keys:
             self.summary.add(keys)
+            self.destinations[segment.destination] += len(keys)
+            if len(self.key_destination) < KEY_DESTINATIONS:
+                for key in keys:
+                    self.key_destination.setdefault(key, segment.destination)
 
     def advance(self, now: float) -> None:
         """Close every interval that ended before `now`, reporting each."""
@@ -82,7 +89,9 @@ class Monitor:
         report = MonitorReport(
             time=end, interval=length, total=total, rate=total / length,
             top=tuple(KeyRate(h.key, h.count * self.sample / length, h.count * self.sample,
-                              h.count / max(self.summary.total, 1), h.error * self.sample) for h in hitters),
+                              h.count / max(self.summary.total, 1), h.error * self.sample,
+                              self.key_destination.get(h.key, "")) for h in hitters),
+            servers={to: n * self.sample / length for to, n in sorted(self.destinations.items())},
             packets=self.packets, sample=self.sample, skipped=dict(self.skipped), ignored=self.ignored,
             **(self.source_counters() if self.source_counters else {})).to_json()
         self.totals.update(packets=self.packets, gets=self.summary.total, ignored=self.ignored, reports=1,
@@ -92,5 +101,6 @@ class Monitor:
         self.window_start = end
         self.packets, self.ignored = 0, 0
         self.skipped = Counter()
+        self.destinations, self.key_destination = Counter(), {}
         self.summary.reset()
         self.on_report(report)

@@ -21,7 +21,7 @@ def test_the_documented_example_is_the_defaults():
 def test_only_servers_are_required():
     config = parse_config({"servers": TWO})
     assert config.servers[0].port == 11211 and str(config.servers[1].address) == "10.0.0.2:11212"
-    assert config.balancing.hot == 10 and config.balancing.mode == "equal"
+    assert config.balancing.hot == 10 and config.balancing.mode == "weighted"  # the one that never lowers the IF
 
 
 def test_auto_hot_with_a_target():

@@ -12,10 +12,18 @@ from mbalancer.monitor_report import MonitorReport, ReportError, parse_report
 from mbalancer.config import Balancing
 
 
-def report(rates: dict[str, float], total: float | None = None, time: float = 0.0) -> MonitorReport:
+def report(rates: dict[str, float], total: float | None = None, time: float = 0.0,
+           servers: dict[str, float] | None = None, sent_to: dict[str, str] | None = None) -> MonitorReport:
+    """servers: gets/s per destination, as the monitor measures them; sent_to: key -> destination of its gets."""
     raw = {"time": time, "interval": 1.0, "rate": total if total is not None else sum(rates.values()),
-           "top": [{"key": k, "rate": r} for k, r in rates.items()]}
+           "top": [{"key": k, "rate": r, **({"server": sent_to[k]} if sent_to and k in sent_to else {})}
+                   for k, r in rates.items()]}
+    if servers is not None:
+        raw["servers"] = servers
     return parse_report(raw)
+
+
+ADDRESSES = ["127.0.0.1:11211", "127.0.0.1:11212", "127.0.0.1:11213"]
 
 
 def homes(mapping: dict[str, int]):
@@ -118,7 +126,7 @@ def test_weighted_mode_pours_the_hot_load_onto_the_least_loaded_replicas():
 
 
 def test_equal_mode_gives_each_replica_the_same_share():
-    planner = Planner(Balancing(hot=1, hysteresis=1), 3, homes({"a": 0, "cold1": 1}))
+    planner = Planner(Balancing(hot=1, hysteresis=1, mode="equal"), 3, homes({"a": 0, "cold1": 1}))
     p = planner.plan(report({"a": 90.0, "cold1": 60.0}, 150), {}).changes[0].placement
     assert p.weights == pytest.approx((1 / 3,) * 3)
 
@@ -162,6 +170,66 @@ def test_auto_h_takes_the_fewest_keys_that_reach_the_target():
     assert len(plan.changes) == h
 
 
+# --- measured loads, learned homes, do no harm -------------------------------------------------------------
+def test_measured_loads_replace_the_even_spread_of_cold_keys():
+    # 100 cold gets/s that the estimate would spread 50/50 all went to server 1: the measure says so
+    rep = report({"a": 60.0}, 160, servers={ADDRESSES[0]: 60.0, ADDRESSES[1]: 100.0})
+    planner = Planner(Balancing(hot=1, hysteresis=1, mode="weighted"), 2, homes({"a": 0}), ADDRESSES[:2])
+    plan = planner.plan(rep, {})
+    assert plan.measured and plan.loads == pytest.approx((60.0, 100.0))
+    weights = dict(zip(plan.changes[0].placement.replicas, plan.changes[0].placement.weights))
+    assert weights == pytest.approx({0: 1.0, 1: 0.0})  # balancing onto the busier server would only hurt
+    # ... while the estimate (no servers in the report) believed server 1 had room: 50 + 50
+    blind = Planner(Balancing(hot=1, hysteresis=1, mode="weighted"), 2, homes({"a": 0})).plan(
+        report({"a": 60.0}, 160), {})
+    assert not blind.measured and blind.loads == pytest.approx((110.0, 50.0))
+
+
+def test_balanced_keys_move_from_their_home_to_their_replicas_in_the_measured_loads():
+    rep = report({"a": 80.0}, 120, servers={ADDRESSES[0]: 100.0, ADDRESSES[1]: 20.0})
+    loads = estimate_loads(rep, 2, homes({"a": 0}), {b"a": ((0, 0.5), (1, 0.5))}, [100.0, 20.0])
+    assert loads == pytest.approx([60.0, 60.0])
+
+
+def test_a_key_s_home_is_where_the_clients_send_its_gets(caplog):
+    # the configured hash says server 0; the clients (another hash) send "a" to server 2
+    planner = Planner(Balancing(hot=1, hysteresis=1), 3, homes({"a": 0}), ADDRESSES)
+    plan = planner.plan(report({"a": 90.0}, 90, sent_to={"a": ADDRESSES[2]}), {})
+    assert plan.changes[0].placement.home == 2
+    assert [key for key, _ in plan.home_notes] == [b"a"] and "configured hash says 0" in plan.home_notes[0][1]
+    again = planner.plan(report({"a": 90.0}, 90, sent_to={"a": ADDRESSES[2]}), {})
+    assert again.home_notes == ()  # said once
+    # an unknown destination (not a configured server) teaches nothing: the hash answers
+    other = Planner(Balancing(hot=1, hysteresis=1), 3, homes({"a": 0}), ADDRESSES)
+    assert other.plan(report({"a": 90.0}, 90, sent_to={"a": "127.0.0.1:9"}), {}).changes[0].placement.home == 0
+
+
+def test_a_plan_that_would_lower_the_imbalance_factor_is_held_back():
+    # the hot key's home is the least loaded server: spreading it can only raise the busiest one
+    mapping = {"a": 0}
+    rep = report({"a": 50.0}, 250, servers={ADDRESSES[0]: 50.0, ADDRESSES[1]: 100.0, ADDRESSES[2]: 100.0})
+    equal = Planner(Balancing(hot=1, hysteresis=1, mode="equal"), 3, homes(mapping), ADDRESSES).plan(rep, {})
+    assert equal.imbalance_predicted < equal.imbalance_now and [c.action for c in equal.changes] == ["warm"]
+    assert equal.held is None  # the thesis's mode, kept as it was for reproduction
+    forced = Planner(Balancing(hot=1, hysteresis=1, mode="weighted"), 3, homes(mapping), ADDRESSES)
+    forced.balancing = Balancing(hot=1, hysteresis=1, mode="harmful-test")  # any non-equal mode is guarded
+    guarded = forced.plan(rep, {})
+    assert guarded.changes == () and "would lower the imbalance factor" in guarded.held
+
+
+def test_a_group_larger_than_the_data_plane_holds_is_cut_to_the_least_loaded_servers():
+    # ten servers in one group, a data plane holding 4 per key: the home and the 3 least loaded others
+    addresses = [f"127.0.0.1:{11211 + i}" for i in range(10)]
+    servers = {a: 100.0 + 10 * i for i, a in enumerate(addresses)}
+    planner = Planner(Balancing(hot=1, hysteresis=1, mode="weighted"), 10, homes({"a": 7}), addresses, max_replicas=4)
+    plan = planner.plan(report({"a": 50.0}, sum(servers.values()), servers=servers), {})
+    placement = plan.changes[0].placement
+    assert placement.replicas == (0, 1, 2, 7)
+    installed, _ = installed_after(planner, {}, report({"a": 50.0}, sum(servers.values()), servers=servers))
+    again = planner.plan(report({"a": 50.0}, 1000, servers={a: 100.0 for a in addresses}), installed)
+    assert all(c.placement.replicas == (0, 1, 2, 7) for c in again.changes)  # an installed key keeps its servers
+
+
 # --- load estimate, placement helpers -----------------------------------------------------------------------
 def test_loads_put_top_keys_at_home_or_spread_and_the_rest_evenly():
     rep = report({"a": 60.0, "b": 20.0}, 100)
@@ -191,6 +259,9 @@ def test_groups_replicas_and_weights_helpers():
     ({"time": 0, "interval": 1, "rate": 1, "top": [{"key": "a", "rate": float("nan")}]}, "top[0].rate"),
     ({"time": 0, "interval": 1, "rate": 1, "top": [{"rate": 1}]}, "top[0]"),
     ({"time": 0, "interval": 1, "rate": 1, "top": [], "kernel_dropped": -1}, "kernel_dropped"),
+    ({"time": 0, "interval": 1, "rate": 1, "top": [], "servers": [1, 2]}, "servers"),
+    ({"time": 0, "interval": 1, "rate": 1, "top": [], "servers": {"127.0.0.1:11211": "x"}}, "servers.127.0.0.1"),
+    ({"time": 0, "interval": 1, "rate": 1, "top": [{"key": "a", "rate": 1, "server": 5}]}, "top[0].server"),
 ])
 def test_a_bad_report_is_refused_naming_the_field(raw, field):
     with pytest.raises(ReportError, match=f"^{field.replace('[', '.').replace(']', '.')}"):

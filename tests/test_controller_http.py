@@ -72,6 +72,14 @@ def test_a_posted_report_makes_a_key_hot_and_the_state_shows_it(api):
     assert {"uptime", "driver", "config", "retries", "counters", "decisions"} <= set(state)
     status, decisions = call(url + "/decisions")
     assert status == 200 and decisions[-1]["action"] == "warm" and decisions[-1]["key"] == "popular"
+    assert state["servers"][home]["measured_gets_per_s"] is None and state["plan"]["loads"].startswith("estimated")
+    measured = {f"{s.ip}:{s.port}": 100.0 * (i + 1) for i, s in enumerate(core.config.servers)}
+    call(url + "/report", json.dumps({"time": 2.0, "interval": 1.0, "rate": 300.0, "servers": measured,
+                                      "top": [{"key": "popular", "rate": 80.0}]}).encode())
+    assert core.wait_idle()
+    state = call(url + "/state")[1]
+    assert [s["measured_gets_per_s"] for s in state["servers"]] == [100.0, 200.0] and state["plan"]["loads"] == \
+        "measured"
 
 
 @pytest.mark.parametrize("body, message", [

@@ -43,7 +43,7 @@ def config_for(ports: list[int], **balancing):
     return parse_config({
         "servers": [{"name": f"s{i}", "ip": "127.0.0.1", "mac": f"02:00:00:00:00:{i + 1:02x}", "port": p}
                     for i, p in enumerate(ports)],
-        "balancing": {"hot": 2, "hysteresis": 1, **balancing},
+        "balancing": {"hot": 2, "hysteresis": 1, "mode": "equal", **balancing},  # shares checked exactly
         "controller": {"health_interval": 0.1, "health_failures": 2}})
 
 

@@ -69,7 +69,7 @@ def _answers(ip: str) -> bool:
 
 def config_of(net: NamespaceNetwork):
     return parse_config({"servers": [{"name": h.name, "ip": h.ip, "mac": h.mac} for h in net.server_hosts],
-                         "balancing": {"hot": 2, "hysteresis": 1},
+                         "balancing": {"hot": 2, "hysteresis": 1, "mode": "equal"},
                          "controller": {"poll_interval": 0}})  # its reads would count as hits (get_hits)
 
 

@@ -16,8 +16,9 @@ from experiments.workload.trace import ethernet, ipv4, tcp_frame, udp_frame
 
 def test_udp_and_tcp_requests_to_the_port():
     assert memcached_segment(udp_frame(b"get a\r\n"), LINKTYPE_ETHERNET, 11211) == Segment(
-        UDP, pack_udp_frame(1, b"get a\r\n"))
-    assert memcached_segment(tcp_frame(b"get a\r\n"), LINKTYPE_ETHERNET, 11211) == Segment(TCP, b"get a\r\n")
+        UDP, pack_udp_frame(1, b"get a\r\n"), "10.0.0.2:11211")
+    assert memcached_segment(tcp_frame(b"get a\r\n", dst="10.0.0.7"), LINKTYPE_ETHERNET, 11211) == Segment(
+        TCP, b"get a\r\n", "10.0.0.7:11211")  # the destination: the server the client chose
 
 
 def test_other_link_types_and_vlan():
@@ -105,3 +106,16 @@ def test_random_and_mutated_packets_never_crash_and_are_counted():
     totals = monitor.totals
     assert totals["packets"] == frames
     assert totals["skipped"] > 0 and totals["ignored"] > 0 and totals["gets"] > 0
+
+
+def test_reports_say_where_the_clients_sent_each_key_and_how_many_gets_each_server_got():
+    reports = []
+    monitor = Monitor(reports.append, interval=1.0, top=2)
+    frames = ([udp_frame(b"get hot\r\n", dst="10.0.0.3")] * 30 + [udp_frame(b"get warm\r\n", dst="10.0.0.1")] * 10
+              + [tcp_frame(b"get c1 c2\r\n", dst="10.0.0.1")] * 5)  # a multi-key get counts each key
+    for i, frame in enumerate(frames):
+        monitor.frame(i * 0.01, LINKTYPE_ETHERNET, frame)
+    monitor.finish(1.0)
+    report = reports[0]
+    assert report["servers"] == {"10.0.0.1:11211": 20.0, "10.0.0.3:11211": 30.0}
+    assert [(t["key"], t["server"]) for t in report["top"]] == [("hot", "10.0.0.3:11211"), ("warm", "10.0.0.1:11211")]

@@ -28,7 +28,7 @@ class MeasureError(RuntimeError):
 @dataclass(frozen=True)
 class ServerSample:
     time: float  # monotonic
-    gets: tuple[int, ...]  # cmd_get of each server
+    gets: tuple[int, ...]  # get_hits of each server
     wall: float = 0.0  # time.time(), to find the same moment in the load generators' records
     cpu: tuple = ()  # each CPU's time so far (jiffies): (busy, stolen, all)
     processes: dict = field(default_factory=dict)  # name -> CPU time so far (jiffies) of the run's own processes
@@ -83,7 +83,8 @@ def sample_servers(servers: Sequence[ServerAddress], processes: dict[str, int] |
     for server in servers:
         client = tcp_client(server, timeout=2.0)
         try:
-            gets.append(int(client.stats()[b"cmd_get"]))
+            gets.append(int(client.stats()[b"get_hits"]))  # not cmd_get: the controller's health probes
+            # (16 gets of a missing key every 0.1 s) would count as load; every workload key is stored
         except (OSError, MemcacheError, KeyError) as err:
             raise MeasureError(f"cannot read the counters of {server}: {err}") from None
         finally:

@@ -104,7 +104,7 @@ PRESETS: dict[str, ExperimentSpec] = {
     # G = 2 (groups of 5): with G = 1 a hot key would need 10 replicas, the eBPF data plane holds 8 per key.
     "ketama10": _chapter5("ketama10", hashes=("ketama",), balancing=Balancing(hot=10, groups=2, hysteresis=2),
                           testbed=TestbedSpec(servers=10, clients=2, server_link=LinkSpec(rate_mbit=20))),
-    # The README's main job: one point, the thesis's equal weights, short phases.
-    "demo": _chapter5("demo", hashes=("skewed:0.7",), replica_modes=("equal",), warmup=4.0, measure=6.0),
+    # The README's main job: one point, the default (weighted) replica weights, short phases.
+    "demo": _chapter5("demo", hashes=("skewed:0.7",), replica_modes=("weighted",), warmup=4.0, measure=6.0),
 }
 SWEEP_FIGURES = {"fig5.1": "throughput", "fig5.2": "latency"}

@@ -115,7 +115,8 @@ class Rig:
                             for h in self.net.server_hosts)
         switches = json.dumps(self.net.switch.driver_settings()["switches"])
         (self.out / "config.toml").write_text(
-            f"{servers}\n[balancing]\nhot = {self.hot}\nhysteresis = 1\n\n"
+            f"{servers}\n[balancing]\nhot = {self.hot}\nhysteresis = 1\n"
+            f'mode = "equal"  # every replica carries a third: the faulted one is in rotation when its fault comes\n\n'
             f'[controller]\nlisten = "127.0.0.1:{self.port}"\n\n'
             f'[dataplane]\nkind = "ebpf"\n\n[dataplane.ebpf]\nswitches = {switches}\n')
 
