@@ -123,6 +123,12 @@ class MetaClient:
             self.close()
             raise
 
+    def set_timeout(self, seconds: float) -> None:
+        """Seconds each later call may wait (the open connection too)."""
+        self.timeout = seconds
+        if self._sock is not None:
+            self._sock.settimeout(seconds)
+
     def _connected(self) -> socket.socket:
         if self._sock is None:
             self._sock = socket.create_connection(tuple(self.server), timeout=self.timeout)
