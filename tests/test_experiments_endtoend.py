@@ -13,9 +13,11 @@ from pathlib import Path
 import pytest
 
 from experiments.endtoend.measure import run_limit
-from experiments.endtoend.predict import simulated_imbalance
-from experiments.endtoend.report import demo_line
+from experiments.endtoend.plot import plot_all
+from experiments.endtoend.predict import model_hot, simulated_imbalance
+from experiments.endtoend.report import demo_line, format_runs
 from experiments.endtoend.spec import PRESETS
+from experiments.endtoend.sweep import medians, spec_dict, write_outputs
 from mbalancer.config import Balancing
 from mbalancer.memcache.addresses import ServerAddress
 from tests.conftest import why_no_mininet
@@ -56,10 +58,51 @@ def test_the_model_for_the_thesis_setting():
     assert simulated_imbalance(even, spec.balancing) > 0.99  # weighted, the default
 
 
+def test_the_model_picks_h_like_the_controller():
+    """H "auto": the fewest hottest keys whose remedy reaches the target; none where the hash is already even."""
+    spec = PRESETS["fig5.1"]
+    auto = Balancing(hot=None, target=0.97, groups=1, hysteresis=2)
+    skewed = spec.workload(TWO, "skewed:0.7")
+    hot = model_hot(skewed, auto, 50)
+    assert 1 <= hot < 10
+    assert simulated_imbalance(skewed, replace(auto, hot=hot - 1)) < 0.97 <= simulated_imbalance(skewed, auto, 50)
+    assert model_hot(spec.workload(TWO, "skewed:1"), auto, 50) == 0
+    assert model_hot(skewed, replace(auto, target=1.0), 3) == 3  # out of reach: every reported key
+    assert model_hot(skewed, spec.balancing, 50) == 10  # a fixed H is what it says
+
+
+def test_rounds_are_summarised_by_medians_and_ranges(tmp_path):
+    """Three rounds of one point: medians over rounds, ranges, limits counted; table, CSV and plots written."""
+    def run(number: int, mode: str, normalised: float, limit: str = "servers") -> dict:
+        return {"round": number, "point": "skewed:0.7", "mode": mode, "replicas": "weighted" if mode == "mbalancer"
+                else "", "throughput": 1000 * normalised, "normalised": normalised, "imbalance_measured": normalised,
+                "imbalance_simulated": 0.7, "imbalance_hash": 0.7, "mean_ms": 10.0 * number, "p50_ms": 5.0,
+                "p99_ms": 9.0, "hot_keys": 4 if mode == "mbalancer" else 0, "hot_model": 4, "timeouts": 1,
+                "misses": 0, "limit": limit, "server_rates": [600.0, 400.0], "server_normalised_min": 0.8,
+                "server_normalised_max": 1.2, "server_mean_ms_min": 1.0, "server_mean_ms_max": 2.0,
+                "cpu_busy": 0.5, "cpu_steal": 0.0, "cores": {}}
+    rows = [run(n, "calibration", 1.0) for n in (1, 2, 3)]
+    rows += [run(n, "baseline", x) for n, x in ((1, 0.70), (2, 0.60), (3, 0.72))]
+    rows += [run(n, "mbalancer", x, limit) for n, x, limit in ((1, 0.99, "servers"), (2, 0.90, "cpu"),
+                                                                (3, 0.97, "servers"))]
+    by_mode = {r["mode"]: r for r in medians(rows)}
+    assert by_mode["baseline"]["normalised"] == 0.70 and by_mode["baseline"]["rounds"] == 3
+    assert (by_mode["mbalancer"]["normalised_min"], by_mode["mbalancer"]["normalised_max"]) == (0.90, 0.99)
+    assert by_mode["mbalancer"]["limit"] == "servers 2, cpu 1" and by_mode["baseline"]["timeouts"] == 3
+    summary = {"experiment": "fig5.1", "spec": spec_dict(PRESETS["fig5.1"]), "capacity": 1000.0,
+               "capacities": [1000.0] * 3, "runs": rows, "medians": medians(rows)}
+    text = format_runs(summary, "throughput")
+    assert "medians over 3 rounds" in text and "0.970 [0.90-0.99]" in text
+    write_outputs(summary, tmp_path)
+    assert (tmp_path / "medians.csv").read_text().count("\n") == 4
+    assert all(path.stat().st_size > 0 for path in plot_all(summary, tmp_path))
+
+
 @pytest.mark.parametrize("change, message", [
     ({"clients": 1}, "client hosts"),
     ({"measure": 0}, "measurement"),
-    ({"balancing": Balancing(hot=None, target=0.9)}, "fixed H"),
+    ({"balancing": Balancing(hot=None, target=None)}, "needs a target"),
+    ({"rounds": 0}, "rounds"),
     ({"hashes": ("skewed:0.2",)}, "out of reach"),
     ({"testbed": TestbedSpec(dataplane="p4")}, "has not landed"),
     ({"testbed": TestbedSpec(topology="ring")}, "topology"),
@@ -113,6 +156,10 @@ def test_what_limited_a_run_is_named(rates, cores, busy, steal, limit):
     (["demo", "--out", "x", "--points", "a,b"], "--points"),
     (["demo", "--out", "x", "--measure", "-1"], "measurement"),
     (["demo", "--out", "x", "--config", "/nonexistent.toml"], "--config"),
+    (["demo", "--out", "x", "--hot", "many"], "--hot"),
+    (["demo", "--out", "x", "--hot", "auto", "--target", "1.5"], "--target"),
+    (["demo", "--out", "x", "--hot", "5", "--target", "0.9"], "--target goes with --hot auto"),
+    (["demo", "--out", "x", "--rounds", "0"], "rounds"),
 ])
 def test_bad_options_exit_2(run_cli, args, message):
     result = run_cli("experiment", *args)

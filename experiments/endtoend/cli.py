@@ -2,7 +2,8 @@
 
 NAME: fig5.1 (throughput) and fig5.2 (latency) run the same sweep (the second reuses the first's runs when DIR
 holds a sweep of identical settings), ketama10 (ten servers, ketama hash), demo (one point, short: `make demo`).
-Writes DIR/runs.csv, summary.json, fig5_1.png, fig5_2.png, servers.png and a folder per run; progress on
+--hot auto lets the controller pick H per point; --rounds N repeats the sweep and reports medians with ranges.
+Writes DIR/runs.csv, medians.csv, summary.json, fig5_1.png, fig5_2.png, servers.png and a folder per run; progress on
 stderr; the demo ends with one JSON line on stdout. Exit 2 for bad options, 1 when a run fails, 130 when
 interrupted (everything the run made is removed either way).
 """
@@ -19,9 +20,9 @@ from typing import Callable
 
 from experiments.endtoend.plot import plot_all
 from experiments.endtoend.report import demo_line, format_runs
-from experiments.endtoend.spec import PRESETS, SWEEP_FIGURES, ExperimentSpec
+from experiments.endtoend.spec import AUTO_TARGET, PRESETS, SWEEP_FIGURES, ExperimentSpec
 from experiments.endtoend.sweep import load_summary, run_sweep, spec_dict
-from mbalancer.config import ConfigError, load_config
+from mbalancer.config import REPLICA_MODES, Balancing, ConfigError, load_config
 from mbalancer.progress import end_progress, stderr_progress
 
 Fail = Callable[[str], None]
@@ -42,6 +43,13 @@ def register(commands: argparse._SubParsersAction) -> None:
                                          "(the skewed hash dials them)")
     parser.add_argument("--warmup", type=float, help="seconds of load before measuring")
     parser.add_argument("--measure", type=float, help="seconds measured per run")
+    parser.add_argument("--hot", help='H: hot keys per report, a number, or "auto": the fewest that reach --target')
+    parser.add_argument("--target", type=float,
+                        help=f"with --hot auto: the imbalance factor to reach (default {AUTO_TARGET:g})")
+    parser.add_argument("--modes", help="MBalancer's replica weightings to run, comma-separated: "
+                                        f"{', '.join(REPLICA_MODES)} (default: the preset's)")
+    parser.add_argument("--rounds", type=int, help="run the whole sweep this many times, interleaved, and report "
+                                                   "medians with ranges (default 1; 3 on a noisy machine)")
     parser.add_argument("--rerun", action="store_true", help="run even if OUT holds a sweep of these settings")
     parser.set_defaults(run=_run_experiment, fail=parser.error)
 
@@ -104,6 +112,12 @@ def _spec(args: argparse.Namespace, fail: Fail) -> ExperimentSpec:
             changes["hashes"] = tuple(f"skewed:{float(x):g}" for x in args.points.split(","))
         except ValueError:
             fail(f"--points: comma-separated imbalance factors, e.g. 0.5,0.7 (got {args.points!r})")
+    if args.hot is not None or args.target is not None:
+        changes["balancing"] = _hot(changes.get("balancing", spec.balancing), args, fail)
+    if args.modes is not None:
+        changes["replica_modes"] = tuple(m.strip() for m in args.modes.split(","))
+    if args.rounds is not None:
+        changes["rounds"] = args.rounds
     if args.warmup is not None:
         changes["warmup"] = args.warmup
     if args.measure is not None:
@@ -114,6 +128,20 @@ def _spec(args: argparse.Namespace, fail: Fail) -> ExperimentSpec:
     except ValueError as err:
         fail(str(err))
     return spec
+
+
+def _hot(balancing: Balancing, args: argparse.Namespace, fail: Fail) -> Balancing:
+    """--hot N or auto, --target: the balancing they ask for."""
+    if args.hot == "auto" or (args.hot is None and args.target is not None):
+        target = args.target if args.target is not None else balancing.target or AUTO_TARGET
+        if not 0 < target <= 1:
+            fail(f"--target: an imbalance factor in (0, 1] (got {target:g})")
+        return replace(balancing, hot=None, target=target)
+    if args.target is not None:
+        fail("--target goes with --hot auto")
+    if not args.hot.isdigit() or int(args.hot) < 1:
+        fail(f'--hot: a number of keys of at least 1, or "auto" (got {args.hot!r})')
+    return replace(balancing, hot=int(args.hot), target=None)
 
 
 def _same_settings(summary: dict, spec: ExperimentSpec) -> bool:

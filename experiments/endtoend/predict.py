@@ -13,14 +13,27 @@ from experiments.workload.spec import Workload
 from mbalancer.config import Balancing
 
 
-def simulated_imbalance(workload: Workload, balancing: Balancing | None) -> float:
-    """IF with no remedy (balancing None) or with MBalancer's fixed H, G and replica mode."""
+def simulated_imbalance(workload: Workload, balancing: Balancing | None, most_hot: int = 0) -> float:
+    """IF with no remedy (balancing None) or with MBalancer's H, G and replica mode; with H "auto" (balancing.hot
+    None) the H the controller would pick, among at most `most_hot` keys (see model_hot)."""
     if balancing is None:
         return expected_imbalance(workload)
+    hot = balancing.hot if balancing.hot is not None else model_hot(workload, balancing, most_hot)
+    return _remedied(workload, balancing, hot)
+
+
+def model_hot(workload: Workload, balancing: Balancing, most_hot: int) -> int:
+    """H "auto" as the controller picks it: the fewest hottest keys whose remedy reaches balancing.target, or
+    `most_hot` (the monitor's report size) if none does; balancing.hot where H is fixed."""
+    if balancing.hot is not None:
+        return balancing.hot
+    return next((h for h in range(most_hot + 1) if _remedied(workload, balancing, h) >= balancing.target), most_hot)
+
+
+def _remedied(workload: Workload, balancing: Balancing, hot: int) -> float:
     servers = len(workload.servers)
     weights = workload.weights()
     homes = np.asarray(workload.homes, dtype=np.int32)[None, :]
-    hot = balancing.hot or 0
     placement = Placement(servers=servers, weights=weights, loads=server_loads(homes, weights, servers),
                           homes=homes[:, :hot])
     remedy = ReplicatedGroups(placement, balancing.groups, balancing.mode)

@@ -9,21 +9,46 @@ FOCUS_COLUMNS = {
 }
 
 
+MEDIAN_COLUMNS = {
+    "throughput": ("normalised median [rounds]", lambda r: f"{r['normalised']:.3f} "
+                   f"[{r['normalised_min']:.2f}-{r['normalised_max']:.2f}]"),
+    "latency": ("mean ms median [rounds]", lambda r: f"{r['mean_ms']:.1f} "
+                f"[{_ms(r['mean_ms_min'])}-{_ms(r['mean_ms_max'])}]"),
+}
+
+
 def format_runs(summary: dict, focus: str | None = None) -> str:
-    """One line per run: the point, the mode, the model's IF, what was measured."""
-    columns = [FOCUS_COLUMNS[focus]] if focus else list(FOCUS_COLUMNS.values())
-    header = (f"{'point':<12} {'mode':<19} {'IF model':>8} {'IF measured':>11} {'gets/s':>8} "
-              + " ".join(f"{title:>26}" for title, _ in columns)
-              + f" {'p50 ms':>7} {'timeouts':>8} {'hot':>4} {'limit':>8}")
-    lines = [f"{summary['experiment']}: capacity {summary['capacity']:,.0f} gets/s (load spread evenly); limit: what "
-             f"held each run back (servers: the measure is sound; others: see the warnings)", header]
-    for r in summary["runs"]:
+    """One line per run: the point, the mode, the model's IF, what was measured; with several rounds, then one
+    line per point and mode with the medians over rounds and their ranges."""
+    lines = [f"{summary['experiment']}: capacity {summary['capacity']:,.0f} gets/s (load spread evenly"
+             + (f"; median of {', '.join(f'{c:,.0f}' for c in summary['capacities'])}"
+                if len(summary.get("capacities", ())) > 1 else "")
+             + "); limit: what held each run back (servers: the measure is sound; others: see the warnings); "
+             "hot: hot keys installed / the model's H"]
+    lines += _table(summary["runs"], _columns(FOCUS_COLUMNS, focus), per_server=True)
+    if len(summary.get("capacities", ())) > 1:
+        lines += ["", f"medians over {len(summary['capacities'])} rounds (each run normalised by its round's capacity)"]
+        lines += _table(summary["medians"], _columns(MEDIAN_COLUMNS, focus), per_server=False)
+    return "\n".join(lines)
+
+
+def _columns(columns: dict, focus: str | None) -> list:
+    return [columns[focus]] if focus else list(columns.values())
+
+
+def _table(rows: list[dict], columns: list, per_server: bool) -> list[str]:
+    lines = [f"{'point':<12} {'mode':<19} {'IF model':>8} {'IF measured':>11} {'gets/s':>8} "
+             + " ".join(f"{title:>26}" for title, _ in columns)
+             + f" {'p50 ms':>7} {'timeouts':>8} {'hot':>6} {'limit':>8}"]
+    for r in rows:
+        hot = f"{r['hot_keys']:.0f}/{r['hot_model']}" if r["mode"] == "mbalancer" else "-"
         lines.append(f"{r['point']:<12} {label(r):<19} {r['imbalance_simulated']:>8.3f} "
                      f"{r['imbalance_measured']:>11.3f} {r['throughput']:>8,.0f} "
                      + " ".join(f"{cell(r):>26}" for _, cell in columns)
-                     + f" {r['p50_ms']:>7.1f} {r['timeouts']:>8} {r['hot_keys']:>4} {r.get('limit', '-'):>8}")
-        lines.append("    per server gets/s: " + ", ".join(f"{x:,.0f}" for x in r["server_rates"]))
-    return "\n".join(lines)
+                     + f" {r['p50_ms']:>7.1f} {r['timeouts']:>8} {hot:>6} {r.get('limit', '-'):>8}")
+        if per_server:
+            lines.append("    per server gets/s: " + ", ".join(f"{x:,.0f}" for x in r["server_rates"]))
+    return lines
 
 
 def label(run: dict) -> str:

@@ -22,7 +22,7 @@ from pymemcache.exceptions import MemcacheError
 from controller.load import imbalance_factor
 from experiments.endtoend.measure import (cpu_shares, process_cores, read_client_records, sample_servers,
                                           server_rates)
-from experiments.endtoend.predict import simulated_imbalance
+from experiments.endtoend.predict import model_hot, simulated_imbalance
 from experiments.endtoend.spec import ExperimentSpec
 from experiments.endtoend.stack import MBalancerStack
 from experiments.workload.populate import populate
@@ -61,6 +61,7 @@ class RunResult:
     timeouts: int
     misses: int
     hot_keys: int  # hot keys installed when the window opened (MBalancer)
+    hot_model: int  # H of the model: the fixed H, or the fewest keys that reach the target with H "auto"
     bytes_copied: int
     window_s: float
     cpu_busy: float  # share of the busiest CPU's time in use during the window
@@ -81,7 +82,8 @@ def run_once(bed: Testbed, spec: ExperimentSpec, workload: Workload, mode: str, 
     out.mkdir(parents=True, exist_ok=True)
     bed.reload_dataplane()
     _fill(workload)
-    stack = MBalancerStack(bed, balancing, workload.key_hash, spec.monitor_interval, out).start() \
+    stack = MBalancerStack(bed, balancing, workload.key_hash, spec.monitor_interval, out,
+                           spec.most_hot()).start() \
         if mode == "mbalancer" else None
     generators: list[subprocess.Popen] = []
     window_state = None
@@ -96,8 +98,9 @@ def run_once(bed: Testbed, spec: ExperimentSpec, workload: Workload, mode: str, 
             log.warning("the controller had not acted on the warm-up after %g s more (%d reports): measuring "
                         "anyway", WARM_WAIT, stack.core.counts["reports"])
         hot_keys = stack.hot_keys() if stack else 0
-        if stack and not hot_keys:
-            log.warning("no hot key installed after the warm-up: MBalancer's run measures the baseline")
+        if stack and not hot_keys and model_hot(workload, balancing, spec.most_hot()):
+            log.warning("no hot key installed after the warm-up (the model has %d): MBalancer's run measures the "
+                        "baseline", model_hot(workload, balancing, spec.most_hot()))
         watched = _watched_processes(bed, generators, stack)
         first = sample_servers(workload.servers, watched)
         end = first.time + spec.measure
@@ -113,7 +116,8 @@ def run_once(bed: Testbed, spec: ExperimentSpec, workload: Workload, mode: str, 
         for process in generators:
             stop_process(process)
         state = stack.stop(window_state) if stack else None
-    return _result(workload, mode, balancing, out, (first, last), hot_keys, state)
+    return _result(workload, mode, balancing if stack else None, spec.most_hot(), out, (first, last), hot_keys,
+                   state)
 
 
 def wait_until(deadline: float, check=lambda: None, step: float = 0.2) -> None:
@@ -184,8 +188,8 @@ def _stop_generators(generators: list[subprocess.Popen]) -> None:
             raise RunError(f"a load generator exited with code {process.returncode}: {stderr.strip()[-500:]}")
 
 
-def _result(workload: Workload, mode: str, balancing: Balancing | None, out: Path, window: tuple, hot_keys: int,
-            state: dict | None) -> RunResult:
+def _result(workload: Workload, mode: str, balancing: Balancing | None, most_hot: int, out: Path, window: tuple,
+            hot_keys: int, state: dict | None) -> RunResult:
     rates = server_rates(*window)
     folders = sorted(p for p in out.iterdir() if p.is_dir())  # one per client host
     records = read_client_records(folders, workload.servers, *window)
@@ -193,15 +197,16 @@ def _result(workload: Workload, mode: str, balancing: Balancing | None, out: Pat
     mean, p50, p99 = (float(latency.mean()), *map(float, np.percentile(latency, [50, 99]))) if latency.size \
         else (float("nan"),) * 3
     return RunResult(
-        point=workload.hash, mode=mode, replicas=balancing.mode if mode == "mbalancer" else "",
+        point=workload.hash, mode=mode, replicas=balancing.mode if balancing else "",
         throughput=records.throughput, server_rates=rates.round(1).tolist(),
         imbalance_measured=float(imbalance_factor(rates)),
-        imbalance_simulated=simulated_imbalance(workload, balancing if mode == "mbalancer" else None),
+        imbalance_simulated=simulated_imbalance(workload, balancing, most_hot),
         imbalance_hash=simulated_imbalance(workload, None),
         mean_ms=mean, p50_ms=p50, p99_ms=p99,
         server_mean_ms=[round(float(x), 3) for x in records.latency_by_server(len(workload.servers))],
         answered=int(records.answered.sum()), timeouts=int((records.outcome == "timeout").sum()),
         misses=int((records.outcome == "miss").sum()), hot_keys=hot_keys,
+        hot_model=model_hot(workload, balancing, most_hot) if balancing else 0,
         bytes_copied=int(state["counters"]["bytes_copied"]) if state else 0, window_s=records.window,
         cpu_busy=cpu_shares(*window)[0], cpu_steal=cpu_shares(*window)[1],
         cores={name: round(used, 3) for name, used in process_cores(*window).items()})

@@ -21,6 +21,8 @@ MEMCACHED_DATAGRAM = 1400  # memcached sends a UDP reply in datagrams of at most
 DATAGRAM_HEADERS = 8 + 20 + 14  # UDP, IPv4, Ethernet: what a capped link carries on top of each datagram
 REPLY_FRAMING = 40  # "VALUE <key> <flags> <bytes>\r\n" ... "\r\nEND\r\n" around the value
 CALIBRATION_ALPHA = 0.01  # near-uniform popularity: with the skewed hash at IF 1, every server is equally busy
+AUTO_TOP = 50  # keys per monitor report when H is "auto": the most the controller may choose
+AUTO_TARGET = 0.97  # `--hot auto`'s target IF: a margin over the 0.95 of capacity it is meant to reach
 
 
 @dataclass(frozen=True)
@@ -39,6 +41,7 @@ class ExperimentSpec:
     monitor_interval: float = 1.0
     warmup: float = 4.0  # seconds of load before measuring: MBalancer finds and copies the hot keys then
     measure: float = 8.0  # seconds measured
+    rounds: int = 1  # times the whole sweep runs, capacity run included; figures are the medians over rounds
 
     def check(self) -> None:
         """Raise ValueError naming the first impossible setting (before any network is built)."""
@@ -47,8 +50,12 @@ class ExperimentSpec:
             raise ValueError(f"clients ({self.clients}) must be at least the client hosts ({self.testbed.clients})")
         if self.warmup < 0 or self.measure <= 0:
             raise ValueError(f"warm-up must be >= 0 and measurement > 0 s (got {self.warmup}, {self.measure})")
-        if not self.balancing.hot:
-            raise ValueError("experiments need a fixed H (balancing.hot), so the model's IF can be computed")
+        if self.balancing.hot is None and self.balancing.target is None:
+            raise ValueError('H "auto" (balancing.hot) needs a target imbalance factor, so the model can pick H')
+        if self.balancing.hot is not None and self.balancing.hot < 1:
+            raise ValueError(f"balancing.hot must be at least 1 or auto (got {self.balancing.hot})")
+        if not 1 <= self.rounds <= 20:
+            raise ValueError(f"rounds must be 1..20 (got {self.rounds})")
         if not self.replica_modes or any(m not in REPLICA_MODES for m in self.replica_modes):
             raise ValueError(f"replica modes must be among {', '.join(REPLICA_MODES)} (got {self.replica_modes})")
         if not self.hashes:
@@ -81,6 +88,10 @@ class ExperimentSpec:
         payload = self.value_size + REPLY_FRAMING
         datagrams = -(-payload // (MEMCACHED_DATAGRAM - 8))
         return rate * 1e6 / 8 / (payload + datagrams * (8 + DATAGRAM_HEADERS))
+
+    def most_hot(self) -> int:
+        """Keys per monitor report: H, or with H "auto" the most the controller may choose."""
+        return self.balancing.hot if self.balancing.hot is not None else AUTO_TOP
 
     def clients_of(self, host: int) -> int:
         """Clients on client host `host` (1-based): an even split, the first hosts take the remainder."""

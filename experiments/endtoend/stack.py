@@ -25,8 +25,8 @@ log = logging.getLogger(__name__)
 
 class MBalancerStack:
     def __init__(self, bed: Testbed, balancing: Balancing, key_hash: KeyHash, monitor_interval: float,
-                 out: Path):
-        self.bed, self.out = bed, out
+                 out: Path, top: int):
+        self.bed, self.out, self.top = bed, out, top
         port = free_port()
         self.config = Config(servers=bed.servers, balancing=replace(balancing, hash=key_hash.spec),
                              monitor=Monitoring(interval=monitor_interval),
@@ -44,7 +44,7 @@ class MBalancerStack:
             self._monitor_out = open(self.out / "monitor.jsonl", "w")
             self.monitor = subprocess.Popen(
                 [sys.executable, "-m", "mbalancer.cli", "monitor", "--iface", ",".join(self.bed.monitor_ports),
-                 "--json", "--interval", f"{self.config.monitor.interval:g}", "--top", str(self.config.balancing.hot),
+                 "--json", "--interval", f"{self.config.monitor.interval:g}", "--top", str(self.top),
                  "--push", f"http://127.0.0.1:{self.port}/report"],
                 stdout=self._monitor_out, stderr=subprocess.PIPE, text=True)
         except BaseException:
