@@ -36,6 +36,8 @@ from mbalancer.packets import LINKTYPE_ETHERNET, destination, memcached_segment
 log = logging.getLogger(__name__)
 
 DECISIONS_KEPT = 1000
+# Decisions an operator must hear about without -v: a server lost or back, and what the controller could not do.
+WARNED = {"server-down", "server-up", "server-restarted", "error"}
 COPY_TIMEOUT = 0.5  # seconds a copy to or read from one server may take
 BATCH_MAX = 1_000  # events handled in one batch at most (health changes wait at most for one batch's parsing)
 
@@ -289,7 +291,7 @@ class ControllerCore:
         with self.lock:
             self.decisions.append(entry)
         self.counts[f"decisions_{action}"] += 1
-        log.info("%s %s: %s", action, entry["key"] or "", reason)
+        log.log(logging.WARNING if action in WARNED else logging.INFO, "%s %s: %s", action, entry["key"] or "", reason)
         if threading.current_thread() is self._worker:  # the state moved on
             self._publish()
 

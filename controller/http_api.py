@@ -3,12 +3,15 @@
 GET  /state       hot keys, groups, weights, replica health, counters, recent decisions with their reasons
 GET  /decisions   every decision kept (the last 1000)
 POST /report      a monitor report (what `mbalancer monitor --push URL/report` sends): 202, or 400 with the reason
-Anything else: 404 with the list of endpoints. A thread per request (http.server), greened under eventlet.
+A known path with another method: 405 (with Allow); anything else: 404 with the list of endpoints. A body that
+does not arrive within BODY_TIMEOUT seconds ends the connection. Replies are strict JSON: a figure that is not a
+number (NaN, infinity) goes out as null. A thread per request (http.server), greened under eventlet.
 """
 from __future__ import annotations
 
 import json
 import logging
+import math
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -18,14 +21,15 @@ from controller.core import ControllerCore
 log = logging.getLogger(__name__)
 
 MAX_REPORT_BYTES = 4 * 1024 * 1024
+BODY_TIMEOUT = 5.0  # seconds a client may take to send its request: a stalled one does not hold a thread forever
 ENDPOINTS = {"GET /state": "controller state", "GET /decisions": "decision log", "POST /report": "monitor report"}
 
 
-def serve(core: ControllerCore, address: tuple[str, int]) -> ThreadingHTTPServer:
+def serve(core: ControllerCore, address: tuple[str, int], body_timeout: float = BODY_TIMEOUT) -> ThreadingHTTPServer:
     """Bind (host, port) (port 0: any free one; see server.server_address) and return the server, not yet
     serving: run serve_forever() in a thread, shutdown() to stop."""
     host, port = address
-    handler = type("Handler", (_Handler,), {"core": core})
+    handler = type("Handler", (_Handler,), {"core": core, "timeout": body_timeout})
     server = ThreadingHTTPServer((host, port), handler)
     server.daemon_threads = True
     return server
@@ -40,6 +44,7 @@ def start_serving(server: ThreadingHTTPServer) -> ThreadingHTTPServer:
 class _Handler(BaseHTTPRequestHandler):
     core: ControllerCore
     server_version = "mbalancer"
+    timeout: float  # seconds, applied to the connection's socket by StreamRequestHandler (see serve)
 
     def do_GET(self) -> None:
         if self.path == "/state":
@@ -47,28 +52,59 @@ class _Handler(BaseHTTPRequestHandler):
         elif self.path == "/decisions":
             self._reply(200, self.core.decisions_made())
         else:
-            self._reply(404, {"error": f"no such endpoint {self.path}", "endpoints": ENDPOINTS})
+            self._wrong_method()
 
     def do_POST(self) -> None:
         if self.path != "/report":
-            return self._reply(404, {"error": f"no such endpoint {self.path}", "endpoints": ENDPOINTS})
-        length = int(self.headers.get("Content-Length") or 0)
-        if not 0 < length <= MAX_REPORT_BYTES:
-            return self._reply(400, {"error": f"body: give a JSON report of 1 to {MAX_REPORT_BYTES} bytes"})
+            return self._wrong_method()
+        length = self.headers.get("Content-Length", "")
+        if not length.isdigit() or not 0 < int(length) <= MAX_REPORT_BYTES:
+            return self._reply(400, {"error": f"Content-Length: give a JSON report of 1 to {MAX_REPORT_BYTES} bytes "
+                                              f"(got {length[:20]!r})"})
         try:
-            report = self.core.submit_report(json.loads(self.rfile.read(length)))
-        except ValueError as err:  # a ReportError, or a JSONDecodeError
-            log.warning("report refused: %s", err)
-            return self._reply(400, {"error": str(err)})
+            body = self.rfile.read(int(length))
+        except OSError as err:  # the body's sender stalled (BODY_TIMEOUT) or went away
+            log.warning("report from %s not received: %s", self.address_string(), err)
+            self.close_connection = True
+            return None
+        try:
+            report = self.core.submit_report(json.loads(body))
+        except (ValueError, RecursionError) as err:  # a ReportError, bad JSON, or JSON nested too deep
+            why = "JSON nested too deep" if isinstance(err, RecursionError) else str(err)
+            log.warning("report refused: %s", why)
+            return self._reply(400, {"error": why})
         self._reply(202, {"accepted": True, "keys": len(report.top)})
 
-    def _reply(self, status: int, body: Any) -> None:
-        data = json.dumps(body).encode()
+    def _wrong_method(self) -> None:
+        """405 naming the allowed methods where the path exists, else 404 listing every endpoint."""
+        allowed = [route.split()[0] for route in ENDPOINTS if route.split()[1] == self.path]
+        if not allowed:
+            return self._reply(404, {"error": f"no such endpoint {self.path}", "endpoints": ENDPOINTS})
+        self._reply(405, {"error": f"{self.command} {self.path}: use {', '.join(allowed)}", "endpoints": ENDPOINTS},
+                    {"Allow": ", ".join(allowed)})
+
+    do_PUT = do_DELETE = do_PATCH = do_OPTIONS = _wrong_method
+
+    def _reply(self, status: int, body: Any, headers: dict[str, str] | None = None) -> None:
+        data = json.dumps(json_safe(body), allow_nan=False).encode()
         self.send_response(status)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(data)))
+        for name, value in (headers or {}).items():
+            self.send_header(name, value)
         self.end_headers()
         self.wfile.write(data)
 
     def log_message(self, format: str, *args) -> None:  # route http.server's access log into logging
         log.debug("%s " + format, self.address_string(), *args)
+
+
+def json_safe(value: Any) -> Any:
+    """`value` with every float that JSON cannot carry (NaN, infinity) as None."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_safe(v) for v in value]
+    return value

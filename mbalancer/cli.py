@@ -7,8 +7,10 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+from importlib import metadata
 
 from controller import cli as controller_cli
+from dataplanes import cli as switch_cli
 from experiments.endtoend import cli as experiment_cli
 from experiments.faults import cli as faults_cli
 from experiments.simulation import cli as simulation_cli
@@ -19,14 +21,23 @@ from monitor import cli as monitor_cli
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="mbalancer", description="In-network load balancing of memcached hot keys.")
     parser.add_argument("-v", "--verbose", action="store_true", help="log what the system decides and why")
+    parser.add_argument("--version", action="version", version=f"mbalancer {_version()}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     simulation_cli.register(commands)
     workload_cli.register(commands)
     monitor_cli.register(commands)
     controller_cli.register(commands)
+    switch_cli.register(commands)
     experiment_cli.register(commands)
     faults_cli.register(commands)
     return parser
+
+
+def _version() -> str:
+    try:
+        return metadata.version("mbalancer")
+    except metadata.PackageNotFoundError:
+        return "(not installed: run `pip install -e .`)"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -34,7 +45,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING,
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    return args.run(args, args.fail)
+    try:
+        return args.run(args, args.fail)
+    except KeyboardInterrupt:  # commands that keep partial results catch it themselves and say where
+        print(f"\nmbalancer {args.command}: interrupted", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

@@ -36,6 +36,9 @@ class Server:
         return ServerAddress(self.ip, self.port)
 
 
+AUTO_REPORT_KEYS = 50  # keys per monitor report with hot = "auto": the most the controller may choose
+
+
 @dataclass(frozen=True)
 class Balancing:
     hot: int | None = 10  # H; None with a target: as many as it takes to reach the target imbalance factor

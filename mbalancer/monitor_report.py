@@ -37,6 +37,7 @@ FIELDS = {
 
 
 MAX_SERVERS = 4096  # destinations one report may list
+MAX_RATE = 1e9  # gets/s: more than any link carries (100 Gbit/s of the smallest gets); sums stay finite
 
 
 class ReportError(ValueError):
@@ -92,7 +93,7 @@ def parse_report(raw: Any) -> MonitorReport:
     if not isinstance(raw, dict):
         raise ReportError("report: must be a JSON object")
     interval = _number(raw, "interval", positive=True)
-    rate = _number(raw, "rate")
+    rate = _number(raw, "rate", most=MAX_RATE)
     top = raw.get("top")
     if not isinstance(top, list):
         raise ReportError("top: must be a list of {key, rate}")
@@ -103,7 +104,7 @@ def parse_report(raw: Any) -> MonitorReport:
     servers = raw.get("servers", {})
     if not isinstance(servers, dict) or len(servers) > MAX_SERVERS:
         raise ReportError(f"servers: must be an object of ip:port -> gets/s (at most {MAX_SERVERS})")
-    servers = {str(to): _number(servers, to, where="servers") for to in servers}
+    servers = {str(to): _number(servers, to, where="servers", most=MAX_RATE) for to in servers}
     return MonitorReport(
         time=_number(raw, "time"), interval=interval, rate=max(rate, sum(k.rate for k in keys)), top=keys,
         servers=servers,
@@ -126,11 +127,12 @@ def _key_rate(index: int, entry: Any) -> KeyRate:
     server = entry.get("server", "")
     if not isinstance(server, str) or len(server) > 64:
         raise ReportError(f"{where}.server: must be a string ip:port")
-    return KeyRate(key, _number(entry, "rate", where=where), *(_number(entry, name, where=where, default=0.0)
-                                                               for name in ("count", "share", "error")), server)
+    extras = (_number(entry, name, where=where, default=0.0) for name in ("count", "share", "error"))
+    return KeyRate(key, _number(entry, "rate", where=where, most=MAX_RATE), *extras, server)
 
 
-def _number(raw: dict, name: str, positive: bool = False, where: str = "", default: float | None = None) -> float:
+def _number(raw: dict, name: str, positive: bool = False, where: str = "", default: float | None = None,
+            most: float | None = None) -> float:
     label = f"{where}.{name}" if where else name
     if name not in raw and default is not None:
         return default
@@ -139,6 +141,8 @@ def _number(raw: dict, name: str, positive: bool = False, where: str = "", defau
         raise ReportError(f"{label}: must be a number (got {value!r})")
     if value < 0 or (positive and value == 0):
         raise ReportError(f"{label}: must be {'positive' if positive else 'non-negative'} (got {value})")
+    if most is not None and value > most:
+        raise ReportError(f"{label}: at most {most:g} (got {value:g})")
     return float(value)
 
 

@@ -11,14 +11,16 @@ import argparse
 import logging
 import sys
 import time
+from pathlib import Path
 from typing import Callable
 
 from monitor.capture import CaptureError, LiveCapture
+from mbalancer.config import AUTO_REPORT_KEYS, Balancing, ConfigError, Monitoring, load_config
 from mbalancer.monitor_report import FIELDS
 from mbalancer.packets import SUPPORTED_LINKTYPES
 from mbalancer.processes import stop_on_signals
 from monitor.monitor import Monitor
-from monitor.outputs import Fanout, HttpPush, JsonLines, TerminalView
+from monitor.outputs import Fanout, HttpPush, JsonLines, TerminalView, url_problem
 from monitor.pcapfile import CaptureFile, PcapError
 
 log = logging.getLogger(__name__)
@@ -36,11 +38,15 @@ def register(commands: argparse._SubParsersAction) -> None:
     source.add_argument("--iface", help="capture live on this interface, or on several: a,b,c (each request is "
                                         "counted where it arrives; needs root)")
     source.add_argument("--pcap", help="read a pcap or pcapng file; intervals follow its timestamps")
-    parser.add_argument("--port", type=int, default=11211, help="memcached port (default 11211)")
+    parser.add_argument("--config", type=Path,
+                        help="MBalancer config (TOML): the options below default to it (port: its servers'; interval "
+                             "and capacity: [monitor]; top: balancing.hot; push: controller.listen's /report)")
+    parser.add_argument("--port", type=int, help="memcached port (default 11211)")
     parser.add_argument("--sample", type=int, default=1, help="live: keep 1 in K requests, in the kernel (default 1)")
-    parser.add_argument("--interval", type=float, default=1.0, help="seconds per report (default 1)")
-    parser.add_argument("--top", type=int, default=10, help="hot keys per report, H (default 10)")
-    parser.add_argument("--capacity", type=int, default=1024,
+    parser.add_argument("--interval", type=float, help="seconds per report (default 1)")
+    parser.add_argument("--top", type=int, help=f"hot keys per report, H (default 10; {AUTO_REPORT_KEYS} with "
+                                                f"hot = \"auto\" in --config)")
+    parser.add_argument("--capacity", type=int,
                         help="keys the summary tracks: sets the memory, not the number of distinct keys (default 1024)")
     parser.add_argument("--duration", type=float, help="live: stop after this many seconds (default: until Ctrl-C)")
     parser.add_argument("--json", action="store_true", help="one JSON object per interval instead of the table")
@@ -49,6 +55,7 @@ def register(commands: argparse._SubParsersAction) -> None:
 
 
 def _run_monitor(args: argparse.Namespace, fail: Fail) -> int:
+    _apply_config(args, fail)
     if not 0 < args.port < 65536:
         fail(f"--port must be 1-65535 (got {args.port})")
     if args.sample < 1 or args.top < 1 or args.capacity < args.top or not args.interval > 0:
@@ -57,6 +64,8 @@ def _run_monitor(args: argparse.Namespace, fail: Fail) -> int:
         fail("--sample applies to live capture only (the kernel samples); a pcap is read whole")
     if args.duration is not None and not args.duration > 0:
         fail(f"--duration must be positive (got {args.duration})")
+    if args.push and (problem := url_problem(args.push)):
+        fail(f"--push: {problem}")
     outputs = [JsonLines() if args.json else TerminalView(source=args.iface or args.pcap)]
     push = HttpPush(args.push) if args.push else None
     monitor = Monitor(Fanout(*outputs, *([push] if push else [])), port=args.port, top=args.top,
@@ -69,7 +78,34 @@ def _run_monitor(args: argparse.Namespace, fail: Fail) -> int:
     print(f"mbalancer monitor: {stats}; {totals['gets']} gets counted, {totals['skipped']} skipped, "
           f"{totals['ignored']} other traffic, {totals['reports']} reports"
           + (f", {push.sent} pushed, {push.failed} failed pushes" if push else ""), file=sys.stderr)
+    if not totals["gets"]:
+        print(f"mbalancer monitor: no get was counted ({totals['ignored']} packets of other traffic, "
+              f"{totals['skipped']} unreadable): do the clients send their gets to port {args.port} (--port)"
+              + ("" if args.pcap else f", through {args.iface}") + "?", file=sys.stderr)
     return 0
+
+
+def _apply_config(args: argparse.Namespace, fail: Fail) -> None:
+    """Fill the options not given from --config, then from the built-in defaults."""
+    config = None
+    if args.config:
+        try:
+            config = load_config(args.config)
+        except ConfigError as err:
+            fail(f"--config: {err}")
+    if args.port is None and config:
+        ports = sorted({s.port for s in config.servers})
+        if len(ports) > 1:
+            fail(f"--config: the servers use ports {', '.join(map(str, ports))}; the monitor watches one: give --port")
+        args.port = ports[0]
+    monitoring = config.monitor if config else Monitoring()
+    hot = config.balancing.hot if config else Balancing().hot
+    for name, value in (("port", 11211), ("interval", monitoring.interval), ("capacity", monitoring.capacity),
+                        ("top", hot if hot is not None else AUTO_REPORT_KEYS)):
+        if getattr(args, name) is None:
+            setattr(args, name, value)
+    if args.push is None and config:
+        args.push = f"http://{config.controller.listen}/report"
 
 
 def _read_pcap(monitor: Monitor, path: str) -> str:
@@ -101,5 +137,6 @@ def _capture(monitor: Monitor, args: argparse.Namespace) -> str:
         monitor.finish(time.time())
     finally:
         capture.close()
-    return (f"captured {capture.received} requests on {args.iface} (after the kernel filter"
-            f"{f' and 1-in-{args.sample} sampling' if args.sample > 1 else ''}), {capture.dropped} dropped by the kernel")
+    sampling = f" and 1-in-{args.sample} sampling" if args.sample > 1 else ""
+    return (f"captured {capture.received} requests on {args.iface} (after the kernel filter{sampling}), "
+            f"{capture.dropped} dropped by the kernel")

@@ -19,7 +19,9 @@ log = logging.getLogger(__name__)
 Report = dict[str, Any]  # a MonitorReport as JSON (mbalancer/monitor_report.py defines every field)
 # Frame outcomes that are other traffic, not broken memcached: counted apart from "skipped".
 IGNORED = ("not IPv4", "other port", "not UDP or TCP", "IPv4 fragment")
-MAX_EMPTY_REPORTS = 1000  # intervals reported at most for one gap in the traffic
+# Empty intervals reported at most for one gap in the traffic: enough for any hysteresis to cool every key. Live
+# capture wakes every quarter interval, so only a pcap's gap (or a corrupt timestamp) reaches it.
+MAX_EMPTY_REPORTS = 10
 KEY_DESTINATIONS = 65536  # keys per interval whose destination is remembered (a hot key shows up early in one)
 
 
@@ -69,7 +71,10 @@ class Monitor:
         reports = 0
         while now >= self.window_start + self.interval:
             if reports == MAX_EMPTY_REPORTS:  # a long silence in a pcap: jump to the interval `now` is in
-                self.window_start += (now - self.window_start) // self.interval * self.interval
+                skipped = (now - self.window_start) // self.interval
+                log.warning("no traffic for %.0f s before t=%.3f: %d empty intervals reported, %d skipped",
+                            now - self.window_start + reports * self.interval, now, reports, skipped)
+                self.window_start += skipped * self.interval
                 break
             self._report(self.window_start + self.interval)
             reports += 1

@@ -10,6 +10,7 @@ import json
 import logging
 import sys
 import urllib.error
+import urllib.parse
 import urllib.request
 from typing import TextIO
 
@@ -45,6 +46,18 @@ class TerminalView:
                          f"{100 * hitter['share']:>6.2f}% {hitter['error']:>9}")
         prefix = "\x1b[H\x1b[2J" if self.redraw else ""
         print(prefix + "\n".join(lines) + ("" if self.redraw else "\n"), file=self.out, flush=True)
+
+
+def url_problem(url: str) -> str | None:
+    """None for an http(s) URL with a host; else what is wrong with it."""
+    parts = urllib.parse.urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        return f"an http:// URL with a host, e.g. http://127.0.0.1:8080/report (got {url!r})"
+    try:
+        parts.port  # noqa: B018 (raises ValueError for a port out of range or not a number)
+    except ValueError:
+        return f"the port of {url!r} is not a number from 1 to 65535"
+    return None
 
 
 class HttpPush:

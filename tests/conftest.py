@@ -38,6 +38,17 @@ def eventually(check, timeout: float = 10.0, every: float = 0.02) -> bool:
     return bool(check())
 
 
+def memcached_answers(ip: str, port: int = 11211) -> bool:
+    """True if a memcached answers at ip:port (for waiting until one has started)."""
+    from mbalancer.memcache.addresses import ServerAddress
+    from mbalancer.memcache.meta import MetaClient, MetaError
+    try:
+        MetaClient(ServerAddress(ip, port), timeout=0.5).ping()
+        return True
+    except MetaError:
+        return False
+
+
 def wait_for_line(process, text: str, timeout: float = 30.0) -> str:
     """Read the process's stderr (a text pipe) until a line contains `text`; returns what was read. Fails the test
     if the process exits or the time runs out first (start-up time depends on the machine: wait, never guess)."""

@@ -50,7 +50,7 @@ def test_auto_hot_with_a_target():
     ({"balancing": {"hot": True}}, "balancing.hot: expected int"),
     ({"monitor": {"interval": 0}}, "monitor.interval"),
     ({"monitor": {"capacity": 5}}, "monitor.capacity"),
-    ({"controller": {"listen": "localhost:80"}}, "controller.listen"),
+    ({"controller": {"listen": "no-such-host.invalid:80"}}, "controller.listen"),
     ({"controller": {"listen": "127.0.0.1"}}, "controller.listen"),
     ({"controler": {}}, "controler: unknown"),
     ({"monitor": 3}, "monitor: must be a table"),

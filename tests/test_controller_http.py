@@ -2,7 +2,9 @@
 from __future__ import annotations
 
 import json
+import socket
 import subprocess
+import time
 import urllib.error
 import urllib.request
 
@@ -10,7 +12,7 @@ import pytest
 
 from controller.core import ControllerCore
 from controller.drivers.recording import RecordingDriver
-from controller.http_api import serve, start_serving
+from controller.http_api import json_safe, serve, start_serving
 from experiments.workload.trace import get_frames, write_pcap, zipf_trace
 from mbalancer.config import parse_config
 from mbalancer.memcache.addresses import ServerAddress
@@ -94,12 +96,59 @@ def test_a_bad_report_gets_a_400_naming_the_problem(api, body, message):
     assert core.counts["bad_reports"] >= (0 if message == "Expecting" else 1)
 
 
-def test_unknown_paths_list_the_endpoints(api):
+def test_unknown_paths_list_the_endpoints_and_wrong_methods_get_405(api):
     _, url = api
     status, reply = call(url + "/nothing")
     assert status == 404 and "GET /state" in reply["endpoints"]
-    status, _ = call(url + "/state", b"{}")
-    assert status == 404
+    status, reply = call(url + "/state", b"{}")
+    assert status == 405 and "use GET" in reply["error"]
+    for method, path, allowed in (("PUT", "/state", "GET"), ("DELETE", "/report", "POST"), ("GET", "/report", "POST")):
+        reply = raw_request(url, f"{method} {path} HTTP/1.0\r\n\r\n".encode())
+        assert reply.startswith(b"HTTP/1.0 405") and f"Allow: {allowed}".encode() in reply, (method, path)
+
+
+def raw_request(url: str, data: bytes, wait: float = 10.0) -> bytes:
+    """Send `data` as is on a new connection; everything the server sends until it closes (at most `wait` s)."""
+    host, port = url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=wait) as connection:
+        connection.sendall(data)
+        chunks = []
+        while chunk := connection.recv(65536):
+            chunks.append(chunk)
+    return b"".join(chunks)
+
+
+@pytest.mark.parametrize("head, body, message", [
+    ("Content-Length: abc", b"{}", b"Content-Length"),
+    ("Content-Length: -5", b"{}", b"Content-Length"),
+    ("Content-Length: 99999999999", b"{}", b"Content-Length"),
+    (None, b"[" * 100_000 + b"]" * 100_000, b"nested too deep"),
+    (None, b'{"time": 1, "interval": 1, "rate": 1e308, "top": []}', b"rate: at most"),
+    (None, b'{"time": 1, "interval": 1, "rate": NaN, "top": []}', b"rate: must be a number"),
+    (None, b'{"time": 1, "interval": 1, "rate": 5, "top": [{"key": "k", "rate": 1e300}]}', b"top[0].rate: at most"),
+])
+def test_hostile_requests_get_a_400_not_a_traceback(api, head, body, message):
+    core, url = api
+    head = head or f"Content-Length: {len(body)}"
+    reply = raw_request(url, f"POST /report HTTP/1.0\r\n{head}\r\n\r\n".encode() + body)
+    assert reply.startswith(b"HTTP/1.0 400") and message in reply, reply[:300]
+    assert call(url + "/state")[0] == 200  # and the controller still serves
+
+
+def test_a_stalled_body_ends_the_connection(api):
+    core, _ = api
+    http = start_serving(serve(core, ("127.0.0.1", 0), body_timeout=0.5))
+    url = f"http://127.0.0.1:{http.server_address[1]}"
+    started = time.monotonic()
+    reply = raw_request(url, b"POST /report HTTP/1.0\r\nContent-Length: 100\r\n\r\n{\"time\"")
+    assert reply == b"" and time.monotonic() - started < 10  # closed by the server, not by our 10 s wait
+    assert call(url + "/state")[0] == 200
+    http.shutdown()
+
+
+def test_replies_are_strict_json():
+    assert json.dumps(json_safe({"a": [float("nan"), 1.5, {"b": float("inf")}], "c": "x"}), allow_nan=False) == \
+        '{"a": [null, 1.5, {"b": null}], "c": "x"}'
 
 
 def test_bad_config_exits_2_naming_the_field(run_cli, tmp_path):
@@ -109,6 +158,20 @@ def test_bad_config_exits_2_naming_the_field(run_cli, tmp_path):
     assert result.returncode == 2 and "servers[0].mac" in result.stderr
     result = run_cli("controller", "--config", str(tmp_path / "missing.toml"))
     assert result.returncode == 2 and "cannot read" in result.stderr
+
+
+def test_a_server_down_is_warned_without_verbose(run_cli, servers, tmp_path):
+    """No -v: an operator still hears that a server stopped answering (a closed port on 127.0.0.1 here)."""
+    table = server_table(servers[:1]) + [{"name": "gone", "ip": "127.0.0.1", "mac": "02:00:00:00:00:09",
+                                          "port": free_port()}]
+    config = tmp_path / "mbalancer.toml"
+    config.write_text("".join(f'[[servers]]\nname = "{s["name"]}"\nip = "{s["ip"]}"\nmac = "{s["mac"]}"\n'
+                              f'port = {s["port"]}\n' for s in table)
+                      + f'[controller]\nlisten = "127.0.0.1:{free_port()}"\n')
+    result = run_cli("controller", "--config", str(config), "--duration", "3", timeout=60)
+    assert result.returncode == 0, result.stderr
+    warned = [line for line in result.stderr.splitlines() if "WARNING" in line and "server-down" in line]
+    assert len(warned) == 1 and "(gone)" in warned[0] and "s0" not in warned[0]
 
 
 def test_the_monitor_pushes_reports_to_a_running_controller(servers, tmp_path):

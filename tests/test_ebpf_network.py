@@ -13,8 +13,8 @@ from controller.core import ControllerCore
 from mbalancer.config import parse_config
 from mbalancer.memcache.addresses import ServerAddress
 from mbalancer.memcache.client import tcp_client
-from mbalancer.memcache.meta import MetaClient, MetaError, StoredItem
-from tests.conftest import eventually
+from mbalancer.memcache.meta import MetaClient, StoredItem
+from tests.conftest import eventually, memcached_answers
 from dataplanes.ebpf.program import available
 from dataplanes.ebpf.tables import Tables
 from topologies.netns import NamespaceNetwork
@@ -55,16 +55,8 @@ def network():
         for host in net.server_hosts:
             net.popen(host, ["memcached", "-l", host.ip, "-p", "11211", "-U", "11211", "-u", "root", "-t", "1"])
         for host in net.server_hosts:
-            assert eventually(lambda: _answers(host.ip), timeout=10), f"memcached on {host.name} did not start"
+            assert eventually(lambda: memcached_answers(host.ip), timeout=10), f"memcached on {host.name} did not start"
         yield net
-
-
-def _answers(ip: str) -> bool:
-    try:
-        MetaClient(ServerAddress(ip, 11211), timeout=0.5).ping()
-        return True
-    except MetaError:
-        return False
 
 
 def config_of(net: NamespaceNetwork):

@@ -105,12 +105,15 @@ def test_pending_reply_assembles_out_of_order_and_rejects_strays():
 
 
 @pytest.mark.parametrize("text, expected", [("10.0.0.1:11211", ("10.0.0.1", 11211)), ("10.0.0.2", ("10.0.0.2", 11211)),
-                                            (" 10.0.0.3:5 ", ("10.0.0.3", 5))])
+                                            (" 10.0.0.3:5 ", ("10.0.0.3", 5)),
+                                            ("localhost:11311", ("127.0.0.1", 11311))])  # a name: its IPv4 address
 def test_parse_server(text, expected):
     assert parse_server(text) == expected
 
 
-@pytest.mark.parametrize("text, message", [("localhost:1", "IPv4"), ("10.0.0.1:0", "port"), ("10.0.0.1:x", "port"),
+@pytest.mark.parametrize("text, message", [("no-such-host.invalid:1", "does not resolve"),
+                                           (":11211", "give a host"), ("a..b", "IPv4"), ("10.0.0.1:0", "port"),
+                                           ("10.0.0.1:x", "port"),
                                            ("10.0.0.1:70000", "port"), ("", "no server"),
                                            ("10.0.0.1,10.0.0.1:11211", "twice")])
 def test_parse_servers_errors(text, message):

@@ -18,9 +18,11 @@ import pytest
 from experiments.workload.engine import run_load
 from experiments.workload.populate import populate
 from experiments.workload.spec import Workload
+from experiments.workload.trace import get_frames
 from mbalancer.memcache.addresses import ServerAddress
 from mbalancer.memcache.server import MemcachedServer
 from monitor.cli import READY
+from monitor.monitor import MAX_EMPTY_REPORTS
 from tests.conftest import wait_for_line
 
 REQUESTS = 20_000
@@ -124,7 +126,9 @@ def test_missing_or_corrupt_pcap_exits_2(run_cli, tmp_path, content, message):
 @pytest.mark.parametrize("args, message", [(["--iface", "nosuch0"], "no network interface"),
                                            (["--pcap", "x", "--sample", "2"], "live capture only"),
                                            (["--iface", "lo", "--top", "0"], "--top"),
-                                           (["--iface", "lo", "--port", "0"], "--port")])
+                                           (["--iface", "lo", "--port", "0"], "--port"),
+                                           (["--pcap", "x", "--push", "htp://x/report"], "--push: an http:// URL"),
+                                           (["--pcap", "x", "--push", "http://127.0.0.1:99999/"], "--push: the port")])
 def test_bad_options_exit_2(run_cli, args, message):
     result = run_cli("monitor", *args)
     assert result.returncode == 2 and message in result.stderr and "Traceback" not in result.stderr
@@ -205,6 +209,26 @@ def test_a_failing_push_is_not_fatal(run_cli, captured, server):
     reports, stderr = monitor_json(run_cli, "--pcap", str(path), "--port", str(server.port), "--push",
                                    "http://127.0.0.1:9/none")
     assert reports and f"0 pushed, {len(reports)} failed" in stderr
+
+
+def test_no_get_counted_hints_at_the_port(run_cli, captured, server):
+    path, _ = captured
+    result = run_cli("monitor", "--pcap", str(path), "--port", str(server.port + 1), "--json")
+    assert result.returncode == 0 and "no get was counted" in result.stderr
+    assert f"port {server.port + 1} (--port)" in result.stderr
+
+
+def test_a_gap_in_a_pcap_costs_a_few_empty_reports_not_thousands(run_cli, tmp_path):
+    """Two gets a day apart (a corrupt or stitched capture): at most MAX_EMPTY_REPORTS reports for the gap."""
+    frames = get_frames(np.array([0, 1]))
+    path = tmp_path / "gap.pcap"
+    with open(path, "wb") as out:
+        out.write(struct.pack("<IHHiIII", 0xA1B2C3D4, 2, 4, 0, 0, 65535, 1))
+        for seconds, frame in ((1000, frames[0]), (1000 + 86_400, frames[1])):
+            out.write(struct.pack("<IIII", seconds, 0, len(frame), len(frame)) + frame)
+    reports, stderr = monitor_json(run_cli, "--pcap", str(path))
+    assert len(reports) <= MAX_EMPTY_REPORTS + 1 and "empty intervals reported" in stderr
+    assert sum(r["total"] for r in reports) >= 1
 
 
 def test_terminal_view(run_cli, captured, server):

@@ -1,6 +1,8 @@
 """`mbalancer simulate ...` and `mbalancer demo` as scripts use them: output contract, files, bad arguments."""
 import csv
 import json
+import signal
+import subprocess
 
 import pytest
 
@@ -55,6 +57,7 @@ def test_auto_hot_unreachable_exits_1_with_a_reason(run_cli):
     (["--alpha", "-0.5"], "--alpha"), (["--alpha", "nan"], "--alpha"), (["--mode", "fair"], "--mode"),
     (["--servers", "x"], "--servers"), (["--hot", "auto"], "--target"), (["--target", "0.9"], "--target"),
     (["--hot", "auto", "--target", "1.5"], "--target"), (["--seed", "-3"], "--seed"),
+    (["--keys", "100000000000"], "at most 10,000,000"), (["--keys", "5000000", "--trials", "2000"], "lower --trials"),
 ])
 def test_bad_arguments_exit_2_with_a_clear_error(run_cli, args, needle):
     result = run_cli("simulate", "imbalance", *args)
@@ -91,6 +94,13 @@ def test_every_figure_has_a_weighted_curve():
         assert any(c.mode == "weighted" for c in spec.curves), spec.name
 
 
+def test_figure_out_that_cannot_be_written_exits_2(run_cli, tmp_path):
+    (tmp_path / "file").write_text("not a folder")
+    for out in ("/proc/mbalancer-figures", str(tmp_path / "file")):
+        result = run_cli("simulate", "figure", "4.3", "--out", out, "--trials", "10")
+        assert result.returncode == 2 and "--out: cannot make" in result.stderr and "Traceback" not in result.stderr
+
+
 def test_figure_bad_arguments_exit_2(run_cli, tmp_path):
     for args in (["9.9"], ["3.1", "--trials", "0"], ["3.1", "--hot", "5000"], ["3.1", "--alpha", "-1"], ["3.1"]):
         extra = [] if args == ["3.1"] else ["--out", str(tmp_path)]
@@ -109,3 +119,23 @@ def test_demo_prints_table_plots_and_a_json_line(run_cli, tmp_path):
     for name in FIGURES:
         assert (tmp_path / "simulation" / f"fig{name}.png").exists()
         assert (tmp_path / "simulation" / f"fig{name}.csv").exists()
+
+
+def test_ctrl_c_stops_politely(tmp_path):
+    """SIGINT mid-run: exit 130 with one line saying so and what was written, no traceback."""
+    from tests.conftest import MBALANCER
+    process = subprocess.Popen([str(MBALANCER), "simulate", "figure", "all", "--trials", "2000", "--out", str(tmp_path)],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        process.stderr.readline()  # the first progress line: the run is under way
+        process.send_signal(signal.SIGINT)
+        _, err = process.communicate(timeout=60)
+    finally:
+        process.kill()
+    assert process.returncode == 130 and "interrupted" in err and "Traceback" not in err, err[-2000:]
+    assert f"written in {tmp_path}" in err
+
+
+def test_version(run_cli):
+    result = run_cli("--version")
+    assert result.returncode == 0 and result.stdout.startswith("mbalancer 0.")

@@ -43,7 +43,7 @@ def nobody_listens() -> ServerAddress:
                                              ({"set_ratio": 1.5}, "--set-ratio"), ({"timeout": 0}, "--timeout"),
                                              ({"protocol": "sctp"}, "--protocol"), ({"hash": "skewed:0.2"}, "--hash"),
                                              ({"key_prefix": "a b"}, "--key-prefix"), ({"requests": -1}, "--requests"),
-                                             ({"value_size": 2 << 20}, "--value-size"),
+                                             ({"value_size": 2 << 20}, "--value-size"), ({"keys": 10**11}, "--keys"),
                                              ({"value_size": 70000, "set_ratio": 0.1}, "--value-size")])
 def test_workload_check_names_the_option(changes, option):
     workload = Workload(servers=(ServerAddress("10.0.0.1"), ServerAddress("10.0.0.2")), **changes)
@@ -197,13 +197,36 @@ def test_a_stopped_load_keeps_what_it_measured(populated, tmp_path, signum):
     assert "stopped by a signal after" in err and str(tmp_path) in err and "Traceback" not in err
 
 
-@pytest.mark.parametrize("args, message", [(["--servers", "host:1"], "--servers"),
+@pytest.mark.parametrize("args, message", [(["--servers", "no-such-host.invalid:1"], "--servers"),
+                                           (["--servers", "10.0.0.1", "--out", "/proc/mb"], "--out: cannot make"),
+                                           (["--servers", "10.0.0.1", "--keys", "100000000000"], "at most 10,000,000"),
                                            (["--servers", "10.0.0.1,10.0.0.2", "--hash", "skewed:0.3"], "--hash"),
                                            (["--servers", "10.0.0.1", "--clients", "0"], "--clients"),
                                            (["--servers", "10.0.0.1", "--duration", "0"], "nothing to do")])
 def test_load_command_bad_options_exit_2(run_cli, args, message):
     result = run_cli("load", *args)
     assert result.returncode == 2 and message in result.stderr and "Traceback" not in result.stderr
+
+
+def test_a_server_that_answers_nothing_is_named_and_fails_the_run(run_cli, populated, tmp_path):
+    """A closed port among the servers: the run ends, says which server answered nothing and why that may be,
+    and exits 1 (scripts must not take it for a measurement)."""
+    dead = nobody_listens()
+    result = run_cli("load", "--servers", f"{populated.servers[0]},{dead}", "--keys", "200", "--duration", "1",
+                     "--timeout", "0.2", "--no-records", "--out", str(tmp_path), "--json")
+    assert result.returncode == 1 and "Traceback" not in result.stderr
+    assert f"{dead} answered none of its" in result.stderr and "memcached -U" in result.stderr
+    assert str(populated.servers[0]) not in result.stderr.split("answered none")[0].splitlines()[-1]
+    assert json.loads(result.stdout)["timeouts"] > 0  # what was measured is still printed
+
+
+def test_servers_may_be_given_by_name(run_cli, populated, tmp_path):
+    named = ",".join(f"localhost:{s.port}" for s in populated.servers)
+    result = run_cli("load", "--servers", named, "--keys", "200", "--requests", "200", "--no-records", "--out",
+                     str(tmp_path), "--json")
+    assert result.returncode == 0, result.stderr
+    summary = json.loads(result.stdout)
+    assert summary["servers"] == [str(s) for s in populated.servers] and summary["hits"] == 200
 
 
 def test_load_command_populate_failure_exits_1(run_cli):

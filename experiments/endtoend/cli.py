@@ -23,6 +23,7 @@ from experiments.endtoend.report import demo_line, format_runs
 from experiments.endtoend.spec import AUTO_TARGET, PRESETS, SWEEP_FIGURES, ExperimentSpec
 from experiments.endtoend.sweep import load_summary, run_sweep, spec_dict
 from mbalancer.config import REPLICA_MODES, Balancing, ConfigError, load_config
+from mbalancer.outputs import output_problem
 from mbalancer.progress import end_progress, stderr_progress
 
 Fail = Callable[[str], None]
@@ -58,6 +59,8 @@ def _run_experiment(args: argparse.Namespace, fail: Fail) -> int:
     spec = _spec(args, fail)
     if os.geteuid() != 0:
         fail("the testbed needs root (network namespaces, tc, eBPF)")
+    if problem := output_problem(args.out):
+        fail(f"--out: {problem}")
     previous = load_summary(args.out)
     if previous and not args.rerun and _same_settings(previous, spec):
         print(f"mbalancer experiment: reusing the runs in {args.out}/summary.json (same settings; --rerun to run "

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from experiments.workload.spec import Workload, WorkloadError
-from mbalancer.config import REPLICA_MODES, Balancing
+from mbalancer.config import AUTO_REPORT_KEYS, REPLICA_MODES, Balancing
 from mbalancer.memcache.addresses import ServerAddress
 from topologies.shapes import LinkSpec
 from topologies.testbed import TestbedSpec
@@ -21,7 +21,6 @@ MEMCACHED_DATAGRAM = 1400  # memcached sends a UDP reply in datagrams of at most
 DATAGRAM_HEADERS = 8 + 20 + 14  # UDP, IPv4, Ethernet: what a capped link carries on top of each datagram
 REPLY_FRAMING = 40  # "VALUE <key> <flags> <bytes>\r\n" ... "\r\nEND\r\n" around the value
 CALIBRATION_ALPHA = 0.01  # near-uniform popularity: with the skewed hash at IF 1, every server is equally busy
-AUTO_TOP = 50  # keys per monitor report when H is "auto": the most the controller may choose
 AUTO_TARGET = 0.97  # `--hot auto`'s target IF: a margin over the 0.95 of capacity it is meant to reach
 
 
@@ -91,7 +90,7 @@ class ExperimentSpec:
 
     def most_hot(self) -> int:
         """Keys per monitor report: H, or with H "auto" the most the controller may choose."""
-        return self.balancing.hot if self.balancing.hot is not None else AUTO_TOP
+        return self.balancing.hot if self.balancing.hot is not None else AUTO_REPORT_KEYS
 
     def clients_of(self, host: int) -> int:
         """Clients on client host `host` (1-based): an even split, the first hosts take the remainder."""

@@ -11,6 +11,7 @@ from experiments.faults.plot import plot_run
 from experiments.faults.rig import Rig, RigError
 from experiments.faults.run import Phases, format_table, run_fault, write_buckets_csv, write_summary
 from experiments.faults.scenarios import FAULTED, FAULTS
+from mbalancer.outputs import output_problem
 from mbalancer.progress import end_progress, stderr_progress
 
 
@@ -48,6 +49,8 @@ def _run(args: argparse.Namespace, fail) -> int:
         fail("--loads in (0, 1], --rate > 0, --write-rate >= 0, --hot >= 1")
     if os.geteuid() != 0:
         fail("needs root (network namespaces, tc, eBPF)")
+    if problem := output_problem(args.out):
+        fail(f"--out: {problem}")
     phases = Phases(args.warmup, args.fault, args.recovery)
     signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt))
     results = []

@@ -14,7 +14,8 @@ from pathlib import Path
 from typing import Callable
 
 from experiments.simulation.figures import FIGURES, make_figure
-from mbalancer.progress import stderr_progress
+from mbalancer.outputs import output_problem
+from mbalancer.progress import end_progress, stderr_progress
 from experiments.simulation.headline import format_headline, headline
 from experiments.simulation.remedies import REMEDY_MODES
 from experiments.simulation.scenario import Outcome, Scenario, ScenarioError, simulate, smallest_hot_for
@@ -117,13 +118,22 @@ def format_imbalance(outcome: Outcome, report: dict) -> str:
 def _run_figure(args: argparse.Namespace, fail: Fail) -> int:
     base = Scenario(trials=args.trials, seed=args.seed, alpha=args.alpha, hot=args.hot)
     names = sorted(FIGURES) if args.name == "all" else [args.name]
+    written = []
     try:
         base.check(hot_may_be_open=True)
+        if problem := output_problem(args.out):
+            fail(f"--out: {problem}")
         for name in names:  # each point is checked again with its own keys, before anything is written
             for path in make_figure(name, args.out, base, progress=stderr_progress):
                 print(path)
+                written.append(path)
     except ScenarioError as err:
         fail(str(err))
+    except KeyboardInterrupt:
+        end_progress()
+        print(f"mbalancer simulate: interrupted; {len(written)} file(s) written in {args.out} before that",
+              file=sys.stderr)
+        return 130
     return 0
 
 
@@ -133,6 +143,8 @@ def _run_demo(args: argparse.Namespace, fail: Fail) -> int:
         base.check()
     except ScenarioError as err:
         fail(str(err))
+    if problem := output_problem(args.out / "simulation"):
+        fail(f"--out: {problem}")
     rows = headline(base)
     print(format_headline(base, rows))
     out = args.out / "simulation"

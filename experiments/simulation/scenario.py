@@ -14,7 +14,7 @@ import numpy as np
 from experiments.simulation.placement import Placement, place
 from controller.load import imbalance_factor
 from experiments.simulation.remedies import REMEDY_MODES, Remedy, extra_servers_to_match, make_remedy
-from experiments.simulation.zipf import hot_share, zipf_weights
+from experiments.simulation.zipf import MAX_KEYS, hot_share, zipf_weights
 
 # The auto-H search keeps the homes of this many hottest keys per trial (int32 each): 10^4 keys x 2000 trials
 # is 80 MB. Targets that need more hot keys than this are reported as not reached.
@@ -24,6 +24,10 @@ Z95 = 1.959963984540054
 
 class ScenarioError(ValueError):
     """An impossible setting; the message names the parameter."""
+
+
+MAX_DRAWS = 2 * 10**9  # key homes drawn per scenario (keys x trials): about 40 s here, longer refused
+DRAWS_PER_S = 5e7  # measured on a 2-core VM: `simulate imbalance --keys 1000000 --trials 200` takes ~4 s
 
 
 @dataclass(frozen=True)
@@ -65,6 +69,13 @@ class Scenario:
         for name in ("servers", "keys", "groups", "trials"):
             if getattr(self, name) < 1:
                 raise ScenarioError(f"--{name} must be at least 1 (got {getattr(self, name)})")
+        if self.keys > MAX_KEYS:
+            raise ScenarioError(f"--keys must be at most {MAX_KEYS:,} (got {self.keys:,}): every key is held in "
+                                f"memory")
+        if self.keys * self.trials > MAX_DRAWS:
+            raise ScenarioError(f"--keys x --trials must be at most {MAX_DRAWS:.0e} (got "
+                                f"{self.keys * self.trials:.1e}, ~{self.keys * self.trials / DRAWS_PER_S / 60:.0f} "
+                                f"min of random draws): lower --trials or --keys")
         if self.seed < 0:
             raise ScenarioError(f"--seed must be non-negative (got {self.seed})")
         if not (self.alpha > 0 and math.isfinite(self.alpha)):

@@ -3,6 +3,10 @@ from __future__ import annotations
 
 import numpy as np
 
+# Most keys a workload or a simulation takes: each holds every key's weight and home in memory (and the load
+# generator every key's name), about 100 bytes a key; 10^7 keys is ~1 GB, far beyond the hidden traces' 10^6.
+MAX_KEYS = 10_000_000
+
 
 def zipf_weights(keys: int, alpha: float) -> np.ndarray:
     """Request share of each key, hottest first; shape (keys,), summing to 1."""

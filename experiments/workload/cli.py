@@ -2,7 +2,8 @@
 
 Output contract: `--json` prints one JSON object (see records.summarise: throughput, p50_ms/p95_ms/p99_ms,
 per_server, hits, misses, timeouts, imbalance factors); OUT/records.csv has one row per request, OUT/summary.json
-the same object, OUT/load.png the plots. Progress goes to stderr. Exit 2 for bad options, 1 when servers fail.
+the same object, OUT/load.png the plots. Progress goes to stderr. Exit 2 for bad options (an --out that cannot be
+written included), 1 when a server answered none of its requests (named, with the likely reason) or fails.
 Ctrl-C or SIGTERM ends the run early: the outputs hold what was measured until then (summary: stopped_early).
 """
 from __future__ import annotations
@@ -20,6 +21,7 @@ from experiments.workload.records import summarise, write_csv
 from experiments.workload.spec import PROTOCOLS, Workload, WorkloadError
 from mbalancer.memcache.addresses import parse_servers
 from mbalancer.memcache.hashing import HASH_KINDS
+from mbalancer.outputs import output_problem
 from mbalancer.processes import stop_on_signals
 from mbalancer.progress import end_progress, stderr_progress
 
@@ -60,6 +62,8 @@ def _run_load(args: argparse.Namespace, fail: Fail) -> int:
     load_nothing = workload.requests == 0 or (workload.requests is None and workload.duration == 0)
     if load_nothing and not args.populate:
         fail("nothing to do: --duration 0 or --requests 0 only makes sense with --populate")
+    if problem := output_problem(args.out):
+        fail(f"--out: {problem}")
     if args.populate and not _populate(workload):
         return 1
     if load_nothing:
@@ -76,7 +80,22 @@ def _run_load(args: argparse.Namespace, fail: Fail) -> int:
         print(f"mbalancer load: stopped by a signal after {records.duration:.1f} s; what was measured is in "
               f"{args.out}", file=sys.stderr)
     print(json.dumps(summary) if args.json else format_summary(summary, args.out, not args.no_records))
-    return 0
+    return 1 if _report_silent_servers(summary) else 0
+
+
+def _report_silent_servers(summary: dict) -> bool:
+    """Say which servers answered none of the requests they were sent, and the likely reason; True if any."""
+    if not summary["requests"]:
+        print(f"mbalancer load: no request finished within the run (each waits up to --timeout "
+              f"{summary['timeout_s']:g} s for its reply): run longer", file=sys.stderr)
+        return True
+    silent = [row for row in summary["per_server"] if row["asked"] and not row["answered"]]
+    udp = summary["protocol"] == "udp"
+    for row in silent:
+        print(f"mbalancer load: {row['server']} answered none of its {row['asked']} requests: is memcached running "
+              f"there" + (", with UDP enabled (`memcached -U <port>`; it is off by default since 1.5.6)?"
+                          if udp else "?"), file=sys.stderr)
+    return bool(silent)
 
 
 def _workload(args: argparse.Namespace, fail: Fail) -> Workload:

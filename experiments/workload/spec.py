@@ -7,7 +7,7 @@ from functools import cached_property
 
 import numpy as np
 
-from experiments.simulation.zipf import zipf_weights
+from experiments.simulation.zipf import MAX_KEYS, zipf_weights
 from mbalancer.memcache.addresses import ServerAddress
 from mbalancer.memcache.client import DEFAULT_TIMEOUT, MAX_UDP_REQUEST
 from mbalancer.memcache.hashing import KeyHash, make_hash
@@ -45,6 +45,9 @@ class Workload:
         for name in ("keys", "clients", "value_size"):
             if getattr(self, name) < 1:
                 raise WorkloadError(f"--{name.replace('_', '-')} must be at least 1 (got {getattr(self, name)})")
+        if self.keys > MAX_KEYS:
+            raise WorkloadError(f"--keys must be at most {MAX_KEYS:,} (got {self.keys:,}): every key is held in "
+                                f"memory")
         if not (self.alpha > 0 and math.isfinite(self.alpha)):
             raise WorkloadError(f"--alpha must be a positive number (got {self.alpha})")
         if not (self.duration >= 0 and math.isfinite(self.duration)):

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import ipaddress
+import socket
 from typing import NamedTuple
 
 DEFAULT_PORT = 11211
@@ -16,20 +17,33 @@ class ServerAddress(NamedTuple):
 
 
 def parse_server(text: str) -> ServerAddress:
-    """`10.0.0.1:11211` or `10.0.0.1` -> ServerAddress; ValueError saying what is wrong.
+    """`10.0.0.1:11211`, `10.0.0.1` or `cache1:11211` -> ServerAddress; ValueError saying what is wrong.
 
-    Hosts are IPv4 literals: the switch rewrites addresses, so names would only hide which address is meant.
+    A host name is resolved once, here, to its first IPv4 address: the switch matches and rewrites addresses, so
+    everything downstream (logs, the data plane, /state) names the address that is meant.
     """
     host, sep, port_text = text.strip().partition(":")
-    try:
-        ipaddress.IPv4Address(host)
-    except ValueError:
-        raise ValueError(f"{text!r}: host must be an IPv4 address such as 10.0.0.1") from None
+    address = ServerAddress(resolve_ipv4(host, text))
     if not sep:
-        return ServerAddress(host)
+        return address
     if not port_text.isdigit() or not 0 < int(port_text) < 65536:
         raise ValueError(f"{text!r}: port must be a number from 1 to 65535")
-    return ServerAddress(host, int(port_text))
+    return address._replace(port=int(port_text))
+
+
+def resolve_ipv4(host: str, text: str) -> str:
+    """An IPv4 literal as it is, a name as its first IPv4 address; ValueError quoting `text` otherwise."""
+    try:
+        return str(ipaddress.IPv4Address(host))
+    except ValueError:
+        pass
+    if not host:
+        raise ValueError(f"{text!r}: give a host, an IPv4 address such as 10.0.0.1 or a name")
+    try:
+        return socket.getaddrinfo(host, None, socket.AF_INET, socket.SOCK_DGRAM)[0][4][0]
+    except (OSError, UnicodeError) as err:
+        why = getattr(err, "strerror", None) or str(err)
+        raise ValueError(f"{text!r}: {host!r} is not an IPv4 address and does not resolve to one ({why})") from None
 
 
 def parse_servers(text: str) -> list[ServerAddress]:

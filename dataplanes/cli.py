@@ -1,0 +1,122 @@
+"""`mbalancer switch attach | detach | status`: the eBPF data plane on this machine's own interfaces, for a Linux
+box that forwards between memcached clients and servers (README: "Use it with your own memcached servers").
+
+attach takes the ports from --ports or the config's [dataplane.ebpf] ports, the memcached ports from the config's
+servers (or --memcached-port), the name from --name, the config's first [dataplane.ebpf] switch, or mb0. Exit 2
+for bad options, 1 when the kernel or a tool refuses (its own words), 0 otherwise; detach of a switch that is not
+there says so and exits 0 (it is what was asked).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Callable
+
+from mbalancer.config import ConfigError, load_config
+
+Fail = Callable[[str], None]
+DEFAULT_NAME = "mb0"
+
+
+def register(commands: argparse._SubParsersAction) -> None:
+    parser = commands.add_parser(
+        "switch", help="the eBPF switch on this machine's interfaces: attach, detach, status",
+        description="Run MBalancer's eBPF data plane on interfaces of this machine, remove it, or show it (root).")
+    actions = parser.add_subparsers(dest="action", required=True, metavar="ACTION")
+    attach = actions.add_parser("attach", help="load the program and attach it to the ports")
+    attach.add_argument("--ports", help="interfaces to switch between, comma-separated (default: the config's "
+                                        "[dataplane.ebpf] ports)")
+    attach.add_argument("--memcached-port", type=int, action="append",
+                        help="memcached port to balance (repeatable; default: the config's servers' ports, or 11211)")
+    detach = actions.add_parser("detach", help="remove the program, its mirror link and its pins")
+    detach.add_argument("--all", action="store_true", help="every switch loaded on this machine")
+    status = actions.add_parser("status", help="ports, hot keys, lease and counters of each switch")
+    status.add_argument("--json", action="store_true", help="one JSON object per switch")
+    for sub in (attach, detach, status):
+        sub.add_argument("--config", type=Path, help="MBalancer config (TOML)")
+        sub.add_argument("--name", help=f"switch name (default: the config's first [dataplane.ebpf] switch, or "
+                                        f"{DEFAULT_NAME})")
+        sub.set_defaults(run=_run, fail=sub.error)
+
+
+def _run(args: argparse.Namespace, fail: Fail) -> int:
+    settings, servers = _from_config(args, fail)
+    name = args.name or (settings.switches[0] if settings and settings.switches else DEFAULT_NAME)
+    if os.geteuid() != 0:
+        fail("needs root (tc, bpftool, bpffs)")
+    from dataplanes.ebpf import program
+    if (problem := program.available()) is not None:
+        print(f"mbalancer switch: the eBPF data plane cannot run here: {problem}", file=sys.stderr)
+        return 1
+    try:
+        if args.action == "attach":
+            return _attach(args, name, settings, servers, fail)
+        if args.action == "detach":
+            return _detach(program.loaded_switches() if args.all else [name])
+        return _status([args.name] if args.name else program.loaded_switches(), args.json)
+    except (program.DataPlaneError, OSError, ValueError) as err:
+        print(f"mbalancer switch {args.action}: {err}", file=sys.stderr)
+        return 1
+
+
+def _from_config(args: argparse.Namespace, fail: Fail) -> tuple:
+    if not args.config:
+        return None, ()
+    try:
+        config = load_config(args.config)
+    except ConfigError as err:
+        fail(f"--config: {err}")
+    return dict(config.dataplane.sections).get("ebpf"), config.servers
+
+
+def _attach(args: argparse.Namespace, name: str, settings, servers, fail: Fail) -> int:
+    from dataplanes.ebpf import standalone
+    ports = [p.strip() for p in args.ports.split(",") if p.strip()] if args.ports else \
+        list(settings.ports if settings else ())
+    if not ports:
+        fail("--ports: give the interfaces to switch between (or [dataplane.ebpf] ports in --config)")
+    memcached_ports = args.memcached_port or sorted({s.port for s in servers}) or [11211]
+    if not all(0 < p < 65536 for p in memcached_ports):
+        fail(f"--memcached-port: 1-65535 (got {memcached_ports})")
+    record = standalone.attach(name, ports, memcached_ports)
+    print(f"mbalancer switch: {name} attached to {', '.join(record.ports)}; memcached port(s) "
+          f"{', '.join(map(str, record.memcached_ports))}; the controller drives it with --driver ebpf "
+          f"(undo: mbalancer switch detach --name {name})", file=sys.stderr)
+    return 0
+
+
+def _detach(names: list[str]) -> int:
+    from dataplanes.ebpf import standalone
+    if not names:
+        print("mbalancer switch: no switch is loaded on this machine", file=sys.stderr)
+    for name in names:
+        removed = standalone.detach(name)
+        print(f"mbalancer switch: {name}: " + (f"removed {'; '.join(removed)}" if removed else "nothing to remove "
+                                                  "(not attached)"), file=sys.stderr)
+    return 0
+
+
+def _status(names: list[str], as_json: bool) -> int:
+    from dataplanes.ebpf import program, standalone
+    loaded = program.loaded_switches()
+    if not names:
+        print("mbalancer switch: no switch is loaded on this machine", file=sys.stderr)
+    for name in names:
+        if name not in loaded:
+            print(f"mbalancer switch: no switch named {name} is loaded", file=sys.stderr)
+            return 1
+        report = standalone.status(name)
+        print(json.dumps(report) if as_json else _format(report))
+    return 0
+
+
+def _format(report: dict) -> str:
+    counters = report["counters"]
+    busy = ", ".join(f"{k} {v:,}" for k, v in counters.items() if v)
+    ports = ", ".join(report["ports"]) if report["ports"] is not None else "unknown (not attached by this command)"
+    return (f"{report['name']}: ports {ports}; memcached port(s) {', '.join(map(str, report['memcached_ports']))}; "
+            f"{report['hot_keys']} hot keys; lease {report['lease_left_s']:g} s left; {report['learned_macs']} MACs "
+            f"learned\n  counters: {busy or 'all zero'}")

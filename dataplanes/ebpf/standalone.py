@@ -1,0 +1,117 @@
+"""An eBPF switch on this machine's own interfaces, made by one command and removed by another (`mbalancer switch
+attach | detach | status`), for a Linux box that forwards between memcached clients and servers.
+
+attach() records what it makes in RECORDS/<name>.json before making it (ports, memcached ports, the mirror link),
+so detach(), from another process and at any later time, removes exactly that, also after an attach that failed
+half way. The program forwards among its ports itself (L2, learning; tc ingress runs before a bridge would see the
+frame), so ports that are members of a Linux bridge are taken over while attached and given back at detach.
+"""
+from __future__ import annotations
+
+import json
+import socket
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Sequence
+
+from dataplanes.ebpf.program import PIN_ROOT, DataPlane, DataPlaneError, loaded_switches, mirror_link_of
+
+RECORDS = Path("/run/mbalancer/switches")  # /run: gone after a reboot, as the program and its pins are
+
+
+@dataclass(frozen=True)
+class SwitchRecord:
+    name: str
+    ports: tuple[str, ...]
+    memcached_ports: tuple[int, ...]
+    attached_unix: float
+
+    @staticmethod
+    def read(name: str) -> "SwitchRecord | None":
+        try:
+            raw = json.loads(_record_path(name).read_text())
+            return SwitchRecord(raw["name"], tuple(raw["ports"]), tuple(raw["memcached_ports"]), raw["attached_unix"])
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+
+    def write(self) -> None:
+        RECORDS.mkdir(parents=True, exist_ok=True)
+        _record_path(self.name).write_text(json.dumps(asdict(self)) + "\n")
+
+
+def _record_path(name: str) -> Path:
+    return RECORDS / f"{name}.json"
+
+
+def attach(name: str, ports: Sequence[str], memcached_ports: Sequence[int]) -> SwitchRecord:
+    """Load the program as switch `name`, attach it to every port, make its mirror link; DataPlaneError (with
+    nothing left behind) if any step fails."""
+    DataPlane(name)  # checks the name
+    missing = [port for port in ports if not _exists(port)]
+    if not ports or missing:
+        raise DataPlaneError(f"no such interface: {', '.join(missing)}" if missing else "give at least one port")
+    if len(set(ports)) != len(ports):
+        raise DataPlaneError("a port is listed twice")
+    if name in loaded_switches() or _record_path(name).exists():
+        raise DataPlaneError(f"a switch named {name} is attached already (mbalancer switch detach --name {name})")
+    taken = {port: other.name for other in map(SwitchRecord.read, loaded_switches()) if other for port in other.ports}
+    if clash := [f"{port} (switch {taken[port]})" for port in ports if port in taken]:
+        raise DataPlaneError(f"ports belong to another switch: {', '.join(clash)}")
+    record = SwitchRecord(name, tuple(ports), tuple(sorted(set(memcached_ports))), round(time.time(), 3))
+    record.write()
+    plane = DataPlane(name)
+    try:
+        plane.load()
+        plane.serve(list(ports), plane.add_mirror_link(), record.memcached_ports)
+    except (DataPlaneError, OSError) as err:
+        detach(name)
+        raise DataPlaneError(str(err)) from None
+    return record
+
+
+def detach(name: str) -> list[str]:
+    """Remove switch `name`: its tc filters (the clsact qdisc of each recorded port), its mirror link, its pins
+    and its record; returns what was removed, in words ([] if there was nothing)."""
+    record = SwitchRecord.read(name)
+    plane = DataPlane(name)
+    removed = []
+    if record:
+        plane.attached = [port for port in record.ports if _exists(port)]
+        removed.append(f"the program on {', '.join(plane.attached) or 'no port left'}")
+    if _exists(mirror_link_of(name)[0]):
+        plane.mirror_link = True
+        removed.append(f"the mirror link {'/'.join(mirror_link_of(name))}")
+    if (PIN_ROOT / name).exists():
+        removed.append(f"the pins under {PIN_ROOT / name}")
+    plane.unload()
+    if _record_path(name).exists():
+        _record_path(name).unlink()
+        removed.append("its record")
+    return removed
+
+
+def status(name: str) -> dict:
+    """What switch `name` is: its ports (from the record), memcached ports, hot keys, lease and counters."""
+    from dataplanes.ebpf.tables import Tables  # needs the bpf syscall; importing the module does not
+    record = SwitchRecord.read(name)
+    tables = Tables(PIN_ROOT / name)
+    try:
+        lease_ns = tables.lease()
+        hot = tables.hot_entries()
+        report = {"name": name, "ports": list(record.ports) if record else None,
+                  "memcached_ports": sorted(tables.memcached_ports()), "hot_keys": len(hot),
+                  "lease_left_s": round(max(lease_ns - time.monotonic_ns(), 0) / 1e9, 3),
+                  "learned_macs": len(tables.forward()), "counters": tables.counters(),
+                  "attached_unix": record.attached_unix if record else None}
+    finally:
+        tables.close()
+    return report
+
+
+def _exists(iface: str) -> bool:
+    try:
+        socket.if_nametoindex(iface)
+        return True
+    except OSError:
+        return False
