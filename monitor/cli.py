@@ -20,7 +20,8 @@ from mbalancer.monitor_report import FIELDS
 from mbalancer.packets import SUPPORTED_LINKTYPES
 from mbalancer.processes import stop_on_signals
 from monitor.monitor import Monitor
-from monitor.outputs import Fanout, HttpPush, JsonLines, TerminalView, url_problem
+from monitor.outputs import Fanout, HttpPush, JsonLines, url_problem
+from monitor.terminal import KeyReader, TerminalView
 from monitor.pcapfile import CaptureFile, PcapError
 
 log = logging.getLogger(__name__)
@@ -66,12 +67,12 @@ def _run_monitor(args: argparse.Namespace, fail: Fail) -> int:
         fail(f"--duration must be positive (got {args.duration})")
     if args.push and (problem := url_problem(args.push)):
         fail(f"--push: {problem}")
-    outputs = [JsonLines() if args.json else TerminalView(source=args.iface or args.pcap)]
+    view = None if args.json else TerminalView(source=args.iface or args.pcap)
     push = HttpPush(args.push) if args.push else None
-    monitor = Monitor(Fanout(*outputs, *([push] if push else [])), port=args.port, top=args.top,
+    monitor = Monitor(Fanout(view or JsonLines(), *([push] if push else [])), port=args.port, top=args.top,
                       interval=args.interval, capacity=args.capacity, sample=args.sample)
     try:
-        stats = _read_pcap(monitor, args.pcap) if args.pcap else _capture(monitor, args)
+        stats = _read_pcap(monitor, args.pcap) if args.pcap else _capture(monitor, args, view)
     except (PcapError, CaptureError) as err:
         fail(str(err))
     totals = monitor.totals
@@ -121,12 +122,13 @@ def _read_pcap(monitor: Monitor, path: str) -> str:
     return f"read {packets} packets from {path}" + (" (the last one cut short)" if capture.truncated else "")
 
 
-def _capture(monitor: Monitor, args: argparse.Namespace) -> str:
+def _capture(monitor: Monitor, args: argparse.Namespace, view: TerminalView | None) -> str:
     capture = LiveCapture(args.iface.split(","), args.port, args.sample)
     monitor.source_counters = capture.update_statistics  # each report says what the kernel dropped meanwhile
     until = time.monotonic() + (args.duration if args.duration else float("inf"))
     # Ctrl-C and SIGTERM end the capture between packets (not in the middle of writing a report)
     stopping = stop_on_signals()
+    keys = KeyReader(view.key, stopping.set).start() if view else None  # q quits, r/c/k sort (a terminal only)
     print(f"mbalancer monitor: {READY} {args.iface}, port {args.port}", file=sys.stderr, flush=True)
     try:
         for timestamp, frame in capture.frames(until, wake_every=args.interval / 4, stop=stopping.is_set):
@@ -136,6 +138,8 @@ def _capture(monitor: Monitor, args: argparse.Namespace) -> str:
                 monitor.frame(timestamp, capture.linktype, frame)
         monitor.finish(time.time())
     finally:
+        if keys:
+            keys.close()
         capture.close()
     sampling = f" and 1-in-{args.sample} sampling" if args.sample > 1 else ""
     return (f"captured {capture.received} requests on {args.iface} (after the kernel filter{sampling}), "

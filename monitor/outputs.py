@@ -1,4 +1,4 @@
-"""What happens to each report: a live terminal view (like mctop), JSON lines, an HTTP push to the controller.
+"""What happens to each report: JSON lines, an HTTP push to the controller (the terminal view: monitor/terminal.py).
 
 Push protocol (for the controller, issue 5): each report is sent as the body of an HTTP POST to the configured URL,
 Content-Type application/json, the same object as a --json line. A failed push is logged and counted, never fatal:
@@ -14,7 +14,6 @@ import urllib.parse
 import urllib.request
 from typing import TextIO
 
-from mbalancer.memcache.keys import printable_key
 from monitor.monitor import Report
 
 log = logging.getLogger(__name__)
@@ -26,26 +25,6 @@ class JsonLines:
 
     def __call__(self, report: Report) -> None:
         print(json.dumps(report), file=self.out, flush=True)
-
-
-class TerminalView:
-    """The top keys as a table; on a terminal the screen is redrawn each interval, elsewhere tables follow."""
-
-    def __init__(self, out: TextIO = sys.stdout, source: str = ""):
-        self.out = out
-        self.source = source
-        self.redraw = out.isatty()
-
-    def __call__(self, report: Report) -> None:
-        lines = [f"mbalancer monitor {self.source}  {report['rate']:,.0f} gets/s over {report['interval']:.2f} s  "
-                 f"packets {report['packets']}  skipped {sum(report['skipped'].values())}  "
-                 f"other traffic {report['ignored']}" + (f"  sample 1/{report['sample']}" if report["sample"] > 1 else ""),
-                 f"{'#':>3} {'key':<40} {'gets/s':>12} {'share':>7} {'± gets':>9}"]
-        for rank, hitter in enumerate(report["top"], 1):
-            lines.append(f"{rank:>3} {printable_key(hitter['key'])[:40]:<40} {hitter['rate']:>12,.1f} "
-                         f"{100 * hitter['share']:>6.2f}% {hitter['error']:>9}")
-        prefix = "\x1b[H\x1b[2J" if self.redraw else ""
-        print(prefix + "\n".join(lines) + ("" if self.redraw else "\n"), file=self.out, flush=True)
 
 
 def url_problem(url: str) -> str | None:

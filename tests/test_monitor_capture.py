@@ -3,11 +3,14 @@ to the controller, and bad input on the command line."""
 from __future__ import annotations
 
 import http.server
+import io
 import json
+import os
 import signal
 import struct
 import subprocess
 import sys
+import termios
 import threading
 import time
 from collections import Counter
@@ -23,6 +26,7 @@ from mbalancer.memcache.addresses import ServerAddress
 from mbalancer.memcache.server import MemcachedServer
 from monitor.cli import READY
 from monitor.monitor import MAX_EMPTY_REPORTS
+from monitor.terminal import KeyReader, TerminalView
 from tests.conftest import wait_for_line
 
 REQUESTS = 20_000
@@ -268,3 +272,35 @@ def test_live_capture_on_several_interfaces_counts_each_request_once():
 def test_several_interfaces_need_existing_ones(run_cli):
     result = run_cli("monitor", "--iface", "lo,no-such-if0", "--duration", "1")
     assert result.returncode == 2 and "no-such-if0" in result.stderr
+
+
+def _report(rates: dict[str, float]) -> dict:
+    total = sum(rates.values())
+    return {"rate": total, "interval": 1.0, "packets": int(total), "skipped": {}, "ignored": 0, "sample": 1,
+            "top": [{"key": k, "rate": r, "share": r / total, "error": 0} for k, r in rates.items()]}
+
+
+def test_the_terminal_view_shows_the_interval_before_and_sorts_by_key():
+    out = io.StringIO()
+    view = TerminalView(out=out, source="eth0")
+    view(_report({"key:a": 100.0, "key:b": 50.0}))
+    view(_report({"key:b": 300.0, "key:c": 10.0}))
+    rows = [line.split() for line in view.lines()[2:]]
+    assert [(r[1], r[2], r[3], r[4]) for r in rows] == [("key:b", "300.0", "50.0", "+250"),
+                                                        ("key:c", "10.0", "-", "new")]
+    assert view.key("k") and [line.split()[1] for line in view.lines()[2:]] == ["key:b", "key:c"]
+    assert view.key("c") and view.sort == "c" and not view.key("q")
+    assert out.getvalue().count("mbalancer monitor eth0") == 2 + 2  # each report, and each sort, redrawn
+
+
+def test_keys_are_read_from_a_terminal_and_q_quits():
+    master, slave = os.openpty()
+    with os.fdopen(slave, "r") as terminal:
+        before = termios.tcgetattr(terminal)
+        seen, quit_called = [], threading.Event()
+        reader = KeyReader(lambda char: seen.append(char) or char != "q", quit_called.set, stdin=terminal).start()
+        os.write(master, b"kq")
+        assert quit_called.wait(10) and seen == ["k", "q"]
+        reader.close()
+        assert termios.tcgetattr(terminal) == before  # the terminal is given back as it was
+    os.close(master)

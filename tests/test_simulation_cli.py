@@ -124,8 +124,8 @@ def test_demo_prints_table_plots_and_a_json_line(run_cli, tmp_path):
 def test_ctrl_c_stops_politely(tmp_path):
     """SIGINT mid-run: exit 130 with one line saying so and what was written, no traceback."""
     from tests.conftest import MBALANCER
-    process = subprocess.Popen([str(MBALANCER), "simulate", "figure", "all", "--trials", "2000", "--out", str(tmp_path)],
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    command = [str(MBALANCER), "simulate", "figure", "all", "--trials", "2000", "--out", str(tmp_path)]
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         process.stderr.readline()  # the first progress line: the run is under way
         process.send_signal(signal.SIGINT)
@@ -139,3 +139,19 @@ def test_ctrl_c_stops_politely(tmp_path):
 def test_version(run_cli):
     result = run_cli("--version")
     assert result.returncode == 0 and result.stdout.startswith("mbalancer 0.")
+
+
+def test_every_option_of_every_command_says_what_it_is():
+    import argparse
+    from mbalancer.cli import build_parser
+
+    def silent(parser: argparse.ArgumentParser, path: str) -> list[str]:
+        found = []
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                for name, sub in action.choices.items():
+                    found += silent(sub, f"{path} {name}")
+            elif not action.help and action.dest != "help":
+                found.append(f"{path} {'/'.join(action.option_strings) or action.dest}")
+        return found
+    assert silent(build_parser(), "mbalancer") == []

@@ -14,6 +14,7 @@ from experiments.simulation.zipf import zipf_weights
 from experiments.workload.engine import run_load
 from experiments.workload.keystream import KeyStream
 from experiments.workload.populate import PopulateError, populate
+from experiments.workload.plot import latency_title
 from experiments.workload.records import NOT_ANSWERED, OUTCOME_CODE, summarise
 from experiments.workload.spec import Workload, WorkloadError
 from mbalancer.memcache.addresses import ServerAddress
@@ -218,6 +219,11 @@ def test_a_server_that_answers_nothing_is_named_and_fails_the_run(run_cli, popul
     assert f"{dead} answered none of its" in result.stderr and "memcached -U" in result.stderr
     assert str(populated.servers[0]) not in result.stderr.split("answered none")[0].splitlines()[-1]
     assert json.loads(result.stdout)["timeouts"] > 0  # what was measured is still printed
+
+
+def test_a_run_with_nothing_answered_says_so_in_its_plot():
+    assert latency_title({"p50_ms": None, "p99_ms": None}) == "latency: no request was answered"
+    assert latency_title({"p50_ms": 0.25, "p99_ms": 1.5}) == "latency: p50 0.250 ms, p99 1.500 ms"
 
 
 def test_servers_may_be_given_by_name(run_cli, populated, tmp_path):

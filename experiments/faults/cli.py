@@ -30,9 +30,10 @@ def register(commands: argparse._SubParsersAction) -> None:
                                                                    "client sustains on a 2-core machine)")
     parser.add_argument("--write-rate", type=float, default=20.0, help="versioned sets/s to the hot keys")
     parser.add_argument("--hot", type=int, default=6, help="hot keys, none homed on the faulted server")
-    parser.add_argument("--warmup", type=float, default=3.0)
-    parser.add_argument("--fault", type=float, default=3.0, help="seconds the fault lasts")
-    parser.add_argument("--recovery", type=float, default=4.0)
+    parser.add_argument("--warmup", type=float, default=3.0, help="seconds of load before the fault (default 3)")
+    parser.add_argument("--fault", type=float, default=3.0, help="seconds the fault lasts (default 3)")
+    parser.add_argument("--recovery", type=float, default=4.0,
+                        help="seconds of load after the fault ends, to see the recovery (default 4)")
     parser.set_defaults(run=_run, fail=parser.error)
 
 

@@ -42,7 +42,7 @@ def register(commands: argparse._SubParsersAction) -> None:
     figure.add_argument("name", choices=sorted(FIGURES) + ["all"], help="figure number, or all")
     figure.add_argument("--out", type=Path, required=True, help="output folder")
     figure.add_argument("--trials", type=int, default=Scenario.trials, help="random assignments per point")
-    figure.add_argument("--seed", type=int, default=Scenario.seed)
+    figure.add_argument("--seed", type=int, default=Scenario.seed, help=f"random seed (default {Scenario.seed})")
     figure.add_argument("--alpha", type=float, default=Scenario.alpha, help="Zipf exponent (default 1.0)")
     figure.add_argument("--hot", type=int, default=Scenario.hot, help="hot keys H (default 10)")
     figure.set_defaults(run=_run_figure, fail=figure.error)
@@ -51,8 +51,9 @@ def register(commands: argparse._SubParsersAction) -> None:
                                description="Print the headline table for the thesis's setting and write "
                                            "all figures under OUT/simulation.")
     demo.add_argument("--out", type=Path, default=Path("results"), help="output folder (default results)")
-    demo.add_argument("--trials", type=int, default=Scenario.trials)
-    demo.add_argument("--seed", type=int, default=Scenario.seed)
+    demo.add_argument("--trials", type=int, default=Scenario.trials,
+                      help=f"random assignments per point (default {Scenario.trials})")
+    demo.add_argument("--seed", type=int, default=Scenario.seed, help=f"random seed (default {Scenario.seed})")
     demo.set_defaults(run=_run_demo, fail=demo.error)
 
 

@@ -123,14 +123,16 @@ def plot(spec: FigureSpec, rows: list[dict], path: Path, base: Scenario) -> None
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(7, 4.5))
-    for curve in spec.curves:
+    for number, curve in enumerate(spec.curves):
         mine = [r for r in rows if r["curve"] == curve.label]
-        xs = [r[spec.x_param] for r in mine]
+        xs = [_nudged(r[spec.x_param], number, spec) for r in mine]
         means = [r["mean"] for r in mine]
         err = [[r["mean"] - r["ci95_low"] for r in mine], [r["ci95_high"] - r["mean"] for r in mine]]
         ax.errorbar(xs, means, yerr=err, label=curve.label, capsize=2, markersize=4, **curve.style)
     if spec.log_x:
         ax.set_xscale("log")
+        ax.minorticks_off()  # ticks at the values computed, labelled as numbers (not 10^k)
+    ax.set_xticks(spec.x_values, [f"{x:,}" for x in spec.x_values], fontsize=8, rotation=45 if spec.log_x else 0)
     ax.set_xlabel(f"number of {spec.x_param}")
     ax.set_ylabel(spec.y_label)
     if spec.curves[0].metric == "imbalance_factor":
@@ -145,6 +147,17 @@ def plot(spec: FigureSpec, rows: list[dict], path: Path, base: Scenario) -> None
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
+
+
+NUDGE = 0.007  # of the x range (of a decade on log axes) between neighbouring curves: no curve hides another
+
+
+def _nudged(x: float, number: int, spec: FigureSpec) -> float:
+    """x shifted a little per curve, the curves centred on the true x."""
+    offset = NUDGE * (number - (len(spec.curves) - 1) / 2)
+    if spec.log_x:
+        return x * 10 ** offset
+    return x + offset * (max(spec.x_values) - min(spec.x_values))
 
 
 def make_figure(name: str, out: Path, base: Scenario, progress: Callable[[str], None] | None = None) -> list[Path]:

@@ -10,6 +10,12 @@ from experiments.workload.records import NOT_ANSWERED, Records
 THROUGHPUT_BIN = 0.1  # seconds
 
 
+def latency_title(summary: dict) -> str:
+    if summary["p50_ms"] is None:
+        return "latency: no request was answered"
+    return f"latency: p50 {summary['p50_ms']:.3f} ms, p99 {summary['p99_ms']:.3f} ms"
+
+
 def plot_run(records: Records, summary: dict, path: Path) -> None:
     import matplotlib
     matplotlib.use("Agg")
@@ -26,7 +32,9 @@ def plot_run(records: Records, summary: dict, path: Path) -> None:
     servers.set_xticks(x, names, rotation=30, ha="right", fontsize=8)
     servers.set_ylabel("requests")
     servers.set_title(f"per server (imbalance factor {summary['imbalance_factor_measured'] or 0:.3f})")
-    servers.legend(loc="lower center")
+    tallest = max([row["asked"] for row in summary["per_server"]] + [1])
+    servers.set_ylim(0, tallest * 1.3)  # room above the bars for the legend
+    servers.legend(loc="upper center", ncol=2, fontsize=8)
 
     latency_ms = np.sort(np.frombuffer(records.latency, dtype=float)[ok] * 1e3)
     if latency_ms.size:
@@ -34,7 +42,7 @@ def plot_run(records: Records, summary: dict, path: Path) -> None:
         cdf.set_xscale("log")
     cdf.set_xlabel("latency (ms)")
     cdf.set_ylabel("fraction of answered requests")
-    cdf.set_title(f"latency: p50 {summary['p50_ms'] or 0:.3f} ms, p99 {summary['p99_ms'] or 0:.3f} ms")
+    cdf.set_title(latency_title(summary))
     cdf.grid(alpha=0.3)
 
     sent = np.frombuffer(records.sent, dtype=float)[ok]
