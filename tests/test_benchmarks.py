@@ -62,6 +62,21 @@ def test_ebpf_switch_benchmark_prints_rates_side_by_side():
     assert report["hot_gets_balanced"] >= 20000
 
 
+def test_ebpf_program_benchmark_prints_every_path():
+    import os
+
+    import pytest
+
+    from dataplanes.ebpf.program import available
+    why_not = available() if os.geteuid() == 0 else "needs root"
+    if why_not:
+        pytest.skip(f"eBPF data plane cannot run here: {why_not}")
+    report = run_benchmark("bench_ebpf_program.py", "--runs", "20", "--lengths", "16,250")
+    assert {(r["path"], r["key_bytes"]) for r in report["rows"]} == {
+        (path, n) for path in ("cold", "hot", "dirty", "write", "reply", "unparsed") for n in (16, 250)}
+    assert all(r["ns"] > 0 for r in report["rows"]) and set(report["targets"]) == {"cold 16 B", "cold 250 B"}
+
+
 def test_write_burst_benchmark_prints_sync_latency_and_ends_fresh():
     report = run_benchmark("bench_write_burst.py", "--rate", "500", "--seconds", "0.5", "--hot", "3")
     assert report["writes"] > 0 and report["syncs"] > 0

@@ -167,15 +167,19 @@ class BpfMap:
 class TestRun:
     verdict: int  # the program's return value (TC_ACT_*)
     packet: bytes  # the packet as the program left it
+    duration_ns: int = 0  # the kernel's own timing of the run (ktime around the program, no syscall)
 
 
-def prog_test_run(prog_fd: int, packet: bytes, out_size: int = 4096) -> TestRun:
-    """Run a loaded program once on `packet` in the kernel (BPF_PROG_TEST_RUN); maps are the real ones."""
+def prog_test_run(prog_fd: int, packet: bytes, out_size: int = 4096, repeat: int = 1) -> TestRun:
+    """Run a loaded program on `packet` in the kernel (BPF_PROG_TEST_RUN); maps are the real ones. With repeat > 1
+    the kernel runs it that many times, each run on the packet as the one before left it; duration_ns is then the
+    mean per run."""
     data_in = ctypes.create_string_buffer(packet, len(packet))
     data_out = _attr(out_size)
     attr = _attr()
     struct.pack_into("=IIIIQQII", attr, 0, prog_fd, 0, len(packet), out_size, _address(data_in),
-                     _address(data_out), 1, 0)
+                     _address(data_out), repeat, 0)
     _bpf(BPF_PROG_TEST_RUN, attr, "test run")
     verdict, _, size_out = struct.unpack_from("=III", attr, 4)
-    return TestRun(verdict, bytes(data_out[:size_out]))
+    duration = struct.unpack_from("=I", attr, 36)[0]  # after prog_fd, retval, sizes, data_in/out, repeat
+    return TestRun(verdict, bytes(data_out[:size_out]), duration)
