@@ -12,7 +12,7 @@ import pytest
 
 from dataplanes.ebpf.bpf_syscall import obj_get, prog_test_run
 from dataplanes.ebpf.program import HERE, DataPlane, available
-from dataplanes.ebpf.tables import COUNTERS, STRUCT_SIZES, HotEntry, Tables, cumulative_weights
+from dataplanes.ebpf.tables import COUNTERS, STRUCT_SIZES, HotEntry, Tables, cumulative_weights, key_bucket
 
 pytest.importorskip("scapy.all")
 from scapy.all import IP, Ether  # noqa: E402
@@ -151,3 +151,56 @@ def test_a_flood_of_spoofed_source_macs_does_not_keep_a_new_host_out(plane):
     prog_test_run(prog, bytes(Ether(src=newcomer, dst="ff:ff:ff:ff:ff:ff", type=0x0806) / (b"\x00" * 28)))
     assert newcomer in tables.forward()
     assert len(tables.forward()) <= 4096
+
+
+def balanced_destination(tables: Tables, prog: int, key: bytes) -> str:
+    """Where the program sends a get for `key` (from the client to server 0)."""
+    place_hosts(tables)
+    return Ether(prog_test_run(prog, request(b"get " + key + b"\r\n")).packet)[IP].dst
+
+
+def install_clean(tables: Tables, key: bytes, slot: int) -> None:
+    tables.set_hot(key, HotEntry(slot, 0, REPLICAS, tuple(cumulative_weights((0.0, 1.0, 0.0)))))
+    make_clean(tables, slot, 0)
+
+
+@pytest.mark.parametrize("length", [1, 7, 8, 9, 15, 16, 17, 64, 100, 249, 250])
+def test_the_filter_finds_hot_keys_of_every_length(plane, length):
+    """The program's key hash (over 8-byte words while it scans) is the control library's key_bucket: a hot key of
+    any length is found; once removed, its bucket counts nothing and its gets go home."""
+    tables, prog = plane
+    key = (b"k%d-" % length + bytes(range(0x41, 0x5b)) * 10)[:length]
+    tables.set_lease(time.monotonic_ns() + 3600 * 10**9)
+    install_clean(tables, key, 0)
+    try:
+        assert tables.filter_count(key) == 1
+        assert balanced_destination(tables, prog, key) == SERVERS[1][1]
+    finally:
+        tables.delete_hot(key)
+    assert tables.filter_count(key) == 0 and balanced_destination(tables, prog, key) == SERVERS[0][1]
+
+
+def test_a_cold_key_in_a_hot_keys_bucket_still_goes_home(plane):
+    """Buckets are shared (2^16 of them): the filter only lets a key skip the exact lookup, never decides it."""
+    tables, prog = plane
+    seen: dict[int, bytes] = {}
+    for number in range(100_000):  # a collision among ~300 keys is likely; among 100,000 certain
+        key = b"c%d" % number
+        if (bucket := key_bucket(key)) in seen:
+            hot, cold = seen[bucket], key
+            break
+        seen[bucket] = key
+    tables.set_lease(time.monotonic_ns() + 3600 * 10**9)
+    install_clean(tables, hot, 0)
+    try:
+        assert tables.filter_count(cold) == 1
+        assert balanced_destination(tables, prog, cold) == SERVERS[0][1]  # cold: home, untouched
+        install_clean(tables, cold, 1)
+        assert tables.filter_count(hot) == 2
+        tables.set_hot(cold, HotEntry(1, 0, REPLICAS, tuple(cumulative_weights((0.0, 1.0, 0.0)))))  # a reweigh
+        assert tables.filter_count(hot) == 2  # counted once per key, not per write
+        tables.delete_hot(cold)
+        assert tables.filter_count(hot) == 1 and balanced_destination(tables, prog, hot) == SERVERS[1][1]
+    finally:
+        tables.delete_hot(hot)
+        tables.delete_hot(cold)

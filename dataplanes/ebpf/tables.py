@@ -23,6 +23,9 @@ WEIGHT_ONE = 65536
 COUNTERS = ("packets", "memcached", "unparsed", "balanced", "already_balanced", "mirrored", "replies_rewritten",
             "flooded", "dropped", "unsure", "cloned", "lease_expired")  # enum mb_counter, in order
 HELD = 2 ** 64 - 1  # MB_HELD: a synced write count no slot reaches, so the key stays dirty
+FILTER_BITS = 16  # MB_FILTER_BITS: hot_filter's buckets
+HASH_MUL = 0x9E3779B97F4A7C15  # MB_HASH_MUL
+U64_MASK = 2 ** 64 - 1
 
 KEY = struct.Struct(f"=I{KEY_BYTES}s")  # struct mb_key
 HOT = struct.Struct(f"=III{MAX_REPLICAS}I{MAX_REPLICAS}I")  # struct mb_hot
@@ -37,13 +40,22 @@ STRUCT_SIZES = {"hot_keys": (KEY.size, HOT.size), "servers": (U32.size, SERVER.s
                 "trusted_sources": (4, 4),
                 "unsure": (4, 8), "synced": (4, SYNCED.size), "lease": (4, 8), "server_index": (SERVER_ADDRESS.size, 4),
                 "forward": (8, 4), "ports": (4, 4), "flows": (8, 4), "key_counters": (4, KEY_COUNTERS.size),
-                "counters": (4, 8), "settings": (4, SETTINGS.size), "memcached_ports": (2, 4)}
+                "counters": (4, 8), "settings": (4, SETTINGS.size), "memcached_ports": (2, 4), "hot_filter": (4, 4)}
 
 
 def key_entry(key: bytes) -> bytes:
     if not 1 <= len(key) <= MAX_KEY:
         raise ValueError(f"key of {len(key)} bytes: the data plane takes 1 to {MAX_KEY}")
     return KEY.pack(len(key), key)
+
+
+def key_bucket(key: bytes) -> int:
+    """The key's hot_filter bucket, as the program computes it while it scans the key (parse.h mb_scan_word):
+    each 8-byte word, little-endian, the last one zero padded, xored in and multiplied; then the length."""
+    value = 0
+    for at in range(0, len(key), 8):
+        value = ((value ^ int.from_bytes(key[at:at + 8], "little")) * HASH_MUL) & U64_MASK
+    return (((value ^ len(key)) * HASH_MUL) & U64_MASK) >> (64 - FILTER_BITS)
 
 
 def mac_bytes(mac: str) -> bytes:
@@ -101,6 +113,8 @@ class Tables:
         pad = MAX_REPLICAS - len(entry.servers)
         value = HOT.pack(entry.slot, entry.home, len(entry.servers), *entry.servers, *([0] * pad),
                          *entry.cumulative, *([WEIGHT_ONE] * pad))
+        if self.hot(key) is None:  # a new hot key: counted in its filter bucket first, so no get of it skips it
+            self._count_in_filter(key, +1)
         self.maps["hot_keys"].update(key_entry(key), value)
 
     def hot(self, key: bytes) -> HotEntry | None:
@@ -123,7 +137,17 @@ class Tables:
         return entries
 
     def delete_hot(self, key: bytes) -> bool:
-        return self.maps["hot_keys"].delete(key_entry(key))
+        deleted = self.maps["hot_keys"].delete(key_entry(key))
+        if deleted:  # out of hot_keys first: a get in between still finds its bucket counted, and goes on to miss
+            self._count_in_filter(key, -1)
+        return deleted
+
+    def filter_count(self, key: bytes) -> int:
+        """Hot keys counted in the key's hot_filter bucket."""
+        return U32.unpack(self.maps["hot_filter"].lookup(U32.pack(key_bucket(key))))[0]
+
+    def _count_in_filter(self, key: bytes, change: int) -> None:
+        self.maps["hot_filter"].update(U32.pack(key_bucket(key)), U32.pack(max(self.filter_count(key) + change, 0)))
 
     # dirty state (bpf/structs.h, struct mb_synced)
     def writes(self, slot: int) -> int:

@@ -14,6 +14,16 @@ struct {
 	__type(value, struct mb_hot);
 } hot_keys SEC(".maps");
 
+/* hot_filter: per bucket of the key hash (mb_scan_word), how many hot keys hash there (written by the controller,
+ * before a key enters hot_keys and after it leaves). A key whose bucket counts 0 is cold without the hot_keys
+ * lookup, which hashes all 256 bytes of struct mb_key. */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1 << MB_FILTER_BITS);
+	__type(key, __u32);
+	__type(value, __u32);
+} hot_filter SEC(".maps");
+
 /* Dirty state (struct mb_synced says how). writes: per slot, writes the pipeline mirrored (atomic adds). */
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);

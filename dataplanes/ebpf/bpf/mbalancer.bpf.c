@@ -265,11 +265,11 @@ int mbalancer(struct __sk_buff *skb)
 	if (!scratched)
 		goto unparsed;
 	struct mb_key *key = &scratched->key;
-	int exact = 0;
-	if (!mb_read_key(skb, &pkt, key_off, key, &exact))
+	int exact = 0, maybe_hot = 0;
+	if (!mb_read_key(skb, &pkt, key_off, key, &exact, &maybe_hot))
 		goto unparsed;
 	__u32 key_end = key_off + key->len;
-	struct mb_hot *hot = bpf_map_lookup_elem(&hot_keys, key);
+	struct mb_hot *hot = maybe_hot ? bpf_map_lookup_elem(&hot_keys, key) : 0;  /* hot_filter: cold keys skip it */
 	if (command == MB_CMD_GET && exact) {  /* a single-key get, and nothing else */
 		if (hot && pkt.proto == IPPROTO_UDP)
 			return mb_hot_get(skb, &pkt, hot);

@@ -170,6 +170,7 @@ static __always_inline __u32 mb_lowest_byte(__u64 mask)
 }
 
 struct mb_scan {
+	__u64 hash;   /* of the key's bytes so far, a word at a time (tables.py key_bucket: the same) */
 	__u32 avail;  /* bytes loaded into the scratch key */
 	__u32 len;    /* where the key ended */
 	__u8 stop;    /* the byte that ended it: ' ' or '\r'; 0 if none (a control character came first, or no end) */
@@ -188,11 +189,15 @@ static long mb_scan_word(__u64 i, void *ctx)
 	__u64 word;
 	__builtin_memcpy(&word, scratched->key.bytes + (at & 0xff), 8);
 	__u64 special = mb_special_bytes(word);
-	if (!special)
+	if (!special) {
+		scan->hash = (scan->hash ^ word) * MB_HASH_MUL;
 		return 0;
+	}
 	__u32 end = at + mb_lowest_byte(special);
 	if (end >= scan->avail)
 		return 1;  /* past the bytes loaded: what is there is left over from another packet */
+	if (end > at)  /* the key's last bytes, the rest of the word masked off */
+		scan->hash = (scan->hash ^ (word & ((1ULL << ((end - at) * 8)) - 1))) * MB_HASH_MUL;
 	__u8 c = scratched->key.bytes[end & 0xff];
 	if (c == ' ' || c == '\r') {
 		scan->stop = c;
@@ -201,11 +206,13 @@ static long mb_scan_word(__u64 i, void *ctx)
 	return 1;
 }
 
-/* Read the key at key_off into the scratch `key` (length set, rest zeroed). Returns the byte that ended it (' ' or
- * '\r'), or 0 if no valid 1..250-byte key ends within reach. For a get, *exact is set when the key is followed by
- * "\r\n" and nothing else: a single-key get the switch may balance. */
+/* Read the key at key_off into the scratch `key`. Returns the byte that ended it (' ' or '\r'), or 0 if no valid
+ * 1..250-byte key ends within reach. For a get, *exact is set when the key is followed by "\r\n" and nothing
+ * else: a single-key get the switch may balance. *maybe_hot is set when hot_filter counts a hot key in the key's
+ * bucket; only then is the key made a full map key (length set, rest zeroed) for hot_keys: otherwise only its
+ * length is set. */
 static __always_inline __u8 mb_read_key(struct __sk_buff *skb, struct mb_packet *pkt, __u32 key_off,
-					struct mb_key *key, int *exact)
+					struct mb_key *key, int *exact, int *maybe_hot)
 {
 	__u32 end = pkt->payload_off + pkt->payload_len;
 	if (key_off >= end)
@@ -221,13 +228,16 @@ static __always_inline __u8 mb_read_key(struct __sk_buff *skb, struct mb_packet 
 	bpf_loop(MB_WORDS, mb_scan_word, &scan, 0);
 	__u8 stop = scan.stop;
 	__u32 len = scan.len;
-	if (!stop)
+	if (!stop || len < 1 || len > MB_MAX_KEY)
 		return 0;
-	__builtin_memset(key, 0, sizeof(*key));  /* reload the key alone: map keys compare all 252 bytes */
-	if (len < 1 || len > MB_MAX_KEY)
-		return 0;
-	if (bpf_skb_load_bytes(skb, key_off, key->bytes, ((len - 1) & 0xff) + 1) < 0)
-		return 0;
+	__u32 bucket = ((scan.hash ^ len) * MB_HASH_MUL) >> (64 - MB_FILTER_BITS);
+	__u32 *counted = bpf_map_lookup_elem(&hot_filter, &bucket);
+	*maybe_hot = counted && *counted;
+	if (*maybe_hot) {
+		__builtin_memset(key, 0, sizeof(*key));  /* reload the key alone: map keys compare all 252 bytes */
+		if (bpf_skb_load_bytes(skb, key_off, key->bytes, ((len - 1) & 0xff) + 1) < 0)
+			return 0;
+	}
 	key->len = len;
 	if (stop == '\r') {
 		__u8 lf = 0;

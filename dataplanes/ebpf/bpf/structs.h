@@ -16,6 +16,8 @@
 #define MB_WEIGHT_ONE 65536 /* weights are cumulative fractions of this */
 #define MB_LINE_BYTES 256   /* the rest of a command line after the key that is read to prove it whole */
 #define MB_HELD (~0ULL)     /* mb_synced.writes while the controller holds a key dirty: no count reaches it */
+#define MB_FILTER_BITS 16   /* hot_filter has 2^16 buckets: a cold key skips the hot_keys lookup unless it shares one */
+#define MB_HASH_MUL 0x9E3779B97F4A7C15ULL  /* the key hash's multiplier (tables.py key_bucket computes the same) */
 
 /* A memcached key as a map key: the length, then the bytes, zero padded. */
 struct mb_key {
