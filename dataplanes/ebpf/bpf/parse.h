@@ -170,6 +170,7 @@ static __always_inline __u32 mb_lowest_byte(__u64 mask)
 }
 
 struct mb_scan {
+	struct mb_key *key;  /* the scratch key the bytes were loaded into */
 	__u64 hash;   /* of the key's bytes so far, a word at a time (tables.py key_bucket: the same) */
 	__u32 avail;  /* bytes loaded into the scratch key */
 	__u32 len;    /* where the key ended */
@@ -177,17 +178,17 @@ struct mb_scan {
 };
 
 /* bpf_loop callback: look at 8-byte word i of the scratch key. One callback, verified once (a loop inlined into
- * the program multiplies the verifier's states past its limit), called once per 8 bytes instead of per byte. */
+ * the program multiplies the verifier's states past its limit), called once per 8 bytes instead of per byte; the
+ * key's pointer comes in the context (the verifier keeps its type there), not from a map lookup per call. */
 static long mb_scan_word(__u64 i, void *ctx)
 {
 	struct mb_scan *scan = ctx;
-	__u32 zero = 0;
-	struct mb_scratch *scratched = bpf_map_lookup_elem(&scratch, &zero);
+	struct mb_key *key = scan->key;  /* a pointer in the context: no map lookup per word */
 	__u32 at = i * 8;
-	if (!scratched || i >= MB_WORDS || at >= scan->avail)
+	if (i >= MB_WORDS || at >= scan->avail)
 		return 1;
 	__u64 word;
-	__builtin_memcpy(&word, scratched->key.bytes + (at & 0xff), 8);
+	__builtin_memcpy(&word, key->bytes + (at & 0xff), 8);
 	__u64 special = mb_special_bytes(word);
 	if (!special) {
 		scan->hash = (scan->hash ^ word) * MB_HASH_MUL;
@@ -198,7 +199,7 @@ static long mb_scan_word(__u64 i, void *ctx)
 		return 1;  /* past the bytes loaded: what is there is left over from another packet */
 	if (end > at)  /* the key's last bytes, the rest of the word masked off */
 		scan->hash = (scan->hash ^ (word & ((1ULL << ((end - at) * 8)) - 1))) * MB_HASH_MUL;
-	__u8 c = scratched->key.bytes[end & 0xff];
+	__u8 c = key->bytes[end & 0xff];
 	if (c == ' ' || c == '\r') {
 		scan->stop = c;
 		scan->len = end;
@@ -224,7 +225,7 @@ static __always_inline __u8 mb_read_key(struct __sk_buff *skb, struct mb_packet 
 	 * has room past the key for that. */
 	if (bpf_skb_load_bytes(skb, key_off, key->bytes, ((avail - 1) & 0xff) + 1) < 0)
 		return 0;
-	struct mb_scan scan = {.avail = avail};
+	struct mb_scan scan = {.key = key, .avail = avail};
 	bpf_loop(MB_WORDS, mb_scan_word, &scan, 0);
 	__u8 stop = scan.stop;
 	__u32 len = scan.len;
