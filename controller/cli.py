@@ -16,7 +16,7 @@ from controller.driver import DriverError
 from controller.drivers import make_driver
 from controller.http_api import serve, start_serving
 from dataplanes import registry
-from mbalancer.config import ConfigError, load_config
+from mbalancer.config import ConfigError, config_option
 from mbalancer.memcache.addresses import parse_server
 from mbalancer.processes import stop_on_signals
 
@@ -39,10 +39,7 @@ def register(commands: argparse._SubParsersAction) -> None:
 
 
 def _run_controller(args: argparse.Namespace, fail: Fail) -> int:
-    try:
-        config = load_config(args.config)
-    except ConfigError as err:
-        fail(f"--config: {err}")
+    config = config_option(args.config, fail)
     if args.driver:
         try:
             config = replace(config, dataplane=config.dataplane.choose(args.driver))

@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 from typing import Callable
 
-from mbalancer.config import ConfigError, load_config
+from mbalancer.config import config_option
 
 Fail = Callable[[str], None]
 DEFAULT_NAME = "mb0"
@@ -65,10 +65,7 @@ def _run(args: argparse.Namespace, fail: Fail) -> int:
 def _from_config(args: argparse.Namespace, fail: Fail) -> tuple:
     if not args.config:
         return None, ()
-    try:
-        config = load_config(args.config)
-    except ConfigError as err:
-        fail(f"--config: {err}")
+    config = config_option(args.config, fail)
     return dict(config.dataplane.sections).get("ebpf"), config.servers
 
 

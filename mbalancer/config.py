@@ -11,7 +11,7 @@ import re
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, NoReturn
 
 from mbalancer.memcache.addresses import DEFAULT_PORT, ServerAddress, parse_server
 from mbalancer.memcache.hashing import parse_hash_spec
@@ -106,6 +106,14 @@ def load_config(path: Path | str) -> Config:
     except tomllib.TOMLDecodeError as err:
         raise ConfigError(f"{path}: not valid TOML: {err}") from None
     return parse_config(raw)
+
+
+def config_option(path: Path | str, fail: Callable[[str], NoReturn]) -> Config:
+    """The config a command's --config names, or fail("--config: <why>") (argparse's error: one line, exit 2)."""
+    try:
+        return load_config(path)
+    except ConfigError as err:
+        fail(f"--config: {err}")
 
 
 def parse_config(raw: dict[str, Any]) -> Config:

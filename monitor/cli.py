@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Callable
 
 from monitor.capture import CaptureError, LiveCapture
-from mbalancer.config import AUTO_REPORT_KEYS, Balancing, ConfigError, Monitoring, load_config
+from mbalancer.config import AUTO_REPORT_KEYS, Balancing, Monitoring, config_option
 from mbalancer.monitor_report import FIELDS
 from mbalancer.packets import SUPPORTED_LINKTYPES
 from mbalancer.processes import stop_on_signals
@@ -88,12 +88,7 @@ def _run_monitor(args: argparse.Namespace, fail: Fail) -> int:
 
 def _apply_config(args: argparse.Namespace, fail: Fail) -> None:
     """Fill the options not given from --config, then from the built-in defaults."""
-    config = None
-    if args.config:
-        try:
-            config = load_config(args.config)
-        except ConfigError as err:
-            fail(f"--config: {err}")
+    config = config_option(args.config, fail) if args.config else None
     if args.port is None and config:
         ports = sorted({s.port for s in config.servers})
         if len(ports) > 1:

@@ -22,7 +22,7 @@ from experiments.endtoend.plot import plot_all
 from experiments.endtoend.report import demo_line, format_runs
 from experiments.endtoend.spec import AUTO_TARGET, PRESETS, SWEEP_FIGURES, ExperimentSpec
 from experiments.endtoend.sweep import load_summary, run_sweep, spec_dict
-from mbalancer.config import REPLICA_MODES, Balancing, ConfigError, load_config
+from mbalancer.config import REPLICA_MODES, Balancing, config_option
 from mbalancer.outputs import output_problem
 from mbalancer.progress import end_progress, stderr_progress
 
@@ -105,10 +105,7 @@ def _spec(args: argparse.Namespace, fail: Fail) -> ExperimentSpec:
     spec = PRESETS[args.name]
     changes: dict = {}
     if args.config:
-        try:
-            config = load_config(args.config)
-        except (ConfigError, OSError) as err:
-            fail(f"--config: {err}")
+        config = config_option(args.config, fail)
         changes.update(balancing=config.balancing, monitor_interval=config.monitor.interval)
     if args.points:
         try:
