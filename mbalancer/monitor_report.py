@@ -24,7 +24,8 @@ FIELDS = {
     "top[].count": "estimated gets of the key, scaled by sample",
     "top[].rate": "gets/s of the key",
     "top[].share": "the key's part of all gets counted",
-    "top[].error": "how much count may overstate the truth (Space-Saving bound)",
+    "top[].error": "how much count may overstate the truth (Space-Saving bound; with --source dataplane the "
+                   "count-min sketch's, exceeded with probability e^-4)",
     "top[].server": "ip:port the clients sent the key's gets to (its home as they hash it; \"\" if not seen)",
     "servers": "gets/s per ip:port the clients sent them to (before any rewrite: the load as the clients spread it)",
     "packets": "frames read in the interval",

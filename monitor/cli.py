@@ -1,4 +1,5 @@
-"""`mbalancer monitor`: the hot keys of live traffic (--iface) or of a capture file (--pcap), per interval.
+"""`mbalancer monitor`: the hot keys of live traffic (--iface), of a capture file (--pcap) or of an eBPF switch's
+own sketch (--source dataplane, monitor/dataplane.py), per interval.
 
 Output: with --json, one JSON object per interval on stdout, the report that mbalancer/monitor_report.py defines
 field by field (FIELDS there; `mbalancer monitor --help` lists them); --push URL POSTs the same object to the
@@ -9,12 +10,16 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 import time
 from pathlib import Path
 from typing import Callable
 
+from dataplanes.ebpf.program import PIN_ROOT, loaded_switches
+from dataplanes.ebpf.tables import Tables
 from monitor.capture import CaptureError, LiveCapture
+from monitor.dataplane import SketchReader
 from mbalancer.config import AUTO_REPORT_KEYS, Balancing, Monitoring, config_option
 from mbalancer.monitor_report import FIELDS
 from mbalancer.packets import SUPPORTED_LINKTYPES
@@ -39,10 +44,15 @@ def register(commands: argparse._SubParsersAction) -> None:
     source.add_argument("--iface", help="capture live on this interface, or on several: a,b,c (each request is "
                                         "counted where it arrives; needs root)")
     source.add_argument("--pcap", help="read a pcap or pcapng file; intervals follow its timestamps")
+    source.add_argument("--source", choices=("dataplane",),
+                        help="dataplane: read the hot keys the eBPF switch counts itself (count-min sketch in the "
+                             "kernel, no packet copied; needs root; --switch says which)")
+    parser.add_argument("--switch", help="--source dataplane: the eBPF switch's name (default: the config's first "
+                                         "[dataplane.ebpf] switch, or the only one loaded)")
     parser.add_argument("--config", type=Path,
                         help="MBalancer config (TOML): the options below default to it (port: its servers'; interval "
                              "and capacity: [monitor]; top: balancing.hot; push: controller.listen's /report)")
-    parser.add_argument("--port", type=int, help="memcached port (default 11211)")
+    parser.add_argument("--port", type=int, help="memcached port (default 11211; --iface and --pcap)")
     parser.add_argument("--sample", type=int, default=1, help="live: keep 1 in K requests, in the kernel (default 1)")
     parser.add_argument("--interval", type=float, help="seconds per report (default 1)")
     parser.add_argument("--top", type=int, help=f"hot keys per report, H (default 10; {AUTO_REPORT_KEYS} with "
@@ -67,9 +77,14 @@ def _run_monitor(args: argparse.Namespace, fail: Fail) -> int:
         fail(f"--duration must be positive (got {args.duration})")
     if args.push and (problem := url_problem(args.push)):
         fail(f"--push: {problem}")
-    view = None if args.json else TerminalView(source=args.iface or args.pcap)
+    if args.switch and not args.source:
+        fail("--switch goes with --source dataplane")
+    view = None if args.json else TerminalView(source=args.iface or args.pcap or f"switch {args.switch}")
     push = HttpPush(args.push) if args.push else None
-    monitor = Monitor(Fanout(view or JsonLines(), *([push] if push else [])), port=args.port, top=args.top,
+    report_to = Fanout(view or JsonLines(), *([push] if push else []))
+    if args.source:
+        return _run_dataplane(args, report_to, view, push, fail)
+    monitor = Monitor(report_to, port=args.port, top=args.top,
                       interval=args.interval, capacity=args.capacity, sample=args.sample)
     try:
         stats = _read_pcap(monitor, args.pcap) if args.pcap else _capture(monitor, args, view)
@@ -86,10 +101,66 @@ def _run_monitor(args: argparse.Namespace, fail: Fail) -> int:
     return 0
 
 
+def _run_dataplane(args: argparse.Namespace, report_to: Fanout, view: TerminalView | None,
+                   push: HttpPush | None, fail: Fail) -> int:
+    if args.sample != 1:
+        fail("--sample applies to live capture only: the switch counts every get")
+    if os.geteuid() != 0:
+        fail("--source dataplane needs root (it reads the switch's BPF maps)")
+    args.switch, tables = _open_switch(args.switch, fail)
+    reader = SketchReader(tables, args.top, args.interval)
+    stopping = stop_on_signals()
+    keys = KeyReader(view.key, stopping.set).start() if view else None
+    until = time.monotonic() + (args.duration if args.duration else float("inf"))
+    reader.start()
+    print(f"mbalancer monitor: {READY} switch {args.switch} (its data plane counts the gets)", file=sys.stderr,
+          flush=True)
+    try:
+        next_at = time.monotonic() + args.interval
+        while not stopping.wait(max(min(next_at, until) - time.monotonic(), 0)) and time.monotonic() < until:
+            report_to(reader.read().to_json())
+            next_at += args.interval
+        report_to(reader.read().to_json())  # the last, partial interval
+    finally:
+        reader.stop()
+        tables.close()
+        if keys:
+            keys.close()
+    totals = reader.totals
+    print(f"mbalancer monitor: switch {args.switch}: {totals['gets']} gets counted in the data plane, "
+          f"{totals['reports']} reports" + (f", {push.sent} pushed, {push.failed} failed pushes" if push else ""),
+          file=sys.stderr)
+    if not totals["gets"]:
+        print(f"mbalancer monitor: no get was counted: do the clients' gets pass through switch {args.switch}, to a "
+              f"port it knows as memcached's (mbalancer switch status)?", file=sys.stderr)
+    return 0
+
+
+def _open_switch(name: str | None, fail: Fail) -> tuple[str, Tables]:
+    """The name and tables of the switch to read, or fail() saying why not."""
+    loaded = loaded_switches()
+    if not name:
+        if len(loaded) != 1:
+            fail(f"--switch: {len(loaded)} eBPF switches are loaded ({', '.join(loaded) or 'none'}): name one")
+        name = loaded[0]
+    if name not in loaded:
+        fail(f"--switch: no eBPF switch named {name} is loaded (loaded: {', '.join(loaded) or 'none'})")
+    if not (PIN_ROOT / name / "sketch_control").exists():
+        fail(f"--switch: {name} was loaded by an older MBalancer without the sketch: detach and attach it again")
+    try:
+        tables = Tables(PIN_ROOT / name)
+    except OSError as err:
+        fail(f"--switch: cannot open {name}'s tables: {err}")
+    return name, tables
+
+
 def _apply_config(args: argparse.Namespace, fail: Fail) -> None:
     """Fill the options not given from --config, then from the built-in defaults."""
     config = config_option(args.config, fail) if args.config else None
-    if args.port is None and config:
+    if args.source and config and not args.switch:
+        ebpf = dict(config.dataplane.sections).get("ebpf")
+        args.switch = ebpf.switches[0] if ebpf and ebpf.switches else None
+    if args.port is None and config and not args.source:  # the switch knows every server's port
         ports = sorted({s.port for s in config.servers})
         if len(ports) > 1:
             fail(f"--config: the servers use ports {', '.join(map(str, ports))}; the monitor watches one: give --port")

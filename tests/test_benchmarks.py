@@ -75,6 +75,23 @@ def test_ebpf_program_benchmark_prints_every_path():
     assert {(r["path"], r["key_bytes"]) for r in report["rows"]} == {
         (path, n) for path in ("cold", "hot", "dirty", "write", "reply", "unparsed") for n in (16, 250)}
     assert all(r["ns"] > 0 for r in report["rows"]) and set(report["targets"]) == {"cold 16 B", "cold 250 B"}
+    assert {(r["path"], r["key_bytes"]) for r in report["sketch_rows"]} == {
+        (path, n) for path in ("cold", "dirty") for n in (16, 250)}
+
+
+def test_dataplane_sketch_benchmark_prints_accuracy_and_cost():
+    import os
+
+    import pytest
+
+    from dataplanes.ebpf.program import available
+    why_not = available() if os.geteuid() == 0 else "needs root"
+    if why_not:
+        pytest.skip(f"eBPF data plane cannot run here: {why_not}")
+    report = run_benchmark("bench_dataplane_sketch.py", "--gets", "20000")
+    assert [(r["keys"], r["alpha"]) for r in report["rows"]] == [(10**5, 0.9), (10**5, 1.2), (10**6, 0.9),
+                                                                  (10**6, 1.2)]
+    assert all(r["total"] == 20000 and r["ns_off"] > 0 and r["ns_on"] > 0 for r in report["rows"])
 
 
 def test_write_burst_benchmark_prints_sync_latency_and_ends_fresh():

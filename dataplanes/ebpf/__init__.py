@@ -1,6 +1,6 @@
 """The eBPF data plane: a tc (clsact ingress) program on every port of a Linux switch, its tables in BPF maps.
 
-bpf/            the program in C, split Katran-style: structs.h, maps.h, parse.h, rewrite.h, mbalancer.bpf.c
+bpf/            the program in C, split Katran-style: structs.h, maps.h, parse.h, rewrite.h, sketch.h, mbalancer.bpf.c
 program.py      build (clang, at install), load and pin per switch (bpftool), attach to ports (tc), unload
 bpf_syscall.py  the bpf(2) calls the control side needs, through ctypes (microseconds per map write)
 tables.py       the control library: every map of maps.h read and written through one class

@@ -26,6 +26,7 @@ HELD = 2 ** 64 - 1  # MB_HELD: a synced write count no slot reaches, so the key 
 FILTER_BITS = 16  # MB_FILTER_BITS: hot_filter's buckets
 HASH_MUL = 0x9E3779B97F4A7C15  # MB_HASH_MUL
 U64_MASK = 2 ** 64 - 1
+SKETCH_ROWS, SKETCH_BITS, HEAVY_BITS = 4, 14, 10  # MB_SKETCH_ROWS, MB_SKETCH_BITS, MB_HEAVY_BITS
 
 KEY = struct.Struct(f"=I{KEY_BYTES}s")  # struct mb_key
 HOT = struct.Struct(f"=III{MAX_REPLICAS}I{MAX_REPLICAS}I")  # struct mb_hot
@@ -34,13 +35,19 @@ KEY_COUNTERS = struct.Struct(f"=QQQ{MAX_REPLICAS}Q")  # struct mb_key_counters
 SETTINGS = struct.Struct("=I")  # struct mb_settings
 SYNCED = struct.Struct("=QQ")  # struct mb_synced
 SERVER_ADDRESS = struct.Struct("=4sHH")  # struct mb_server_address (network order)
+SKETCH_CONTROL = struct.Struct("=QII")  # struct mb_sketch_control
+HEAVY = struct.Struct(f"=QI4sH6x{KEY.size}s")  # struct mb_heavy (ip and port in network order)
+DESTINATION_COUNT = struct.Struct("=4sH2xQ")  # struct mb_destination_count (ip and port in network order)
+DESTINATION_SLOTS = 256  # MB_DESTINATION_SLOTS
 U32 = struct.Struct("=I")
 U64 = struct.Struct("=Q")
 STRUCT_SIZES = {"hot_keys": (KEY.size, HOT.size), "servers": (U32.size, SERVER.size), "writes": (4, 8),
                 "trusted_sources": (4, 4),
                 "unsure": (4, 8), "synced": (4, SYNCED.size), "lease": (4, 8), "server_index": (SERVER_ADDRESS.size, 4),
                 "forward": (8, 4), "ports": (4, 4), "flows": (8, 4), "key_counters": (4, KEY_COUNTERS.size),
-                "counters": (4, 8), "settings": (4, SETTINGS.size), "memcached_ports": (2, 4), "hot_filter": (4, 4)}
+                "counters": (4, 8), "settings": (4, SETTINGS.size), "memcached_ports": (2, 4), "hot_filter": (4, 4),
+                "sketch_control": (4, SKETCH_CONTROL.size), "sketch": (4, SKETCH_ROWS * 4 << SKETCH_BITS),
+                "heavy": (4, HEAVY.size << HEAVY_BITS), "sketch_destinations": (4, DESTINATION_COUNT.size)}
 
 
 def key_entry(key: bytes) -> bytes:
@@ -49,13 +56,18 @@ def key_entry(key: bytes) -> bytes:
     return KEY.pack(len(key), key)
 
 
-def key_bucket(key: bytes) -> int:
-    """The key's hot_filter bucket, as the program computes it while it scans the key (parse.h mb_scan_word):
-    each 8-byte word, little-endian, the last one zero padded, xored in and multiplied; then the length."""
+def key_hash(key: bytes) -> int:
+    """The key's 64-bit hash, as the program computes it while it scans the key (parse.h mb_scan_word): each
+    8-byte word, little-endian, the last one zero padded, xored in and multiplied; then the length."""
     value = 0
     for at in range(0, len(key), 8):
         value = ((value ^ int.from_bytes(key[at:at + 8], "little")) * HASH_MUL) & U64_MASK
-    return (((value ^ len(key)) * HASH_MUL) & U64_MASK) >> (64 - FILTER_BITS)
+    return ((value ^ len(key)) * HASH_MUL) & U64_MASK
+
+
+def key_bucket(key: bytes) -> int:
+    """The key's hot_filter bucket: the top bits of its hash."""
+    return key_hash(key) >> (64 - FILTER_BITS)
 
 
 def mac_bytes(mac: str) -> bytes:
@@ -81,6 +93,14 @@ class HotEntry:
     home: int
     servers: tuple[int, ...]
     cumulative: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class HeavyKey:
+    """A candidate of the data plane's hot-key detection: the sketch's estimate of its gets in one epoch."""
+    key: bytes
+    count: int
+    server: str  # ip:port its gets were sent to
 
 
 @dataclass
@@ -233,3 +253,50 @@ class Tables:
     def counters(self) -> dict[str, int]:
         table = self.maps["counters"]
         return {name: sum(U64.unpack(v)[0] for v in table.lookup(U32.pack(i))) for i, name in enumerate(COUNTERS)}
+
+    # hot-key detection (bpf/sketch.h)
+    def sketch_control(self) -> tuple[int, int]:
+        """(until when gets are counted, CLOCK_MONOTONIC ns; the epoch counted into)."""
+        until, epoch, _ = SKETCH_CONTROL.unpack(self.maps["sketch_control"].lookup(U32.pack(0)))
+        return until, epoch
+
+    def set_sketch_control(self, until_ns: int, epoch: int) -> None:
+        self.maps["sketch_control"].update(U32.pack(0), SKETCH_CONTROL.pack(until_ns, epoch & 1, 0))
+
+    def heavy_keys(self, epoch: int, limit: int = 1 << HEAVY_BITS) -> list[HeavyKey]:
+        """The epoch's `limit` candidates with the largest estimates, largest first, one entry per key. Entries torn
+        by two CPUs writing them at once (the key does not hash to the stored hash) are left out."""
+        raw = self.maps["heavy"].lookup(U32.pack(epoch & 1))
+        entries = sorted((entry for entry in HEAVY.iter_unpack(raw) if entry[1]), key=lambda e: e[1], reverse=True)
+        best: dict[bytes, HeavyKey] = {}
+        for hashed, count, ip, port, key_raw in entries:  # largest first: the first entry of a key is its best
+            length, padded = KEY.unpack(key_raw)
+            key = padded[:length]
+            if 1 <= length <= MAX_KEY and key not in best and key_hash(key) == hashed:
+                best[key] = HeavyKey(key, count, f"{socket.inet_ntoa(ip)}:{socket.ntohs(port)}")
+                if len(best) == limit:
+                    break
+        return list(best.values())
+
+    def take_sketch_destinations(self, epoch: int) -> tuple[dict[str, int], int]:
+        """The epoch's gets per ip:port (summed over CPUs), and those counted in the overflow slot (destinations
+        that found both their slots taken), zeroed in the table as they are read."""
+        table, taken, overflow = self.maps["sketch_destinations"], {}, 0
+        base = (epoch & 1) * (DESTINATION_SLOTS + 1)
+        for index in range(base, base + DESTINATION_SLOTS + 1):
+            per_cpu = [DESTINATION_COUNT.unpack(v) for v in table.lookup(U32.pack(index))]
+            if not any(gets for _, _, gets in per_cpu):
+                continue
+            table.update(U32.pack(index), bytes(DESTINATION_COUNT.size))
+            for ip, port, gets in per_cpu:
+                if index == base + DESTINATION_SLOTS:
+                    overflow += gets
+                elif gets:
+                    where = f"{socket.inet_ntoa(ip)}:{socket.ntohs(port)}"
+                    taken[where] = taken.get(where, 0) + gets
+        return taken, overflow
+
+    def clear_sketch(self, epoch: int) -> None:
+        """Zero the epoch's sketch and candidates (the reader does, once it has read them)."""
+        for name in ("sketch", "heavy"):
+            self.maps[name].update(U32.pack(epoch & 1), bytes(self.maps[name].info.value_size))

@@ -140,6 +140,37 @@ struct {
 	__type(value, struct mb_settings);
 } settings SEC(".maps");
 
+/* Hot-key detection (structs.h, struct mb_sketch_control): the control, then per epoch the count-min sketch of
+ * get keys, the heavy-key candidates and the gets per destination. Arrays of one large value per epoch: a reader
+ * reads or zeroes an epoch in one system call. */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct mb_sketch_control);
+} sketch_control SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 2);
+	__type(key, __u32);
+	__type(value, struct mb_sketch);
+} sketch SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 2);
+	__type(key, __u32);
+	__type(value, struct mb_heavy_table);
+} heavy SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 2 * (MB_DESTINATION_SLOTS + 1));  /* per epoch: the slots, then the overflow slot */
+	__type(key, __u32);
+	__type(value, struct mb_destination_count);
+} sketch_destinations SEC(".maps");
+
 /* Scratch space for the key being read (too big for the 512-byte stack next to everything else). */
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);

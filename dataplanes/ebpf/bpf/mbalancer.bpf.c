@@ -11,6 +11,7 @@
  *   reply_source UDP replies to balanced gets leave with the home server's source MAC/IP/port
  *   forward      destination MAC -> port (learned from source MACs, or set by the controller); flood otherwise
  *   counters     per hot key and replica, and switch-wide
+ *   sketch       every get's key counted (count-min sketch, heavy-key candidates) while a reader asks for it
  * Anything it cannot read is forwarded untouched. */
 #include <linux/bpf.h>
 #include <linux/pkt_cls.h>
@@ -20,6 +21,7 @@
 #include "maps.h"
 #include "parse.h"
 #include "rewrite.h"
+#include "sketch.h"
 
 static __always_inline void mb_count(__u32 which)
 {
@@ -266,8 +268,11 @@ int mbalancer(struct __sk_buff *skb)
 		goto unparsed;
 	struct mb_key *key = &scratched->key;
 	int exact = 0, maybe_hot = 0;
-	if (!mb_read_key(skb, &pkt, key_off, key, &exact, &maybe_hot))
+	__u64 hash = 0;
+	if (!mb_read_key(skb, &pkt, key_off, key, &exact, &maybe_hot, &hash))
 		goto unparsed;
+	if (command == MB_CMD_GET)  /* UDP or TCP; of a multi-key get, the first key */
+		mb_sketch_get(&pkt, key, hash);
 	__u32 key_end = key_off + key->len;
 	struct mb_hot *hot = maybe_hot ? bpf_map_lookup_elem(&hot_keys, key) : 0;  /* hot_filter: cold keys skip it */
 	if (command == MB_CMD_GET && exact) {  /* a single-key get, and nothing else */

@@ -209,11 +209,11 @@ static long mb_scan_word(__u64 i, void *ctx)
 
 /* Read the key at key_off into the scratch `key`. Returns the byte that ended it (' ' or '\r'), or 0 if no valid
  * 1..250-byte key ends within reach. For a get, *exact is set when the key is followed by "\r\n" and nothing
- * else: a single-key get the switch may balance. *maybe_hot is set when hot_filter counts a hot key in the key's
- * bucket; only then is the key made a full map key (length set, rest zeroed) for hot_keys: otherwise only its
- * length is set. */
+ * else: a single-key get the switch may balance. *hash is the key's hash (tables.py key_hash), whose top bits are
+ * its hot_filter bucket. *maybe_hot is set when hot_filter counts a hot key in that bucket; only then is the key
+ * made a full map key (length set, rest zeroed) for hot_keys: otherwise only its length is set. */
 static __always_inline __u8 mb_read_key(struct __sk_buff *skb, struct mb_packet *pkt, __u32 key_off,
-					struct mb_key *key, int *exact, int *maybe_hot)
+					struct mb_key *key, int *exact, int *maybe_hot, __u64 *hash)
 {
 	__u32 end = pkt->payload_off + pkt->payload_len;
 	if (key_off >= end)
@@ -231,7 +231,8 @@ static __always_inline __u8 mb_read_key(struct __sk_buff *skb, struct mb_packet 
 	__u32 len = scan.len;
 	if (!stop || len < 1 || len > MB_MAX_KEY)
 		return 0;
-	__u32 bucket = ((scan.hash ^ len) * MB_HASH_MUL) >> (64 - MB_FILTER_BITS);
+	*hash = (scan.hash ^ len) * MB_HASH_MUL;
+	__u32 bucket = *hash >> (64 - MB_FILTER_BITS);
 	__u32 *counted = bpf_map_lookup_elem(&hot_filter, &bucket);
 	*maybe_hot = counted && *counted;
 	if (*maybe_hot) {

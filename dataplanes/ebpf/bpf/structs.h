@@ -17,7 +17,10 @@
 #define MB_LINE_BYTES 256   /* the rest of a command line after the key that is read to prove it whole */
 #define MB_HELD (~0ULL)     /* mb_synced.writes while the controller holds a key dirty: no count reaches it */
 #define MB_FILTER_BITS 16   /* hot_filter has 2^16 buckets: a cold key skips the hot_keys lookup unless it shares one */
-#define MB_HASH_MUL 0x9E3779B97F4A7C15ULL  /* the key hash's multiplier (tables.py key_bucket computes the same) */
+#define MB_HASH_MUL 0x9E3779B97F4A7C15ULL  /* the key hash's multiplier (tables.py key_hash computes the same) */
+#define MB_SKETCH_ROWS 4    /* count-min sketch of get keys: rows (a count is overstated with probability e^-4) */
+#define MB_SKETCH_BITS 14   /* ... 2^14 counters per row: overstated by at most e * gets / 2^14 */
+#define MB_HEAVY_BITS 10    /* heavy-key candidates: 2^10 entries, each key may sit in one of two */
 
 /* A memcached key as a map key: the length, then the bytes, zero padded. */
 struct mb_key {
@@ -78,6 +81,46 @@ struct mb_flow {
 	__u32 client_ip;
 	__u16 client_port;
 	__u16 request_id;
+};
+
+/* Hot-key detection in the data plane (the count-min sketch and the heavy-key candidates, maps.h): one copy per
+ * epoch. The program counts into `epoch` until `until_ns` (a reader renews it, as the controller its lease), so the
+ * sketch costs nothing while nobody reads it; the reader flips `epoch`, reads the other copy, then zeroes it. */
+struct mb_sketch_control {
+	__u64 until_ns;  /* bpf_ktime_get_ns() until which gets are counted; 0: off */
+	__u32 epoch;     /* 0 or 1: the copy being counted into */
+	__u32 pad;
+};
+
+struct mb_sketch {
+	__u32 count[MB_SKETCH_ROWS][1 << MB_SKETCH_BITS];
+};
+
+/* A key whose estimated count was among the largest where it hashes: the estimate, the key, and where its gets
+ * were sent (the destination before any rewrite: the key's home as the clients hash it). */
+struct mb_heavy {
+	__u64 hash;       /* the key's full hash (mb_read_key): a reader checks it against the key, so a torn entry
+			   * (two CPUs writing it at once) is dropped, not reported */
+	__u32 count;      /* the sketch's estimate when the key was last counted */
+	__u32 dest_ip;    /* network order */
+	__u16 dest_port;  /* network order */
+	__u16 pad[3];
+	struct mb_key key;  /* bytes past key.len are whatever the packet held there */
+};
+
+struct mb_heavy_table {
+	struct mb_heavy entry[1 << MB_HEAVY_BITS];
+};
+
+/* Gets per destination (per CPU): the load as the clients spread it, and the sketch's total. Slots of a small
+ * direct-mapped table per epoch (MB_DESTINATION_SLOTS, and an overflow slot for gets to a destination that finds
+ * both of its slots taken): an array lookup per get, where a hash map cost about 40 ns more. */
+#define MB_DESTINATION_SLOTS 256
+struct mb_destination_count {
+	__u32 ip;    /* network order */
+	__u16 port;  /* network order */
+	__u16 pad;
+	__u64 gets;
 };
 
 /* Switch-wide settings (array map, index 0). */
