@@ -62,6 +62,8 @@ bench: install
 	$(PY) experiments/benchmarks/bench_monitor.py
 	$(PY) experiments/benchmarks/bench_controller.py
 	$(PY) experiments/benchmarks/bench_write_burst.py
+	$(PY) experiments/benchmarks/bench_ebpf_program.py
+	$(PY) experiments/benchmarks/bench_dataplane_sketch.py
 	$(PY) experiments/benchmarks/bench_ebpf_switch.py
 
 clean:

@@ -58,11 +58,16 @@ def build(force: bool = False) -> Path:
     sources = list((HERE / "bpf").glob("*"))
     if not force and OBJECT.exists() and all(s.stat().st_mtime <= OBJECT.stat().st_mtime for s in sources):
         return OBJECT
-    OBJECT.parent.mkdir(exist_ok=True)
+    return compile_bpf(SOURCE, OBJECT, "the eBPF data plane")
+
+
+def compile_bpf(source: Path, target: Path, what: str) -> Path:
+    """clang a BPF C source into an object (warnings are errors); DataPlaneError with clang's words if it fails."""
+    target.parent.mkdir(exist_ok=True)
     arch = subprocess.run(["gcc", "-dumpmachine"], capture_output=True, text=True).stdout.strip() or "x86_64-linux-gnu"
     _run(["clang", "-O2", "-g", "-Wall", "-Werror", "-target", "bpf", f"-I/usr/include/{arch}",
-          "-c", str(SOURCE), "-o", str(OBJECT)], "compiling the eBPF data plane")
-    return OBJECT
+          "-c", str(source), "-o", str(target)], f"compiling {what}")
+    return target
 
 
 def available() -> str | None:

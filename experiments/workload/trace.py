@@ -70,3 +70,11 @@ def write_pcap(path: Path, frames: Iterable[bytes], rate: float = 100_000.0) -> 
             micros = int(i * 1e6 / rate)
             out.write(record.pack(micros // 1_000_000, micros % 1_000_000, len(frame), len(frame)))
             out.write(frame)
+
+
+def write_trafgen(path: Path, frames: Iterable[bytes]) -> None:
+    """The frames as a packet config of netsniff-ng's trafgen, one packet per line: trafgen sends them round robin
+    from a TX ring (well over a million packets a second, where tcpreplay's write() per packet stops near 200k)."""
+    with open(path, "w") as out:
+        for frame in frames:
+            out.write("{ " + ", ".join(f"0x{byte:02x}" for byte in frame) + " }\n")
