@@ -18,7 +18,6 @@ MAX_KEY = 250
 MAX_REPLICAS = 8
 MAX_HOT = 4096
 MAX_PORTS = 32
-MAX_MEMCACHED_PORTS = 64
 WEIGHT_ONE = 65536
 COUNTERS = ("packets", "memcached", "unparsed", "balanced", "already_balanced", "mirrored", "replies_rewritten",
             "flooded", "dropped", "unsure", "cloned", "lease_expired")  # enum mb_counter, in order
@@ -26,6 +25,7 @@ HELD = 2 ** 64 - 1  # MB_HELD: a synced write count no slot reaches, so the key 
 FILTER_BITS = 16  # MB_FILTER_BITS: hot_filter's buckets
 HASH_MUL = 0x9E3779B97F4A7C15  # MB_HASH_MUL
 U64_MASK = 2 ** 64 - 1
+PORT_SET_BYTES = 65536 // 8  # struct mb_port_set: a bit per port
 SKETCH_ROWS, SKETCH_BITS, HEAVY_BITS = 4, 14, 10  # MB_SKETCH_ROWS, MB_SKETCH_BITS, MB_HEAVY_BITS
 
 KEY = struct.Struct(f"=I{KEY_BYTES}s")  # struct mb_key
@@ -45,7 +45,7 @@ STRUCT_SIZES = {"hot_keys": (KEY.size, HOT.size), "servers": (U32.size, SERVER.s
                 "trusted_sources": (4, 4),
                 "unsure": (4, 8), "synced": (4, SYNCED.size), "lease": (4, 8), "server_index": (SERVER_ADDRESS.size, 4),
                 "forward": (8, 4), "ports": (4, 4), "flows": (8, 4), "key_counters": (4, KEY_COUNTERS.size),
-                "counters": (4, 8), "settings": (4, SETTINGS.size), "memcached_ports": (2, 4), "hot_filter": (4, 4),
+                "counters": (4, 8), "settings": (4, SETTINGS.size), "memcached_ports": (4, PORT_SET_BYTES), "hot_filter": (4, 4),
                 "sketch_control": (4, SKETCH_CONTROL.size), "sketch": (4, SKETCH_ROWS * 4 << SKETCH_BITS),
                 "heavy": (4, HEAVY.size << HEAVY_BITS), "sketch_destinations": (4, DESTINATION_COUNT.size)}
 
@@ -227,10 +227,14 @@ class Tables:
         for port in ports:
             if not 0 < port < 65536:
                 raise ValueError(f"port {port}: must be 1-65535")
-            self.maps["memcached_ports"].update(struct.pack("=H", socket.htons(port)), U32.pack(1))
+        bits = int.from_bytes(self.maps["memcached_ports"].lookup(U32.pack(0)), "little")
+        for port in ports:
+            bits |= 1 << port
+        self.maps["memcached_ports"].update(U32.pack(0), bits.to_bytes(PORT_SET_BYTES, "little"))
 
     def memcached_ports(self) -> set[int]:
-        return {socket.ntohs(struct.unpack("=H", key)[0]) for key in self.maps["memcached_ports"].keys()}
+        raw = self.maps["memcached_ports"].lookup(U32.pack(0))
+        return {at * 8 + bit for at, byte in enumerate(raw) if byte for bit in range(8) if byte >> bit & 1}
 
     def set_ports(self, ifindexes: Sequence[int]) -> None:
         if len(ifindexes) > MAX_PORTS:

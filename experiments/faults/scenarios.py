@@ -7,8 +7,8 @@ end. What each stands for:
     hang            memcached stopped (SIGSTOP), the process and its sockets stay; back: SIGCONT
     cpu_hog         memcached shares its CPU with four busy loops; back: they stop
     slow_link       the link to the server shaped to 200 kbit/s (tc tbf): its replies queue; back: unshaped
-    udp_wedge       one 30-byte datagram ("set x 0 0 1000000" and 3 bytes) wedges memcached 1.6's UDP listener
-                    (TCP still answers); back: memcached restarted
+    udp_wedge       a 30-byte datagram ("set x 0 0 1000000" and 3 bytes) wedges a memcached 1.6 UDP reader (TCP
+                    still answers); sent until every reader is wedged; back: memcached restarted
     controller_kill the controller process killed (SIGKILL); back: started again (it finds the old entries)
     switch_reload   the data plane unloaded and loaded again (every table empty); back: nothing to do
 """
@@ -82,12 +82,33 @@ def _unshape(rig: "Rig") -> None:
     subprocess.run(["tc", "qdisc", "del", "dev", rig.net.server_hosts[FAULTED].port, "root"], capture_output=True)
 
 
+WEDGE_TRIES = 30  # wedge datagrams at most, each followed by a probe
+
+
 def _wedge(rig: "Rig") -> None:
-    """The datagram from the issue: a set announcing a 1 MB value with 3 bytes of it, over UDP."""
+    """The datagram from the issue: a set announcing a 1 MB value with 3 bytes of it, over UDP. It wedges the worker
+    that reads it (which then takes every datagram it reads as more of the value); memcached runs a UDP reader per
+    worker thread on one socket, so another worker may still answer. Sent again until a probe get goes unanswered
+    twice in a row: the whole listener wedged, the same fault in every run."""
     host = rig.net.server_hosts[FAULTED]
     datagram = struct.pack("!HHHH", 1, 0, 1, 0) + b"set x 0 0 1000000\r\nabc"
-    code = (f"import socket; s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); "
-            f"s.sendto({datagram!r}, ({host.ip!r}, 11211))")
+    probe = struct.pack("!HHHH", 2, 0, 1, 0) + b"get x\r\n"
+    code = "\n".join([
+        "import socket",
+        "s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)",
+        "s.settimeout(0.05)",
+        "silent = 0",
+        f"for _ in range({WEDGE_TRIES}):",
+        f"    s.sendto({datagram!r}, ({host.ip!r}, 11211))",
+        f"    s.sendto({probe!r}, ({host.ip!r}, 11211))",
+        "    try:",
+        "        s.recv(2048)",
+        "        silent = 0",
+        "    except socket.timeout:",
+        "        silent += 1",
+        "        if silent == 2:",
+        "            break",
+    ])
     rig.net.run(rig.net.client_hosts[0], [rig.python, "-c", code])
 
 

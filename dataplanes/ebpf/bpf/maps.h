@@ -84,13 +84,13 @@ struct {
 	__type(value, __u32);
 } trusted_sources SEC(".maps");
 
-/* The ports memcached servers listen on (network order -> 1): a request goes to one of them, a reply comes from
- * one. Each server's own port is written here, so servers on different ports are all served. */
+/* The ports memcached servers listen on (struct mb_port_set): a request goes to one of them, a reply comes from
+ * one. Each server's own port is set here, so servers on different ports are all served. */
 struct {
-	__uint(type, BPF_MAP_TYPE_HASH);
-	__uint(max_entries, MB_MAX_MEMCACHED_PORTS);
-	__type(key, __u16);
-	__type(value, __u32);
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct mb_port_set);
 } memcached_ports SEC(".maps");
 
 /* forward: destination MAC (8 bytes, last 2 zero) -> output ifindex. Learned from source MACs, or set. LRU: a

@@ -79,9 +79,10 @@ static __always_inline int mb_forward(struct __sk_buff *skb)
 	return TC_ACT_SHOT;  /* every copy has been sent */
 }
 
-static __always_inline int mb_is_memcached_port(__u16 port)
+static __always_inline int mb_is_memcached_port(const struct mb_port_set *memcached, __u16 port_be)
 {
-	return bpf_map_lookup_elem(&memcached_ports, &port) != 0;
+	__u16 port = bpf_ntohs(port_be);
+	return memcached && (memcached->bits[port >> 6] >> (port & 63)) & 1;
 }
 
 static __always_inline __u32 mb_pick(__u16 request_id, __u32 client_ip, __u16 client_port)
@@ -227,7 +228,8 @@ int mbalancer(struct __sk_buff *skb)
 	mb_count(MB_C_PACKETS);
 	mb_learn(skb);
 	int parsed = mb_parse_headers(skb, &eth, &pkt);
-	if (parsed == MB_FIRST_FRAGMENT && mb_is_memcached_port(pkt.dport)) {
+	struct mb_port_set *memcached = bpf_map_lookup_elem(&memcached_ports, &zero);
+	if (parsed == MB_FIRST_FRAGMENT && mb_is_memcached_port(memcached, pkt.dport)) {
 		/* A request too big for one frame (a UDP set of a large value): the server applies it once every
 		 * fragment is in, after this first one passes, so marking its server unsure now is in time. */
 		mb_count(MB_C_MEMCACHED);
@@ -237,8 +239,8 @@ int mbalancer(struct __sk_buff *skb)
 	}
 	if (parsed < 0)
 		return mb_forward(skb);
-	int request = mb_is_memcached_port(pkt.dport);
-	if (pkt.proto == IPPROTO_UDP && !request && mb_is_memcached_port(pkt.sport))
+	int request = mb_is_memcached_port(memcached, pkt.dport);
+	if (pkt.proto == IPPROTO_UDP && !request && mb_is_memcached_port(memcached, pkt.sport))
 		return mb_reply_source(skb, &pkt);
 	if (!request)
 		return mb_forward(skb);

@@ -12,7 +12,6 @@
 #define MB_MAX_SERVERS 256
 #define MB_MAX_PORTS 32     /* switch ports (flooding walks them) */
 #define MB_MAX_FLOWS 65536  /* balanced gets waiting for their reply */
-#define MB_MAX_MEMCACHED_PORTS 64  /* distinct ports the servers listen on */
 #define MB_WEIGHT_ONE 65536 /* weights are cumulative fractions of this */
 #define MB_LINE_BYTES 256   /* the rest of a command line after the key that is read to prove it whole */
 #define MB_HELD (~0ULL)     /* mb_synced.writes while the controller holds a key dirty: no count reaches it */
@@ -121,6 +120,12 @@ struct mb_destination_count {
 	__u16 port;  /* network order */
 	__u16 pad;
 	__u64 gets;
+};
+
+/* The ports memcached servers listen on: one bit per port (host order), so the test per packet is an array load, not
+ * a hash lookup. */
+struct mb_port_set {
+	__u64 bits[65536 / 64];
 };
 
 /* Switch-wide settings (array map, index 0). */
