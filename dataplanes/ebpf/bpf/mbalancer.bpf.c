@@ -41,10 +41,10 @@ static __always_inline __u64 mb_mac_key(const __u8 *mac)
  * carry the home's source MAC must not teach the switch that the home sits behind the replica's port. */
 static __always_inline void mb_learn(struct __sk_buff *skb)
 {
-	struct ethhdr eth;
-	if (bpf_skb_load_bytes(skb, 0, &eth, sizeof(eth)) < 0 || (eth.h_source[0] & 1))
+	struct ethhdr *eth = mb_data(skb);
+	if ((void *)(eth + 1) > mb_data_end(skb) || (eth->h_source[0] & 1))
 		return;
-	__u64 src = mb_mac_key(eth.h_source);
+	__u64 src = mb_mac_key(eth->h_source);
 	__u32 in = skb->ingress_ifindex;
 	__u32 *known = bpf_map_lookup_elem(&forward, &src);
 	if (!known || *known != in)
@@ -54,12 +54,12 @@ static __always_inline void mb_learn(struct __sk_buff *skb)
 /* forward: send to the destination's port, or flood. */
 static __always_inline int mb_forward(struct __sk_buff *skb)
 {
-	struct ethhdr eth;
-	if (bpf_skb_load_bytes(skb, 0, &eth, sizeof(eth)) < 0)
+	struct ethhdr *eth = mb_data(skb);  /* read in place (after any rewrite: pointers taken anew) */
+	if ((void *)(eth + 1) > mb_data_end(skb))
 		return TC_ACT_SHOT;
 	__u32 in = skb->ingress_ifindex;
-	__u64 dst = mb_mac_key(eth.h_dest);
-	__u32 *out = (eth.h_dest[0] & 1) ? 0 : bpf_map_lookup_elem(&forward, &dst);
+	__u64 dst = mb_mac_key(eth->h_dest);
+	__u32 *out = (eth->h_dest[0] & 1) ? 0 : bpf_map_lookup_elem(&forward, &dst);
 	if (out && *out != in)
 		return bpf_redirect(*out, 0);
 	if (out) {
@@ -204,7 +204,7 @@ static __always_inline int mb_set_mirror(struct __sk_buff *skb, struct mb_packet
 static __always_inline int mb_reply_source(struct __sk_buff *skb, struct mb_packet *pkt)
 {
 	__u16 header[1];
-	if (pkt->payload_len < MB_FRAME_HEADER || bpf_skb_load_bytes(skb, pkt->payload_off, header, sizeof(header)) < 0)
+	if (pkt->payload_len < MB_FRAME_HEADER || mb_load(skb, pkt->payload_off, header, sizeof(header)) < 0)
 		return mb_forward(skb);
 	struct mb_flow flow = {.client_ip = pkt->daddr, .client_port = pkt->dport, .request_id = header[0]};
 	__u32 *home = bpf_map_lookup_elem(&flows, &flow);
@@ -222,12 +222,13 @@ static __always_inline int mb_reply_source(struct __sk_buff *skb, struct mb_pack
 SEC("tc")
 int mbalancer(struct __sk_buff *skb)
 {
-	struct ethhdr eth;
 	struct mb_packet pkt = {};
 	__u32 zero = 0;
 	mb_count(MB_C_PACKETS);
+	int parsed = mb_parse_headers(skb, &pkt);  /* first: it may pull the headers into the linear part */
+	if (parsed == MB_UNREADABLE)
+		return TC_ACT_SHOT;  /* a write among them could not be counted: dropped, as under any memory shortage */
 	mb_learn(skb);
-	int parsed = mb_parse_headers(skb, &eth, &pkt);
 	struct mb_port_set *memcached = bpf_map_lookup_elem(&memcached_ports, &zero);
 	if (parsed == MB_FIRST_FRAGMENT && mb_is_memcached_port(memcached, pkt.dport)) {
 		/* A request too big for one frame (a UDP set of a large value): the server applies it once every

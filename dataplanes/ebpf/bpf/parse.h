@@ -1,8 +1,11 @@
 /* Parsing: Ethernet / IPv4 / UDP or TCP / memcached UDP frame header / ASCII command and key.
- * Everything is read with bpf_skb_load_bytes, so paged (non-linear) packets parse the same as linear ones. */
+ * Headers and short fields are read in place (direct packet access) where they are in the packet's linear part,
+ * else with bpf_skb_load_bytes, so paged (non-linear) packets parse the same as linear ones; the key and the rest
+ * of a command line are copied with bpf_skb_load_bytes (one call for up to 256 bytes). */
 #ifndef MB_PARSE_H
 #define MB_PARSE_H
 
+#include <stddef.h>
 #include <linux/bpf.h>
 #include <linux/if_ether.h>
 #include <linux/ip.h>
@@ -35,42 +38,71 @@ enum mb_command {
 };
 #define MB_NO_DATA 0xff  /* the command has no data block */
 
-/* Ethernet + IPv4 + UDP/TCP headers; 0 if this is an unfragmented IPv4 UDP or TCP packet, MB_FIRST_FRAGMENT if it
- * is the first fragment of one (addresses and ports read, nothing after them), -1 otherwise. */
-static __always_inline int mb_parse_headers(struct __sk_buff *skb, struct ethhdr *eth, struct mb_packet *pkt)
+/* skb->data and skb->data_end, loaded from the context at each use: left to itself the compiler may keep the
+ * field's address (context + offset) in a register and load through it later, which the verifier refuses. */
+static __always_inline void *mb_data(struct __sk_buff *skb)
 {
-	struct iphdr ip;
-	if (bpf_skb_load_bytes(skb, 0, eth, sizeof(*eth)) < 0 || eth->h_proto != bpf_htons(ETH_P_IP))
+	__u64 data;
+	asm volatile("%0 = *(u32 *)(%1 + %2)" : "=r"(data) : "r"(skb), "i"(offsetof(struct __sk_buff, data)));
+	return (void *)(long)data;
+}
+
+static __always_inline void *mb_data_end(struct __sk_buff *skb)
+{
+	__u64 end;
+	asm volatile("%0 = *(u32 *)(%1 + %2)" : "=r"(end) : "r"(skb), "i"(offsetof(struct __sk_buff, data_end)));
+	return (void *)(long)end;
+}
+
+#define MB_HEADERS_MAX (14 + 60 + 20)  /* Ethernet, IPv4 with every option, TCP up to its data offset and more */
+#define MB_UNREADABLE -2             /* mb_parse_headers: the headers could not be made linear (no memory) */
+
+/* Ethernet + IPv4 + UDP/TCP headers, read in place (direct packet access: no helper call per field). 0 if this is
+ * an unfragmented IPv4 UDP or TCP packet, MB_FIRST_FRAGMENT if it is the first fragment of one (addresses and
+ * ports read, nothing after them), -1 otherwise. Headers in paged data (rare on tc ingress) are pulled into the
+ * linear part first; if that fails, MB_UNREADABLE: the caller must not forward what it could not check. */
+static __always_inline int mb_parse_headers(struct __sk_buff *skb, struct mb_packet *pkt)
+{
+	void *data = mb_data(skb), *end = mb_data_end(skb);
+	if (data + MB_HEADERS_MAX > end && data + skb->len > end) {
+		if (bpf_skb_pull_data(skb, skb->len < MB_HEADERS_MAX ? skb->len : MB_HEADERS_MAX) < 0)
+			return MB_UNREADABLE;
+		data = mb_data(skb);
+		end = mb_data_end(skb);
+	}
+	struct ethhdr *eth = data;
+	if ((void *)(eth + 1) > end || eth->h_proto != bpf_htons(ETH_P_IP))
+		return -1;
+	struct iphdr *ip = (void *)(eth + 1);
+	if ((void *)(ip + 1) > end || ip->version != 4 || ip->ihl < 5)
+		return -1;
+	if (ip->frag_off & bpf_htons(0x1fff))  /* a later fragment: no transport header */
+		return -1;
+	if (ip->protocol != IPPROTO_UDP && ip->protocol != IPPROTO_TCP)
 		return -1;
 	pkt->ip_off = sizeof(*eth);
-	if (bpf_skb_load_bytes(skb, pkt->ip_off, &ip, sizeof(ip)) < 0 || ip.version != 4 || ip.ihl < 5)
-		return -1;
-	if (ip.frag_off & bpf_htons(0x1fff))  /* a later fragment: no transport header */
-		return -1;
-	if (ip.protocol != IPPROTO_UDP && ip.protocol != IPPROTO_TCP)
-		return -1;
-	pkt->proto = ip.protocol;
-	pkt->saddr = ip.saddr;
-	pkt->daddr = ip.daddr;
-	pkt->frag_off = ip.frag_off;
-	pkt->l4_off = pkt->ip_off + ip.ihl * 4;
-	__u32 ip_end = pkt->ip_off + bpf_ntohs(ip.tot_len);  /* Ethernet may pad short frames */
+	pkt->proto = ip->protocol;
+	pkt->saddr = ip->saddr;
+	pkt->daddr = ip->daddr;
+	pkt->frag_off = ip->frag_off;
+	pkt->l4_off = pkt->ip_off + ip->ihl * 4;
+	__u32 ip_end = pkt->ip_off + bpf_ntohs(ip->tot_len);  /* Ethernet may pad short frames */
 	if (ip_end > skb->len)
 		return -1;
-	__u16 ports[2];
-	if (bpf_skb_load_bytes(skb, pkt->l4_off, ports, sizeof(ports)) < 0)
+	__u16 *ports = data + (pkt->l4_off & 0x7f);  /* at most 14 + 60: the mask tells the verifier so */
+	if ((void *)(ports + 2) > end)
 		return -1;
 	pkt->sport = ports[0];
 	pkt->dport = ports[1];
-	if (ip.frag_off & bpf_htons(0x2000))  /* more fragments follow: the payload is not all here */
+	if (ip->frag_off & bpf_htons(0x2000))  /* more fragments follow: the payload is not all here */
 		return MB_FIRST_FRAGMENT;
-	if (ip.protocol == IPPROTO_UDP) {
+	if (ip->protocol == IPPROTO_UDP) {
 		pkt->payload_off = pkt->l4_off + 8;
 	} else {
-		__u8 data_off;
-		if (bpf_skb_load_bytes(skb, pkt->l4_off + 12, &data_off, 1) < 0)
+		__u8 *tcp = (void *)ports;
+		if ((void *)(tcp + 13) > end)
 			return -1;
-		pkt->payload_off = pkt->l4_off + (data_off >> 4) * 4;
+		pkt->payload_off = pkt->l4_off + (tcp[12] >> 4) * 4;
 	}
 	if (pkt->payload_off > ip_end)
 		return -1;
@@ -78,11 +110,25 @@ static __always_inline int mb_parse_headers(struct __sk_buff *skb, struct ethhdr
 	return 0;
 }
 
+#define MB_DIRECT_MAX 0x3fff  /* offsets read in place: below this (a bound the verifier needs); beyond, a helper */
+
+/* Copy `len` (a constant) bytes at `off` into `to`: in place if they are in the linear part, else with the
+ * helper. 0 on success. */
+static __always_inline int mb_load(struct __sk_buff *skb, __u32 off, void *to, const __u32 len)
+{
+	void *data = mb_data(skb), *end = mb_data_end(skb);
+	if (off <= MB_DIRECT_MAX && data + off + len <= end) {
+		__builtin_memcpy(to, data + off, len);
+		return 0;
+	}
+	return bpf_skb_load_bytes(skb, off, to, len);
+}
+
 /* The memcached UDP frame header of a single-datagram request; moves payload_off past it. 0 if readable. */
 static __always_inline int mb_parse_udp_frame(struct __sk_buff *skb, struct mb_packet *pkt)
 {
 	__u16 header[4];
-	if (pkt->payload_len < MB_FRAME_HEADER || bpf_skb_load_bytes(skb, pkt->payload_off, header, sizeof(header)) < 0)
+	if (pkt->payload_len < MB_FRAME_HEADER || mb_load(skb, pkt->payload_off, header, sizeof(header)) < 0)
 		return -1;
 	pkt->request_id = header[0];
 	if (header[1] != 0 || header[2] != bpf_htons(1))  /* sequence 0 of 1 datagram */
@@ -110,10 +156,14 @@ static __always_inline enum mb_command mb_parse_command(struct __sk_buff *skb, s
 	 * the 8 bytes compared (an unpadded frame), so load only what is there. */
 	__u32 n = pkt->payload_len < sizeof(w) ? pkt->payload_len : sizeof(w);
 	*data_field = MB_NO_DATA;
-	if (n == 4 && bpf_skb_load_bytes(skb, pkt->payload_off, w, 4) == 0 && mb_word(w, "mn\r\n", 4))
+	if (n == 4 && mb_load(skb, pkt->payload_off, w, 4) == 0 && mb_word(w, "mn\r\n", 4))
 		return MB_CMD_NOOP;
-	/* the size masked to 1..8 for the verifier (unchanged: already 6..8) */
-	if (n < 6 || bpf_skb_load_bytes(skb, pkt->payload_off, w, ((n - 1) & 7) + 1) < 0)
+	if (n < 6)
+		return MB_CMD_OTHER;
+	/* 8 bytes where there are (the common case, read in place); else the size masked to 1..8 for the verifier
+	 * (unchanged: already 6..7) */
+	if (n == 8 ? mb_load(skb, pkt->payload_off, w, 8) < 0
+		   : bpf_skb_load_bytes(skb, pkt->payload_off, w, ((n - 1) & 7) + 1) < 0)
 		return MB_CMD_OTHER;
 #define MB_IS(word, kind, field) \
 	if (mb_word(w, word " ", sizeof(word))) { *key_off = pkt->payload_off + sizeof(word); *data_field = field; \

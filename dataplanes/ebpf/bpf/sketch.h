@@ -48,8 +48,8 @@ static __always_inline void mb_sketch_get(struct mb_packet *pkt, const struct mb
 {
 	__u32 zero = 0;
 	struct mb_sketch_control *control = bpf_map_lookup_elem(&sketch_control, &zero);
-	if (!control || bpf_ktime_get_ns() >= control->until_ns)
-		return;
+	if (!control || !control->until_ns || bpf_ktime_get_ns() >= control->until_ns)
+		return;  /* 0: off (no clock read for it) */
 	__u32 epoch = control->epoch & 1;
 	struct mb_sketch *counts = bpf_map_lookup_elem(&sketch, &epoch);
 	struct mb_heavy_table *heavy_table = bpf_map_lookup_elem(&heavy, &epoch);
