@@ -227,12 +227,9 @@ struct mb_scan {
 	__u8 stop;    /* the byte that ended it: ' ' or '\r'; 0 if none (a control character came first, or no end) */
 };
 
-/* bpf_loop callback: look at 8-byte word i of the scratch key. One callback, verified once (a loop inlined into
- * the program multiplies the verifier's states past its limit), called once per 8 bytes instead of per byte; the
- * key's pointer comes in the context (the verifier keeps its type there), not from a map lookup per call. */
-static long mb_scan_word(__u64 i, void *ctx)
+/* Look at 8-byte word i of the scratch key; 1 when the scan is over (the key's end found, or no end). */
+static __always_inline long mb_scan_word(struct mb_scan *scan, __u64 i)
 {
-	struct mb_scan *scan = ctx;
 	struct mb_key *key = scan->key;  /* a pointer in the context: no map lookup per word */
 	__u32 at = i * 8;
 	if (i >= MB_WORDS || at >= scan->avail)
@@ -257,6 +254,19 @@ static long mb_scan_word(__u64 i, void *ctx)
 	return 1;
 }
 
+#define MB_WORDS_PER_CALL 4
+
+/* bpf_loop callback: words 4i .. 4i + 3. One callback, verified once (a loop inlined into the program multiplies
+ * the verifier's states past its limit), called once per 32 bytes instead of per byte (each call costs more than
+ * the work of a word); the key's pointer comes in the context (the verifier keeps its type there). */
+static long mb_scan_words(__u64 i, void *ctx)
+{
+	struct mb_scan *scan = ctx;
+	__u64 first = i * MB_WORDS_PER_CALL;
+	return mb_scan_word(scan, first) || mb_scan_word(scan, first + 1) || mb_scan_word(scan, first + 2) ||
+	       mb_scan_word(scan, first + 3);
+}
+
 /* Read the key at key_off into the scratch `key`. Returns the byte that ended it (' ' or '\r'), or 0 if no valid
  * 1..250-byte key ends within reach. For a get, *exact is set when the key is followed by "\r\n" and nothing
  * else: a single-key get the switch may balance. *hash is the key's hash (tables.py key_hash), whose top bits are
@@ -276,11 +286,13 @@ static __always_inline __u8 mb_read_key(struct __sk_buff *skb, struct mb_packet 
 	if (bpf_skb_load_bytes(skb, key_off, key->bytes, ((avail - 1) & 0xff) + 1) < 0)
 		return 0;
 	struct mb_scan scan = {.key = key, .avail = avail};
-	bpf_loop(MB_WORDS, mb_scan_word, &scan, 0);
+	bpf_loop((MB_WORDS + MB_WORDS_PER_CALL - 1) / MB_WORDS_PER_CALL, mb_scan_words, &scan, 0);
 	__u8 stop = scan.stop;
 	__u32 len = scan.len;
 	if (!stop || len < 1 || len > MB_MAX_KEY)
 		return 0;
+	if (stop == '\r')  /* exact: "\r\n" ends the key and the packet; the bytes after the key were loaded with it */
+		*exact = key_off + len + 2 == end && key->bytes[(len + 1) & 0xff] == '\n';
 	*hash = (scan.hash ^ len) * MB_HASH_MUL;
 	__u32 bucket = *hash >> (64 - MB_FILTER_BITS);
 	__u32 *counted = bpf_map_lookup_elem(&hot_filter, &bucket);
@@ -291,11 +303,6 @@ static __always_inline __u8 mb_read_key(struct __sk_buff *skb, struct mb_packet 
 			return 0;
 	}
 	key->len = len;
-	if (stop == '\r') {
-		__u8 lf = 0;
-		bpf_skb_load_bytes(skb, key_off + len + 1, &lf, 1);
-		*exact = lf == '\n' && key_off + len + 2 == end;
-	}
 	return stop;
 }
 
