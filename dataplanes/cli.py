@@ -116,4 +116,5 @@ def _format(report: dict) -> str:
     ports = ", ".join(report["ports"]) if report["ports"] is not None else "unknown (not attached by this command)"
     return (f"{report['name']}: ports {ports}; memcached port(s) {', '.join(map(str, report['memcached_ports']))}; "
             f"{report['hot_keys']} hot keys; lease {report['lease_left_s']:g} s left; {report['learned_macs']} MACs "
-            f"learned\n  counters: {busy or 'all zero'}")
+            f"learned; hot-key sketch {'read by a monitor' if report['sketch_read'] else 'off'}\n"
+            f"  counters: {busy or 'all zero'}")

@@ -2,20 +2,29 @@
 our own long commands by SIGINT/SIGTERM, at their next look, keeping what they measured."""
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import threading
 
 
-def stop_process(process: subprocess.Popen, grace: float = 5.0) -> None:
-    """Terminate, then kill after `grace` seconds; waits, so no zombie is left."""
+def stop_process(process: subprocess.Popen, grace: float = 5.0, group: bool = False) -> None:
+    """Terminate, then kill after `grace` seconds; waits, so no zombie is left. `group`: the whole process group
+    (a process started with start_new_session=True whose children must go too, e.g. a tool that forks per CPU)."""
     if process.poll() is None:
-        process.terminate()
+        _signal(process, signal.SIGTERM, group)
         try:
             process.wait(timeout=grace)
         except subprocess.TimeoutExpired:
-            process.kill()
+            _signal(process, signal.SIGKILL, group)
             process.wait()
+
+
+def _signal(process: subprocess.Popen, signum: int, group: bool) -> None:
+    try:
+        os.killpg(process.pid, signum) if group else process.send_signal(signum)
+    except ProcessLookupError:
+        pass
 
 
 def stop_on_signals() -> threading.Event:

@@ -14,6 +14,7 @@ import pytest
 
 from dataplanes.ebpf.bpf_syscall import obj_get, prog_test_run
 from dataplanes.ebpf.program import DataPlane, available
+from dataplanes.ebpf.standalone import status
 from dataplanes.ebpf.tables import Tables
 from experiments.workload.trace import tcp_frame, udp_frame, zipf_trace
 from monitor.cli import READY
@@ -88,10 +89,12 @@ def test_the_top_keys_and_their_counts_come_from_the_data_plane(switch, keys, al
 
 
 def test_nothing_is_counted_while_no_reader_renews_the_sketch(switch):
-    _, tables, prog = switch
+    plane, tables, prog = switch
     reader = SketchReader(tables, top=10, interval=1.0)
     reader.start()
+    assert status(plane.name)["sketch_read"]  # `mbalancer switch status` says so
     reader.stop()  # the deadline is now past: the program skips the sketch
+    assert not status(plane.name)["sketch_read"]
     send_gets(prog, np.zeros(50, dtype=int))
     reader.start()  # clears whatever an earlier reader left, and counts from now on
     report = reader.read()

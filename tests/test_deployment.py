@@ -68,6 +68,7 @@ def test_attach_run_and_detach_on_a_bridging_box(tmp_path):
             assert again.returncode == 1 and "attached already" in again.stderr and "Traceback" not in again.stderr
             status = json.loads(switch("status", "--name", TAG, "--json").stdout)
             assert status["ports"] == ports and status["memcached_ports"] == [11211]
+            assert status["sketch_read"] is False  # no `monitor --source dataplane` renews it
 
             processes.append(subprocess.Popen([str(MBALANCER), "controller", "--config", str(config)],
                                               stderr=subprocess.PIPE, text=True))

@@ -92,17 +92,20 @@ def detach(name: str) -> list[str]:
 
 
 def status(name: str) -> dict:
-    """What switch `name` is: its ports (from the record), memcached ports, hot keys, lease and counters."""
+    """What switch `name` is: its ports (from the record), memcached ports, hot keys, lease, whether its hot-key
+    sketch is being read, and counters."""
     from dataplanes.ebpf.tables import Tables  # needs the bpf syscall; importing the module does not
     record = SwitchRecord.read(name)
     tables = Tables(PIN_ROOT / name)
     try:
         lease_ns = tables.lease()
+        sketch_until_ns, _ = tables.sketch_control()
         hot = tables.hot_entries()
         report = {"name": name, "ports": list(record.ports) if record else None,
                   "memcached_ports": sorted(tables.memcached_ports()), "hot_keys": len(hot),
                   "lease_left_s": round(max(lease_ns - time.monotonic_ns(), 0) / 1e9, 3),
                   "learned_macs": len(tables.forward()), "counters": tables.counters(),
+                  "sketch_read": sketch_until_ns > time.monotonic_ns(),  # a `monitor --source dataplane` renews it
                   "attached_unix": record.attached_unix if record else None}
     finally:
         tables.close()

@@ -45,7 +45,8 @@ STRUCT_SIZES = {"hot_keys": (KEY.size, HOT.size), "servers": (U32.size, SERVER.s
                 "trusted_sources": (4, 4),
                 "unsure": (4, 8), "synced": (4, SYNCED.size), "lease": (4, 8), "server_index": (SERVER_ADDRESS.size, 4),
                 "forward": (8, 4), "ports": (4, 4), "flows": (8, 4), "key_counters": (4, KEY_COUNTERS.size),
-                "counters": (4, 8), "settings": (4, SETTINGS.size), "memcached_ports": (4, PORT_SET_BYTES), "hot_filter": (4, 4),
+                "counters": (4, 8), "settings": (4, SETTINGS.size), "memcached_ports": (4, PORT_SET_BYTES),
+                "hot_filter": (4, 4),
                 "sketch_control": (4, SKETCH_CONTROL.size), "sketch": (4, SKETCH_ROWS * 4 << SKETCH_BITS),
                 "heavy": (4, HEAVY.size << HEAVY_BITS), "sketch_destinations": (4, DESTINATION_COUNT.size)}
 

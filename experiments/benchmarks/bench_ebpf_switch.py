@@ -6,8 +6,8 @@ every core (--cpus); `--sender tcpreplay` is the old sender for comparison (a wr
 sender alone, its frames dropped as they leave (the switch's port to the client set down). Far end: each server's
 interface counts what reaches it (rx_packets) and a tc ingress program drops it (bpf/sink.bpf.c), so the servers'
 own stack does not share the CPUs with the switch. A figure is measured over --seconds once the servers receive
-(after a warm-up); CPU is the busy time of every core in /proc/stat over the same window (sender, switch and sink:
-all on this machine), so Mpps per core = packets received / core-seconds busy.
+(after a warm-up); CPU is the busy time of every core in /proc/stat (steal excluded) over the same window (sender,
+switch and sink: all on this machine), so Mpps per core = packets received / core-seconds busy.
 Traffic: cold (gets of a key that is not hot: parsed, looked up, forwarded), hot (gets of one hot key spread 50/50
 over two servers: each rewritten), mixed (Zipf 0.99 over 10,000 keys, the 10 hottest hot). Needs root, trafgen
 (netsniff-ng) or tcpreplay, and the built program (make install).
@@ -20,7 +20,6 @@ import argparse
 import csv
 import json
 import os
-import signal
 import statistics
 import subprocess
 import sys
@@ -34,8 +33,10 @@ from scapy.all import IP, UDP, Ether, Raw
 from controller.driver import ReplicaWeight
 from dataplanes.ebpf.program import compile_bpf
 from dataplanes.ebpf.tables import Tables
+from experiments.endtoend.measure import cpu_times
 from experiments.workload.trace import write_pcap, write_trafgen, zipf_trace
 from mbalancer.config import Server
+from mbalancer.processes import stop_process
 from monitor.dataplane import SketchReader
 from topologies.netns import Host, NamespaceNetwork
 
@@ -92,14 +93,9 @@ def counter(net: NamespaceNetwork, host: Host, name: str) -> int:
     return int(net.run(host, ["cat", f"/sys/class/net/eth0/statistics/{name}"]).stdout)
 
 
-def busy_jiffies() -> tuple[int, int]:
-    """(busy, total) jiffies of all cores since boot."""
-    fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
-    return sum(fields) - fields[3] - fields[4], sum(fields)
-
-
 class Sending:
-    """A sender running in the client namespace until the block ends (its whole process group is stopped)."""
+    """A sender running in the client namespace until the block ends (its whole process group: trafgen forks one
+    process per CPU)."""
 
     def __init__(self, net: NamespaceNetwork, command: list[str]):
         self.net, self.command = net, command
@@ -117,15 +113,7 @@ class Sending:
         return f"{self.command[0]} exited ({self.process.returncode}): {self.process.stderr.read().strip()[-500:]}"
 
     def __exit__(self, *exc) -> None:
-        for sig, wait in ((signal.SIGINT, 5), (signal.SIGKILL, 5)):
-            try:
-                os.killpg(self.process.pid, sig)
-                self.process.wait(timeout=wait)
-                break
-            except ProcessLookupError:
-                break
-            except subprocess.TimeoutExpired:
-                continue
+        stop_process(self.process, group=True)
 
 
 def sender_command(sender: str, config: Path, cpus: int) -> list[str]:
@@ -152,13 +140,13 @@ def window(net: NamespaceNetwork, command: list[str], seconds: float, count) -> 
                 raise RuntimeError(f"{command[0]}: nothing arrived within {START_TIMEOUT:g} s")
             time.sleep(0.05)
         time.sleep(WARMUP)
-        before, (busy0, total0), started = count(), busy_jiffies(), time.perf_counter()
+        before, cpu_before, started = count(), cpu_times(), time.perf_counter()
         time.sleep(seconds)
-        after, (busy1, total1), elapsed = count(), busy_jiffies(), time.perf_counter() - started
+        after, cpu_after, elapsed = count(), cpu_times(), time.perf_counter() - started
         if not sending.alive():
             raise RuntimeError(sending.why_stopped())
     received = [b - a for a, b in zip(before, after)]
-    cores = (busy1 - busy0) / max(total1 - total0, 1) * (os.cpu_count() or 1)
+    cores = sum((b1 - b0) / max(t1 - t0, 1) for (b0, _, t0), (b1, _, t1) in zip(cpu_before, cpu_after))
     pps = sum(received) / elapsed
     return {"pps": pps, "cores": cores, "pps_per_core": pps / max(cores, 1e-9),
             "share_s2": received[1] / max(sum(received), 1) if len(received) > 1 else 0.0}
