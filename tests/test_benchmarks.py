@@ -18,6 +18,18 @@ def run_benchmark(script: str, *args: str, timeout: float = 120) -> dict:
     return report
 
 
+def skip_without_ebpf() -> None:
+    """Skip the calling test unless the eBPF data plane can run here (root, tools, the built program)."""
+    import os
+
+    import pytest
+
+    from dataplanes.ebpf.program import available
+    why_not = available() if os.geteuid() == 0 else "needs root"
+    if why_not:
+        pytest.skip(f"eBPF data plane cannot run here: {why_not}")
+
+
 def test_simulation_benchmark_prints_timings():
     report = run_benchmark("bench_simulation.py", "--trials", "20", timeout=300)
     assert set(report["seconds"]) == {"3.1", "3.2", "3.3", "4.3"}
@@ -48,14 +60,7 @@ def test_controller_benchmark_prints_warm_and_sync_times():
 
 
 def test_ebpf_switch_benchmark_prints_rates_side_by_side():
-    import os
-
-    import pytest
-
-    from dataplanes.ebpf.program import available
-    why_not = available() if os.geteuid() == 0 else "needs root"
-    if why_not:
-        pytest.skip(f"eBPF data plane cannot run here: {why_not}")
+    skip_without_ebpf()
     report = run_benchmark("bench_ebpf_switch.py", "--seconds", "0.3", "--repeats", "1", "--target", "0",
                            timeout=300)
     rows = {(r["dataplane"], r["traffic"]): r for r in report["rows"]}
@@ -71,14 +76,7 @@ def test_ebpf_switch_benchmark_prints_rates_side_by_side():
 
 
 def test_ebpf_program_benchmark_prints_every_path():
-    import os
-
-    import pytest
-
-    from dataplanes.ebpf.program import available
-    why_not = available() if os.geteuid() == 0 else "needs root"
-    if why_not:
-        pytest.skip(f"eBPF data plane cannot run here: {why_not}")
+    skip_without_ebpf()
     report = run_benchmark("bench_ebpf_program.py", "--runs", "20", "--lengths", "16,250")
     assert {(r["path"], r["key_bytes"]) for r in report["rows"]} == {
         (path, n) for path in ("cold", "hot", "dirty", "write", "reply", "unparsed") for n in (16, 250)}
@@ -88,14 +86,7 @@ def test_ebpf_program_benchmark_prints_every_path():
 
 
 def test_dataplane_sketch_benchmark_prints_accuracy_and_cost():
-    import os
-
-    import pytest
-
-    from dataplanes.ebpf.program import available
-    why_not = available() if os.geteuid() == 0 else "needs root"
-    if why_not:
-        pytest.skip(f"eBPF data plane cannot run here: {why_not}")
+    skip_without_ebpf()
     report = run_benchmark("bench_dataplane_sketch.py", "--gets", "20000")
     assert [(r["keys"], r["alpha"]) for r in report["rows"]] == [(10**5, 0.9), (10**5, 1.2), (10**6, 0.9),
                                                                   (10**6, 1.2)]

@@ -24,27 +24,46 @@ static __always_inline __u16 mb_csum_update(__u16 check, const __u16 *old, const
 	return ~sum;
 }
 
-/* hot_get's rewrite: to `server`, marked as balanced. Written in place: the headers are in the linear part
- * (mb_parse_headers made sure), and one pass fixes both checksums, where the helpers took nine calls. */
+/* The Ethernet, IPv4 and UDP headers in place; 0 if they are not all in the linear part (mb_parse_headers made
+ * sure they are, so only a broken packet fails here). */
+static __always_inline int mb_headers(struct __sk_buff *skb, struct mb_packet *pkt, struct ethhdr **eth,
+				      struct iphdr **ip, struct udphdr **udp)
+{
+	void *data = mb_data(skb), *end = mb_data_end(skb);
+	*eth = data;
+	*ip = data + sizeof(**eth);
+	*udp = data + (pkt->l4_off & 0x7f);  /* at most 14 + 60: the mask tells the verifier so */
+	return (void *)(*ip + 1) <= end && (void *)(*udp + 1) <= end;
+}
+
+/* The UDP checksum after an address of its pseudo header (old_ip -> new_ip, as two words) and one of its ports
+ * changed. 0 stays 0 (the sender sent none); a computed 0 is sent as all ones. */
+static __always_inline void mb_udp_check_update(struct udphdr *udp, const __u16 *old_ip, const __u16 *new_ip,
+						__u16 old_port, __u16 new_port)
+{
+	if (!udp->check)
+		return;
+	__u16 old_words[3] = {old_ip[0], old_ip[1], old_port};
+	__u16 new_words[3] = {new_ip[0], new_ip[1], new_port};
+	__u16 check = mb_csum_update(udp->check, old_words, new_words, 3);
+	udp->check = check ? check : 0xffff;
+}
+
+/* hot_get's rewrite: to `server`, marked as balanced. Written in place (one pass fixes both checksums, where the
+ * helpers took nine calls). */
 static __always_inline int mb_rewrite_destination(struct __sk_buff *skb, struct mb_packet *pkt,
 						  const struct mb_server *server)
 {
-	void *data = mb_data(skb), *end = mb_data_end(skb);
-	struct ethhdr *eth = data;
-	struct iphdr *ip = data + sizeof(*eth);
-	struct udphdr *udp = data + (pkt->l4_off & 0x7f);  /* at most 14 + 60: the mask tells the verifier so */
-	if ((void *)(ip + 1) > end || (void *)(udp + 1) > end)
+	struct ethhdr *eth;
+	struct iphdr *ip;
+	struct udphdr *udp;
+	if (!mb_headers(skb, pkt, &eth, &ip, &udp))
 		return -1;
 	__u16 marked = pkt->frag_off | bpf_htons(MB_IP_BALANCED);
 	__u16 old_ip[3] = {(__u16)ip->daddr, (__u16)(ip->daddr >> 16), ip->frag_off};
 	__u16 new_ip[3] = {(__u16)server->ip, (__u16)(server->ip >> 16), marked};
 	ip->check = mb_csum_update(ip->check, old_ip, new_ip, 3);
-	if (udp->check) {  /* 0: the sender sent none (the IP addresses are in its pseudo header, the port in it) */
-		__u16 old_udp[3] = {old_ip[0], old_ip[1], udp->dest};
-		__u16 new_udp[3] = {new_ip[0], new_ip[1], server->port};
-		__u16 check = mb_csum_update(udp->check, old_udp, new_udp, 3);
-		udp->check = check ? check : 0xffff;  /* a computed 0 is sent as all ones */
-	}
+	mb_udp_check_update(udp, old_ip, new_ip, udp->dest, server->port);
 	ip->daddr = server->ip;
 	ip->frag_off = marked;
 	udp->dest = server->port;
@@ -55,21 +74,15 @@ static __always_inline int mb_rewrite_destination(struct __sk_buff *skb, struct 
 /* reply_source's rewrite: the reply leaves as if from `home` (in place, as above). */
 static __always_inline int mb_rewrite_source(struct __sk_buff *skb, struct mb_packet *pkt, const struct mb_server *home)
 {
-	void *data = mb_data(skb), *end = mb_data_end(skb);
-	struct ethhdr *eth = data;
-	struct iphdr *ip = data + sizeof(*eth);
-	struct udphdr *udp = data + (pkt->l4_off & 0x7f);
-	if ((void *)(ip + 1) > end || (void *)(udp + 1) > end)
+	struct ethhdr *eth;
+	struct iphdr *ip;
+	struct udphdr *udp;
+	if (!mb_headers(skb, pkt, &eth, &ip, &udp))
 		return -1;
 	__u16 old_ip[2] = {(__u16)ip->saddr, (__u16)(ip->saddr >> 16)};
 	__u16 new_ip[2] = {(__u16)home->ip, (__u16)(home->ip >> 16)};
 	ip->check = mb_csum_update(ip->check, old_ip, new_ip, 2);
-	if (udp->check) {
-		__u16 old_udp[3] = {old_ip[0], old_ip[1], udp->source};
-		__u16 new_udp[3] = {new_ip[0], new_ip[1], home->port};
-		__u16 check = mb_csum_update(udp->check, old_udp, new_udp, 3);
-		udp->check = check ? check : 0xffff;
-	}
+	mb_udp_check_update(udp, old_ip, new_ip, udp->source, home->port);
 	ip->saddr = home->ip;
 	udp->source = home->port;
 	__builtin_memcpy(eth->h_source, home->mac, ETH_ALEN);
