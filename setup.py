@@ -19,6 +19,9 @@ setup(
         "matplotlib>=3.7",
         "pymemcache>=4.0",
         "mininet==2.3.0.dev6",  # the topologies; uses Debian's mnexec (apt package mininet)
+        # The Ryu app and the OpenFlow driver (controller/ryu_app.py). Ryu 4.34 builds only with setuptools<68 (pinned
+        # in install/constraints.txt); its Python 3.11 patch is in controller/ryu_manager.py.
+        "ryu==4.34",
     ],
     extras_require={
         "test": [
@@ -29,5 +32,6 @@ setup(
             "scapy>=2.5",  # tests write pcapng files and cross-check frame decoding
         ],
     },
-    entry_points={"console_scripts": ["mbalancer = mbalancer.cli:main"]},
+    entry_points={"console_scripts": ["mbalancer = mbalancer.cli:main",
+                                      "mbalancer-ryu-manager = controller.ryu_manager:main"]},
 )

@@ -14,7 +14,7 @@ import logging
 import math
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from typing import Any, Callable
 
 from controller.core import ControllerCore
 
@@ -41,59 +41,73 @@ def start_serving(server: ThreadingHTTPServer) -> ThreadingHTTPServer:
     return server
 
 
+Reply = tuple[int, Any, dict[str, str]]  # status, JSON body, extra headers
+
+
+def respond(core: ControllerCore, method: str, path: str, length: str, read: Callable[[int], bytes],
+            client: str = "?") -> Reply | None:
+    """The answer to one request, whichever server carries it (http.server here, Ryu's WSGI in the Ryu app):
+    `length` is the Content-Length header as sent, `read(n)` the body. None: the body never came (OSError from
+    `read`), so there is nobody to answer."""
+    if method == "GET" and path == "/state":
+        return 200, core.state(), {}
+    if method == "GET" and path == "/decisions":
+        return 200, core.decisions_made(), {}
+    if method != "POST" or path != "/report":
+        return _wrong_method(method, path)
+    if not length.isdigit() or not 0 < int(length) <= MAX_REPORT_BYTES:
+        return 400, {"error": f"Content-Length: give a JSON report of 1 to {MAX_REPORT_BYTES} bytes "
+                              f"(got {length[:20]!r})"}, {}
+    try:
+        body = read(int(length))
+    except OSError as err:  # the body's sender stalled (BODY_TIMEOUT) or went away
+        log.warning("report from %s not received: %s", client, err)
+        return None
+    try:
+        report = core.submit_report(json.loads(body))
+    except (ValueError, RecursionError) as err:  # a ReportError, bad JSON, or JSON nested too deep
+        why = "JSON nested too deep" if isinstance(err, RecursionError) else str(err)
+        log.warning("report refused: %s", why)
+        return 400, {"error": why}, {}
+    return 202, {"accepted": True, "keys": len(report.top)}, {}
+
+
+def _wrong_method(method: str, path: str) -> Reply:
+    """405 naming the allowed methods where the path exists, else 404 listing every endpoint."""
+    allowed = [route.split()[0] for route in ENDPOINTS if route.split()[1] == path]
+    if not allowed:
+        return 404, {"error": f"no such endpoint {path}", "endpoints": ENDPOINTS}, {}
+    return 405, {"error": f"{method} {path}: use {', '.join(allowed)}", "endpoints": ENDPOINTS}, \
+        {"Allow": ", ".join(allowed)}
+
+
+def encode(body: Any) -> bytes:
+    """Strict JSON: a figure that is not a number goes out as null."""
+    return json.dumps(json_safe(body), allow_nan=False).encode()
+
+
 class _Handler(BaseHTTPRequestHandler):
     core: ControllerCore
     server_version = "mbalancer"
     timeout: float  # seconds, applied to the connection's socket by StreamRequestHandler (see serve)
 
-    def do_GET(self) -> None:
-        if self.path == "/state":
-            self._reply(200, self.core.state())
-        elif self.path == "/decisions":
-            self._reply(200, self.core.decisions_made())
-        else:
-            self._wrong_method()
-
-    def do_POST(self) -> None:
-        if self.path != "/report":
-            return self._wrong_method()
-        length = self.headers.get("Content-Length", "")
-        if not length.isdigit() or not 0 < int(length) <= MAX_REPORT_BYTES:
-            return self._reply(400, {"error": f"Content-Length: give a JSON report of 1 to {MAX_REPORT_BYTES} bytes "
-                                              f"(got {length[:20]!r})"})
-        try:
-            body = self.rfile.read(int(length))
-        except OSError as err:  # the body's sender stalled (BODY_TIMEOUT) or went away
-            log.warning("report from %s not received: %s", self.address_string(), err)
+    def _answer(self) -> None:
+        reply = respond(self.core, self.command, self.path, self.headers.get("Content-Length", ""), self.rfile.read,
+                        self.address_string())
+        if reply is None:
             self.close_connection = True
-            return None
-        try:
-            report = self.core.submit_report(json.loads(body))
-        except (ValueError, RecursionError) as err:  # a ReportError, bad JSON, or JSON nested too deep
-            why = "JSON nested too deep" if isinstance(err, RecursionError) else str(err)
-            log.warning("report refused: %s", why)
-            return self._reply(400, {"error": why})
-        self._reply(202, {"accepted": True, "keys": len(report.top)})
-
-    def _wrong_method(self) -> None:
-        """405 naming the allowed methods where the path exists, else 404 listing every endpoint."""
-        allowed = [route.split()[0] for route in ENDPOINTS if route.split()[1] == self.path]
-        if not allowed:
-            return self._reply(404, {"error": f"no such endpoint {self.path}", "endpoints": ENDPOINTS})
-        self._reply(405, {"error": f"{self.command} {self.path}: use {', '.join(allowed)}", "endpoints": ENDPOINTS},
-                    {"Allow": ", ".join(allowed)})
-
-    do_PUT = do_DELETE = do_PATCH = do_OPTIONS = _wrong_method
-
-    def _reply(self, status: int, body: Any, headers: dict[str, str] | None = None) -> None:
-        data = json.dumps(json_safe(body), allow_nan=False).encode()
+            return
+        status, body, headers = reply
+        data = encode(body)
         self.send_response(status)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(data)))
-        for name, value in (headers or {}).items():
+        for name, value in headers.items():
             self.send_header(name, value)
         self.end_headers()
         self.wfile.write(data)
+
+    do_GET = do_POST = do_PUT = do_DELETE = do_PATCH = do_OPTIONS = _answer
 
     def log_message(self, format: str, *args) -> None:  # route http.server's access log into logging
         log.debug("%s " + format, self.address_string(), *args)

@@ -85,8 +85,11 @@ KINDS: dict[str, DataPlaneKind] = {kind.name: kind for kind in (
         namespace_switch="topologies.netns:BridgePorts"),
     DataPlaneKind("p4", "P4 (p4src/) on bmv2 through P4Runtime",
                   missing="the P4Runtime driver (bmv2) has not landed"),
-    DataPlaneKind("openflow", "OpenFlow switches (Open vSwitch) through the Ryu app",
-                  missing="the OpenFlow (Ryu) driver has not landed"),
+    DataPlaneKind(
+        "openflow", "Open vSwitch (userspace datapath) driven by the Ryu app; an eBPF key classifier on its links",
+        settings="dataplanes.openflow:Settings", driver="controller.drivers.openflow:driver_from_settings",
+        namespace_switch="topologies.netns:OvsPorts", build="dataplanes.openflow.classifier:build",
+        check="dataplanes.openflow.classifier:available"),
 )}
 
 

@@ -18,7 +18,7 @@ import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from dataplanes.ebpf.program import PIN_ROOT, mirror_link_of
+from dataplanes.ebpf.program import CLASSIFIER, PIN_ROOT, mirror_link_of
 from topologies.shapes import TopologyError
 
 log = logging.getLogger(__name__)
@@ -31,15 +31,20 @@ class Made:
     """What a network makes in the root namespace (all of it goes when it closes)."""
     interfaces: list[str] = field(default_factory=list)
     namespaces: list[str] = field(default_factory=list)
-    switches: list[str] = field(default_factory=list)  # eBPF switches: pins and mirror links named after them
+    # switches: pins (eBPF switch or OpenFlow key classifier), mirror links and private Open vSwitch named after them
+    switches: list[str] = field(default_factory=list)
 
     def remove(self) -> list[str]:
         """Delete whatever of it still exists; the names of what was there."""
+        from dataplanes.openflow.ovs import remove_left_over
         removed = []
         for switch in self.switches:
-            if (PIN_ROOT / switch).exists():
-                shutil.rmtree(PIN_ROOT / switch, ignore_errors=True)
-                removed.append(f"pins of {switch}")
+            for pins in (PIN_ROOT / switch, CLASSIFIER.pin_root / switch):
+                if pins.exists():
+                    shutil.rmtree(pins, ignore_errors=True)
+                    removed.append(f"pins {pins}")
+            if remove_left_over(switch):
+                removed.append(f"Open vSwitch {switch}")
         for iface in self.interfaces + [end for s in self.switches for end in mirror_link_of(s)]:
             if Path("/sys/class/net", iface).exists():
                 subprocess.run(["ip", "link", "del", iface], capture_output=True)

@@ -49,7 +49,7 @@ class EbpfPorts:
         self.plane = DataPlane(tag)
         self.ports: list[str] = []
 
-    def start(self, ports: list[str]) -> None:
+    def start(self, ports: list[str], wire_ends: list[tuple[str | None, str]] = ()) -> None:
         self.ports = list(ports)
         self.plane.load()
         self.plane.serve(ports, self.plane.add_mirror_link())
@@ -72,7 +72,7 @@ class BridgePorts:
     def __init__(self, tag: str):
         self.name = f"{tag}-br"
 
-    def start(self, ports: list[str]) -> None:
+    def start(self, ports: list[str], wire_ends: list[tuple[str | None, str]] = ()) -> None:
         _sh("ip", "link", "add", self.name, "type", "bridge")
         for port in ports:
             _sh("ip", "link", "set", port, "master", self.name)
@@ -85,12 +85,39 @@ class BridgePorts:
         return {}
 
 
+class OvsPorts:
+    """Open vSwitch (a private instance, userspace datapath) over the network's switch ports, the key classifier on
+    the far end of every link, and ryu-manager (started by whoever drives it) as the controller at `controller`."""
+
+    def __init__(self, tag: str, controller: str = "127.0.0.1:6653"):
+        from dataplanes.openflow.ovs import OpenVSwitch
+        self.tag, self.controller = tag, controller
+        self.ovs = OpenVSwitch(tag)
+        self.bridge = f"{tag}-of"
+        self.classifier: DataPlane | None = None
+
+    def start(self, ports: list[str], wire_ends: list[tuple[str | None, str]] = ()) -> None:
+        from dataplanes.openflow import classifier
+        self.classifier = classifier.load(self.tag, wire_ends)
+        self.ovs.start()
+        self.ovs.add_bridge(self.bridge, ports, f"tcp:{self.controller}")
+
+    def close(self) -> None:
+        self.ovs.stop()
+        if self.classifier is not None:
+            self.classifier.unload()
+            self.classifier = None
+
+    def driver_settings(self) -> dict[str, Any]:
+        return {"classifier": self.tag, "listen": self.controller}
+
+
 @dataclass
 class NamespaceNetwork:
     servers: int = 2
     clients: int = 1
     tag: str = "mb"
-    dataplane: str = "ebpf"  # a registry name with a namespace switch: ebpf, or bridge (benchmark baseline)
+    dataplane: str = "ebpf"  # a registry name with a namespace switch: ebpf, openflow, or bridge (benchmark baseline)
     hosts: list[Host] = field(default_factory=list)
     processes: list[subprocess.Popen] = field(default_factory=list)
     switch: Any = None  # the data plane's namespace switch, once started
@@ -150,7 +177,7 @@ class NamespaceNetwork:
             _sh("sysctl", "-qw", f"net.ipv6.conf.{iface}.disable_ipv6=1", check=False)  # no IPv6 chatter
             _sh("ip", "link", "set", iface, "up")
         self.switch = switch_class(self.tag)
-        self.switch.start(ports)
+        self.switch.start(ports, [(h.netns, "eth0") for h in self.hosts] + [(None, root)])
 
     def popen(self, host: Host, command: list[str], **kwargs) -> subprocess.Popen:
         """Start a process inside a host's namespace; close() stops it."""

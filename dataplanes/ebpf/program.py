@@ -5,6 +5,8 @@
 - DataPlane(name).load(): bpftool loads one copy of the program per switch and pins it and its maps under
   /sys/fs/bpf/mbalancer/<name>/, so each switch has its own tables and the driver opens them by path.
 - attach(iface): a clsact qdisc and the pinned program as a direct-action ingress filter (tc object-pinned).
+- The same source built with -DMB_CLASSIFIER is the OpenFlow data plane's key classifier (CLASSIFIER: its own
+  object and pin root, attached at tc egress of the wire side of a switch's ports; dataplanes/openflow/).
 - add_mirror_link(): the veth pair `<name>-m` (switch side: writes to hot keys are cloned there) <->
   `<name>-mc` (the controller's eBPF driver reads them there); mirror_link_of() is the one place these names are
   made.
@@ -18,6 +20,7 @@ from __future__ import annotations
 import shutil
 import socket
 import subprocess
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
@@ -26,6 +29,19 @@ SOURCE = HERE / "bpf" / "mbalancer.bpf.c"
 OBJECT = HERE / "build" / "mbalancer.bpf.o"
 BPFFS = Path("/sys/fs/bpf")
 PIN_ROOT = BPFFS / "mbalancer"
+
+
+@dataclass(frozen=True)
+class Program:
+    """One build of bpf/mbalancer.bpf.c: where its object goes, where its copies are pinned, which tc hook runs it."""
+    object: Path
+    pin_root: Path
+    hook: str  # tc direction: ingress (a switch's ports) or egress (the wire side of another switch's ports)
+    defines: tuple[str, ...] = ()
+
+
+SWITCH = Program(OBJECT, PIN_ROOT, "ingress")
+CLASSIFIER = Program(HERE / "build" / "classifier.bpf.o", BPFFS / "mbalancer-classifier", "egress", ("MB_CLASSIFIER",))
 
 
 def mirror_link_of(switch: str) -> tuple[str, str]:
@@ -53,20 +69,22 @@ def _run(args: list[str], what: str) -> str:
     return result.stdout
 
 
-def build(force: bool = False) -> Path:
+def build(force: bool = False, program: Program = SWITCH) -> Path:
     """Compile the program if the object is missing or older than any source; returns the object's path."""
     sources = list((HERE / "bpf").glob("*"))
-    if not force and OBJECT.exists() and all(s.stat().st_mtime <= OBJECT.stat().st_mtime for s in sources):
-        return OBJECT
-    return compile_bpf(SOURCE, OBJECT, "the eBPF data plane")
+    target = program.object
+    if not force and target.exists() and all(s.stat().st_mtime <= target.stat().st_mtime for s in sources):
+        return target
+    what = "the OpenFlow key classifier" if program.defines else "the eBPF data plane"
+    return compile_bpf(SOURCE, target, what, program.defines)
 
 
-def compile_bpf(source: Path, target: Path, what: str) -> Path:
+def compile_bpf(source: Path, target: Path, what: str, defines: Sequence[str] = ()) -> Path:
     """clang a BPF C source into an object (warnings are errors); DataPlaneError with clang's words if it fails."""
     target.parent.mkdir(exist_ok=True)
     arch = subprocess.run(["gcc", "-dumpmachine"], capture_output=True, text=True).stdout.strip() or "x86_64-linux-gnu"
     _run(["clang", "-O2", "-g", "-Wall", "-Werror", "-target", "bpf", f"-I/usr/include/{arch}",
-          "-c", str(source), "-o", str(target)], f"compiling {what}")
+          *(f"-D{d}" for d in defines), "-c", str(source), "-o", str(target)], f"compiling {what}")
     return target
 
 
@@ -90,13 +108,14 @@ def mount_bpffs() -> None:
 
 
 class DataPlane:
-    """One switch's copy of the program and its maps."""
+    """One switch's copy of the program (or of the classifier) and its maps."""
 
-    def __init__(self, name: str):
+    def __init__(self, name: str, program: Program = SWITCH):
         if not name or "/" in name:
             raise ValueError(f"bad data plane name {name!r}")
         self.name = name
-        self.pin_dir = PIN_ROOT / name
+        self.program = program
+        self.pin_dir = program.pin_root / name
         self.attached: list[str] = []
         self.mirror_link = False
 
@@ -116,20 +135,21 @@ class DataPlane:
                                  f"(remove the directory if it is left over)")
         self.pin_dir.mkdir(parents=True)
         try:
-            _run(["bpftool", "prog", "load", str(build()), str(self.program_pin), "type", "classifier",
-                  "pinmaps", str(self.pin_dir)], f"loading the program for {self.name}")
+            _run(["bpftool", "prog", "load", str(build(program=self.program)), str(self.program_pin),
+                  "type", "classifier", "pinmaps", str(self.pin_dir)], f"loading the program for {self.name}")
         except DataPlaneError:
             shutil.rmtree(self.pin_dir, ignore_errors=True)
             raise
         return self
 
     def attach(self, iface: str, netns: str | None = None) -> None:
-        """Run the program on every packet arriving at `iface` (in network namespace `netns` if given)."""
-        prefix = ["ip", "netns", "exec", netns] if netns else []
+        """Run the program on every packet arriving at `iface` (leaving it, for the classifier), in network
+        namespace `netns` if given: a name under /run/netns or a path such as /proc/<pid>/ns/net."""
+        prefix = in_netns(netns)
         subprocess.run(prefix + ["tc", "qdisc", "del", "dev", iface, "clsact"], capture_output=True)
         _run(prefix + ["tc", "qdisc", "add", "dev", iface, "clsact"], f"clsact on {iface}")
-        _run(prefix + ["tc", "filter", "add", "dev", iface, "ingress", "bpf", "direct-action", "object-pinned",
-                       str(self.program_pin)], f"attaching to {iface}")
+        _run(prefix + ["tc", "filter", "add", "dev", iface, self.program.hook, "bpf", "direct-action",
+                       "object-pinned", str(self.program_pin)], f"attaching to {iface}")
         self.attached.append(iface if not netns else f"{netns}:{iface}")
 
     def add_mirror_link(self) -> int:
@@ -165,8 +185,15 @@ class DataPlane:
             self.mirror_link = False
         for entry in self.attached:
             netns, _, iface = entry.rpartition(":")
-            prefix = ["ip", "netns", "exec", netns] if netns else []
-            subprocess.run(prefix + ["tc", "qdisc", "del", "dev", iface, "clsact"], capture_output=True)
+            subprocess.run(in_netns(netns) + ["tc", "qdisc", "del", "dev", iface, "clsact"], capture_output=True)
         self.attached.clear()
         shutil.rmtree(self.pin_dir, ignore_errors=True)
 
+
+
+def in_netns(netns: str | None) -> list[str]:
+    """The command prefix that runs a tool in network namespace `netns` (a name under /run/netns, or a path) and
+    nothing else: not `ip netns exec`, which remounts /sys and so hides the pinned programs from tc."""
+    if not netns:
+        return []
+    return ["nsenter", f"--net={netns if netns.startswith('/') else '/run/netns/' + netns}"]

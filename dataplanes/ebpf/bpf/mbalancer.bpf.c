@@ -12,7 +12,14 @@
  *   forward      destination MAC -> port (learned from source MACs, or set by the controller); flood otherwise
  *   counters     per hot key and replica, and switch-wide
  *   sketch       every get's key counted (count-min sketch, heavy-key candidates) while a reader asks for it
- * Anything it cannot read is forwarded untouched. */
+ * Anything it cannot read is forwarded untouched.
+ *
+ * Built with -DMB_CLASSIFIER it is the OpenFlow data plane's key classifier instead (dataplanes/openflow/): the same
+ * parser, dirty state, lease and counters, on the wire side of each port of an OpenFlow switch (tc egress of the
+ * link's far end), where it neither forwards nor rewrites: it marks the packets the switch's rules act on by
+ * writing a tag in place of a MAC address (dataplanes/openflow/tags.py has the layout), and passes every packet on.
+ * A clean hot get gets GET(slot, entropy) as destination MAC, a packet the controller must see COPY(server), a reply
+ * to a get that may have been balanced REPLY(home) as source MAC. */
 #include <linux/bpf.h>
 #include <linux/pkt_cls.h>
 #include <bpf/bpf_helpers.h>
@@ -30,6 +37,29 @@ static __always_inline void mb_count(__u32 which)
 		*n += 1;  /* per-CPU: no atomics needed */
 }
 
+#ifdef MB_CLASSIFIER
+/* The classifier's tags, a locally administered unicast MAC: MB_TAG_FIRST, kind, index (16 bits), entropy (16).
+ * A get's entropy has MB_TAG_ENTROPY_BITS: the switch hashes the whole tag to pick a replica and caches one
+ * datapath flow per tag value, so more bits would spread the weights more finely at the cost of more cache misses. */
+#define MB_TAG_FIRST 0x0e
+#define MB_TAG_ENTROPY_BITS 10
+enum mb_tag_kind { MB_TAG_GET = 1, MB_TAG_COPY = 2, MB_TAG_REPLY = 3 };
+
+static __always_inline void mb_tag(struct __sk_buff *skb, int source, __u8 kind, __u16 index, __u16 entropy)
+{
+	struct ethhdr *eth = mb_data(skb);
+	if ((void *)(eth + 1) > mb_data_end(skb))
+		return;
+	__u8 *mac = source ? eth->h_source : eth->h_dest;
+	mac[0] = MB_TAG_FIRST;
+	mac[1] = kind;
+	mac[2] = index >> 8;
+	mac[3] = index & 0xff;
+	mac[4] = entropy >> 8;
+	mac[5] = entropy & 0xff;
+}
+#endif
+
 static __always_inline __u64 mb_mac_key(const __u8 *mac)
 {
 	__u64 key = 0;
@@ -41,6 +71,9 @@ static __always_inline __u64 mb_mac_key(const __u8 *mac)
  * carry the home's source MAC must not teach the switch that the home sits behind the replica's port. */
 static __always_inline void mb_learn(struct __sk_buff *skb)
 {
+#ifdef MB_CLASSIFIER
+	return;  /* the OpenFlow switch forwards */
+#endif
 	struct ethhdr *eth = mb_data(skb);
 	if ((void *)(eth + 1) > mb_data_end(skb) || (eth->h_source[0] & 1))
 		return;
@@ -54,6 +87,9 @@ static __always_inline void mb_learn(struct __sk_buff *skb)
 /* forward: send to the destination's port, or flood. */
 static __always_inline int mb_forward(struct __sk_buff *skb)
 {
+#ifdef MB_CLASSIFIER
+	return TC_ACT_OK;  /* on to the wire: the OpenFlow switch forwards */
+#endif
 	struct ethhdr *eth = mb_data(skb);  /* read in place (after any rewrite: pointers taken anew) */
 	if ((void *)(eth + 1) > mb_data_end(skb))
 		return TC_ACT_SHOT;
@@ -113,9 +149,15 @@ static __always_inline int mb_dirty(const struct mb_hot *hot)
 	return synced_to->writes != *written || synced_to->unsure != *unsure_count;
 }
 
-/* Copy the packet to the controller (a mirrored write, or an unsure request it must check). */
-static __always_inline void mb_clone_to_controller(struct __sk_buff *skb)
+/* Copy the packet to the controller (a mirrored write, or an unsure request it must check) and send it on to
+ * `server`, its destination. */
+static __always_inline void mb_clone_to_controller(struct __sk_buff *skb, __u32 server)
 {
+#ifdef MB_CLASSIFIER
+	mb_tag(skb, 0, MB_TAG_COPY, server, 0);  /* the switch restores the server's MAC and copies it up */
+	mb_count(MB_C_CLONED);
+	return;
+#endif
 	__u32 zero = 0;
 	struct mb_settings *cfg = bpf_map_lookup_elem(&settings, &zero);
 	if (cfg && cfg->controller_ifindex && bpf_clone_redirect(skb, cfg->controller_ifindex, 0) == 0)
@@ -134,7 +176,7 @@ static __always_inline void mb_unsure(struct __sk_buff *skb, struct mb_packet *p
 	if (count)
 		__sync_fetch_and_add(count, 1);
 	mb_count(MB_C_UNSURE);
-	mb_clone_to_controller(skb);
+	mb_clone_to_controller(skb, *server);
 }
 
 static __always_inline int mb_hot_get(struct __sk_buff *skb, struct mb_packet *pkt, struct mb_hot *hot)
@@ -149,6 +191,16 @@ static __always_inline int mb_hot_get(struct __sk_buff *skb, struct mb_packet *p
 		return mb_forward(skb);  /* clients address the home: unchanged is home */
 	}
 	__u32 point = mb_pick(pkt->request_id, pkt->saddr, pkt->sport);
+#ifdef MB_CLASSIFIER
+	/* The switch's select group picks the replica (hashing the tag, entropy included); its reply may come from
+	 * any of them, so the flow is remembered whatever the choice. */
+	struct mb_flow tagged = {.client_ip = pkt->saddr, .client_port = pkt->sport, .request_id = pkt->request_id};
+	__u32 its_home = hot->home;
+	bpf_map_update_elem(&flows, &tagged, &its_home, BPF_ANY);
+	mb_tag(skb, 0, MB_TAG_GET, slot, point >> (16 - MB_TAG_ENTROPY_BITS));
+	mb_count(MB_C_BALANCED);
+	return TC_ACT_OK;
+#endif
 	__u32 chosen = hot->home;
 	for (__u32 i = 0; i < MB_MAX_REPLICAS; i++) {
 		if (i >= hot->replicas)
@@ -194,7 +246,7 @@ static __always_inline int mb_set_mirror(struct __sk_buff *skb, struct mb_packet
 		kc->mirrored++;
 	mb_count(MB_C_MIRRORED);
 	if (whole) {
-		mb_clone_to_controller(skb);
+		mb_clone_to_controller(skb, home);
 	} else {
 		mb_unsure(skb, pkt);  /* counts, and clones once */
 	}
@@ -212,6 +264,11 @@ static __always_inline int mb_reply_source(struct __sk_buff *skb, struct mb_pack
 		return mb_forward(skb);
 	struct mb_server *server = bpf_map_lookup_elem(&servers, home);
 	if (server && (server->ip != pkt->saddr || server->port != pkt->sport)) {
+#ifdef MB_CLASSIFIER
+		mb_tag(skb, 1, MB_TAG_REPLY, *home, 0);  /* the switch writes the home's MAC, IP and port */
+		mb_count(MB_C_REPLIES_REWRITTEN);
+		return TC_ACT_OK;
+#endif
 		if (mb_rewrite_source(skb, pkt, server) < 0)
 			return TC_ACT_SHOT;
 		mb_count(MB_C_REPLIES_REWRITTEN);

@@ -1,0 +1,189 @@
+"""The OpenFlow driver: the core's requests as the key classifier's maps plus OpenFlow rules on Open vSwitch.
+
+Two halves (dataplanes/openflow/ says why): the key classifier is the eBPF program in classifier mode, with the
+same maps as the eBPF switch, so the eBPF driver's slot, write-stamp, dirty and lease bookkeeping is reused as it
+is (this class extends it); the switch half is OpenFlow rules (dataplanes/openflow/messages.py) sent through a
+Channel, which the Ryu app (controller/ryu_app.py) implements over Ryu's datapath connections.
+
+Why the dirty state stays in the classifier, not in an OpenFlow `learn` rule: measured on OVS 3.1's userspace
+datapath, a write's learned "gets go home" flow took effect for the next get in 99 of 100 tries; the datapath's
+flow cache kept sending the 100th to the replica (the learned flow was there, the cached decision was older).
+The classifier marks a get clean or dirty in the same map update a write makes, so no get after a write is tagged
+for balancing. OpenFlow does the rest: the replica choice (a select group per hot key), the rewrites, the copy to
+the controller (PacketIn -> on_mirror), the replies' source, L2, and the per-replica counters (bucket stats).
+
+Order that keeps gets correct: a key's group and flow are live (barrier) before the core can clear it, since the
+classifier only tags clean keys; on removal the classifier stops tagging first, then the rules go. A switch that
+connects (first time, or after a restart that emptied it) gets the whole rule set again from the driver's record;
+the classifier's state did not change, so the core has nothing to redo.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Any, Protocol, Sequence
+
+from controller.driver import Counters, DriverError, LeftoverKey, MirrorHandler, ReconnectHandler, ReplicaWeight
+from controller.drivers.ebpf import EbpfDriver
+from dataplanes.ebpf.program import CLASSIFIER
+from dataplanes.openflow import SELECTIONS, Settings
+from dataplanes.openflow.weights import bucket_weights
+from mbalancer.config import Server
+
+log = logging.getLogger(__name__)
+
+
+class Channel(Protocol):
+    """How the driver reaches its switches (the Ryu app implements it)."""
+
+    def switches(self) -> list[Any]:
+        """The connected datapaths."""
+
+    def send(self, dp: Any, messages: Sequence[Any]) -> None:
+        """Send, then wait for a barrier; raise DriverError if the switch refused any of them or did not answer."""
+
+    def ask(self, dp: Any, request: Any) -> list[Any]:
+        """A multipart request's replies (DriverError if none came)."""
+
+
+def driver_from_settings(settings: Settings) -> "OpenflowDriver":
+    """The registry's factory. The driver needs Ryu's switch connections, so it runs inside ryu-manager only."""
+    raise DriverError("the OpenFlow data plane is driven from inside ryu-manager: run `mbalancer-ryu-manager "
+                      "--mbalancer-config FILE controller/ryu_app.py` (README: the Ryu app)")
+
+
+class OpenflowDriver(EbpfDriver):
+    name = "openflow"
+
+    def __init__(self, settings: Settings, channel: Channel):
+        if settings.selection not in SELECTIONS:
+            raise DriverError(f"dataplane.openflow.selection: one of {', '.join(SELECTIONS)} "
+                              f"(got {settings.selection!r})")
+        pin = CLASSIFIER.pin_root / settings.classifier
+        if not (pin / "prog").exists():
+            raise DriverError(f"no key classifier named {settings.classifier} is loaded (nothing at {pin}): start "
+                              f"the OpenFlow topology, or load the classifier on your switch's links first")
+        super().__init__([pin], mirror_ifaces=())
+        self.settings = settings
+        self.channel = channel
+        self.buckets: dict[int, list[tuple[int, int, int]]] = {}  # slot -> (position, server, OVS weight): the record
+        self._switch_lock = threading.RLock()  # one change at a time on the wire, in the record's order
+
+    # --- the switch half ----------------------------------------------------------------------------------------
+    def attach(self, servers: Sequence[Server], on_mirror: MirrorHandler,
+               on_reconnect: ReconnectHandler | None = None) -> list[LeftoverKey]:
+        leftovers = super().attach(servers, on_mirror, on_reconnect)
+        for dp in self.channel.switches():  # connected before the core started
+            self.switch_connected(dp)
+        return leftovers
+
+    def switch_connected(self, dp: Any) -> None:
+        """A switch (re)connected: it gets every rule from the record (it may have restarted empty)."""
+        if not self.servers:
+            return  # not attached yet: attach pushes the rules
+        from dataplanes.openflow import messages
+        with self._switch_lock:
+            rules = messages.base_pipeline(dp) + messages.server_rules(dp, self.servers)
+            for slot, buckets in self.buckets.items():
+                rules += self._group(dp, slot, buckets, add=True) + messages.hot_flow(dp, slot)
+            try:
+                self.channel.send(dp, rules)
+            except DriverError as err:
+                log.warning("switch %s: the rules were not all taken (%s)", _dpid(dp), err)
+                return
+        log.info("switch %s connected: pipeline, %d server rules and %d hot keys installed", _dpid(dp),
+                 len(self.servers), len(self.buckets))
+
+    def packet_in(self, frame: bytes) -> None:
+        """A copy the switch sent up (COPY tag): a mirrored write or an unsure request."""
+        if self.on_mirror is None or frame[12:14] != b"\x08\x00":
+            return
+        self.mirrors_received += 1
+        try:
+            self.on_mirror(frame)
+        except Exception:  # the core queues; a failure there must not end the app's event loop
+            log.exception("mirror handler failed")
+
+    # --- the driver interface: classifier first or last, as the order above says -------------------------------
+    def install_hot_key(self, key: bytes, home: int, replicas: Sequence[ReplicaWeight]) -> None:
+        buckets = self._buckets(replicas)
+        with self._switch_lock:
+            super().install_hot_key(key, home, replicas)  # held dirty: nothing tagged for balancing yet
+            slot = self.slots[key]
+            try:
+                self._send_all(lambda dp, m: m.remove_hot(dp, slot) + self._group(dp, slot, buckets, add=True)
+                               + m.hot_flow(dp, slot))
+            except DriverError:
+                super().remove_hot_key(key)
+                raise
+            self.buckets[slot] = buckets
+
+    def set_weights(self, key: bytes, replicas: Sequence[ReplicaWeight]) -> None:
+        buckets = self._buckets(replicas)
+        with self._switch_lock:
+            slot = self._slot(key)
+            self._send_all(lambda dp, m: self._group(dp, slot, buckets, add=False))
+            super().set_weights(key, replicas)
+            self.buckets[slot] = buckets
+
+    def remove_hot_key(self, key: bytes) -> None:
+        with self._switch_lock:
+            slot = self._slot(key)
+            super().remove_hot_key(key)  # the classifier stops tagging its gets: they go home from now on
+            self.buckets.pop(slot, None)
+            try:
+                self._send_all(lambda dp, m: m.remove_hot(dp, slot))
+            except DriverError as err:  # no get is tagged for it any more: the rules are merely unused
+                log.warning("rules of %r not removed from a switch (%s); unused, replaced at its next install", key,
+                            err)
+
+    def read_counters(self) -> Counters:
+        """The classifier's counts, plus gets per replica from the groups' bucket counters (listed in bucket order)."""
+        counters = super().read_counters()
+        with self._lock:
+            keys = {slot: key for key, slot in self.slots.items()}
+            buckets = dict(self.buckets)
+        for dp in self.channel.switches():
+            for reply in self.channel.ask(dp, _group_stats(dp)):
+                for group in reply.body:
+                    slot = group.group_id - 1
+                    if keys.get(slot) not in counters.keys:
+                        continue
+                    per_replica = counters.keys[keys[slot]].per_replica
+                    for (_, server, _), bucket in zip(buckets.get(slot, []), group.bucket_stats):
+                        per_replica[server] = per_replica.get(server, 0) + bucket.packet_count
+        return counters
+
+    def _reset_slots(self) -> None:
+        super()._reset_slots()
+        self.buckets = {}  # the classifier was reloaded: the core installs every key again
+
+    # --- inside -------------------------------------------------------------------------------------------------
+    def _buckets(self, replicas: Sequence[ReplicaWeight]) -> list[tuple[int, int, int]]:
+        """(position, server, OVS weight) for each replica with a positive share: no bucket for the others."""
+        live = [(position, r) for position, r in enumerate(replicas) if r.weight > 0]
+        if not live:
+            raise DriverError("no replica has a positive weight")
+        shares = [r.weight for _, r in live]
+        weights = (bucket_weights(shares) if self.settings.selection != "dp_hash"
+                   else [max(1, round(65535 * s / max(shares))) for s in shares])  # dp_hash: proportional
+        return [(position, r.server, w) for (position, r), w in zip(live, weights)]
+
+    def _group(self, dp: Any, slot: int, buckets: list[tuple[int, int, int]], add: bool) -> list:
+        from dataplanes.openflow import messages
+        return messages.hot_group(dp, slot, [(p, self.servers[s], w) for p, s, w in buckets],
+                                  self.settings.selection, add)
+
+    def _send_all(self, build) -> None:
+        from dataplanes.openflow import messages
+        for dp in self.channel.switches():
+            self.channel.send(dp, build(dp, messages))
+
+
+def _group_stats(dp: Any):
+    from dataplanes.openflow import messages
+    return messages.group_stats(dp)
+
+
+def _dpid(dp: Any) -> str:
+    return f"{getattr(dp, 'id', 0):016x}"

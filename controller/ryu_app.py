@@ -1,0 +1,198 @@
+"""MBalancer as a Ryu app: the controller core inside ryu-manager, started the way every Ryu app is.
+
+    mbalancer-ryu-manager --mbalancer-config mbalancer.toml controller/ryu_app.py
+    (or: MBALANCER_CONFIG=mbalancer.toml ryu-manager controller/ryu_app.py, on a Python where Ryu runs unpatched)
+
+A thin shim (faucet's way): the core decides and the driver builds the messages; this app only carries them.
+- The config's [dataplane] kind picks the driver: `openflow` drives the switches that connect to this ryu-manager
+  (controller/drivers/openflow.py, through RyuChannel below); any other kind (ebpf, none) is made by the registry
+  as `mbalancer controller` makes it, so one controller can run eBPF switches from inside Ryu too.
+- Monitor reports in and the JSON state out through Ryu's own WSGI server, with the same endpoints, JSON and
+  errors as `mbalancer controller` (controller/http_api.py: respond), at the config's controller.listen.
+- Decisions go to Ryu's log (the core logs them; ryu-manager's logging prints them).
+ryu-manager runs everything on eventlet green threads (it monkey-patches threading), so the core's threads and the
+driver's blocking waits (barriers, stats) are green too and never stall the OpenFlow event loop for long.
+"""
+from __future__ import annotations
+
+import logging
+import time
+
+from controller.ryu_manager import patch_eventlet, register_options
+
+patch_eventlet()
+
+import eventlet  # noqa: E402
+from ryu import cfg  # noqa: E402  (after the patch: ryu imports eventlet.wsgi.ALREADY_HANDLED)
+from ryu import exception as ryu_exception  # noqa: E402
+from ryu.app.ofctl import api as ofctl  # noqa: E402
+from ryu.app.wsgi import ControllerBase, Response, WSGIApplication  # noqa: E402
+from ryu.base import app_manager  # noqa: E402
+from ryu.controller import ofp_event  # noqa: E402
+from ryu.controller.handler import DEAD_DISPATCHER, MAIN_DISPATCHER, set_ev_cls  # noqa: E402
+from ryu.ofproto import ofproto_v1_5, ofproto_v1_5_parser  # noqa: E402
+
+from controller.core import ControllerCore  # noqa: E402
+from controller.driver import DriverError  # noqa: E402
+from controller.drivers import make_driver  # noqa: E402
+from controller.drivers.openflow import OpenflowDriver  # noqa: E402
+from controller.http_api import ENDPOINTS, encode, respond  # noqa: E402
+from dataplanes.openflow import Settings as OpenflowSettings  # noqa: E402
+from mbalancer.config import ConfigError, load_config  # noqa: E402
+from mbalancer.memcache.addresses import parse_server  # noqa: E402
+
+app_manager.require_app("ryu.app.ofctl.service")  # barriers and stats requests with their replies
+log = logging.getLogger("mbalancer.ryu")
+CONF = cfg.CONF
+REPLY_TIMEOUT = 5.0  # seconds a switch may take to answer a message (its barrier) or a stats request
+register_options()  # in a Ryu config file; mbalancer-ryu-manager has them on its command line too
+
+
+class RyuChannel:
+    """The OpenFlow driver's way to its switches (controller/drivers/openflow.py: Channel) over Ryu: each message
+    through Ryu's ofctl service, which follows it with a barrier and returns the switch's error for it, if any."""
+
+    def __init__(self, app: "MBalancerApp"):
+        self.app = app
+        self.datapaths: dict[int, object] = {}
+
+    def switches(self) -> list:
+        return list(self.datapaths.values())
+
+    def send(self, dp, messages) -> None:
+        for message in messages:
+            self._call(dp, message, None, False, "message")
+
+    def ask(self, dp, request) -> list:
+        return self._call(dp, request, _reply_class(request), True, "stats request") or []
+
+    def _call(self, dp, message, reply_cls, multi: bool, what: str):
+        deadline = time.monotonic() + REPLY_TIMEOUT
+        while True:
+            try:
+                with eventlet.Timeout(max(0.01, deadline - time.monotonic())):
+                    return ofctl.send_msg(self.app, message, reply_cls=reply_cls, reply_multi=multi)
+            except eventlet.Timeout:
+                raise DriverError(f"switch {dp.id:016x} did not answer a {what} within {REPLY_TIMEOUT:.0f} s") \
+                    from None
+            except ryu_exception.OFError as err:
+                raise DriverError(f"switch {dp.id:016x} refused a {what}: {_error_text(err)}") from None
+            except ryu_exception.InvalidDatapath:
+                # just connected: Ryu's ofctl service may see the connection a moment after this app does
+                if dp.id not in self.datapaths or time.monotonic() > deadline:
+                    raise DriverError(f"switch {dp.id:016x} is not connected") from None
+                eventlet.sleep(0.05)
+
+
+class MBalancerApp(app_manager.RyuApp):
+    OFP_VERSIONS = [ofproto_v1_5.OFP_VERSION]  # select groups with a selection method, per-bucket weights
+    _CONTEXTS = {"wsgi": WSGIApplication}
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        if not CONF.mbalancer_config:
+            raise SystemExit("mbalancer: give --mbalancer-config FILE (or MBALANCER_CONFIG)")
+        try:
+            self.config = load_config(CONF.mbalancer_config)
+        except ConfigError as err:
+            raise SystemExit(f"mbalancer: --mbalancer-config: {err}") from None
+        self.channel = RyuChannel(self)
+        self.driver = self._make_driver()
+        self.core = ControllerCore(self.config, self.driver)
+        # Both read when ryu-manager starts its servers, after the apps are made: one config says where.
+        host, port = parse_server(self.config.controller.listen)
+        CONF.set_override("wsapi_host", host)
+        CONF.set_override("wsapi_port", port)
+        if isinstance(self.driver, OpenflowDriver):
+            host, port = parse_server(self.driver.settings.listen)
+            CONF.set_override("ofp_listen_host", host)
+            CONF.set_override("ofp_tcp_listen_port", port)
+        kwargs["wsgi"].register(StateApi, {"core": self.core})
+
+    def _make_driver(self):
+        dataplane = self.config.dataplane
+        try:
+            if dataplane.kind == "openflow":
+                return OpenflowDriver(dataplane.settings or OpenflowSettings(), self.channel)
+            return make_driver(dataplane)
+        except (DriverError, ConfigError) as err:
+            raise SystemExit(f"mbalancer: data plane {dataplane.kind}: {err}") from None
+
+    def start(self):
+        thread = super().start()
+        try:
+            self.core.start()
+        except DriverError as err:
+            raise SystemExit(f"mbalancer: data plane {self.config.dataplane.kind}: {err}") from None
+        log.info("mbalancer: controller core running (driver %s); state at http://%s/state",
+                 self.driver.name, self.config.controller.listen)
+        return thread
+
+    def stop(self):
+        self.core.stop()
+        super().stop()
+
+    @set_ev_cls(ofp_event.EventOFPStateChange, [MAIN_DISPATCHER, DEAD_DISPATCHER])
+    def _state_change(self, ev):
+        dp = ev.datapath
+        if ev.state == MAIN_DISPATCHER:
+            self.channel.datapaths[dp.id] = dp
+            log.info("mbalancer: switch %016x connected", dp.id)
+            if isinstance(self.driver, OpenflowDriver):  # off the event loop: it waits for the switch's answers
+                eventlet.spawn(self.driver.switch_connected, dp)
+        elif self.channel.datapaths.get(dp.id) is dp:
+            del self.channel.datapaths[dp.id]
+            log.warning("mbalancer: switch %016x disconnected", dp.id)
+
+    @set_ev_cls(ofp_event.EventOFPPacketIn, MAIN_DISPATCHER)
+    def _packet_in(self, ev):
+        if isinstance(self.driver, OpenflowDriver):
+            self.driver.packet_in(bytes(ev.msg.data))
+
+
+class StateApi(ControllerBase):
+    """The HTTP API on Ryu's WSGI server: every path and method goes to controller/http_api.py's respond."""
+
+    def __init__(self, req, link, data, **config):
+        super().__init__(req, link, data, **config)
+        self.core = data["core"]
+
+
+def _answer(self, req, **_):
+    reply = respond(self.core, req.method, req.path, req.headers.get("Content-Length", ""),
+                    lambda n: req.body_file.read(n), req.remote_addr or "?")
+    if reply is None:
+        return Response(status=400)
+    status, body, headers = reply
+    return Response(status=status, body=encode(body), content_type="application/json", headers=headers,
+                    charset=None)
+
+
+def _routes() -> None:
+    """Every endpoint, and every other path, to _answer (so wrong methods and paths get the same 404/405)."""
+    mapper_paths = sorted({route.split()[1] for route in ENDPOINTS})
+    for index, path in enumerate(mapper_paths + ["/{anything:.*}"]):
+        name = f"route{index}"
+        setattr(StateApi, name, _route(path, name))
+
+
+def _route(path: str, name: str):
+    from ryu.app.wsgi import route
+
+    @route("mbalancer", path)
+    def handler(self, req, **kwargs):
+        return _answer(self, req, **kwargs)
+    handler.__name__ = name
+    return handler
+
+
+def _error_text(err) -> str:
+    errors = [m for m in (err.result or []) if hasattr(m, "code")]
+    return ", ".join(f"type {m.type} code {m.code}" for m in errors) or str(err)
+
+
+def _reply_class(request):
+    return {ofproto_v1_5_parser.OFPGroupStatsRequest: ofproto_v1_5_parser.OFPGroupStatsReply}[type(request)]
+
+
+_routes()

@@ -1,0 +1,43 @@
+"""`mbalancer-ryu-manager` (or `python -m controller.ryu_manager`): Ryu's own ryu-manager, made to run on Python 3.11.
+
+Ryu 4.34 imports eventlet.wsgi.ALREADY_HANDLED, which eventlet removed (0.34+); Ryu only ever compares a response
+against it, so any unique object will do. Everything else is ryu-manager unchanged: its options, its app list:
+
+    mbalancer-ryu-manager --mbalancer-config mbalancer.toml controller/ryu_app.py
+"""
+from __future__ import annotations
+
+import os
+import sys
+import warnings
+
+
+def patch_eventlet() -> None:
+    """Give eventlet.wsgi the ALREADY_HANDLED that Ryu 4.34 imports (idempotent)."""
+    warnings.filterwarnings("ignore", message=".*Eventlet is deprecated.*")
+    import eventlet.wsgi
+    if not hasattr(eventlet.wsgi, "ALREADY_HANDLED"):
+        eventlet.wsgi.ALREADY_HANDLED = object()
+
+
+def register_options(cli: bool = False) -> None:
+    """MBalancer's option for ryu-manager: --mbalancer-config on the command line (registered here, before
+    ryu-manager parses it) or mbalancer_config in a Ryu config file ([DEFAULT]); default $MBALANCER_CONFIG."""
+    from ryu import cfg
+    option = cfg.StrOpt("mbalancer-config", default=os.environ.get("MBALANCER_CONFIG"),
+                        help="MBalancer config (TOML); default: $MBALANCER_CONFIG")
+    try:
+        (cfg.CONF.register_cli_opt if cli else cfg.CONF.register_opt)(option)
+    except cfg.DuplicateOptError:
+        pass  # registered already, the other way
+
+
+def main() -> int:
+    patch_eventlet()
+    register_options(cli=True)
+    from ryu.cmd import manager
+    return manager.main() or 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,32 @@
+"""The OpenFlow data plane: Open vSwitch (userspace datapath) driven by the Ryu app, plus a key classifier.
+
+A plain OpenFlow switch cannot read a memcached key, so the key match is its own, swappable step: the classifier
+(the eBPF program built with -DMB_CLASSIFIER: the same parser, dirty state, lease and counters) runs at tc egress
+on the wire side of every switch port and writes a tag into a MAC address; the switch's OpenFlow rules act on the
+tags (replica choice by a select group, rewrites, copies to the controller, reply sources, L2). A switch that can
+match the payload (the thesis's experimenter match) would replace the classifier and match the key itself.
+
+tags.py      the tag layout, shared with the C program
+ovs.py       a private Open vSwitch (its own ovsdb-server and ovs-vswitchd, netdev datapath) and its bridges
+messages.py  every OpenFlow message the driver sends (Ryu's OpenFlow 1.5 parser), faucet's valve_of.py way
+weights.py   bucket weights that make OVS's hash selection give the core's shares
+classifier.py load the classifier and attach it to the wire side of a switch's ports
+
+Its driver is controller/drivers/openflow.py, run inside ryu-manager by controller/ryu_app.py.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+SELECTIONS = ("hash", "dp_hash", "default")
+
+
+@dataclass(frozen=True)
+class Settings:
+    """The config's [dataplane.openflow] section."""
+    classifier: str = "of0"  # the key classifier's name: its maps under /sys/fs/bpf/mbalancer-classifier/<name>/
+    # How a hot key's select group picks a bucket (OpenFlow 1.5, OVS's selection methods): hash = a hash of the
+    # classifier's tag, which carries a hash of request id and client (per request, weighted); dp_hash = the
+    # datapath's 5-tuple hash (per client socket); default = OVS's own (IP addresses: per client host).
+    selection: str = "hash"
+    listen: str = "127.0.0.1:6653"  # where ryu-manager takes switch connections (its --ofp-listen-host/port)

@@ -1,0 +1,136 @@
+"""Every OpenFlow message the OpenFlow driver sends, built with Ryu's OpenFlow 1.5 parser (faucet's valve_of.py
+way: one module, small functions returning messages; the driver decides, the Ryu app sends).
+
+The pipeline, three tables:
+  LEARN (0)  source MAC -> in_port learned into L2 (OVS's learn action), unless the source is a tag
+  TAGS  (1)  the classifier's tags (dataplanes/openflow/tags.py): GET(slot) -> the slot's select group;
+             COPY(server) -> server's MAC back, a copy to the controller (PacketIn), on to L2;
+             REPLY(home) -> home's MAC, IP and UDP port as the source, on to L2; anything else -> L2
+  L2    (2)  destination MAC -> port (learned); unknown -> flood
+A hot key's group has one bucket per replica with a positive weight (bucket id = the replica's position, so
+bucket counters map back), each rewriting destination MAC, IP and UDP port and resubmitting to L2.
+"""
+from __future__ import annotations
+
+import struct
+from typing import Sequence
+
+from ryu.ofproto import ofproto_v1_5 as ofp
+from ryu.ofproto import ofproto_v1_5_parser as parser
+
+from dataplanes.openflow import tags
+from mbalancer.config import Server
+
+LEARN, TAGS, L2 = 0, 1, 2
+COOKIE = 0x4d42  # "MB": every flow this driver installs
+L2_IDLE = 300  # seconds a learned MAC stays without traffic
+NTR_VENDOR_ID = 0x0000154d  # OVS's group selection-method property (an experimenter property of OF1.5 groups)
+NTR_SELECTION_METHOD = 1
+ETH_DST_ALL_BITS = bytes.fromhex("80000606") + b"\xff" * 6  # OXM ETH_DST (class 0x8000, field 3, 6 bytes): all bits
+
+
+def flow(dp, table: int, priority: int, match, instructions: list, command: int = ofp.OFPFC_ADD, **kw):
+    return parser.OFPFlowMod(dp, cookie=COOKIE, table_id=table, command=command, priority=priority, match=match,
+                             instructions=instructions, **kw)
+
+
+def apply(*actions) -> list:
+    return [parser.OFPInstructionActions(ofp.OFPIT_APPLY_ACTIONS, list(actions))]
+
+
+def goto(table: int) -> parser.OFPInstructionGotoTable:
+    return parser.OFPInstructionGotoTable(table)
+
+
+def set_field(**field) -> parser.OFPActionSetField:
+    return parser.OFPActionSetField(**field)
+
+
+def base_pipeline(dp) -> list:
+    """Every table emptied, then the rules that do not depend on servers or hot keys."""
+    learn = parser.NXActionLearn(
+        table_id=L2, priority=10, idle_timeout=L2_IDLE, cookie=COOKIE,
+        specs=[parser.NXFlowSpecMatch(src=("eth_src_nxm", 0), dst=("eth_dst_nxm", 0), n_bits=48),
+               parser.NXFlowSpecOutput(src=("in_port_nxm", 0), dst="", n_bits=16)])
+    return [
+        parser.OFPFlowMod(dp, table_id=ofp.OFPTT_ALL, command=ofp.OFPFC_DELETE, out_port=ofp.OFPP_ANY,
+                          out_group=ofp.OFPG_ANY),
+        parser.OFPGroupMod(dp, ofp.OFPGC_DELETE, ofp.OFPGT_SELECT, ofp.OFPG_ALL),
+        flow(dp, LEARN, 10, parser.OFPMatch(eth_src=tags.ANY_TAG), [goto(TAGS)]),
+        flow(dp, LEARN, 0, parser.OFPMatch(), apply(learn) + [goto(TAGS)]),
+        flow(dp, TAGS, 0, parser.OFPMatch(), [goto(L2)]),
+        flow(dp, L2, 0, parser.OFPMatch(), apply(parser.OFPActionOutput(ofp.OFPP_FLOOD))),
+    ]
+
+
+def server_rules(dp, servers: Sequence[Server]) -> list:
+    """Per server: its copies (COPY tag) and its replies' source (REPLY tag)."""
+    rules = []
+    for index, server in enumerate(servers):
+        rules.append(flow(dp, TAGS, 100, parser.OFPMatch(eth_dst=tags.tag(tags.COPY, index)), apply(
+            set_field(eth_dst=server.mac),
+            parser.OFPActionOutput(ofp.OFPP_CONTROLLER, ofp.OFPCML_NO_BUFFER)) + [goto(L2)]))
+        rules.append(flow(dp, TAGS, 100, parser.OFPMatch(eth_src=tags.tag(tags.REPLY, index), eth_type=0x0800,
+                                                         ip_proto=17), apply(
+            set_field(eth_src=server.mac), set_field(ipv4_src=server.ip), set_field(udp_src=server.port))
+            + [goto(L2)]))
+    return rules
+
+
+def group_id(slot: int) -> int:
+    return slot + 1
+
+
+def hot_group(dp, slot: int, buckets: Sequence[tuple[int, Server, int]], selection: str, add: bool) -> list:
+    """The slot's select group: buckets of (position among the key's replicas, server, OVS weight)."""
+    built = [parser.OFPBucket(bucket_id=position, properties=[
+                                  parser.OFPGroupBucketPropWeight(type_=ofp.OFPGBPT_WEIGHT, weight=weight)],
+                              actions=[set_field(eth_dst=server.mac), set_field(ipv4_dst=server.ip),
+                                       set_field(udp_dst=server.port), parser.NXActionResubmitTable(table_id=L2)])
+             for position, server, weight in buckets]
+    command = ofp.OFPGC_ADD if add else ofp.OFPGC_MODIFY
+    return [parser.OFPGroupMod(dp, command, ofp.OFPGT_SELECT, group_id(slot), buckets=built,
+                               properties=selection_method(selection))]
+
+
+def selection_method(selection: str) -> list:
+    """OVS's selection-method property: hash over the destination MAC (the classifier's tag, whose entropy is a
+    hash of the request id and client), dp_hash, or none (OVS's default)."""
+    if selection == "default":
+        return []
+    return [SelectionMethod(selection, ETH_DST_ALL_BITS if selection == "hash" else b"")]
+
+
+class SelectionMethod:
+    """OVS's group selection-method property (NTR experimenter; Ryu has no class for it, and its generic one only
+    carries whole 4-byte words): type, length without padding, vendor, type, 4 pad, name (16), parameter (8),
+    then the hashed fields as OXM entries whose value is the mask of bits hashed, padded to 8 bytes."""
+
+    def __init__(self, name: str, fields: bytes = b""):
+        self.name, self.fields = name, fields
+
+    def serialize(self) -> bytearray:
+        length = 40 + len(self.fields)
+        body = struct.pack("!HHII4x16sQ", ofp.OFPGPT_EXPERIMENTER, length, NTR_VENDOR_ID, NTR_SELECTION_METHOD,
+                           self.name.encode(), 0) + self.fields
+        return bytearray(body + bytes(-length % 8))
+
+
+def hot_flow(dp, slot: int) -> list:
+    """Gets tagged GET(slot) -> the slot's group."""
+    return [flow(dp, TAGS, 200, parser.OFPMatch(eth_dst=tags.tag_match(tags.GET, slot)),
+                 apply(parser.OFPActionGroup(group_id(slot))))]
+
+
+def remove_hot(dp, slot: int) -> list:
+    return [flow(dp, TAGS, 200, parser.OFPMatch(eth_dst=tags.tag_match(tags.GET, slot)), [],
+                 command=ofp.OFPFC_DELETE_STRICT, out_port=ofp.OFPP_ANY, out_group=ofp.OFPG_ANY),
+            parser.OFPGroupMod(dp, ofp.OFPGC_DELETE, ofp.OFPGT_SELECT, group_id(slot))]
+
+
+def barrier(dp) -> parser.OFPBarrierRequest:
+    return parser.OFPBarrierRequest(dp)
+
+
+def group_stats(dp) -> parser.OFPGroupStatsRequest:
+    return parser.OFPGroupStatsRequest(dp, 0, ofp.OFPG_ALL)
