@@ -8,8 +8,14 @@ against it, so any unique object will do. Everything else is ryu-manager unchang
 from __future__ import annotations
 
 import os
+import signal
+import subprocess
 import sys
 import warnings
+from pathlib import Path
+from typing import IO
+
+APP = Path(__file__).with_name("ryu_app.py")
 
 
 def patch_eventlet() -> None:
@@ -32,11 +38,24 @@ def register_options(cli: bool = False) -> None:
         pass  # registered already, the other way
 
 
+def launch(config: Path | str, log: IO | None = None) -> subprocess.Popen:
+    """ryu-manager with the MBalancer app in a process of its own (tests, experiments); stop it with
+    mbalancer.processes.stop_process (SIGTERM: the app ends its lease and leaves the switch forwarding)."""
+    return subprocess.Popen([sys.executable, "-m", "controller.ryu_manager", "--mbalancer-config", str(config),
+                             str(APP)], stdout=log, stderr=subprocess.STDOUT if log else None,
+                            stdin=subprocess.DEVNULL)
+
+
 def main() -> int:
     patch_eventlet()
     register_options(cli=True)
+    signal.signal(signal.SIGTERM, _interrupt)  # as Ctrl-C: ryu-manager then stops every app (the core ends its lease)
     from ryu.cmd import manager
     return manager.main() or 0
+
+
+def _interrupt(*_) -> None:
+    raise KeyboardInterrupt
 
 
 if __name__ == "__main__":

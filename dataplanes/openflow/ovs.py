@@ -84,6 +84,8 @@ class OpenVSwitch:
     def start_switch(self) -> None:
         """ovs-vswitchd (again, after stop_switch: bridges come back from the database, flows do not)."""
         self._daemon("ovs-vswitchd", self.db)
+        for bridge in self.vsctl("list-br").split():
+            self._wait_for_bridge(bridge)
 
     def stop_switch(self) -> None:
         """Stop ovs-vswitchd, as a crash would: every flow and group is gone."""
@@ -109,8 +111,12 @@ class OpenVSwitch:
         for port in ports:
             self.vsctl("add-port", bridge, port)
         self.vsctl("set-controller", bridge, controller)
+        self._wait_for_bridge(bridge)
+
+    def _wait_for_bridge(self, bridge: str) -> None:
+        """Until the bridge's management socket (ovs-ofctl's way in) exists: made a moment after the bridge."""
         deadline = time.monotonic() + START_TIMEOUT
-        while not (self.rundir / f"{bridge}.mgmt").exists():  # ovs-ofctl's way in, made a moment later
+        while not (self.rundir / f"{bridge}.mgmt").exists():
             if time.monotonic() > deadline:
                 raise OvsError(f"bridge {bridge} has no management socket after {START_TIMEOUT:.0f} s")
             time.sleep(0.02)

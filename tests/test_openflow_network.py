@@ -1,0 +1,218 @@
+"""End to end on the OpenFlow data plane: real Open vSwitch (userspace datapath), real ryu-manager running the
+MBalancer app, the real key classifier on every link, real memcached servers and UDP clients in namespaces. Which
+server answered is read from each memcached's own counters; what the controller did, from its HTTP state."""
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+import urllib.request
+
+import pytest
+
+from controller.ryu_manager import launch
+from mbalancer.config import load_config
+from mbalancer.memcache.addresses import ServerAddress
+from mbalancer.memcache.client import tcp_client
+from mbalancer.memcache.hashing import make_hash
+from mbalancer.memcache.meta import MetaClient, StoredItem
+from mbalancer.processes import stop_process
+from dataplanes import registry
+from dataplanes.ebpf.tables import Tables
+from tests.conftest import eventually, memcached_answers
+from tests.test_ebpf_network import CLIENT, chi_square
+from topologies.netns import NamespaceNetwork
+
+why_not = registry.get("openflow").available() if os.geteuid() == 0 else "needs root (namespaces, bpf, OVS)"
+pytestmark = pytest.mark.skipif(why_not is not None, reason=f"OpenFlow data plane cannot run here: {why_not}")
+TAG = "mbof"
+HTTP = "127.0.0.1:18089"
+OPENFLOW = "127.0.0.1:16659"
+
+
+@pytest.fixture(scope="module")
+def network():
+    with NamespaceNetwork(servers=3, clients=1, tag=TAG, dataplane="openflow") as net:
+        net.switch.ovs.vsctl("set-controller", net.switch.bridge, f"tcp:{OPENFLOW}")
+        for host in net.server_hosts:  # reached through the switch: checked once the app has programmed it
+            net.popen(host, ["memcached", "-l", host.ip, "-p", "11211", "-U", "11211", "-u", "root", "-t", "1"])
+        yield net
+
+
+def write_config(net: NamespaceNetwork, path) -> None:
+    servers = "".join(f'[[servers]]\nname = "{h.name}"\nip = "{h.ip}"\nmac = "{h.mac}"\n' for h in net.server_hosts)
+    # equal weights whatever the load; no CAS polling and health probes rarely (their gets would count as hits)
+    path.write_text(servers + '[balancing]\nhot = 2\nhysteresis = 1\nmode = "equal"\n'
+                    f'[controller]\nlisten = "{HTTP}"\npoll_interval = 0\nhealth_interval = 60\nlease = 150\n'
+                    f'[dataplane]\nkind = "openflow"\n[dataplane.openflow]\nclassifier = "{TAG}"\nlisten = "{OPENFLOW}"\n')
+
+
+class App:
+    """ryu-manager with the MBalancer app, and what a test asks of it over HTTP."""
+
+    def __init__(self, net: NamespaceNetwork, tmp_path):
+        self.net, self.config_path = net, tmp_path / "mbalancer.toml"
+        write_config(net, self.config_path)
+        self.config = load_config(self.config_path)
+        self.key_hash = make_hash(self.config.balancing.hash, [s.address for s in self.config.servers])
+        self.log_path = tmp_path / "ryu.log"
+        self.process = launch(self.config_path, open(self.log_path, "w"))
+        assert eventually(self._serving, timeout=20), self.log()
+        assert eventually(lambda: self.net.switch.ovs.connected() and self.state()["counters"], timeout=20), self.log()
+        assert eventually(lambda: "hot keys installed" in self.log(), timeout=10), self.log()
+        for host in net.server_hosts:
+            assert eventually(lambda: memcached_answers(host.ip), timeout=10), f"{host.name} unreachable: {self.log()}"
+
+    def _serving(self) -> bool:
+        try:
+            self.state()
+            return True
+        except OSError:
+            return self.process.poll() is not None  # exited: the assertion after says why
+
+    def log(self) -> str:
+        return self.log_path.read_text()
+
+    def state(self) -> dict:
+        with urllib.request.urlopen(f"http://{HTTP}/state", timeout=5) as reply:
+            return json.load(reply)
+
+    def report(self, *keys: bytes) -> None:
+        body = {"time": time.time(), "interval": 1.0, "rate": 1000.0,
+                "top": [{"key": k.decode(), "rate": 500.0} for k in keys]}
+        request = urllib.request.Request(f"http://{HTTP}/report", json.dumps(body).encode(),
+                                         {"Content-Type": "application/json"})
+        with urllib.request.urlopen(request, timeout=5) as reply:
+            assert reply.status == 202
+
+    def hot(self, key: bytes) -> dict | None:
+        return next((k for k in self.state()["hot_keys"] if k["key"] == key.decode()), None)
+
+    def make_hot(self, key: bytes, value: bytes) -> int:
+        home = self.key_hash.server_of(key)
+        MetaClient(self.config.servers[home].address).set(key, StoredItem(value, 0, -1, 0))
+        self.report(key)
+        assert eventually(lambda: (self.hot(key) or {}).get("dirty") is False, timeout=10), self.state()["decisions"]
+        return home
+
+    def stop(self) -> int:
+        stop_process(self.process)
+        return self.process.returncode
+
+
+@pytest.fixture
+def app(network, tmp_path):
+    running = App(network, tmp_path)
+    yield running
+    running.stop()
+    for host in network.server_hosts:
+        tcp_client(ServerAddress(host.ip)).flush_all()
+
+
+def hits(net: NamespaceNetwork) -> list[int]:
+    return [int(tcp_client(ServerAddress(h.ip)).stats()[b"get_hits"]) for h in net.server_hosts]
+
+
+def client_gets(net, server_ip: str, key: bytes, count: int, command: bytes | None = None) -> dict:
+    args = [sys.executable, "-c", CLIENT, server_ip, key.decode(), str(count)]
+    result = net.run(net.client_hosts[0], args + ([command.decode("latin-1")] if command else []))
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout)
+
+
+def test_hot_gets_are_spread_by_weight_and_answered_from_the_home_address(network, app):
+    home = app.make_hot(b"hot:1", b"v1")
+    before = hits(network)
+    reply = client_gets(network, network.server_hosts[home].ip, b"hot:1", 900)
+    assert reply["answered"] == 900  # a connected socket: every reply came back with the home's address
+    assert list(reply["values"]) == ["VALUE hot:1 0 2\r\nv1\r\nEND\r\n"]
+    spread = [a - b for a, b in zip(hits(network), before)]
+    assert sum(spread) == 900 and chi_square(spread, [1 / 3] * 3) < 13.8, spread
+    counters = app.state()["counters"]["data_plane"]
+    assert counters["switch"]["balanced"] == 900 and counters["switch"]["replies_rewritten"] > 0
+    groups = network.switch.ovs.ofctl("dump-groups", network.switch.bridge)
+    assert "selection_method=hash,fields=eth_dst" in groups and groups.count("bucket=") == 3, groups
+
+
+def test_cold_keys_and_multi_gets_reach_their_home(network, app):
+    home = app.make_hot(b"hot:2", b"v2")
+    cold_home = app.key_hash.server_of(b"cold")
+    MetaClient(app.config.servers[cold_home].address).set(b"cold", StoredItem(b"c", 0, -1, 0))
+    before = hits(network)
+    client_gets(network, network.server_hosts[cold_home].ip, b"cold", 50)
+    client_gets(network, network.server_hosts[home].ip, b"hot:2", 50, command=b"get hot:2 hot:2\r\n")
+    spread = [a - b for a, b in zip(hits(network), before)]
+    expected = [0, 0, 0]
+    expected[cold_home] += 50
+    expected[home] += 100  # a two-key get counts two hits, all at home
+    assert spread == expected
+
+
+def test_a_write_is_mirrored_synced_and_no_get_after_it_is_stale(network, app):
+    home = app.make_hot(b"hot:3", b"old")
+    server_ip = network.server_hosts[home].ip
+    setter = ("import socket,sys; s=socket.create_connection((sys.argv[1],11211)); "
+              "s.sendall(b'set hot:3 0 0 3\\r\\nnew\\r\\n'); print(s.recv(100))")
+    # the set and, at once after it, 300 gets from the same client: none may see the old value
+    result = network.run(network.client_hosts[0], [sys.executable, "-c", setter, server_ip])
+    assert b"STORED" in result.stdout.encode(), result
+    reply = client_gets(network, server_ip, b"hot:3", 300)
+    assert reply["answered"] == 300 and list(reply["values"]) == ["VALUE hot:3 0 3\r\nnew\r\nEND\r\n"], reply
+    key = app.hot(b"hot:3")
+    assert key["syncs"] >= 1 and key["dirty"] is False, key
+    for server in app.config.servers:  # every copy holds the new value
+        assert MetaClient(server.address).get(b"hot:3").value == b"new"
+    counts = app.state()["counters"]["data_plane"]["keys"]["hot:3"]
+    assert counts["mirrored"] == 1, counts
+
+
+def test_the_dirty_rule_sends_gets_home_until_the_sync(network, app):
+    home = app.make_hot(b"hot:4", b"v4")
+    tables = Tables(network.switch.classifier.pin_dir)
+    try:
+        slot = next(entry.slot for key, entry in tables.hot_entries().items() if key == b"hot:4")
+        tables.hold(slot)  # as a write the controller has not synced yet leaves it
+        before = hits(network)
+        client_gets(network, network.server_hosts[home].ip, b"hot:4", 100)
+        spread = [a - b for a, b in zip(hits(network), before)]
+        assert spread[home] == 100 and sum(spread) == 100, spread
+        assert tables.key_counts(slot).home_while_dirty == 100
+    finally:
+        tables.close()
+
+
+def test_a_switch_that_restarts_gets_its_flows_and_groups_back(network, app):
+    home = app.make_hot(b"hot:5", b"v5")
+    ovs = network.switch.ovs
+    ovs.stop_switch()
+    ovs.start_switch()  # empty: no flow, no group, until the app sees it connect again
+    assert eventually(lambda: "group_id=" in ovs.ofctl("dump-groups", network.switch.bridge), timeout=20), app.log()
+    assert eventually(lambda: client_gets(network, network.server_hosts[home].ip, b"hot:5", 30)["answered"] == 30,
+                      timeout=20)
+    before = hits(network)
+    client_gets(network, network.server_hosts[home].ip, b"hot:5", 300)
+    spread = [a - b for a, b in zip(hits(network), before)]
+    assert sum(spread) == 300 and min(spread) > 0, spread  # balanced again, over all three
+    assert app.log().count("hot keys installed") >= 2
+
+
+def test_the_app_stops_cleanly_and_ends_its_lease(network, app):
+    app.make_hot(b"hot:6", b"v6")
+    assert app.stop() == 0, app.log()
+    assert "Traceback" not in app.log(), app.log()
+    tables = Tables(network.switch.classifier.pin_dir)
+    try:
+        assert tables.lease() == 0  # nobody keeps the copies fresh any more: every hot get goes home
+    finally:
+        tables.close()
+
+
+def test_a_bad_config_is_one_line_and_exit_status(network, tmp_path):
+    bad = tmp_path / "bad.toml"
+    bad.write_text('[[servers]]\nname = "a"\nip = "10.0.0.1"\nmac = "zz"\n')
+    log = tmp_path / "ryu.log"
+    process = launch(bad, open(log, "w"))
+    assert process.wait(timeout=30) != 0
+    text = log.read_text()
+    assert "mbalancer: --mbalancer-config:" in text and "Traceback" not in text, text
