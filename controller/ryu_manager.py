@@ -20,7 +20,7 @@ APP = Path(__file__).with_name("ryu_app.py")
 
 def patch_eventlet() -> None:
     """Give eventlet.wsgi the ALREADY_HANDLED that Ryu 4.34 imports (idempotent)."""
-    warnings.filterwarnings("ignore", message=".*Eventlet is deprecated.*")
+    warnings.filterwarnings("ignore", message=r"\s*Eventlet is deprecated")  # on import, in every process
     import eventlet.wsgi
     if not hasattr(eventlet.wsgi, "ALREADY_HANDLED"):
         eventlet.wsgi.ALREADY_HANDLED = object()

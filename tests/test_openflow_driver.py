@@ -1,0 +1,295 @@
+"""The OpenFlow driver's decisions against a recorded flow table (faucet's way: no switch needed), with the real key
+classifier loaded in the kernel; and every message it builds decoded by Open vSwitch's own parser (ovs-ofctl)."""
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import socket
+import subprocess
+import time
+
+import pytest
+
+from controller.ryu_manager import patch_eventlet
+from controller.driver import DriverError, ReplicaWeight
+from dataplanes.ebpf.program import CLASSIFIER, DataPlane, available as ebpf_available
+from dataplanes.ebpf.tables import Tables
+from dataplanes.openflow import Settings, tags
+from dataplanes.openflow.ovs import OpenVSwitch, available as ovs_available
+from dataplanes.openflow.weights import bucket_weights, win_shares
+from mbalancer.config import Server
+from tests.conftest import eventually
+
+patch_eventlet()
+from ryu.ofproto import ofproto_v1_5 as ofp  # noqa: E402
+from ryu.ofproto import ofproto_v1_5_parser as parser  # noqa: E402
+
+from controller.drivers.openflow import OpenflowDriver, driver_from_settings  # noqa: E402
+from dataplanes.openflow import messages  # noqa: E402
+
+SERVERS = (Server("s1", "10.0.0.1", "02:00:00:00:00:01"), Server("s2", "10.0.0.2", "02:00:00:00:00:02"),
+           Server("s3", "10.0.0.3", "02:00:00:00:00:03", 11311))
+why_not = ("needs root (bpf)" if os.geteuid() else None) or ebpf_available() or \
+    (None if CLASSIFIER.object.exists() else f"{CLASSIFIER.object} is not built")
+
+
+class Datapath:
+    """Enough of a Ryu datapath for the parser to build and serialize messages."""
+    ofproto, ofproto_parser, id = ofp, parser, 0x4d42
+
+    def set_xid(self, msg) -> None:
+        msg.set_xid(1)
+
+
+class RecordedSwitch:
+    """A flow and group table that applies what the driver sends, in order (the Channel of the driver)."""
+
+    def __init__(self):
+        self.dp = Datapath()
+        self.flows: dict[tuple, list] = {}  # (table, priority, match) -> instructions
+        self.groups: dict[int, list] = {}  # group id -> buckets
+        self.sent: list = []
+        self.refuse_groups = False
+        self.bucket_packets: dict[int, list[int]] = {}  # what group stats answer
+
+    def switches(self) -> list:
+        return [self.dp]
+
+    def send(self, dp, batch) -> None:
+        if self.refuse_groups and any(isinstance(m, parser.OFPGroupMod) and m.command == ofp.OFPGC_ADD for m in batch):
+            raise DriverError("switch 0000000000004d42 refused a message: type 6 code 0")
+        for message in batch:
+            self.sent.append(message)
+            self.apply(message)
+
+    def ask(self, dp, request) -> list:
+        body = [parser.OFPGroupStats(group_id=g, bucket_stats=[parser.OFPBucketCounter(n, 0) for n in counts])
+                for g, counts in self.bucket_packets.items()]
+        return [parser.OFPGroupStatsReply(dp, body=body)]
+
+    def apply(self, m) -> None:
+        if isinstance(m, parser.OFPFlowMod):
+            key = (m.table_id, m.priority, str(m.match.to_jsondict()))
+            if m.command == ofp.OFPFC_ADD:
+                self.flows[key] = m.instructions
+            elif m.command == ofp.OFPFC_DELETE and m.table_id == ofp.OFPTT_ALL:
+                self.flows.clear()
+            elif m.command == ofp.OFPFC_DELETE_STRICT:
+                self.flows.pop(key, None)
+        elif isinstance(m, parser.OFPGroupMod):
+            if m.command in (ofp.OFPGC_ADD, ofp.OFPGC_MODIFY):
+                self.groups[m.group_id] = m.buckets
+            elif m.group_id == ofp.OFPG_ALL:
+                self.groups.clear()
+            else:
+                self.groups.pop(m.group_id, None)
+
+    def group_of_get(self, slot: int) -> int | None:
+        """The group a get tagged GET(slot) is sent to, by the recorded flows."""
+        match = parser.OFPMatch(eth_dst=tags.tag_match(tags.GET, slot))
+        instructions = self.flows.get((messages.TAGS, 200, str(match.to_jsondict())))
+        actions = instructions[0].actions if instructions else []
+        return next((a.group_id for a in actions if isinstance(a, parser.OFPActionGroup)), None)
+
+    def weights(self, group_id: int) -> dict[str, int]:
+        """Destination IP -> OVS weight, per bucket of the group."""
+        out = {}
+        for bucket in self.groups[group_id]:
+            ip = next(a.value for a in bucket.actions if getattr(a, "key", None) == "ipv4_dst")
+            out[ip] = bucket.properties[0].weight
+        return out
+
+
+@pytest.fixture
+def classifier():
+    plane = DataPlane(f"ofd{os.getpid()}", CLASSIFIER).load()
+    yield plane
+    plane.unload()
+
+
+@pytest.fixture
+def switch():
+    return RecordedSwitch()
+
+
+@pytest.fixture
+def driver(classifier, switch):
+    driver = OpenflowDriver(Settings(classifier=classifier.name), switch)
+    driver.attach(SERVERS, lambda frame: None)
+    yield driver
+    driver.close()
+
+
+def replicas(*weights: float) -> list[ReplicaWeight]:
+    return [ReplicaWeight(i, w) for i, w in enumerate(weights)]
+
+
+pytestmark = pytest.mark.skipif(why_not is not None, reason=f"the key classifier cannot load here: {why_not}")
+
+
+def test_attach_programs_the_pipeline_and_every_server(driver, switch):
+    tables = {key[0] for key in switch.flows}
+    assert tables == {messages.LEARN, messages.TAGS, messages.L2}
+    copies = [key for key in switch.flows if "0e:02:" in key[2]]
+    replies = [key for key in switch.flows if "0e:03:" in key[2]]
+    assert len(copies) == len(replies) == len(SERVERS)
+
+
+def test_install_makes_a_group_by_weight_and_holds_the_key_dirty(driver, switch, classifier):
+    driver.install_hot_key(b"hot", 0, replicas(0.2, 0.3, 0.5))
+    slot = driver.slots[b"hot"]
+    group = switch.group_of_get(slot)
+    assert group == messages.group_id(slot)
+    weights = switch.weights(group)
+    assert list(weights) == ["10.0.0.1", "10.0.0.2", "10.0.0.3"]
+    assert list(weights.values()) == bucket_weights([0.2, 0.3, 0.5])
+    tables = Tables(classifier.pin_dir)
+    try:
+        assert tables.hot(b"hot").slot == slot and tables.dirty(slot, 0)  # no get is tagged until the core clears
+    finally:
+        tables.close()
+
+
+def test_a_replica_weighted_zero_has_no_bucket(driver, switch):
+    driver.install_hot_key(b"hot", 0, replicas(0.2, 0.3, 0.5))
+    driver.set_weights(b"hot", replicas(0.5, 0.0, 0.5))
+    weights = switch.weights(messages.group_id(driver.slots[b"hot"]))
+    assert list(weights) == ["10.0.0.1", "10.0.0.3"] and len(set(weights.values())) == 1
+
+
+def test_remove_stops_the_classifier_before_the_rules_go(driver, switch, classifier):
+    driver.install_hot_key(b"hot", 0, replicas(0.5, 0.5, 0.0))
+    slot = driver.slots[b"hot"]
+    tables = Tables(classifier.pin_dir)
+    seen = []
+    original = switch.send
+    switch.send = lambda dp, batch: (seen.append(tables.hot(b"hot")), original(dp, batch))
+    try:
+        driver.remove_hot_key(b"hot")
+    finally:
+        tables.close()
+    assert seen == [None]  # by the time the delete went out, no get was tagged for the key any more
+    assert switch.group_of_get(slot) is None and messages.group_id(slot) not in switch.groups
+
+
+def test_an_install_the_switch_refuses_leaves_nothing(driver, switch, classifier):
+    switch.refuse_groups = True
+    with pytest.raises(DriverError, match="refused"):
+        driver.install_hot_key(b"hot", 0, replicas(0.5, 0.5, 0.0))
+    assert b"hot" not in driver.slots
+    tables = Tables(classifier.pin_dir)
+    try:
+        assert tables.hot(b"hot") is None
+    finally:
+        tables.close()
+    switch.refuse_groups = False
+    driver.install_hot_key(b"hot", 0, replicas(0.5, 0.5, 0.0))  # the slot was freed: it installs later
+
+
+def test_a_switch_that_connects_again_gets_the_same_rules(driver, switch):
+    driver.install_hot_key(b"a", 0, replicas(0.5, 0.5, 0.0))
+    driver.install_hot_key(b"b", 1, replicas(0.1, 0.6, 0.3))
+    flows, groups = dict(switch.flows), {g: switch.weights(g) for g in switch.groups}
+    switch.flows.clear()
+    switch.groups.clear()  # restarted empty
+    driver.switch_connected(switch.dp)
+    assert switch.flows.keys() == flows.keys()
+    assert {g: switch.weights(g) for g in switch.groups} == groups
+
+
+def test_gets_per_replica_come_from_the_bucket_counters(driver, switch):
+    driver.install_hot_key(b"hot", 0, replicas(0.5, 0.0, 0.5))
+    switch.bucket_packets = {messages.group_id(driver.slots[b"hot"]): [7, 11]}
+    counters = driver.read_counters()
+    assert counters.keys[b"hot"].per_replica == {0: 7, 1: 0, 2: 11}  # no bucket for server 1: none of its gets
+
+
+def test_refusals_outside_ryu_and_for_bad_settings(classifier, switch):
+    with pytest.raises(DriverError, match="mbalancer-ryu-manager"):
+        driver_from_settings(Settings())
+    with pytest.raises(DriverError, match="selection"):
+        OpenflowDriver(Settings(classifier=classifier.name, selection="random"), switch)
+    with pytest.raises(DriverError, match="no key classifier named nosuch"):
+        OpenflowDriver(Settings(classifier="nosuch"), switch)
+
+
+# --- the weights and the wire format, no classifier needed ----------------------------------------------------------
+
+def test_bucket_weights_give_the_shares_under_ovs_rendezvous_selection():
+    assert list(win_shares([1, 2]).round(6)) == [0.25, 0.75]  # not 1/3, 2/3: why the weights are solved for
+    for shares in ([0.5, 0.5], [0.1, 0.3, 0.6], [0.05] * 4 + [0.8], [0.01, 0.99], [1 / 8] * 8):
+        weights = bucket_weights(shares)
+        assert all(1 <= w <= 65535 for w in weights)
+        assert max(abs(win_shares(weights) - shares)) < 2e-4, (shares, weights)
+    with pytest.raises(ValueError):
+        bucket_weights([0.5, 0.0])
+
+
+@pytest.mark.skipif(shutil.which("ovs-ofctl") is None, reason="ovs-ofctl (openvswitch-switch) is not installed")
+def test_every_message_decodes_with_open_vswitchs_own_parser():
+    dp = Datapath()
+    built = (messages.base_pipeline(dp) + messages.server_rules(dp, SERVERS[:1])
+             + messages.hot_group(dp, 3, [(0, SERVERS[0], 100), (2, SERVERS[2], 200)], "hash", add=True)
+             + messages.hot_group(dp, 3, [(0, SERVERS[0], 100)], "dp_hash", add=False)
+             + messages.hot_flow(dp, 3) + messages.remove_hot(dp, 3))
+    printed = []
+    for message in built:
+        message.serialize()
+        result = subprocess.run(["ovs-ofctl", "ofp-print", bytes(message.buf).hex()], capture_output=True, text=True)
+        assert result.returncode == 0 and "decode error" not in result.stdout + result.stderr, result
+        printed.append(result.stdout)
+    text = "".join(printed)
+    for expected in ("learn(table=2,idle_timeout=300,priority=10,cookie=0x4d42,NXM_OF_ETH_DST[]=NXM_OF_ETH_SRC[],"
+                     "output:NXM_OF_IN_PORT[])",
+                     "dl_dst=0e:02:00:00:00:00 cookie:0x4d42 out_port:0 actions=set_field:02:00:00:00:00:01->eth_dst,"
+                     "CONTROLLER:65535,goto_table:2",
+                     "set_field:10.0.0.1->ip_src,set_field:11211->udp_src",
+                     "group_id=4,type=select,selection_method=hash,fields=eth_dst,bucket=bucket_id:0,weight:100",
+                     "bucket=bucket_id:2,weight:200,actions=set_field:02:00:00:00:00:03->eth_dst,"
+                     "set_field:10.0.0.3->ip_dst,set_field:11311->udp_dst,resubmit(,2)",
+                     "MOD group_id=4,type=select,selection_method=dp_hash",
+                     "priority=200,dl_dst=0e:01:00:03:00:00/ff:ff:ff:ff:00:00 cookie:0x4d42 out_port:0 actions=group:4",
+                     "DEL_STRICT table:1 priority=200,dl_dst=0e:01:00:03:00:00/ff:ff:ff:ff:00:00"):
+        assert expected in text, expected
+
+
+def test_tags_round_trip_and_refuse_what_is_not_one():
+    assert tags.tag(tags.GET, 0x0102, 0x0304) == "0e:01:01:02:03:04"
+    assert tags.parse_tag("0e:01:01:02:03:04") == (tags.GET, 0x0102, 0x0304)
+    assert tags.parse_tag("02:00:00:00:00:01") is None and tags.parse_tag("0e:09:00:00:00:00") is None
+    with pytest.raises(ValueError):
+        tags.tag(tags.COPY, 1 << 16)
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or ovs_available() is not None, reason="needs root and Open vSwitch")
+def test_open_vswitch_spreads_tagged_gets_by_the_solved_weights():
+    """Every one of the 1,024 entropy values a get's tag can carry, once, through a real select group: the bucket
+    counts are the shares OVS gives those weights (deterministic: OVS's hash of each tag is fixed)."""
+    shares = [0.1, 0.3, 0.6]
+    weights = bucket_weights(shares)
+    buckets = ",".join(f"bucket=bucket_id:{i},weight:{w},actions=set_field:10.0.0.{i + 1}->ip_dst"
+                       for i, w in enumerate(weights))  # no output: counted, then dropped
+    subprocess.run(["ip", "link", "add", "mbw-a", "type", "veth", "peer", "name", "mbw-b"], check=True)
+    try:
+        with OpenVSwitch("mbw") as ovs:
+            for end in ("mbw-a", "mbw-b"):
+                subprocess.run(["ip", "link", "set", end, "up"], check=True)
+            ovs.add_bridge("mbw-of", ["mbw-a"], "tcp:127.0.0.1:9")  # no controller there: the rules below only
+            ovs.ofctl("add-group", "mbw-of", f"group_id=1,type=select,selection_method=hash,fields(eth_dst),{buckets}")
+            ovs.ofctl("add-flow", "mbw-of", "priority=10,dl_dst=0e:01:00:00:00:00/ff:ff:ff:ff:00:00,actions=group:1")
+            with socket.socket(socket.AF_PACKET, socket.SOCK_RAW) as raw:
+                raw.bind(("mbw-b", 0))
+                for entropy in range(1 << tags.ENTROPY_BITS):
+                    dst = bytes.fromhex(tags.tag(tags.GET, 0, entropy).replace(":", ""))
+                    raw.send(dst + bytes.fromhex("020000000099") + b"\x08\x00" + bytes(46))
+                    time.sleep(0.0002)  # the userspace datapath's receive queue is not deep
+            stats = lambda: [int(n) for n in re.findall(r"bucket\d+:packet_count=(\d+)",  # noqa: E731
+                                                        ovs.ofctl("dump-group-stats", "mbw-of"))]
+            assert eventually(lambda: sum(stats()) == 1 << tags.ENTROPY_BITS, timeout=10), stats()
+            counts = stats()
+    finally:
+        subprocess.run(["ip", "link", "del", "mbw-a"], capture_output=True)
+    total = sum(counts)
+    chi = sum((c - s * total) ** 2 / (s * total) for c, s in zip(counts, shares))
+    assert chi < 13.8, counts  # 2 degrees of freedom, p = 0.001
