@@ -15,8 +15,10 @@ driver's blocking waits (barriers, stats) are green too and never stall the Open
 """
 from __future__ import annotations
 
+import json
 import logging
 import time
+from pathlib import Path
 
 from controller.ryu_manager import patch_eventlet, register_options
 
@@ -39,6 +41,7 @@ from controller.drivers.openflow import OpenflowDriver  # noqa: E402
 from controller.http_api import ENDPOINTS, encode, respond  # noqa: E402
 from dataplanes.openflow import Settings as OpenflowSettings  # noqa: E402
 from mbalancer.config import ConfigError, load_config  # noqa: E402
+from mbalancer.memcache.hashing import TableHash  # noqa: E402
 from mbalancer.memcache.addresses import parse_server  # noqa: E402
 
 app_manager.require_app("ryu.app.ofctl.service")  # barriers and stats requests with their replies
@@ -97,8 +100,12 @@ class MBalancerApp(app_manager.RyuApp):
         except ConfigError as err:
             raise SystemExit(f"mbalancer: --mbalancer-config: {err}") from None
         self.channel = RyuChannel(self)
+        key_hash = self._homes()
         self.driver = self._make_driver()
-        self.core = ControllerCore(self.config, self.driver)
+        try:
+            self.core = ControllerCore(self.config, self.driver, key_hash)
+        except ValueError as err:  # e.g. a skewed hash without --mbalancer-homes
+            raise SystemExit(f"mbalancer: balancing.hash: {err} (give --mbalancer-homes)") from None
         # Both read when ryu-manager starts its servers, after the apps are made: one config says where.
         host, port = parse_server(self.config.controller.listen)
         CONF.set_override("wsapi_host", host)
@@ -108,6 +115,17 @@ class MBalancerApp(app_manager.RyuApp):
             CONF.set_override("ofp_listen_host", host)
             CONF.set_override("ofp_tcp_listen_port", port)
         kwargs["wsgi"].register(StateApi, {"core": self.core})
+
+    def _homes(self) -> TableHash | None:
+        """The key table of --mbalancer-homes, if given."""
+        if not CONF.mbalancer_homes:
+            return None
+        try:
+            table = json.loads(Path(CONF.mbalancer_homes).read_text())
+            return TableHash(self.config.balancing.hash, [s.address for s in self.config.servers],
+                             {k.encode("latin-1"): int(v) for k, v in table.items()})
+        except (OSError, ValueError, AttributeError) as err:
+            raise SystemExit(f"mbalancer: --mbalancer-homes: {err}") from None
 
     def _make_driver(self):
         dataplane = self.config.dataplane

@@ -27,22 +27,26 @@ def patch_eventlet() -> None:
 
 
 def register_options(cli: bool = False) -> None:
-    """MBalancer's option for ryu-manager: --mbalancer-config on the command line (registered here, before
-    ryu-manager parses it) or mbalancer_config in a Ryu config file ([DEFAULT]); default $MBALANCER_CONFIG."""
+    """MBalancer's options for ryu-manager: on the command line (registered here, before ryu-manager parses it) or
+    in a Ryu config file's [DEFAULT] (mbalancer_config = ...)."""
     from ryu import cfg
-    option = cfg.StrOpt("mbalancer-config", default=os.environ.get("MBALANCER_CONFIG"),
-                        help="MBalancer config (TOML); default: $MBALANCER_CONFIG")
-    try:
-        (cfg.CONF.register_cli_opt if cli else cfg.CONF.register_opt)(option)
-    except cfg.DuplicateOptError:
-        pass  # registered already, the other way
+    options = [cfg.StrOpt("mbalancer-config", default=os.environ.get("MBALANCER_CONFIG"),
+                          help="MBalancer config (TOML); default: $MBALANCER_CONFIG"),
+               cfg.StrOpt("mbalancer-homes", help="JSON {key: server index}: the homes of a skewed hash "
+                                                  "(balancing.hash = skewed:IF, which needs the workload's keys)")]
+    for option in options:
+        try:
+            (cfg.CONF.register_cli_opt if cli else cfg.CONF.register_opt)(option)
+        except cfg.DuplicateOptError:
+            pass  # registered already, the other way
 
 
-def launch(config: Path | str, log: IO | None = None) -> subprocess.Popen:
+def launch(config: Path | str, log: IO | None = None, homes: Path | None = None) -> subprocess.Popen:
     """ryu-manager with the MBalancer app in a process of its own (tests, experiments); stop it with
     mbalancer.processes.stop_process (SIGTERM: the app ends its lease and leaves the switch forwarding)."""
+    extra = ["--mbalancer-homes", str(homes)] if homes else []
     return subprocess.Popen([sys.executable, "-m", "controller.ryu_manager", "--mbalancer-config", str(config),
-                             str(APP)], stdout=log, stderr=subprocess.STDOUT if log else None,
+                             *extra, str(APP)], stdout=log, stderr=subprocess.STDOUT if log else None,
                             stdin=subprocess.DEVNULL)
 
 

@@ -88,7 +88,8 @@ KINDS: dict[str, DataPlaneKind] = {kind.name: kind for kind in (
     DataPlaneKind(
         "openflow", "Open vSwitch (userspace datapath) driven by the Ryu app; an eBPF key classifier on its links",
         settings="dataplanes.openflow:Settings", driver="controller.drivers.openflow:driver_from_settings",
-        namespace_switch="topologies.netns:OvsPorts", build="dataplanes.openflow.classifier:build",
+        mininet_switch="topologies.mininet_switch:OpenflowSwitch", namespace_switch="topologies.netns:OvsPorts",
+        build="dataplanes.openflow.classifier:build",
         check="dataplanes.openflow.classifier:available"),
 )}
 

@@ -6,6 +6,7 @@ See mbalancer/mbalancer.example.toml for a documented example.
 from __future__ import annotations
 
 import ipaddress
+import json
 import math
 import re
 import tomllib
@@ -279,3 +280,39 @@ def _host_port(where: str, text: str) -> None:
         parse_server(text)
     except ValueError as err:
         raise ConfigError(f"{where}: {err}") from None
+
+
+def config_toml(config: Config) -> str:
+    """The config as a file load_config reads back to an equal Config (for a controller in another process, e.g.
+    ryu-manager started by an experiment)."""
+    lines = []
+    for server in config.servers:
+        lines += ["[[servers]]", *_toml_fields(server)]
+    for name in ("balancing", "monitor", "controller"):
+        section = getattr(config, name)
+        fields = _toml_fields(section)
+        if name == "balancing" and section.hot is None:
+            fields.append('hot = "auto"')
+        lines += [f"[{name}]", *fields]
+    lines += ["[dataplane]", f"kind = {_toml_value(config.dataplane.kind)}"]
+    for kind, settings in config.dataplane.sections:
+        if settings is not None:
+            lines += [f"[dataplane.{kind}]", *_toml_fields(settings)]
+    return "\n".join(lines) + "\n"
+
+
+def _toml_fields(section: Any) -> list[str]:
+    """`name = value` for each field with a value (TOML has no null: a None is the default's business)."""
+    return [f"{name} = {_toml_value(value)}" for name, value in vars(section).items() if value is not None]
+
+
+def _toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    if isinstance(value, str):
+        return json.dumps(value)  # a JSON string is a TOML basic string
+    if isinstance(value, (tuple, list)):
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    raise TypeError(f"no TOML for {value!r}")

@@ -52,6 +52,9 @@ class TestbedSpec:
         except registry.UnknownDataPlane as err:
             raise TopologyError(f"{err}; the testbed runs on {', '.join(registry.names('mininet_switch'))}") \
                 from None
+        if self.dataplane == "openflow" and self.topology != "single":
+            raise TopologyError("the openflow data plane runs the single-switch topology (one key classifier, whose "
+                                "tags the first switch consumes)")
         for name in ("server_link", "client_link", "fabric_link"):
             getattr(self, name).check(name.replace("_", " "))
         if self.memcached_threads < 1 or self.memcached_memory_mb < 8:

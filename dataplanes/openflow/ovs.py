@@ -6,8 +6,9 @@ service), with the userspace (netdev) datapath, since this kernel may have no op
         ovs.ofctl("dump-flows", "mb-of")
 
 Userspace TSO is switched on before ovs-vswitchd starts: without it the netdev datapath sends UDP and TCP with
-bad checksums here. Bridges are fail-mode secure (nothing forwards without the controller's rules) and speak
-OpenFlow 1.5 (select groups with a selection method) besides 1.3.
+bad checksums here. Bridges are fail-mode secure (the rules stay when the controller goes away: no fallback that
+would flood tagged packets), start with one NORMAL rule (L2 until the controller connects and replaces every
+rule), and speak OpenFlow 1.5 (select groups with a selection method) besides 1.3.
 """
 from __future__ import annotations
 
@@ -108,10 +109,12 @@ class OpenVSwitch:
     def add_bridge(self, bridge: str, ports: Sequence[str], controller: str) -> None:
         self.vsctl("add-br", bridge, "--", "set", "bridge", bridge, "datapath_type=netdev", "fail_mode=secure",
                    "protocols=OpenFlow13,OpenFlow15", "other_config:disable-in-band=true")
-        for port in ports:
-            self.vsctl("add-port", bridge, port)
+        for port in ports:  # QoS linux-noop: OVS leaves the port's qdisc alone (a testbed's rate caps stay)
+            self.vsctl("add-port", bridge, port, "--", "set", "port", port, "qos=@noop", "--",
+                       "--id=@noop", "create", "qos", "type=linux-noop")
         self.vsctl("set-controller", bridge, controller)
         self._wait_for_bridge(bridge)
+        self.ofctl("add-flow", bridge, "priority=0,actions=NORMAL")  # L2 until the controller replaces every rule
 
     def _wait_for_bridge(self, bridge: str) -> None:
         """Until the bridge's management socket (ovs-ofctl's way in) exists: made a moment after the bridge."""

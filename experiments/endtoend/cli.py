@@ -51,6 +51,8 @@ def register(commands: argparse._SubParsersAction) -> None:
                                         f"{', '.join(REPLICA_MODES)} (default: the preset's)")
     parser.add_argument("--rounds", type=int, help="run the whole sweep this many times, interleaved, and report "
                                                    "medians with ranges (default 1; 3 on a noisy machine)")
+    parser.add_argument("--dataplane", choices=("ebpf", "openflow"),
+                        help="the switch: ebpf (default) or openflow (Open vSwitch, the Ryu app in ryu-manager)")
     parser.add_argument("--rerun", action="store_true", help="run even if OUT holds a sweep of these settings")
     parser.set_defaults(run=_run_experiment, fail=parser.error)
 
@@ -122,6 +124,8 @@ def _spec(args: argparse.Namespace, fail: Fail) -> ExperimentSpec:
         changes["warmup"] = args.warmup
     if args.measure is not None:
         changes["measure"] = args.measure
+    if args.dataplane is not None:
+        changes["testbed"] = replace(spec.testbed, dataplane=args.dataplane)
     spec = replace(spec, **changes)
     try:
         spec.check()

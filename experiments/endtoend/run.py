@@ -8,7 +8,6 @@
 from __future__ import annotations
 
 import logging
-import os
 import subprocess
 import sys
 import time
@@ -96,7 +95,7 @@ def run_once(bed: Testbed, spec: ExperimentSpec, workload: Workload, mode: str, 
         # saturated links); the window starts then, for the servers' counters and the clients' records alike.
         if stack and not stack.wait_acted(WARM_WAIT):
             log.warning("the controller had not acted on the warm-up after %g s more (%d reports): measuring "
-                        "anyway", WARM_WAIT, stack.core.counts["reports"])
+                        "anyway", WARM_WAIT, stack.reports())
         hot_keys = stack.hot_keys() if stack else 0
         if stack and not hot_keys and model_hot(workload, balancing, spec.most_hot()):
             log.warning("no hot key installed after the warm-up (the model has %d): MBalancer's run measures the "
@@ -110,7 +109,7 @@ def run_once(bed: Testbed, spec: ExperimentSpec, workload: Workload, mode: str, 
                      f"{min(time.monotonic(), end) - first.time:4.1f}/{spec.measure:g} s")
         last = sample_servers(workload.servers, watched)
         # The controller as the window closed: once the load ends, the monitor's empty reports cool every key.
-        window_state = stack.core.state() if stack else None
+        window_state = stack.state() if stack else None
         _stop_generators(generators)
     finally:
         for process in generators:
@@ -160,7 +159,7 @@ def _watched_processes(bed: Testbed, generators: list[subprocess.Popen], stack: 
     """The run's single-threaded-ish processes whose CPU use may cap it: name -> pid."""
     watched = {f"load on {host.name}": process.pid for host, process in zip(bed.client_hosts, generators)}
     if stack:
-        watched.update({"monitor": stack.monitor.pid, "controller": os.getpid()})  # the core runs in this process
+        watched.update({"monitor": stack.monitor.pid, "controller": stack.controller.pid})
     return watched
 
 

@@ -1,26 +1,112 @@
-"""MBalancer's full loop on a running testbed: the controller core with the testbed's data-plane driver (in this
-process), its HTTP API, and the monitor (`mbalancer monitor`, a process) sniffing the switch ports where client
-requests arrive and pushing its reports to the controller."""
+"""MBalancer's full loop on a running testbed: the controller core with the testbed's data-plane driver, its HTTP
+API, and the monitor (`mbalancer monitor`, a process) sniffing the switch ports where client requests arrive and
+pushing its reports to the controller. The core runs in this process (LocalController), or inside ryu-manager for
+the OpenFlow data plane (RyuController: the Ryu app, reached over its HTTP API)."""
 from __future__ import annotations
 
 import json
 import logging
+import os
 import subprocess
 import sys
 import time
+import urllib.request
 from dataclasses import replace
 from pathlib import Path
 
 from controller.core import ControllerCore
 from controller.drivers import make_driver
 from controller.http_api import serve, start_serving
-from mbalancer.config import Balancing, Config, Controller, Monitoring
+from controller.ryu_manager import launch
+from mbalancer.config import Balancing, Config, Controller, Monitoring, config_toml
+from mbalancer.memcache.addresses import parse_server
 from mbalancer.memcache.hashing import KeyHash
 from mbalancer.memcache.server import free_port
 from mbalancer.processes import stop_process
 from topologies.testbed import Testbed
 
 log = logging.getLogger(__name__)
+
+
+RYU_START = 30.0  # seconds ryu-manager may take to serve its HTTP API with the switches connected
+
+
+class LocalController:
+    """The core and its HTTP API in this process."""
+
+    def __init__(self, config: Config, key_hash: KeyHash, out: Path):
+        self.core = ControllerCore(config, make_driver(config.dataplane), key_hash=key_hash)
+        self.http = None
+        self.pid = os.getpid()
+
+    def start(self) -> None:
+        self.core.start()
+        self.http = start_serving(serve(self.core, parse_server(self.core.config.controller.listen)))
+
+    def state(self) -> dict:
+        return self.core.state()
+
+    def reports(self) -> int:
+        return self.core.counts["reports"]
+
+    def wait_idle(self, timeout: float) -> bool:
+        return self.core.wait_idle(timeout)
+
+    def stop(self) -> None:
+        if self.http is not None:
+            self.http.shutdown()
+            self.http.server_close()
+            self.http = None
+        self.core.stop()
+
+
+class RyuController:
+    """The core inside ryu-manager (the Ryu app), with the same config; a skewed hash goes as its key table."""
+
+    def __init__(self, config: Config, key_hash: KeyHash, out: Path):
+        self.config, self.out = config, out
+        self.url = f"http://{config.controller.listen}"
+        (out / "mbalancer.toml").write_text(config_toml(config))
+        self.homes = None
+        if hasattr(key_hash, "placement"):
+            self.homes = out / "homes.json"
+            self.homes.write_text(json.dumps({k.decode("latin-1"): s for k, s in key_hash.placement().items()}))
+        self.process: subprocess.Popen | None = None
+        self.pid = 0
+
+    def start(self) -> None:
+        log_file = open(self.out / "ryu-manager.log", "w")
+        self.process = launch(self.out / "mbalancer.toml", log_file, self.homes)
+        log_file.close()
+        self.pid = self.process.pid
+        deadline = time.monotonic() + RYU_START
+        while not self._ready():
+            if self.process.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"ryu-manager did not start (see {self.out}/ryu-manager.log): "
+                                   f"{(self.out / 'ryu-manager.log').read_text()[-500:]}")
+            time.sleep(0.1)
+
+    def _ready(self) -> bool:
+        try:
+            return "hot keys installed" in (self.out / "ryu-manager.log").read_text() and bool(self.state())
+        except OSError:
+            return False
+
+    def state(self) -> dict:
+        with urllib.request.urlopen(f"{self.url}/state", timeout=5) as reply:
+            return json.load(reply)
+
+    def reports(self) -> int:
+        return self.state()["counters"].get("reports", 0)
+
+    def wait_idle(self, timeout: float) -> bool:
+        """The app's state is published after each batch is handled: a report it counts has been acted on."""
+        return True
+
+    def stop(self) -> None:
+        if self.process is not None:
+            stop_process(self.process)
+            self.process = None
 
 
 class MBalancerStack:
@@ -31,16 +117,15 @@ class MBalancerStack:
         self.config = Config(servers=bed.servers, balancing=replace(balancing, hash=key_hash.spec),
                              monitor=Monitoring(interval=monitor_interval),
                              controller=Controller(listen=f"127.0.0.1:{port}"), dataplane=bed.dataplane())
-        self.core = ControllerCore(self.config, make_driver(self.config.dataplane), key_hash=key_hash)
+        kind = RyuController if self.config.dataplane.kind == "openflow" else LocalController
+        self.controller = kind(self.config, key_hash, out)
         self.port = port
-        self.http = None
         self.monitor: subprocess.Popen | None = None
         self._monitor_out = None
 
     def start(self) -> "MBalancerStack":
         try:
-            self.core.start()
-            self.http = start_serving(serve(self.core, ("127.0.0.1", self.port)))
+            self.controller.start()
             self._monitor_out = open(self.out / "monitor.jsonl", "w")
             self.monitor = subprocess.Popen(
                 [sys.executable, "-m", "mbalancer.cli", "monitor", "--iface", ",".join(self.bed.monitor_ports),
@@ -55,7 +140,13 @@ class MBalancerStack:
         return self
 
     def hot_keys(self) -> int:
-        return len(self.core.state()["hot_keys"])
+        return len(self.controller.state()["hot_keys"])
+
+    def state(self) -> dict:
+        return self.controller.state()
+
+    def reports(self) -> int:
+        return self.controller.reports()
 
     def wait_acted(self, timeout: float) -> bool:
         """Wait until the controller has had the reports a key needs to turn hot (hysteresis, plus the monitor's
@@ -63,10 +154,10 @@ class MBalancerStack:
         soon the monitor starts reporting depends on the machine: a fixed warm-up alone does not say."""
         deadline = time.monotonic() + timeout
         needed = self.config.balancing.hysteresis + 1
-        while self.core.counts["reports"] < needed and time.monotonic() < deadline:
+        while self.reports() < needed and time.monotonic() < deadline:
             self.check_monitor()
             time.sleep(0.05)
-        return self.core.counts["reports"] >= needed and self.core.wait_idle(max(deadline - time.monotonic(), 0))
+        return self.reports() >= needed and self.controller.wait_idle(max(deadline - time.monotonic(), 0))
 
     def check_monitor(self) -> None:
         """Raise if the monitor process died (its own words)."""
@@ -84,11 +175,7 @@ class MBalancerStack:
         if self._monitor_out is not None:
             self._monitor_out.close()
             self._monitor_out = None
-        state = self.core.state() if state is None else state
-        if self.http is not None:
-            self.http.shutdown()
-            self.http.server_close()
-            self.http = None
-        self.core.stop()
+        state = self.controller.state() if state is None else state
+        self.controller.stop()
         (self.out / "state.json").write_text(json.dumps(state, indent=1, default=str) + "\n")
         return state

@@ -89,6 +89,22 @@ class SkewedHash:
         server = self._table.get(key)
         return self._fallback.server_of(key) if server is None else server
 
+    def placement(self) -> dict[bytes, int]:
+        """The workload's keys and their servers (what TableHash rebuilds it from in another process)."""
+        return dict(self._table)
+
+
+class TableHash(SkewedHash):
+    """A skewed hash rebuilt from its placement (keys -> servers) without the workload: the same homes for every key,
+    ketama for keys outside the table."""
+
+    def __init__(self, spec: str, servers: Sequence[ServerAddress], table: dict[bytes, int]):
+        self.spec = spec
+        if any(not 0 <= s < len(servers) for s in table.values()):
+            raise ValueError(f"the key table names servers outside 0..{len(servers) - 1}")
+        self._table = dict(table)
+        self._fallback = KetamaHash(servers)
+
 
 HASH_KINDS = ("ketama", "modulo", "skewed:IF")
 
