@@ -100,7 +100,50 @@ def ebpf_harness():
         plane.unload()
 
 
-HARNESSES = {"none": recording_harness, "ebpf": ebpf_harness}
+def openflow_harness():
+    """The OpenFlow driver: the real key classifier in the kernel, the switch a recorded flow table."""
+    from controller.drivers.openflow import OpenflowDriver
+    from dataplanes.ebpf.bpf_syscall import obj_get, prog_test_run
+    from dataplanes.ebpf.program import CLASSIFIER, DataPlane
+    from dataplanes.openflow import Settings
+    from tests.openflow_switch import RecordedSwitch
+    from tests.pipeline_fixtures import request_to
+
+    plane = DataPlane(f"contract{os.getpid()}", CLASSIFIER).load()
+    switch = RecordedSwitch()
+    driver = OpenflowDriver(Settings(classifier=plane.name), switch)
+    by_ip = {s.ip: i for i, s in enumerate(SERVERS)}
+
+    def run(packet: bytes) -> bytes:
+        prog = obj_get(str(plane.program_pin))
+        try:
+            return prog_test_run(prog, packet).packet
+        finally:
+            os.close(prog)
+
+    def route(key: bytes, home: int, request_id: int) -> int:
+        packet = request_to(SERVERS[home], b"get " + key + b"\r\n", request_id)
+        out = run(packet)
+        if out == packet:
+            return UNTOUCHED
+        ip = switch.pick(":".join(f"{b:02x}" for b in out[:6]))
+        assert ip is not None, "a get was tagged for a key the switch has no group for"
+        return by_ip[ip]
+
+    def reload() -> None:
+        plane.unload()
+        plane.load()
+
+    try:
+        yield Harness(driver, route, reload, lambda payload, server: run(request_to(SERVERS[server], payload,
+                                                                                    udp=False)),
+                      lambda: OpenflowDriver(Settings(classifier=plane.name), switch))
+    finally:
+        driver.close()
+        plane.unload()
+
+
+HARNESSES = {"none": recording_harness, "ebpf": ebpf_harness, "openflow": openflow_harness}
 
 
 def test_every_driver_of_the_registry_is_held_to_the_contract():
@@ -111,7 +154,7 @@ def test_every_driver_of_the_registry_is_held_to_the_contract():
 @pytest.fixture(params=sorted(HARNESSES))
 def harness(request):
     why_not = registry.get(request.param).available()
-    if request.param == "ebpf" and os.geteuid() != 0:
+    if request.param in ("ebpf", "openflow") and os.geteuid() != 0:
         why_not = "needs root (bpf syscall, bpffs)"
     if why_not:
         pytest.skip(f"{request.param}: {why_not}")

@@ -22,83 +22,15 @@ from mbalancer.config import Server
 from tests.conftest import eventually
 
 patch_eventlet()
-from ryu.ofproto import ofproto_v1_5 as ofp  # noqa: E402
-from ryu.ofproto import ofproto_v1_5_parser as parser  # noqa: E402
 
 from controller.drivers.openflow import OpenflowDriver, driver_from_settings  # noqa: E402
 from dataplanes.openflow import messages  # noqa: E402
+from tests.openflow_switch import Datapath, RecordedSwitch  # noqa: E402
 
 SERVERS = (Server("s1", "10.0.0.1", "02:00:00:00:00:01"), Server("s2", "10.0.0.2", "02:00:00:00:00:02"),
            Server("s3", "10.0.0.3", "02:00:00:00:00:03", 11311))
 why_not = ("needs root (bpf)" if os.geteuid() else None) or ebpf_available() or \
     (None if CLASSIFIER.object.exists() else f"{CLASSIFIER.object} is not built")
-
-
-class Datapath:
-    """Enough of a Ryu datapath for the parser to build and serialize messages."""
-    ofproto, ofproto_parser, id = ofp, parser, 0x4d42
-
-    def set_xid(self, msg) -> None:
-        msg.set_xid(1)
-
-
-class RecordedSwitch:
-    """A flow and group table that applies what the driver sends, in order (the Channel of the driver)."""
-
-    def __init__(self):
-        self.dp = Datapath()
-        self.flows: dict[tuple, list] = {}  # (table, priority, match) -> instructions
-        self.groups: dict[int, list] = {}  # group id -> buckets
-        self.sent: list = []
-        self.refuse_groups = False
-        self.bucket_packets: dict[int, list[int]] = {}  # what group stats answer
-
-    def switches(self) -> list:
-        return [self.dp]
-
-    def send(self, dp, batch) -> None:
-        if self.refuse_groups and any(isinstance(m, parser.OFPGroupMod) and m.command == ofp.OFPGC_ADD for m in batch):
-            raise DriverError("switch 0000000000004d42 refused a message: type 6 code 0")
-        for message in batch:
-            self.sent.append(message)
-            self.apply(message)
-
-    def ask(self, dp, request) -> list:
-        body = [parser.OFPGroupStats(group_id=g, bucket_stats=[parser.OFPBucketCounter(n, 0) for n in counts])
-                for g, counts in self.bucket_packets.items()]
-        return [parser.OFPGroupStatsReply(dp, body=body)]
-
-    def apply(self, m) -> None:
-        if isinstance(m, parser.OFPFlowMod):
-            key = (m.table_id, m.priority, str(m.match.to_jsondict()))
-            if m.command == ofp.OFPFC_ADD:
-                self.flows[key] = m.instructions
-            elif m.command == ofp.OFPFC_DELETE and m.table_id == ofp.OFPTT_ALL:
-                self.flows.clear()
-            elif m.command == ofp.OFPFC_DELETE_STRICT:
-                self.flows.pop(key, None)
-        elif isinstance(m, parser.OFPGroupMod):
-            if m.command in (ofp.OFPGC_ADD, ofp.OFPGC_MODIFY):
-                self.groups[m.group_id] = m.buckets
-            elif m.group_id == ofp.OFPG_ALL:
-                self.groups.clear()
-            else:
-                self.groups.pop(m.group_id, None)
-
-    def group_of_get(self, slot: int) -> int | None:
-        """The group a get tagged GET(slot) is sent to, by the recorded flows."""
-        match = parser.OFPMatch(eth_dst=tags.tag_match(tags.GET, slot))
-        instructions = self.flows.get((messages.TAGS, 200, str(match.to_jsondict())))
-        actions = instructions[0].actions if instructions else []
-        return next((a.group_id for a in actions if isinstance(a, parser.OFPActionGroup)), None)
-
-    def weights(self, group_id: int) -> dict[str, int]:
-        """Destination IP -> OVS weight, per bucket of the group."""
-        out = {}
-        for bucket in self.groups[group_id]:
-            ip = next(a.value for a in bucket.actions if getattr(a, "key", None) == "ipv4_dst")
-            out[ip] = bucket.properties[0].weight
-        return out
 
 
 @pytest.fixture

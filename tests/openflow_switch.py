@@ -1,0 +1,98 @@
+"""A recorded OpenFlow switch for tests that need no switch (faucet's FakeOFTable way): it applies the OpenFlow
+driver's messages to a flow and group table, answers group stats, and picks a get's bucket the way Open vSwitch's
+hash selection does (the highest hash(bucket, tag) x weight; a hash of our own, so the same shares, not OVS's
+exact choices)."""
+from __future__ import annotations
+
+import hashlib
+
+from controller.driver import DriverError
+from controller.ryu_manager import patch_eventlet
+from dataplanes.openflow import messages, tags
+
+patch_eventlet()
+from ryu.ofproto import ofproto_v1_5 as ofp  # noqa: E402
+from ryu.ofproto import ofproto_v1_5_parser as parser  # noqa: E402
+
+
+class Datapath:
+    """Enough of a Ryu datapath for the parser to build and serialize messages."""
+    ofproto, ofproto_parser, id = ofp, parser, 0x4d42
+
+    def set_xid(self, msg) -> None:
+        msg.set_xid(1)
+
+
+class RecordedSwitch:
+    """A flow and group table that applies what the driver sends, in order (the Channel of the driver)."""
+
+    def __init__(self):
+        self.dp = Datapath()
+        self.flows: dict[tuple, list] = {}  # (table, priority, match) -> instructions
+        self.groups: dict[int, list] = {}  # group id -> buckets
+        self.sent: list = []
+        self.refuse_groups = False
+        self.bucket_packets: dict[int, list[int]] = {}  # what group stats answer
+
+    def switches(self) -> list:
+        return [self.dp]
+
+    def send(self, dp, batch) -> None:
+        if self.refuse_groups and any(isinstance(m, parser.OFPGroupMod) and m.command == ofp.OFPGC_ADD for m in batch):
+            raise DriverError("switch 0000000000004d42 refused a message: type 6 code 0")
+        for message in batch:
+            self.sent.append(message)
+            self.apply(message)
+
+    def ask(self, dp, request) -> list:
+        body = [parser.OFPGroupStats(group_id=g, bucket_stats=[parser.OFPBucketCounter(n, 0) for n in counts])
+                for g, counts in self.bucket_packets.items()]
+        return [parser.OFPGroupStatsReply(dp, body=body)]
+
+    def apply(self, m) -> None:
+        if isinstance(m, parser.OFPFlowMod):
+            key = (m.table_id, m.priority, str(m.match.to_jsondict()))
+            if m.command == ofp.OFPFC_ADD:
+                self.flows[key] = m.instructions
+            elif m.command == ofp.OFPFC_DELETE and m.table_id == ofp.OFPTT_ALL:
+                self.flows.clear()
+            elif m.command == ofp.OFPFC_DELETE_STRICT:
+                self.flows.pop(key, None)
+        elif isinstance(m, parser.OFPGroupMod):
+            if m.command in (ofp.OFPGC_ADD, ofp.OFPGC_MODIFY):
+                self.groups[m.group_id] = m.buckets
+                self.bucket_packets.pop(m.group_id, None)  # new buckets count afresh
+            elif m.group_id == ofp.OFPG_ALL:
+                self.groups.clear()
+            else:
+                self.groups.pop(m.group_id, None)
+
+    def group_of_get(self, slot: int) -> int | None:
+        """The group a get tagged GET(slot) is sent to, by the recorded flows."""
+        match = parser.OFPMatch(eth_dst=tags.tag_match(tags.GET, slot))
+        instructions = self.flows.get((messages.TAGS, 200, str(match.to_jsondict())))
+        actions = instructions[0].actions if instructions else []
+        return next((a.group_id for a in actions if isinstance(a, parser.OFPActionGroup)), None)
+
+    def weights(self, group_id: int) -> dict[str, int]:
+        """Destination IP -> OVS weight, per bucket of the group."""
+        out = {}
+        for bucket in self.groups[group_id]:
+            ip = next(a.value for a in bucket.actions if getattr(a, "key", None) == "ipv4_dst")
+            out[ip] = bucket.properties[0].weight
+        return out
+
+    def pick(self, tag_mac: str) -> str | None:
+        """Where a get tagged `tag_mac` goes: the destination IP of the bucket its group picks (None: no rule), and
+        the bucket's packet count goes up, as the switch's would."""
+        kind, slot, _ = tags.parse_tag(tag_mac)
+        group = self.group_of_get(slot) if kind == tags.GET else None
+        if group is None or group not in self.groups:
+            return None
+        buckets = self.groups[group]
+        scores = [int.from_bytes(hashlib.sha1(f"{b.bucket_id}/{tag_mac}".encode()).digest()[:2], "big")
+                  * b.properties[0].weight for b in buckets]
+        chosen = scores.index(max(scores))
+        counts = self.bucket_packets.setdefault(group, [0] * len(buckets))
+        counts[chosen] += 1
+        return next(a.value for a in buckets[chosen].actions if getattr(a, "key", None) == "ipv4_dst")
