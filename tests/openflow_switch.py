@@ -7,12 +7,10 @@ from __future__ import annotations
 import hashlib
 
 from controller.driver import DriverError
-from controller.ryu_manager import patch_eventlet
 from dataplanes.openflow import messages, tags
 
-patch_eventlet()
-from ryu.ofproto import ofproto_v1_5 as ofp  # noqa: E402
-from ryu.ofproto import ofproto_v1_5_parser as parser  # noqa: E402
+from ryu.ofproto import ofproto_v1_5 as ofp
+from ryu.ofproto import ofproto_v1_5_parser as parser
 
 
 class Datapath:

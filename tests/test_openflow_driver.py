@@ -11,7 +11,6 @@ import time
 
 import pytest
 
-from controller.ryu_manager import patch_eventlet
 from controller.driver import DriverError, ReplicaWeight
 from dataplanes.ebpf.program import CLASSIFIER, DataPlane, available as ebpf_available
 from dataplanes.ebpf.tables import Tables
@@ -20,12 +19,9 @@ from dataplanes.openflow.ovs import OpenVSwitch, available as ovs_available
 from dataplanes.openflow.weights import bucket_weights, win_shares
 from mbalancer.config import Server
 from tests.conftest import eventually
-
-patch_eventlet()
-
-from controller.drivers.openflow import OpenflowDriver, driver_from_settings  # noqa: E402
-from dataplanes.openflow import messages  # noqa: E402
-from tests.openflow_switch import Datapath, RecordedSwitch  # noqa: E402
+from controller.drivers.openflow import OpenflowDriver, driver_from_settings
+from dataplanes.openflow import messages
+from tests.openflow_switch import Datapath, RecordedSwitch
 
 SERVERS = (Server("s1", "10.0.0.1", "02:00:00:00:00:01"), Server("s2", "10.0.0.2", "02:00:00:00:00:02"),
            Server("s3", "10.0.0.3", "02:00:00:00:00:03", 11311))
@@ -225,3 +221,10 @@ def test_open_vswitch_spreads_tagged_gets_by_the_solved_weights():
     total = sum(counts)
     chi = sum((c - s * total) ** 2 / (s * total) for c, s in zip(counts, shares))
     assert chi < 13.8, counts  # 2 degrees of freedom, p = 0.001
+
+
+def test_the_controller_command_points_to_the_ryu_app_for_openflow(run_cli, tmp_path):
+    config = tmp_path / "c.toml"
+    config.write_text('[[servers]]\nname = "a"\nip = "127.0.0.1"\nmac = "02:00:00:00:00:01"\n')
+    result = run_cli("controller", "--config", str(config), "--driver", "openflow", "--duration", "1")
+    assert result.returncode == 2 and "mbalancer-ryu-manager" in result.stderr and "Traceback" not in result.stderr

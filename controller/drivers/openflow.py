@@ -21,16 +21,20 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
+from contextlib import contextmanager
 from typing import Any, Protocol, Sequence
 
 from controller.driver import Counters, DriverError, LeftoverKey, MirrorHandler, ReconnectHandler, ReplicaWeight
 from controller.drivers.ebpf import EbpfDriver
+from dataplanes.ebpf.bpf_syscall import BpfError
 from dataplanes.ebpf.program import CLASSIFIER
 from dataplanes.openflow import SELECTIONS, Settings
 from dataplanes.openflow.weights import bucket_weights
 from mbalancer.config import Server
 
 log = logging.getLogger(__name__)
+DATAPATH_SETTLE = 0.05  # seconds OVS's datapath may keep using a cached bucket after the group changed
 
 
 class Channel(Protocol):
@@ -122,9 +126,34 @@ class OpenflowDriver(EbpfDriver):
         buckets = self._buckets(replicas)
         with self._switch_lock:
             slot = self._slot(key)
-            self._send_all(lambda dp, m: self._group(dp, slot, buckets, add=False))
+            dropped = {s for _, s, _ in self.buckets.get(slot, [])} - {s for _, s, _ in buckets}
+            with self._held(slot, bool(dropped)):
+                self._send_all(lambda dp, m: self._group(dp, slot, buckets, add=False))
             super().set_weights(key, replicas)
             self.buckets[slot] = buckets
+
+    @contextmanager
+    def _held(self, slot: int, hold: bool):
+        """While a replica leaves a group: the key held dirty in the classifier until the switch's datapath has
+        dropped its cached choices (a barrier confirms the group, not the flow cache), then the synced counts put
+        back as they were, so a write counted meanwhile still keeps it dirty."""
+        if not hold:
+            yield
+            return
+        tables = self.tables[0]
+        try:
+            synced = tables.synced(slot)
+            tables.hold(slot)
+        except (BpfError, ValueError) as err:
+            raise DriverError(f"hold slot {slot} while its group changes: {err}") from None
+        try:
+            yield
+            time.sleep(DATAPATH_SETTLE)
+        finally:
+            try:
+                tables.set_synced(slot, *synced)
+            except (BpfError, ValueError) as err:  # left held: safe, the core's next clear settles it
+                log.warning("slot %d stays dirty after its group changed: %s", slot, err)
 
     def remove_hot_key(self, key: bytes) -> None:
         with self._switch_lock:
