@@ -64,7 +64,7 @@ bench: install
 	$(PY) experiments/benchmarks/bench_write_burst.py
 	$(PY) experiments/benchmarks/bench_ebpf_program.py
 	$(PY) experiments/benchmarks/bench_dataplane_sketch.py
-	$(PY) experiments/benchmarks/bench_ebpf_switch.py
+	$(PY) experiments/benchmarks/bench_ebpf_switch.py --openflow
 
 clean:
 	rm -rf $(VENV) $(OUT) build dataplanes/*/build *.egg-info .pytest_cache

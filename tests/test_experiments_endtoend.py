@@ -243,7 +243,8 @@ def test_demo_end_to_end(run_cli, tmp_path, dataplane):
     for name in ("runs.csv", "fig5_1.png", "fig5_2.png", "servers.png"):
         assert (tmp_path / name).stat().st_size > 0
     assert not (PIN_ROOT / "sw1").exists() and not (CLASSIFIER.pin_root / "sw1").exists()
-    assert not (RUN_ROOT / "sw1").exists()  # the private Open vSwitch went with the testbed
+    assert not (RUN_ROOT / "sw1").exists()  # the private Open vSwitch went with the testbed, its bridge's tap too
+    assert "sw1-" not in subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout
 
 
 @needs_testbed

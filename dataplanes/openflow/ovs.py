@@ -25,6 +25,7 @@ from mbalancer.processes import stop_process
 RUN_ROOT = Path("/run/mbalancer/ovs")
 SCHEMA = Path("/usr/share/openvswitch/vswitch.ovsschema")
 START_TIMEOUT = 10.0
+BRIDGES = "bridges"  # in the run directory: the bridges made, whose interfaces go when it is removed
 
 
 class OvsError(RuntimeError):
@@ -40,8 +41,8 @@ def available() -> str | None:
 
 
 def remove_left_over(name: str) -> bool:
-    """Stop the daemons of a private Open vSwitch that a killed run left (by the PIDs in its pidfiles) and remove
-    its directory; True if there was one."""
+    """Stop the daemons of a private Open vSwitch that a killed run left (by the PIDs in its pidfiles), delete its
+    bridges' interfaces and remove its directory; True if there was one."""
     rundir = RUN_ROOT / name
     if not rundir.exists():
         return False
@@ -52,6 +53,8 @@ def remove_left_over(name: str) -> bool:
                 os.kill(pid, signal.SIGKILL)  # only if that PID is still the daemon named by its pidfile
         except (OSError, ValueError):
             pass
+    for bridge in (rundir / BRIDGES).read_text().split() if (rundir / BRIDGES).exists() else []:
+        subprocess.run(["ip", "link", "del", bridge], capture_output=True)  # the netdev datapath's tap
     shutil.rmtree(rundir, ignore_errors=True)
     return True
 
@@ -97,7 +100,7 @@ class OpenVSwitch:
         for daemon in ("ovs-vswitchd", "ovsdb-server"):
             if daemon in self.daemons:
                 stop_process(self.daemons.pop(daemon))
-        shutil.rmtree(self.rundir, ignore_errors=True)
+        remove_left_over(self.name)  # the bridges' own interfaces (taps of the netdev datapath) outlive the daemons
 
     def __enter__(self) -> "OpenVSwitch":
         return self.start()
@@ -107,6 +110,8 @@ class OpenVSwitch:
 
     # --- bridges and commands ---------------------------------------------------------------------------------
     def add_bridge(self, bridge: str, ports: Sequence[str], controller: str) -> None:
+        with open(self.rundir / BRIDGES, "a") as made:
+            made.write(bridge + "\n")
         self.vsctl("add-br", bridge, "--", "set", "bridge", bridge, "datapath_type=netdev", "fail_mode=secure",
                    "protocols=OpenFlow13,OpenFlow15", "other_config:disable-in-band=true")
         for port in ports:  # QoS linux-noop: OVS leaves the port's qdisc alone (a testbed's rate caps stay)
