@@ -84,12 +84,11 @@ def install_hot_keys(net: NamespaceNetwork):
 
 def attach_sinks(net: NamespaceNetwork, sink: Path) -> None:
     for host in net.server_hosts:
-        for command in (["tc", "qdisc", "add", "dev", "eth0", "clsact"],
-                        ["tc", "filter", "add", "dev", "eth0", "ingress", "bpf", "direct-action", "obj", str(sink),
-                         "sec", "tc"]):
-            result = net.run(host, command)
-            if result.returncode:
-                raise RuntimeError(f"sink on {host.name}: {result.stderr.strip()}")
+        net.run(host, ["tc", "qdisc", "add", "dev", "eth0", "clsact"])  # there already with the OpenFlow classifier
+        result = net.run(host, ["tc", "filter", "add", "dev", "eth0", "ingress", "bpf", "direct-action", "obj",
+                                str(sink), "sec", "tc"])
+        if result.returncode:
+            raise RuntimeError(f"sink on {host.name}: {result.stderr.strip()}")
 
 
 def counter(net: NamespaceNetwork, host: Host, name: str) -> int:
@@ -119,10 +118,12 @@ class Sending:
         stop_process(self.process, group=True)
 
 
-def sender_command(sender: str, config: Path, cpus: int) -> list[str]:
+def sender_command(sender: str, config: Path, cpus: int, qdisc: bool = False) -> list[str]:
+    """qdisc: through the kernel's qdisc layer (and so tc egress, where the OpenFlow data plane's key classifier
+    sits on the client's link, as every socket's traffic goes); trafgen bypasses it by default."""
     if sender == "trafgen":
         return ["trafgen", "--dev", "eth0", "--conf", str(config), "--cpus", str(cpus), "--no-sock-mem",
-                "--notouch-irq", "--no-cpu-stats"]
+                "--notouch-irq", "--no-cpu-stats"] + (["--qdisc-path"] if qdisc else [])
     return ["tcpreplay", "-q", "-i", "eth0", "--topspeed", "--loop", "0", str(config)]
 
 
@@ -213,30 +214,38 @@ def openflow_hot_keys(net: NamespaceNetwork, tmp: Path):
 
 
 def run_dataplane(dataplane: str, args: argparse.Namespace, sink: Path, tmp: Path) -> list[dict]:
-    rows = []
     with NamespaceNetwork(servers=2, clients=1, tag=f"mbb{dataplane[:2]}", dataplane=dataplane) as net:
         controller = openflow_hot_keys(net, tmp) if dataplane == "openflow" else None
-        attach_sinks(net, sink)
-        driver = install_hot_keys(net) if dataplane == "ebpf" else None
-        if dataplane == "bridge":
-            rows.append({"dataplane": "sender alone", "traffic": "cold",
-                         **median_of(args.repeats, lambda: sender_alone(net, args, tmp))})
-            report(rows[-1])
-        for kind in TRAFFIC:
-            config = write_frames(args.sender, traffic_frames(net, kind), tmp, kind)
-            command = sender_command(args.sender, config, args.cpus)
-            measured = median_of(args.repeats, lambda: window(
-                net, command, args.seconds, lambda: [counter(net, h, "rx_packets") for h in net.server_hosts]))
-            rows.append({"dataplane": dataplane, "traffic": kind, **measured})
-            report(rows[-1])
-        if driver is not None:
-            rows[-1]["balanced"] = driver.switch_counters()[0]["balanced"]
-            rows.append(mixed_with_sketch(net, args, tmp))
-            report(rows[-1])
-            driver.close()
-        if controller is not None:
-            rows[-1]["balanced"] = controller.state()["counters"]["data_plane"]["switch"]["balanced"]
-            controller.stop()
+        try:
+            return measure_dataplane(net, dataplane, args, sink, tmp, controller)
+        finally:
+            if controller is not None:
+                controller.stop()
+
+
+def measure_dataplane(net: NamespaceNetwork, dataplane: str, args: argparse.Namespace, sink: Path, tmp: Path,
+                      controller) -> list[dict]:
+    rows = []
+    attach_sinks(net, sink)
+    driver = install_hot_keys(net) if dataplane == "ebpf" else None
+    if dataplane == "bridge":
+        rows.append({"dataplane": "sender alone", "traffic": "cold",
+                     **median_of(args.repeats, lambda: sender_alone(net, args, tmp))})
+        report(rows[-1])
+    for kind in TRAFFIC:
+        config = write_frames(args.sender, traffic_frames(net, kind), tmp, kind)
+        command = sender_command(args.sender, config, args.cpus, qdisc=dataplane == "openflow")
+        measured = median_of(args.repeats, lambda: window(
+            net, command, args.seconds, lambda: [counter(net, h, "rx_packets") for h in net.server_hosts]))
+        rows.append({"dataplane": dataplane, "traffic": kind, **measured})
+        report(rows[-1])
+    if driver is not None:
+        rows[-1]["balanced"] = driver.switch_counters()[0]["balanced"]
+        rows.append(mixed_with_sketch(net, args, tmp))
+        report(rows[-1])
+        driver.close()
+    if controller is not None:
+        rows[-1]["balanced"] = controller.state()["counters"]["data_plane"]["switch"]["balanced"]
     return rows
 
 

@@ -82,8 +82,9 @@ class RyuController:
         deadline = time.monotonic() + RYU_START
         while not self._ready():
             if self.process.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"ryu-manager did not start (see {self.out}/ryu-manager.log): "
-                                   f"{(self.out / 'ryu-manager.log').read_text()[-500:]}")
+                self.stop()
+                raise RuntimeError(f"ryu-manager did not start, or no switch connected to it (see "
+                                   f"{self.out}/ryu-manager.log): {(self.out / 'ryu-manager.log').read_text()[-500:]}")
             time.sleep(0.1)
 
     def _ready(self) -> bool:
