@@ -83,7 +83,7 @@ class Counters:
 
 
 class Driver(ABC):
-    """One data plane. Implementations: controller/drivers/ (recording for tests and dry runs, eBPF)."""
+    """One data plane. Implementations: controller/drivers/ (recording for tests and dry runs, eBPF, OpenFlow)."""
 
     name = "abstract"
     max_replicas: ClassVar[int | None] = None  # servers one hot key can be spread over (home included); None: any

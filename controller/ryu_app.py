@@ -182,8 +182,9 @@ def _answer(self, req, **_):
     if reply is None:
         return Response(status=400)
     status, body, headers = reply
-    return Response(status=status, body=encode(body), content_type="application/json", headers=headers,
-                    charset=None)
+    response = Response(status=status, body=encode(body), content_type="application/json", charset=None)
+    response.headers.update(headers)  # after: webob's headers= would replace the Content-Type
+    return response
 
 
 def _routes() -> None:

@@ -7,6 +7,7 @@ import json
 import os
 import sys
 import time
+import urllib.error
 import urllib.request
 
 import pytest
@@ -206,6 +207,28 @@ def test_the_app_stops_cleanly_and_ends_its_lease(network, app):
         assert tables.lease() == 0  # nobody keeps the copies fresh any more: every hot get goes home
     finally:
         tables.close()
+
+
+def test_the_http_api_through_ryus_wsgi_answers_as_the_controllers_does(network, app):
+    def ask(method: str, path: str, body: bytes | None = None):
+        request = urllib.request.Request(f"http://{HTTP}{path}", body, method=method,
+                                         headers={"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(request, timeout=5) as reply:
+                return reply.status, dict(reply.headers), json.load(reply)
+        except urllib.error.HTTPError as err:
+            return err.code, dict(err.headers), json.load(err)
+
+    status, headers, body = ask("POST", "/report", b"{not json")
+    assert status == 400 and "error" in body and headers.get("Content-Type") == "application/json", headers
+    status, headers, body = ask("PUT", "/state", b"{}")
+    assert status == 405 and headers["Allow"] == "GET" and "endpoints" in body
+    status, _, body = ask("GET", "/nowhere")
+    assert status == 404 and set(body["endpoints"]) == {"GET /state", "GET /decisions", "POST /report"}
+    status, _, body = ask("POST", "/report", json.dumps({"time": 1.0, "interval": 1.0, "rate": -5.0,
+                                                          "top": []}).encode())
+    assert status == 400 and "rate" in body["error"]
+    assert ask("GET", "/decisions")[0] == 200
 
 
 def test_a_bad_config_is_one_line_and_exit_status(network, tmp_path):

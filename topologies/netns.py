@@ -1,11 +1,13 @@
-"""A single eBPF switch with memcached servers and clients in plain network namespaces (no Mininet needed).
+"""A single switch with memcached servers and clients in plain network namespaces (no Mininet needed).
 
     clients c1..cm, servers s1..sn (each its own namespace, eth0 10.0.0.x/24)
-        each host's eth0 <-veth-> a switch port in the root namespace (the program on every port's ingress)
+        each host's eth0 <-veth-> a switch port in the root namespace
     root namespace: port `<tag>-r` with 10.0.0.254/24 so the controller reaches the servers (through the switch).
 
 The switch is a data plane from the registry (dataplanes/registry.py) that has a namespace switch: `ebpf` (the
-program on every port, plus its mirror link) or `bridge` (a Linux bridge: the benchmarks' baseline). `driver()`
+program on every port's ingress, plus its mirror link), `openflow` (a private Open vSwitch on the ports, the key
+classifier at egress of every link's far end: the hosts' eth0 and `<tag>-r`; ryu-manager started by whoever drives
+it) or `bridge` (a Linux bridge: the benchmarks' baseline). `driver()`
 gives the controller's driver for it. Everything it makes is named after `tag` and removed by close(), also after
 a failed start; processes started with `popen` are stopped by PID.
 """

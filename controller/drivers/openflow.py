@@ -29,7 +29,7 @@ from controller.driver import Counters, DriverError, LeftoverKey, MirrorHandler,
 from controller.drivers.ebpf import EbpfDriver
 from dataplanes.ebpf.bpf_syscall import BpfError
 from dataplanes.ebpf.program import CLASSIFIER
-from dataplanes.openflow import SELECTIONS, Settings
+from dataplanes.openflow import SELECTIONS, Settings, messages
 from dataplanes.openflow.weights import bucket_weights
 from mbalancer.config import Server
 
@@ -43,7 +43,7 @@ class Channel(Protocol):
     def switches(self) -> list[Any]:
         """The connected datapaths."""
 
-    def send(self, dp: Any, messages: Sequence[Any]) -> None:
+    def send(self, dp: Any, batch: Sequence[Any]) -> None:
         """Send, then wait for a barrier; raise DriverError if the switch refused any of them or did not answer."""
 
     def ask(self, dp: Any, request: Any) -> list[Any]:
@@ -85,7 +85,6 @@ class OpenflowDriver(EbpfDriver):
         """A switch (re)connected: it gets every rule from the record (it may have restarted empty)."""
         if not self.servers:
             return  # not attached yet: attach pushes the rules
-        from dataplanes.openflow import messages
         with self._switch_lock:
             rules = messages.base_pipeline(dp) + messages.server_rules(dp, self.servers)
             for slot, buckets in self.buckets.items():
@@ -173,7 +172,7 @@ class OpenflowDriver(EbpfDriver):
             keys = {slot: key for key, slot in self.slots.items()}
             buckets = dict(self.buckets)
         for dp in self.channel.switches():
-            for reply in self.channel.ask(dp, _group_stats(dp)):
+            for reply in self.channel.ask(dp, messages.group_stats(dp)):
                 for group in reply.body:
                     slot = group.group_id - 1
                     if keys.get(slot) not in counters.keys:
@@ -199,19 +198,12 @@ class OpenflowDriver(EbpfDriver):
         return [(position, r.server, w) for (position, r), w in zip(live, weights)]
 
     def _group(self, dp: Any, slot: int, buckets: list[tuple[int, int, int]], add: bool) -> list:
-        from dataplanes.openflow import messages
         return messages.hot_group(dp, slot, [(p, self.servers[s], w) for p, s, w in buckets],
                                   self.settings.selection, add)
 
     def _send_all(self, build) -> None:
-        from dataplanes.openflow import messages
         for dp in self.channel.switches():
             self.channel.send(dp, build(dp, messages))
-
-
-def _group_stats(dp: Any):
-    from dataplanes.openflow import messages
-    return messages.group_stats(dp)
 
 
 def _dpid(dp: Any) -> str:
