@@ -22,7 +22,7 @@ from mbalancer.processes import stop_process
 from dataplanes import registry
 from dataplanes.ebpf.tables import Tables
 from tests.conftest import eventually, memcached_answers
-from tests.test_ebpf_network import CLIENT, chi_square
+from tests.test_ebpf_network import chi_square, client_gets, hits
 from topologies.netns import NamespaceNetwork
 
 why_not = registry.get("openflow").available() if os.geteuid() == 0 else "needs root (namespaces, bpf, OVS)"
@@ -110,16 +110,6 @@ def app(network, tmp_path):
     for host in network.server_hosts:
         tcp_client(ServerAddress(host.ip)).flush_all()
 
-
-def hits(net: NamespaceNetwork) -> list[int]:
-    return [int(tcp_client(ServerAddress(h.ip)).stats()[b"get_hits"]) for h in net.server_hosts]
-
-
-def client_gets(net, server_ip: str, key: bytes, count: int, command: bytes | None = None) -> dict:
-    args = [sys.executable, "-c", CLIENT, server_ip, key.decode(), str(count)]
-    result = net.run(net.client_hosts[0], args + ([command.decode("latin-1")] if command else []))
-    assert result.returncode == 0, result.stderr
-    return json.loads(result.stdout)
 
 
 def test_hot_gets_are_spread_by_weight_and_answered_from_the_home_address(network, app):
