@@ -124,9 +124,14 @@ def test_hot_gets_are_spread_by_weight_and_answered_from_the_home_address(networ
 
 
 def test_cold_keys_and_multi_gets_reach_their_home(network, core):
-    home = make_hot(core, b"hot:2", b"v2")
-    cold_home = core.key_hash.server_of(b"cold")
-    MetaClient(core.config.servers[cold_home].address).set(b"cold", StoredItem(b"c", 0, -1, 0))
+    cold_and_multi_gets_reach_their_home(network, core.config.servers, core.key_hash, make_hot(core, b"hot:2", b"v2"))
+
+
+def cold_and_multi_gets_reach_their_home(network, servers, key_hash, home: int) -> None:
+    """A cold key's gets, and multi-gets of the hot key `hot:2` (at `home`), all answered by their homes (the
+    OpenFlow data plane's test asks the same)."""
+    cold_home = key_hash.server_of(b"cold")
+    MetaClient(servers[cold_home].address).set(b"cold", StoredItem(b"c", 0, -1, 0))
     before = hits(network)
     client_gets(network, network.server_hosts[cold_home].ip, b"cold", 50)
     client_gets(network, network.server_hosts[home].ip, b"hot:2", 50, command=b"get hot:2 hot:2\r\n")
