@@ -6,23 +6,23 @@ from __future__ import annotations
 import json
 import os
 import sys
-import time
 import urllib.error
 import urllib.request
 
 import pytest
 
 from controller.ryu_manager import launch
-from mbalancer.config import load_config
+from experiments.endtoend.stack import RyuController
+from mbalancer.config import Config, parse_config
 from mbalancer.memcache.addresses import ServerAddress
 from mbalancer.memcache.client import tcp_client
 from mbalancer.memcache.hashing import make_hash
 from mbalancer.memcache.meta import MetaClient, StoredItem
-from mbalancer.processes import stop_process
 from dataplanes import registry
 from dataplanes.ebpf.tables import Tables
 from tests.conftest import eventually, memcached_answers
-from tests.test_ebpf_network import chi_square, client_gets, cold_and_multi_gets_reach_their_home, hits
+from tests.test_ebpf_network import (client_gets, cold_and_multi_gets_reach_their_home,
+                                     hot_gets_spread_evenly_and_answered_from_home, hits)
 from topologies.netns import NamespaceNetwork
 
 why_not = registry.get("openflow").available() if os.geteuid() == 0 else "needs root (namespaces, bpf, OVS)"
@@ -41,52 +41,24 @@ def network():
         yield net
 
 
-def write_config(net: NamespaceNetwork, path) -> None:
-    servers = "".join(f'[[servers]]\nname = "{h.name}"\nip = "{h.ip}"\nmac = "{h.mac}"\n' for h in net.server_hosts)
+def config_of(net: NamespaceNetwork) -> Config:
     # equal weights whatever the load; no CAS polling and health probes rarely (their gets would count as hits)
-    path.write_text(servers + '[balancing]\nhot = 2\nhysteresis = 1\nmode = "equal"\n'
-                    f'[controller]\nlisten = "{HTTP}"\npoll_interval = 0\nhealth_interval = 60\nlease = 150\n'
-                    f'[dataplane]\nkind = "openflow"\n'
-                    f'[dataplane.openflow]\nclassifier = "{TAG}"\nlisten = "{OPENFLOW}"\n')
+    return parse_config({"servers": [{"name": h.name, "ip": h.ip, "mac": h.mac} for h in net.server_hosts],
+                         "balancing": {"hot": 2, "hysteresis": 1, "mode": "equal"},
+                         "controller": {"listen": HTTP, "poll_interval": 0, "health_interval": 60, "lease": 150},
+                         "dataplane": {"kind": "openflow", "openflow": {"classifier": TAG, "listen": OPENFLOW}}})
 
 
-class App:
-    """ryu-manager with the MBalancer app, and what a test asks of it over HTTP."""
+class App(RyuController):
+    """ryu-manager with the MBalancer app (as the experiments start it), and what a test asks of it."""
 
     def __init__(self, net: NamespaceNetwork, tmp_path):
-        self.net, self.config_path = net, tmp_path / "mbalancer.toml"
-        write_config(net, self.config_path)
-        self.config = load_config(self.config_path)
-        self.key_hash = make_hash(self.config.balancing.hash, [s.address for s in self.config.servers])
-        self.log_path = tmp_path / "ryu.log"
-        self.process = launch(self.config_path, open(self.log_path, "w"))
-        assert eventually(self._serving, timeout=20), self.log()
-        assert eventually(lambda: self.net.switch.ovs.connected() and self.state()["counters"], timeout=20), self.log()
-        assert eventually(lambda: "hot keys installed" in self.log(), timeout=10), self.log()
+        config = config_of(net)
+        self.key_hash = make_hash(config.balancing.hash, [s.address for s in config.servers])
+        super().__init__(config, self.key_hash, tmp_path)
+        self.start()
         for host in net.server_hosts:
             assert eventually(lambda: memcached_answers(host.ip), timeout=10), f"{host.name} unreachable: {self.log()}"
-
-    def _serving(self) -> bool:
-        try:
-            self.state()
-            return True
-        except OSError:
-            return self.process.poll() is not None  # exited: the assertion after says why
-
-    def log(self) -> str:
-        return self.log_path.read_text()
-
-    def state(self) -> dict:
-        with urllib.request.urlopen(f"http://{HTTP}/state", timeout=5) as reply:
-            return json.load(reply)
-
-    def report(self, *keys: bytes) -> None:
-        body = {"time": time.time(), "interval": 1.0, "rate": 1000.0,
-                "top": [{"key": k.decode(), "rate": 500.0} for k in keys]}
-        request = urllib.request.Request(f"http://{HTTP}/report", json.dumps(body).encode(),
-                                         {"Content-Type": "application/json"})
-        with urllib.request.urlopen(request, timeout=5) as reply:
-            assert reply.status == 202
 
     def hot(self, key: bytes) -> dict | None:
         return next((k for k in self.state()["hot_keys"] if k["key"] == key.decode()), None)
@@ -94,13 +66,9 @@ class App:
     def make_hot(self, key: bytes, value: bytes) -> int:
         home = self.key_hash.server_of(key)
         MetaClient(self.config.servers[home].address).set(key, StoredItem(value, 0, -1, 0))
-        self.report(key)
+        self.report([(key, 500.0)])
         assert eventually(lambda: (self.hot(key) or {}).get("dirty") is False, timeout=10), self.state()["decisions"]
         return home
-
-    def stop(self) -> int:
-        stop_process(self.process)
-        return self.process.returncode
 
 
 @pytest.fixture
@@ -112,15 +80,8 @@ def app(network, tmp_path):
         tcp_client(ServerAddress(host.ip)).flush_all()
 
 
-
 def test_hot_gets_are_spread_by_weight_and_answered_from_the_home_address(network, app):
-    home = app.make_hot(b"hot:1", b"v1")
-    before = hits(network)
-    reply = client_gets(network, network.server_hosts[home].ip, b"hot:1", 900)
-    assert reply["answered"] == 900  # a connected socket: every reply came back with the home's address
-    assert list(reply["values"]) == ["VALUE hot:1 0 2\r\nv1\r\nEND\r\n"]
-    spread = [a - b for a, b in zip(hits(network), before)]
-    assert sum(spread) == 900 and chi_square(spread, [1 / 3] * 3) < 13.8, spread
+    hot_gets_spread_evenly_and_answered_from_home(network, app.make_hot(b"hot:1", b"v1"))
     counters = app.state()["counters"]["data_plane"]
     assert counters["switch"]["balanced"] == 900 and counters["switch"]["replies_rewritten"] > 0
     groups = network.switch.ovs.ofctl("dump-groups", network.switch.bridge)

@@ -27,7 +27,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from collections import Counter
 from pathlib import Path
 
@@ -200,11 +199,7 @@ def openflow_hot_keys(net: NamespaceNetwork, tmp: Path):
                 if time.monotonic() > deadline:
                     raise RuntimeError("memcached did not answer through the OpenFlow switch")
                 time.sleep(0.1)
-    body = {"time": time.time(), "interval": 1.0, "rate": 1000.0,
-            "top": [{"key": k.decode(), "rate": 100.0 - i} for i, k in enumerate(keys)]}
-    request = urllib.request.Request(f"{controller.url}/report", json.dumps(body).encode(),
-                                     {"Content-Type": "application/json"})
-    urllib.request.urlopen(request, timeout=5).close()
+    controller.report([(key, 100.0 - i) for i, key in enumerate(keys)])
     while sum(not k["dirty"] for k in controller.state()["hot_keys"]) < len(keys):
         if time.monotonic() > deadline:
             controller.stop()

@@ -84,18 +84,29 @@ class RyuController:
             if self.process.poll() is not None or time.monotonic() > deadline:
                 self.stop()
                 raise RuntimeError(f"ryu-manager did not start, or no switch connected to it (see "
-                                   f"{self.out}/ryu-manager.log): {(self.out / 'ryu-manager.log').read_text()[-500:]}")
+                                   f"{self.out}/ryu-manager.log): {self.log()[-500:]}")
             time.sleep(0.1)
 
     def _ready(self) -> bool:
         try:
-            return "hot keys installed" in (self.out / "ryu-manager.log").read_text() and bool(self.state())
+            return "hot keys installed" in self.log() and bool(self.state())
         except OSError:
             return False
+
+    def log(self) -> str:
+        return (self.out / "ryu-manager.log").read_text()
 
     def state(self) -> dict:
         with urllib.request.urlopen(f"{self.url}/state", timeout=5) as reply:
             return json.load(reply)
+
+    def report(self, top: list[tuple[bytes, float]]) -> None:
+        """POST a monitor report of these (key, gets/s), as `mbalancer monitor --push` would."""
+        body = {"time": time.time(), "interval": 1.0, "rate": 1000.0,
+                "top": [{"key": key.decode("latin-1"), "rate": rate} for key, rate in top]}
+        request = urllib.request.Request(f"{self.url}/report", json.dumps(body).encode(),
+                                         {"Content-Type": "application/json"})
+        urllib.request.urlopen(request, timeout=5).close()  # anything but 2xx raises HTTPError
 
     def reports(self) -> int:
         return self.state()["counters"].get("reports", 0)
@@ -104,10 +115,13 @@ class RyuController:
         """The app's state is published after each batch is handled: a report it counts has been acted on."""
         return True
 
-    def stop(self) -> None:
-        if self.process is not None:
-            stop_process(self.process)
-            self.process = None
+    def stop(self) -> int | None:
+        """Stop ryu-manager; its exit status (None if it was not running)."""
+        if self.process is None:
+            return None
+        process, self.process = self.process, None
+        stop_process(process)
+        return process.returncode
 
 
 class MBalancerStack:
