@@ -29,10 +29,14 @@ def register(commands: argparse._SubParsersAction) -> None:
         description="Take monitor reports (POST /report), choose the hot keys, copy them to their groups, install "
                     "the rules through a driver, keep the copies coherent; state as JSON at GET /state.")
     parser.add_argument("--config", required=True, help="TOML config (see mbalancer/mbalancer.example.toml)")
-    parser.add_argument("--driver", choices=registry.names("driver"),
+    parser.add_argument("--driver", choices=registry.names("driver", aliases=True),
                         help="the data plane to drive, overriding the config's dataplane.kind: ebpf = the eBPF "
-                             "switches of [dataplane.ebpf] (default: every one loaded on this machine); none = "
-                             "decide and replicate without a switch (the config's default)")
+                             "switches of [dataplane.ebpf] (default: every one loaded on this machine); p4 (or "
+                             "p4runtime) = bmv2 switches over P4Runtime; none = decide and replicate without a switch "
+                             "(the config's default)")
+    parser.add_argument("--switch", help="the switches to drive, comma-separated, overriding the data plane's "
+                                         "`switches` setting: HOST:PORT of P4Runtime servers for p4, switch names "
+                                         "for ebpf")
     parser.add_argument("--listen", help="host:port for HTTP, overriding the config's controller.listen")
     parser.add_argument("--duration", type=float, help="stop after this many seconds (default: until Ctrl-C)")
     parser.set_defaults(run=_run_controller, fail=parser.error)
@@ -45,6 +49,8 @@ def _run_controller(args: argparse.Namespace, fail: Fail) -> int:
             config = replace(config, dataplane=config.dataplane.choose(args.driver))
         except ConfigError as err:
             fail(f"--driver: {err}")
+    if args.switch:
+        config = replace(config, dataplane=_with_switches(config.dataplane, args.switch, fail))
     try:
         driver = make_driver(config.dataplane)
     except (DriverError, ConfigError) as err:
@@ -71,3 +77,14 @@ def _run_controller(args: argparse.Namespace, fail: Fail) -> int:
     http.shutdown()
     core.stop()
     return 0
+
+
+def _with_switches(dataplane, switch: str, fail: Fail):
+    kind = registry.get(dataplane.kind)
+    settings = dataplane.settings or kind.parse_settings(None)
+    if settings is None or not hasattr(settings, "switches"):
+        fail(f"--switch: the {kind.name} data plane takes no switches")
+    switches = tuple(s.strip() for s in switch.split(",") if s.strip())
+    if not switches:
+        fail("--switch: give at least one switch")
+    return dataplane.with_settings(replace(settings, switches=switches))

@@ -83,8 +83,11 @@ KINDS: dict[str, DataPlaneKind] = {kind.name: kind for kind in (
     DataPlaneKind(
         "bridge", "a plain Linux bridge: forwarding only, no MBalancer (the benchmarks' baseline)",
         namespace_switch="topologies.netns:BridgePorts"),
-    DataPlaneKind("p4", "P4 (p4src/) on bmv2 through P4Runtime",
-                  missing="the P4Runtime driver (bmv2) has not landed"),
+    DataPlaneKind(
+        "p4", "P4 (p4src/mbalancer.p4) on bmv2's simple_switch_grpc, driven through P4Runtime",
+        settings="dataplanes.p4:Settings", driver="controller.drivers.p4runtime:driver_from_settings",
+        mininet_switch="topologies.mininet_switch:P4Switch", namespace_switch="topologies.netns:Bmv2Ports",
+        build="dataplanes.p4.pipeline:build", check="dataplanes.p4.pipeline:available"),
     DataPlaneKind(
         "openflow", "Open vSwitch (userspace datapath) driven by the Ryu app; an eBPF key classifier on its links",
         settings="dataplanes.openflow:Settings", driver="controller.drivers.openflow:driver_from_settings",
@@ -94,16 +97,23 @@ KINDS: dict[str, DataPlaneKind] = {kind.name: kind for kind in (
 )}
 
 
+# Other names a kind answers to: `p4runtime` is what the design and the driver call the P4 data plane.
+ALIASES = {"p4runtime": "p4"}
+
+
 def get(name: str) -> DataPlaneKind:
-    """The kind called `name`; UnknownDataPlane naming the choices otherwise."""
+    """The kind called `name` (or an alias of it); UnknownDataPlane naming the choices otherwise."""
+    name = ALIASES.get(name, name)
     if name not in KINDS:
         raise UnknownDataPlane(f"unknown data plane {name!r} (choose from {', '.join(KINDS)})")
     return KINDS[name]
 
 
-def names(part: str = "") -> list[str]:
-    """The names of the kinds that have `part` (driver, mininet_switch, namespace_switch, build), landed or not."""
-    return [k.name for k in KINDS.values() if not part or getattr(k, part) is not None or k.missing]
+def names(part: str = "", aliases: bool = False) -> list[str]:
+    """The names of the kinds that have `part` (driver, mininet_switch, namespace_switch, build), landed or not;
+    with `aliases`, their other names too."""
+    found = [k.name for k in KINDS.values() if not part or getattr(k, part) is not None or k.missing]
+    return found + [alias for alias, name in ALIASES.items() if name in found] if aliases else found
 
 
 def load(path: str) -> Any:

@@ -82,8 +82,14 @@ class DataPlane:
 
     def choose(self, kind: str) -> "DataPlane":
         """The same sections with another kind (e.g. from --driver); ConfigError if it cannot drive a switch."""
+        from dataplanes.registry import get
         _check_kind(kind)
-        return DataPlane(kind, self.sections)
+        return DataPlane(get(kind).name, self.sections)
+
+    def with_settings(self, settings: Any) -> "DataPlane":
+        """The chosen kind's section replaced by `settings` (e.g. from --switch)."""
+        others = tuple((k, v) for k, v in self.sections if k != self.kind)
+        return DataPlane(self.kind, others + ((self.kind, settings),))
 
 
 @dataclass(frozen=True)
@@ -254,7 +260,10 @@ def _typed(where: str, value: Any, annotation: str) -> Any:
         return value
     if "tuple[str, ...]" in allowed and isinstance(value, list) and all(isinstance(v, str) for v in value):
         return tuple(value)
-    names = {"tuple[str, ...]": "a list of strings", "bool": "true or false"}
+    if "tuple[int, ...]" in allowed and isinstance(value, list) and all(
+            isinstance(v, int) and not isinstance(v, bool) for v in value):
+        return tuple(value)
+    names = {"tuple[str, ...]": "a list of strings", "tuple[int, ...]": "a list of integers", "bool": "true or false"}
     raise ConfigError(f"{where}: expected {' or '.join(names.get(a, a) for a in allowed if a != 'None')}, "
                       f"got {value!r}")
 

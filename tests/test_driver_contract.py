@@ -143,7 +143,57 @@ def openflow_harness():
         plane.unload()
 
 
-HARNESSES = {"none": recording_harness, "ebpf": ebpf_harness, "openflow": openflow_harness}
+def p4_harness():
+    """The P4Runtime driver on a running simple_switch_grpc: gets sent through its ports, every server's MAC
+    forwarded to one port where the test reads where each get went."""
+    from controller.driver import ForwardingEntry
+    from controller.drivers.p4runtime import P4RuntimeDriver
+    from dataplanes.p4 import Settings
+    from dataplanes.p4.bmv2 import Bmv2Switch
+    from dataplanes.p4.pipeline import Pipeline
+    from tests.bmv2_ports import Ports
+    from tests.pipeline_fixtures import request_to
+
+    ports = Ports(f"p4c{os.getpid() % 10000}", 2)
+    bmv2 = Bmv2Switch(f"contract{os.getpid()}", ports.switch_ends)
+    by_ip = {s.ip: i for i, s in enumerate(SERVERS)}
+
+    def make() -> P4RuntimeDriver:
+        return P4RuntimeDriver(Settings(switches=(bmv2.address,), ports=(1, 2)), Pipeline())
+
+    def through(packet: bytes) -> bytes:
+        ports.drain()
+        ports.send(1, packet)
+        out = ports.receive(2)
+        assert out is not None, "the switch sent nothing on"
+        return out
+
+    def route(key: bytes, home: int, request_id: int) -> int:
+        packet = request_to(SERVERS[home], b"get " + key + b"\r\n", request_id)
+        out = through(packet)
+        return UNTOUCHED if out == packet else by_ip[".".join(str(b) for b in out[30:34])]
+
+    bmv2.start()
+    driver = make()
+    forwarding = [ForwardingEntry(s.mac, "2") for s in SERVERS]
+    real_attach = driver.attach
+
+    def attach(*args, **kwargs):
+        found = real_attach(*args, **kwargs)
+        driver.set_forwarding(forwarding)
+        return found
+
+    driver.attach = attach
+    try:
+        yield Harness(driver, route, bmv2.restart,
+                      lambda payload, server: through(request_to(SERVERS[server], payload, udp=False)), make)
+    finally:
+        driver.close()
+        bmv2.stop()
+        ports.close()
+
+
+HARNESSES = {"none": recording_harness, "ebpf": ebpf_harness, "openflow": openflow_harness, "p4": p4_harness}
 
 
 def test_every_driver_of_the_registry_is_held_to_the_contract():
@@ -154,8 +204,8 @@ def test_every_driver_of_the_registry_is_held_to_the_contract():
 @pytest.fixture(params=sorted(HARNESSES))
 def harness(request):
     why_not = registry.get(request.param).available()
-    if request.param in ("ebpf", "openflow") and os.geteuid() != 0:
-        why_not = "needs root (bpf syscall, bpffs)"
+    if request.param in ("ebpf", "openflow", "p4") and os.geteuid() != 0:
+        why_not = "needs root (bpf syscall, bpffs; veths)"
     if why_not:
         pytest.skip(f"{request.param}: {why_not}")
     made = HARNESSES[request.param]()

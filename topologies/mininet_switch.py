@@ -12,6 +12,10 @@ OpenflowSwitch: Open vSwitch (a private instance per switch, userspace datapath;
 the key classifier on the far end of each of its links, and ryu-manager running the MBalancer app (started by the
 experiment's stack, not by Mininet) as its controller at `controller`. Until the app connects, a lone NORMAL rule
 forwards L2, so the testbed can fill its servers first.
+
+P4Switch: bmv2's simple_switch_grpc on the switch's ports (port i + 1 on its i-th interface), P4Runtime on a free
+port of 127.0.0.1; the controller's P4Runtime driver pushes p4src/mbalancer.p4 and fills its tables. bmv2 does not
+complete checksums the kernel left to the receiver, so the hosts' checksum offload is turned off.
 """
 from __future__ import annotations
 
@@ -118,3 +122,35 @@ class OpenflowSwitch(Switch):
         """The [dataplane.openflow] section that drives this network's (single) OpenFlow switch."""
         switch = next(s for s in net.switches if isinstance(s, OpenflowSwitch))
         return {"classifier": switch.name, "listen": switch.controller}
+
+
+class P4Switch(Switch):
+    def __init__(self, name: str, **params):
+        super().__init__(name, **params)
+        self.bmv2 = None
+
+    def start(self, controllers) -> None:
+        from dataplanes.p4.bmv2 import Bmv2Switch
+        intfs = [intf for intf in self.intfList() if intf.name != "lo"]
+        for intf in intfs:
+            subprocess.run(["ip", "link", "set", intf.name, "up"], check=True)
+            peer = peer_intf(intf)
+            peer.node.cmd(f"ethtool -K {peer.name} tx off")
+        self.bmv2 = Bmv2Switch(self.name, [intf.name for intf in intfs]).start()
+
+    def reload(self) -> None:
+        """An empty switch on the same ports and address (the driver pushes the pipeline again)."""
+        self.bmv2.restart()
+
+    def stop(self, deleteIntfs: bool = True) -> None:
+        if self.bmv2 is not None:
+            self.bmv2.stop()
+            self.bmv2 = None
+        super().stop(deleteIntfs)
+
+    @staticmethod
+    def driver_settings(net) -> dict[str, Any]:
+        """The [dataplane.p4] section that drives this network's bmv2 switches."""
+        switches = [s for s in net.switches if isinstance(s, P4Switch) and s.bmv2]
+        ports = max((len(s.bmv2.interfaces) for s in switches), default=0)
+        return {"switches": [s.bmv2.address for s in switches], "ports": list(range(1, ports + 1))}

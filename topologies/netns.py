@@ -7,7 +7,8 @@
 The switch is a data plane from the registry (dataplanes/registry.py) that has a namespace switch: `ebpf` (the
 program on every port's ingress, plus its mirror link), `openflow` (a private Open vSwitch on the ports, the key
 classifier at egress of every link's far end: the hosts' eth0 and `<tag>-r`; ryu-manager started by whoever drives
-it) or `bridge` (a Linux bridge: the benchmarks' baseline). `driver()`
+it), `p4` (bmv2's simple_switch_grpc on the ports, its P4Runtime server on 127.0.0.1) or `bridge` (a Linux bridge:
+the benchmarks' baseline). `driver()`
 gives the controller's driver for it. Everything it makes is named after `tag` and removed by close(), also after
 a failed start; processes started with `popen` are stopped by PID.
 """
@@ -112,6 +113,33 @@ class OvsPorts:
 
     def driver_settings(self) -> dict[str, Any]:
         return {"classifier": self.tag, "listen": self.controller}
+
+
+class Bmv2Ports:
+    """bmv2's simple_switch_grpc over the network's switch ports (P4Runtime on 127.0.0.1), checksum offload off on
+    every link's far end (bmv2 forwards frames as they are)."""
+
+    def __init__(self, tag: str):
+        self.tag = tag
+        self.bmv2 = None
+
+    def start(self, ports: list[str], wire_ends: list[tuple[str | None, str]] = ()) -> None:
+        from dataplanes.p4.bmv2 import Bmv2Switch, no_checksum_offload
+        for netns, iface in wire_ends:
+            no_checksum_offload(iface, netns)
+        self.bmv2 = Bmv2Switch(self.tag, ports).start()
+
+    def reload(self) -> None:
+        """Restart the switch: it comes back empty, as after a crash."""
+        self.bmv2.restart()
+
+    def close(self) -> None:
+        if self.bmv2 is not None:
+            self.bmv2.stop()
+            self.bmv2 = None
+
+    def driver_settings(self) -> dict[str, Any]:
+        return {"switches": [self.bmv2.address], "ports": list(range(1, len(self.bmv2.interfaces) + 1))}
 
 
 @dataclass

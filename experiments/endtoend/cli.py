@@ -51,8 +51,9 @@ def register(commands: argparse._SubParsersAction) -> None:
                                         f"{', '.join(REPLICA_MODES)} (default: the preset's)")
     parser.add_argument("--rounds", type=int, help="run the whole sweep this many times, interleaved, and report "
                                                    "medians with ranges (default 1; 3 on a noisy machine)")
-    parser.add_argument("--dataplane", choices=("ebpf", "openflow"),
-                        help="the switch: ebpf (default) or openflow (Open vSwitch, the Ryu app in ryu-manager)")
+    parser.add_argument("--dataplane", choices=("ebpf", "openflow", "p4"),
+                        help="the switch: ebpf (default), openflow (Open vSwitch, the Ryu app in ryu-manager) or p4 "
+                             "(bmv2 over P4Runtime, at the lower rates a software switch carries)")
     parser.add_argument("--rerun", action="store_true", help="run even if OUT holds a sweep of these settings")
     parser.set_defaults(run=_run_experiment, fail=parser.error)
 

@@ -1,0 +1,24 @@
+"""The P4 data plane: p4src/mbalancer.p4 on bmv2's simple_switch_grpc, driven over P4Runtime.
+
+pipeline.py  the compiled program (committed: p4src/compiled/, P4Info and bmv2 JSON), its names and ids, p4c
+client.py    one P4Runtime connection: arbitration, pipeline push, writes, reads, PacketIn/PacketOut
+bmv2.py      run simple_switch_grpc on a set of interfaces (topologies and tests)
+
+Its driver is controller/drivers/p4runtime.py. bmv2 and p4c come from p4lang (packages or your own build), not
+from this repository: `simple_switch_grpc` and `p4c` on PATH (README, "P4 on bmv2").
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class Settings:
+    """The config's [dataplane.p4] section."""
+    # P4Runtime servers, "HOST:PORT" each (simple_switch_grpc --grpc-server-addr); every hot key is written to all
+    switches: tuple[str, ...] = ("127.0.0.1:9559",)
+    device_id: int = 1  # the P4Runtime device id of every switch (simple_switch_grpc --device-id)
+    cpu_port: int = 255  # simple_switch_grpc --cpu-port: where PacketIn/PacketOut go (the program's MB_CPU_PORT)
+    ports: tuple[int, ...] = ()  # the switch's data ports, for flooding; empty: 1..16
+    timeout: float = 5.0  # seconds a P4Runtime call may take before the driver gives up on it
+    trusted: tuple[str, ...] = field(default=())  # extra controller addresses whose copies never make a server unsure

@@ -1,0 +1,87 @@
+"""Run bmv2's simple_switch_grpc on a set of interfaces, for topologies and tests.
+
+The switch starts without a program (--no-p4): the driver pushes p4src/mbalancer.p4 over P4Runtime, as it would
+to any switch. Its P4Runtime server listens on 127.0.0.1 (a free port unless one is given); its log goes to a
+file under /run/mbalancer/bmv2/<name>.log. bmv2 forwards frames as they are, so the hosts behind it must send
+real checksums: `no_checksum_offload` turns the kernel's offload off on an interface (a veth's default leaves UDP
+checksums to the receiver, which bmv2 is not).
+"""
+from __future__ import annotations
+
+import socket
+import subprocess
+import time
+from pathlib import Path
+from typing import Sequence
+
+from dataplanes.p4.pipeline import SWITCH, P4Error
+from mbalancer.processes import stop_process
+
+RUN_DIR = Path("/run/mbalancer/bmv2")
+START_TIMEOUT = 15.0  # seconds for the P4Runtime server to accept connections
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+class Bmv2Switch:
+    """simple_switch_grpc with port i + 1 on interfaces[i] (or the port numbers given)."""
+
+    def __init__(self, name: str, interfaces: Sequence[str], device_id: int = 1, cpu_port: int = 255,
+                 grpc_port: int | None = None, port_numbers: Sequence[int] | None = None, log_level: str = "warn"):
+        self.name, self.interfaces = name, list(interfaces)
+        self.device_id, self.cpu_port = device_id, cpu_port
+        self.grpc_port = grpc_port or free_port()
+        self.port_numbers = list(port_numbers or range(1, len(self.interfaces) + 1))
+        self.process: subprocess.Popen | None = None
+        self.log, self.log_level = RUN_DIR / name, log_level
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.grpc_port}"
+
+    def start(self) -> "Bmv2Switch":
+        RUN_DIR.mkdir(parents=True, exist_ok=True)
+        command = [SWITCH, "--device-id", str(self.device_id), "--thrift-port", str(free_port()), "--no-p4",
+                   "--log-file", str(self.log), "--log-level", self.log_level, "--log-flush"]
+        for number, iface in zip(self.port_numbers, self.interfaces):
+            command += ["-i", f"{number}@{iface}"]
+        command += ["--", "--grpc-server-addr", self.address, "--cpu-port", str(self.cpu_port)]
+        try:
+            self.process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        except FileNotFoundError:
+            raise P4Error(f"{SWITCH} is not on PATH (README, 'P4 on bmv2')") from None
+        deadline = time.monotonic() + START_TIMEOUT
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                error = self.process.stderr.read().decode(errors="replace").strip().splitlines()
+                self.process = None
+                raise P4Error(f"{SWITCH} {self.name} exited: {error[-1] if error else 'no message'}")
+            try:
+                socket.create_connection(("127.0.0.1", self.grpc_port), timeout=0.5).close()
+                return self
+            except OSError:
+                time.sleep(0.1)
+        self.stop()
+        raise P4Error(f"{SWITCH} {self.name}: no P4Runtime server at {self.address} within {START_TIMEOUT:g} s")
+
+    def stop(self) -> None:
+        if self.process is not None:
+            stop_process(self.process)
+            self.process = None
+
+    def restart(self) -> None:
+        """Stop and start again on the same address: the switch comes back empty, as after a crash."""
+        self.stop()
+        self.start()
+
+
+def no_checksum_offload(iface: str, netns: str | None = None) -> None:
+    """Make the kernel compute checksums before frames leave `iface` (bmv2 does not complete them)."""
+    prefix = ["ip", "netns", "exec", netns] if netns else []
+    done = subprocess.run([*prefix, "ethtool", "-K", iface, "tx", "off"], capture_output=True, text=True)
+    if done.returncode:
+        raise P4Error(f"ethtool -K {iface} tx off: {done.stderr.strip()}")

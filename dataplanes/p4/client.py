@@ -1,0 +1,169 @@
+"""One P4Runtime connection to one switch (p4runtime-shell's client, cut to what the driver needs): the stream with
+its arbitration (this controller primary), pipeline push, batched writes, reads, PacketIn to a callback and
+PacketOut. Plain threads and blocking calls (the core's rule: no asyncio loop).
+
+A broken stream (the switch stopped or restarted) is reported once through `on_down`; the driver reconnects.
+"""
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from typing import Callable, Iterable, Iterator
+
+import grpc
+from p4.v1 import p4runtime_pb2, p4runtime_pb2_grpc
+
+from dataplanes.p4.pipeline import P4Error, Pipeline
+
+log = logging.getLogger(__name__)
+
+PacketHandler = Callable[[bytes, dict[int, bytes]], None]  # payload, metadata by id
+
+
+class P4RuntimeError(P4Error):
+    """The switch refused a request, or could not be reached; the message says which and why."""
+
+
+def encode(value: int, bitwidth: int) -> bytes:
+    """P4Runtime's canonical bytes for an unsigned value: big-endian, no leading zero bytes (at least one byte)."""
+    if not 0 <= value < 1 << bitwidth:
+        raise P4RuntimeError(f"{value} does not fit in {bitwidth} bits")
+    return value.to_bytes(max(1, (value.bit_length() + 7) // 8), "big")
+
+
+class P4RuntimeClient:
+    def __init__(self, address: str, device_id: int, timeout: float = 5.0,
+                 on_packet: PacketHandler | None = None, on_down: Callable[[], None] | None = None,
+                 election_id: int | None = None):
+        self.address, self.device_id, self.timeout = address, device_id, timeout
+        self.on_packet, self.on_down = on_packet, on_down
+        # The newest controller wins arbitration (a restarted one takes over from a hung one); a controller keeps its
+        # id when it reconnects, so one that was superseded stays a backup.
+        self.election_id = election_id or time.time_ns() // 1000
+        self._channel: grpc.Channel | None = None
+        self._stub: p4runtime_pb2_grpc.P4RuntimeStub | None = None
+        self._requests: queue.Queue = queue.Queue()
+        self._arbitrated = threading.Event()
+        self._arbitration_error = ""
+        self._closed = False
+        self._reader: threading.Thread | None = None
+
+    # --- the stream -----------------------------------------------------------------------------------------
+    def connect(self) -> None:
+        """Open the channel and the stream and become primary; P4RuntimeError if the switch is not there or another
+        controller is primary."""
+        self._channel = grpc.insecure_channel(self.address)
+        try:
+            grpc.channel_ready_future(self._channel).result(timeout=self.timeout)
+        except grpc.FutureTimeoutError:
+            self._channel.close()
+            raise P4RuntimeError(f"no P4Runtime server at {self.address} (within {self.timeout:g} s)") from None
+        self._stub = p4runtime_pb2_grpc.P4RuntimeStub(self._channel)
+        self._requests = queue.Queue()
+        self._arbitrated.clear()
+        request = p4runtime_pb2.StreamMessageRequest()
+        request.arbitration.device_id = self.device_id
+        request.arbitration.election_id.high = 0
+        request.arbitration.election_id.low = self.election_id
+        self._requests.put(request)
+        stream = self._stub.StreamChannel(self._outgoing())
+        self._reader = threading.Thread(target=self._read, args=(stream,), name=f"p4rt-{self.address}", daemon=True)
+        self._reader.start()
+        if not self._arbitrated.wait(self.timeout) or self._arbitration_error:
+            self.close()
+            raise P4RuntimeError(f"{self.address}: not primary for device {self.device_id}"
+                                 f"{': ' + self._arbitration_error if self._arbitration_error else ''}")
+
+    def _outgoing(self) -> Iterator[p4runtime_pb2.StreamMessageRequest]:
+        while True:
+            request = self._requests.get()
+            if request is None:
+                return
+            yield request
+
+    def _read(self, stream) -> None:
+        try:
+            for response in stream:
+                kind = response.WhichOneof("update")
+                if kind == "arbitration":
+                    if response.arbitration.status.code != 0:  # OK: primary; anything else: a backup
+                        self._arbitration_error = response.arbitration.status.message or "another primary"
+                    self._arbitrated.set()
+                elif kind == "packet" and self.on_packet is not None:
+                    metadata = {m.metadata_id: m.value for m in response.packet.metadata}
+                    try:
+                        self.on_packet(response.packet.payload, metadata)
+                    except Exception:  # the handler's failure must not end the stream
+                        log.exception("PacketIn handler failed")
+                elif kind == "error":
+                    log.warning("%s: stream error %s", self.address, response.error.canonical_code)
+        except grpc.RpcError as err:
+            if not self._closed:
+                log.warning("%s: P4Runtime stream ended: %s", self.address, err.code().name)
+        if not self._closed and self.on_down is not None:
+            self.on_down()
+
+    def close(self) -> None:
+        self._closed = True
+        self._requests.put(None)
+        if self._channel is not None:
+            self._channel.close()
+        if self._reader is not None and self._reader is not threading.current_thread():
+            self._reader.join(timeout=2)
+
+    # --- requests -------------------------------------------------------------------------------------------
+    def pipeline_cookie(self) -> int | None:
+        """The cookie of the pipeline the switch runs, None if it runs none."""
+        request = p4runtime_pb2.GetForwardingPipelineConfigRequest(
+            device_id=self.device_id, response_type=p4runtime_pb2.GetForwardingPipelineConfigRequest.COOKIE_ONLY)
+        try:
+            reply = self._stub.GetForwardingPipelineConfig(request, timeout=self.timeout)
+        except grpc.RpcError as err:
+            if err.code() == grpc.StatusCode.FAILED_PRECONDITION:  # no pipeline yet
+                return None
+            raise self._error("reading the pipeline", err) from None
+        return reply.config.cookie.cookie if reply.config.HasField("cookie") else None
+
+    def set_pipeline(self, pipeline: Pipeline) -> None:
+        """Push the program (VERIFY_AND_COMMIT: the switch starts empty)."""
+        request = p4runtime_pb2.SetForwardingPipelineConfigRequest(
+            device_id=self.device_id, action=p4runtime_pb2.SetForwardingPipelineConfigRequest.VERIFY_AND_COMMIT)
+        request.election_id.low = self.election_id
+        request.config.p4info.CopyFrom(pipeline.p4info)
+        request.config.p4_device_config = pipeline.device_config
+        request.config.cookie.cookie = pipeline.cookie
+        try:
+            self._stub.SetForwardingPipelineConfig(request, timeout=max(self.timeout, 30))
+        except grpc.RpcError as err:
+            raise self._error("pushing the pipeline", err) from None
+
+    def write(self, updates: Iterable[p4runtime_pb2.Update], what: str) -> None:
+        """One batch; P4RuntimeError naming `what` and each refused update's reason."""
+        request = p4runtime_pb2.WriteRequest(device_id=self.device_id, updates=list(updates))
+        if not request.updates:
+            return
+        request.election_id.low = self.election_id
+        try:
+            self._stub.Write(request, timeout=self.timeout)
+        except grpc.RpcError as err:
+            raise self._error(what, err) from None
+
+    def read(self, entities: Iterable[p4runtime_pb2.Entity], what: str) -> list[p4runtime_pb2.Entity]:
+        request = p4runtime_pb2.ReadRequest(device_id=self.device_id, entities=list(entities))
+        try:
+            return [e for reply in self._stub.Read(request, timeout=self.timeout) for e in reply.entities]
+        except grpc.RpcError as err:
+            raise self._error(what, err) from None
+
+    def packet_out(self, payload: bytes, metadata: dict[int, bytes]) -> None:
+        request = p4runtime_pb2.StreamMessageRequest()
+        request.packet.payload = payload
+        for metadata_id, value in metadata.items():
+            request.packet.metadata.add(metadata_id=metadata_id, value=value)
+        self._requests.put(request)
+
+    def _error(self, what: str, err: grpc.RpcError) -> P4RuntimeError:
+        detail = (err.details() or "").strip().splitlines()
+        return P4RuntimeError(f"{self.address}: {what}: {err.code().name}{': ' + detail[0] if detail else ''}")

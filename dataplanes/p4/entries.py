@@ -1,0 +1,95 @@
+"""P4Runtime entities by name: table entries, counter reads, the clone session and the flood group. Every value is
+checked against its width in the P4Info and encoded canonically (dataplanes/p4/client.py encode)."""
+from __future__ import annotations
+
+from typing import Sequence
+
+from p4.v1 import p4runtime_pb2
+
+from dataplanes.p4.client import P4RuntimeError, encode
+from dataplanes.p4.pipeline import FLOOD_GROUP, MIRROR_SESSION, Pipeline
+
+Match = dict[str, "int | tuple[int, int]"]  # field -> exact value, or (low, high) for a range
+
+INSERT, MODIFY, DELETE = p4runtime_pb2.Update.INSERT, p4runtime_pb2.Update.MODIFY, p4runtime_pb2.Update.DELETE
+
+
+def table_entry(pipeline: Pipeline, table: str, match: Match, action: str | None = None,
+                params: dict[str, int] | None = None, priority: int = 0) -> p4runtime_pb2.Entity:
+    """An entity holding one entry of `table`; `action` None: the entry's key only (a delete, a read)."""
+    spec = pipeline.table(table)
+    entity = p4runtime_pb2.Entity()
+    entry = entity.table_entry
+    entry.table_id = spec.id
+    entry.priority = priority
+    for name, value in match.items():
+        if name not in spec.fields:
+            raise P4RuntimeError(f"table {table} has no match field {name!r}")
+        field_id, width = spec.fields[name]
+        field = entry.match.add(field_id=field_id)
+        if isinstance(value, tuple):
+            field.range.low, field.range.high = encode(value[0], width), encode(value[1], width)
+        else:
+            field.exact.value = encode(value, width)
+    if action is not None:
+        if action not in spec.actions:
+            raise P4RuntimeError(f"table {table} has no action {action!r}")
+        act = pipeline.action(action)
+        entry.action.action.action_id = act.id
+        for name, value in (params or {}).items():
+            param_id, width = act.params[name]
+            entry.action.action.params.add(param_id=param_id, value=encode(value, width))
+    return entity
+
+
+def update(kind: int, entity: p4runtime_pb2.Entity) -> p4runtime_pb2.Update:
+    return p4runtime_pb2.Update(type=kind, entity=entity)
+
+
+def counter_read(pipeline: Pipeline, counter: str, index: int | None = None) -> p4runtime_pb2.Entity:
+    """A read of one cell of `counter`, or of every cell (index None)."""
+    entity = p4runtime_pb2.Entity()
+    entity.counter_entry.counter_id = pipeline.counter(counter)
+    if index is not None:
+        entity.counter_entry.index.index = index
+    return entity
+
+
+def counter_write(pipeline: Pipeline, counter: str, index: int, packets: int = 0) -> p4runtime_pb2.Entity:
+    """A cell of `counter` set to `packets` (a reused slot's counters start again)."""
+    entity = counter_read(pipeline, counter, index)
+    entity.counter_entry.data.packet_count = packets
+    return entity
+
+
+def clone_session(cpu_port: int) -> p4runtime_pb2.Entity:
+    """The program's clone session (mirrored writes) to the CPU port: PacketIns."""
+    entity = p4runtime_pb2.Entity()
+    session = entity.packet_replication_engine_entry.clone_session_entry
+    session.session_id = MIRROR_SESSION
+    session.replicas.add(egress_port=cpu_port, instance=1)
+    return entity
+
+
+def flood_group(ports: Sequence[int]) -> p4runtime_pb2.Entity:
+    """The multicast group a frame for an unknown destination is flooded to (its own port pruned in egress)."""
+    entity = p4runtime_pb2.Entity()
+    group = entity.packet_replication_engine_entry.multicast_group_entry
+    group.multicast_group_id = FLOOD_GROUP
+    for port in ports:
+        group.replicas.add(egress_port=port, instance=1)
+    return entity
+
+
+def mac_value(mac: str) -> int:
+    return int(mac.replace(":", ""), 16)
+
+
+def ip_value(ip: str) -> int:
+    parts = [int(p) for p in ip.split(".")]
+    return (parts[0] << 24) | (parts[1] << 16) | (parts[2] << 8) | parts[3]
+
+
+def key_value(key: bytes) -> int:
+    """A memcached key as hot_keys matches it: its bytes as one big-endian number (with its length beside)."""
+    return int.from_bytes(key, "big")

@@ -1,0 +1,164 @@
+"""Benchmark: packets/s through bmv2 running p4src/mbalancer.p4 against the same bmv2 running a plain L2 program
+(p4src/l2_forward.p4) on the same veths and traffic, side by side in one run; and the hot-set change latency through
+P4Runtime against the eBPF driver's on an eBPF switch, in the same run.
+
+Forwarding: the namespace network with the p4 data plane (simple_switch_grpc on the switch ports); the sender,
+sinks, traffic kinds (cold, hot: one hot key 50/50 over two servers, mixed: Zipf 0.99 over 10,000 keys with the
+10 hottest hot) and windows are those of bench_ebpf_switch.py. bmv2 is a software switch that interprets the
+program per packet: these are its own limits at full offered load (no target, the ratio is the figure).
+Hot-set change: H keys leave and H new ones come (remove, install, weights, stamp and clear: the driver calls the
+core makes once the copies are warm), timed per change, --changes times, for each driver.
+Needs root, simple_switch_grpc and trafgen (netsniff-ng).
+    python experiments/benchmarks/bench_p4_switch.py [--seconds 2] [--repeats 3] [--hot 10] [--changes 10] [--out DIR]
+Prints a table and one JSON line (and with --out, p4_switch.csv).
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from controller.driver import ForwardingEntry, ReplicaWeight
+from controller.drivers.ebpf import EbpfDriver
+from dataplanes.ebpf.program import DataPlane, compile_bpf
+from dataplanes.p4 import entries as e
+from dataplanes.p4.client import P4RuntimeClient
+from dataplanes.p4.pipeline import BASELINE, Pipeline, available, outputs
+from experiments.benchmarks.bench_ebpf_switch import (SINK_SOURCE, TRAFFIC, attach_sinks, counter, install_hot_keys,
+                                                       median_of, sender_command, traffic_frames, window, write_frames)
+from mbalancer.config import Server
+from mbalancer.progress import end_progress, stderr_progress
+from topologies.netns import NamespaceNetwork
+
+
+def forwarding(args: argparse.Namespace, sink: Path, tmp: Path) -> list[dict]:
+    rows = []
+    with NamespaceNetwork(servers=2, clients=1, tag="mbbp4", dataplane="p4") as net:
+        attach_sinks(net, sink)
+        driver = install_hot_keys(net)  # the P4Runtime driver: pipeline pushed, hot keys clean, lease long
+        hosts = net.server_hosts + net.client_hosts
+        driver.set_forwarding([ForwardingEntry(h.mac, str(i + 1)) for i, h in enumerate(hosts)])
+        rows += measure(net, "mbalancer.p4", args, tmp)
+        rows[-1]["balanced"] = driver.switch_counters()[0]["balanced"]
+        driver.close()
+        baseline(net, hosts)
+        rows += measure(net, "l2_forward.p4", args, tmp)
+    return rows
+
+
+def baseline(net: NamespaceNetwork, hosts) -> None:
+    """The same switch, now running the L2 program with the same forwarding entries."""
+    json_path, p4info_path = outputs(BASELINE)
+    pipeline = Pipeline(p4info_path, json_path)
+    client = P4RuntimeClient(net.switch.bmv2.address, 1)
+    client.connect()
+    try:
+        client.set_pipeline(pipeline)
+        client.write([e.update(e.INSERT, e.table_entry(pipeline, "forward", {"hdr.ethernet.dst": e.mac_value(h.mac)},
+                                                       "to_port", {"port": i + 1})) for i, h in enumerate(hosts)]
+                     + [e.update(e.INSERT, e.flood_group(range(1, len(hosts) + 2)))], "the baseline's entries")
+    finally:
+        client.close()
+
+
+def measure(net: NamespaceNetwork, program: str, args: argparse.Namespace, tmp: Path) -> list[dict]:
+    rows = []
+    for kind in TRAFFIC:
+        config = write_frames("trafgen", traffic_frames(net, kind), tmp, kind)
+        measured = median_of(args.repeats, lambda: window(
+            net, sender_command("trafgen", config, args.cpus), args.seconds,
+            lambda: [counter(net, h, "rx_packets") for h in net.server_hosts]))
+        rows.append({"program": program, "traffic": kind, **measured})
+        print(f"  {program:>14} {kind:>6}: {rows[-1]['pps']:,.0f} packets/s on {rows[-1]['cores']:.2f} cores",
+              file=sys.stderr, flush=True)
+    return rows
+
+
+def hot_set_changes(driver, servers: int, hot: int, changes: int, label: str) -> list[float]:
+    """ms per change of the whole hot set, through `driver` (attached, lease renewed)."""
+    weights = [ReplicaWeight(s, 1 / servers) for s in range(servers)]
+    sets = [[b"set%d:key:%d" % (which, i) for i in range(hot)] for which in (0, 1)]
+    for key in sets[0]:
+        driver.install_hot_key(key, 0, weights)
+    timings = []
+    for change in range(changes):
+        old, new = sets[change % 2], sets[(change + 1) % 2]
+        started = time.perf_counter()
+        for key in old:
+            driver.remove_hot_key(key)
+        for key in new:
+            driver.install_hot_key(key, 0, weights)
+            driver.clear_dirty(key, driver.write_stamp(key))
+        timings.append(1000 * (time.perf_counter() - started))
+        stderr_progress(f"{label}: change {change + 1}/{changes}, {timings[-1]:.1f} ms")
+    end_progress()
+    return timings
+
+
+def change_latency(args: argparse.Namespace) -> list[dict]:
+    servers = [Server(f"s{i}", f"10.0.0.{i + 1}", f"02:00:00:00:00:{i + 1:02x}") for i in range(2)]
+    rows = []
+    with NamespaceNetwork(servers=2, clients=1, tag="mbbp4c", dataplane="p4") as net:
+        driver = net.driver()
+        driver.attach(servers, lambda frame: None)
+        driver.renew_lease(3600)
+        rows.append(("p4runtime", hot_set_changes(driver, 2, args.hot, args.changes, "p4runtime")))
+        driver.close()
+    plane = DataPlane("mbbench").load()
+    try:
+        driver = EbpfDriver([plane.pin_dir])
+        driver.attach(servers, lambda frame: None)
+        driver.renew_lease(3600)
+        rows.append(("ebpf", hot_set_changes(driver, 2, args.hot, args.changes, "ebpf")))
+        driver.close()
+    finally:
+        plane.unload()
+    return [{"driver": name, "hot": args.hot, "change_ms_median": statistics.median(ms), "change_ms_max": max(ms)}
+            for name, ms in rows]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seconds", type=float, default=2.0, help="measurement window per figure (default 2)")
+    parser.add_argument("--repeats", type=int, default=3, help="windows per figure, the median kept (default 3)")
+    parser.add_argument("--cpus", type=int, default=1, help="trafgen processes (default 1: bmv2 needs the rest)")
+    parser.add_argument("--hot", type=int, default=10, help="hot keys per change (default 10)")
+    parser.add_argument("--changes", type=int, default=10, help="hot-set changes timed per driver (default 10)")
+    parser.add_argument("--out", type=Path, help="also write p4_switch.csv here")
+    args = parser.parse_args(argv)
+    if not 0.1 <= args.seconds <= 60 or not 1 <= args.repeats <= 20 or not 1 <= args.cpus <= 64 \
+            or not 1 <= args.hot <= 1000 or not 1 <= args.changes <= 1000:
+        parser.error("--seconds 0.1-60, --repeats 1-20, --cpus 1-64, --hot 1-1000, --changes 1-1000")
+    if os.geteuid() != 0 or (why := available()) is not None:
+        parser.error(f"needs root and bmv2: {why or 'not root'}")
+    with tempfile.TemporaryDirectory() as tmp:
+        sink = compile_bpf(SINK_SOURCE, Path(tmp) / "sink.bpf.o", "the benchmark's sink")
+        rows = forwarding(args, sink, Path(tmp))
+    latency = change_latency(args)
+    base = {r["traffic"]: r for r in rows if r["program"] == "l2_forward.p4"}
+    print(f"{'program':<15}{'traffic':<8}{'packets/s':>11}{'cores':>7}{'vs L2':>7}{'to s2':>7}")
+    for r in rows:
+        r["ratio"] = r["pps"] / base[r["traffic"]]["pps"]
+        print(f"{r['program']:<15}{r['traffic']:<8}{r['pps']:>11,.0f}{r['cores']:>7.2f}{r['ratio']:>7.2f}"
+              f"{r['share_s2']:>7.2f}")
+    for r in latency:
+        print(f"hot-set change of {r['hot']} keys through {r['driver']}: median {r['change_ms_median']:.1f} ms, "
+              f"max {r['change_ms_max']:.1f} ms")
+    if args.out:
+        args.out.mkdir(parents=True, exist_ok=True)
+        with open(args.out / "p4_switch.csv", "w", newline="") as out:
+            writer = csv.DictWriter(out, fieldnames=sorted({k for r in rows for k in r}))
+            writer.writeheader()
+            writer.writerows(rows)
+    print(json.dumps({"rows": rows, "hot_set_change": latency}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

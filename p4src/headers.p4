@@ -1,0 +1,187 @@
+/* Headers and metadata of p4src/mbalancer.p4. Sizes and numbers shared with the control plane are named in
+ * dataplanes/p4/pipeline.py (it reads them back from the P4Info, so a change here that it misses fails a test). */
+#ifndef MB_HEADERS_P4
+#define MB_HEADERS_P4
+
+#define MB_MAX_KEY 250       /* memcached's key limit */
+#define MB_KEY_BITS 2000     /* the key as one number: MB_MAX_KEY bytes, right-aligned */
+#define MB_LINE_BYTES 256    /* the rest of a command line after its key that is read to prove it whole */
+#define MB_MAX_HOT 4096      /* hot keys (slots) */
+#define MB_MAX_REPLICAS 8    /* servers one hot key can be spread over */
+#define MB_MAX_SERVERS 256
+#define MB_FLOW_BITS 16      /* reply_source remembers 2^16 balanced gets (a newer one takes an older one's place) */
+#define MB_LEARN_BITS 12     /* forward learns 2^12 source MACs (likewise) */
+#define MB_CPU_PORT 255      /* simple_switch_grpc --cpu-port: PacketIn / PacketOut */
+#define MB_MIRROR_SESSION 100  /* clone session to the CPU port, written by the controller */
+#define MB_FLOOD_GROUP 1     /* multicast group of every switch port, written by the controller */
+#define MB_NO_DATA 0xff      /* the command has no data block */
+
+/* Commands (mb_command in dataplanes/ebpf/bpf/parse.h: the same classes) */
+#define CMD_NONE 0   /* nothing read yet (empty payload) */
+#define CMD_OTHER 1  /* not a command the pipeline reads: unsure */
+#define CMD_GET 2    /* get, gets */
+#define CMD_WRITE 3  /* a write the controller must see */
+#define CMD_READ 4   /* mg: reads, unless its flags ask for a change (T, N, I) */
+#define CMD_NOOP 5   /* mn */
+#define CMD_LINE 6   /* stats, version: a line without a key that changes no item */
+
+/* Switch-wide counters: the index of each in `switch_counters` (the eBPF program's enum mb_counter, same order). */
+#define C_PACKETS 0
+#define C_MEMCACHED 1
+#define C_UNPARSED 2
+#define C_BALANCED 3
+#define C_ALREADY_BALANCED 4
+#define C_MIRRORED 5
+#define C_REPLIES_REWRITTEN 6
+#define C_FLOODED 7
+#define C_DROPPED 8
+#define C_UNSURE 9
+#define C_CLONED 10
+#define C_LEASE_EXPIRED 11
+#define C_COUNT 12
+
+const bit<16> IP_BALANCED = 0x8000;  /* IPv4 reserved flag bit: "already balanced by a switch on the path" */
+
+/* To the controller: a copy of a write (or of a request it must check) and the port it came in on. */
+@controller_header("packet_in")
+header packet_in_t {
+    bit<16> ingress_port;
+}
+
+/* From the controller: renew its lease. The pipeline sets the lease's end to its own clock + lease_us, so no clock
+ * is shared between switch and controller. Anything else from the CPU port is dropped. */
+@controller_header("packet_out")
+header packet_out_t {
+    bit<8> op;         /* 1: renew the lease */
+    bit<32> lease_us;  /* from now; 0 ends it */
+}
+
+header ethernet_t {
+    bit<48> dst;
+    bit<48> src;
+    bit<16> ether_type;
+}
+
+header ipv4_t {
+    bit<4> version;
+    bit<4> ihl;
+    bit<8> diffserv;
+    bit<16> total_len;
+    bit<16> identification;
+    bit<16> flags_frag;  /* flags and fragment offset as one word: the balanced mark and checksums use it whole */
+    bit<8> ttl;
+    bit<8> protocol;
+    bit<16> checksum;
+    bit<32> src;
+    bit<32> dst;
+}
+
+header ipv4_options_t {
+    varbit<320> options;
+}
+
+header ports_t {  /* the first 4 bytes of UDP and TCP */
+    bit<16> src;
+    bit<16> dst;
+}
+
+header udp_rest_t {
+    bit<16> length;
+    bit<16> checksum;
+}
+
+header tcp_rest_t {
+    bit<32> seq;
+    bit<32> ack;
+    bit<4> data_offset;
+    bit<4> reserved;
+    bit<8> flags;
+    bit<16> window;
+    bit<16> checksum;
+    bit<16> urgent;
+}
+
+header tcp_options_t {
+    varbit<320> options;
+}
+
+/* memcached's UDP frame header */
+header frame_t {
+    bit<16> request_id;
+    bit<16> sequence;
+    bit<16> datagrams;
+    bit<16> reserved;
+}
+
+/* One byte of the command line. v1model parsers extract whole headers, so the ASCII line is read a byte at a time
+ * into header stacks (re-emitted unchanged by the deparser). */
+header byte_t {
+    bit<8> b;
+}
+
+struct headers_t {
+    packet_out_t packet_out;
+    packet_in_t packet_in;
+    ethernet_t ethernet;
+    ipv4_t ipv4;
+    ipv4_options_t ipv4_options;
+    ports_t ports;
+    udp_rest_t udp;
+    tcp_rest_t tcp;
+    tcp_options_t tcp_options;
+    frame_t frame;
+    byte_t[7] word;                 /* the command word */
+    byte_t word_end;                /* the byte that ended it: ' ' or '\r' */
+    byte_t[MB_MAX_KEY] key;         /* the key */
+    byte_t[MB_LINE_BYTES] line;     /* from the byte that ended the key to '\r' */
+    byte_t lf;                      /* the '\n' after it */
+}
+
+struct metadata_t {
+    /* parser */
+    bit<16> ip_end;        /* bytes from the frame's start to the end of the IPv4 packet */
+    bit<16> payload_len;   /* after the UDP (and frame) or TCP header */
+    bit<16> command_len;   /* bytes of the command: the payload after the frame header (UDP), the payload (TCP) */
+    bit<16> remaining;     /* payload bytes not yet read */
+    bit<1> l4;             /* an unfragmented IPv4 UDP or TCP packet whose lengths add up */
+    bit<1> first_fragment; /* the first fragment of one: ports read, nothing after them */
+    bit<1> frame_ok;       /* UDP: a single-datagram frame header was read */
+    bit<8> command;        /* CMD_* */
+    bit<64> word;          /* the command word as a number */
+    bit<8> word_len;
+    bit<MB_KEY_BITS> key;  /* the key as a number (its bytes, big-endian): hot_keys matches it with its length */
+    bit<8> key_len;        /* 0: no valid key */
+    bit<8> data_field;     /* which field after the key is the data length (MB_NO_DATA: none) */
+    bit<16> line_len;      /* bytes of the line read */
+    bit<1> line_found;     /* '\r' found within MB_LINE_BYTES */
+    bit<8> fields;         /* fields of the line started */
+    bit<1> in_field;
+    bit<64> number;        /* the data length */
+    bit<8> digits;
+    bit<1> bad_number;
+    bit<1> changes;        /* a flag that makes a meta command change the item (T, N, I) */
+    /* ingress */
+    bit<1> request;        /* to a memcached port */
+    bit<1> dest_known;     /* the destination is a server of the config */
+    bit<32> dest_server;
+    bit<1> trusted;        /* from the controller: its copies never make a server unsure */
+    bit<1> hot;
+    bit<32> slot;
+    bit<32> home;
+    bit<1> synced_hit;
+    bit<64> synced_writes;
+    bit<64> synced_unsure;
+    bit<16> point;         /* the request's hash: which replica's range it falls in */
+    bit<1> replica_hit;
+    bit<32> replica;
+    bit<32> replica_position;
+    bit<32> server_wanted;
+    bit<1> server_hit;
+    bit<48> server_mac;
+    bit<32> server_ip;
+    bit<16> server_port;
+    bit<1> clone_it;
+    bit<9> port_hit;
+}
+
+#endif

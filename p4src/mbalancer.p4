@@ -1,0 +1,435 @@
+/* MBalancer's data plane in P4_16 for v1model (bmv2 simple_switch_grpc), table for table the pipeline of the
+ * eBPF switch (dataplanes/ebpf/bpf/mbalancer.bpf.c; README.md, "The pipeline"):
+ *   hot_keys + synced + replicas + servers   hot_get: a single-key UDP get/gets of a hot key goes home untouched
+ *                if the key is dirty or the controller's lease ran out; else to a replica chosen by weight from a
+ *                hash of the request id and client (the eBPF program's hash: the same packet picks the same
+ *                replica), dst MAC/IP/port rewritten with checksums fixed, marked balanced
+ *   hot_keys + server_index   set_mirror: a write (UDP or TCP) to a hot key's home is counted in its slot (dirty)
+ *                and cloned to the controller (a PacketIn); a request to a server that is not exactly one command
+ *                the pipeline reads makes that server unsure (all its hot keys dirty) and is cloned too
+ *   flows (registers)   reply_source: every datagram of the reply to a balanced get leaves with the home's source
+ *   forward + learned MACs (registers)   L2: set by the controller, else learned from source MACs, else flooded
+ *   counters     per hot key and replica, per server (unsure), switch-wide
+ * Anything it cannot read is forwarded untouched.
+ *
+ * Where v1model differs from eBPF in mechanism (the behaviour is the same; tests/pipeline_fixtures.py holds both to
+ * it):
+ * - Loops: the parser reads the line a byte per state (parser.p4); the weighted choice, a loop over cumulative
+ *   weights in eBPF, is a range match on the hash (`replicas`).
+ * - Registers cannot be read or written over P4Runtime (PI refuses both). Counts the data plane compares are
+ *   registers (writes per slot, unsure per server) with a twin counter the controller reads; what the controller
+ *   writes (the synced counts) is a table entry (`synced`); the lease is renewed by a PacketOut, which stores
+ *   the switch's own clock + lease_us.
+ * - Checksums are updated incrementally (RFC 1624) as in eBPF: v1model's update_checksum_with_payload would have
+ *   to list every header of the parsed command line.
+ * - Learned MACs and balanced gets live in hash-indexed registers: a newer entry takes an older one's place where
+ *   eBPF's LRU maps evict the least recently used.
+ * Not here: the eBPF program's hot-key sketch (monitor --source dataplane); the P4 switch is watched by the monitor's
+ * packet capture. */
+#include <core.p4>
+#include <v1model.p4>
+
+#include "headers.p4"
+#include "parser.p4"
+
+control MbVerifyChecksum(inout headers_t hdr, inout metadata_t meta) {
+    apply { }
+}
+
+control MbIngress(inout headers_t hdr, inout metadata_t meta, inout standard_metadata_t std) {
+    /* written by the data plane only */
+    register<bit<64>>(MB_MAX_HOT) writes;          /* per slot: writes mirrored */
+    register<bit<64>>(MB_MAX_SERVERS) unsure;      /* per server: requests it may hold unread writes in */
+    register<bit<48>>(1) lease_until;              /* ingress_global_timestamp (us) until which gets are balanced */
+    register<bit<64>>(1 << MB_FLOW_BITS) flow_ids; /* reply_source: client IP, port, request id of a balanced get */
+    register<bit<32>>(1 << MB_FLOW_BITS) flow_homes;
+    register<bit<48>>(1 << MB_LEARN_BITS) learned_macs;
+    register<bit<9>>(1 << MB_LEARN_BITS) learned_ports;
+
+    /* read by the controller (P4Runtime counters) */
+    counter(C_COUNT, CounterType.packets) switch_counters;
+    counter(MB_MAX_HOT, CounterType.packets) key_gets;
+    counter(MB_MAX_HOT, CounterType.packets) key_home_while_dirty;
+    counter(MB_MAX_HOT, CounterType.packets) key_mirrored;       /* the twin of `writes` */
+    counter(MB_MAX_HOT * MB_MAX_REPLICAS, CounterType.packets) key_per_replica;  /* slot * 8 + position */
+    counter(MB_MAX_SERVERS, CounterType.packets) server_unsure;  /* the twin of `unsure` */
+    counter(1, CounterType.packets) lease_renewals;
+
+    action count(bit<32> which) {
+        switch_counters.count(which);
+    }
+
+    /* A 32-bit mix of the request id, client port and address: mb_pick in the eBPF program, the same bits. */
+    action mix(out bit<32> h, in bit<32> x) {
+        h = x * 0x9E3779B1;
+        h = h ^ (h >> 15);
+        h = h * 0x85EBCA77;
+        h = h ^ (h >> 13);
+    }
+
+    /* tables written by the controller */
+    action is_memcached() { meta.request = 1; }
+    table memcached_ports {  /* the ports memcached servers listen on: a request goes to one */
+        key = { hdr.ports.dst: exact; }
+        actions = { is_memcached; NoAction; }
+        const default_action = NoAction;
+        size = 64;
+    }
+
+    table reply_ports {  /* the same ports: a reply comes from one */
+        key = { hdr.ports.src: exact; }
+        actions = { NoAction; }
+        const default_action = NoAction;
+        size = 64;
+    }
+
+    action server_is(bit<32> server) { meta.dest_known = 1; meta.dest_server = server; }
+    table server_index {  /* which server a request is for */
+        key = { hdr.ipv4.dst: exact; hdr.ports.dst: exact; }
+        actions = { server_is; NoAction; }
+        const default_action = NoAction;
+        size = MB_MAX_SERVERS;
+    }
+
+    action is_trusted() { meta.trusted = 1; }
+    table trusted_sources {  /* the controller's addresses: its copies and reads never make a server unsure */
+        key = { hdr.ipv4.src: exact; }
+        actions = { is_trusted; NoAction; }
+        const default_action = NoAction;
+        size = 16;
+    }
+
+    action hot(bit<32> slot, bit<32> home) { meta.hot = 1; meta.slot = slot; meta.home = home; }
+    table hot_keys {  /* the whole key: a cold key never matches */
+        key = { meta.key_len: exact; meta.key: exact; }
+        actions = { hot; NoAction; }
+        const default_action = NoAction;
+        size = MB_MAX_HOT;
+    }
+
+    action synced_to(bit<64> written, bit<64> unsure_count) {
+        meta.synced_hit = 1;
+        meta.synced_writes = written;
+        meta.synced_unsure = unsure_count;
+    }
+    table synced {  /* per slot, what the controller synced the copies to; no entry: held dirty */
+        key = { meta.slot: exact; }
+        actions = { synced_to; NoAction; }
+        const default_action = NoAction;
+        size = MB_MAX_HOT;
+    }
+
+    action to_replica(bit<32> server, bit<32> position) {
+        meta.replica_hit = 1;
+        meta.replica = server;
+        meta.replica_position = position;
+    }
+    table replicas {  /* per slot, a range of the 16-bit hash per replica, as wide as its weight */
+        key = { meta.slot: exact; meta.point: range; }
+        actions = { to_replica; NoAction; }
+        const default_action = NoAction;
+        size = MB_MAX_HOT * MB_MAX_REPLICAS;
+    }
+
+    action server_address(bit<48> mac, bit<32> ip, bit<16> port) {
+        meta.server_hit = 1;
+        meta.server_mac = mac;
+        meta.server_ip = ip;
+        meta.server_port = port;
+    }
+    table servers {  /* server index -> MAC, IP, port */
+        key = { meta.server_wanted: exact; }
+        actions = { server_address; NoAction; }
+        const default_action = NoAction;
+        size = MB_MAX_SERVERS;
+    }
+
+    action to_port(bit<9> port) { meta.port_hit = 1; std.egress_spec = port; }
+    table forward {  /* destination MAC -> port, set by the controller (before what was learned) */
+        key = { hdr.ethernet.dst: exact; }
+        actions = { to_port; NoAction; }
+        const default_action = NoAction;
+        size = 4096;
+    }
+
+    action clone_to_controller() {
+        clone(CloneType.I2E, (bit<32>)MB_MIRROR_SESSION);
+    }
+
+    /* The request may hold writes the pipeline cannot read: every hot key of its server is dirty from now on until
+     * the controller has checked them; the controller gets a copy. Requests to no known server are not ours. */
+    action make_unsure() {
+        bit<64> n;
+        unsure.read(n, meta.dest_server);
+        unsure.write(meta.dest_server, n + 1);
+        server_unsure.count(meta.dest_server);
+        count(C_UNSURE);
+        meta.clone_it = 1;
+    }
+
+    apply {
+        if (hdr.packet_out.isValid()) {  /* from the controller */
+            if (hdr.packet_out.op == 1) {
+                lease_until.write(0, std.ingress_global_timestamp + (bit<48>)hdr.packet_out.lease_us);
+                lease_renewals.count(0);  /* the controller waits for it: a lease it ends is over when it returns */
+            }
+            mark_to_drop(std);
+            return;
+        }
+        count(C_PACKETS);
+        /* forward, learning half: before any rewrite (a reply leaving with the home's MAC must not teach the
+         * switch that the home sits behind the replica's port) */
+        if (hdr.ethernet.isValid() && hdr.ethernet.src[40:40] == 0) {
+            bit<32> h;
+            mix(h, hdr.ethernet.src[47:16] ^ (bit<32>)hdr.ethernet.src[15:0]);
+            bit<32> at = h >> (32 - MB_LEARN_BITS);
+            learned_macs.write(at, hdr.ethernet.src);
+            learned_ports.write(at, std.ingress_port);
+        }
+        bit<1> parsed = 0;
+        if (hdr.ipv4.isValid() && meta.ip_end <= (bit<16>)std.packet_length) {
+            parsed = meta.l4;
+            if (hdr.ports.isValid()) {
+                memcached_ports.apply();
+                server_index.apply();
+                trusted_sources.apply();
+            }
+        }
+        bit<1> reply = 0;
+        if (parsed == 1 && meta.request == 0 && hdr.udp.isValid() && hdr.ipv4.isValid()) {
+            if (reply_ports.apply().hit) {
+                reply = 1;
+            }
+        }
+        bit<1> unparsed = 0;
+        bit<1> unsure_it = 0;
+        bit<1> balance = 0;
+        bit<1> mirror = 0;
+        bit<1> whole = 0;
+        if (hdr.ipv4.isValid() && meta.ip_end <= (bit<16>)std.packet_length && meta.first_fragment == 1 &&
+                meta.request == 1) {
+            /* A request too big for one frame (a UDP set of a large value): the server applies it once every
+             * fragment is in, after this first one passes, so marking its server unsure now is in time. */
+            count(C_MEMCACHED);
+            unparsed = 1;
+        } else if (parsed == 1 && meta.request == 1) {
+            count(C_MEMCACHED);
+            if ((hdr.ipv4.flags_frag & IP_BALANCED) != 0) {
+                count(C_ALREADY_BALANCED);
+            } else if (meta.payload_len == 0 && meta.command == CMD_NONE) {
+                /* a bare TCP ACK: nothing to read, nothing wrong */
+            } else if (hdr.udp.isValid() && meta.frame_ok == 0) {
+                unparsed = 1;
+            } else {
+                /* commands shorter than 6 bytes: only "mn\r\n" (the eBPF parser's rule) */
+                bit<8> command = meta.command;
+                if (command == CMD_NOOP && !(meta.command_len == 4 && hdr.lf.isValid() && hdr.lf.b == 0x0a)) {
+                    command = CMD_OTHER;
+                } else if (command != CMD_NOOP && meta.command_len < 6) {
+                    command = CMD_OTHER;
+                }
+                /* the payload is exactly this one command: its line ends with "\r\n", then its data block and
+                 * "\r\n" if it has one, then nothing */
+                if (meta.line_found == 1 && meta.bad_number == 0 && hdr.lf.isValid() && hdr.lf.b == 0x0a &&
+                        !(command == CMD_READ && meta.changes == 1)) {
+                    if (meta.data_field == MB_NO_DATA) {
+                        whole = (bit<1>)(meta.remaining == 0);
+                    } else if (meta.fields > meta.data_field) {
+                        whole = (bit<1>)((bit<64>)meta.remaining == meta.number + 2);
+                    }
+                }
+                if (command == CMD_NOOP) {
+                } else if (command == CMD_OTHER || command == CMD_NONE) {
+                    unparsed = 1;
+                } else if (command == CMD_LINE) {
+                    unsure_it = ~whole;
+                } else if (meta.key_len == 0) {
+                    unparsed = 1;
+                } else {
+                    hot_keys.apply();
+                    if (command == CMD_GET && whole == 1 && meta.key_len != 0 && hdr.line[0].b == 0x0d) {
+                        /* a single-key get, and nothing else (over TCP: to its home, untouched) */
+                        balance = meta.hot & (bit<1>)hdr.udp.isValid();
+                    } else if (command == CMD_WRITE && meta.hot == 1) {
+                        if (meta.dest_known == 1 && meta.dest_server == meta.home) {
+                            mirror = 1;
+                            unsure_it = ~whole;
+                        } else {
+                            /* a write to a replica: the controller's own copy (only writes to the home count) */
+                            unsure_it = ~whole;
+                        }
+                    } else {
+                        unsure_it = ~whole;  /* a read, or a write to a cold key */
+                    }
+                }
+            }
+        }
+        if (unparsed == 1) {
+            count(C_UNPARSED);
+            unsure_it = 1;
+        }
+
+        meta.server_wanted = 0xffffffff;  /* no server lookup */
+        bit<1> rewrite_source = 0;
+        if (mirror == 1) {  /* set_mirror: counted in the slot (dirty) before it leaves for the home */
+            bit<64> n;
+            writes.read(n, meta.slot);
+            writes.write(meta.slot, n + 1);
+            key_mirrored.count(meta.slot);
+            count(C_MIRRORED);
+            meta.clone_it = whole;  /* else make_unsure clones it (once) */
+        }
+        if (unsure_it == 1 && meta.dest_known == 1 && meta.trusted == 0) {
+            make_unsure();
+        }
+        if (balance == 1) {  /* hot_get */
+            key_gets.count(meta.slot);
+            bit<48> now = std.ingress_global_timestamp;
+            bit<48> until;
+            lease_until.read(until, 0);
+            bit<64> written;
+            writes.read(written, meta.slot);
+            bit<64> unsure_count;
+            unsure.read(unsure_count, meta.home);
+            synced.apply();
+            if (now >= until) {
+                count(C_LEASE_EXPIRED);
+                balance = 0;
+            } else if (meta.synced_hit == 0 || meta.synced_writes != written || meta.synced_unsure != unsure_count) {
+                balance = 0;
+            }
+            if (balance == 0) {
+                key_home_while_dirty.count(meta.slot);  /* clients address the home: unchanged is home */
+            } else {
+                bit<32> h;
+                mix(h, ((bit<32>)hdr.frame.request_id | ((bit<32>)hdr.ports.src << 16)) ^ hdr.ipv4.src);
+                meta.point = h[15:0];
+                replicas.apply();
+                meta.server_wanted = meta.replica_hit == 1 ? meta.replica : meta.home;
+            }
+        } else if (reply == 1 && hdr.frame.isValid()) {  /* reply_source */
+            bit<64> id = hdr.ipv4.dst ++ hdr.ports.dst ++ hdr.frame.request_id;
+            bit<32> h;
+            mix(h, hdr.ipv4.dst ^ ((bit<32>)hdr.ports.dst << 16 | (bit<32>)hdr.frame.request_id));
+            bit<32> at = h >> (32 - MB_FLOW_BITS);
+            bit<64> stored;
+            flow_ids.read(stored, at);
+            if (stored == id) {
+                flow_homes.read(meta.server_wanted, at);
+                rewrite_source = 1;
+            }
+        }
+        if (meta.server_wanted != 0xffffffff) {
+            servers.apply();
+        }
+        if (balance == 1 && meta.server_hit == 1) {
+            bit<32> chosen = meta.server_wanted;
+            if (meta.replica_hit == 1) {
+                key_per_replica.count(meta.slot * MB_MAX_REPLICAS + meta.replica_position);
+            }
+            if (chosen != meta.home) {  /* remember the get, so its reply leaves with the home's source */
+                bit<32> h;
+                mix(h, hdr.ipv4.src ^ ((bit<32>)hdr.ports.src << 16 | (bit<32>)hdr.frame.request_id));
+                bit<32> at = h >> (32 - MB_FLOW_BITS);
+                flow_ids.write(at, hdr.ipv4.src ++ hdr.ports.src ++ hdr.frame.request_id);
+                flow_homes.write(at, meta.home);
+            }
+            /* destination rewrite, checksums updated for the words that change (RFC 1624: HC' = ~(~HC + ~m + m')) */
+            bit<16> marked = hdr.ipv4.flags_frag | IP_BALANCED;
+            bit<32> sum = (bit<32>)(~hdr.ipv4.checksum)
+                + (bit<32>)(~hdr.ipv4.dst[31:16]) + (bit<32>)meta.server_ip[31:16]
+                + (bit<32>)(~hdr.ipv4.dst[15:0]) + (bit<32>)meta.server_ip[15:0]
+                + (bit<32>)(~hdr.ipv4.flags_frag) + (bit<32>)marked;
+            sum = (sum & 0xffff) + (sum >> 16);
+            sum = (sum & 0xffff) + (sum >> 16);
+            hdr.ipv4.checksum = ~sum[15:0];
+            if (hdr.udp.checksum != 0) {  /* 0: the sender sent none */
+                bit<32> u = (bit<32>)(~hdr.udp.checksum)
+                    + (bit<32>)(~hdr.ipv4.dst[31:16]) + (bit<32>)meta.server_ip[31:16]
+                    + (bit<32>)(~hdr.ipv4.dst[15:0]) + (bit<32>)meta.server_ip[15:0]
+                    + (bit<32>)(~hdr.ports.dst) + (bit<32>)meta.server_port;
+                u = (u & 0xffff) + (u >> 16);
+                u = (u & 0xffff) + (u >> 16);
+                hdr.udp.checksum = ~u[15:0] == 0 ? 16w0xffff : ~u[15:0];
+            }
+            hdr.ipv4.dst = meta.server_ip;
+            hdr.ipv4.flags_frag = marked;
+            hdr.ports.dst = meta.server_port;
+            hdr.ethernet.dst = meta.server_mac;
+            count(C_BALANCED);
+        }
+        if (rewrite_source == 1 && meta.server_hit == 1 &&
+                (meta.server_ip != hdr.ipv4.src || meta.server_port != hdr.ports.src)) {
+            bit<32> sum = (bit<32>)(~hdr.ipv4.checksum)
+                + (bit<32>)(~hdr.ipv4.src[31:16]) + (bit<32>)meta.server_ip[31:16]
+                + (bit<32>)(~hdr.ipv4.src[15:0]) + (bit<32>)meta.server_ip[15:0];
+            sum = (sum & 0xffff) + (sum >> 16);
+            sum = (sum & 0xffff) + (sum >> 16);
+            hdr.ipv4.checksum = ~sum[15:0];
+            if (hdr.udp.checksum != 0) {
+                bit<32> u = (bit<32>)(~hdr.udp.checksum)
+                    + (bit<32>)(~hdr.ipv4.src[31:16]) + (bit<32>)meta.server_ip[31:16]
+                    + (bit<32>)(~hdr.ipv4.src[15:0]) + (bit<32>)meta.server_ip[15:0]
+                    + (bit<32>)(~hdr.ports.src) + (bit<32>)meta.server_port;
+                u = (u & 0xffff) + (u >> 16);
+                u = (u & 0xffff) + (u >> 16);
+                hdr.udp.checksum = ~u[15:0] == 0 ? 16w0xffff : ~u[15:0];
+            }
+            hdr.ipv4.src = meta.server_ip;
+            hdr.ports.src = meta.server_port;
+            hdr.ethernet.src = meta.server_mac;
+            count(C_REPLIES_REWRITTEN);
+        }
+        if (meta.clone_it == 1) {
+            clone_to_controller();
+        }
+
+        /* forward: the controller's entry, else the learned port, else flood */
+        if (!hdr.ethernet.isValid()) {
+            mark_to_drop(std);
+            return;
+        }
+        bit<1> known = 0;
+        if (hdr.ethernet.dst[40:40] == 0) {
+            if (forward.apply().hit) {
+                known = 1;
+            } else {
+                bit<32> h;
+                mix(h, hdr.ethernet.dst[47:16] ^ (bit<32>)hdr.ethernet.dst[15:0]);
+                bit<32> at = h >> (32 - MB_LEARN_BITS);
+                bit<48> mac;
+                learned_macs.read(mac, at);
+                if (mac == hdr.ethernet.dst) {
+                    learned_ports.read(std.egress_spec, at);
+                    known = 1;
+                }
+            }
+        }
+        if (known == 1 && std.egress_spec == std.ingress_port) {
+            count(C_DROPPED);  /* the destination is behind the port it came from */
+            mark_to_drop(std);
+        } else if (known == 0) {
+            count(C_FLOODED);
+            std.mcast_grp = MB_FLOOD_GROUP;
+        }
+    }
+}
+
+control MbEgress(inout headers_t hdr, inout metadata_t meta, inout standard_metadata_t std) {
+    counter(1, CounterType.packets) cloned;
+    apply {
+        if (std.instance_type == 1) {  /* the ingress clone: to the controller, as a PacketIn */
+            hdr.packet_in.setValid();
+            hdr.packet_in.ingress_port = (bit<16>)std.ingress_port;
+            cloned.count(0);
+        } else if (std.mcast_grp != 0 && std.egress_port == std.ingress_port) {
+            mark_to_drop(std);  /* flooding: not back out of the port it came in on */
+        }
+    }
+}
+
+control MbComputeChecksum(inout headers_t hdr, inout metadata_t meta) {
+    apply { }
+}
+
+V1Switch(MbParser(), MbVerifyChecksum(), MbIngress(), MbEgress(), MbComputeChecksum(), MbDeparser()) main;

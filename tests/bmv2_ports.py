@@ -1,0 +1,52 @@
+"""Raw frames into and out of a bmv2 switch's ports, for the P4 tests: veth pairs in the root namespace, the
+switch on one end, an AF_PACKET socket on the other. Everything is named after the caller's tag and removed by
+close()."""
+from __future__ import annotations
+
+import select
+import socket
+import subprocess
+import time
+
+WAIT = 5.0  # seconds a frame may take through bmv2 (far more than it does: the bound, not the expectation)
+
+
+class Ports:
+    """veth pairs: the switch's end <tag>-<n>, the test's end <tag>-<n>t (raw frames in and out)."""
+
+    def __init__(self, tag: str, count: int):
+        self.switch_ends = [f"{tag}-{n}" for n in range(1, count + 1)]
+        self.sockets: dict[int, socket.socket] = {}
+        for n, iface in enumerate(self.switch_ends, 1):
+            subprocess.run(["ip", "link", "add", iface, "type", "veth", "peer", "name", iface + "t"], check=True)
+            for end in (iface, iface + "t"):
+                subprocess.run(["sysctl", "-qw", f"net.ipv6.conf.{end}.disable_ipv6=1"], check=False)
+                subprocess.run(["ip", "link", "set", end, "up"], check=True)
+            sock = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.htons(3))
+            sock.bind((iface + "t", 0))
+            self.sockets[n] = sock
+
+    def send(self, port: int, frame: bytes) -> None:
+        self.sockets[port].send(frame)
+
+    def drain(self) -> None:
+        for sock in self.sockets.values():
+            while select.select([sock], [], [], 0)[0]:
+                sock.recv(65535)
+
+    def receive(self, port: int, timeout: float = WAIT) -> bytes | None:
+        """The next frame the switch sent out of `port` (frames the test itself sent are not seen: outgoing)."""
+        deadline = time.monotonic() + timeout
+        sock = self.sockets[port]
+        while time.monotonic() < deadline:
+            if select.select([sock], [], [], deadline - time.monotonic())[0]:
+                frame, address = sock.recvfrom(65535)
+                if address[2] != socket.PACKET_OUTGOING:
+                    return frame
+        return None
+
+    def close(self) -> None:
+        for sock in self.sockets.values():
+            sock.close()
+        for iface in self.switch_ends:
+            subprocess.run(["ip", "link", "del", iface], check=False, capture_output=True)

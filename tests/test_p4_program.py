@@ -1,0 +1,149 @@
+"""The P4 data plane (p4src/mbalancer.p4) on the shared packet fixtures (tests/pipeline_fixtures.py), on a running
+simple_switch_grpc: frames in and out of its ports (veths), the tables filled through the real P4Runtime driver,
+mirrored writes as real PacketIns. Plus the committed compiler outputs against a fresh compile wherever p4c is.
+
+These need bmv2 (simple_switch_grpc) and p4c on PATH and root; elsewhere they skip saying so. The driver's
+P4Runtime messages are checked against the committed P4Info without a switch in tests/test_p4runtime_driver.py.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import time
+
+import pytest
+
+pytest.importorskip("scapy.all")
+from scapy.all import Ether  # noqa: E402
+
+from controller.driver import ForwardingEntry, ReplicaWeight  # noqa: E402
+from controller.drivers.p4runtime import P4RuntimeDriver  # noqa: E402
+from dataplanes.p4 import Settings  # noqa: E402
+from dataplanes.p4.bmv2 import Bmv2Switch  # noqa: E402
+from dataplanes.p4.pipeline import COMPILER, PROGRAMS, Pipeline, available, compile_program, outputs  # noqa: E402
+from mbalancer.config import Server  # noqa: E402
+from tests.bmv2_ports import WAIT, Ports  # noqa: E402
+from tests.pipeline_fixtures import CASES, CLIENT, CONTROLLER, REPLICAS, SERVERS, Case  # noqa: E402
+
+why_not = available() if os.geteuid() == 0 else "needs root (veths, bmv2 on them)"
+on_bmv2 = pytest.mark.skipif(why_not is not None, reason=f"P4 data plane cannot run here: {why_not}")
+
+TAG = f"p4f{os.getpid() % 10000}"
+# bmv2 port of each host (the eBPF fixture runner's HOST_PORTS, as bmv2 port numbers)
+HOST_PORTS = {CLIENT[0]: 1, SERVERS[0][0]: 2, SERVERS[1][0]: 3, SERVERS[2][0]: 4, CONTROLLER[0]: 5}
+
+
+@pytest.mark.skipif(shutil.which(COMPILER) is None, reason=f"{COMPILER} (p4c) is not on PATH")
+@pytest.mark.parametrize("source", PROGRAMS, ids=lambda p: p.name)
+def test_the_committed_compiler_outputs_are_those_of_the_source(tmp_path, source):
+    for fresh, committed in zip(compile_program(source, tmp_path), outputs(source)):
+        assert fresh.read_text() == committed.read_text(), f"{committed} is stale: run `python -m dataplanes build`"
+
+
+class Mirrors:
+    def __init__(self):
+        self.frames: list[bytes] = []
+
+    def __call__(self, frame: bytes) -> None:
+        self.frames.append(frame)
+
+    def settle(self, driver: P4RuntimeDriver) -> None:
+        """Until every copy the switch counts as cloned has arrived as a PacketIn (bounded)."""
+        deadline = time.monotonic() + WAIT
+        while driver.switch_counters()[0]["cloned"] > len(self.frames) and time.monotonic() < deadline:
+            time.sleep(0.01)
+
+
+@pytest.fixture(scope="module")
+def switch():
+    ports = Ports(TAG, len(HOST_PORTS))
+    bmv2 = Bmv2Switch(TAG, ports.switch_ends)
+    driver = None
+    try:
+        bmv2.start()
+        driver = P4RuntimeDriver(Settings(switches=(bmv2.address,), ports=tuple(range(1, len(HOST_PORTS) + 1)),
+                                          trusted=(CONTROLLER[1],)), Pipeline())
+        mirrors = Mirrors()
+        servers = [Server(f"s{i}", ip, mac, port) for i, (mac, ip, port) in enumerate(SERVERS)]
+        driver.attach(servers, mirrors)
+        driver.set_forwarding([ForwardingEntry(mac, str(port)) for mac, port in HOST_PORTS.items()])
+        driver.renew_lease(3600)
+        yield driver, ports, mirrors
+    finally:
+        if driver is not None:
+            driver.close()
+        bmv2.stop()
+        ports.close()
+
+
+def wait_for_packets(driver: P4RuntimeDriver, count: int) -> None:
+    """Until the switch's ingress has counted `count` packets (bounded)."""
+    deadline = time.monotonic() + WAIT
+    while driver.switch_counters()[0]["packets"] < count and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert driver.switch_counters()[0]["packets"] >= count, "the switch did not take the frame"
+
+
+def load_state(driver: P4RuntimeDriver, case: Case) -> None:
+    for hot in case.hot:
+        driver.install_hot_key(hot.key, hot.home, [ReplicaWeight(s, w) for s, w in zip(REPLICAS, hot.weights)])
+        if not hot.dirty:
+            driver.clear_dirty(hot.key, driver.write_stamp(hot.key))
+    driver.renew_lease(3600 if case.lease else 0)
+
+
+def unsure_counts(driver: P4RuntimeDriver) -> list[int]:
+    client = driver.clients[0]
+    return [driver._count(client, "server_unsure", i) for i in range(len(SERVERS))]
+
+
+@on_bmv2
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
+def test_pipeline_fixture(switch, case):
+    driver, ports, mirrors = switch
+    load_state(driver, case)
+    key = case.hot[0].key
+    try:
+        in_port = HOST_PORTS[Ether(case.packet).src] if Ether(case.packet).src in HOST_PORTS else 1
+        packets = driver.switch_counters()[0]["packets"]
+        for frame in case.before:
+            ports.send(HOST_PORTS[Ether(frame).src], frame)
+        wait_for_packets(driver, packets + len(case.before))
+        time.sleep(0.05)
+        mirrors.settle(driver)
+        ports.drain()
+        before, unsure_before = driver.switch_counters()[0], unsure_counts(driver)
+        mirrored_before = driver.read_counters().keys[key].mirrored
+        copies_before = len(mirrors.frames)
+        ports.send(in_port, case.packet)
+        expected = case.out or case.packet
+        out_port = HOST_PORTS[Ether(expected).dst]
+        got = ports.receive(out_port)
+        assert got == expected, Ether(got).show(dump=True) if got else "nothing came out"
+        trusted = Ether(case.packet).src == CONTROLLER[0]
+        sent_to_controller = case.mirrored or (case.unsure is not None and not trusted)
+        if sent_to_controller:
+            deadline = time.monotonic() + WAIT
+            while len(mirrors.frames) == copies_before and time.monotonic() < deadline:
+                time.sleep(0.01)
+        after, unsure_after = driver.switch_counters()[0], unsure_counts(driver)
+        copied = after["cloned"] - before["cloned"]
+        if case.counters is not None:  # "cloned" apart: the eBPF runner has no controller port to clone to
+            moved = {k: after[k] - before[k] for k in after if after[k] != before[k] and k != "cloned"}
+            assert moved == case.counters
+        assert (after["mirrored"] - before["mirrored"],
+                driver.read_counters().keys[key].mirrored - mirrored_before) == ((1, 1) if case.mirrored else (0, 0))
+        copies = mirrors.frames[copies_before:]
+        assert (copied, len(copies)) == ((1, 1) if sent_to_controller else (0, 0))
+        if copies:
+            assert copies[0] == case.packet
+        assert driver.dirty(key) == (case.hot[0].dirty if case.dirty_after is None else case.dirty_after)
+        assert [a - b for a, b in zip(unsure_after, unsure_before)] == [
+            int(i == case.unsure) for i in range(len(SERVERS))]
+        counts = driver.read_counters().keys[key]
+        for position, n in case.gets.items():
+            assert counts.per_replica.get(REPLICAS[position], 0) == n
+    finally:
+        driver.renew_lease(3600)
+        for hot in case.hot:
+            driver.remove_hot_key(hot.key)

@@ -1,0 +1,139 @@
+"""The P4Runtime driver's messages against the committed P4Info, through an in-process P4Runtime server that checks
+them (tests/p4runtime_server.py): runs everywhere, CI included. Whether the program then does the right thing with
+those entries is for the bmv2 tests (tests/test_p4_program.py, the driver contract)."""
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from controller.driver import DriverError, ForwardingEntry, ReplicaWeight
+from controller.drivers.p4runtime import P4RuntimeDriver
+from dataplanes.p4 import Settings
+from dataplanes.p4.bmv2 import free_port
+from dataplanes.p4.pipeline import FLOOD_GROUP, MIRROR_SESSION, Pipeline
+from mbalancer.config import Server
+from tests.p4runtime_server import CheckingServer
+
+SERVERS = [Server(f"s{i}", f"10.0.0.{i + 1}", f"02:00:00:00:00:{i + 1:02x}", 11211 + (i == 2)) for i in range(4)]
+
+
+@pytest.fixture
+def server():
+    running = CheckingServer().start()
+    yield running
+    running.stop()
+
+
+@pytest.fixture
+def driver(server):
+    made = P4RuntimeDriver(Settings(switches=(server.address,), ports=(1, 2, 3), trusted=("10.0.0.254",)),
+                           Pipeline())
+    made.attach(SERVERS, lambda frame: None)
+    yield made
+    made.close()
+
+
+def entries(server: CheckingServer, table: str) -> list:
+    table_id = Pipeline().table(table).id
+    return [e for e in server.entries.values() if e.table_id == table_id]
+
+
+def params(entry) -> list[int]:
+    return [int.from_bytes(p.value, "big") for p in entry.action.action.params]
+
+
+def test_attach_pushes_the_pipeline_and_writes_servers_ports_and_sessions(server, driver):
+    assert server.cookie == Pipeline().cookie
+    assert sorted(tuple(params(e)) for e in entries(server, "servers")) == [
+        (0x020000000001 + i, (10 << 24) + i + 1, s.port) for i, s in enumerate(SERVERS)]
+    assert len(entries(server, "memcached_ports")) == len(entries(server, "reply_ports")) == 2  # 11211 and 11212
+    assert len(entries(server, "trusted_sources")) >= 1
+    assert set(server.pre) == {("clone_session_entry", MIRROR_SESSION), ("multicast_group_entry", FLOOD_GROUP)}
+    assert [r.egress_port for r in server.pre[("multicast_group_entry", FLOOD_GROUP)].multicast_group_entry.replicas] \
+        == [1, 2, 3]
+
+
+def test_a_hot_key_is_its_entry_and_one_range_per_weighted_replica(server, driver):
+    driver.install_hot_key(b"k" * 250, 1, [ReplicaWeight(1, 0.25), ReplicaWeight(2, 0.0), ReplicaWeight(3, 0.75)])
+    (hot,) = entries(server, "hot_keys")
+    assert [int.from_bytes(m.exact.value, "big") for m in hot.match] == [250, int.from_bytes(b"k" * 250, "big")]
+    ranges = sorted((int.from_bytes(e.match[1].range.low, "big"), int.from_bytes(e.match[1].range.high, "big"),
+                     params(e)[0]) for e in entries(server, "replicas"))
+    assert ranges == [(0, 16383, 1), (16384, 65535, 3)]  # the zero weight has no range: never chosen
+    assert entries(server, "synced") == []  # installed dirty
+    driver.clear_dirty(b"k" * 250, driver.write_stamp(b"k" * 250))
+    assert [params(e) for e in entries(server, "synced")] == [[0, 0]]
+    driver.set_weights(b"k" * 250, [ReplicaWeight(1, 1.0), ReplicaWeight(2, 0.0), ReplicaWeight(3, 0.0)])
+    assert [params(e)[0] for e in entries(server, "replicas")] == [1]
+    driver.set_dirty(b"k" * 250)
+    assert entries(server, "synced") == []
+    driver.remove_hot_key(b"k" * 250)
+    assert entries(server, "hot_keys") == entries(server, "replicas") == []
+
+
+def test_a_reused_slot_starts_its_counters_again(server, driver):
+    driver.install_hot_key(b"a", 0, [ReplicaWeight(0, 0.5), ReplicaWeight(1, 0.5)])
+    driver.remove_hot_key(b"a")
+    server.counter_writes.clear()
+    driver.install_hot_key(b"b", 0, [ReplicaWeight(0, 0.5), ReplicaWeight(1, 0.5)])
+    names = {c.preamble.id: c.preamble.name.split(".")[-1] for c in Pipeline().p4info.counters}
+    assert {names[c.counter_id] for c in server.counter_writes} == {"key_gets", "key_home_while_dirty",
+                                                                     "key_per_replica"}
+    assert all(c.data.packet_count == 0 for c in server.counter_writes)
+
+
+def test_the_lease_is_a_packet_out_the_switch_adds_to_its_clock(server, driver):
+    driver.renew_lease(2.5)
+    deadline = time.monotonic() + 5
+    while not server.packet_outs and time.monotonic() < deadline:
+        time.sleep(0.01)
+    metadata = Pipeline().packet_metadata["packet_out"]
+    values = {m.metadata_id: int.from_bytes(m.value, "big") for m in server.packet_outs[-1].metadata}
+    assert values == {metadata["op"][0]: 1, metadata["lease_us"][0]: 2_500_000}
+
+
+def test_forwarding_is_replaced_as_a_whole(server, driver):
+    driver.set_forwarding([ForwardingEntry("02:00:00:00:00:01", "1"), ForwardingEntry("02:00:00:00:00:02", "2")])
+    driver.set_forwarding([ForwardingEntry("02:00:00:00:00:02", "3")])
+    assert [params(e) for e in entries(server, "forward")] == [[3]]
+    with pytest.raises(DriverError, match="a bmv2 port is a number"):
+        driver.set_forwarding([ForwardingEntry("02:00:00:00:00:02", "eth0")])
+
+
+def test_refused_requests_change_nothing(server, driver):
+    for key in (b"", b"k" * 251):
+        with pytest.raises(DriverError, match="1 to 250"):
+            driver.install_hot_key(key, 0, [ReplicaWeight(0, 1.0)])
+    with pytest.raises(DriverError, match="not in the config"):
+        driver.install_hot_key(b"k", 0, [ReplicaWeight(9, 1.0)])
+    with pytest.raises(DriverError, match="replicas"):
+        driver.install_hot_key(b"k", 0, [ReplicaWeight(i % 4, 1 / 9) for i in range(9)])
+    assert entries(server, "hot_keys") == entries(server, "replicas") == []
+    driver.install_hot_key(b"k", 0, [ReplicaWeight(0, 1.0)])
+    with pytest.raises(DriverError, match="already installed"):
+        driver.install_hot_key(b"k", 0, [ReplicaWeight(0, 1.0)])
+    assert len(entries(server, "hot_keys")) == 1
+
+
+def test_a_new_driver_reports_the_keys_left_and_starts_the_switch_afresh(server, driver):
+    driver.install_hot_key(b"left", 2, [ReplicaWeight(2, 0.5), ReplicaWeight(3, 0.5)])
+    after = P4RuntimeDriver(Settings(switches=(server.address,)), Pipeline())
+    try:
+        left = after.attach(SERVERS, lambda frame: None)
+        assert [(k.key, k.home, k.servers) for k in left] == [(b"left", 2, (2, 3))]
+        assert entries(server, "hot_keys") == []
+    finally:
+        after.close()
+
+
+def test_an_unreachable_switch_is_one_clear_error():
+    closed = free_port()  # nothing listens there
+    made = P4RuntimeDriver(Settings(switches=(f"127.0.0.1:{closed}",), timeout=0.5), Pipeline())
+    with pytest.raises(DriverError, match=f"no P4Runtime server at 127.0.0.1:{closed}"):
+        made.attach(SERVERS, lambda frame: None)
+
+
+def test_no_switch_given_is_refused():
+    with pytest.raises(DriverError, match="no P4Runtime switch"):
+        P4RuntimeDriver(Settings(switches=()), Pipeline())
