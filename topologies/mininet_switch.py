@@ -14,7 +14,8 @@ experiment's stack, not by Mininet) as its controller at `controller`. Until the
 forwards L2, so the testbed can fill its servers first.
 
 P4Switch: bmv2's simple_switch_grpc on the switch's ports (port i + 1 on its i-th interface), P4Runtime on a free
-port of 127.0.0.1; the controller's P4Runtime driver pushes p4src/mbalancer.p4 and fills its tables. bmv2 does not
+port of 127.0.0.1, the program pushed at start so it forwards L2 at once; the controller's P4Runtime driver takes it
+over and fills its tables. bmv2 does not
 complete checksums the kernel left to the receiver, so the hosts' checksum offload is turned off.
 """
 from __future__ import annotations
@@ -136,11 +137,12 @@ class P4Switch(Switch):
             subprocess.run(["ip", "link", "set", intf.name, "up"], check=True)
             peer = peer_intf(intf)
             peer.node.cmd(f"ethtool -K {peer.name} tx off")
-        self.bmv2 = Bmv2Switch(self.name, [intf.name for intf in intfs]).start()
+        self.bmv2 = Bmv2Switch(self.name, [intf.name for intf in intfs]).start().bootstrap()
 
     def reload(self) -> None:
-        """An empty switch on the same ports and address (the driver pushes the pipeline again)."""
+        """An empty switch on the same ports and address, forwarding L2 until the driver takes over again."""
         self.bmv2.restart()
+        self.bmv2.bootstrap()
 
     def stop(self, deleteIntfs: bool = True) -> None:
         if self.bmv2 is not None:

@@ -127,11 +127,12 @@ class Bmv2Ports:
         from dataplanes.p4.bmv2 import Bmv2Switch, no_checksum_offload
         for netns, iface in wire_ends:
             no_checksum_offload(iface, netns)
-        self.bmv2 = Bmv2Switch(self.tag, ports).start()
+        self.bmv2 = Bmv2Switch(self.tag, ports).start().bootstrap()  # forwards L2 before a controller attaches
 
     def reload(self) -> None:
-        """Restart the switch: it comes back empty, as after a crash."""
+        """Restart the switch: it comes back empty, as after a crash (then forwards L2 again)."""
         self.bmv2.restart()
+        self.bmv2.bootstrap()
 
     def close(self) -> None:
         if self.bmv2 is not None:

@@ -68,6 +68,23 @@ class Bmv2Switch:
         self.stop()
         raise P4Error(f"{SWITCH} {self.name}: no P4Runtime server at {self.address} within {START_TIMEOUT:g} s")
 
+    def bootstrap(self) -> "Bmv2Switch":
+        """Push p4src/mbalancer.p4 and its flood group, so the switch forwards L2 (learned, flooded) before a
+        controller attaches (Open vSwitch's bootstrap NORMAL rule, the same idea); the controller's driver finds
+        this pipeline and takes over."""
+        from dataplanes.p4 import entries as e
+        from dataplanes.p4.client import P4RuntimeClient
+        from dataplanes.p4.pipeline import Pipeline
+        pipeline = Pipeline()
+        client = P4RuntimeClient(self.address, self.device_id)
+        client.connect()
+        try:
+            client.set_pipeline(pipeline)
+            client.write([e.update(e.INSERT, e.flood_group(self.port_numbers))], "the flood group")
+        finally:
+            client.close()
+        return self
+
     def stop(self) -> None:
         if self.process is not None:
             stop_process(self.process)
