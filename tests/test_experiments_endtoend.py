@@ -209,12 +209,13 @@ def test_a_delay_that_cannot_apply_is_refused():
 
 # --- the whole loop -------------------------------------------------------------------------------------------
 @needs_testbed
-@pytest.mark.parametrize("dataplane", ["ebpf", "openflow"])
+@pytest.mark.parametrize("dataplane", ["ebpf", "openflow", "p4"])
 def test_demo_end_to_end(run_cli, tmp_path, dataplane):
     """Two servers at IF 0.7, 64 clients: MBalancer installs the hot keys, copies them, the switch spreads them;
     throughput rises by about 1.0 / 0.7 (weighted weights) and the measured normalised throughput tracks the model's
     IF, wherever the servers were what limited the runs (the experiment says what did otherwise). On the eBPF
-    switch with the core in this process; on Open vSwitch with the core inside ryu-manager (the Ryu app)."""
+    switch with the core in this process; on Open vSwitch with the core inside ryu-manager (the Ryu app); on bmv2
+    over P4Runtime, at the rates the experiment scales to for it (experiments/endtoend/spec.py on_dataplane)."""
     if (why := registry.get(dataplane).available()) is not None:
         pytest.skip(f"the {dataplane} data plane cannot run here: {why}")
     result = run_cli("experiment", "demo", "--out", str(tmp_path), "--warmup", "3", "--measure", "3",
@@ -237,7 +238,10 @@ def test_demo_end_to_end(run_cli, tmp_path, dataplane):
             limited = capacity if capacity["limit"] != "servers" else figures
             assert f"limited by {limited['limit']}, not by its servers" in result.stderr, name
     run = next(r for r in summary["runs"] if r["mode"] == "mbalancer")
-    assert run["hot_keys"] >= 8 and run["bytes_copied"] >= 8 * 10_000 and run["timeouts"] == 0
+    # on bmv2 the run is ~1/6 of the rate: the tenth hottest key gets a few gets/s and the monitor finds 6-10 of the
+    # ten within the short warm-up (measured: 6 once in 6 runs, 8-10 otherwise), enough for the balance asserted above
+    least = 5 if dataplane == "p4" else 8
+    assert run["hot_keys"] >= least and run["bytes_copied"] >= least * 10_000 and run["timeouts"] == 0
     assert run["misses"] == 0  # every balanced get found its copy
     state = json.loads((tmp_path / "skewed_0.7" / "mbalancer-weighted" / "state.json").read_text())
     assert state["counters"]["data_plane"]["keys"]  # the switch counted gets for the hot keys
@@ -246,6 +250,7 @@ def test_demo_end_to_end(run_cli, tmp_path, dataplane):
     assert not (PIN_ROOT / "sw1").exists() and not (CLASSIFIER.pin_root / "sw1").exists()
     assert not (RUN_ROOT / "sw1").exists()  # the private Open vSwitch went with the testbed, its bridge's tap too
     assert "sw1-" not in subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout
+    assert "sw1" not in subprocess.run(["pgrep", "-a", "simple_switch"], capture_output=True, text=True).stdout
 
 
 @needs_testbed

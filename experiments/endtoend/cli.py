@@ -20,7 +20,7 @@ from typing import Callable
 
 from experiments.endtoend.plot import plot_all
 from experiments.endtoend.report import demo_line, format_runs
-from experiments.endtoend.spec import AUTO_TARGET, PRESETS, SWEEP_FIGURES, ExperimentSpec
+from experiments.endtoend.spec import AUTO_TARGET, PRESETS, SWEEP_FIGURES, ExperimentSpec, on_dataplane
 from experiments.endtoend.sweep import load_summary, run_sweep, spec_dict
 from mbalancer.config import REPLICA_MODES, Balancing, config_option
 from mbalancer.outputs import output_problem
@@ -125,9 +125,9 @@ def _spec(args: argparse.Namespace, fail: Fail) -> ExperimentSpec:
         changes["warmup"] = args.warmup
     if args.measure is not None:
         changes["measure"] = args.measure
-    if args.dataplane is not None:
-        changes["testbed"] = replace(spec.testbed, dataplane=args.dataplane)
     spec = replace(spec, **changes)
+    if args.dataplane is not None:
+        spec = on_dataplane(spec, args.dataplane)
     try:
         spec.check()
     except ValueError as err:
