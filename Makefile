@@ -65,6 +65,7 @@ bench: install
 	$(PY) experiments/benchmarks/bench_ebpf_program.py
 	$(PY) experiments/benchmarks/bench_dataplane_sketch.py
 	$(PY) experiments/benchmarks/bench_ebpf_switch.py --openflow
+	$(PY) experiments/benchmarks/bench_p4_switch.py
 
 clean:
 	rm -rf $(VENV) $(OUT) build dataplanes/*/build *.egg-info .pytest_cache

@@ -75,6 +75,25 @@ def test_ebpf_switch_benchmark_prints_rates_side_by_side():
     assert sketch["sketch_gets"] > 0 and sketch["sketch_recall"] == 1 and sketch["sketch_share_error"] < 0.05
 
 
+def test_p4_switch_benchmark_prints_both_programs_and_the_change_latency():
+    import os
+
+    import pytest
+
+    from dataplanes.p4.pipeline import available
+    why_not = available() if os.geteuid() == 0 else "needs root"
+    if why_not:
+        pytest.skip(f"P4 data plane cannot run here: {why_not}")
+    report = run_benchmark("bench_p4_switch.py", "--seconds", "0.3", "--repeats", "1", "--changes", "2",
+                           "--target-ms", "60000", timeout=300)
+    rows = {(r["program"], r["traffic"]): r for r in report["rows"]}
+    assert set(rows) == {(p, t) for p in ("mbalancer.p4", "l2_forward.p4") for t in ("cold", "hot", "mixed")}
+    assert all(r["pps"] > 0 for r in rows.values())
+    # the L2 program sends every hot get home (s1); MBalancer's spreads them 50/50 by request id
+    assert rows[("l2_forward.p4", "hot")]["share_s2"] < 0.01 and 0.4 <= rows[("mbalancer.p4", "hot")]["share_s2"] <= 0.6
+    assert {r["driver"] for r in report["hot_set_change"]} == {"p4runtime", "ebpf"}
+
+
 def test_ebpf_program_benchmark_prints_every_path():
     skip_without_ebpf()
     report = run_benchmark("bench_ebpf_program.py", "--runs", "20", "--lengths", "16,250")

@@ -6,11 +6,13 @@ Forwarding: the namespace network with the p4 data plane (simple_switch_grpc on 
 sinks, traffic kinds (cold, hot: one hot key 50/50 over two servers, mixed: Zipf 0.99 over 10,000 keys with the
 10 hottest hot) and windows are those of bench_ebpf_switch.py. bmv2 is a software switch that interprets the
 program per packet: these are its own limits at full offered load (no target, the ratio is the figure).
-Hot-set change: H keys leave and H new ones come (remove, install, weights, stamp and clear: the driver calls the
-core makes once the copies are warm), timed per change, --changes times, for each driver.
+Hot-set change: H keys leave and H new ones come (remove, install, stamp and clear: the driver calls the core makes
+once the copies are warm), timed per change, --changes times, for each driver; target: every change through
+P4Runtime within --target-ms (1 s, the eBPF driver's target).
 Needs root, simple_switch_grpc and trafgen (netsniff-ng).
-    python experiments/benchmarks/bench_p4_switch.py [--seconds 2] [--repeats 3] [--hot 10] [--changes 10] [--out DIR]
-Prints a table and one JSON line (and with --out, p4_switch.csv).
+    python experiments/benchmarks/bench_p4_switch.py [--seconds 2] [--repeats 3] [--hot 10] [--changes 10]
+        [--target-ms 1000] [--out DIR]
+Prints a table and one JSON line (and with --out, p4_switch.csv); exit 1 if a change took longer than the target.
 """
 from __future__ import annotations
 
@@ -130,13 +132,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cpus", type=int, default=1, help="trafgen processes (default 1: bmv2 needs the rest)")
     parser.add_argument("--hot", type=int, default=10, help="hot keys per change (default 10)")
     parser.add_argument("--changes", type=int, default=10, help="hot-set changes timed per driver (default 10)")
+    parser.add_argument("--target-ms", type=float, default=1000.0,
+                        help="longest hot-set change through P4Runtime allowed (default 1000)")
     parser.add_argument("--out", type=Path, help="also write p4_switch.csv here")
     args = parser.parse_args(argv)
     if not 0.1 <= args.seconds <= 60 or not 1 <= args.repeats <= 20 or not 1 <= args.cpus <= 64 \
             or not 1 <= args.hot <= 1000 or not 1 <= args.changes <= 1000:
         parser.error("--seconds 0.1-60, --repeats 1-20, --cpus 1-64, --hot 1-1000, --changes 1-1000")
-    if os.geteuid() != 0 or (why := available()) is not None:
-        parser.error(f"needs root and bmv2: {why or 'not root'}")
+    if os.geteuid() != 0:
+        parser.error("needs root (namespaces, veths)")
+    if (why := available()) is not None:  # `make bench` goes on without it, saying so
+        print(f"bench_p4_switch: skipped: the P4 data plane cannot run here: {why}", file=sys.stderr)
+        print(json.dumps({"met": True, "skipped": why}))
+        return 0
     with tempfile.TemporaryDirectory() as tmp:
         sink = compile_bpf(SINK_SOURCE, Path(tmp) / "sink.bpf.o", "the benchmark's sink")
         rows = forwarding(args, sink, Path(tmp))
@@ -156,8 +164,9 @@ def main(argv: list[str] | None = None) -> int:
             writer = csv.DictWriter(out, fieldnames=sorted({k for r in rows for k in r}))
             writer.writeheader()
             writer.writerows(rows)
-    print(json.dumps({"rows": rows, "hot_set_change": latency}))
-    return 0
+    met = all(r["change_ms_max"] <= args.target_ms for r in latency if r["driver"] == "p4runtime")
+    print(json.dumps({"met": met, "target_ms": args.target_ms, "rows": rows, "hot_set_change": latency}))
+    return 0 if met else 1
 
 
 if __name__ == "__main__":
