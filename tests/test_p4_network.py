@@ -15,7 +15,7 @@ from mbalancer.memcache.addresses import ServerAddress
 from mbalancer.memcache.client import tcp_client
 from tests.conftest import eventually, memcached_answers
 from tests.test_ebpf_network import (  # noqa: F401  (collected here: pytest runs them with the fixtures below)
-    config_of, test_a_set_is_mirrored_and_gets_go_home_until_the_copies_are_fresh,
+    client_gets, config_of, hits, make_hot, test_a_set_is_mirrored_and_gets_go_home_until_the_copies_are_fresh,
     test_cold_keys_and_multi_gets_reach_their_home, test_hot_gets_are_spread_by_weight_and_answered_from_the_home_address,
     test_malformed_requests_and_long_keys_reach_the_server_untouched, test_the_dirty_bit_sends_gets_home)
 from topologies.netns import NamespaceNetwork
@@ -41,3 +41,19 @@ def core(network):
     core.stop()  # the next core's driver finds what this one left and removes it
     for host in network.server_hosts:
         tcp_client(ServerAddress(host.ip)).flush_all()
+
+
+def test_a_restarted_switch_gets_its_pipeline_and_hot_keys_back(network, core):
+    """bmv2 killed and started again (empty): the driver reconnects, pushes the pipeline, the core installs its hot
+    keys again, and gets are balanced again, without a controller restart."""
+    home = make_hot(core, b"hot:5", b"v5")
+    network.switch.reload()
+    assert eventually(lambda: core.driver.reconnects >= 1, timeout=10), "the driver did not reconnect"
+
+    def balanced() -> bool:
+        before = hits(network)
+        client_gets(network, network.server_hosts[home].ip, b"hot:5", 90)
+        return min(a - b for a, b in zip(hits(network), before)) > 10
+
+    assert eventually(balanced, timeout=20), core.state()["decisions"][-3:]
+    assert b"hot:5" in core.driver.slots

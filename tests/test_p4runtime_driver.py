@@ -137,3 +137,32 @@ def test_an_unreachable_switch_is_one_clear_error():
 def test_no_switch_given_is_refused():
     with pytest.raises(DriverError, match="no P4Runtime switch"):
         P4RuntimeDriver(Settings(switches=()), Pipeline())
+
+
+CONFIG = '[[servers]]\nname = "a"\nip = "127.0.0.1"\nmac = "02:00:00:00:00:01"\n'
+
+
+def test_the_controller_command_drives_p4runtime_switches_named_on_its_command_line(run_cli, tmp_path, server):
+    config = tmp_path / "c.toml"
+    config.write_text(CONFIG + f'[controller]\nlisten = "127.0.0.1:{free_port()}"\n')
+    result = run_cli("controller", "--config", str(config), "--driver", "p4runtime", "--switch", server.address,
+                     "--duration", "1")
+    assert result.returncode == 0, result.stderr
+    assert "driver p4" in result.stderr and server.cookie == Pipeline().cookie  # it pushed the pipeline there
+
+
+@pytest.mark.parametrize("extra, args, message", [
+    ('[dataplane.p4]\ntimeout = 0.5\n', ["--driver", "p4", "--switch", "127.0.0.1:{closed}"],
+     "no P4Runtime server at 127.0.0.1:{closed}"),
+    ('[dataplane.p4]\nswitches = "127.0.0.1:1"\n', ["--driver", "p4"], "dataplane.p4.switches: expected a list"),
+    ("", ["--driver", "none", "--switch", "x"], "--switch: the none data plane takes no switches"),
+    ("", ["--driver", "p4", "--switch", ","], "--switch: give at least one switch"),
+])
+def test_bad_p4_settings_are_one_line_errors(run_cli, tmp_path, extra, args, message):
+    closed = free_port()
+    config = tmp_path / "c.toml"
+    config.write_text(CONFIG + f'[controller]\nlisten = "127.0.0.1:{free_port()}"\n' + extra)
+    result = run_cli("controller", "--config", str(config), *[a.format(closed=closed) for a in args],
+                     "--duration", "1")
+    assert result.returncode == 2 and message.format(closed=closed) in result.stderr, result.stderr
+    assert "Traceback" not in result.stderr

@@ -8,6 +8,7 @@ checksums to the receiver, which bmv2 is not).
 """
 from __future__ import annotations
 
+import logging
 import socket
 import subprocess
 import time
@@ -17,6 +18,7 @@ from typing import Sequence
 from dataplanes.p4.pipeline import SWITCH, P4Error
 from mbalancer.processes import stop_process
 
+log = logging.getLogger(__name__)
 RUN_DIR = Path("/run/mbalancer/bmv2")
 START_TIMEOUT = 15.0  # seconds for the P4Runtime server to accept connections
 
@@ -71,16 +73,19 @@ class Bmv2Switch:
     def bootstrap(self) -> "Bmv2Switch":
         """Push p4src/mbalancer.p4 and its flood group, so the switch forwards L2 (learned, flooded) before a
         controller attaches (Open vSwitch's bootstrap NORMAL rule, the same idea); the controller's driver finds
-        this pipeline and takes over."""
+        this pipeline and takes over. It arbitrates with the lowest election id: a controller that is (or becomes)
+        primary meanwhile wins, and the bootstrap gives way."""
         from dataplanes.p4 import entries as e
-        from dataplanes.p4.client import P4RuntimeClient
+        from dataplanes.p4.client import P4RuntimeClient, P4RuntimeError
         from dataplanes.p4.pipeline import Pipeline
         pipeline = Pipeline()
-        client = P4RuntimeClient(self.address, self.device_id)
-        client.connect()
+        client = P4RuntimeClient(self.address, self.device_id, election_id=1)
         try:
+            client.connect()
             client.set_pipeline(pipeline)
             client.write([e.update(e.INSERT, e.flood_group(self.port_numbers))], "the flood group")
+        except P4RuntimeError as err:  # a controller is primary: it programs the switch
+            log.info("%s: bootstrap left to the controller (%s)", self.name, err)
         finally:
             client.close()
         return self
