@@ -147,3 +147,18 @@ def test_pipeline_fixture(switch, case):
         driver.renew_lease(3600)
         for hot in case.hot:
             driver.remove_hot_key(hot.key)
+
+
+@on_bmv2
+def test_a_switch_a_killed_run_left_is_stopped_by_the_next_claim():
+    from topologies.claim import Made
+    left = Bmv2Switch(f"{TAG}k", []).start()
+    process, left.process = left.process, None  # as if the run that started it was killed: nobody will stop it
+    try:
+        assert Made(switches=[f"{TAG}k"]).remove() == [f"bmv2 {TAG}k"]
+        process.wait(timeout=10)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    assert Made(switches=[f"{TAG}k"]).remove() == []

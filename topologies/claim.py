@@ -31,12 +31,14 @@ class Made:
     """What a network makes in the root namespace (all of it goes when it closes)."""
     interfaces: list[str] = field(default_factory=list)
     namespaces: list[str] = field(default_factory=list)
-    # switches: pins (eBPF switch or OpenFlow key classifier), mirror links and private Open vSwitch named after them
+    # switches: pins (eBPF switch or OpenFlow key classifier), mirror links, private Open vSwitch and bmv2 process
+    # named after them
     switches: list[str] = field(default_factory=list)
 
     def remove(self) -> list[str]:
         """Delete whatever of it still exists; the names of what was there."""
         from dataplanes.openflow.ovs import remove_left_over
+        from dataplanes.p4.bmv2 import remove_left_over as remove_bmv2
         removed = []
         for switch in self.switches:
             for pins in (PIN_ROOT / switch, CLASSIFIER.pin_root / switch):
@@ -45,6 +47,8 @@ class Made:
                     removed.append(f"pins {pins}")
             if remove_left_over(switch):
                 removed.append(f"Open vSwitch {switch}")
+            if remove_bmv2(switch):
+                removed.append(f"bmv2 {switch}")
         for iface in self.interfaces + [end for s in self.switches for end in mirror_link_of(s)]:
             if Path("/sys/class/net", iface).exists():
                 subprocess.run(["ip", "link", "del", iface], capture_output=True)

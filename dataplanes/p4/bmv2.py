@@ -9,6 +9,8 @@ checksums to the receiver, which bmv2 is not).
 from __future__ import annotations
 
 import logging
+import os
+import signal
 import socket
 import subprocess
 import time
@@ -56,6 +58,7 @@ class Bmv2Switch:
             self.process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         except FileNotFoundError:
             raise P4Error(f"{SWITCH} is not on PATH (README, 'P4 on bmv2')") from None
+        pidfile(self.name).write_text(f"{self.process.pid}\n")  # a killed run's switch is stopped by the next
         deadline = time.monotonic() + START_TIMEOUT
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
@@ -94,11 +97,32 @@ class Bmv2Switch:
         if self.process is not None:
             stop_process(self.process)
             self.process = None
+        pidfile(self.name).unlink(missing_ok=True)
 
     def restart(self) -> None:
         """Stop and start again on the same address: the switch comes back empty, as after a crash."""
         self.stop()
         self.start()
+
+
+def pidfile(name: str) -> Path:
+    return RUN_DIR / f"{name}.pid"
+
+
+def remove_left_over(name: str) -> bool:
+    """Stop the simple_switch_grpc a killed run left (by the PID in its pidfile, if that is still the switch);
+    True if there was one."""
+    path = pidfile(name)
+    if not path.exists():
+        return False
+    try:
+        pid = int(path.read_text().strip())
+        if Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0].endswith(SWITCH.encode()):
+            os.kill(pid, signal.SIGKILL)
+    except (OSError, ValueError):
+        pass
+    path.unlink(missing_ok=True)
+    return True
 
 
 def no_checksum_offload(iface: str, netns: str | None = None) -> None:
