@@ -97,22 +97,22 @@ class P4RuntimeDriver(Driver):
                 raise DriverError(f"key of {len(key)} bytes: the P4 data plane takes 1 to {MAX_KEY}")
             if not self.free_slots:
                 raise DriverError(f"all {MAX_HOT} hot-key slots are in use")
-            servers = self._check_replicas(replicas)
+            servers, ranges = self._check_replicas(replicas), self._ranges(replicas)
             slot = self.free_slots.pop()
             try:
                 # the slot's write count before this key (the twin of a register nobody can reset); the other
                 # counters of the slot start again from 0
                 bases = tuple(self._count(c, "key_mirrored", slot) for c in self.clients)
                 self._write_all(self._counter_resets(slot), f"reset the counters of slot {slot}")
-                self._write_all([*self._replica_updates(key, slot, (), servers, replicas),
+                self._write_all([*self._range_updates(slot, (), ranges, servers),
                                  e.update(e.INSERT, self._hot_entry(key, slot, home))], f"install {key!r}")
             except (DriverError, P4Error) as err:
-                self._write_all(self._delete_updates(key, slot), f"undo {key!r}", quiet=True)
-                self.ranges.pop(key, None)
+                self._write_all([*self._delete_updates(key, slot), *self._range_updates(slot, ranges, (), servers)],
+                                f"undo {key!r}", quiet=True)
                 self.free_slots.append(slot)
                 raise DriverError(str(err)) from None
             self.slots[key], self.homes[key], self.key_servers[key] = slot, home, servers
-            self.write_bases[key] = bases
+            self.write_bases[key], self.ranges[key] = bases, ranges
 
     def set_weights(self, key: bytes, replicas: Sequence[ReplicaWeight]) -> None:
         with self._lock:
@@ -121,8 +121,13 @@ class P4RuntimeDriver(Driver):
             if servers != self.key_servers[key]:
                 raise DriverError(f"weights of {key!r}: the replica set changed ({servers} vs "
                                   f"{self.key_servers[key]})")
-            old = self.ranges[key]
-            self._write_all(self._replica_updates(key, slot, old, servers, replicas), f"weights of {key!r}")
+            old, new = self.ranges[key], self._ranges(replicas)
+            try:
+                self._write_all(self._range_updates(slot, old, new, servers), f"weights of {key!r}")
+            except DriverError:  # bmv2 applies a batch update by update: put back what was there
+                self._write_all(self._range_updates(slot, new, old, servers), f"restore {key!r}", quiet=True)
+                raise
+            self.ranges[key] = new
 
     def remove_hot_key(self, key: bytes) -> None:
         with self._lock:
@@ -285,24 +290,24 @@ class P4RuntimeDriver(Driver):
                 log.debug("nothing to remove: %s", err)
 
     def _leftovers(self, client: P4RuntimeClient) -> list[LeftoverKey]:
-        found = []
-        homes: dict[int, int] = {}
-        keys: dict[int, bytes] = {}
-        length_id, key_id = (self.pipeline.table("hot_keys").fields[n][0] for n in ("meta.key_len", "meta.key"))
+        """The hot keys in the switch's tables (a previous controller's), with the servers of their ranges."""
+        fields = self.pipeline.table("hot_keys").fields
+        hot = self.pipeline.action("hot").params
+        keys: dict[int, tuple[bytes, int]] = {}  # slot -> key, home
         for entity in client.read([e.table_entry(self.pipeline, "hot_keys", {})], "the hot keys left"):
-            entry = entity.table_entry
-            match = {m.field_id: int.from_bytes(m.exact.value, "big") for m in entry.match}
-            params = [int.from_bytes(p.value, "big") for p in entry.action.action.params]  # slot, home
-            keys[params[0]] = match[key_id].to_bytes(match[length_id], "big")
-            homes[params[0]] = params[1]
+            match = {m.field_id: int.from_bytes(m.exact.value, "big") for m in entity.table_entry.match}
+            params = {p.param_id: int.from_bytes(p.value, "big") for p in entity.table_entry.action.action.params}
+            key = match[fields["meta.key"][0]].to_bytes(match[fields["meta.key_len"][0]], "big")
+            keys[params[hot["slot"][0]]] = (key, params[hot["home"][0]])
+        slot_id = self.pipeline.table("replicas").fields["meta.slot"][0]
+        server_id = self.pipeline.action("to_replica").params["server"][0]
         servers: dict[int, set[int]] = {}
         for entity in client.read([e.table_entry(self.pipeline, "replicas", {})], "the replicas left"):
-            entry = entity.table_entry
-            slot = int.from_bytes(entry.match[0].exact.value, "big")
-            servers.setdefault(slot, set()).add(int.from_bytes(entry.action.action.params[0].value, "big"))
-        for slot, key in keys.items():
-            found.append(LeftoverKey(key, homes[slot], tuple(sorted(servers.get(slot, set()) | {homes[slot]}))))
-        return found
+            match = {m.field_id: m for m in entity.table_entry.match}
+            params = {p.param_id: int.from_bytes(p.value, "big") for p in entity.table_entry.action.action.params}
+            servers.setdefault(int.from_bytes(match[slot_id].exact.value, "big"), set()).add(params[server_id])
+        return [LeftoverKey(key, home, tuple(sorted(servers.get(slot, set()) | {home})))
+                for slot, (key, home) in keys.items()]
 
     def _mark_down(self, index: int) -> None:
         with self._lock:
@@ -382,19 +387,22 @@ class P4RuntimeDriver(Driver):
         return e.table_entry(self.pipeline, "hot_keys", {"meta.key_len": len(key), "meta.key": e.key_value(key)},
                              "hot", {"slot": slot, "home": home})
 
-    def _replica_updates(self, key: bytes, slot: int, old: Sequence[tuple[int, int, int]], servers: Sequence[int],
-                         replicas: Sequence[ReplicaWeight]) -> list:
-        """The key's replica ranges from `old` to the weights of `replicas`: old ranges deleted first (a point
-        between ranges goes home, never to a replica that lost its weight)."""
+    @staticmethod
+    def _ranges(replicas: Sequence[ReplicaWeight]) -> tuple[tuple[int, int, int], ...]:
+        """(low, high, position) of the 16-bit request hash per replica, as wide as its weight; none for weight 0."""
         ranges, low = [], 0
         for position, high in enumerate(cumulative_weights([r.weight for r in replicas])):
             if high > low:
                 ranges.append((low, high - 1, position))
             low = max(low, high)
+        return tuple(ranges)
+
+    def _range_updates(self, slot: int, old: Sequence[tuple[int, int, int]], new: Sequence[tuple[int, int, int]],
+                       servers: Sequence[int]) -> list:
+        """From the `old` ranges to the `new`: old ones deleted first (a point between ranges goes home, never to a
+        replica that lost its weight)."""
         updates = [e.update(e.DELETE, self._range_entry(slot, lo, hi)) for lo, hi, _ in old]
-        updates += [e.update(e.INSERT, self._range_entry(slot, lo, hi, servers[p], p)) for lo, hi, p in ranges]
-        self.ranges[key] = tuple(ranges)
-        return updates
+        return updates + [e.update(e.INSERT, self._range_entry(slot, lo, hi, servers[p], p)) for lo, hi, p in new]
 
     def _range_entry(self, slot: int, low: int, high: int, server: int | None = None, position: int = 0):
         if server is None:

@@ -17,7 +17,6 @@ Prints a table and one JSON line; with --out, also sketch.csv. Exit 1 if a targe
 from __future__ import annotations
 
 import argparse
-import csv
 import json
 import os
 import sys
@@ -30,6 +29,7 @@ import numpy as np
 from dataplanes.ebpf.bpf_syscall import obj_get, prog_test_run
 from dataplanes.ebpf.program import DataPlane, available
 from dataplanes.ebpf.tables import Tables
+from experiments.benchmarks.rows import write_csv
 from experiments.workload.trace import udp_frame, zipf_trace
 from monitor.dataplane import SketchReader, overstatement
 
@@ -115,11 +115,7 @@ def main() -> int:
               f"{r['ns_on'] - r['ns_off']:>+7.0f}")
     met = all(r["recall"] >= 0.99 and r["rate_error"] <= 0.05 for r in rows)
     if args.out:
-        args.out.mkdir(parents=True, exist_ok=True)
-        with open(args.out / "sketch.csv", "w", newline="") as out:
-            writer = csv.DictWriter(out, fieldnames=list(rows[0]))
-            writer.writeheader()
-            writer.writerows(rows)
+        write_csv(args.out, "sketch.csv", rows, list(rows[0]))
     print(json.dumps({"met": met, "rows": rows}))
     return 0 if met else 1
 

@@ -19,7 +19,6 @@ Prints a table and one JSON line (and with --out, switch.csv); exit 1 if a ratio
 from __future__ import annotations
 
 import argparse
-import csv
 import json
 import os
 import statistics
@@ -35,6 +34,7 @@ from scapy.all import IP, UDP, Ether, Raw
 from controller.driver import ReplicaWeight
 from dataplanes.ebpf.program import compile_bpf
 from dataplanes.ebpf.tables import Tables
+from experiments.benchmarks.rows import write_csv
 from experiments.endtoend.measure import cpu_times
 from experiments.workload.trace import write_pcap, write_trafgen, zipf_trace
 from mbalancer.config import Server
@@ -317,11 +317,7 @@ def main(argv: list[str] | None = None) -> int:
           f"{sketch['sketch_recall']:.2f}, shares within {100 * sketch['sketch_share_error']:.1f}% of what was sent")
     met = all(r["ratio"] >= args.target for r in rows if r["ratio"] is not None and r["dataplane"] == "ebpf")
     if args.out:
-        args.out.mkdir(parents=True, exist_ok=True)
-        with open(args.out / "switch.csv", "w", newline="") as out:
-            writer = csv.DictWriter(out, fieldnames=sorted({k for r in rows for k in r}))
-            writer.writeheader()
-            writer.writerows(rows)
+        write_csv(args.out, "switch.csv", rows)
     print(json.dumps({"met": met, "target": args.target, "sender": args.sender, "rows": rows}))
     return 0 if met else 1
 

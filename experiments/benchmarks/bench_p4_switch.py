@@ -17,7 +17,6 @@ Prints a table and one JSON line (and with --out, p4_switch.csv); exit 1 if a ch
 from __future__ import annotations
 
 import argparse
-import csv
 import json
 import os
 import statistics
@@ -34,6 +33,7 @@ from dataplanes.p4.client import P4RuntimeClient
 from dataplanes.p4.pipeline import BASELINE, Pipeline, available, outputs
 from experiments.benchmarks.bench_ebpf_switch import (SINK_SOURCE, TRAFFIC, attach_sinks, counter, install_hot_keys,
                                                        median_of, sender_command, traffic_frames, window, write_frames)
+from experiments.benchmarks.rows import write_csv
 from mbalancer.config import Server
 from mbalancer.progress import end_progress, stderr_progress
 from topologies.netns import NamespaceNetwork
@@ -159,11 +159,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"hot-set change of {r['hot']} keys through {r['driver']}: median {r['change_ms_median']:.1f} ms, "
               f"max {r['change_ms_max']:.1f} ms")
     if args.out:
-        args.out.mkdir(parents=True, exist_ok=True)
-        with open(args.out / "p4_switch.csv", "w", newline="") as out:
-            writer = csv.DictWriter(out, fieldnames=sorted({k for r in rows for k in r}))
-            writer.writeheader()
-            writer.writerows(rows)
+        write_csv(args.out, "p4_switch.csv", rows)
     met = all(r["change_ms_max"] <= args.target_ms for r in latency if r["driver"] == "p4runtime")
     print(json.dumps({"met": met, "target_ms": args.target_ms, "rows": rows, "hot_set_change": latency}))
     return 0 if met else 1
