@@ -6,7 +6,8 @@
 A thin shim (faucet's way): the core decides and the driver builds the messages; this app only carries them.
 - The config's [dataplane] kind picks the driver: `openflow` drives the switches that connect to this ryu-manager
   (controller/drivers/openflow.py, through RyuChannel below); any other kind (ebpf, none) is made by the registry
-  as `mbalancer controller` makes it, so one controller can run eBPF switches from inside Ryu too.
+  as `mbalancer controller` makes it, so one controller can run eBPF switches from inside Ryu too. A kind whose
+  driver cannot run under eventlet (p4: gRPC) is refused with the registry's reason.
 - Monitor reports in and the JSON state out through Ryu's own WSGI server, with the same endpoints, JSON and
   errors as `mbalancer controller` (controller/http_api.py: respond), at the config's controller.listen.
 - Decisions go to Ryu's log (the core logs them; ryu-manager's logging prints them).
@@ -39,6 +40,7 @@ from controller.driver import DriverError  # noqa: E402
 from controller.drivers import make_driver  # noqa: E402
 from controller.drivers.openflow import OpenflowDriver  # noqa: E402
 from controller.http_api import ENDPOINTS, encode, respond  # noqa: E402
+from dataplanes import registry  # noqa: E402
 from dataplanes.openflow import Settings as OpenflowSettings  # noqa: E402
 from mbalancer.config import ConfigError, load_config  # noqa: E402
 from mbalancer.memcache.hashing import TableHash  # noqa: E402
@@ -129,6 +131,8 @@ class MBalancerApp(app_manager.RyuApp):
 
     def _make_driver(self):
         dataplane = self.config.dataplane
+        if (why_not := registry.get(dataplane.kind).not_in_ryu) is not None:
+            raise SystemExit(f"mbalancer: data plane {dataplane.kind} cannot run inside ryu-manager: {why_not}")
         try:
             if dataplane.kind == "openflow":
                 return OpenflowDriver(dataplane.settings or OpenflowSettings(), self.channel)

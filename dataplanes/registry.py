@@ -31,6 +31,7 @@ class DataPlaneKind:
     build: str | None = None  # run by `make install` (python -m dataplanes build)
     check: str | None = None  # () -> None if it can run on this machine, else why not
     missing: str | None = None  # not landed: why the name is refused
+    not_in_ryu: str | None = None  # why its driver cannot run inside ryu-manager (None: it can)
 
     def available(self) -> str | None:
         """None if this kind can run here, else why not."""
@@ -87,7 +88,10 @@ KINDS: dict[str, DataPlaneKind] = {kind.name: kind for kind in (
         "p4", "P4 (p4src/mbalancer.p4) on bmv2's simple_switch_grpc, driven through P4Runtime",
         settings="dataplanes.p4:Settings", driver="controller.drivers.p4runtime:driver_from_settings",
         mininet_switch="topologies.mininet_switch:P4Switch", namespace_switch="topologies.netns:Bmv2Ports",
-        build="dataplanes.p4.pipeline:build", check="dataplanes.p4.pipeline:available"),
+        build="dataplanes.p4.pipeline:build", check="dataplanes.p4.pipeline:available",
+        not_in_ryu="its P4Runtime client (gRPC) blocks under ryu-manager's eventlet monkey-patching (measured: the "
+                   "app hung at its first P4Runtime call and ignored SIGTERM); run it with `mbalancer controller "
+                   "--driver p4`"),
     DataPlaneKind(
         "openflow", "Open vSwitch (userspace datapath) driven by the Ryu app; an eBPF key classifier on its links",
         settings="dataplanes.openflow:Settings", driver="controller.drivers.openflow:driver_from_settings",

@@ -166,3 +166,23 @@ def test_bad_p4_settings_are_one_line_errors(run_cli, tmp_path, extra, args, mes
                      "--duration", "1")
     assert result.returncode == 2 and message.format(closed=closed) in result.stderr, result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_the_ryu_app_refuses_the_p4_data_plane_at_once_saying_why(tmp_path):
+    """gRPC under ryu-manager's eventlet hung the app (measured); it must refuse, not hang."""
+    from controller.ryu_manager import launch
+    config = tmp_path / "c.toml"
+    config.write_text(CONFIG + f'[controller]\nlisten = "127.0.0.1:{free_port()}"\n[dataplane]\nkind = "p4"\n'
+                      f'[dataplane.p4]\nswitches = ["127.0.0.1:{free_port()}"]\n')
+    log = tmp_path / "ryu.log"
+    with open(log, "w") as out:
+        process = launch(config, out)
+        try:
+            assert process.wait(timeout=60) != 0
+        finally:
+            if process.poll() is None:
+                process.kill()
+                process.wait()
+    text = log.read_text()
+    assert "data plane p4 cannot run inside ryu-manager" in text and "mbalancer controller --driver p4" in text, text
+    assert "Traceback" not in text, text
