@@ -126,8 +126,10 @@ class OpenflowSwitch(Switch):
 
 
 class P4Switch(Switch):
-    def __init__(self, name: str, **params):
+    def __init__(self, name: str, flood_exclude: tuple[str, ...] = (), **params):
+        """flood_exclude: names of neighbour switches this one never floods to (a loop-free flood tree)."""
         super().__init__(name, **params)
+        self.flood_exclude = set(flood_exclude)
         self.bmv2 = None
 
     def start(self, controllers) -> None:
@@ -136,8 +138,10 @@ class P4Switch(Switch):
         for intf in intfs:
             subprocess.run(["ip", "link", "set", intf.name, "up"], check=True)
             peer = peer_intf(intf)
-            peer.node.cmd(f"ethtool -K {peer.name} tx off")
-        self.bmv2 = Bmv2Switch(self.name, [intf.name for intf in intfs]).start().bootstrap()
+            if not isinstance(peer.node, Switch):
+                peer.node.cmd(f"ethtool -K {peer.name} tx off")
+        flood = [n for n, intf in enumerate(intfs, 1) if peer_intf(intf).node.name not in self.flood_exclude]
+        self.bmv2 = Bmv2Switch(self.name, [intf.name for intf in intfs], flood_ports=flood).start().bootstrap()
 
     def reload(self) -> None:
         """An empty switch on the same ports and address, forwarding L2 until the driver takes over again."""
@@ -152,7 +156,6 @@ class P4Switch(Switch):
 
     @staticmethod
     def driver_settings(net) -> dict[str, Any]:
-        """The [dataplane.p4] section that drives this network's bmv2 switches."""
-        switches = [s for s in net.switches if isinstance(s, P4Switch) and s.bmv2]
-        ports = max((len(s.bmv2.interfaces) for s in switches), default=0)
-        return {"switches": [s.bmv2.address for s in switches], "ports": list(range(1, ports + 1))}
+        """The [dataplane.p4] section that drives this network's bmv2 switches (each keeps the flood group its
+        start wrote: no `ports`)."""
+        return {"switches": [s.bmv2.address for s in net.switches if isinstance(s, P4Switch) and s.bmv2]}

@@ -249,6 +249,7 @@ class P4RuntimeDriver(Driver):
         """Read what a previous controller left, push the pipeline, write what the driver owns there."""
         cookie = client.pipeline_cookie()
         leftovers = self._leftovers(client) if cookie == self.pipeline.cookie else []
+        flood = self.settings.ports or (self._flood_ports(client) if cookie is not None else ()) or range(1, 17)
         if leftovers:  # their rules go first: bmv2 swaps a pushed pipeline in only between packets, later
             client.write([e.update(e.DELETE, e.table_entry(
                 self.pipeline, "hot_keys", {"meta.key_len": len(k.key), "meta.key": e.key_value(k.key)}))
@@ -257,7 +258,7 @@ class P4RuntimeDriver(Driver):
             self._remove_sessions(client)
         client.set_pipeline(self.pipeline)
         updates = [e.update(e.INSERT, e.clone_session(self.settings.cpu_port)),
-                   e.update(e.INSERT, e.flood_group(self.settings.ports or range(1, 17)))]
+                   e.update(e.INSERT, e.flood_group(flood))]
         for port in sorted({s.port for s in self.servers}):
             updates.append(e.update(e.INSERT, e.table_entry(self.pipeline, "memcached_ports", {"hdr.ports.dst": port},
                                                             "is_memcached")))
@@ -278,6 +279,14 @@ class P4RuntimeDriver(Driver):
         if self.lease_us:
             self._send_lease(client)
         return leftovers
+
+    def _flood_ports(self, client: P4RuntimeClient) -> list[int]:
+        """The ports of the switch's flood group as it has it (its start wrote it: in a fabric, a flood tree)."""
+        try:
+            found = client.read([e.flood_group(())], "the flood group")
+        except P4Error:
+            return []
+        return [r.egress_port for g in found for r in g.packet_replication_engine_entry.multicast_group_entry.replicas]
 
     def _remove_sessions(self, client: P4RuntimeClient) -> None:
         """Delete the flood group and clone session a previous pipeline had: bmv2 keeps its multicast nodes across a

@@ -19,6 +19,8 @@ class Settings:
     switches: tuple[str, ...] = ("127.0.0.1:9559",)
     device_id: int = 1  # the P4Runtime device id of every switch (simple_switch_grpc --device-id)
     cpu_port: int = 255  # simple_switch_grpc --cpu-port: where PacketIn/PacketOut go (the program's MB_CPU_PORT)
-    ports: tuple[int, ...] = ()  # the switch's data ports, for flooding; empty: 1..16
+    # the switch's data ports, for flooding; empty: the flood group the switch already has (a switch node's start
+    # writes one, in a fabric a flood tree), else 1..16
+    ports: tuple[int, ...] = ()
     timeout: float = 5.0  # seconds a P4Runtime call may take before the driver gives up on it
     trusted: tuple[str, ...] = field(default=())  # extra controller addresses whose copies never make a server unsure

@@ -35,11 +35,14 @@ class Bmv2Switch:
     """simple_switch_grpc with port i + 1 on interfaces[i] (or the port numbers given)."""
 
     def __init__(self, name: str, interfaces: Sequence[str], device_id: int = 1, cpu_port: int = 255,
-                 grpc_port: int | None = None, port_numbers: Sequence[int] | None = None, log_level: str = "warn"):
+                 grpc_port: int | None = None, port_numbers: Sequence[int] | None = None, log_level: str = "warn",
+                 flood_ports: Sequence[int] | None = None):
         self.name, self.interfaces = name, list(interfaces)
         self.device_id, self.cpu_port = device_id, cpu_port
         self.grpc_port = grpc_port or free_port()
         self.port_numbers = list(port_numbers or range(1, len(self.interfaces) + 1))
+        # the ports its flood group has (all by default; a fabric leaves some out: a loop-free flood tree)
+        self.flood_ports = list(self.port_numbers if flood_ports is None else flood_ports)
         self.process: subprocess.Popen | None = None
         self.log, self.log_level = RUN_DIR / name, log_level
 
@@ -76,7 +79,7 @@ class Bmv2Switch:
     def bootstrap(self) -> "Bmv2Switch":
         """Push p4src/mbalancer.p4 and its flood group, so the switch forwards L2 (learned, flooded) before a
         controller attaches (Open vSwitch's bootstrap NORMAL rule, the same idea); the controller's driver finds
-        this pipeline and takes over. It arbitrates with the lowest election id: a controller that is (or becomes)
+        this pipeline and takes over, keeping the flood group's ports. It arbitrates with the lowest election id: a controller that is (or becomes)
         primary meanwhile wins, and the bootstrap gives way."""
         from dataplanes.p4 import entries as e
         from dataplanes.p4.client import P4RuntimeClient, P4RuntimeError
@@ -86,7 +89,7 @@ class Bmv2Switch:
         try:
             client.connect()
             client.set_pipeline(pipeline)
-            client.write([e.update(e.INSERT, e.flood_group(self.port_numbers))], "the flood group")
+            client.write([e.update(e.INSERT, e.flood_group(self.flood_ports))], "the flood group")
         except P4RuntimeError as err:  # a controller is primary: it programs the switch
             log.info("%s: bootstrap left to the controller (%s)", self.name, err)
         finally:
