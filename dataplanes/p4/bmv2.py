@@ -79,8 +79,8 @@ class Bmv2Switch:
     def bootstrap(self) -> "Bmv2Switch":
         """Push p4src/mbalancer.p4 and its flood group, so the switch forwards L2 (learned, flooded) before a
         controller attaches (Open vSwitch's bootstrap NORMAL rule, the same idea); the controller's driver finds
-        this pipeline and takes over, keeping the flood group's ports. It arbitrates with the lowest election id: a controller that is (or becomes)
-        primary meanwhile wins, and the bootstrap gives way."""
+        this pipeline and takes over, keeping the flood group's ports. It arbitrates with the lowest election id:
+        a controller that is (or becomes) primary meanwhile wins, and the bootstrap gives way."""
         from dataplanes.p4 import entries as e
         from dataplanes.p4.client import P4RuntimeClient, P4RuntimeError
         from dataplanes.p4.pipeline import Pipeline
