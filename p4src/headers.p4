@@ -1,5 +1,6 @@
 /* Headers and metadata of p4src/mbalancer.p4. Sizes and numbers shared with the control plane are named in
- * dataplanes/p4/pipeline.py (it reads them back from the P4Info, so a change here that it misses fails a test). */
+ * dataplanes/p4/pipeline.py too; tests/test_p4runtime_driver.py checks the table and counter sizes against the
+ * P4Info, so a change here that it misses fails a test. */
 #ifndef MB_HEADERS_P4
 #define MB_HEADERS_P4
 
@@ -181,7 +182,6 @@ struct metadata_t {
     bit<32> server_ip;
     bit<16> server_port;
     bit<1> clone_it;
-    bit<9> port_hit;
 }
 
 #endif

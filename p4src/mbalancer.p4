@@ -144,7 +144,7 @@ control MbIngress(inout headers_t hdr, inout metadata_t meta, inout standard_met
         size = MB_MAX_SERVERS;
     }
 
-    action to_port(bit<9> port) { meta.port_hit = 1; std.egress_spec = port; }
+    action to_port(bit<9> port) { std.egress_spec = port; }
     table forward {  /* destination MAC -> port, set by the controller (before what was learned) */
         key = { hdr.ethernet.dst: exact; }
         actions = { to_port; NoAction; }

@@ -54,6 +54,19 @@ def test_attach_pushes_the_pipeline_and_writes_servers_ports_and_sessions(server
         == [1, 2, 3]
 
 
+def test_the_controllers_sizes_are_the_programs():
+    """What pipeline.py and the driver assume of p4src/headers.p4, against the committed P4Info."""
+    from dataplanes.ebpf.tables import COUNTERS
+    from dataplanes.p4.pipeline import MAX_HOT, MAX_REPLICAS
+    info = Pipeline().p4info
+    tables = {t.preamble.name.split(".")[-1]: t.size for t in info.tables}
+    counters = {c.preamble.name.split(".")[-1]: c.size for c in info.counters}
+    assert tables["hot_keys"] == tables["synced"] == MAX_HOT and tables["replicas"] == MAX_HOT * MAX_REPLICAS
+    assert counters["key_gets"] == counters["key_mirrored"] == MAX_HOT
+    assert counters["key_per_replica"] == MAX_HOT * MAX_REPLICAS
+    assert counters["switch_counters"] == len(COUNTERS)
+
+
 def test_a_hot_key_is_its_entry_and_one_range_per_weighted_replica(server, driver):
     driver.install_hot_key(b"k" * 250, 1, [ReplicaWeight(1, 0.25), ReplicaWeight(2, 0.0), ReplicaWeight(3, 0.75)])
     (hot,) = entries(server, "hot_keys")

@@ -21,16 +21,15 @@ from typing import Sequence
 from controller.driver import (Counters, Driver, DriverError, ForwardingEntry, KeyCounters, LeftoverKey,
                                MirrorHandler, ReconnectHandler, ReplicaWeight, WriteStamp)
 from controller.drivers.ebpf import own_addresses
-from dataplanes.ebpf.tables import cumulative_weights
+from dataplanes.ebpf.tables import COUNTERS, MAX_KEY, cumulative_weights
 from dataplanes.p4 import Settings
 from dataplanes.p4 import entries as e
 from dataplanes.p4.client import P4RuntimeClient
-from dataplanes.p4.pipeline import MAX_HOT, MAX_REPLICAS, SWITCH_COUNTERS, P4Error, Pipeline
+from dataplanes.p4.pipeline import MAX_HOT, MAX_REPLICAS, P4Error, Pipeline
 from mbalancer.config import Server
 
 log = logging.getLogger(__name__)
 RECONNECT_EVERY = 0.5  # seconds between tries to reach a switch whose stream broke
-MAX_KEY = 250
 
 
 def driver_from_settings(settings: Settings) -> "P4RuntimeDriver":
@@ -476,13 +475,13 @@ class P4RuntimeDriver(Driver):
         read = client.read([e.counter_read(self.pipeline, "switch_counters"), e.counter_read(self.pipeline, "cloned")],
                            "switch counters")
         cloned_id = self.pipeline.counter("cloned")
-        counts = dict.fromkeys(SWITCH_COUNTERS, 0)
+        counts = dict.fromkeys(COUNTERS, 0)  # switch_counters holds them in the eBPF program's order
         for entity in read:
             entry = entity.counter_entry
             if entry.counter_id == cloned_id:
                 counts["cloned"] += entry.data.packet_count
-            elif entry.index.index < len(SWITCH_COUNTERS) and SWITCH_COUNTERS[entry.index.index] != "cloned":
-                counts[SWITCH_COUNTERS[entry.index.index]] += entry.data.packet_count
+            elif entry.index.index < len(COUNTERS) and COUNTERS[entry.index.index] != "cloned":
+                counts[COUNTERS[entry.index.index]] += entry.data.packet_count
         return counts
 
     def _add_counts(self, index: int, client: P4RuntimeClient, counters: Counters) -> None:

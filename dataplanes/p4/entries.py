@@ -2,6 +2,7 @@
 checked against its width in the P4Info and encoded canonically (dataplanes/p4/client.py encode)."""
 from __future__ import annotations
 
+import ipaddress
 from typing import Sequence
 
 from p4.v1 import p4runtime_pb2
@@ -86,8 +87,7 @@ def mac_value(mac: str) -> int:
 
 
 def ip_value(ip: str) -> int:
-    parts = [int(p) for p in ip.split(".")]
-    return (parts[0] << 24) | (parts[1] << 16) | (parts[2] << 8) | parts[3]
+    return int(ipaddress.IPv4Address(ip))
 
 
 def key_value(key: bytes) -> int:

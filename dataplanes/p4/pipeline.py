@@ -31,11 +31,8 @@ MIRROR_SESSION = 100
 FLOOD_GROUP = 1
 MAX_HOT = 4096
 MAX_REPLICAS = 8
-MAX_SERVERS = 256
-# switch_counters' indexes, the eBPF program's order (dataplanes/ebpf/tables.py COUNTERS); "cloned" is counted in
-# egress, where the copy to the controller exists
-SWITCH_COUNTERS = ("packets", "memcached", "unparsed", "balanced", "already_balanced", "mirrored",
-                   "replies_rewritten", "flooded", "dropped", "unsure", "cloned", "lease_expired")
+# switch_counters' indexes are the eBPF program's counters, in its order (dataplanes/ebpf/tables.py COUNTERS);
+# "cloned" is counted in egress instead, where the copy to the controller exists
 
 
 class P4Error(RuntimeError):
