@@ -6,7 +6,7 @@ PY     := $(VENV)/bin/python
 OUT    ?= results
 TRIALS ?=
 
-.PHONY: all demo experiments faults simulation test install system venv bench clean
+.PHONY: all demo experiments faults simulation test install system venv bench clean p4 p4c
 
 all: demo
 
@@ -14,13 +14,10 @@ all: demo
 system:
 	@bash install/system.sh
 
-$(PY): | system
-	$(PYTHON) -m venv $(VENV)
-	PIP_CONSTRAINT=install/constraints.txt $(PY) -m pip install -q --upgrade pip
-
-# Reinstall the Python side when the package definition or the pinned versions change.
-$(VENV)/.installed: setup.py install/constraints.txt | $(PY)
-	PIP_CONSTRAINT=install/constraints.txt $(PY) -m pip install -q -e '.[test]'
+# The virtualenv, reinstalled when the package definition or the pinned versions change (install/python.sh says
+# how pins reach pip, build environments included).
+$(VENV)/.installed: setup.py install/constraints.txt install/build-constraints.txt install/python.sh | system
+	PYTHON=$(PYTHON) bash install/python.sh $(VENV)
 	@touch $@
 
 venv: $(VENV)/.installed
@@ -33,6 +30,15 @@ $(DATAPLANES_BUILT): $(wildcard dataplanes/*/bpf/*) $(wildcard p4src/*.p4) datap
 	@touch $@
 
 install: system venv $(DATAPLANES_BUILT)
+
+# The P4 toolchain, which no package registry has: PI + bmv2's simple_switch_grpc (about 15 minutes), and p4c (slower),
+# built from pinned upstream sources into P4_PREFIX (default /usr/local); P4_SOURCES=DIR builds from sources already
+# downloaded. Neither is needed by `make test` (the P4 tests skip without bmv2) nor by the other data planes.
+p4: system
+	bash install/p4.sh bmv2
+
+p4c: system
+	bash install/p4.sh p4c
 
 # --- jobs ---------------------------------------------------------------------------------------------------
 # The main job: the Mininet testbed, baseline against MBalancer at one point (about a minute).
