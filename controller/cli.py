@@ -12,7 +12,7 @@ from dataclasses import replace
 from typing import Callable
 
 from controller.core import ControllerCore
-from controller.driver import DriverError
+from dataplanes.driver import DriverError
 from controller.drivers import make_driver
 from controller.http_api import serve, start_serving
 from dataplanes import registry

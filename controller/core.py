@@ -21,7 +21,7 @@ import time
 from collections import Counter, deque
 from typing import Any, Callable
 
-from controller.driver import Driver, DriverError
+from dataplanes.driver import Driver, DriverError
 from controller.execution import Executor
 from controller.health import RESTARTED, HealthTracker, Prober
 from controller.planner import Plan, Planner

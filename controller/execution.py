@@ -2,7 +2,7 @@
 
 Invariants (the reason for every ordering below):
 - A rule never sends gets to a replica that does not hold the home's current value. A key is installed only after
-  its copies are made, and dirty (gets go home); it is cleared only to a write stamp (controller/driver.py) read
+  its copies are made, and dirty (gets go home); it is cleared only to a write stamp (dataplanes/driver.py) read
   before the home's CAS was found to be the one the copies were made from, and only once the copy of every write
   to the key counted in that stamp has been handled here. A write the data plane counts after the stamp
   keeps the key dirty. A replica whose copy or update failed gets weight 0 before the key is cleared, and is
@@ -31,7 +31,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable
 
-from controller.driver import Driver, DriverError, ReplicaWeight, WriteStamp
+from dataplanes.driver import Driver, DriverError, ReplicaWeight, WriteStamp
 from controller.planner import Change, Placement
 from controller.replicator import Replicator
 from mbalancer.memcache.meta import MetaError, StoredItem

@@ -23,7 +23,7 @@ from typing import Callable, Iterable, Mapping
 
 import numpy as np
 
-from controller.driver import ReplicaWeight
+from dataplanes.driver import ReplicaWeight
 from controller.homes import HomeBook
 from controller.hysteresis import HotKeyTracker
 from controller.load import estimate_loads, imbalance_factor

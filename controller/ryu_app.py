@@ -36,7 +36,7 @@ from ryu.controller.handler import DEAD_DISPATCHER, MAIN_DISPATCHER, set_ev_cls 
 from ryu.ofproto import ofproto_v1_5, ofproto_v1_5_parser  # noqa: E402
 
 from controller.core import ControllerCore  # noqa: E402
-from controller.driver import DriverError  # noqa: E402
+from dataplanes.driver import DriverError  # noqa: E402
 from controller.drivers import make_driver  # noqa: E402
 from controller.drivers.openflow import OpenflowDriver  # noqa: E402
 from controller.http_api import ENDPOINTS, encode, respond  # noqa: E402

@@ -25,7 +25,7 @@ class DataPlaneKind:
     name: str
     summary: str
     settings: str | None = None  # its config section [dataplane.<name>]: a dataclass whose fields have defaults
-    driver: str | None = None  # factory(settings) -> controller.driver.Driver; None: no controller (plain switch)
+    driver: str | None = None  # factory(settings) -> dataplanes.driver.Driver; None: no controller (plain switch)
     mininet_switch: str | None = None  # a Mininet switch class with driver_settings(net) -> dict
     namespace_switch: str | None = None  # a switch for topologies/netns.py: start(ports), close(), driver_settings()
     build: str | None = None  # run by `make install` (python -m dataplanes build)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import hashlib
 
-from controller.driver import DriverError
+from dataplanes.driver import DriverError
 from dataplanes.openflow import messages, tags
 
 from ryu.ofproto import ofproto_v1_5 as ofp

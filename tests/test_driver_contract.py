@@ -1,4 +1,4 @@
-"""The core/driver contract (controller/driver.py), tested once for every driver in the registry: each is driven
+"""The core/driver contract (dataplanes/driver.py), tested once for every driver in the registry: each is driven
 through install, weights, dirty state (write stamps, writes and unsure requests the data plane counts, the lease),
 remove, refused requests and keys left by an earlier controller, and asked where a get goes (faucet's way of asking
 a fake table; for the eBPF driver the real program answers, in the kernel, through BPF_PROG_TEST_RUN)."""
@@ -13,7 +13,7 @@ from typing import Callable
 
 import pytest
 
-from controller.driver import Driver, DriverError, ReplicaWeight
+from dataplanes.driver import Driver, DriverError, ReplicaWeight
 from controller.drivers.recording import RecordingDriver
 from dataplanes import registry
 from mbalancer.config import Server
@@ -146,7 +146,7 @@ def openflow_harness():
 def p4_harness():
     """The P4Runtime driver on a running simple_switch_grpc: gets sent through its ports, every server's MAC
     forwarded to one port where the test reads where each get went."""
-    from controller.driver import ForwardingEntry
+    from dataplanes.driver import ForwardingEntry
     from controller.drivers.p4runtime import P4RuntimeDriver
     from dataplanes.p4 import Settings
     from dataplanes.p4.bmv2 import Bmv2Switch

@@ -218,7 +218,7 @@ def test_leaf_spine_on_bmv2_floods_along_the_tree_and_balances_each_get_once(tmp
     client's leaf only (the others see the mark), spread over both servers, and answered from the home's address."""
     if (why := registry.get("p4").available()) is not None:
         pytest.skip(f"the p4 data plane cannot run here: {why}")
-    from controller.driver import ReplicaWeight
+    from dataplanes.driver import ReplicaWeight
     from mbalancer.memcache.meta import MetaClient, StoredItem
     from topologies.testbed import Testbed
     spec = TestbedSpec(topology="leafspine", servers=2, clients=2, leaves=2, spines=2, dataplane="p4")

@@ -37,7 +37,7 @@ def test_a_hot_key_is_balanced_once_across_two_switches():
     from mininet.net import Mininet
     from mininet.topo import LinearTopo
 
-    from controller.driver import ReplicaWeight
+    from dataplanes.driver import ReplicaWeight
     from controller.drivers.ebpf import EbpfDriver
     from mbalancer.config import Server
     from tests.conftest import eventually

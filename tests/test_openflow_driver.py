@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from controller.driver import DriverError, ReplicaWeight
+from dataplanes.driver import DriverError, ReplicaWeight
 from dataplanes.ebpf.program import CLASSIFIER, DataPlane, available as ebpf_available
 from dataplanes.ebpf.tables import Tables
 from dataplanes.openflow import Settings, tags

@@ -16,7 +16,7 @@ import pytest
 pytest.importorskip("scapy.all")
 from scapy.all import Ether  # noqa: E402
 
-from controller.driver import ForwardingEntry, ReplicaWeight  # noqa: E402
+from dataplanes.driver import ForwardingEntry, ReplicaWeight  # noqa: E402
 from controller.drivers.p4runtime import P4RuntimeDriver  # noqa: E402
 from dataplanes.p4 import Settings  # noqa: E402
 from dataplanes.p4.bmv2 import Bmv2Switch  # noqa: E402

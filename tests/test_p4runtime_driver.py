@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from controller.driver import DriverError, ForwardingEntry, ReplicaWeight
+from dataplanes.driver import DriverError, ForwardingEntry, ReplicaWeight
 from controller.drivers.p4runtime import P4RuntimeDriver
 from dataplanes.p4 import Settings
 from dataplanes.p4.bmv2 import free_port

@@ -5,7 +5,7 @@ Which kinds exist, and how each driver is made from its config section, is the r
 """
 from __future__ import annotations
 
-from controller.driver import Driver
+from dataplanes.driver import Driver
 from dataplanes import registry
 from mbalancer.config import DataPlane
 

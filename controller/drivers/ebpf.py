@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 from typing import Callable, Sequence
 
-from controller.driver import (Counters, Driver, DriverError, ForwardingEntry, KeyCounters, LeftoverKey,
+from dataplanes.driver import (Counters, Driver, DriverError, ForwardingEntry, KeyCounters, LeftoverKey,
                                MirrorHandler, ReconnectHandler, ReplicaWeight, WriteStamp)
 from dataplanes.ebpf import Settings
 from dataplanes.ebpf.bpf_syscall import BpfError

@@ -25,7 +25,7 @@ import time
 from contextlib import contextmanager
 from typing import Any, Protocol, Sequence
 
-from controller.driver import Counters, DriverError, LeftoverKey, MirrorHandler, ReconnectHandler, ReplicaWeight
+from dataplanes.driver import Counters, DriverError, LeftoverKey, MirrorHandler, ReconnectHandler, ReplicaWeight
 from controller.drivers.ebpf import EbpfDriver
 from dataplanes.ebpf.bpf_syscall import BpfError
 from dataplanes.ebpf.program import CLASSIFIER

@@ -18,7 +18,7 @@ import threading
 import time
 from typing import Sequence
 
-from controller.driver import (Counters, Driver, DriverError, ForwardingEntry, KeyCounters, LeftoverKey,
+from dataplanes.driver import (Counters, Driver, DriverError, ForwardingEntry, KeyCounters, LeftoverKey,
                                MirrorHandler, ReconnectHandler, ReplicaWeight, WriteStamp)
 from controller.drivers.ebpf import own_addresses
 from dataplanes.ebpf.tables import COUNTERS, MAX_KEY, cumulative_weights

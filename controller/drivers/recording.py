@@ -16,7 +16,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-from controller.driver import (Counters, Driver, DriverError, ForwardingEntry, KeyCounters, LeftoverKey,
+from dataplanes.driver import (Counters, Driver, DriverError, ForwardingEntry, KeyCounters, LeftoverKey,
                                MirrorHandler, ReconnectHandler, ReplicaWeight, WriteStamp)
 from mbalancer.config import Server
 

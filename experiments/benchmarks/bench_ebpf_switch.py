@@ -31,7 +31,7 @@ from pathlib import Path
 
 from scapy.all import IP, UDP, Ether, Raw
 
-from controller.driver import ReplicaWeight
+from dataplanes.driver import ReplicaWeight
 from dataplanes.ebpf.program import compile_bpf
 from dataplanes.ebpf.tables import Tables
 from experiments.benchmarks.rows import write_csv

@@ -25,7 +25,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from controller.driver import ForwardingEntry, ReplicaWeight
+from dataplanes.driver import ForwardingEntry, ReplicaWeight
 from controller.drivers.ebpf import EbpfDriver
 from dataplanes.ebpf.program import DataPlane, compile_bpf
 from dataplanes.p4 import entries as e
