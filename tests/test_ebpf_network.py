@@ -125,13 +125,15 @@ def test_cold_keys_and_multi_gets_reach_their_home(network, core):
 def hot_gets_spread_evenly_and_answered_from_home(network, home: int) -> None:
     """900 gets of `hot:1` (value v1, at `home`, installed over the three servers with equal weights): every reply
     comes back from the home's address, the servers' hits are spread evenly (chi-square, 2 degrees of freedom,
-    p = 0.001). The OpenFlow data plane's test asks the same."""
+    p = 1e-6: the switches pick by a hash of each packet, and a run of 900 was once seen at p = 2e-4 while every other
+    run passed; a switch that sends a replica nothing or half the gets is still far above the bound).
+    The OpenFlow data plane's test asks the same."""
     before = hits(network)
     reply = client_gets(network, network.server_hosts[home].ip, b"hot:1", 900)
     assert reply["answered"] == 900  # a connected socket: every reply came back with the home's address
     assert list(reply["values"]) == ["VALUE hot:1 0 2\r\nv1\r\nEND\r\n"]
     spread = [a - b for a, b in zip(hits(network), before)]
-    assert sum(spread) == 900 and chi_square(spread, [1 / 3] * 3) < 13.8, spread
+    assert sum(spread) == 900 and chi_square(spread, [1 / 3] * 3) < 27.6, spread
 
 
 def cold_and_multi_gets_reach_their_home(network, servers, key_hash, home: int) -> None:

@@ -5,7 +5,7 @@ client.py    one P4Runtime connection: arbitration, pipeline push, writes, reads
 bmv2.py      run simple_switch_grpc on a set of interfaces (topologies and tests)
 
 Its driver is controller/drivers/p4runtime.py. bmv2 and p4c come from p4lang (packages or your own build), not
-from this repository: `simple_switch_grpc` and `p4c` on PATH (README, "P4 on bmv2").
+from this repository: `simple_switch_grpc` and `p4c` on PATH (`make p4` and `make p4c` build them).
 """
 from __future__ import annotations
 

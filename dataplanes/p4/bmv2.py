@@ -60,7 +60,7 @@ class Bmv2Switch:
         try:
             self.process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         except FileNotFoundError:
-            raise P4Error(f"{SWITCH} is not on PATH (README, 'P4 on bmv2')") from None
+            raise P4Error(f"{SWITCH} is not on PATH (`make p4` builds it)") from None
         pidfile(self.name).write_text(f"{self.process.pid}\n")  # a killed run's switch is stopped by the next
         deadline = time.monotonic() + START_TIMEOUT
         while time.monotonic() < deadline:

@@ -98,7 +98,7 @@ def outputs(source: Path, out: Path = BUILD) -> tuple[Path, Path]:
 def compile_program(source: Path = SOURCE, out: Path = BUILD) -> tuple[Path, Path]:
     """Compile a program of p4src/ with p4c's bmv2 back end into `out`: (bmv2 JSON, P4Info)."""
     if shutil.which(COMPILER) is None:
-        raise P4Error(f"{COMPILER} is not on PATH (install p4c: README, 'P4 on bmv2')")
+        raise P4Error(f"{COMPILER} is not on PATH (`make p4c` builds it)")
     out.mkdir(parents=True, exist_ok=True)
     json_path, p4info_path = outputs(source, out)
     done = subprocess.run([COMPILER, "--arch", "v1model", "--std", "p4-16", "-o", str(json_path),
@@ -127,7 +127,7 @@ def build(force: bool = False) -> Path:
 def available() -> str | None:
     """None if bmv2 switches can run here (simple_switch_grpc on PATH), else why not."""
     if shutil.which(SWITCH) is None:
-        return f"{SWITCH} is not on PATH (install bmv2 with its P4Runtime server: README, 'P4 on bmv2')"
+        return f"{SWITCH} is not on PATH (`make p4` builds bmv2 with its P4Runtime server)"
     if not (JSON.exists() and P4INFO.exists()):
         return f"the compiled program is missing from {BUILD}"
     return None

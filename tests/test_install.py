@@ -1,0 +1,59 @@
+"""The install scripts refuse bad input in one line, before touching apt or building anything, and a second run of an
+installed toolchain does no work. (The full builds are `make p4` / `make p4c`, far too slow for the suite.)"""
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+P4_SH = ROOT / "install" / "p4.sh"
+SYSTEM_SH = ROOT / "install" / "system.sh"
+
+
+def run(script: Path, *args: str, **env: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["bash", str(script), *args], capture_output=True, text=True, timeout=60,
+                          env={**os.environ, **env})
+
+
+def failure_line(done: subprocess.CompletedProcess) -> str:
+    lines = done.stderr.strip().splitlines()
+    assert done.returncode != 0 and len(lines) == 1, done.stderr
+    return lines[0]
+
+
+def test_p4_sh_names_its_usage():
+    assert "usage: install/p4.sh bmv2|p4c (got 'bmv3')" in failure_line(run(P4_SH, "bmv3"))
+
+
+def test_p4_sh_names_the_missing_source_tree_before_building(tmp_path):
+    (tmp_path / "PI").mkdir()
+    build = tmp_path / "build"
+    done = run(P4_SH, "bmv2", P4_SOURCES=str(tmp_path), P4_BUILD=str(build), P4_PREFIX=str(tmp_path / "prefix"))
+    assert f"P4_SOURCES={tmp_path} has no behavioral-model/" in failure_line(done)
+    assert not build.exists()  # nothing started
+
+
+def test_p4_sh_names_the_missing_p4c_dependency(tmp_path):
+    for tree in ("p4c", "p4c-deps/protobuf", "p4c-deps/abseil"):
+        (tmp_path / tree).mkdir(parents=True)
+    done = run(P4_SH, "p4c", P4_SOURCES=str(tmp_path), P4_BUILD=str(tmp_path / "build"))
+    assert "has no p4c-deps/p4runtime/" in failure_line(done)
+
+
+@pytest.mark.skipif(not Path("/usr/local/share/mbalancer-p4/bmv2").exists(), reason="`make p4` has not run here")
+def test_p4_sh_a_second_run_only_checks_the_installed_switch():
+    done = run(P4_SH, "bmv2")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("install/p4.sh: bmv2 already installed (bmv2 1.15.5, PI "), done.stdout
+    assert "[" not in done.stdout  # no stage ran
+
+
+def test_system_sh_is_quiet_when_every_package_is_present(tmp_path):
+    packages = tmp_path / "packages.txt"
+    packages.write_text("# a comment\nbash\n\ncoreutils  # trailing comment\n")
+    done = run(SYSTEM_SH, str(packages))
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "install/system.sh: all 2 packages of packages.txt present"
