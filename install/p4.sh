@@ -110,7 +110,10 @@ build_bmv2() {
 check_bmv2() {
     local bin=$P4_PREFIX/bin/simple_switch_grpc
     [ -x "$bin" ] || { echo "$bin missing"; return 1; }
-    "$bin" --help | head -n 1
+    local version
+    version=$("$bin" --version) || return 1
+    echo "$bin $version"
+    [[ $version == "$BMV2_REF"* ]] || { echo "$bin is version $version, not $BMV2_REF"; return 1; }
 }
 
 install_bmv2() {
