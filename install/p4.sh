@@ -39,7 +39,10 @@ stage() {
     local name=$1; shift
     local log=$LOGS/$name.log start=$SECONDS
     say "[$name] ..."
-    if ! "$@" >"$log" 2>&1; then
+    # In the background, not under `if`: bash ignores `set -e` in a command whose status `if` tests, and a stage's
+    # function must stop at its first failing step.
+    "$@" >"$log" 2>&1 &
+    if ! wait $!; then
         echo "--- last lines of $log ---" >&2
         tail -n 25 "$log" >&2
         fail "stage $name after $((SECONDS - start)) s (whole log: $log)"
@@ -146,6 +149,8 @@ build_p4c() {
             deps+=("-DFETCHCONTENT_SOURCE_DIR_${dep^^}=$P4_SOURCES/p4c-deps/$dep")
         done
     fi
+    # GCC 12 (Debian 12) rejects erase_if predicates that take the map's element by non-const reference.
+    sed -i 's/(flow_join_points_t::value_type &el)/(const flow_join_points_t::value_type \&el)/' "$src/ir/visitor.cpp"
     cmake -S "$src" -B "$src/build" -DCMAKE_BUILD_TYPE=Release -DCMAKE_INSTALL_PREFIX="$P4_PREFIX" \
         -DENABLE_GTESTS=OFF -DENABLE_EBPF=OFF -DENABLE_UBPF=OFF -DENABLE_DPDK=OFF -DENABLE_P4TC=OFF \
         -DENABLE_P4FMT=OFF -DENABLE_P4TEST=OFF -DENABLE_P4C_GRAPHS=OFF -DENABLE_LTO=OFF \
