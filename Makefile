@@ -25,7 +25,7 @@ venv: $(VENV)/.installed
 # Every data plane with a build step (dataplanes/registry.py) is built here, never at run time: today the eBPF
 # program (clang, from apt). The stamp follows the sources of every data plane.
 DATAPLANES_BUILT := $(VENV)/.dataplanes-built
-$(DATAPLANES_BUILT): $(wildcard dataplanes/*/bpf/*) $(wildcard p4src/*.p4) dataplanes/registry.py | $(VENV)/.installed
+$(DATAPLANES_BUILT): $(wildcard dataplanes/bpf/src/*) $(wildcard p4src/*.p4) dataplanes/registry.py | $(VENV)/.installed
 	$(PY) -m dataplanes build
 	@touch $@
 

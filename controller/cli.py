@@ -12,10 +12,9 @@ from dataclasses import replace
 from typing import Callable
 
 from controller.core import ControllerCore
-from dataplanes.driver import DriverError
-from controller.drivers import make_driver
 from controller.http_api import serve, start_serving
 from dataplanes import registry
+from dataplanes.driver import DriverError
 from mbalancer.config import ConfigError, config_option
 from mbalancer.memcache.addresses import parse_server
 from mbalancer.processes import stop_on_signals
@@ -52,7 +51,7 @@ def _run_controller(args: argparse.Namespace, fail: Fail) -> int:
     if args.switch:
         config = replace(config, dataplane=_with_switches(config.dataplane, args.switch, fail))
     try:
-        driver = make_driver(config.dataplane)
+        driver = registry.get(config.dataplane.kind).make_driver(config.dataplane.settings)
     except (DriverError, ConfigError) as err:
         fail(f"--driver {config.dataplane.kind}: {err}")
     try:

@@ -5,7 +5,7 @@
 
 A thin shim (faucet's way): the core decides and the driver builds the messages; this app only carries them.
 - The config's [dataplane] kind picks the driver: `openflow` drives the switches that connect to this ryu-manager
-  (controller/drivers/openflow.py, through RyuChannel below); any other kind (ebpf, none) is made by the registry
+  (dataplanes/openflow/driver.py, through RyuChannel below); any other kind (ebpf, none) is made by the registry
   as `mbalancer controller` makes it, so one controller can run eBPF switches from inside Ryu too. A kind whose
   driver cannot run under eventlet (p4: gRPC) is refused with the registry's reason.
 - Monitor reports in and the JSON state out through Ryu's own WSGI server, with the same endpoints, JSON and
@@ -37,8 +37,7 @@ from ryu.ofproto import ofproto_v1_5, ofproto_v1_5_parser  # noqa: E402
 
 from controller.core import ControllerCore  # noqa: E402
 from dataplanes.driver import DriverError  # noqa: E402
-from controller.drivers import make_driver  # noqa: E402
-from controller.drivers.openflow import OpenflowDriver  # noqa: E402
+from dataplanes.openflow.driver import OpenflowDriver  # noqa: E402
 from controller.http_api import ENDPOINTS, encode, respond  # noqa: E402
 from dataplanes import registry  # noqa: E402
 from dataplanes.openflow import Settings as OpenflowSettings  # noqa: E402
@@ -54,7 +53,7 @@ register_options()  # in a Ryu config file; mbalancer-ryu-manager has them on it
 
 
 class RyuChannel:
-    """The OpenFlow driver's way to its switches (controller/drivers/openflow.py: Channel) over Ryu: each message
+    """The OpenFlow driver's way to its switches (dataplanes/openflow/driver.py: Channel) over Ryu: each message
     through Ryu's ofctl service, which follows it with a barrier and returns the switch's error for it, if any."""
 
     def __init__(self, app: "MBalancerApp"):
@@ -136,7 +135,7 @@ class MBalancerApp(app_manager.RyuApp):
         try:
             if dataplane.kind == "openflow":
                 return OpenflowDriver(dataplane.settings or OpenflowSettings(), self.channel)
-            return make_driver(dataplane)
+            return registry.get(dataplane.kind).make_driver(dataplane.settings)
         except (DriverError, ConfigError) as err:
             raise SystemExit(f"mbalancer: data plane {dataplane.kind}: {err}") from None
 

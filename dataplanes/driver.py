@@ -29,7 +29,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Callable, ClassVar, Sequence
 
-from mbalancer.config import Server
+from mbalancer.settings import Server
 
 MirrorHandler = Callable[[bytes], None]  # called with each packet copied to the controller, a whole Ethernet frame
 ReconnectHandler = Callable[[], None]  # called when the switch came back empty (restarted, reloaded)
@@ -83,7 +83,8 @@ class Counters:
 
 
 class Driver(ABC):
-    """One data plane. Implementations: controller/drivers/ (recording for tests and dry runs, eBPF, OpenFlow)."""
+    """One data plane. Implementations: dataplanes/<kind>/driver.py (recording for tests and dry runs, eBPF, P4,
+    OpenFlow)."""
 
     name = "abstract"
     max_replicas: ClassVar[int | None] = None  # servers one hot key can be spread over (home included); None: any

@@ -4,8 +4,9 @@ tests all read.
 
 An entry names its parts by import path ("module:attribute") and loads them only when asked, so reading the
 registry imports nothing heavy (no Mininet, no bpf syscall), and a kind that has not landed still has a name and a
-reason. Adding a data plane is one entry here plus its own folder: dataplanes/<name>/ (build, load, control
-library), its driver in controller/drivers/, its switch nodes in topologies/.
+reason. Adding a data plane is one entry here plus its own folder dataplanes/<name>/: its program (or a pointer to
+it), control library, driver (driver.py) and switch nodes (netns_switch.py, mininet_switch.py). Every part named
+here is under dataplanes/.
 """
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import importlib
 from dataclasses import dataclass
 from typing import Any
 
-from mbalancer.config import ConfigError, parse_section
+from mbalancer.settings import ConfigError, parse_section
 
 
 class UnknownDataPlane(ValueError):
@@ -32,6 +33,7 @@ class DataPlaneKind:
     check: str | None = None  # () -> None if it can run on this machine, else why not
     missing: str | None = None  # not landed: why the name is refused
     not_in_ryu: str | None = None  # why its driver cannot run inside ryu-manager (None: it can)
+    leftovers: str | None = None  # (switch name) -> [what it removed]: what a killed run left, named after a switch
 
     def available(self) -> str | None:
         """None if this kind can run here, else why not."""
@@ -75,29 +77,33 @@ class DataPlaneKind:
 KINDS: dict[str, DataPlaneKind] = {kind.name: kind for kind in (
     DataPlaneKind(
         "ebpf", "tc (clsact) eBPF program on every port of a Linux switch, tables in BPF maps (the default)",
-        settings="dataplanes.ebpf:Settings", driver="controller.drivers.ebpf:driver_from_settings",
-        mininet_switch="topologies.mininet_switch:EbpfSwitch", namespace_switch="topologies.netns:EbpfPorts",
-        build="dataplanes.ebpf.program:build", check="dataplanes.ebpf.program:available"),
+        settings="dataplanes.ebpf:Settings", driver="dataplanes.ebpf.driver:driver_from_settings",
+        mininet_switch="dataplanes.ebpf.mininet_switch:EbpfSwitch",
+        namespace_switch="dataplanes.ebpf.netns_switch:EbpfPorts",
+        build="dataplanes.bpf.program:build", check="dataplanes.bpf.program:available",
+        leftovers="dataplanes.bpf.program:remove_left_over"),
     DataPlaneKind(
         "none", "no switch: the recording driver keeps the tables a switch would (dry runs, tests)",
-        driver="controller.drivers.recording:driver_from_settings"),
+        driver="dataplanes.recording.driver:driver_from_settings"),
     DataPlaneKind(
         "bridge", "a plain Linux bridge: forwarding only, no MBalancer (the benchmarks' baseline)",
-        namespace_switch="topologies.netns:BridgePorts"),
+        namespace_switch="dataplanes.bridge.netns_switch:BridgePorts"),
     DataPlaneKind(
         "p4", "P4 (p4src/mbalancer.p4) on bmv2's simple_switch_grpc, driven through P4Runtime",
-        settings="dataplanes.p4:Settings", driver="controller.drivers.p4runtime:driver_from_settings",
-        mininet_switch="topologies.mininet_switch:P4Switch", namespace_switch="topologies.netns:Bmv2Ports",
+        settings="dataplanes.p4:Settings", driver="dataplanes.p4.driver:driver_from_settings",
+        mininet_switch="dataplanes.p4.mininet_switch:P4Switch", namespace_switch="dataplanes.p4.netns_switch:Bmv2Ports",
         build="dataplanes.p4.pipeline:build", check="dataplanes.p4.pipeline:available",
+        leftovers="dataplanes.p4.bmv2:remove_left_over",
         not_in_ryu="its P4Runtime client (gRPC) blocks under ryu-manager's eventlet monkey-patching (measured: the "
                    "app hung at its first P4Runtime call and ignored SIGTERM); run it with `mbalancer controller "
                    "--driver p4`"),
     DataPlaneKind(
         "openflow", "Open vSwitch (userspace datapath) driven by the Ryu app; an eBPF key classifier on its links",
-        settings="dataplanes.openflow:Settings", driver="controller.drivers.openflow:driver_from_settings",
-        mininet_switch="topologies.mininet_switch:OpenflowSwitch", namespace_switch="topologies.netns:OvsPorts",
+        settings="dataplanes.openflow:Settings", driver="dataplanes.openflow.driver:driver_from_settings",
+        mininet_switch="dataplanes.openflow.mininet_switch:OpenflowSwitch",
+        namespace_switch="dataplanes.openflow.netns_switch:OvsPorts",
         build="dataplanes.openflow.classifier:build",
-        check="dataplanes.openflow.classifier:available"),
+        check="dataplanes.openflow.classifier:available", leftovers="dataplanes.openflow.ovs:remove_left_over"),
 )}
 
 
@@ -124,3 +130,8 @@ def load(path: str) -> Any:
     """The attribute named by "module:attribute"."""
     module, _, attribute = path.partition(":")
     return getattr(importlib.import_module(module), attribute)
+
+
+def remove_left_over(switch: str) -> list[str]:
+    """Remove what any data plane left named after `switch` (a killed run's); what was there, named."""
+    return [what for kind in KINDS.values() if kind.leftovers for what in load(kind.leftovers)(switch)]

@@ -14,27 +14,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, NoReturn
 
-from mbalancer.memcache.addresses import DEFAULT_PORT, ServerAddress, parse_server
+from mbalancer.memcache.addresses import parse_server
 from mbalancer.memcache.hashing import parse_hash_spec
+from mbalancer.settings import ConfigError, Server, no_unknown, parse_section, typed
 
 REPLICA_MODES = ("equal", "weighted")
 MAC = re.compile(r"^[0-9a-fA-F]{2}(:[0-9a-fA-F]{2}){5}$")
-
-
-class ConfigError(ValueError):
-    """A config value that cannot be used; the message starts with the field, e.g. `servers[2].mac: ...`."""
-
-
-@dataclass(frozen=True)
-class Server:
-    name: str
-    ip: str
-    mac: str
-    port: int = DEFAULT_PORT
-
-    @property
-    def address(self) -> ServerAddress:
-        return ServerAddress(self.ip, self.port)
 
 
 AUTO_REPORT_KEYS = 50  # keys per monitor report with hot = "auto": the most the controller may choose
@@ -125,7 +110,7 @@ def config_option(path: Path | str, fail: Callable[[str], NoReturn]) -> Config:
 
 def parse_config(raw: dict[str, Any]) -> Config:
     """Check a parsed config document; unknown sections and keys are errors (a typo must not pass silently)."""
-    _no_unknown("", raw, SECTIONS)
+    no_unknown("", raw, SECTIONS)
     servers = tuple(_server(i, entry) for i, entry in enumerate(_list(raw, "servers")))
     if not servers:
         raise ConfigError("servers: give at least one [[servers]] entry (name, ip, mac, port)")
@@ -165,7 +150,7 @@ def parse_dataplane(raw: Any) -> DataPlane:
     from dataplanes.registry import KINDS  # here: the registry reads its sections with parse_section below
     if not isinstance(raw, dict):
         raise ConfigError("dataplane: must be a table ([dataplane])")
-    _no_unknown("dataplane.", raw, {"kind"} | {k.name for k in KINDS.values() if k.settings})
+    no_unknown("dataplane.", raw, {"kind"} | {k.name for k in KINDS.values() if k.settings})
     kind = raw.get("kind", DataPlane.kind)
     if not isinstance(kind, str):
         raise ConfigError(f"dataplane.kind: expected str, got {kind!r}")
@@ -186,25 +171,15 @@ def _check_kind(name: str) -> None:
                           f"(choose from {', '.join(k.name for k in KINDS.values() if k.driver and not k.missing)})")
 
 
-def parse_section(values: Any, where: str, kind: type) -> Any:
-    """A table of settings as the dataclass `kind` (every field has a default); unknown keys and values of the
-    wrong type are errors naming the field, e.g. `dataplane.ebpf.switches: ...`."""
-    if not isinstance(values, dict):
-        raise ConfigError(f"{where}: must be a table ([{where}])")
-    fields = kind.__dataclass_fields__
-    _no_unknown(where + ".", values, set(fields))
-    return kind(**{k: _typed(f"{where}.{k}", v, fields[k].type) for k, v in values.items()})
-
-
 def _server(index: int, entry: Any) -> Server:
     where = f"servers[{index}]"
     if not isinstance(entry, dict):
         raise ConfigError(f"{where}: must be a table with name, ip, mac and port")
-    _no_unknown(where + ".", entry, {"name", "ip", "mac", "port"})
+    no_unknown(where + ".", entry, {"name", "ip", "mac", "port"})
     for required in ("name", "ip", "mac"):
         if required not in entry:
             raise ConfigError(f"{where}.{required}: missing")
-    server = Server(**{k: _typed(f"{where}.{k}", v, Server.__dataclass_fields__[k].type) for k, v in entry.items()})
+    server = Server(**{k: typed(f"{where}.{k}", v, Server.__dataclass_fields__[k].type) for k, v in entry.items()})
     try:
         ipaddress.IPv4Address(server.ip)
     except ValueError:
@@ -245,40 +220,11 @@ def _section(raw: dict, name: str, kind: type):
     return parse_section(raw.get(name, {}), name, kind)
 
 
-def _typed(where: str, value: Any, annotation: str) -> Any:
-    """Check a value against a field's annotation (as text: `int`, `float | None`, ...)."""
-    allowed = [a.strip() for a in annotation.split("|")]
-    if value is None and "None" in allowed:
-        return None
-    if "float" in allowed and isinstance(value, (int, float)) and not isinstance(value, bool):
-        return float(value)
-    if "int" in allowed and isinstance(value, int) and not isinstance(value, bool):
-        return value
-    if "str" in allowed and isinstance(value, str):
-        return value
-    if "bool" in allowed and isinstance(value, bool):
-        return value
-    if "tuple[str, ...]" in allowed and isinstance(value, list) and all(isinstance(v, str) for v in value):
-        return tuple(value)
-    if "tuple[int, ...]" in allowed and isinstance(value, list) and all(
-            isinstance(v, int) and not isinstance(v, bool) for v in value):
-        return tuple(value)
-    names = {"tuple[str, ...]": "a list of strings", "tuple[int, ...]": "a list of integers", "bool": "true or false"}
-    raise ConfigError(f"{where}: expected {' or '.join(names.get(a, a) for a in allowed if a != 'None')}, "
-                      f"got {value!r}")
-
-
 def _list(raw: dict, name: str) -> list:
     value = raw.get(name, [])
     if not isinstance(value, list):
         raise ConfigError(f"{name}: must be a list of tables ([[{name}]])")
     return value
-
-
-def _no_unknown(prefix: str, table: dict, known: set[str]) -> None:
-    for key in table:
-        if key not in known:
-            raise ConfigError(f"{prefix}{key}: unknown setting (known: {', '.join(sorted(known))})")
 
 
 def _host_port(where: str, text: str) -> None:

@@ -16,8 +16,8 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from dataplanes.ebpf.program import PIN_ROOT, loaded_switches
-from dataplanes.ebpf.tables import Tables
+from dataplanes.bpf.program import PIN_ROOT, loaded_switches
+from dataplanes.bpf.tables import Tables
 from monitor.capture import CaptureError, LiveCapture
 from monitor.dataplane import SketchReader
 from mbalancer.config import AUTO_REPORT_KEYS, Balancing, Monitoring, config_option

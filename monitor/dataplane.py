@@ -1,7 +1,7 @@
 """Hot keys from the eBPF switch itself (`mbalancer monitor --source dataplane`): no packet is copied to user space.
 
 The program counts every get's key in a count-min sketch and keeps the keys with the largest estimates as
-candidates, per epoch (dataplanes/ebpf/bpf/sketch.h). Each interval the reader here flips the epoch, waits for
+candidates, per epoch (dataplanes/bpf/src/sketch.h). Each interval the reader here flips the epoch, waits for
 packets already in the program to finish, reads the finished epoch (candidates, gets per destination), zeroes it
 for its next turn and writes the same report as the capture-based monitor. The switch counts only while a reader
 renews the sketch's deadline (RENEW intervals ahead), so a reader that dies stops the cost within seconds.
@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 import time
 
-from dataplanes.ebpf.tables import SKETCH_BITS, Tables
+from dataplanes.bpf.tables import SKETCH_BITS, Tables
 from mbalancer.monitor_report import KeyRate, MonitorReport
 
 RENEW = 3  # intervals ahead the deadline is set at each read

@@ -71,7 +71,7 @@ def why_no_mininet() -> str | None:
     import os
     import shutil
 
-    from dataplanes.ebpf.program import available
+    from dataplanes.bpf.program import available
     if os.geteuid() != 0:
         return "needs root"
     return available() or (None if shutil.which("mnexec") else "mnexec missing (apt package mininet)")

@@ -24,7 +24,7 @@ def skip_without_ebpf() -> None:
 
     import pytest
 
-    from dataplanes.ebpf.program import available
+    from dataplanes.bpf.program import available
     why_not = available() if os.geteuid() == 0 else "needs root"
     if why_not:
         pytest.skip(f"eBPF data plane cannot run here: {why_not}")

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from dataplanes.ebpf.program import PIN_ROOT, available
+from dataplanes.bpf.program import PIN_ROOT, available
 from topologies.claim import NetworkClaim
 from topologies.netns import NamespaceNetwork
 from topologies.shapes import TopologyError

@@ -10,7 +10,7 @@ import urllib.request
 import pytest
 
 from controller.core import ControllerCore
-from controller.drivers.recording import RecordingDriver
+from dataplanes.recording.driver import RecordingDriver
 from controller.http_api import json_safe, serve, start_serving
 from experiments.workload.trace import get_frames, write_pcap, zipf_trace
 from mbalancer.config import parse_config

@@ -11,7 +11,7 @@ import time
 import pytest
 
 from controller.core import ControllerCore
-from controller.drivers.recording import RecordingDriver
+from dataplanes.recording.driver import RecordingDriver
 from controller.health import HealthTracker, Prober
 from experiments.workload.trace import tcp_frame, udp_frame
 from mbalancer.config import parse_config

@@ -12,10 +12,10 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from dataplanes.ebpf.bpf_syscall import obj_get, prog_test_run
-from dataplanes.ebpf.program import DataPlane, available
+from dataplanes.bpf.bpf_syscall import obj_get, prog_test_run
+from dataplanes.bpf.program import DataPlane, available
 from dataplanes.ebpf.standalone import status
-from dataplanes.ebpf.tables import Tables
+from dataplanes.bpf.tables import Tables
 from experiments.workload.trace import tcp_frame, udp_frame, zipf_trace
 from monitor.cli import READY
 from monitor.dataplane import SketchReader, overstatement

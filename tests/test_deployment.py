@@ -10,7 +10,7 @@ import subprocess
 
 import pytest
 
-from dataplanes.ebpf.program import PIN_ROOT, available, mirror_link_of
+from dataplanes.bpf.program import PIN_ROOT, available, mirror_link_of
 from mbalancer.memcache.server import free_port
 from monitor.cli import READY
 from tests.conftest import MBALANCER, eventually, memcached_answers, wait_for_line

@@ -14,7 +14,7 @@ from typing import Callable
 import pytest
 
 from dataplanes.driver import Driver, DriverError, ReplicaWeight
-from controller.drivers.recording import RecordingDriver
+from dataplanes.recording.driver import RecordingDriver
 from dataplanes import registry
 from mbalancer.config import Server
 
@@ -60,8 +60,8 @@ def recording_harness():
 
 
 def ebpf_harness():
-    from dataplanes.ebpf.bpf_syscall import obj_get, prog_test_run
-    from dataplanes.ebpf.program import DataPlane
+    from dataplanes.bpf.bpf_syscall import obj_get, prog_test_run
+    from dataplanes.bpf.program import DataPlane
     from tests.pipeline_fixtures import request_to
 
     plane = DataPlane(f"contract{os.getpid()}").load()
@@ -102,9 +102,9 @@ def ebpf_harness():
 
 def openflow_harness():
     """The OpenFlow driver: the real key classifier in the kernel, the switch a recorded flow table."""
-    from controller.drivers.openflow import OpenflowDriver
-    from dataplanes.ebpf.bpf_syscall import obj_get, prog_test_run
-    from dataplanes.ebpf.program import CLASSIFIER, DataPlane
+    from dataplanes.openflow.driver import OpenflowDriver
+    from dataplanes.bpf.bpf_syscall import obj_get, prog_test_run
+    from dataplanes.bpf.program import CLASSIFIER, DataPlane
     from dataplanes.openflow import Settings
     from tests.openflow_switch import RecordedSwitch
     from tests.pipeline_fixtures import request_to
@@ -147,7 +147,7 @@ def p4_harness():
     """The P4Runtime driver on a running simple_switch_grpc: gets sent through its ports, every server's MAC
     forwarded to one port where the test reads where each get went."""
     from dataplanes.driver import ForwardingEntry
-    from controller.drivers.p4runtime import P4RuntimeDriver
+    from dataplanes.p4.driver import P4RuntimeDriver
     from dataplanes.p4 import Settings
     from dataplanes.p4.bmv2 import Bmv2Switch
     from dataplanes.p4.pipeline import Pipeline

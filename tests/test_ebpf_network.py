@@ -15,8 +15,8 @@ from mbalancer.memcache.addresses import ServerAddress
 from mbalancer.memcache.client import tcp_client
 from mbalancer.memcache.meta import MetaClient, StoredItem
 from tests.conftest import eventually, memcached_answers
-from dataplanes.ebpf.program import available
-from dataplanes.ebpf.tables import Tables
+from dataplanes.bpf.program import available
+from dataplanes.bpf.tables import Tables
 from topologies.netns import NamespaceNetwork
 
 why_not = available() if os.geteuid() == 0 else "needs root (namespaces, bpf)"

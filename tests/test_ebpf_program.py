@@ -10,9 +10,10 @@ import re
 
 import pytest
 
-from dataplanes.ebpf.bpf_syscall import obj_get, prog_test_run
-from dataplanes.ebpf.program import HERE, DataPlane, available
-from dataplanes.ebpf.tables import COUNTERS, STRUCT_SIZES, HotEntry, Tables, cumulative_weights, key_bucket
+from dataplanes.bpf.bpf_syscall import obj_get, prog_test_run
+from dataplanes.bpf.program import SOURCE, DataPlane, available
+from dataplanes.bpf.tables import STRUCT_SIZES, HotEntry, Tables, key_bucket
+from dataplanes.pipeline import COUNTERS, cumulative_weights
 
 pytest.importorskip("scapy.all")
 from scapy.all import IP, Ether  # noqa: E402
@@ -103,7 +104,7 @@ def test_struct_sizes_match_the_loaded_maps(plane):
 
 
 def test_counter_names_follow_the_c_enum():
-    source = (HERE / "bpf" / "structs.h").read_text()
+    source = (SOURCE.parent / "structs.h").read_text()
     enum = source[source.index("enum mb_counter {"):].split("}")[0]
     names = [name.lower() for name in re.findall(r"MB_C_(\w+)", enum) if name != "COUNT"]
     assert tuple(names) == COUNTERS

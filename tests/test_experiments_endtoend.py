@@ -22,7 +22,7 @@ from mbalancer.config import Balancing
 from mbalancer.memcache.addresses import ServerAddress
 from tests.conftest import why_no_mininet
 from dataplanes import registry
-from dataplanes.ebpf.program import CLASSIFIER, PIN_ROOT
+from dataplanes.bpf.program import CLASSIFIER, PIN_ROOT
 from dataplanes.openflow.ovs import RUN_ROOT
 from topologies.shapes import LinkSpec, TopologyError, host_plan
 from topologies.testbed import TestbedSpec

@@ -11,7 +11,7 @@ import os
 
 import pytest
 
-from dataplanes.ebpf.program import available
+from dataplanes.bpf.program import available
 
 why_not = available() if os.geteuid() == 0 else "needs root (namespaces, bpf, tc)"
 pytestmark = pytest.mark.skipif(why_not is not None, reason=f"eBPF data plane cannot run here: {why_not}")

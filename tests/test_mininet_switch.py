@@ -14,8 +14,8 @@ def test_every_host_reaches_every_other(topology):
     from mininet.net import Mininet
     from mininet.topo import LinearTopo, SingleSwitchTopo
 
-    from dataplanes.ebpf.program import PIN_ROOT
-    from topologies.mininet_switch import EbpfSwitch
+    from dataplanes.bpf.program import PIN_ROOT
+    from dataplanes.ebpf.mininet_switch import EbpfSwitch
     topo = SingleSwitchTopo(3) if topology == "single" else LinearTopo(k=3, n=1)
     net = Mininet(topo=topo, switch=EbpfSwitch, controller=None, autoSetMacs=True)
     net.start()
@@ -38,12 +38,12 @@ def test_a_hot_key_is_balanced_once_across_two_switches():
     from mininet.topo import LinearTopo
 
     from dataplanes.driver import ReplicaWeight
-    from controller.drivers.ebpf import EbpfDriver
+    from dataplanes.ebpf.driver import EbpfDriver
     from mbalancer.config import Server
     from tests.conftest import eventually
     from tests.test_ebpf_network import CLIENT
-    from dataplanes.ebpf.program import PIN_ROOT
-    from topologies.mininet_switch import EbpfSwitch
+    from dataplanes.bpf.program import PIN_ROOT
+    from dataplanes.ebpf.mininet_switch import EbpfSwitch
     net = Mininet(topo=LinearTopo(k=2, n=2), switch=EbpfSwitch, controller=None, autoSetMacs=True)
     net.start()
     driver, processes = None, []

@@ -12,14 +12,14 @@ import time
 import pytest
 
 from dataplanes.driver import DriverError, ReplicaWeight
-from dataplanes.ebpf.program import CLASSIFIER, DataPlane, available as ebpf_available
-from dataplanes.ebpf.tables import Tables
+from dataplanes.bpf.program import CLASSIFIER, DataPlane, available as ebpf_available
+from dataplanes.bpf.tables import Tables
 from dataplanes.openflow import Settings, tags
 from dataplanes.openflow.ovs import OpenVSwitch, available as ovs_available
 from dataplanes.openflow.weights import bucket_weights, win_shares
 from mbalancer.config import Server
 from tests.conftest import eventually
-from controller.drivers.openflow import OpenflowDriver, driver_from_settings
+from dataplanes.openflow.driver import OpenflowDriver, driver_from_settings
 from dataplanes.openflow import messages
 from tests.openflow_switch import Datapath, RecordedSwitch
 

@@ -19,7 +19,7 @@ from mbalancer.memcache.client import tcp_client
 from mbalancer.memcache.hashing import make_hash
 from mbalancer.memcache.meta import MetaClient, StoredItem
 from dataplanes import registry
-from dataplanes.ebpf.tables import Tables
+from dataplanes.bpf.tables import Tables
 from tests.conftest import eventually, memcached_answers
 from tests.test_ebpf_network import (client_gets, cold_and_multi_gets_reach_their_home,
                                      hot_gets_spread_evenly_and_answered_from_home, hits)

@@ -17,7 +17,7 @@ pytest.importorskip("scapy.all")
 from scapy.all import Ether  # noqa: E402
 
 from dataplanes.driver import ForwardingEntry, ReplicaWeight  # noqa: E402
-from controller.drivers.p4runtime import P4RuntimeDriver  # noqa: E402
+from dataplanes.p4.driver import P4RuntimeDriver  # noqa: E402
 from dataplanes.p4 import Settings  # noqa: E402
 from dataplanes.p4.bmv2 import Bmv2Switch  # noqa: E402
 from dataplanes.p4.pipeline import COMPILER, PROGRAMS, Pipeline, available, compile_program, outputs  # noqa: E402

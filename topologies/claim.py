@@ -13,12 +13,11 @@ import fcntl
 import json
 import logging
 import os
-import shutil
 import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from dataplanes.ebpf.program import CLASSIFIER, PIN_ROOT, mirror_link_of
+from dataplanes import registry
 from topologies.shapes import TopologyError
 
 log = logging.getLogger(__name__)
@@ -31,25 +30,14 @@ class Made:
     """What a network makes in the root namespace (all of it goes when it closes)."""
     interfaces: list[str] = field(default_factory=list)
     namespaces: list[str] = field(default_factory=list)
-    # switches: pins (eBPF switch or OpenFlow key classifier), mirror links, private Open vSwitch and bmv2 process
-    # named after them
+    # switches: whatever a data plane makes named after a switch (pins, mirror links, a private Open vSwitch, a bmv2
+    # process): each kind's leftovers hook in the registry removes its own
     switches: list[str] = field(default_factory=list)
 
     def remove(self) -> list[str]:
         """Delete whatever of it still exists; the names of what was there."""
-        from dataplanes.openflow.ovs import remove_left_over
-        from dataplanes.p4.bmv2 import remove_left_over as remove_bmv2
-        removed = []
-        for switch in self.switches:
-            for pins in (PIN_ROOT / switch, CLASSIFIER.pin_root / switch):
-                if pins.exists():
-                    shutil.rmtree(pins, ignore_errors=True)
-                    removed.append(f"pins {pins}")
-            if remove_left_over(switch):
-                removed.append(f"Open vSwitch {switch}")
-            if remove_bmv2(switch):
-                removed.append(f"bmv2 {switch}")
-        for iface in self.interfaces + [end for s in self.switches for end in mirror_link_of(s)]:
+        removed = [what for switch in self.switches for what in registry.remove_left_over(switch)]
+        for iface in self.interfaces:
             if Path("/sys/class/net", iface).exists():
                 subprocess.run(["ip", "link", "del", iface], capture_output=True)
                 removed.append(iface)

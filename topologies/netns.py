@@ -14,14 +14,13 @@ a failed start; processes started with `popen` are stopped by PID.
 """
 from __future__ import annotations
 
-import shlex
 import subprocess
 from dataclasses import dataclass, field
 
 from typing import Any
 
 from dataplanes import registry
-from dataplanes.ebpf.program import DataPlane, DataPlaneError
+from dataplanes.switch_nodes import sh
 from mbalancer.processes import stop_process
 from topologies.claim import Made, NetworkClaim
 
@@ -36,111 +35,6 @@ class Host:
     ip: str
     mac: str
     port: str  # the switch port it is wired to
-
-
-def _sh(*args: str, check: bool = True) -> subprocess.CompletedProcess:
-    result = subprocess.run(args, capture_output=True, text=True)
-    if check and result.returncode:
-        raise DataPlaneError(f"{' '.join(map(shlex.quote, args))}: {result.stderr.strip()}")
-    return result
-
-
-class EbpfPorts:
-    """The eBPF data plane over the network's switch ports, with its mirror link."""
-
-    def __init__(self, tag: str):
-        self.plane = DataPlane(tag)
-        self.ports: list[str] = []
-
-    def start(self, ports: list[str], wire_ends: list[tuple[str | None, str]] = ()) -> None:
-        self.ports = list(ports)
-        self.plane.load()
-        self.plane.serve(ports, self.plane.add_mirror_link())
-
-    def reload(self) -> None:
-        """Unload the program and load it again: every table starts empty, as after a switch restart."""
-        self.close()
-        self.start(self.ports)
-
-    def close(self) -> None:
-        self.plane.unload()
-
-    def driver_settings(self) -> dict[str, Any]:
-        return {"switches": [self.plane.name]}
-
-
-class BridgePorts:
-    """A Linux bridge over the network's switch ports: forwarding only."""
-
-    def __init__(self, tag: str):
-        self.name = f"{tag}-br"
-
-    def start(self, ports: list[str], wire_ends: list[tuple[str | None, str]] = ()) -> None:
-        _sh("ip", "link", "add", self.name, "type", "bridge")
-        for port in ports:
-            _sh("ip", "link", "set", port, "master", self.name)
-        _sh("ip", "link", "set", self.name, "up")
-
-    def close(self) -> None:
-        _sh("ip", "link", "del", self.name, check=False)
-
-    def driver_settings(self) -> dict[str, Any]:
-        return {}
-
-
-class OvsPorts:
-    """Open vSwitch (a private instance, userspace datapath) over the network's switch ports, the key classifier on
-    the far end of every link, and ryu-manager (started by whoever drives it) as the controller at `controller`."""
-
-    def __init__(self, tag: str, controller: str = "127.0.0.1:6653"):
-        from dataplanes.openflow.ovs import OpenVSwitch
-        self.tag, self.controller = tag, controller
-        self.ovs = OpenVSwitch(tag)
-        self.bridge = f"{tag}-of"
-        self.classifier: DataPlane | None = None
-
-    def start(self, ports: list[str], wire_ends: list[tuple[str | None, str]] = ()) -> None:
-        from dataplanes.openflow import classifier
-        self.classifier = classifier.load(self.tag, wire_ends)
-        self.ovs.start()
-        self.ovs.add_bridge(self.bridge, ports, f"tcp:{self.controller}")
-
-    def close(self) -> None:
-        self.ovs.stop()
-        if self.classifier is not None:
-            self.classifier.unload()
-            self.classifier = None
-
-    def driver_settings(self) -> dict[str, Any]:
-        return {"classifier": self.tag, "listen": self.controller}
-
-
-class Bmv2Ports:
-    """bmv2's simple_switch_grpc over the network's switch ports (P4Runtime on 127.0.0.1), checksum offload off on
-    every link's far end (bmv2 forwards frames as they are)."""
-
-    def __init__(self, tag: str):
-        self.tag = tag
-        self.bmv2 = None
-
-    def start(self, ports: list[str], wire_ends: list[tuple[str | None, str]] = ()) -> None:
-        from dataplanes.p4.bmv2 import Bmv2Switch, no_checksum_offload
-        for netns, iface in wire_ends:
-            no_checksum_offload(iface, netns)
-        self.bmv2 = Bmv2Switch(self.tag, ports).start().bootstrap()  # forwards L2 before a controller attaches
-
-    def reload(self) -> None:
-        """Restart the switch: it comes back empty, as after a crash (then forwards L2 again)."""
-        self.bmv2.restart()
-        self.bmv2.bootstrap()
-
-    def close(self) -> None:
-        if self.bmv2 is not None:
-            self.bmv2.stop()
-            self.bmv2 = None
-
-    def driver_settings(self) -> dict[str, Any]:
-        return {"switches": [self.bmv2.address], "ports": list(range(1, len(self.bmv2.interfaces) + 1))}
 
 
 @dataclass
@@ -192,21 +86,21 @@ class NamespaceNetwork:
         for number, name in enumerate(self._host_names(), 1):
             host = Host(name, f"{self.tag}-{name}", f"{SUBNET}.{number}", f"02:00:00:00:00:{number:02x}",
                         f"{self.tag}-{name}")
-            _sh("ip", "netns", "add", host.netns)
-            _sh("ip", "link", "add", host.port, "type", "veth", "peer", "name", "eth0", "netns", host.netns)
+            sh("ip", "netns", "add", host.netns)
+            sh("ip", "link", "add", host.port, "type", "veth", "peer", "name", "eth0", "netns", host.netns)
             ns = ("ip", "netns", "exec", host.netns)
-            _sh(*ns, "ip", "link", "set", "eth0", "address", host.mac)
-            _sh(*ns, "ip", "addr", "add", f"{host.ip}/24", "dev", "eth0")
-            _sh(*ns, "ip", "link", "set", "eth0", "up")
-            _sh(*ns, "ip", "link", "set", "lo", "up")
+            sh(*ns, "ip", "link", "set", "eth0", "address", host.mac)
+            sh(*ns, "ip", "addr", "add", f"{host.ip}/24", "dev", "eth0")
+            sh(*ns, "ip", "link", "set", "eth0", "up")
+            sh(*ns, "ip", "link", "set", "lo", "up")
             self.hosts.append(host)
         root = f"{self.tag}-r"
-        _sh("ip", "link", "add", root, "type", "veth", "peer", "name", f"{self.tag}-rp")
-        _sh("ip", "addr", "add", f"{ROOT_IP}/24", "dev", root)
+        sh("ip", "link", "add", root, "type", "veth", "peer", "name", f"{self.tag}-rp")
+        sh("ip", "addr", "add", f"{ROOT_IP}/24", "dev", root)
         ports = [h.port for h in self.hosts] + [f"{self.tag}-rp"]
         for iface in ports + [root]:
-            _sh("sysctl", "-qw", f"net.ipv6.conf.{iface}.disable_ipv6=1", check=False)  # no IPv6 chatter
-            _sh("ip", "link", "set", iface, "up")
+            sh("sysctl", "-qw", f"net.ipv6.conf.{iface}.disable_ipv6=1", check=False)  # no IPv6 chatter
+            sh("ip", "link", "set", iface, "up")
         self.switch = switch_class(self.tag)
         self.switch.start(ports, [(h.netns, "eth0") for h in self.hosts] + [(None, root)])
 
@@ -228,9 +122,9 @@ class NamespaceNetwork:
             self.switch.close()
             self.switch = None
         for iface in [f"{self.tag}-r"] + [h.port for h in self.hosts]:
-            _sh("ip", "link", "del", iface, check=False)
+            sh("ip", "link", "del", iface, check=False)
         for host in self.hosts:
-            _sh("ip", "netns", "del", host.netns, check=False)
+            sh("ip", "netns", "del", host.netns, check=False)
         self.hosts.clear()
         if self.claim is not None:
             self.claim.release()

@@ -122,8 +122,3 @@ class LeafSpineTopo(_PlannedTopo):
 
 TOPOLOGIES = ("single", "leafspine")
 
-
-def peer_intf(intf):
-    """The interface at the other end of a Mininet interface's link."""
-    link = intf.link
-    return link.intf2 if link.intf1 is intf else link.intf1

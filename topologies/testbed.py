@@ -17,13 +17,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dataplanes import registry
+from dataplanes.switch_nodes import peer_intf
 from mbalancer.config import DataPlane, Server
 from mbalancer.memcache.addresses import ServerAddress
 from mbalancer.memcache.server import MemcachedServer
 from mbalancer.processes import stop_process
 from topologies.claim import Made, NetworkClaim
-from topologies.shapes import (CONTROLLER_HOST, TOPOLOGIES, LeafSpineTopo, LinkSpec, SingleSwitchTopo, TopologyError,
-                               peer_intf)
+from topologies.shapes import (CONTROLLER_HOST, TOPOLOGIES, LeafSpineTopo, LinkSpec, SingleSwitchTopo, TopologyError)
 
 log = logging.getLogger(__name__)
 

@@ -1,13 +1,12 @@
 """The eBPF data plane: a tc (clsact ingress) program on every port of a Linux switch, its tables in BPF maps.
 
-bpf/            the program in C, split Katran-style: structs.h, maps.h, parse.h, rewrite.h, sketch.h, mbalancer.bpf.c
-program.py      build (clang, at install), load and pin per switch (bpftool), attach to ports (tc), unload
-bpf_syscall.py  the bpf(2) calls the control side needs, through ctypes (microseconds per map write)
-tables.py       the control library: every map of maps.h read and written through one class
-standalone.py   a switch on this machine's own interfaces: `mbalancer switch attach | detach | status`
+The program and its control library are the BPF toolkit one floor down (dataplanes/bpf/: the C source split
+Katran-style, build/load/pin, the map tables), shared with the OpenFlow data plane's key classifier. Here:
 
-Its driver is controller/drivers/ebpf.py; its switch nodes are topologies/mininet_switch.py (Mininet) and
-topologies/netns.py (plain namespaces).
+driver.py          the controller's driver: hot keys written to every switch's maps, mirrored writes read back
+netns_switch.py    the switch of the namespace topology (topologies/netns.py)
+mininet_switch.py  the switch of Mininet topologies (topologies/testbed.py)
+standalone.py      a switch on this machine's own interfaces: `mbalancer switch attach | detach | status`
 """
 from __future__ import annotations
 

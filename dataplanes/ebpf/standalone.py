@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Sequence
 
-from dataplanes.ebpf.program import PIN_ROOT, DataPlane, DataPlaneError, loaded_switches, mirror_link_of
+from dataplanes.bpf.program import PIN_ROOT, DataPlane, DataPlaneError, loaded_switches, mirror_link_of
 
 RECORDS = Path("/run/mbalancer/switches")  # /run: gone after a reboot, as the program and its pins are
 
@@ -94,7 +94,7 @@ def detach(name: str) -> list[str]:
 def status(name: str) -> dict:
     """What switch `name` is: its ports (from the record), memcached ports, hot keys, lease, whether its hot-key
     sketch is being read, and counters."""
-    from dataplanes.ebpf.tables import Tables  # needs the bpf syscall; importing the module does not
+    from dataplanes.bpf.tables import Tables  # needs the bpf syscall; importing the module does not
     record = SwitchRecord.read(name)
     tables = Tables(PIN_ROOT / name)
     try:

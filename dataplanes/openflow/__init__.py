@@ -10,9 +10,9 @@ tags.py      the tag layout, shared with the C program
 ovs.py       a private Open vSwitch (its own ovsdb-server and ovs-vswitchd, netdev datapath) and its bridges
 messages.py  every OpenFlow message the driver sends (Ryu's OpenFlow 1.5 parser), faucet's valve_of.py way
 weights.py   bucket weights that make OVS's hash selection give the core's shares
-classifier.py load the classifier and attach it to the wire side of a switch's ports
-
-Its driver is controller/drivers/openflow.py, run inside ryu-manager by controller/ryu_app.py.
+classifier.py load the classifier (dataplanes/bpf/, shared with the eBPF switch) on the wire side of a switch's ports
+driver.py    the controller's driver, run inside ryu-manager by controller/ryu_app.py
+netns_switch.py, mininet_switch.py  the switch of the namespace and Mininet topologies
 """
 from __future__ import annotations
 

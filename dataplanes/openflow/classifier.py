@@ -12,7 +12,7 @@ import shutil
 from pathlib import Path
 from typing import Sequence
 
-from dataplanes.ebpf.program import CLASSIFIER, DataPlane, DataPlaneError, build as build_program, mount_bpffs
+from dataplanes.bpf.program import CLASSIFIER, DataPlane, DataPlaneError, build as build_program, mount_bpffs
 
 
 def build(force: bool = False) -> Path:
@@ -40,7 +40,7 @@ def available() -> str | None:
 def load(name: str, wire_ends: Sequence[tuple[str | None, str]], memcached_ports: Sequence[int] = (11211,)) \
         -> DataPlane:
     """Load the classifier as `name` and attach it to each (network namespace or None, interface) wire end."""
-    from dataplanes.ebpf.tables import Tables
+    from dataplanes.bpf.tables import Tables
     plane = DataPlane(name, CLASSIFIER).load()
     try:
         for netns, iface in wire_ends:

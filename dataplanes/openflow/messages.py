@@ -19,7 +19,7 @@ from ryu.ofproto import ofproto_v1_5 as ofp
 from ryu.ofproto import ofproto_v1_5_parser as parser
 
 from dataplanes.openflow import tags
-from mbalancer.config import Server
+from mbalancer.settings import Server
 
 LEARN, TAGS, L2 = 0, 1, 2
 COOKIE = 0x4d42  # "MB": every flow this driver installs

@@ -40,12 +40,12 @@ def available() -> str | None:
     return None if SCHEMA.exists() else f"{SCHEMA} is missing (apt openvswitch-common)"
 
 
-def remove_left_over(name: str) -> bool:
+def remove_left_over(name: str) -> list[str]:
     """Stop the daemons of a private Open vSwitch that a killed run left (by the PIDs in its pidfiles), delete its
-    bridges' interfaces and remove its directory; True if there was one."""
+    bridges' interfaces and remove its directory; what was there, named (the registry's leftovers hook)."""
     rundir = RUN_ROOT / name
     if not rundir.exists():
-        return False
+        return []
     for pidfile in rundir.glob("*.pid"):
         try:
             pid = int(pidfile.read_text().strip())
@@ -56,7 +56,7 @@ def remove_left_over(name: str) -> bool:
     for bridge in (rundir / BRIDGES).read_text().split() if (rundir / BRIDGES).exists() else []:
         subprocess.run(["ip", "link", "del", bridge], capture_output=True)  # the netdev datapath's tap
     shutil.rmtree(rundir, ignore_errors=True)
-    return True
+    return [f"Open vSwitch {name}"]
 
 
 class OpenVSwitch:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 FIRST = 0x0e
 GET, COPY, REPLY = 1, 2, 3
-ENTROPY_BITS = 10  # as MB_TAG_ENTROPY_BITS in dataplanes/ebpf/bpf/mbalancer.bpf.c
+ENTROPY_BITS = 10  # as MB_TAG_ENTROPY_BITS in dataplanes/bpf/src/mbalancer.bpf.c
 ANY_TAG = ("0e:00:00:00:00:00", "ff:00:00:00:00:00")  # (value, mask): every tagged MAC
 
 

@@ -3,8 +3,11 @@
 pipeline.py  the compiled program (committed: p4src/compiled/, P4Info and bmv2 JSON), its names and ids, p4c
 client.py    one P4Runtime connection: arbitration, pipeline push, writes, reads, PacketIn/PacketOut
 bmv2.py      run simple_switch_grpc on a set of interfaces (topologies and tests)
+entries.py   table entries and counters by name
+driver.py    the controller's driver over P4Runtime
+netns_switch.py, mininet_switch.py  the switch of the namespace and Mininet topologies
 
-Its driver is controller/drivers/p4runtime.py. bmv2 and p4c come from p4lang (packages or your own build), not
+bmv2 and p4c come from p4lang (packages or your own build), not
 from this repository: `simple_switch_grpc` and `p4c` on PATH (`make p4` and `make p4c` build them).
 """
 from __future__ import annotations

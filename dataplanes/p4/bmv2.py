@@ -112,12 +112,12 @@ def pidfile(name: str) -> Path:
     return RUN_DIR / f"{name}.pid"
 
 
-def remove_left_over(name: str) -> bool:
-    """Stop the simple_switch_grpc a killed run left (by the PID in its pidfile, if that is still the switch);
-    True if there was one."""
+def remove_left_over(name: str) -> list[str]:
+    """Stop the simple_switch_grpc a killed run left (by the PID in its pidfile, if that is still the switch); what
+    was there, named (the registry's leftovers hook)."""
     path = pidfile(name)
     if not path.exists():
-        return False
+        return []
     try:
         pid = int(path.read_text().strip())
         if Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0].endswith(SWITCH.encode()):
@@ -125,7 +125,7 @@ def remove_left_over(name: str) -> bool:
     except (OSError, ValueError):
         pass
     path.unlink(missing_ok=True)
-    return True
+    return [f"bmv2 {name}"]
 
 
 def no_checksum_offload(iface: str, netns: str | None = None) -> None:

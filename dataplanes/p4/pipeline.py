@@ -29,9 +29,7 @@ SWITCH = "simple_switch_grpc"
 # Numbers the program defines that the controller must agree with (p4src/headers.p4)
 MIRROR_SESSION = 100
 FLOOD_GROUP = 1
-MAX_HOT = 4096
-MAX_REPLICAS = 8
-# switch_counters' indexes are the eBPF program's counters, in its order (dataplanes/ebpf/tables.py COUNTERS);
+# switch_counters' indexes are the eBPF program's counters, in its order (dataplanes/pipeline.py COUNTERS);
 # "cloned" is counted in egress instead, where the copy to the controller exists
 
 

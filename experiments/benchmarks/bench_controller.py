@@ -21,7 +21,7 @@ import time
 import urllib.request
 
 from controller.core import ControllerCore
-from controller.drivers.recording import RecordingDriver
+from dataplanes.recording.driver import RecordingDriver
 from controller.http_api import serve, start_serving
 from experiments.workload.trace import tcp_frame
 from mbalancer.config import parse_config

@@ -26,9 +26,9 @@ from pathlib import Path
 
 import numpy as np
 
-from dataplanes.ebpf.bpf_syscall import obj_get, prog_test_run
-from dataplanes.ebpf.program import DataPlane, available
-from dataplanes.ebpf.tables import Tables
+from dataplanes.bpf.bpf_syscall import obj_get, prog_test_run
+from dataplanes.bpf.program import DataPlane, available
+from dataplanes.bpf.tables import Tables
 from experiments.benchmarks.rows import write_csv
 from experiments.workload.trace import udp_frame, zipf_trace
 from monitor.dataplane import SketchReader, overstatement

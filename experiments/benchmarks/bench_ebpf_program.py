@@ -35,9 +35,10 @@ import time
 
 from scapy.all import IP, UDP, Ether, Raw
 
-from dataplanes.ebpf.bpf_syscall import obj_get, prog_test_run
-from dataplanes.ebpf.program import DataPlane, available
-from dataplanes.ebpf.tables import HotEntry, Tables, cumulative_weights
+from dataplanes.bpf.bpf_syscall import obj_get, prog_test_run
+from dataplanes.bpf.program import DataPlane, available
+from dataplanes.bpf.tables import HotEntry, Tables
+from dataplanes.pipeline import cumulative_weights
 
 CLIENT = ("02:00:00:00:00:aa", "10.0.0.100")
 SERVERS = (("02:00:00:00:00:01", "10.0.0.1"), ("02:00:00:00:00:02", "10.0.0.2"))

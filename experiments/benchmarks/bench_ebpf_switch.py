@@ -32,8 +32,8 @@ from pathlib import Path
 from scapy.all import IP, UDP, Ether, Raw
 
 from dataplanes.driver import ReplicaWeight
-from dataplanes.ebpf.program import compile_bpf
-from dataplanes.ebpf.tables import Tables
+from dataplanes.bpf.program import compile_bpf
+from dataplanes.bpf.tables import Tables
 from experiments.benchmarks.rows import write_csv
 from experiments.endtoend.measure import cpu_times
 from experiments.workload.trace import write_pcap, write_trafgen, zipf_trace

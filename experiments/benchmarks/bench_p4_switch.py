@@ -26,8 +26,8 @@ import time
 from pathlib import Path
 
 from dataplanes.driver import ForwardingEntry, ReplicaWeight
-from controller.drivers.ebpf import EbpfDriver
-from dataplanes.ebpf.program import DataPlane, compile_bpf
+from dataplanes.ebpf.driver import EbpfDriver
+from dataplanes.bpf.program import DataPlane, compile_bpf
 from dataplanes.p4 import entries as e
 from dataplanes.p4.client import P4RuntimeClient
 from dataplanes.p4.pipeline import BASELINE, Pipeline, available, outputs

@@ -20,7 +20,7 @@ import threading
 import time
 
 from controller.core import ControllerCore
-from controller.drivers.recording import RecordingDriver
+from dataplanes.recording.driver import RecordingDriver
 from experiments.workload.trace import udp_frame
 from mbalancer.config import parse_config
 from mbalancer.memcache.meta import MetaClient, StoredItem

@@ -15,9 +15,9 @@ from dataclasses import replace
 from pathlib import Path
 
 from controller.core import ControllerCore
-from controller.drivers import make_driver
 from controller.http_api import serve, start_serving
 from controller.ryu_manager import launch
+from dataplanes import registry
 from mbalancer.config import Balancing, Config, Controller, Monitoring, config_toml
 from mbalancer.memcache.addresses import parse_server
 from mbalancer.memcache.hashing import KeyHash
@@ -35,7 +35,8 @@ class LocalController:
     """The core and its HTTP API in this process."""
 
     def __init__(self, config: Config, key_hash: KeyHash, out: Path):
-        self.core = ControllerCore(config, make_driver(config.dataplane), key_hash=key_hash)
+        driver = registry.get(config.dataplane.kind).make_driver(config.dataplane.settings)
+        self.core = ControllerCore(config, driver, key_hash=key_hash)
         self.http = None
         self.pid = os.getpid()
 

@@ -18,7 +18,7 @@ from typing import Any, Sequence
 
 from dataplanes.driver import (Counters, Driver, DriverError, ForwardingEntry, KeyCounters, LeftoverKey,
                                MirrorHandler, ReconnectHandler, ReplicaWeight, WriteStamp)
-from mbalancer.config import Server
+from mbalancer.settings import Server
 
 CALLS_KEPT = 10_000  # a dry run may last days: the call log keeps the latest only
 

@@ -20,13 +20,12 @@ from typing import Sequence
 
 from dataplanes.driver import (Counters, Driver, DriverError, ForwardingEntry, KeyCounters, LeftoverKey,
                                MirrorHandler, ReconnectHandler, ReplicaWeight, WriteStamp)
-from controller.drivers.ebpf import own_addresses
-from dataplanes.ebpf.tables import COUNTERS, MAX_KEY, cumulative_weights
 from dataplanes.p4 import Settings
 from dataplanes.p4 import entries as e
 from dataplanes.p4.client import P4RuntimeClient
-from dataplanes.p4.pipeline import MAX_HOT, MAX_REPLICAS, P4Error, Pipeline
-from mbalancer.config import Server
+from dataplanes.p4.pipeline import P4Error, Pipeline
+from dataplanes.pipeline import COUNTERS, MAX_HOT, MAX_KEY, MAX_REPLICAS, cumulative_weights, own_addresses
+from mbalancer.settings import Server
 
 log = logging.getLogger(__name__)
 RECONNECT_EVERY = 0.5  # seconds between tries to reach a switch whose stream broke

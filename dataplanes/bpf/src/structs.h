@@ -1,4 +1,4 @@
-/* Structs shared by the BPF program and its control library (dataplanes/ebpf/tables.py declares the same layouts;
+/* Structs shared by the BPF program and its control library (dataplanes/bpf/tables.py declares the same layouts;
  * tests/test_ebpf_program.py checks the sizes against the loaded maps and the counter names against the enum). */
 #ifndef MB_STRUCTS_H
 #define MB_STRUCTS_H

@@ -1,4 +1,4 @@
-/* Every table of the pipeline, declared once. Names are what dataplanes/ebpf/tables.py opens. */
+/* Every table of the pipeline, declared once. Names are what dataplanes/bpf/tables.py opens. */
 #ifndef MB_MAPS_H
 #define MB_MAPS_H
 

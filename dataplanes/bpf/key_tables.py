@@ -1,87 +1,55 @@
-"""The eBPF driver: the controller core's requests as writes to the maps of one or more eBPF switches.
+"""Hot keys in the maps of one or more copies of the BPF program (dataplanes/bpf/src/): the bookkeeping the eBPF
+switch's driver and the OpenFlow data plane's key classifier share, used by each by composition.
 
-Each switch has its own copy of the program and maps (dataplanes/ebpf/program.py pins them under
-/sys/fs/bpf/mbalancer/<switch>/); every hot-key request is written to all of them, so a key is balanced by the
-first switch on its path (later switches see the "already balanced" mark). Maps are written through the bpf
-syscall (dataplanes/ebpf/bpf_syscall.py says why). Mirrored writes arrive as clones on the switch's controller
-port: a thread reads them from the controller's end of that link with an AF_PACKET socket. The same thread
-notices a switch that was reloaded (its pins lead to new maps): the driver then reopens the maps, forgets its
-slots and asks the core to install everything again.
+Each copy (a switch, or a classifier) has its own maps, pinned under its directory; every hot-key request is
+written to all of them, so a key is balanced by the first switch on its path (later switches see the "already
+balanced" mark). Maps are written through the bpf syscall (dataplanes/bpf/bpf_syscall.py says why).
 
 Slots: each hot key gets a slot, the index of its write count, synced counts and counters. A slot is freed when
 the key is removed or its install is refused, and its counters are reset when it is reused. Keys a previous
-controller left in the maps are removed at attach, before any slot is handed out.
+controller left in the maps are removed at attach, before any slot is handed out. A copy that was reloaded (its
+pins lead to new maps) is noticed by reopen_if_reloaded: the maps are reopened and every slot forgotten, and the
+caller asks the core to install everything again.
 """
 from __future__ import annotations
 
 import logging
-import select
 import socket
 import threading
 import time
 from pathlib import Path
 from typing import Callable, Sequence
 
-from dataplanes.driver import (Counters, Driver, DriverError, ForwardingEntry, KeyCounters, LeftoverKey,
-                               MirrorHandler, ReconnectHandler, ReplicaWeight, WriteStamp)
-from dataplanes.ebpf import Settings
-from dataplanes.ebpf.bpf_syscall import BpfError
-from dataplanes.ebpf.program import PIN_ROOT, loaded_switches, mirror_link_of
-from dataplanes.ebpf.tables import MAX_HOT, MAX_REPLICAS, HotEntry, Tables, cumulative_weights
-from mbalancer.config import Server
+from dataplanes.bpf.bpf_syscall import BpfError
+from dataplanes.bpf.tables import HotEntry, Tables
+from dataplanes.driver import (Counters, DriverError, ForwardingEntry, KeyCounters, LeftoverKey, ReplicaWeight,
+                               WriteStamp)
+from dataplanes.pipeline import MAX_HOT, MAX_REPLICAS, cumulative_weights, own_addresses
+from mbalancer.settings import Server
 
 log = logging.getLogger(__name__)
-ETH_P_ALL = 0x0003
-PACKET_OUTGOING = 4
-WATCH_EVERY = 0.5  # seconds between checks that the switches are still the ones whose maps are open
 
 
-def driver_from_settings(settings: Settings) -> "EbpfDriver":
-    """The registry's factory: the named switches (every loaded one if none is named), each with its mirror link
-    where it has one."""
-    names = list(settings.switches) or loaded_switches()
-    if not names:
-        raise DriverError(f"no eBPF switch is loaded (nothing under {PIN_ROOT}): start a topology, or load the "
-                          f"data plane on your switch's ports first")
-    missing = [n for n in names if not (PIN_ROOT / n / "prog").exists()]
-    if missing:
-        raise DriverError(f"no eBPF switch named {', '.join(missing)} is loaded (loaded: "
-                          f"{', '.join(loaded_switches()) or 'none'})")
-    mirrors = [mirror_link_of(n)[1] for n in names if Path(f"/sys/class/net/{mirror_link_of(n)[1]}").exists()]
-    return EbpfDriver([PIN_ROOT / n for n in names], mirrors)
+class KeyTables:
+    """The driver-side state of the hot keys in every copy's maps; thread-safe (the core's worker writes, HTTP
+    threads and the reload watcher read)."""
 
-
-class EbpfDriver(Driver):
-    name = "ebpf"
-    max_replicas = MAX_REPLICAS
-
-    def __init__(self, pin_dirs: Sequence[Path | str], mirror_ifaces: Sequence[str] = ()):
-        """pin_dirs: one per switch; mirror_ifaces: the controller's ends of the switches' mirror links (none: no
-        mirrored writes are read, e.g. in packet-fixture tests)."""
+    def __init__(self, pin_dirs: Sequence[Path | str], what: str = "eBPF data plane"):
+        """pin_dirs: one per copy of the program; `what` names them in errors."""
         self.pin_dirs = [Path(p) for p in pin_dirs]
-        self.mirror_ifaces = list(mirror_ifaces)
+        self.what = what
         self.servers: tuple[Server, ...] = ()
         self.tables: list[Tables] = []
         self._reset_slots()
-        self.on_mirror: MirrorHandler | None = None
-        self.on_reconnect: ReconnectHandler | None = None
-        self.mirrors_received = 0  # copies delivered to on_mirror
-        self.lease_until = 0  # CLOCK_MONOTONIC ns: the lease as last renewed (written again to a reloaded switch)
+        self.lease_until = 0  # CLOCK_MONOTONIC ns: the lease as last renewed (written again to a reloaded copy)
         self.reconnects = 0
-        # The core's worker writes slots and tables; read_counters (HTTP threads) and the reload watcher read them.
         self._lock = threading.RLock()
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
 
-    def attach(self, servers: Sequence[Server], on_mirror: MirrorHandler,
-               on_reconnect: ReconnectHandler | None = None) -> list[LeftoverKey]:
+    def attach(self, servers: Sequence[Server]) -> list[LeftoverKey]:
+        """Open every copy's maps, write the servers there, and remove the hot keys a previous controller left."""
         self.servers = tuple(servers)
-        self.on_mirror, self.on_reconnect = on_mirror, on_reconnect
         self._open()
-        leftovers = self._remove_leftovers()
-        self._thread = threading.Thread(target=self._watch, name="mbalancer-ebpf", daemon=True)
-        self._thread.start()
-        return leftovers
+        return self._remove_leftovers()
 
     def install_hot_key(self, key: bytes, home: int, replicas: Sequence[ReplicaWeight]) -> None:
         with self._lock:
@@ -108,24 +76,24 @@ class EbpfDriver(Driver):
 
     def set_weights(self, key: bytes, replicas: Sequence[ReplicaWeight]) -> None:
         with self._lock:
-            entry = self._entry(self._slot(key), self.homes[key], replicas)
+            entry = self._entry(self.slot_of(key), self.homes[key], replicas)
             self._write_all(lambda t: t.set_hot(key, entry), f"weights of {key!r}")
 
     def remove_hot_key(self, key: bytes) -> None:
         with self._lock:
-            slot = self._slot(key)
+            slot = self.slot_of(key)
             self._write_all(lambda t: t.delete_hot(key), f"remove {key!r}")
             del self.slots[key], self.homes[key], self.write_bases[key]
             self.free_slots.append(slot)
 
     def set_dirty(self, key: bytes) -> None:
         with self._lock:
-            slot = self._slot(key)
+            slot = self.slot_of(key)
             self._write_all(lambda t: t.hold(slot), f"hold {key!r} dirty")
 
     def write_stamp(self, key: bytes) -> WriteStamp:
         with self._lock:
-            slot, home = self._slot(key), self.homes[key]
+            slot, home = self.slot_of(key), self.homes[key]
             try:
                 counts = tuple((t.writes(slot), t.unsure(home)) for t in self.tables)
                 written = sum(w for w, _ in counts) - sum(self.write_bases[key])
@@ -135,7 +103,7 @@ class EbpfDriver(Driver):
 
     def clear_dirty(self, key: bytes, stamp: WriteStamp) -> None:
         with self._lock:
-            slot = self._slot(key)
+            slot = self.slot_of(key)
             if len(stamp.counts) != len(self.tables):
                 raise DriverError(f"clear {key!r}: the stamp is from before a switch was reloaded")
             try:
@@ -174,10 +142,24 @@ class EbpfDriver(Driver):
         with self._lock:
             return [t.counters() for t in self.tables]
 
+    def hold_slot(self, slot: int) -> tuple[int, int]:
+        """Hold a slot dirty in the first copy; its synced counts before, to give back with restore_synced."""
+        tables = self.tables[0]
+        try:
+            synced = tables.synced(slot)
+            tables.hold(slot)
+        except (BpfError, ValueError) as err:
+            raise DriverError(f"hold slot {slot}: {err}") from None
+        return synced
+
+    def restore_synced(self, slot: int, synced: tuple[int, int]) -> None:
+        try:
+            self.tables[0].set_synced(slot, *synced)
+        except (BpfError, ValueError) as err:
+            raise DriverError(f"slot {slot}: synced counts not restored: {err}") from None
+
     def close(self) -> None:
-        self._stop.set()
-        if self._thread:
-            self._thread.join(timeout=2)
+        """End the lease (gets go home) and close the maps."""
         with self._lock:
             self.lease_until = 0
             try:
@@ -185,6 +167,25 @@ class EbpfDriver(Driver):
             except DriverError as err:  # the switch is gone already: nothing left to balance
                 log.info("lease not ended: %s", err)
             self._close_tables()
+
+    def reopen_if_reloaded(self) -> bool:
+        """True if a copy came back with new maps: they are reopened and every slot forgotten (the caller tells
+        the core to install its hot keys again)."""
+        with self._lock:
+            if all(t.current() for t in self.tables) and len(self.tables) == len(self.pin_dirs):
+                return False
+            if not all((p / "prog").exists() for p in self.pin_dirs):
+                return False  # unloaded, not (yet) loaded again: wait for it
+            log.warning("the %s was reloaded: its tables are empty; installing every hot key again", self.what)
+            self._close_tables()
+            self._reset_slots()
+            try:
+                self._open()
+            except DriverError as err:
+                log.warning("reopening the reloaded %s failed (%s): trying again", self.what, err)
+                return False
+            self.reconnects += 1
+            return True
 
     # --- inside ---------------------------------------------------------------------------------------------
     def _open(self) -> None:
@@ -200,7 +201,7 @@ class EbpfDriver(Driver):
                 tables.set_lease(self.lease_until)
         except (BpfError, ValueError) as err:
             self._close_tables()
-            raise DriverError(f"eBPF tables: {err}") from None
+            raise DriverError(f"{self.what} tables: {err}") from None
 
     def _remove_leftovers(self) -> list[LeftoverKey]:
         """Remove the hot keys a previous controller left (their copies may be stale; this core never synced them)."""
@@ -236,7 +237,8 @@ class EbpfDriver(Driver):
         return HotEntry(slot, home, tuple(r.server for r in replicas),
                         tuple(cumulative_weights([r.weight for r in replicas])))
 
-    def _slot(self, key: bytes) -> int:
+    def slot_of(self, key: bytes) -> int:
+        """The slot of an installed key; DriverError if it is not installed."""
         if key not in self.slots:
             raise DriverError(f"{key!r} is not installed")
         return self.slots[key]
@@ -271,93 +273,3 @@ class EbpfDriver(Driver):
             total.mirrored += counts.mirrored
             for server, n in zip(entry.servers if entry else (), counts.per_replica):
                 total.per_replica[server] = total.per_replica.get(server, 0) + n
-
-    # --- the driver's thread: mirrored writes in, reloads noticed -------------------------------------------
-    def _watch(self) -> None:
-        sockets = self._mirror_sockets()
-        checked = time.monotonic()
-        try:
-            while not self._stop.is_set():
-                if sockets:
-                    for sock in select.select(sockets, [], [], 0.2)[0]:
-                        self._read_mirror(sock, sockets)
-                else:
-                    self._stop.wait(0.2)
-                if time.monotonic() - checked >= WATCH_EVERY:
-                    checked = time.monotonic()
-                    if self._reloaded():
-                        for sock in sockets:
-                            sock.close()
-                        sockets = self._mirror_sockets()
-        finally:
-            for sock in sockets:
-                sock.close()
-
-    def _mirror_sockets(self) -> list[socket.socket]:
-        sockets = []
-        for iface in self.mirror_ifaces:
-            sock = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.htons(ETH_P_ALL))
-            try:
-                sock.bind((iface, 0))
-            except OSError as err:  # the switch is being reloaded: its link comes back with it
-                log.warning("mirror link %s not there (%s): mirrored writes from it are not read", iface, err)
-                sock.close()
-                continue
-            sockets.append(sock)
-        return sockets
-
-    def _read_mirror(self, sock: socket.socket, sockets: list[socket.socket]) -> None:
-        try:
-            frame, address = sock.recvfrom(65535)
-        except OSError as err:  # the link went away (the topology is being torn down, or the switch reloaded)
-            log.info("mirror capture on %s ended: %s", address_of(sock), err)
-            sockets.remove(sock)
-            sock.close()
-            return
-        if address[2] == PACKET_OUTGOING or frame[12:14] != b"\x08\x00":
-            return  # mirrors are IPv4; the link's own IPv6 chatter is not
-        self.mirrors_received += 1
-        try:
-            self.on_mirror(frame)
-        except Exception:  # the core queues; a failure there must not end the capture
-            log.exception("mirror handler failed")
-
-    def _reloaded(self) -> bool:
-        """True if a switch came back with new maps (and the driver has reopened them and told the core)."""
-        with self._lock:
-            if all(t.current() for t in self.tables) and len(self.tables) == len(self.pin_dirs):
-                return False
-            if not all((p / "prog").exists() for p in self.pin_dirs):
-                return False  # unloaded, not (yet) loaded again: wait for it
-            log.warning("an eBPF switch was reloaded: its tables are empty; installing every hot key again")
-            self._close_tables()
-            self._reset_slots()
-            try:
-                self._open()
-            except DriverError as err:
-                log.warning("reopening the reloaded switch failed (%s): trying again", err)
-                return False
-            self.reconnects += 1
-        if self.on_reconnect is not None:
-            self.on_reconnect()
-        return True
-
-
-def own_addresses(servers: Sequence[Server]) -> set[str]:
-    """This host's source address towards each server (what the controller's copies and reads come from)."""
-    found = set()
-    for server in servers:
-        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
-            try:
-                probe.connect((server.ip, server.port))  # UDP: picks the route and source, sends nothing
-            except OSError:
-                continue  # no route (yet): nothing of ours goes there either
-            found.add(probe.getsockname()[0])
-    return found
-
-
-def address_of(sock: socket.socket) -> str:
-    try:
-        return sock.getsockname()[0]
-    except OSError:
-        return "?"

@@ -1,9 +1,9 @@
 """The OpenFlow driver: the core's requests as the key classifier's maps plus OpenFlow rules on Open vSwitch.
 
-Two halves (dataplanes/openflow/ says why): the key classifier is the eBPF program in classifier mode, with the
-same maps as the eBPF switch, so the eBPF driver's slot, write-stamp, dirty and lease bookkeeping is reused as it
-is (this class extends it); the switch half is OpenFlow rules (dataplanes/openflow/messages.py) sent through a
-Channel, which the Ryu app (controller/ryu_app.py) implements over Ryu's datapath connections.
+Two halves (dataplanes/openflow/ says why): the key classifier is the BPF program in classifier mode, with the
+same maps as the eBPF switch, so its slot, write-stamp, dirty and lease bookkeeping is the shared one
+(dataplanes/bpf/key_tables.py, held by this driver); the switch half is OpenFlow rules
+(dataplanes/openflow/messages.py) sent through a Channel, which the Ryu app (controller/ryu_app.py) implements over Ryu's datapath connections.
 
 Why the dirty state stays in the classifier, not in an OpenFlow `learn` rule: measured on OVS 3.1's userspace
 datapath, a write's learned "gets go home" flow took effect for the next get in 99 of 100 tries; the datapath's
@@ -25,15 +25,17 @@ import time
 from contextlib import contextmanager
 from typing import Any, Protocol, Sequence
 
-from dataplanes.driver import Counters, DriverError, LeftoverKey, MirrorHandler, ReconnectHandler, ReplicaWeight
-from controller.drivers.ebpf import EbpfDriver
-from dataplanes.ebpf.bpf_syscall import BpfError
-from dataplanes.ebpf.program import CLASSIFIER
+from dataplanes.bpf.key_tables import KeyTables
+from dataplanes.bpf.program import CLASSIFIER
+from dataplanes.driver import (Counters, Driver, DriverError, ForwardingEntry, LeftoverKey, MirrorHandler,
+                               ReconnectHandler, ReplicaWeight, WriteStamp)
+from dataplanes.pipeline import MAX_REPLICAS
 from dataplanes.openflow import SELECTIONS, Settings, messages
 from dataplanes.openflow.weights import bucket_weights
-from mbalancer.config import Server
+from mbalancer.settings import Server
 
 log = logging.getLogger(__name__)
+WATCH_EVERY = 0.5  # seconds between checks that the classifier is still the one whose maps are open
 DATAPATH_SETTLE = 0.05  # seconds OVS's datapath may keep using a cached bucket after the group changed
 
 
@@ -56,8 +58,9 @@ def driver_from_settings(settings: Settings) -> "OpenflowDriver":
                       "--mbalancer-config FILE controller/ryu_app.py` (README: the Ryu app)")
 
 
-class OpenflowDriver(EbpfDriver):
+class OpenflowDriver(Driver):
     name = "openflow"
+    max_replicas = MAX_REPLICAS
 
     def __init__(self, settings: Settings, channel: Channel):
         if settings.selection not in SELECTIONS:
@@ -67,7 +70,12 @@ class OpenflowDriver(EbpfDriver):
         if not (pin / "prog").exists():
             raise DriverError(f"no key classifier named {settings.classifier} is loaded (nothing at {pin}): start "
                               f"the OpenFlow topology, or load the classifier on your switch's links first")
-        super().__init__([pin], mirror_ifaces=())
+        self.keys = KeyTables([pin], "OpenFlow key classifier")
+        self.on_mirror: MirrorHandler | None = None
+        self.on_reconnect: ReconnectHandler | None = None
+        self.mirrors_received = 0  # PacketIns delivered to on_mirror
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
         self.settings = settings
         self.channel = channel
         self.buckets: dict[int, list[tuple[int, int, int]]] = {}  # slot -> (position, server, OVS weight): the record
@@ -76,7 +84,10 @@ class OpenflowDriver(EbpfDriver):
     # --- the switch half ----------------------------------------------------------------------------------------
     def attach(self, servers: Sequence[Server], on_mirror: MirrorHandler,
                on_reconnect: ReconnectHandler | None = None) -> list[LeftoverKey]:
-        leftovers = super().attach(servers, on_mirror, on_reconnect)
+        self.on_mirror, self.on_reconnect = on_mirror, on_reconnect
+        leftovers = self.keys.attach(servers)
+        self._thread = threading.Thread(target=self._watch, name="mbalancer-classifier", daemon=True)
+        self._thread.start()
         for dp in self.channel.switches():  # connected before the core started
             self.switch_connected(dp)
         return leftovers
@@ -111,24 +122,24 @@ class OpenflowDriver(EbpfDriver):
     def install_hot_key(self, key: bytes, home: int, replicas: Sequence[ReplicaWeight]) -> None:
         buckets = self._buckets(replicas)
         with self._switch_lock:
-            super().install_hot_key(key, home, replicas)  # held dirty: nothing tagged for balancing yet
-            slot = self.slots[key]
+            self.keys.install_hot_key(key, home, replicas)  # held dirty: nothing tagged for balancing yet
+            slot = self.keys.slots[key]
             try:
                 self._send_all(lambda dp, m: m.remove_hot(dp, slot) + self._group(dp, slot, buckets, add=True)
                                + m.hot_flow(dp, slot))
             except DriverError:
-                super().remove_hot_key(key)
+                self.keys.remove_hot_key(key)
                 raise
             self.buckets[slot] = buckets
 
     def set_weights(self, key: bytes, replicas: Sequence[ReplicaWeight]) -> None:
         buckets = self._buckets(replicas)
         with self._switch_lock:
-            slot = self._slot(key)
+            slot = self.keys.slot_of(key)
             dropped = {s for _, s, _ in self.buckets.get(slot, [])} - {s for _, s, _ in buckets}
             with self._held(slot, bool(dropped)):
                 self._send_all(lambda dp, m: self._group(dp, slot, buckets, add=False))
-            super().set_weights(key, replicas)
+            self.keys.set_weights(key, replicas)
             self.buckets[slot] = buckets
 
     @contextmanager
@@ -139,25 +150,20 @@ class OpenflowDriver(EbpfDriver):
         if not hold:
             yield
             return
-        tables = self.tables[0]
-        try:
-            synced = tables.synced(slot)
-            tables.hold(slot)
-        except (BpfError, ValueError) as err:
-            raise DriverError(f"hold slot {slot} while its group changes: {err}") from None
+        synced = self.keys.hold_slot(slot)
         try:
             yield
             time.sleep(DATAPATH_SETTLE)
         finally:
             try:
-                tables.set_synced(slot, *synced)
-            except (BpfError, ValueError) as err:  # left held: safe, the core's next clear settles it
+                self.keys.restore_synced(slot, synced)
+            except DriverError as err:  # left held: safe, the core's next clear settles it
                 log.warning("slot %d stays dirty after its group changed: %s", slot, err)
 
     def remove_hot_key(self, key: bytes) -> None:
         with self._switch_lock:
-            slot = self._slot(key)
-            super().remove_hot_key(key)  # the classifier stops tagging its gets: they go home from now on
+            slot = self.keys.slot_of(key)
+            self.keys.remove_hot_key(key)  # the classifier stops tagging its gets: they go home from now on
             self.buckets.pop(slot, None)
             try:
                 self._send_all(lambda dp, m: m.remove_hot(dp, slot))
@@ -167,9 +173,9 @@ class OpenflowDriver(EbpfDriver):
 
     def read_counters(self) -> Counters:
         """The classifier's counts, plus gets per replica from the groups' bucket counters (listed in bucket order)."""
-        counters = super().read_counters()
-        with self._lock:
-            keys = {slot: key for key, slot in self.slots.items()}
+        counters = self.keys.read_counters()
+        with self._switch_lock:
+            keys = {slot: key for key, slot in self.keys.slots.items()}
             buckets = dict(self.buckets)
         for dp in self.channel.switches():
             for reply in self.channel.ask(dp, messages.group_stats(dp)):
@@ -182,9 +188,42 @@ class OpenflowDriver(EbpfDriver):
                         per_replica[server] = per_replica.get(server, 0) + bucket.packet_count
         return counters
 
-    def _reset_slots(self) -> None:
-        super()._reset_slots()
-        self.buckets = {}  # the classifier was reloaded: the core installs every key again
+    # --- the classifier half, as it is ----------------------------------------------------------------------------
+    slots = property(lambda self: self.keys.slots)
+    free_slots = property(lambda self: self.keys.free_slots)
+    lease_until = property(lambda self: self.keys.lease_until)
+    reconnects = property(lambda self: self.keys.reconnects)
+    servers = property(lambda self: self.keys.servers)
+
+    def set_dirty(self, key: bytes) -> None:
+        self.keys.set_dirty(key)
+
+    def write_stamp(self, key: bytes) -> WriteStamp:
+        return self.keys.write_stamp(key)
+
+    def clear_dirty(self, key: bytes, stamp: WriteStamp) -> None:
+        self.keys.clear_dirty(key, stamp)
+
+    def renew_lease(self, seconds: float) -> None:
+        self.keys.renew_lease(seconds)
+
+    def set_forwarding(self, entries: Sequence[ForwardingEntry]) -> None:
+        self.keys.set_forwarding(entries)  # the classifier's own L2 table is unused: OpenFlow forwards
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._thread:
+            self._thread.join(timeout=2)
+        self.keys.close()
+
+    def _watch(self) -> None:
+        """A reloaded classifier has empty maps: forget the groups' record and have the core install again."""
+        while not self._stop.wait(WATCH_EVERY):
+            if self.keys.reopen_if_reloaded():
+                with self._switch_lock:
+                    self.buckets = {}
+                if self.on_reconnect is not None:
+                    self.on_reconnect()
 
     # --- inside -------------------------------------------------------------------------------------------------
     def _buckets(self, replicas: Sequence[ReplicaWeight]) -> list[tuple[int, int, int]]:

@@ -11,16 +11,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
-from dataplanes.ebpf.bpf_syscall import BpfMap, pinned_map_id
+from dataplanes.bpf.bpf_syscall import BpfMap, pinned_map_id
+from dataplanes.pipeline import COUNTERS, MAX_HOT, MAX_KEY, MAX_REPLICAS, WEIGHT_ONE  # structs.h agrees (tests check)
 
 KEY_BYTES = 252
-MAX_KEY = 250
-MAX_REPLICAS = 8
-MAX_HOT = 4096
 MAX_PORTS = 32
-WEIGHT_ONE = 65536
-COUNTERS = ("packets", "memcached", "unparsed", "balanced", "already_balanced", "mirrored", "replies_rewritten",
-            "flooded", "dropped", "unsure", "cloned", "lease_expired")  # enum mb_counter, in order
 HELD = 2 ** 64 - 1  # MB_HELD: a synced write count no slot reaches, so the key stays dirty
 FILTER_BITS = 16  # MB_FILTER_BITS: hot_filter's buckets
 HASH_MUL = 0x9E3779B97F4A7C15  # MB_HASH_MUL
@@ -74,18 +69,6 @@ def key_bucket(key: bytes) -> int:
 def mac_bytes(mac: str) -> bytes:
     return bytes(int(part, 16) for part in mac.split(":"))
 
-
-def cumulative_weights(weights: Sequence[float]) -> list[int]:
-    """Weights (summing to 1) as the running sums the program compares its hash (0..65535) against; the last one
-    is WEIGHT_ONE exactly, so some replica with weight is always chosen."""
-    total, sums = 0.0, []
-    for weight in weights:
-        total += weight
-        sums.append(min(round(total * WEIGHT_ONE), WEIGHT_ONE))
-    last_used = max((i for i, w in enumerate(weights) if w > 0), default=len(weights) - 1)
-    for i in range(last_used, len(sums)):
-        sums[i] = WEIGHT_ONE
-    return sums
 
 
 @dataclass(frozen=True)

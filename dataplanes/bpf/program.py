@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Sequence
 
 HERE = Path(__file__).resolve().parent
-SOURCE = HERE / "bpf" / "mbalancer.bpf.c"
+SOURCE = HERE / "src" / "mbalancer.bpf.c"
 OBJECT = HERE / "build" / "mbalancer.bpf.o"
 BPFFS = Path("/sys/fs/bpf")
 PIN_ROOT = BPFFS / "mbalancer"
@@ -55,6 +55,21 @@ def loaded_switches() -> list[str]:
     return sorted(p.name for p in PIN_ROOT.glob("*") if (p / "prog").exists()) if PIN_ROOT.exists() else []
 
 
+def remove_left_over(name: str) -> list[str]:
+    """Remove the pins (switch or key classifier) and the mirror link a killed run left for switch `name`; what was
+    there, named (the registry's leftovers hook)."""
+    removed = []
+    for pins in (PIN_ROOT / name, CLASSIFIER.pin_root / name):
+        if pins.exists():
+            shutil.rmtree(pins, ignore_errors=True)
+            removed.append(f"pins {pins}")
+    for iface in mirror_link_of(name):
+        if Path("/sys/class/net", iface).exists():
+            subprocess.run(["ip", "link", "del", iface], capture_output=True)
+            removed.append(iface)
+    return removed
+
+
 class DataPlaneError(RuntimeError):
     """The program could not be built, loaded or attached; the message carries the tool's own words."""
 
@@ -71,7 +86,7 @@ def _run(args: list[str], what: str) -> str:
 
 def build(force: bool = False, program: Program = SWITCH) -> Path:
     """Compile the program if the object is missing or older than any source; returns the object's path."""
-    sources = list((HERE / "bpf").glob("*"))
+    sources = list(SOURCE.parent.glob("*"))
     target = program.object
     if not force and target.exists() and all(s.stat().st_mtime <= target.stat().st_mtime for s in sources):
         return target
@@ -168,7 +183,7 @@ class DataPlane:
         """Attach to every port (root namespace) and fill the ports, settings and memcached ports tables (the
         driver adds each configured server's port); floods go out of `flood_ports` (default: every port; fewer keep
         a topology with cycles loop-free)."""
-        from dataplanes.ebpf.tables import Tables  # here: tables needs the bpf syscall, building does not
+        from dataplanes.bpf.tables import Tables  # here: tables needs the bpf syscall, building does not
         for port in ports:
             self.attach(port)
         tables = Tables(self.pin_dir)

@@ -1,0 +1,178 @@
+"""The eBPF driver: the controller core's requests as writes to the maps of one or more eBPF switches.
+
+The hot-key bookkeeping over the switches' maps is dataplanes/bpf/key_tables.py (shared with the OpenFlow data
+plane's key classifier). This driver adds what is the eBPF switch's own: mirrored writes arrive as clones on the
+switch's controller port, and a thread reads them from the controller's end of that link with an AF_PACKET socket.
+The same thread notices a switch that was reloaded (its pins lead to new maps): the maps are reopened, the slots
+forgotten, and the core asked to install everything again.
+"""
+from __future__ import annotations
+
+import logging
+import select
+import socket
+import threading
+import time
+from pathlib import Path
+from typing import Sequence
+
+from dataplanes.bpf.key_tables import KeyTables
+from dataplanes.bpf.program import PIN_ROOT, loaded_switches, mirror_link_of
+from dataplanes.driver import (Counters, Driver, DriverError, ForwardingEntry, LeftoverKey, MirrorHandler,
+                               ReconnectHandler, ReplicaWeight, WriteStamp)
+from dataplanes.ebpf import Settings
+from dataplanes.pipeline import MAX_REPLICAS
+from mbalancer.settings import Server
+
+log = logging.getLogger(__name__)
+ETH_P_ALL = 0x0003
+PACKET_OUTGOING = 4
+WATCH_EVERY = 0.5  # seconds between checks that the switches are still the ones whose maps are open
+
+
+def driver_from_settings(settings: Settings) -> "EbpfDriver":
+    """The registry's factory: the named switches (every loaded one if none is named), each with its mirror link
+    where it has one."""
+    names = list(settings.switches) or loaded_switches()
+    if not names:
+        raise DriverError(f"no eBPF switch is loaded (nothing under {PIN_ROOT}): start a topology, or load the "
+                          f"data plane on your switch's ports first")
+    missing = [n for n in names if not (PIN_ROOT / n / "prog").exists()]
+    if missing:
+        raise DriverError(f"no eBPF switch named {', '.join(missing)} is loaded (loaded: "
+                          f"{', '.join(loaded_switches()) or 'none'})")
+    mirrors = [mirror_link_of(n)[1] for n in names if Path(f"/sys/class/net/{mirror_link_of(n)[1]}").exists()]
+    return EbpfDriver([PIN_ROOT / n for n in names], mirrors)
+
+
+class EbpfDriver(Driver):
+    name = "ebpf"
+    max_replicas = MAX_REPLICAS
+
+    def __init__(self, pin_dirs: Sequence[Path | str], mirror_ifaces: Sequence[str] = ()):
+        """pin_dirs: one per switch; mirror_ifaces: the controller's ends of the switches' mirror links (none: no
+        mirrored writes are read, e.g. in packet-fixture tests)."""
+        self.keys = KeyTables(pin_dirs, "eBPF data plane")
+        self.mirror_ifaces = list(mirror_ifaces)
+        self.on_mirror: MirrorHandler | None = None
+        self.on_reconnect: ReconnectHandler | None = None
+        self.mirrors_received = 0  # copies delivered to on_mirror
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    # What tests and the HTTP state read of the bookkeeping.
+    slots = property(lambda self: self.keys.slots)
+    free_slots = property(lambda self: self.keys.free_slots)
+    lease_until = property(lambda self: self.keys.lease_until)
+    reconnects = property(lambda self: self.keys.reconnects)
+    servers = property(lambda self: self.keys.servers)
+
+    def attach(self, servers: Sequence[Server], on_mirror: MirrorHandler,
+               on_reconnect: ReconnectHandler | None = None) -> list[LeftoverKey]:
+        self.on_mirror, self.on_reconnect = on_mirror, on_reconnect
+        leftovers = self.keys.attach(servers)
+        self._thread = threading.Thread(target=self._watch, name="mbalancer-ebpf", daemon=True)
+        self._thread.start()
+        return leftovers
+
+    def install_hot_key(self, key: bytes, home: int, replicas: Sequence[ReplicaWeight]) -> None:
+        self.keys.install_hot_key(key, home, replicas)
+
+    def set_weights(self, key: bytes, replicas: Sequence[ReplicaWeight]) -> None:
+        self.keys.set_weights(key, replicas)
+
+    def remove_hot_key(self, key: bytes) -> None:
+        self.keys.remove_hot_key(key)
+
+    def set_dirty(self, key: bytes) -> None:
+        self.keys.set_dirty(key)
+
+    def write_stamp(self, key: bytes) -> WriteStamp:
+        return self.keys.write_stamp(key)
+
+    def clear_dirty(self, key: bytes, stamp: WriteStamp) -> None:
+        self.keys.clear_dirty(key, stamp)
+
+    def renew_lease(self, seconds: float) -> None:
+        self.keys.renew_lease(seconds)
+
+    def set_forwarding(self, entries: Sequence[ForwardingEntry]) -> None:
+        self.keys.set_forwarding(entries)
+
+    def read_counters(self) -> Counters:
+        return self.keys.read_counters()
+
+    def switch_counters(self) -> list[dict[str, int]]:
+        """Each switch's own counters (packets, balanced, mirrored, ...)."""
+        return self.keys.switch_counters()
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._thread:
+            self._thread.join(timeout=2)
+        self.keys.close()
+
+    # --- the driver's thread: mirrored writes in, reloads noticed -------------------------------------------
+    def _watch(self) -> None:
+        sockets = self._mirror_sockets()
+        checked = time.monotonic()
+        try:
+            while not self._stop.is_set():
+                if sockets:
+                    for sock in select.select(sockets, [], [], 0.2)[0]:
+                        self._read_mirror(sock, sockets)
+                else:
+                    self._stop.wait(0.2)
+                if time.monotonic() - checked >= WATCH_EVERY:
+                    checked = time.monotonic()
+                    if self._reloaded():
+                        for sock in sockets:
+                            sock.close()
+                        sockets = self._mirror_sockets()
+        finally:
+            for sock in sockets:
+                sock.close()
+
+    def _mirror_sockets(self) -> list[socket.socket]:
+        sockets = []
+        for iface in self.mirror_ifaces:
+            sock = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.htons(ETH_P_ALL))
+            try:
+                sock.bind((iface, 0))
+            except OSError as err:  # the switch is being reloaded: its link comes back with it
+                log.warning("mirror link %s not there (%s): mirrored writes from it are not read", iface, err)
+                sock.close()
+                continue
+            sockets.append(sock)
+        return sockets
+
+    def _read_mirror(self, sock: socket.socket, sockets: list[socket.socket]) -> None:
+        try:
+            frame, address = sock.recvfrom(65535)
+        except OSError as err:  # the link went away (the topology is being torn down, or the switch reloaded)
+            log.info("mirror capture on %s ended: %s", address_of(sock), err)
+            sockets.remove(sock)
+            sock.close()
+            return
+        if address[2] == PACKET_OUTGOING or frame[12:14] != b"\x08\x00":
+            return  # mirrors are IPv4; the link's own IPv6 chatter is not
+        self.mirrors_received += 1
+        try:
+            self.on_mirror(frame)
+        except Exception:  # the core queues; a failure there must not end the capture
+            log.exception("mirror handler failed")
+
+    def _reloaded(self) -> bool:
+        """True if a switch came back with new maps (and the maps are reopened and the core told)."""
+        if not self.keys.reopen_if_reloaded():
+            return False
+        if self.on_reconnect is not None:
+            self.on_reconnect()
+        return True
+
+
+def address_of(sock: socket.socket) -> str:
+    try:
+        return sock.getsockname()[0]
+    except OSError:
+        return "?"

@@ -1,0 +1,60 @@
+"""The eBPF switch as a Mininet switch: `Mininet(topo, switch=EbpfSwitch, controller=None)`.
+
+Like Mininet's own switches it lives in the root namespace; each one loads its own copy of the program and maps
+(pinned under /sys/fs/bpf/mbalancer/<name>/) and attaches it to every one of its ports, so several switches per
+network work and the controller's eBPF driver writes to all of them (`EbpfSwitch.driver_settings(net)` names
+them). With mirror=True (the default) it also makes its mirror link (dataplanes/bpf/program.py, mirror_link_of):
+writes to hot keys are cloned to the switch side and the driver reads them on the controller side."""
+from __future__ import annotations
+
+import subprocess
+from typing import Any
+
+from mininet.node import Switch
+
+from dataplanes.bpf.program import DataPlane, mirror_link_of
+from dataplanes.switch_nodes import peer_intf
+
+
+class EbpfSwitch(Switch):
+    def __init__(self, name: str, mirror: bool = True, memcached_ports: tuple[int, ...] = (11211,),
+                 flood_exclude: tuple[str, ...] = (), **params):
+        """flood_exclude: names of neighbour switches this one never floods to (a loop-free flood tree)."""
+        super().__init__(name, **params)
+        self.mirror = mirror
+        self.flood_exclude = set(flood_exclude)
+        self.memcached_ports = memcached_ports
+        self.plane: DataPlane | None = None
+
+    @property
+    def mirror_iface(self) -> str:
+        """The controller's end of this switch's mirror link."""
+        return mirror_link_of(self.name)[1]
+
+    def start(self, controllers) -> None:
+        self.plane = DataPlane(self.name).load()
+        intfs = [intf for intf in self.intfList() if intf.name != "lo"]
+        ports = [intf.name for intf in intfs]
+        flood = [intf.name for intf in intfs if peer_intf(intf).node.name not in self.flood_exclude]
+        mirror_ifindex = self.plane.add_mirror_link() if self.mirror else 0
+        for port in ports:
+            subprocess.run(["ip", "link", "set", port, "up"], check=True)
+        self.plane.serve(ports, mirror_ifindex, self.memcached_ports, flood)
+
+    def reload(self) -> None:
+        """A fresh program and empty tables on the same ports (experiments start every run from a clean switch)."""
+        if self.plane is not None:
+            self.plane.unload()
+            self.plane = None
+        self.start([])
+
+    def stop(self, deleteIntfs: bool = True) -> None:
+        if self.plane is not None:
+            self.plane.unload()  # the mirror link with it
+            self.plane = None
+        super().stop(deleteIntfs)
+
+    @staticmethod
+    def driver_settings(net) -> dict[str, Any]:
+        """The [dataplane.ebpf] section that drives this network's eBPF switches."""
+        return {"switches": [s.name for s in net.switches if isinstance(s, EbpfSwitch) and s.plane]}

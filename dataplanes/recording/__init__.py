@@ -1,0 +1,1 @@
+"""The `none` data plane: no switch. Its driver records the tables a switch would hold (dry runs and tests)."""
