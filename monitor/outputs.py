@@ -1,6 +1,6 @@
 """What happens to each report: JSON lines, an HTTP push to the controller (the terminal view: monitor/terminal.py).
 
-Push protocol (for the controller, issue 5): each report is sent as the body of an HTTP POST to the configured URL,
+Push protocol (to the controller): each report is sent as the body of an HTTP POST to the configured URL,
 Content-Type application/json, the same object as a --json line. A failed push is logged and counted, never fatal:
 the next interval's report supersedes it.
 """

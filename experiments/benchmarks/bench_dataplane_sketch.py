@@ -10,7 +10,7 @@ counts of the trace. Per trace:
   ns off / on  mean program time per get over the trace (the kernel's own timing of single runs), sketch off and on,
                in alternating blocks of 10,000 so drift cancels; the difference is what counting costs per get
                (cache misses on the 256 KB sketch included, unlike a warm rerun of one packet)
-Targets (issue 18): recall >= 0.99 and rates within 5%. Needs root and the built program (make install).
+Targets: recall >= 0.99 and rates within 5%. Needs root and the built program (make install).
     python experiments/benchmarks/bench_dataplane_sketch.py [--gets 1000000] [--out DIR]
 Prints a table and one JSON line; with --out, also sketch.csv. Exit 1 if a target is missed.
 """

@@ -3,7 +3,7 @@
 The program runs in the kernel with BPF_PROG_TEST_RUN on real maps (a switch loaded for the benchmark, with its
 mirror link, hot keys installed through the control library), timed by the kernel itself. Two figures per path:
   warm    the mean of a run repeated 1000 times on the same packet (caches warm, as in a busy switch), the least
-          of 7 such calls (noise only adds): the figure the issue's targets mean. A balanced get cannot be repeated
+          of 7 such calls (noise only adds): the figure the targets mean. A balanced get cannot be repeated
           (the kernel reruns the program on the packet it rewrote, which is then "already balanced"), so
           hot = warm dirty + (single hot - single dirty): the dirty get takes the same parse and lookup and differs
           only by the rewrite.
@@ -18,7 +18,7 @@ Paths:
   unparsed  UDP to a port that is not memcached's (forwarded by MAC, nothing parsed)
 sketch    the get paths again, warm, with the hot-key sketch counting (bpf/sketch.h; it runs only while a reader such
           as `mbalancer monitor --source dataplane` renews it): what in-data-plane detection adds per get
-Targets (issue 18), warm: cold get <= 150 ns with a 16-byte key, <= 300 ns with a 250-byte key. Needs root and
+Targets, warm: cold get <= 150 ns with a 16-byte key, <= 300 ns with a 250-byte key. Needs root and
 the built program (make install).
     python experiments/benchmarks/bench_ebpf_program.py [--runs 2000] [--repeat 1000] [--lengths 8,16,40,100,250]
 Prints both tables and one JSON line; exit 1 if a target is missed.

@@ -86,9 +86,9 @@ WEDGE_TRIES = 30  # wedge datagrams at most, each followed by a probe
 
 
 def _wedge(rig: "Rig") -> None:
-    """The datagram from the issue: a set announcing a 1 MB value with 3 bytes of it, over UDP. It wedges the worker
-    that reads it (which then takes every datagram it reads as more of the value); memcached runs a UDP reader per
-    worker thread on one socket, so another worker may still answer. Sent again until a probe get goes unanswered
+    """A datagram that wedges memcached: a set announcing a 1 MB value with 3 bytes of it, over UDP. It wedges the
+    worker that reads it (which then takes every datagram it reads as more of the value); memcached runs a UDP reader
+    per worker thread on one socket, so another worker may still answer. Sent again until a probe get goes unanswered
     twice in a row: the whole listener wedged, the same fault in every run."""
     host = rig.net.server_hosts[FAULTED]
     datagram = struct.pack("!HHHH", 1, 0, 1, 0) + b"set x 0 0 1000000\r\nabc"

@@ -47,7 +47,7 @@ def register(commands: argparse._SubParsersAction) -> None:
     figure.add_argument("--hot", type=int, default=Scenario.hot, help="hot keys H (default 10)")
     figure.set_defaults(run=_run_figure, fail=figure.error)
 
-    demo = commands.add_parser("demo", help="the main job: MBalancer's gain, printed and plotted",
+    demo = commands.add_parser("demo", help="the model's headline gain, printed and plotted (make simulation)",
                                description="Print the headline table for the thesis's setting and write "
                                            "all figures under OUT/simulation.")
     demo.add_argument("--out", type=Path, default=Path("results"), help="output folder (default results)")
