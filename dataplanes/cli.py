@@ -1,5 +1,5 @@
 """`mbalancer switch attach | detach | status`: the eBPF data plane on this machine's own interfaces, for a Linux
-box that forwards between memcached clients and servers (README: "Use it with your own memcached servers").
+box that forwards between memcached clients and servers (docs/deployment.md).
 
 attach takes the ports from --ports or the config's [dataplane.ebpf] ports, the memcached ports from the config's
 servers (or --memcached-port), the name from --name, the config's first [dataplane.ebpf] switch, or mb0. Exit 2

@@ -1,6 +1,6 @@
 """Your own deployment, with namespaces standing in for machines: a Linux box whose bridge forwards between a
 client and two memcached servers gets the eBPF switch from `mbalancer switch attach`, then runs `mbalancer
-controller` and `mbalancer monitor` from the same config, as the README's "Use it with your own memcached
+controller` and `mbalancer monitor` from the same config, as docs/deployment.md's "Use it with your own memcached
 servers" says; `mbalancer switch detach` gives the box its bridge back."""
 from __future__ import annotations
 

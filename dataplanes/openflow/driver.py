@@ -3,7 +3,8 @@
 Two halves (dataplanes/openflow/ says why): the key classifier is the BPF program in classifier mode, with the
 same maps as the eBPF switch, so its slot, write-stamp, dirty and lease bookkeeping is the shared one
 (dataplanes/bpf/key_tables.py, held by this driver); the switch half is OpenFlow rules
-(dataplanes/openflow/messages.py) sent through a Channel, which the Ryu app (controller/ryu_app.py) implements over Ryu's datapath connections.
+(dataplanes/openflow/messages.py) sent through a Channel, which the Ryu app (controller/ryu_app.py) implements over
+Ryu's datapath connections.
 
 Why the dirty state stays in the classifier, not in an OpenFlow `learn` rule: measured on OVS 3.1's userspace
 datapath, a write's learned "gets go home" flow took effect for the next get in 99 of 100 tries; the datapath's
@@ -55,7 +56,7 @@ class Channel(Protocol):
 def driver_from_settings(settings: Settings) -> "OpenflowDriver":
     """The registry's factory. The driver needs Ryu's switch connections, so it runs inside ryu-manager only."""
     raise DriverError("the OpenFlow data plane is driven from inside ryu-manager: run `mbalancer-ryu-manager "
-                      "--mbalancer-config FILE controller/ryu_app.py` (README: the Ryu app)")
+                      "--mbalancer-config FILE controller/ryu_app.py` (docs/dataplanes/openflow.md)")
 
 
 class OpenflowDriver(Driver):

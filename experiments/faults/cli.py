@@ -1,4 +1,4 @@
-"""`mbalancer faults`: inject faults under load and print what the clients saw (README: "Faults")."""
+"""`mbalancer faults`: inject faults under load and print what the clients saw (docs/experiments.md: "Faults")."""
 from __future__ import annotations
 
 import argparse

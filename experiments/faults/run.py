@@ -139,7 +139,7 @@ def write_summary(out: Path, results: list[Result]) -> tuple[Path, Path]:
 
 
 def format_table(results: list[Result]) -> str:
-    """The summary as a Markdown table (the README's)."""
+    """The summary as a Markdown table (as in docs/experiments.md)."""
     lines = ["| fault | load | gets | timeouts | stale | misses | removed after | restored after | timeouts after "
              "removal | misses after restore |", "|---|---|---|---|---|---|---|---|---|---|"]
     for r in results:
