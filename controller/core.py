@@ -22,7 +22,7 @@ from collections import Counter, deque
 from typing import Any, Callable
 
 from dataplanes.driver import Driver, DriverError
-from controller.execution import Executor
+from controller.execution import Executor, HotKey
 from controller.health import RESTARTED, HealthTracker, Prober
 from controller.planner import Plan, Planner
 from controller.replicator import Replicator
@@ -192,8 +192,7 @@ class ControllerCore:
     def _on_report(self, report: MonitorReport) -> None:
         self.counts["reports"] += 1
         self.last_report = report
-        installed = {k: h.placement for k, h in self.executor.hot.items()}
-        plan = self.planner.plan(report, installed, self.health.down())
+        plan = self.planner.plan(report, self.executor.placements(), self.health.down())
         self.last_plan = plan
         for key, why in plan.home_notes:
             self._decide("home", key, why)
@@ -226,8 +225,7 @@ class ControllerCore:
                 unsure[server] = True
                 continue
             for key, data in found[0]:
-                hot = self.executor.hot.get(key)
-                if hot is None or hot.placement.home != server:
+                if self.executor.home_of(key) != server:
                     continue  # not hot, or a copy to a replica (the controller's own): the home did not change
                 writes[key] = (data, writes[key][1] if key in writes else received)
             unsure[server] = unsure.get(server, False) or not found[1]
@@ -249,8 +247,8 @@ class ControllerCore:
             self._decide("server-restarted", None, f"server {server} ({name}) {error}: weight 0 until its copies "
                                                    f"are refilled")
         if self.last_report is not None:  # the weights now, not at the next report (a replica gets weight only
-            installed = {k: h.placement for k, h in self.executor.hot.items()}  # once it holds the value)
-            self.executor.apply(self.planner.reweigh(self.last_report, installed, self.health.down()))
+            placements = self.executor.placements()  # once it holds the value)
+            self.executor.apply(self.planner.reweigh(self.last_report, placements, self.health.down()))
 
     def _probe(self, server: int) -> None:
         interval = self.config.controller.health_interval
@@ -318,10 +316,10 @@ class ControllerCore:
                        "hysteresis": self.config.balancing.hysteresis, "hash": self.config.balancing.hash},
             "loads": list(self.last_plan.loads) if self.last_plan else [0.0] * len(self.config.servers),
             "measured": self.planner.homes.measured_loads(self.last_report) if self.last_report else None,
-            "hot_keys": [self._hot_key_state(k) for k in self.executor.hot],
+            "hot_keys": [self._hot_key_state(k, hot) for k, hot in self.executor.hot_keys()],
             "plan": self._plan_state(),
             "retries": [{"action": r.action, "key": key_to_text(r.key), "server": r.server,
-                         "attempt": r.attempt, "error": r.last_error} for r in self.executor.retries.values()],
+                         "attempt": r.attempt, "error": r.last_error} for r in self.executor.pending_retries()],
             "counters": self._counters_state(),
         }
 
@@ -333,8 +331,7 @@ class ControllerCore:
                  "measured_gets_per_s": round(measured[i], 1) if measured else None}
                 for i, (s, h, load) in enumerate(zip(self.config.servers, self.health.servers, loads))]
 
-    def _hot_key_state(self, key: bytes) -> dict[str, Any]:
-        hot = self.executor.hot[key]
+    def _hot_key_state(self, key: bytes, hot: HotKey) -> dict[str, Any]:
         p = hot.placement
         return {"key": key_to_text(key), "home": p.home, "group": p.group, "rate": round(p.rate, 1),
                 "replicas": [{"server": r.server, "weight": round(r.weight, 4), "holds_value": r.server in hot.holding}

@@ -114,6 +114,24 @@ class Executor:
         self.next_poll = clock() + poll_every
 
     # --- the plan ---------------------------------------------------------------------------------------------
+    # --- what the core reads (it never reaches into the records) ---------------------------------------------
+    def placements(self) -> dict[bytes, Placement]:
+        """Each hot key's placement: what the planner plans from."""
+        return {key: hot.placement for key, hot in self.hot.items()}
+
+    def home_of(self, key: bytes) -> int | None:
+        """The home server of a hot key; None if the key is not hot."""
+        hot = self.hot.get(key)
+        return hot.placement.home if hot is not None else None
+
+    def hot_keys(self) -> list[tuple[bytes, HotKey]]:
+        """Every hot key with its record, for the state the HTTP interface shows."""
+        return list(self.hot.items())
+
+    def pending_retries(self) -> list[Retry]:
+        """The retries waiting for their turn, for the state the HTTP interface shows."""
+        return list(self.retries.values())
+
     def apply(self, changes: tuple[Change, ...]) -> None:
         for change in changes:  # the planner lists cools first: they free room and load before warms
             if change.action == "warm":
