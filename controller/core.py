@@ -24,14 +24,13 @@ from typing import Any, Callable
 from dataplanes.driver import Driver, DriverError
 from controller.execution import Executor, HotKey
 from controller.health import RESTARTED, HealthTracker, Prober
+from controller.mirrors import read_mirror
 from controller.planner import Plan, Planner
 from controller.replicator import Replicator
 from mbalancer.config import Config
 from mbalancer.memcache.hashing import KeyHash, make_hash
 from mbalancer.memcache.keys import key_to_text
-from mbalancer.memcache.segment_keys import first_written_key, written_keys
 from mbalancer.monitor_report import MonitorReport, parse_report
-from mbalancer.packets import LINKTYPE_ETHERNET, destination, memcached_segment
 
 log = logging.getLogger(__name__)
 
@@ -205,30 +204,26 @@ class ControllerCore:
         servers they were for (the data plane may have made every hot key there dirty)."""
         writes: dict[bytes, tuple[bytes | None, float]] = {}
         unsure: dict[int, bool] = {}
+        ports = [s.port for s in self.config.servers]
         for _, frame, received in mirrors:
             self.counts["mirrors"] += 1
-            server = self.server_of_address.get(destination(frame, LINKTYPE_ETHERNET) or ("", 0))
-            if server is None:
+            mirror = read_mirror(frame, self.server_of_address, ports)
+            if mirror.server is None:
                 self.counts["mirrors_unreadable"] += 1
                 log.warning("copied packet not for a configured server: ignored")
                 continue
-            segment = memcached_segment(frame, LINKTYPE_ETHERNET, self.config.servers[server].port)
-            if isinstance(segment, str):
+            self.executor.count_mirror(mirror.counted_key, mirror.server)  # as the data plane counted it
+            if mirror.unreadable is not None:
                 self.counts["mirrors_unreadable"] += 1
-                unsure[server] = True
+                log.debug("copied packet for server %d not readable (%s): its hot keys are checked", mirror.server,
+                          mirror.unreadable)
+                unsure[mirror.server] = True
                 continue
-            self.executor.count_mirror(first_written_key(segment), server)  # as the data plane counted it
-            found = written_keys(segment)
-            if isinstance(found, str):
-                self.counts["mirrors_unreadable"] += 1
-                log.debug("copied packet for server %d not readable (%s): its hot keys are checked", server, found)
-                unsure[server] = True
-                continue
-            for key, data in found[0]:
-                if self.executor.home_of(key) != server:
+            for key, data in mirror.writes:
+                if self.executor.home_of(key) != mirror.server:
                     continue  # not hot, or a copy to a replica (the controller's own): the home did not change
                 writes[key] = (data, writes[key][1] if key in writes else received)
-            unsure[server] = unsure.get(server, False) or not found[1]
+            unsure[mirror.server] = unsure.get(mirror.server, False) or not mirror.whole
         self.executor.sync_batch(writes, unsure, between=self._handle_urgent)
 
     def _on_health(self, server: int, change: str, error: str | None) -> None:
@@ -336,8 +331,8 @@ class ControllerCore:
         return {"key": key_to_text(key), "home": p.home, "group": p.group, "rate": round(p.rate, 1),
                 "replicas": [{"server": r.server, "weight": round(r.weight, 4), "holds_value": r.server in hot.holding}
                              for r in hot.weights()],
-                "dirty": hot.dirty, "since": round(hot.since - self.started, 3), "syncs": hot.syncs,
-                "last_sync_ms": hot.last_sync_ms}
+                "state": hot.state.value, "dirty": hot.dirty, "since": round(hot.since - self.started, 3),
+                "syncs": hot.syncs, "last_sync_ms": hot.last_sync_ms}
 
     def _plan_state(self) -> dict[str, Any] | None:
         if self.last_plan is None:

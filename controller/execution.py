@@ -28,21 +28,19 @@ import hashlib
 import logging
 import time
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from enum import Enum
 from typing import Callable
 
 from dataplanes.driver import Driver, DriverError, ReplicaWeight, WriteStamp
 from controller.planner import Change, Placement
 from controller.replicator import Replicator
+from controller.retries import BACKOFF_FIRST, KEY_LEVEL, KEY_RETRIES, Retry, RetryKind, RetryScheduler
 from mbalancer.memcache.meta import MetaError, StoredItem
 
 log = logging.getLogger(__name__)
 
-BACKOFF_FIRST = 0.1  # seconds before the first retry of a failed copy or delete; doubles each time
-BACKOFF_MAX = 5.0
-RETRY_LIMIT = 8  # then the failure is logged and left to the health checker / the next report
 REFUSED_BACKOFF_MAX = 60.0  # seconds at most between installs of a key the driver keeps refusing
-KEY_LEVEL = -1  # the server of a retry that concerns the key's rules, not one server's copy
 SYNC_WAIT = 0.05  # how long a mirrored write may take to show on the home server (it arrives in microseconds)
 SYNC_ROUNDS = 3  # copies retried when writes keep landing during a sync; then the key stays dirty (served home)
 MIRROR_WAIT = 0.002  # seconds before looking again for the copy of a counted write the core has not had yet
@@ -51,6 +49,22 @@ UNREADABLE_WAIT = 0.005  # before checking the keys of a request nobody could re
 REFILL_DELAY = 0.05  # after a server comes back: what it had queued while hung lands before it is refilled
 
 Decide = Callable[[str, "bytes | None", str], None]  # (action, key, reason): the decision log
+
+
+class HotKeyState(str, Enum):
+    """Where a hot key stands, as the executor knows it (docs/architecture.md draws the transitions):
+
+        install, copies made          clear to a write stamp (the home's CAS is the copies')
+      ------------------------> DIRTY ---------------------------------------------------> CLEAN
+                                  ^   <--------------------------------------------------   |
+                                  |     a write or unsure request counted, the lease out,   |
+                                  |     a replica lost (weight 0), a sync begun             |
+      a driver call failed: NOT_INSTALLED (gets go home) --reinstall--> DIRTY               |
+      cool down (from any state): rules removed, then the extra copies: the record is gone  v
+    """
+    NOT_INSTALLED = "not-installed"  # its rules are not in the switch (a reinstall is pending): gets go home
+    DIRTY = "dirty"  # installed; gets go home until the copies are known to match the home
+    CLEAN = "clean"  # installed and cleared to a write stamp: gets are balanced over the replicas
 
 
 @dataclass
@@ -69,6 +83,12 @@ class HotKey:
     mirrored: int = 0  # copies of writes to the key handled here since install (the data plane counts the same)
     missing_since: float | None = None  # since when copies counted by the data plane are awaited, with none coming
 
+    @property
+    def state(self) -> HotKeyState:
+        if not self.installed:
+            return HotKeyState.NOT_INSTALLED
+        return HotKeyState.DIRTY if self.dirty else HotKeyState.CLEAN
+
     def weights(self) -> tuple[ReplicaWeight, ...]:
         """The placement's weights with replicas that do not hold the value at 0 (all at home if none does)."""
         p = self.placement
@@ -77,20 +97,6 @@ class HotKey:
         if total <= 0:
             kept, total = [1.0 if s == p.home else 0.0 for s in p.replicas], 1.0
         return tuple(ReplicaWeight(s, w / total) for s, w in zip(p.replicas, kept))
-
-
-@dataclass
-class Retry:
-    # refill: copy home -> server, then give it weight; delete: an extra copy after cool-down (per server);
-    # rules: write the key's weights; settle: clear it once the copies match; install: its rules again;
-    # cool: remove its rules, then its copies (per key: server is KEY_LEVEL)
-    action: str
-    key: bytes
-    server: int
-    attempt: int = 0
-    due: float = 0.0
-    last_error: str = field(default="", compare=False)
-    waiting: bool = False  # a wait for something on its way, not a failure: the attempt count stays
 
 
 class Executor:
@@ -104,7 +110,7 @@ class Executor:
         self.poll_every = poll_every
         self.clock, self.sleep = clock, sleep
         self.hot: dict[bytes, HotKey] = {}
-        self.retries: dict[tuple[str, bytes, int], Retry] = {}
+        self.retries = RetryScheduler(clock)
         self.sync_ms: deque[float] = deque(maxlen=1000)  # mirrored write -> every replica updated
         self.down: set[int] = set()
         self.refused: dict[bytes, Retry] = {}  # installs the driver refused: not tried again before `due`
@@ -130,7 +136,7 @@ class Executor:
 
     def pending_retries(self) -> list[Retry]:
         """The retries waiting for their turn, for the state the HTTP interface shows."""
-        return list(self.retries.values())
+        return self.retries.all()
 
     def apply(self, changes: tuple[Change, ...]) -> None:
         for change in changes:  # the planner lists cools first: they free room and load before warms
@@ -161,7 +167,7 @@ class Executor:
         holding = {p.home} | (set(targets) - set(failed))
         if len(holding) < 2:
             return self.decide("skip", key, f"no replica took the copy: {_errors(failed)}")
-        self._cancel(key, "delete")
+        self._cancel(key, RetryKind.DELETE)
         hot = HotKey(p, holding, item.cas, digest(item), since=started)
         try:
             self.driver.install_hot_key(key, p.home, hot.weights())
@@ -169,13 +175,13 @@ class Executor:
             self.replicator.delete(key, holding - {p.home})
             attempt = refused.attempt + 1 if refused else 1
             wait = min(BACKOFF_FIRST * 2 ** attempt, REFUSED_BACKOFF_MAX)
-            self.refused[key] = Retry("install", key, KEY_LEVEL, attempt, started + wait, str(err))
+            self.refused[key] = Retry(RetryKind.INSTALL, key, KEY_LEVEL, attempt, started + wait, str(err))
             return self.decide("skip", key, f"the driver refused the rules: {err}; copies deleted, next try in "
                                             f"{wait:.1f} s at the earliest")
         self.refused.pop(key, None)
         self.hot[key] = hot
         for server in failed:
-            self._schedule("refill", key, server, failed[server])
+            self._schedule(RetryKind.REFILL, key, server, failed[server])
         settled = self._settle(key, hot)
         copied = ", ".join(str(s) for s in sorted(holding - {p.home}))
         self.decide("warm", key, f"{change.reason}; {len(item.value)} B copied from {p.home} to {copied} in "
@@ -192,14 +198,14 @@ class Executor:
             try:
                 self.driver.remove_hot_key(key)
             except DriverError as err:
-                self._schedule("cool", key, KEY_LEVEL, str(err), attempt)
+                self._schedule(RetryKind.COOL, key, KEY_LEVEL, str(err), attempt)
                 return self.decide("error", key, f"cool-down postponed, the driver refused to remove the rules: "
                                                  f"{err}; retrying")
         del self.hot[key]
-        self._cancel(key, "refill", "rules", "settle", "install", "cool")
+        self._cancel(key, RetryKind.REFILL, RetryKind.RULES, RetryKind.SETTLE, RetryKind.INSTALL, RetryKind.COOL)
         extras = [s for s in hot.placement.replicas if s != hot.placement.home]
         for server, error in self.replicator.delete(key, extras).items():
-            self._schedule("delete", key, server, error)
+            self._schedule(RetryKind.DELETE, key, server, error)
         self.decide("cool", key, f"{change.reason}; rules removed, then copies on {extras} deleted")
 
     def reweight(self, change: Change) -> None:
@@ -222,7 +228,7 @@ class Executor:
         while no rule mirrored them), then settled against the home's CAS."""
         for key, hot in self.hot.items():
             hot.installed, hot.dirty = False, True
-            self._cancel(key, "rules", "settle", "install")
+            self._cancel(key, RetryKind.RULES, RetryKind.SETTLE, RetryKind.INSTALL)
             self._install(key, hot)
         self.decide("replay", None, f"the data plane came back empty: {len(self.hot)} hot keys installed again")
 
@@ -248,7 +254,8 @@ class Executor:
                 if hot.placement.home != server or key in writes:
                     continue
                 if unreadable:  # the home may not have applied it yet: look after it has
-                    self._schedule("settle", key, KEY_LEVEL, "a request nobody could read", delay=UNREADABLE_WAIT)
+                    self._schedule(RetryKind.SETTLE, key, KEY_LEVEL, "a request nobody could read",
+                                   delay=UNREADABLE_WAIT)
                 else:
                     between()
                     self._check(key, hot)
@@ -328,7 +335,7 @@ class Executor:
             if not self._counted_since_clear(key, hot):
                 return
         except DriverError as err:
-            return self._schedule("settle", key, KEY_LEVEL, str(err))
+            return self._schedule(RetryKind.SETTLE, key, KEY_LEVEL, str(err))
         hot.dirty, hot.cleared = True, None
         self._settle(key, hot)
 
@@ -361,7 +368,7 @@ class Executor:
             hot.holding -= set(failed)
             self._set_weights(key, hot)
             for server, error in failed.items():
-                self._schedule("refill", key, server, error)
+                self._schedule(RetryKind.REFILL, key, server, error)
 
     def _settle(self, key: bytes, hot: HotKey, attempt: int = 0) -> bool:
         """Clear the key if the copies match the home; re-copy while writes keep landing. True if cleared. When it
@@ -373,8 +380,8 @@ class Executor:
             try:
                 stamp = self.driver.write_stamp(key)
                 if not self._mirrors_in(key, hot, stamp):
-                    self._schedule("settle", key, KEY_LEVEL, "the copy of a counted write is on its way", attempt,
-                                   delay=MIRROR_WAIT)
+                    self._schedule(RetryKind.SETTLE, key, KEY_LEVEL, "the copy of a counted write is on its way",
+                                   attempt, delay=MIRROR_WAIT)
                     return False
                 if self.replicator.cas(home, key) == hot.synced_cas:
                     self.driver.clear_dirty(key, stamp)
@@ -389,10 +396,10 @@ class Executor:
             except (MetaError, DriverError) as err:
                 if not hot.dirty:  # cleared, then the check or the hold failed: the copies may be stale
                     self._protect(key, hot, str(err))
-                self._schedule("settle", key, KEY_LEVEL, str(err), attempt)
+                self._schedule(RetryKind.SETTLE, key, KEY_LEVEL, str(err), attempt)
                 self.decide("error", key, f"left dirty (gets go home), retrying: {err}")
                 return False
-        self._schedule("settle", key, KEY_LEVEL, "writes kept landing during the sync", attempt)
+        self._schedule(RetryKind.SETTLE, key, KEY_LEVEL, "writes kept landing during the sync", attempt)
         return False
 
     def _synced(self, key: bytes, hot: HotKey) -> None:
@@ -431,58 +438,61 @@ class Executor:
             if server in hot.holding:
                 hot.holding.discard(server)
                 self._set_weights(key, hot)
-        for retry in [r for r in self.retries.values() if r.server == server and r.action == "refill"]:
-            del self.retries[(retry.action, retry.key, retry.server)]
+        self.retries.cancel_server(server, RetryKind.REFILL)
 
     def server_up(self, server: int) -> None:
         """A server answers again (maybe restarted, empty): refill its copies before it gets weight back."""
         self.down.discard(server)
         for key, hot in self.hot.items():
             if server in hot.placement.replicas and server not in hot.holding:
-                self._schedule("refill", key, server, "the server is back", delay=REFILL_DELAY)
+                self._schedule(RetryKind.REFILL, key, server, "the server is back", delay=REFILL_DELAY)
 
     # --- retries --------------------------------------------------------------------------------------------
     def run_due(self) -> None:
-        now = self.clock()
-        for retry in sorted((r for r in self.retries.values() if r.due <= now), key=lambda r: r.due):
-            if self.retries.get((retry.action, retry.key, retry.server)) is not retry:
-                continue  # replaced or cancelled by an earlier retry of this round
-            del self.retries[(retry.action, retry.key, retry.server)]
+        for retry in self.retries.take_due():
             self._run(retry)
 
     def _run(self, retry: Retry) -> None:
-        key, hot = retry.key, self.hot.get(retry.key)
-        attempt = retry.attempt if retry.waiting else retry.attempt + 1
-        if retry.action == "refill":
-            self._refill(retry)
-        elif retry.action == "delete":
-            failed = self.replicator.delete(key, [retry.server])
-            if failed:
-                self._schedule("delete", key, retry.server, failed[retry.server], attempt)
-        elif hot is None:
+        hot = self.hot.get(retry.key)
+        if retry.action in KEY_RETRIES and hot is None:
             return  # the key cooled meanwhile: nothing left to retry
-        elif retry.action == "rules":
-            self._set_weights(key, hot, attempt)
-            if hot.dirty and hot.installed and ("rules", key, KEY_LEVEL) not in self.retries:
-                self._settle(key, hot)  # the weights are in: the key need not stay at home
-        elif retry.action == "settle":
-            self._settle(key, hot, attempt)
-        elif retry.action == "install":
-            self._install(key, hot, attempt)
-        elif retry.action == "cool":
-            self.cool(Change("cool", key, None, "retried"), attempt)
-        else:
-            raise ValueError(f"unknown retry {retry.action!r}")
+        attempt = retry.attempt if retry.waiting else retry.attempt + 1
+        handlers = {RetryKind.REFILL: self._retry_refill, RetryKind.DELETE: self._retry_delete,
+                    RetryKind.RULES: self._retry_rules, RetryKind.SETTLE: self._retry_settle,
+                    RetryKind.INSTALL: self._retry_install, RetryKind.COOL: self._retry_cool}
+        handlers[retry.action](retry, hot, attempt)
+
+    def _retry_refill(self, retry: Retry, hot: HotKey | None, attempt: int) -> None:
+        self._refill(retry)
+
+    def _retry_delete(self, retry: Retry, hot: HotKey | None, attempt: int) -> None:
+        failed = self.replicator.delete(retry.key, [retry.server])
+        if failed:
+            self._schedule(RetryKind.DELETE, retry.key, retry.server, failed[retry.server], attempt)
+
+    def _retry_rules(self, retry: Retry, hot: HotKey, attempt: int) -> None:
+        self._set_weights(retry.key, hot, attempt)
+        if hot.dirty and hot.installed and not self.retries.pending(RetryKind.RULES, retry.key):
+            self._settle(retry.key, hot)  # the weights are in: the key need not stay at home
+
+    def _retry_settle(self, retry: Retry, hot: HotKey, attempt: int) -> None:
+        self._settle(retry.key, hot, attempt)
+
+    def _retry_install(self, retry: Retry, hot: HotKey, attempt: int) -> None:
+        self._install(retry.key, hot, attempt)
+
+    def _retry_cool(self, retry: Retry, hot: HotKey, attempt: int) -> None:
+        self.cool(Change("cool", retry.key, None, "retried"), attempt)
 
     def next_due(self) -> float | None:
-        return min((r.due for r in self.retries.values()), default=None)
+        return self.retries.next_due()
 
     def _install(self, key: bytes, hot: HotKey, attempt: int = 0) -> None:
         """The key's rules again (after a reconnect, or after they were removed to keep gets safe), then settle."""
         try:
             self.driver.install_hot_key(key, hot.placement.home, hot.weights())
         except DriverError as err:
-            self._schedule("install", key, KEY_LEVEL, str(err), attempt)
+            self._schedule(RetryKind.INSTALL, key, KEY_LEVEL, str(err), attempt)
             return self.decide("error", key, f"rules not installed again ({err}); gets go home meanwhile; retrying")
         hot.installed, hot.dirty = True, True
         self._settle(key, hot)
@@ -496,32 +506,28 @@ class Executor:
         try:
             item = self.replicator.read(home, key)
         except MetaError as err:
-            return self._schedule("refill", key, server, str(err), retry.attempt + 1)
+            return self._schedule(RetryKind.REFILL, key, server, str(err), retry.attempt + 1)
         failed = (self.replicator.delete(key, [server]) if item is None
                   else self.replicator.write(key, item, [server]) if server != home else {})
         if failed:
-            return self._schedule("refill", key, server, failed[server], retry.attempt + 1)
+            return self._schedule(RetryKind.REFILL, key, server, failed[server], retry.attempt + 1)
         if item is not None and item.cas != hot.synced_cas:
-            return self._schedule("refill", key, server, "home changed during the refill", retry.attempt + 1)
+            return self._schedule(RetryKind.REFILL, key, server, "home changed during the refill", retry.attempt + 1)
         hot.holding.add(server)
         self._set_weights(key, hot)
         self.decide("refill", key, f"server {server} holds the value again; weights " + ", ".join(
             f"{r.server}={r.weight:.2f}" for r in hot.weights()))
 
-    def _schedule(self, action: str, key: bytes, server: int, error: str, attempt: int = 0,
+    def _schedule(self, kind: RetryKind, key: bytes, server: int, error: str, attempt: int = 0,
                   delay: float | None = None) -> None:
-        """Retry `action` after the back-off of `attempt` (or after `delay`: a wait, not a failure)."""
-        if attempt >= RETRY_LIMIT:
-            return self.decide("give-up", key, f"{action} on server {server} failed {attempt} times: {error}")
-        due = self.clock() + (min(BACKOFF_FIRST * 2 ** attempt, BACKOFF_MAX) if delay is None else delay)
-        existing = self.retries.get((action, key, server))
-        if existing is not None and existing.due <= due:
-            return  # already due sooner
-        self.retries[(action, key, server)] = Retry(action, key, server, attempt, due, error, delay is not None)
+        """Retry `kind` after the back-off of `attempt` (or after `delay`: a wait, not a failure); past the retry
+        limit, say it was given up."""
+        given_up = self.retries.schedule(kind, key, server, error, attempt, delay)
+        if given_up is not None:
+            self.decide("give-up", key, given_up)
 
-    def _cancel(self, key: bytes, *actions: str) -> None:
-        for retry_key in [k for k in self.retries if k[0] in actions and k[1] == key]:
-            del self.retries[retry_key]
+    def _cancel(self, key: bytes, *kinds: RetryKind) -> None:
+        self.retries.cancel(key, *kinds)
 
     def _set_weights(self, key: bytes, hot: HotKey, attempt: int = 0) -> None:
         """Write the key's weights now (a replica lost its copy, or got it back); if the driver refuses, keep gets
@@ -531,7 +537,7 @@ class Executor:
         try:
             self.driver.set_weights(key, hot.weights())
         except DriverError as err:
-            self._schedule("rules", key, KEY_LEVEL, str(err), attempt)
+            self._schedule(RetryKind.RULES, key, KEY_LEVEL, str(err), attempt)
             self._protect(key, hot, f"weights not written ({err})")
 
     def _protect(self, key: bytes, hot: HotKey, why: str) -> None:
@@ -548,8 +554,8 @@ class Executor:
             return self.decide("error", key, f"{why}; the data plane refused to hold it dirty ({dirty_error}) and the "
                                              f"removal ({err}): gets may reach a stale replica until a retry lands")
         hot.installed, hot.dirty = False, True
-        self._cancel(key, "rules")
-        self._schedule("install", key, KEY_LEVEL, str(dirty_error))
+        self._cancel(key, RetryKind.RULES)
+        self._schedule(RetryKind.INSTALL, key, KEY_LEVEL, str(dirty_error))
         self.decide("error", key, f"{why}; holding it dirty was refused too ({dirty_error}): rules removed so gets go "
                                   f"home, reinstalling")
 

@@ -47,7 +47,7 @@ def _run(args: argparse.Namespace, fail: Fail) -> int:
     name = args.name or (settings.switches[0] if settings and settings.switches else DEFAULT_NAME)
     if os.geteuid() != 0:
         fail("needs root (tc, bpftool, bpffs)")
-    from dataplanes.ebpf import program
+    from dataplanes.bpf import program
     if (problem := program.available()) is not None:
         print(f"mbalancer switch: the eBPF data plane cannot run here: {problem}", file=sys.stderr)
         return 1
@@ -97,7 +97,8 @@ def _detach(names: list[str]) -> int:
 
 
 def _status(names: list[str], as_json: bool) -> int:
-    from dataplanes.ebpf import program, standalone
+    from dataplanes.bpf import program
+    from dataplanes.ebpf import standalone
     loaded = program.loaded_switches()
     if not names:
         print("mbalancer switch: no switch is loaded on this machine", file=sys.stderr)
