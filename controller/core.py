@@ -22,7 +22,8 @@ from collections import Counter, deque
 from typing import Any, Callable
 
 from dataplanes.driver import Driver, DriverError
-from controller.execution import Executor, HotKey
+from controller.execution import Executor
+from controller.hot_keys import HotKey
 from controller.health import RESTARTED, HealthTracker, Prober
 from controller.mirrors import read_mirror
 from controller.planner import Plan, Planner

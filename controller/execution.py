@@ -24,82 +24,25 @@ Only the core's worker thread calls in here.
 """
 from __future__ import annotations
 
-import hashlib
 import logging
 import time
 from collections import deque
-from dataclasses import dataclass
-from enum import Enum
 from typing import Callable
 
-from dataplanes.driver import Driver, DriverError, ReplicaWeight, WriteStamp
+from controller.coherence import Coherence, _errors, digest
+from controller.hot_keys import Decide, HotKey
 from controller.planner import Change, Placement
 from controller.replicator import Replicator
 from controller.retries import BACKOFF_FIRST, KEY_LEVEL, KEY_RETRIES, Retry, RetryKind, RetryScheduler
-from mbalancer.memcache.meta import MetaError, StoredItem
+from dataplanes.driver import Driver, DriverError
+from mbalancer.memcache.meta import MetaError
 
 log = logging.getLogger(__name__)
 
 REFUSED_BACKOFF_MAX = 60.0  # seconds at most between installs of a key the driver keeps refusing
-SYNC_WAIT = 0.05  # how long a mirrored write may take to show on the home server (it arrives in microseconds)
-SYNC_ROUNDS = 3  # copies retried when writes keep landing during a sync; then the key stays dirty (served home)
-MIRROR_WAIT = 0.002  # seconds before looking again for the copy of a counted write the core has not had yet
-MIRRORS_LOST_AFTER = 0.1  # no copy of the key's writes for this long while some are missing: they were lost
-UNREADABLE_WAIT = 0.005  # before checking the keys of a request nobody could read: the home applies it first
 REFILL_DELAY = 0.05  # after a server comes back: what it had queued while hung lands before it is refilled
 
-Decide = Callable[[str, "bytes | None", str], None]  # (action, key, reason): the decision log
-
-
-class HotKeyState(str, Enum):
-    """Where a hot key stands, as the executor knows it (docs/architecture.md draws the transitions):
-
-        install, copies made          clear to a write stamp (the home's CAS is the copies')
-      ------------------------> DIRTY ---------------------------------------------------> CLEAN
-                                  ^   <--------------------------------------------------   |
-                                  |     a write or unsure request counted, the lease out,   |
-                                  |     a replica lost (weight 0), a sync begun             |
-      a driver call failed: NOT_INSTALLED (gets go home) --reinstall--> DIRTY               |
-      cool down (from any state): rules removed, then the extra copies: the record is gone  v
-    """
-    NOT_INSTALLED = "not-installed"  # its rules are not in the switch (a reinstall is pending): gets go home
-    DIRTY = "dirty"  # installed; gets go home until the copies are known to match the home
-    CLEAN = "clean"  # installed and cleared to a write stamp: gets are balanced over the replicas
-
-
-@dataclass
-class HotKey:
-    placement: Placement
-    holding: set[int]  # servers known to hold the home's current item (the home included)
-    synced_cas: int | None  # the home's CAS the copies were made from (None: the key is absent everywhere)
-    synced_digest: bytes | None  # what the copies hold (value and flags), to tell a moved item from a write
-    since: float
-    dirty: bool = True  # as the data plane has it, as far as the core knows
-    cleared: WriteStamp | None = None  # the stamp the key was last cleared to (None: held dirty since)
-    installed: bool = True  # the switch holds the key's rules (False while a reinstall is pending)
-    syncs: int = 0
-    last_sync_ms: float | None = None
-    unsynced_since: float | None = None  # when the oldest mirrored write not yet synced was received
-    mirrored: int = 0  # copies of writes to the key handled here since install (the data plane counts the same)
-    missing_since: float | None = None  # since when copies counted by the data plane are awaited, with none coming
-
-    @property
-    def state(self) -> HotKeyState:
-        if not self.installed:
-            return HotKeyState.NOT_INSTALLED
-        return HotKeyState.DIRTY if self.dirty else HotKeyState.CLEAN
-
-    def weights(self) -> tuple[ReplicaWeight, ...]:
-        """The placement's weights with replicas that do not hold the value at 0 (all at home if none does)."""
-        p = self.placement
-        kept = [w if s in self.holding else 0.0 for s, w in zip(p.replicas, p.weights)]
-        total = sum(kept)
-        if total <= 0:
-            kept, total = [1.0 if s == p.home else 0.0 for s in p.replicas], 1.0
-        return tuple(ReplicaWeight(s, w / total) for s, w in zip(p.replicas, kept))
-
-
-class Executor:
+class Executor(Coherence):
     def __init__(self, driver: Driver, replicator: Replicator, decide: Decide,
                  clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep,
                  poll_every: float = 0.5, backlog: Callable[[], bool] = lambda: False):
@@ -231,204 +174,6 @@ class Executor:
             self._cancel(key, RetryKind.RULES, RetryKind.SETTLE, RetryKind.INSTALL)
             self._install(key, hot)
         self.decide("replay", None, f"the data plane came back empty: {len(self.hot)} hot keys installed again")
-
-    # --- coherence ------------------------------------------------------------------------------------------
-    def count_mirror(self, key: bytes | None, server: int) -> None:
-        """A copied packet whose first request writes `key` to `server`: if that is the key's home, the data plane
-        counted it as one write to the key (before any of the batch is synced)."""
-        hot = self.hot.get(key) if key is not None else None
-        if hot is not None and hot.placement.home == server:
-            hot.mirrored += 1
-            hot.missing_since = None
-
-    def sync_batch(self, writes: dict[bytes, tuple[bytes | None, float]], unsure: dict[int, bool],
-                   between: Callable[[], None] = lambda: None) -> None:
-        """Handle a batch of copied packets: `writes` {key: (latest data or None, first received)} read from them;
-        `unsure` {server: True if some request to it could not be read even here} for every server the data plane
-        may have made unsure. `between` runs before each key (the core handles health changes there)."""
-        for key, (data, received) in writes.items():
-            between()
-            self.sync(key, data, received)
-        for server, unreadable in unsure.items():
-            for key, hot in list(self.hot.items()):
-                if hot.placement.home != server or key in writes:
-                    continue
-                if unreadable:  # the home may not have applied it yet: look after it has
-                    self._schedule(RetryKind.SETTLE, key, KEY_LEVEL, "a request nobody could read",
-                                   delay=UNREADABLE_WAIT)
-                else:
-                    between()
-                    self._check(key, hot)
-
-    def sync(self, key: bytes, data: bytes | None, received: float) -> None:
-        """A write to `key` was mirrored (its data if it was a set): bring the replicas up to date."""
-        hot = self.hot.get(key)
-        if hot is None:
-            return
-        hot.dirty, hot.cleared = True, None  # the data plane counted the write: dirty there
-        if hot.unsynced_since is None:
-            hot.unsynced_since = received
-        item = self._wait_for_write(hot, key, data)
-        if isinstance(item, MetaError):
-            return self.decide("error", key, f"mirrored write not synced, home unreadable (gets stay home): {item}")
-        self._push(key, hot, item)
-        self._synced(key, hot)  # every replica that holds the key holds the home's latest now
-        self._settle(key, hot)
-
-    def poll(self, idle: bool = True) -> None:
-        """Every poll_every seconds: each clean hot key's CAS at its home (one round trip per home), for writes no
-        switch saw (a client on the server's own host, a path around the switch). A changed one is made dirty and
-        synced. Done when the core is idle, or once it is a whole interval late."""
-        now = self.clock()
-        if not self.poll_every or now < self.next_poll or (not idle and now < self.next_poll + self.poll_every):
-            return
-        self.next_poll = now + self.poll_every
-        by_home: dict[int, list[bytes]] = {}
-        for key, hot in self.hot.items():
-            if not hot.dirty and hot.installed:
-                by_home.setdefault(hot.placement.home, []).append(key)
-        for home, keys in by_home.items():
-            try:
-                found = self.replicator.cas_many(home, keys)
-            except MetaError:
-                continue  # the health checker deals with servers that do not answer
-            for key, cas in zip(keys, found):
-                hot = self.hot.get(key)
-                if hot is not None and cas != hot.synced_cas and not self._seen(key, hot) \
-                        and not self._moved(key, hot):
-                    self.unseen_writes += 1
-                    self._protect(key, hot, "its home changed without a write the switch saw")
-                    self._settle(key, hot)  # pushes the home's item, then clears
-
-    def _seen(self, key: bytes, hot: HotKey) -> bool:
-        """True if the data plane counted a write since the key was cleared: its copy is on its way to the core,
-        which syncs it then (the key is dirty in the data plane meanwhile)."""
-        try:
-            return self._counted_since_clear(key, hot)
-        except DriverError:
-            return False
-
-    def _counted_since_clear(self, key: bytes, hot: HotKey) -> bool:
-        """True if the data plane counted a write or an unsure request for the key since the core last cleared it
-        (the key is dirty there then). Raises DriverError."""
-        return hot.cleared is None or self.driver.write_stamp(key).counts != hot.cleared.counts
-
-    def _moved(self, key: bytes, hot: HotKey) -> bool:
-        """True if the home's item has a new CAS but the value and flags the copies hold: memcached gives an item it
-        relinks (a slab page moved, ...) a new CAS without any write. The new CAS is adopted."""
-        try:
-            item = self.replicator.read(hot.placement.home, key)
-        except MetaError:
-            return False
-        if item is None or digest(item) != hot.synced_digest:
-            return False
-        hot.synced_cas = item.cas
-        self.cas_moves += 1
-        return True
-
-    def _check(self, key: bytes, hot: HotKey) -> None:
-        """The data plane may have made the key dirty (an unsure request to its home): settle it again unless the
-        counts are still the ones it was cleared to."""
-        if not hot.installed:
-            return
-        try:
-            if not self._counted_since_clear(key, hot):
-                return
-        except DriverError as err:
-            return self._schedule(RetryKind.SETTLE, key, KEY_LEVEL, str(err))
-        hot.dirty, hot.cleared = True, None
-        self._settle(key, hot)
-
-    def _wait_for_write(self, hot: HotKey, key: bytes, data: bytes | None) -> StoredItem | None | MetaError:
-        """The home's item once the mirrored write shows there, or as it is after SYNC_WAIT (a write that failed,
-        such as an add of an existing key, never shows; pushing the home's item is right then too)."""
-        deadline, delay = self.clock() + SYNC_WAIT, 0.0005
-        while True:
-            try:
-                item = self.replicator.read(hot.placement.home, key)
-            except MetaError as err:
-                return err
-            if item is None or item.cas != hot.synced_cas or (data is not None and item.value == data):
-                return item
-            if self.clock() >= deadline:
-                return item
-            self.sleep(delay)
-            delay = min(2 * delay, 0.01)
-
-    def _push(self, key: bytes, hot: HotKey, item: StoredItem | None) -> None:
-        """Make every holding replica match the home's item; replicas that fail lose their weight now."""
-        replicas = sorted(hot.holding - {hot.placement.home})
-        if item is None:
-            failed = self.replicator.delete(key, replicas, update=True)
-        else:
-            failed = self.replicator.write(key, item, replicas, update=True)
-        hot.synced_cas = item.cas if item is not None else None
-        hot.synced_digest = digest(item)
-        if failed:
-            hot.holding -= set(failed)
-            self._set_weights(key, hot)
-            for server, error in failed.items():
-                self._schedule(RetryKind.REFILL, key, server, error)
-
-    def _settle(self, key: bytes, hot: HotKey, attempt: int = 0) -> bool:
-        """Clear the key if the copies match the home; re-copy while writes keep landing. True if cleared. When it
-        cannot finish, the key stays dirty (gets go home) and the settle is retried."""
-        if not hot.installed:
-            return False  # its reinstall settles it
-        home = hot.placement.home
-        for _ in range(SYNC_ROUNDS):
-            try:
-                stamp = self.driver.write_stamp(key)
-                if not self._mirrors_in(key, hot, stamp):
-                    self._schedule(RetryKind.SETTLE, key, KEY_LEVEL, "the copy of a counted write is on its way",
-                                   attempt, delay=MIRROR_WAIT)
-                    return False
-                if self.replicator.cas(home, key) == hot.synced_cas:
-                    self.driver.clear_dirty(key, stamp)
-                    hot.dirty, hot.cleared = False, stamp
-                    if self.replicator.cas(home, key) == hot.synced_cas or \
-                            self.driver.write_stamp(key).counts != stamp.counts:
-                        return True  # any change since is a write the data plane counted after the stamp: the key
-                        # is dirty there, and that write's copy is on its way
-                    self._dirty(key, hot)  # the home changed with no write counted (two writers' writes applied
-                    # in the other order than they passed the switch, or one around it): sync it again
-                self._push(key, hot, self.replicator.read(home, key))
-            except (MetaError, DriverError) as err:
-                if not hot.dirty:  # cleared, then the check or the hold failed: the copies may be stale
-                    self._protect(key, hot, str(err))
-                self._schedule(RetryKind.SETTLE, key, KEY_LEVEL, str(err), attempt)
-                self.decide("error", key, f"left dirty (gets go home), retrying: {err}")
-                return False
-        self._schedule(RetryKind.SETTLE, key, KEY_LEVEL, "writes kept landing during the sync", attempt)
-        return False
-
-    def _synced(self, key: bytes, hot: HotKey) -> None:
-        if hot.unsynced_since is None:
-            return
-        hot.syncs += 1
-        hot.last_sync_ms = 1000 * (self.clock() - hot.unsynced_since)
-        hot.unsynced_since = None
-        self.sync_ms.append(hot.last_sync_ms)
-        log.debug("synced %r in %.2f ms", key, hot.last_sync_ms)
-
-    def _mirrors_in(self, key: bytes, hot: HotKey, stamp: WriteStamp) -> bool:
-        """True once the core has handled the copy of every write to the key the data plane counted in `stamp`
-        (each was synced then; a write whose copy is still on its way may not have reached the home yet). Copies
-        that stop coming while some are missing were lost: the key is then checked at its home (its CAS moved)."""
-        if stamp.writes <= hot.mirrored:
-            hot.missing_since = None
-            return True
-        now = self.clock()
-        if hot.missing_since is None or self.backlog():
-            hot.missing_since = now
-        if now - hot.missing_since < MIRRORS_LOST_AFTER:
-            return False
-        lost = stamp.writes - hot.mirrored
-        self.mirrors_lost += lost
-        hot.mirrored, hot.missing_since = stamp.writes, None
-        self.decide("error", key, f"{lost} copied write(s) never reached the controller: checking the key at its "
-                                  f"home")
-        return True  # the settle compares the home's CAS: a lost write changed it, and is pushed
 
     # --- health -------------------------------------------------------------------------------------------------
     def server_down(self, server: int) -> None:
@@ -563,14 +308,3 @@ class Executor:
         """Hold the key dirty in the data plane (raises DriverError)."""
         self.driver.set_dirty(key)
         hot.dirty, hot.cleared = True, None
-
-
-def digest(item: StoredItem | None) -> bytes | None:
-    """A short fingerprint of an item's value and flags (not its CAS or TTL)."""
-    if item is None:
-        return None
-    return hashlib.blake2b(item.value, digest_size=16, key=str(item.flags).encode()).digest()
-
-
-def _errors(failed: dict[int, str]) -> str:
-    return "; ".join(f"server {s}: {e}" for s, e in failed.items()) or "none"

@@ -100,7 +100,7 @@ def test_take_due_hands_out_the_due_ones_soonest_first_once():
 
 
 def test_a_hot_keys_state_follows_its_record():
-    from controller.execution import HotKey, HotKeyState
+    from controller.hot_keys import HotKey, HotKeyState
     from controller.planner import Placement
     hot = HotKey(Placement.__new__(Placement), {0}, None, None, 0.0)
     assert hot.state is HotKeyState.DIRTY  # as installed: gets go home
