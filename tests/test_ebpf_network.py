@@ -114,7 +114,7 @@ def test_hot_gets_are_spread_by_weight_and_answered_from_the_home_address(networ
     before = hits(network)
     client_gets(network, network.server_hosts[home].ip, b"hot:1", 900)
     spread = [a - b for a, b in zip(hits(network), before)]
-    assert chi_square(spread, weights) < 13.8, spread
+    assert chi_square(spread, weights) < 27.6, spread  # p = 1e-6, as above ([93, 319, 488] was seen once: 14.0)
     assert core.driver.switch_counters()[0]["replies_rewritten"] > 0
 
 
