@@ -58,6 +58,7 @@ class ControllerCore:
                                  poll_every=config.controller.poll_interval,
                                  backlog=lambda: not self._events.empty())
         self.server_of_address = {(s.ip, s.port): i for i, s in enumerate(config.servers)}
+        self.server_ports = [s.port for s in config.servers]
         self.ports = sorted({s.port for s in config.servers})
         self.decisions: deque[dict[str, Any]] = deque(maxlen=DECISIONS_KEPT)
         self.counts: Counter = Counter()
@@ -205,10 +206,9 @@ class ControllerCore:
         servers they were for (the data plane may have made every hot key there dirty)."""
         writes: dict[bytes, tuple[bytes | None, float]] = {}
         unsure: dict[int, bool] = {}
-        ports = [s.port for s in self.config.servers]
         for _, frame, received in mirrors:
             self.counts["mirrors"] += 1
-            mirror = read_mirror(frame, self.server_of_address, ports)
+            mirror = read_mirror(frame, self.server_of_address, self.server_ports)
             if mirror.server is None:
                 self.counts["mirrors_unreadable"] += 1
                 log.warning("copied packet not for a configured server: ignored")

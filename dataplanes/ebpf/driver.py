@@ -1,33 +1,30 @@
 """The eBPF driver: the controller core's requests as writes to the maps of one or more eBPF switches.
 
-The hot-key bookkeeping over the switches' maps is dataplanes/bpf/key_tables.py (shared with the OpenFlow data
-plane's key classifier). This driver adds what is the eBPF switch's own: mirrored writes arrive as clones on the
-switch's controller port, and a thread reads them from the controller's end of that link with an AF_PACKET socket.
-The same thread notices a switch that was reloaded (its pins lead to new maps): the maps are reopened, the slots
-forgotten, and the core asked to install everything again.
+The hot-key bookkeeping over the switches' maps (dataplanes/bpf/key_tables.py) and the driver calls it answers
+(dataplanes/bpf/key_tables_driver.py) are shared with the OpenFlow data plane's key classifier. This driver adds what
+is the eBPF switch's own: mirrored writes arrive as clones on the switch's controller port, and a thread reads them
+from the controller's end of that link with an AF_PACKET socket. The same thread notices a switch that was reloaded
+(its pins lead to new maps): the maps are reopened, the slots forgotten, and the core asked to install everything
+again.
 """
 from __future__ import annotations
 
 import logging
 import select
 import socket
-import threading
 import time
 from pathlib import Path
 from typing import Sequence
 
 from dataplanes.bpf.key_tables import KeyTables
+from dataplanes.bpf.key_tables_driver import WATCH_EVERY, KeyTablesDriver
 from dataplanes.bpf.program import PIN_ROOT, loaded_switches, mirror_link_of
-from dataplanes.driver import (Counters, Driver, DriverError, ForwardingEntry, LeftoverKey, MirrorHandler,
-                               ReconnectHandler, ReplicaWeight, WriteStamp)
+from dataplanes.driver import DriverError
 from dataplanes.ebpf import Settings
-from dataplanes.pipeline import MAX_REPLICAS
-from mbalancer.settings import Server
 
 log = logging.getLogger(__name__)
 ETH_P_ALL = 0x0003
 PACKET_OUTGOING = 4
-WATCH_EVERY = 0.5  # seconds between checks that the switches are still the ones whose maps are open
 
 
 def driver_from_settings(settings: Settings) -> "EbpfDriver":
@@ -45,72 +42,19 @@ def driver_from_settings(settings: Settings) -> "EbpfDriver":
     return EbpfDriver([PIN_ROOT / n for n in names], mirrors)
 
 
-class EbpfDriver(Driver):
+class EbpfDriver(KeyTablesDriver):
     name = "ebpf"
-    max_replicas = MAX_REPLICAS
+    thread_name = "mbalancer-ebpf"
 
     def __init__(self, pin_dirs: Sequence[Path | str], mirror_ifaces: Sequence[str] = ()):
         """pin_dirs: one per switch; mirror_ifaces: the controller's ends of the switches' mirror links (none: no
         mirrored writes are read, e.g. in packet-fixture tests)."""
-        self.keys = KeyTables(pin_dirs, "eBPF data plane")
+        super().__init__(KeyTables(pin_dirs, "eBPF data plane"))
         self.mirror_ifaces = list(mirror_ifaces)
-        self.on_mirror: MirrorHandler | None = None
-        self.on_reconnect: ReconnectHandler | None = None
-        self.mirrors_received = 0  # copies delivered to on_mirror
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-
-    # What tests and the HTTP state read of the bookkeeping.
-    slots = property(lambda self: self.keys.slots)
-    free_slots = property(lambda self: self.keys.free_slots)
-    lease_until = property(lambda self: self.keys.lease_until)
-    reconnects = property(lambda self: self.keys.reconnects)
-    servers = property(lambda self: self.keys.servers)
-
-    def attach(self, servers: Sequence[Server], on_mirror: MirrorHandler,
-               on_reconnect: ReconnectHandler | None = None) -> list[LeftoverKey]:
-        self.on_mirror, self.on_reconnect = on_mirror, on_reconnect
-        leftovers = self.keys.attach(servers)
-        self._thread = threading.Thread(target=self._watch, name="mbalancer-ebpf", daemon=True)
-        self._thread.start()
-        return leftovers
-
-    def install_hot_key(self, key: bytes, home: int, replicas: Sequence[ReplicaWeight]) -> None:
-        self.keys.install_hot_key(key, home, replicas)
-
-    def set_weights(self, key: bytes, replicas: Sequence[ReplicaWeight]) -> None:
-        self.keys.set_weights(key, replicas)
-
-    def remove_hot_key(self, key: bytes) -> None:
-        self.keys.remove_hot_key(key)
-
-    def set_dirty(self, key: bytes) -> None:
-        self.keys.set_dirty(key)
-
-    def write_stamp(self, key: bytes) -> WriteStamp:
-        return self.keys.write_stamp(key)
-
-    def clear_dirty(self, key: bytes, stamp: WriteStamp) -> None:
-        self.keys.clear_dirty(key, stamp)
-
-    def renew_lease(self, seconds: float) -> None:
-        self.keys.renew_lease(seconds)
-
-    def set_forwarding(self, entries: Sequence[ForwardingEntry]) -> None:
-        self.keys.set_forwarding(entries)
-
-    def read_counters(self) -> Counters:
-        return self.keys.read_counters()
 
     def switch_counters(self) -> list[dict[str, int]]:
         """Each switch's own counters (packets, balanced, mirrored, ...)."""
         return self.keys.switch_counters()
-
-    def close(self) -> None:
-        self._stop.set()
-        if self._thread:
-            self._thread.join(timeout=2)
-        self.keys.close()
 
     # --- the driver's thread: mirrored writes in, reloads noticed -------------------------------------------
     def _watch(self) -> None:
@@ -156,19 +100,7 @@ class EbpfDriver(Driver):
             return
         if address[2] == PACKET_OUTGOING or frame[12:14] != b"\x08\x00":
             return  # mirrors are IPv4; the link's own IPv6 chatter is not
-        self.mirrors_received += 1
-        try:
-            self.on_mirror(frame)
-        except Exception:  # the core queues; a failure there must not end the capture
-            log.exception("mirror handler failed")
-
-    def _reloaded(self) -> bool:
-        """True if a switch came back with new maps (and the maps are reopened and the core told)."""
-        if not self.keys.reopen_if_reloaded():
-            return False
-        if self.on_reconnect is not None:
-            self.on_reconnect()
-        return True
+        self._deliver(frame)
 
 
 def address_of(sock: socket.socket) -> str:

@@ -2,7 +2,7 @@
 
 Two halves (dataplanes/openflow/ says why): the key classifier is the BPF program in classifier mode, with the
 same maps as the eBPF switch, so its slot, write-stamp, dirty and lease bookkeeping is the shared one
-(dataplanes/bpf/key_tables.py, held by this driver); the switch half is OpenFlow rules
+(dataplanes/bpf/key_tables.py, through dataplanes/bpf/key_tables_driver.py); the switch half is OpenFlow rules
 (dataplanes/openflow/messages.py) sent through a Channel, which the Ryu app (controller/ryu_app.py) implements over
 Ryu's datapath connections.
 
@@ -27,16 +27,14 @@ from contextlib import contextmanager
 from typing import Any, Protocol, Sequence
 
 from dataplanes.bpf.key_tables import KeyTables
+from dataplanes.bpf.key_tables_driver import WATCH_EVERY, KeyTablesDriver
 from dataplanes.bpf.program import CLASSIFIER
-from dataplanes.driver import (Counters, Driver, DriverError, ForwardingEntry, LeftoverKey, MirrorHandler,
-                               ReconnectHandler, ReplicaWeight, WriteStamp)
-from dataplanes.pipeline import MAX_REPLICAS
+from dataplanes.driver import Counters, DriverError, LeftoverKey, MirrorHandler, ReconnectHandler, ReplicaWeight
 from dataplanes.openflow import SELECTIONS, Settings, messages
 from dataplanes.openflow.weights import bucket_weights
 from mbalancer.settings import Server
 
 log = logging.getLogger(__name__)
-WATCH_EVERY = 0.5  # seconds between checks that the classifier is still the one whose maps are open
 DATAPATH_SETTLE = 0.05  # seconds OVS's datapath may keep using a cached bucket after the group changed
 
 
@@ -59,9 +57,9 @@ def driver_from_settings(settings: Settings) -> "OpenflowDriver":
                       "--mbalancer-config FILE controller/ryu_app.py` (docs/dataplanes/openflow.md)")
 
 
-class OpenflowDriver(Driver):
+class OpenflowDriver(KeyTablesDriver):
     name = "openflow"
-    max_replicas = MAX_REPLICAS
+    thread_name = "mbalancer-classifier"
 
     def __init__(self, settings: Settings, channel: Channel):
         if settings.selection not in SELECTIONS:
@@ -71,12 +69,7 @@ class OpenflowDriver(Driver):
         if not (pin / "prog").exists():
             raise DriverError(f"no key classifier named {settings.classifier} is loaded (nothing at {pin}): start "
                               f"the OpenFlow topology, or load the classifier on your switch's links first")
-        self.keys = KeyTables([pin], "OpenFlow key classifier")
-        self.on_mirror: MirrorHandler | None = None
-        self.on_reconnect: ReconnectHandler | None = None
-        self.mirrors_received = 0  # PacketIns delivered to on_mirror
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        super().__init__(KeyTables([pin], "OpenFlow key classifier"))
         self.settings = settings
         self.channel = channel
         self.buckets: dict[int, list[tuple[int, int, int]]] = {}  # slot -> (position, server, OVS weight): the record
@@ -85,10 +78,7 @@ class OpenflowDriver(Driver):
     # --- the switch half ----------------------------------------------------------------------------------------
     def attach(self, servers: Sequence[Server], on_mirror: MirrorHandler,
                on_reconnect: ReconnectHandler | None = None) -> list[LeftoverKey]:
-        self.on_mirror, self.on_reconnect = on_mirror, on_reconnect
-        leftovers = self.keys.attach(servers)
-        self._thread = threading.Thread(target=self._watch, name="mbalancer-classifier", daemon=True)
-        self._thread.start()
+        leftovers = super().attach(servers, on_mirror, on_reconnect)
         for dp in self.channel.switches():  # connected before the core started
             self.switch_connected(dp)
         return leftovers
@@ -113,11 +103,7 @@ class OpenflowDriver(Driver):
         """A copy the switch sent up (COPY tag): a mirrored write or an unsure request."""
         if self.on_mirror is None or frame[12:14] != b"\x08\x00":
             return
-        self.mirrors_received += 1
-        try:
-            self.on_mirror(frame)
-        except Exception:  # the core queues; a failure there must not end the app's event loop
-            log.exception("mirror handler failed")
+        self._deliver(frame)
 
     # --- the driver interface: classifier first or last, as the order above says -------------------------------
     def install_hot_key(self, key: bytes, home: int, replicas: Sequence[ReplicaWeight]) -> None:
@@ -189,42 +175,15 @@ class OpenflowDriver(Driver):
                         per_replica[server] = per_replica.get(server, 0) + bucket.packet_count
         return counters
 
-    # --- the classifier half, as it is ----------------------------------------------------------------------------
-    slots = property(lambda self: self.keys.slots)
-    free_slots = property(lambda self: self.keys.free_slots)
-    lease_until = property(lambda self: self.keys.lease_until)
-    reconnects = property(lambda self: self.keys.reconnects)
-    servers = property(lambda self: self.keys.servers)
-
-    def set_dirty(self, key: bytes) -> None:
-        self.keys.set_dirty(key)
-
-    def write_stamp(self, key: bytes) -> WriteStamp:
-        return self.keys.write_stamp(key)
-
-    def clear_dirty(self, key: bytes, stamp: WriteStamp) -> None:
-        self.keys.clear_dirty(key, stamp)
-
-    def renew_lease(self, seconds: float) -> None:
-        self.keys.renew_lease(seconds)
-
-    def set_forwarding(self, entries: Sequence[ForwardingEntry]) -> None:
-        self.keys.set_forwarding(entries)  # the classifier's own L2 table is unused: OpenFlow forwards
-
-    def close(self) -> None:
-        self._stop.set()
-        if self._thread:
-            self._thread.join(timeout=2)
-        self.keys.close()
-
+    # --- the classifier half, as KeyTablesDriver has it, but for its reloads ----------------------------------
     def _watch(self) -> None:
-        """A reloaded classifier has empty maps: forget the groups' record and have the core install again."""
         while not self._stop.wait(WATCH_EVERY):
-            if self.keys.reopen_if_reloaded():
-                with self._switch_lock:
-                    self.buckets = {}
-                if self.on_reconnect is not None:
-                    self.on_reconnect()
+            self._reloaded()
+
+    def _forget_switch_state(self) -> None:
+        """A reloaded classifier has empty maps: the groups' record goes too (the core installs every key again)."""
+        with self._switch_lock:
+            self.buckets = {}
 
     # --- inside -------------------------------------------------------------------------------------------------
     def _buckets(self, replicas: Sequence[ReplicaWeight]) -> list[tuple[int, int, int]]:
