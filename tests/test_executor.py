@@ -1,16 +1,27 @@
-"""The executor's retries on a fake clock: a failing delete is retried with a doubling back-off (capped), then given up
-after the retry limit with one decision that says so; a retry of a key that cooled meanwhile does nothing. The
-server is a closed port on 127.0.0.1 (a real connection refusal), the driver the registry's recording one."""
+"""The executor's transitions on a fake clock, with the registry's recording driver as the data plane.
+
+Retries, against a closed port on 127.0.0.1 (a real connection refusal): a failing delete is retried with a doubling
+back-off (capped), then given up after the retry limit with one decision that says so; a retry of a key that cooled
+meanwhile does nothing. Then against two real memcached servers (home 0, replica 1): polling finds a write no switch
+saw and syncs it, only when due (and when busy, only once a whole interval late); a same-value write at the home is
+adopted, not synced; writes that land during every sync round leave the key dirty and retried; a key whose weights
+and hold are both refused loses its rules and is reinstalled; a refused install backs off doubling; a switch that
+came back empty gets every key again; copies of counted writes that never come are declared lost."""
 from __future__ import annotations
 
 import pytest
 
-from controller.execution import Executor
+from controller.coherence import MIRRORS_LOST_AFTER, SYNC_ROUNDS
+from controller.execution import REFUSED_BACKOFF_MAX, Executor
+from controller.hot_keys import HotKeyState
+from controller.planner import Change, Placement
 from controller.replicator import Replicator
 from controller.retries import BACKOFF_FIRST, BACKOFF_MAX, KEY_LEVEL, RETRY_LIMIT, RetryKind, RetryScheduler
 from dataplanes import registry
 from mbalancer.memcache.addresses import ServerAddress
-from mbalancer.memcache.server import free_port
+from mbalancer.memcache.meta import MetaClient, StoredItem
+from mbalancer.memcache.server import MemcachedServer, free_port
+from mbalancer.settings import Server
 
 
 class FakeClock:
@@ -19,6 +30,9 @@ class FakeClock:
 
     def __call__(self) -> float:
         return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.now += seconds
 
 
 @pytest.fixture
@@ -122,3 +136,176 @@ def test_a_copied_set_is_read_without_state():
     assert elsewhere.server is None and elsewhere.unreadable
     cut = read_mirror(tcp_frame(b"set k 0 0 10\r\nv2", dst="10.0.0.1"), servers, [11211, 11211])
     assert (cut.server, cut.counted_key, cut.whole) == (0, b"k", False)  # its value continues in a later segment
+
+
+# --- against real memcached servers ---------------------------------------------------------------------------
+KEY = b"hot:executor"
+POLL_EVERY = 0.5
+
+
+@pytest.fixture(scope="module")
+def memcached():
+    started = [MemcachedServer().start() for _ in range(2)]
+    yield started
+    for server in started:
+        server.stop()
+
+
+class LandingWrites(Replicator):
+    """A replicator on real servers with a writer beside it: while `landing` > 0, a new value lands at the home
+    each time the executor reads the home's CAS (the worst timing a client's writes can have)."""
+
+    def __init__(self, servers, **kwargs):
+        super().__init__(servers, **kwargs)
+        self.landing = 0
+        self.landed = 0
+
+    def cas(self, server, key):
+        if self.landing > 0 and server == 0:
+            self.landing -= 1
+            self.landed += 1
+            self.clients[0].set(key, StoredItem(b"v-landed-%d" % self.landed, 0, -1, 0))
+        return super().cas(server, key)
+
+
+@pytest.fixture
+def live(memcached):
+    """An executor over two real servers, the recording driver attached, the key stored at its home (server 0)."""
+    addresses = [ServerAddress(*m.address) for m in memcached]
+    for address in addresses:
+        MetaClient(address).delete(KEY)
+    MetaClient(addresses[0]).set(KEY, StoredItem(b"v1", 7, -1, 0))
+    clock, decisions = FakeClock(), []
+    driver = registry.get("none").make_driver()
+    driver.attach([Server(f"s{i}", a.host, f"02:00:00:00:00:0{i + 1}", a.port) for i, a in enumerate(addresses)],
+                  on_mirror=lambda frame: None)
+    driver.renew_lease(3600)
+    executor = Executor(driver, LandingWrites(addresses, timeout=1.0),
+                        lambda action, key, why: decisions.append((action, key, why)),
+                        clock=clock, sleep=clock.sleep, poll_every=POLL_EVERY)
+    executor.test_clock, executor.test_decisions, executor.test_servers = clock, decisions, addresses
+    return executor
+
+
+def warm(executor: Executor, weights=(0.5, 0.5)) -> None:
+    executor.apply((Change("warm", KEY, Placement(KEY, 0, 0, (0, 1), weights), "test"),))
+
+
+def at(executor: Executor, server: int) -> StoredItem | None:
+    return MetaClient(executor.test_servers[server]).get(KEY)
+
+
+def actions(executor: Executor) -> list[str]:
+    return [a for a, _, _ in executor.test_decisions]
+
+
+def calls(executor: Executor) -> list[str]:
+    return [c.method for c in executor.driver.calls if c.key == KEY]
+
+
+def run_retries(executor: Executor) -> None:
+    """Advance the fake clock to each due retry and run it, until none is left (bounded)."""
+    for _ in range(RETRY_LIMIT * 4):
+        due = executor.next_due()
+        if due is None:
+            return
+        executor.test_clock.now = max(executor.test_clock.now, due)
+        executor.run_due()
+    raise AssertionError(f"retries never ended: {executor.pending_retries()}")
+
+
+def test_warm_copies_installs_dirty_then_clears(live):
+    warm(live)
+    assert at(live, 1).value == b"v1" and at(live, 1).flags == 7
+    assert calls(live)[:2] == ["install_hot_key", "write_stamp"] and "clear_dirty" in calls(live)
+    assert dict(live.hot_keys())[KEY].state is HotKeyState.CLEAN and not live.driver.dirty(KEY)
+
+
+def test_polling_finds_a_write_no_switch_saw_only_when_due(live):
+    warm(live)
+    MetaClient(live.test_servers[0]).set(KEY, StoredItem(b"v2", 7, -1, 0))  # around the switch: no mirror
+    live.poll()
+    assert live.unseen_writes == 0 and at(live, 1).value == b"v1"  # not due yet
+    live.test_clock.now = live.next_poll
+    live.poll(idle=False)
+    assert live.unseen_writes == 0  # busy: waits until a whole interval late
+    live.test_clock.now = live.next_poll + POLL_EVERY
+    live.poll(idle=False)
+    assert live.unseen_writes == 1 and at(live, 1).value == b"v2"
+    assert calls(live).index("set_dirty") < len(calls(live)) - 1 - calls(live)[::-1].index("clear_dirty")
+    assert dict(live.hot_keys())[KEY].state is HotKeyState.CLEAN and not live.driver.dirty(KEY)
+    assert any("without a write the switch saw" in why for _, _, why in live.test_decisions)
+
+
+def test_a_same_value_write_at_home_is_adopted_not_synced(live):
+    warm(live)
+    before = dict(live.hot_keys())[KEY].synced_cas
+    new_cas = MetaClient(live.test_servers[0]).set(KEY, StoredItem(b"v1", 7, -1, 0))  # same value and flags
+    live.test_clock.now = live.next_poll
+    live.poll()
+    assert new_cas != before and dict(live.hot_keys())[KEY].synced_cas == new_cas
+    assert (live.cas_moves, live.unseen_writes) == (1, 0) and "set_dirty" not in calls(live)
+
+
+def test_writes_landing_during_every_sync_round_leave_the_key_dirty_and_retried(live):
+    live.replicator.landing = SYNC_ROUNDS
+    warm(live)
+    assert live.replicator.landed == SYNC_ROUNDS
+    assert dict(live.hot_keys())[KEY].state is HotKeyState.DIRTY and live.driver.dirty(KEY)
+    assert "clear_dirty" not in calls(live)
+    assert [(r.action, r.last_error) for r in live.pending_retries()] == [
+        (RetryKind.SETTLE, "writes kept landing during the sync")]
+    assert "left dirty (written during the copy)" in live.test_decisions[-1][2]
+    run_retries(live)  # the writer stopped: the retry settles it
+    assert at(live, 1).value == b"v-landed-%d" % SYNC_ROUNDS and not live.driver.dirty(KEY)
+
+
+def test_refused_weights_and_hold_remove_the_rules_then_reinstall_them(live):
+    warm(live)
+    live.driver.refuse("set_weights", KEY)
+    live.driver.refuse("set_dirty", KEY)
+    live.server_down(1)
+    assert KEY not in live.driver.table and dict(live.hot_keys())[KEY].state is HotKeyState.NOT_INSTALLED
+    assert {r.action for r in live.pending_retries()} == {RetryKind.INSTALL}
+    run_retries(live)
+    entry = live.driver.table[KEY]
+    assert [(r.server, r.weight) for r in entry.replicas] == [(0, 1.0), (1, 0.0)]  # the replica is down
+    assert dict(live.hot_keys())[KEY].state is HotKeyState.CLEAN and not live.driver.dirty(KEY)
+
+
+def test_a_refused_install_backs_off_doubling_and_deletes_the_copies(live):
+    live.driver.refuse("install_hot_key", KEY, times=3)
+    waits = []
+    for attempt in range(1, 4):
+        warm(live)
+        assert at(live, 1) is None and KEY not in dict(live.hot_keys())
+        waits.append(live.refused[KEY].due - live.test_clock.now)
+        installs = calls(live).count("install_hot_key")
+        warm(live)  # before it is due: not tried, nothing copied
+        assert calls(live).count("install_hot_key") == installs and at(live, 1) is None
+        live.test_clock.now = live.refused[KEY].due
+    assert waits == pytest.approx([min(BACKOFF_FIRST * 2 ** n, REFUSED_BACKOFF_MAX) for n in (1, 2, 3)])
+    warm(live)
+    assert dict(live.hot_keys())[KEY].state is HotKeyState.CLEAN and KEY not in live.refused
+
+
+def test_a_switch_that_came_back_empty_gets_every_key_again(live):
+    warm(live)
+    live.driver.table.clear()  # what the switch holds after a restart
+    live.replay()
+    assert KEY in live.driver.table and not live.driver.dirty(KEY)
+    assert calls(live).count("install_hot_key") == 2 and actions(live)[-1] == "replay"
+
+
+def test_copies_of_counted_writes_that_never_come_are_declared_lost(live):
+    warm(live)
+    live.driver.table[KEY].writes += 1  # the data plane counted a write whose copy never reaches the core
+    hot = dict(live.hot_keys())[KEY]
+    hot.dirty, hot.cleared = True, None
+    live.driver.set_dirty(KEY)
+    assert not live._settle(KEY, hot)  # waits for the copy
+    assert [r.action for r in live.pending_retries()] == [RetryKind.SETTLE]
+    live.test_clock.now += MIRRORS_LOST_AFTER
+    run_retries(live)
+    assert live.mirrors_lost == 1 and not live.driver.dirty(KEY)
+    assert any("never reached the controller" in why for _, _, why in live.test_decisions)

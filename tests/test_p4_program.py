@@ -93,8 +93,8 @@ def load_state(driver: P4RuntimeDriver, case: Case) -> None:
 
 
 def unsure_counts(driver: P4RuntimeDriver) -> list[int]:
-    client = driver.clients[0]
-    return [driver._count(client, "server_unsure", i) for i in range(len(SERVERS))]
+    tables = driver.book.switches[0]
+    return [tables.unsure(i) for i in range(len(SERVERS))]
 
 
 @on_bmv2

@@ -13,6 +13,7 @@ from typing import Sequence
 
 from dataplanes.bpf.bpf_syscall import BpfMap, pinned_map_id
 from dataplanes.pipeline import COUNTERS, MAX_HOT, MAX_KEY, MAX_REPLICAS, WEIGHT_ONE  # structs.h agrees (tests check)
+from dataplanes.slot_book import HotEntry, KeyCounts
 
 KEY_BYTES = 252
 MAX_PORTS = 32
@@ -71,13 +72,6 @@ def mac_bytes(mac: str) -> bytes:
 
 
 
-@dataclass(frozen=True)
-class HotEntry:
-    slot: int
-    home: int
-    servers: tuple[int, ...]
-    cumulative: tuple[int, ...]
-
 
 @dataclass(frozen=True)
 class HeavyKey:
@@ -87,16 +81,11 @@ class HeavyKey:
     server: str  # ip:port its gets were sent to
 
 
-@dataclass
-class KeyCounts:
-    gets: int
-    home_while_dirty: int
-    mirrored: int
-    per_replica: list[int]
-
-
 class Tables:
-    """The maps of one loaded program (one switch), opened from their pins."""
+    """The maps of one loaded program (one switch), opened from their pins; a slot book's tables adapter
+    (dataplanes/slot_book.py SwitchTables)."""
+
+    up = True  # maps open are always reachable (a reloaded program is noticed by `current`)
 
     def __init__(self, pin_dir: Path | str):
         self.pin_dir = Path(pin_dir)
@@ -111,7 +100,8 @@ class Tables:
         return pinned_map_id(str(self.pin_dir / "hot_keys")) == self.maps["hot_keys"].info.id
 
     # hot_get / set_mirror
-    def set_hot(self, key: bytes, entry: HotEntry) -> None:
+    def set_hot(self, key: bytes, entry: HotEntry, old: HotEntry | None = None) -> None:
+        """The key's entry, new or in place of `old` (one map update either way)."""
         if not 1 <= len(entry.servers) <= MAX_REPLICAS or not 0 <= entry.slot < MAX_HOT:
             raise ValueError(f"{len(entry.servers)} replicas (at most {MAX_REPLICAS}), slot {entry.slot}")
         pad = MAX_REPLICAS - len(entry.servers)
@@ -140,7 +130,8 @@ class Tables:
                 entries[key] = entry
         return entries
 
-    def delete_hot(self, key: bytes) -> bool:
+    def delete_hot(self, key: bytes, entry: HotEntry | None = None) -> bool:
+        """Whether the key was there (the slot's other maps are per slot: nothing else to delete)."""
         deleted = self.maps["hot_keys"].delete(key_entry(key))
         if deleted:  # out of hot_keys first: a get in between still finds its bucket counted, and goes on to miss
             self._count_in_filter(key, -1)
@@ -184,10 +175,10 @@ class Tables:
     def lease(self) -> int:
         return U64.unpack(self.maps["lease"].lookup(U32.pack(0)))[0]
 
-    def key_counts(self, slot: int) -> KeyCounts:
+    def key_counts(self, slot: int, replicas: int = MAX_REPLICAS) -> KeyCounts:
         per_cpu = [KEY_COUNTERS.unpack(v) for v in self.maps["key_counters"].lookup(U32.pack(slot))]
         sums = [sum(column) for column in zip(*per_cpu)]
-        return KeyCounts(sums[0], sums[1], sums[2], sums[3:])
+        return KeyCounts(sums[0], sums[1], sums[2], sums[3:3 + replicas])
 
     def reset_key_counts(self, slot: int) -> None:
         self.maps["key_counters"].update(U32.pack(slot), bytes(KEY_COUNTERS.size))

@@ -1,7 +1,7 @@
 """The eBPF driver: the controller core's requests as writes to the maps of one or more eBPF switches.
 
-The hot-key bookkeeping over the switches' maps (dataplanes/bpf/key_tables.py) and the driver calls it answers
-(dataplanes/bpf/key_tables_driver.py) are shared with the OpenFlow data plane's key classifier. This driver adds what
+The hot-key bookkeeping over the switches' maps (the slot book, dataplanes/bpf/key_tables.py) and the driver calls it
+answers (dataplanes/bpf/maps_driver.py) are shared with the OpenFlow data plane's key classifier. This driver adds what
 is the eBPF switch's own: mirrored writes arrive as clones on the switch's controller port, and a thread reads them
 from the controller's end of that link with an AF_PACKET socket. The same thread notices a switch that was reloaded
 (its pins lead to new maps): the maps are reopened, the slots forgotten, and the core asked to install everything
@@ -17,7 +17,8 @@ from pathlib import Path
 from typing import Sequence
 
 from dataplanes.bpf.key_tables import KeyTables
-from dataplanes.bpf.key_tables_driver import WATCH_EVERY, KeyTablesDriver
+from dataplanes.bpf.maps_driver import BpfMapsDriver
+from dataplanes.slot_book_driver import WATCH_EVERY
 from dataplanes.bpf.program import PIN_ROOT, loaded_switches, mirror_link_of
 from dataplanes.driver import DriverError
 from dataplanes.ebpf import Settings
@@ -42,7 +43,7 @@ def driver_from_settings(settings: Settings) -> "EbpfDriver":
     return EbpfDriver([PIN_ROOT / n for n in names], mirrors)
 
 
-class EbpfDriver(KeyTablesDriver):
+class EbpfDriver(BpfMapsDriver):
     name = "ebpf"
     thread_name = "mbalancer-ebpf"
 
@@ -51,10 +52,6 @@ class EbpfDriver(KeyTablesDriver):
         mirrored writes are read, e.g. in packet-fixture tests)."""
         super().__init__(KeyTables(pin_dirs, "eBPF data plane"))
         self.mirror_ifaces = list(mirror_ifaces)
-
-    def switch_counters(self) -> list[dict[str, int]]:
-        """Each switch's own counters (packets, balanced, mirrored, ...)."""
-        return self.keys.switch_counters()
 
     # --- the driver's thread: mirrored writes in, reloads noticed -------------------------------------------
     def _watch(self) -> None:

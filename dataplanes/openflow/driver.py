@@ -2,7 +2,7 @@
 
 Two halves (dataplanes/openflow/ says why): the key classifier is the BPF program in classifier mode, with the
 same maps as the eBPF switch, so its slot, write-stamp, dirty and lease bookkeeping is the shared one
-(dataplanes/bpf/key_tables.py, through dataplanes/bpf/key_tables_driver.py); the switch half is OpenFlow rules
+(the slot book over BPF maps, dataplanes/bpf/key_tables.py and maps_driver.py); the switch half is OpenFlow rules
 (dataplanes/openflow/messages.py) sent through a Channel, which the Ryu app (controller/ryu_app.py) implements over
 Ryu's datapath connections.
 
@@ -27,7 +27,8 @@ from contextlib import contextmanager
 from typing import Any, Protocol, Sequence
 
 from dataplanes.bpf.key_tables import KeyTables
-from dataplanes.bpf.key_tables_driver import WATCH_EVERY, KeyTablesDriver
+from dataplanes.bpf.maps_driver import BpfMapsDriver
+from dataplanes.slot_book_driver import WATCH_EVERY
 from dataplanes.bpf.program import CLASSIFIER
 from dataplanes.driver import Counters, DriverError, LeftoverKey, MirrorHandler, ReconnectHandler, ReplicaWeight
 from dataplanes.openflow import SELECTIONS, Settings, messages
@@ -57,7 +58,7 @@ def driver_from_settings(settings: Settings) -> "OpenflowDriver":
                       "--mbalancer-config FILE controller/ryu_app.py` (docs/dataplanes/openflow.md)")
 
 
-class OpenflowDriver(KeyTablesDriver):
+class OpenflowDriver(BpfMapsDriver):
     name = "openflow"
     thread_name = "mbalancer-classifier"
 
@@ -109,24 +110,24 @@ class OpenflowDriver(KeyTablesDriver):
     def install_hot_key(self, key: bytes, home: int, replicas: Sequence[ReplicaWeight]) -> None:
         buckets = self._buckets(replicas)
         with self._switch_lock:
-            self.keys.install_hot_key(key, home, replicas)  # held dirty: nothing tagged for balancing yet
-            slot = self.keys.slots[key]
+            self.book.install_hot_key(key, home, replicas)  # held dirty: nothing tagged for balancing yet
+            slot = self.book.slot_of(key)
             try:
                 self._send_all(lambda dp, m: m.remove_hot(dp, slot) + self._group(dp, slot, buckets, add=True)
                                + m.hot_flow(dp, slot))
             except DriverError:
-                self.keys.remove_hot_key(key)
+                self.book.remove_hot_key(key)
                 raise
             self.buckets[slot] = buckets
 
     def set_weights(self, key: bytes, replicas: Sequence[ReplicaWeight]) -> None:
         buckets = self._buckets(replicas)
         with self._switch_lock:
-            slot = self.keys.slot_of(key)
+            slot = self.book.slot_of(key)
             dropped = {s for _, s, _ in self.buckets.get(slot, [])} - {s for _, s, _ in buckets}
             with self._held(slot, bool(dropped)):
                 self._send_all(lambda dp, m: self._group(dp, slot, buckets, add=False))
-            self.keys.set_weights(key, replicas)
+            self.book.set_weights(key, replicas)
             self.buckets[slot] = buckets
 
     @contextmanager
@@ -137,20 +138,20 @@ class OpenflowDriver(KeyTablesDriver):
         if not hold:
             yield
             return
-        synced = self.keys.hold_slot(slot)
+        synced = self.book.hold_slot(slot)
         try:
             yield
             time.sleep(DATAPATH_SETTLE)
         finally:
             try:
-                self.keys.restore_synced(slot, synced)
+                self.book.restore_synced(slot, synced)
             except DriverError as err:  # left held: safe, the core's next clear settles it
                 log.warning("slot %d stays dirty after its group changed: %s", slot, err)
 
     def remove_hot_key(self, key: bytes) -> None:
         with self._switch_lock:
-            slot = self.keys.slot_of(key)
-            self.keys.remove_hot_key(key)  # the classifier stops tagging its gets: they go home from now on
+            slot = self.book.slot_of(key)
+            self.book.remove_hot_key(key)  # the classifier stops tagging its gets: they go home from now on
             self.buckets.pop(slot, None)
             try:
                 self._send_all(lambda dp, m: m.remove_hot(dp, slot))
@@ -160,9 +161,9 @@ class OpenflowDriver(KeyTablesDriver):
 
     def read_counters(self) -> Counters:
         """The classifier's counts, plus gets per replica from the groups' bucket counters (listed in bucket order)."""
-        counters = self.keys.read_counters()
+        counters = self.book.read_counters()
         with self._switch_lock:
-            keys = {slot: key for key, slot in self.keys.slots.items()}
+            keys = {slot: key for key, slot in self.book.slots.items()}
             buckets = dict(self.buckets)
         for dp in self.channel.switches():
             for reply in self.channel.ask(dp, messages.group_stats(dp)):
@@ -175,7 +176,7 @@ class OpenflowDriver(KeyTablesDriver):
                         per_replica[server] = per_replica.get(server, 0) + bucket.packet_count
         return counters
 
-    # --- the classifier half, as KeyTablesDriver has it, but for its reloads ----------------------------------
+    # --- the classifier half, as BpfMapsDriver has it, but for its reloads ------------------------------------
     def _watch(self) -> None:
         while not self._stop.wait(WATCH_EVERY):
             self._reloaded()

@@ -2,7 +2,7 @@
 its arbitration (this controller primary), pipeline push, batched writes, reads, PacketIn to a callback and
 PacketOut. Plain threads and blocking calls (the core's rule: no asyncio loop).
 
-A broken stream (the switch stopped or restarted) is reported once through `on_down`; the driver reconnects.
+A broken stream (the switch stopped or restarted) marks the client `down`; the driver's thread reconnects.
 """
 from __future__ import annotations
 
@@ -35,10 +35,9 @@ def encode(value: int, bitwidth: int) -> bytes:
 
 class P4RuntimeClient:
     def __init__(self, address: str, device_id: int, timeout: float = 5.0,
-                 on_packet: PacketHandler | None = None, on_down: Callable[[], None] | None = None,
-                 election_id: int | None = None):
+                 on_packet: PacketHandler | None = None, election_id: int | None = None):
         self.address, self.device_id, self.timeout = address, device_id, timeout
-        self.on_packet, self.on_down = on_packet, on_down
+        self.on_packet = on_packet
         # The newest controller wins arbitration (a restarted one takes over from a hung one); a controller keeps its
         # id when it reconnects, so one that was superseded stays a backup.
         self.election_id = election_id or time.time_ns() // 1000
@@ -48,6 +47,7 @@ class P4RuntimeClient:
         self._arbitrated = threading.Event()
         self._arbitration_error = ""
         self._closed = False
+        self.down = False  # the stream broke (the switch stopped or restarted): a new client is needed
         self._reader: threading.Thread | None = None
 
     # --- the stream -----------------------------------------------------------------------------------------
@@ -102,8 +102,8 @@ class P4RuntimeClient:
         except grpc.RpcError as err:
             if not self._closed:
                 log.warning("%s: P4Runtime stream ended: %s", self.address, err.code().name)
-        if not self._closed and self.on_down is not None:
-            self.on_down()
+        if not self._closed:
+            self.down = True
 
     def close(self) -> None:
         self._closed = True

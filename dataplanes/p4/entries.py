@@ -93,3 +93,31 @@ def ip_value(ip: str) -> int:
 def key_value(key: bytes) -> int:
     """A memcached key as hot_keys matches it: its bytes as one big-endian number (with its length beside)."""
     return int.from_bytes(key, "big")
+
+
+# --- reading entities back, by name ----------------------------------------------------------------------------
+def match_of(pipeline: Pipeline, table: str, entity: p4runtime_pb2.Entity) -> Match:
+    """A read table entry's match fields by name: exact -> value, range -> (low, high)."""
+    names = {field_id: name for name, (field_id, _) in pipeline.table(table).fields.items()}
+    found: Match = {}
+    for field in entity.table_entry.match:
+        kind = field.WhichOneof("field_match_type")
+        if kind == "range":
+            found[names[field.field_id]] = (number(field.range.low), number(field.range.high))
+        elif kind == "exact":
+            found[names[field.field_id]] = number(field.exact.value)
+    return found
+
+
+def params_of(pipeline: Pipeline, action: str, entity: p4runtime_pb2.Entity) -> dict[str, int]:
+    """A read table entry's action parameters by name (empty if its action is another)."""
+    act = pipeline.action(action)
+    taken = entity.table_entry.action.action
+    if taken.action_id != act.id:
+        return {}
+    names = {param_id: name for name, (param_id, _) in act.params.items()}
+    return {names[p.param_id]: number(p.value) for p in taken.params}
+
+
+def number(value: bytes) -> int:
+    return int.from_bytes(value, "big")

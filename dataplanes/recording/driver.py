@@ -47,8 +47,6 @@ class TableEntry:
     synced: tuple[int, int] | None = HELD  # (writes, home's unsure count) the core synced it to
 
 
-
-
 class RecordingDriver(Driver):
     name = "none"
 
@@ -122,10 +120,12 @@ class RecordingDriver(Driver):
 
     def close(self) -> None:
         self.lease_until = 0.0  # nobody keeps the copies fresh any more
+
     def dirty(self, key: bytes) -> bool:
         """As the data plane decides: held, or a count moved since the core synced the key."""
         entry = self._entry(key)
         return entry.synced != (entry.writes, self.unsure_counts.get(entry.home, 0))
+
     def set_forwarding(self, entries: Sequence[ForwardingEntry]) -> None:
         self._record("set_forwarding", None, tuple(entries))
         self.forwarding = tuple(entries)

@@ -1,0 +1,181 @@
+"""One bmv2 switch's hot-key tables over P4Runtime, as the slot book (dataplanes/slot_book.py) asks for them: the
+P4 data plane's tables adapter. Entities are built and read back by name (dataplanes/p4/entries.py).
+
+How the P4 program (p4src/mbalancer.p4) holds what the book keeps: a hot key is a `hot_keys` entry (slot, home); its
+weights are `replicas` entries, a range of the request hash per replica; its synced counts a `synced` entry (none:
+held dirty). Writes per slot and unsure requests per server are counted in registers, which P4Runtime cannot read;
+each has a twin counter (key_mirrored, server_unsure) that is read instead, and that is never reset (it must stay
+equal to its register), so the slot's mirrored count is given relative to its value at `reset_key_counts`. The lease
+is a PacketOut the switch adds to its own clock.
+"""
+from __future__ import annotations
+
+import logging
+import time
+
+from dataplanes.p4 import entries as e
+from dataplanes.p4.client import P4RuntimeClient, encode
+from dataplanes.p4.pipeline import P4Error, Pipeline
+from dataplanes.pipeline import COUNTERS, MAX_REPLICAS
+from dataplanes.slot_book import HotEntry, KeyCounts
+
+log = logging.getLogger(__name__)
+Range = tuple[int, int, int]  # (low, high, position) of the 16-bit request hash
+LEASE_US_MAX = (1 << 32) - 1  # the packet_out's lease_us field
+
+
+class P4Tables:
+    def __init__(self, client: P4RuntimeClient, pipeline: Pipeline):
+        self.client, self.pipeline = client, pipeline
+        self.synced_slots: set[int] = set()  # slots with a `synced` entry
+        self.mirrored_base: dict[int, int] = {}  # slot -> key_mirrored at its reset
+        self._op, self._lease = lease_fields(pipeline)
+
+    @property
+    def up(self) -> bool:
+        return not self.client.down
+
+    # --- hot_get ----------------------------------------------------------------------------------------------
+    def set_hot(self, key: bytes, entry: HotEntry, old: HotEntry | None) -> None:
+        if old is None:  # the ranges first: hot_keys makes them live
+            self.client.write([*self._range_updates(entry.slot, None, entry), e.update(e.INSERT, self._hot(key, entry))],
+                              f"install {key!r}")
+            return
+        try:
+            self.client.write(self._range_updates(entry.slot, old, entry), f"weights of {key!r}")
+        except P4Error:  # bmv2 applies a batch update by update: put back what was there
+            self._quietly(self._range_updates(entry.slot, entry, old), f"restore {key!r}")
+            raise
+
+    def delete_hot(self, key: bytes, entry: HotEntry) -> None:
+        """hot_keys first (its gets and writes go home untouched from then on), then the slot's other entries; bmv2
+        applies the rest of a batch when one update is refused (an entry a failed install never wrote)."""
+        updates = [e.update(e.DELETE, self._hot(key)), *self._range_updates(entry.slot, entry, None)]
+        if entry.slot in self.synced_slots:
+            updates.append(e.update(e.DELETE, self._synced(entry.slot)))
+        self.synced_slots.discard(entry.slot)
+        self.client.write(updates, f"remove {key!r}")
+
+    # --- dirty state ------------------------------------------------------------------------------------------
+    def reset_key_counts(self, slot: int) -> None:
+        resets = [e.counter_write(self.pipeline, name, slot) for name in ("key_gets", "key_home_while_dirty")]
+        resets += [e.counter_write(self.pipeline, "key_per_replica", slot * MAX_REPLICAS + p)
+                   for p in range(MAX_REPLICAS)]
+        self.client.write([e.update(e.MODIFY, r) for r in resets], f"reset the counters of slot {slot}")
+        self.mirrored_base[slot] = self._count("key_mirrored", slot)
+
+    def writes(self, slot: int) -> int:
+        return self._count("key_mirrored", slot)
+
+    def unsure(self, server: int) -> int:
+        return self._count("server_unsure", server)
+
+    def hold(self, slot: int) -> None:
+        if slot in self.synced_slots:
+            self.client.write([e.update(e.DELETE, self._synced(slot))], f"hold slot {slot} dirty")
+            self.synced_slots.discard(slot)
+
+    def set_synced(self, slot: int, writes: int, unsure: int) -> None:
+        kind = e.MODIFY if slot in self.synced_slots else e.INSERT
+        self.client.write([e.update(kind, self._synced(slot, writes, unsure))], f"clear slot {slot}")
+        self.synced_slots.add(slot)
+
+    def synced(self, slot: int) -> tuple[int, int] | None:
+        """The slot's `synced` entry as the switch has it: (writes, unsure), None where there is none."""
+        for entity in self.client.read([self._synced(slot)], "synced"):
+            params = e.params_of(self.pipeline, "synced_to", entity)
+            return params["written"], params["unsure_count"]
+        return None
+
+    def set_lease(self, until_ns: int) -> None:
+        """A PacketOut the switch adds to its own clock; returns once the switch has counted it (a PacketOut is sent
+        on the stream without a reply: an ended lease must be over when this returns)."""
+        lease_us = min(max(until_ns - time.monotonic_ns(), 0) // 1000, LEASE_US_MAX) if until_ns else 0
+        before = self._count("lease_renewals", 0)
+        self.client.packet_out(b"", {self._op[0]: encode(1, self._op[1]),
+                                     self._lease[0]: encode(lease_us, self._lease[1])})
+        deadline = time.monotonic() + self.client.timeout
+        while self._count("lease_renewals", 0) == before:
+            if time.monotonic() > deadline:
+                raise P4Error(f"{self.client.address}: the switch did not take the lease within "
+                              f"{self.client.timeout:g} s")
+            time.sleep(0.001)
+
+    # --- counters ---------------------------------------------------------------------------------------------
+    def key_counts(self, slot: int, replicas: int) -> KeyCounts:
+        reads = [e.counter_read(self.pipeline, name, slot)
+                 for name in ("key_gets", "key_home_while_dirty", "key_mirrored")]
+        reads += [e.counter_read(self.pipeline, "key_per_replica", slot * MAX_REPLICAS + p) for p in range(replicas)]
+        values = [r.counter_entry.data.packet_count for r in self.client.read(reads, f"counters of slot {slot}")]
+        return KeyCounts(values[0], values[1], values[2] - self.mirrored_base.get(slot, 0), values[3:])
+
+    def counters(self) -> dict[str, int]:
+        read = self.client.read([e.counter_read(self.pipeline, "switch_counters"),
+                                 e.counter_read(self.pipeline, "cloned")], "switch counters")
+        cloned_id = self.pipeline.counter("cloned")
+        counts = dict.fromkeys(COUNTERS, 0)  # switch_counters holds them in the eBPF program's order
+        for entity in read:
+            entry = entity.counter_entry
+            if entry.counter_id == cloned_id:
+                counts["cloned"] += entry.data.packet_count
+            elif entry.index.index < len(COUNTERS) and COUNTERS[entry.index.index] != "cloned":
+                counts[COUNTERS[entry.index.index]] += entry.data.packet_count
+        return counts
+
+    # --- entries ----------------------------------------------------------------------------------------------
+    def _hot(self, key: bytes, entry: HotEntry | None = None):
+        match = {"meta.key_len": len(key), "meta.key": e.key_value(key)}
+        if entry is None:
+            return e.table_entry(self.pipeline, "hot_keys", match)
+        return e.table_entry(self.pipeline, "hot_keys", match, "hot", {"slot": entry.slot, "home": entry.home})
+
+    def _range_updates(self, slot: int, old: HotEntry | None, new: HotEntry | None) -> list:
+        """From the `old` entry's ranges to the `new` one's: old ones deleted first (a point between ranges goes
+        home, never to a replica that lost its weight)."""
+        updates = [e.update(e.DELETE, self._range(slot, lo, hi)) for lo, hi, _ in ranges(old)]
+        servers = new.servers if new else ()
+        return updates + [e.update(e.INSERT, self._range(slot, lo, hi, servers[p], p)) for lo, hi, p in ranges(new)]
+
+    def _range(self, slot: int, low: int, high: int, server: int | None = None, position: int = 0):
+        match = {"meta.slot": slot, "meta.point": (low, high)}
+        if server is None:
+            return e.table_entry(self.pipeline, "replicas", match, priority=1)
+        return e.table_entry(self.pipeline, "replicas", match, "to_replica", {"server": server, "position": position},
+                             priority=1)
+
+    def _synced(self, slot: int, writes: int | None = None, unsure: int | None = None):
+        if writes is None:
+            return e.table_entry(self.pipeline, "synced", {"meta.slot": slot})
+        return e.table_entry(self.pipeline, "synced", {"meta.slot": slot}, "synced_to",
+                             {"written": writes, "unsure_count": unsure})
+
+    def _count(self, counter: str, index: int) -> int:
+        read = self.client.read([e.counter_read(self.pipeline, counter, index)], counter)
+        return read[0].counter_entry.data.packet_count if read else 0
+
+    def _quietly(self, updates: list, what: str) -> None:
+        try:
+            self.client.write(updates, what)
+        except P4Error as err:  # the caller raises the first error
+            log.info("%s: %s", what, err)
+
+
+def lease_fields(pipeline: Pipeline) -> tuple[tuple[int, int], tuple[int, int]]:
+    """(id, bitwidth) of the packet_out's op and lease_us: the lease PacketOut's metadata."""
+    packet_out = pipeline.packet_metadata.get("packet_out", {})
+    if set(packet_out) != {"op", "lease_us"}:
+        raise P4Error(f"the compiled program's packet_out has {sorted(packet_out)}, not op and lease_us")
+    return packet_out["op"], packet_out["lease_us"]
+
+
+def ranges(entry: HotEntry | None) -> tuple[Range, ...]:
+    """(low, high, position) of the 16-bit request hash per replica of `entry`, as wide as its weight; none for a
+    weight of 0 (nor for no entry)."""
+    if entry is None:
+        return ()
+    found, low = [], 0
+    for position, high in enumerate(entry.cumulative):
+        if high > low:
+            found.append((low, high - 1, position))
+        low = max(low, high)
+    return tuple(found)

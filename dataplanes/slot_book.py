@@ -1,0 +1,280 @@
+"""The slot book: the hot-key bookkeeping every data plane needs, kept once over any number of switches.
+
+Each switch is reached through a tables adapter (SwitchTables below) that a data plane's control library provides:
+the eBPF maps (dataplanes/bpf/tables.py), P4Runtime entities (dataplanes/p4/tables.py). The book decides what is
+the same everywhere, whatever the switch:
+
+- a hot key gets a slot, the index of its write count, synced counts and counters; a slot is freed when the key is
+  removed or its install refused, and its counters start from zero when it is reused;
+- a key is installed held dirty, with the write count its slot had before it (its write base), so the stamp says
+  how many writes to this key were counted since, summed over every switch;
+- a refused request leaves the switches and the book as they were (a half-done install is undone);
+- counters are summed over the switches, per key and per replica;
+- the lease is kept as an absolute time (CLOCK_MONOTONIC ns) and written again to a switch that comes back.
+
+A switch that came back empty (reloaded, restarted) is handed in again with `use`: every slot is forgotten and the
+core installs its hot keys anew. A driver that holds a book adds only what is its own: how switches are reached,
+leftovers of an earlier controller, forwarding, copies of packets (dataplanes/slot_book_driver.py).
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass
+from typing import Callable, Protocol, Sequence
+
+from dataplanes.driver import Counters, DriverError, KeyCounters, ReplicaWeight, WriteStamp
+from dataplanes.pipeline import MAX_HOT, MAX_KEY, MAX_REPLICAS, cumulative_weights
+from mbalancer.settings import Server
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class HotEntry:
+    """A hot key as the pipeline's hot_get table holds it."""
+    slot: int
+    home: int
+    servers: tuple[int, ...]  # the replicas, in the order of their counters
+    cumulative: tuple[int, ...]  # the replicas' cumulative weights (dataplanes/pipeline.py cumulative_weights)
+
+
+@dataclass
+class KeyCounts:
+    """One switch's counters of one slot since they were last reset."""
+    gets: int
+    home_while_dirty: int
+    mirrored: int
+    per_replica: list[int]  # by position in the entry's servers
+
+
+class SwitchTables(Protocol):
+    """One switch's hot-key tables, as its data plane's control library writes them. Methods raise the errors the
+    book is given (e.g. BpfError); the book turns them into DriverError."""
+
+    up: bool  # False while the switch cannot be reached (the lease and counters skip it)
+
+    def set_hot(self, key: bytes, entry: HotEntry, old: HotEntry | None) -> None:
+        """Install the key, or (old given) change its replicas or weights in place."""
+
+    def delete_hot(self, key: bytes, entry: HotEntry) -> None:
+        """The key out of hot_get first (its gets and writes go home untouched), then the rest of its slot's entries;
+        entries that are not there are no error."""
+
+    def reset_key_counts(self, slot: int) -> None:
+        """The slot's counters start from zero (a reused slot's belong to its previous key)."""
+
+    def writes(self, slot: int) -> int:
+        """Writes to the slot's key the pipeline has counted (copied to the controller), since it was loaded."""
+
+    def unsure(self, server: int) -> int:
+        """Requests to the server the pipeline could not be sure held no write."""
+
+    def hold(self, slot: int) -> None:
+        """Dirty until set_synced, whatever the counts."""
+
+    def set_synced(self, slot: int, writes: int, unsure: int) -> None:
+        """Clean while the pipeline's counts still equal these."""
+
+    def key_counts(self, slot: int, replicas: int) -> KeyCounts:
+        """The slot's counters, `replicas` of them per replica."""
+
+    def counters(self) -> dict[str, int]:
+        """The switch's own counters, by the names in dataplanes/pipeline.py COUNTERS."""
+
+    def set_lease(self, until_ns: int) -> None:
+        """Until when (CLOCK_MONOTONIC ns) the controller vouches for the copies; 0 or past: every key acts dirty."""
+
+
+class SlotBook:
+    """The hot keys of one data plane's switches; thread-safe (the core's worker writes, HTTP threads and the
+    driver's own thread read)."""
+
+    def __init__(self, what: str, errors: tuple[type[Exception], ...]):
+        """`what` names the data plane in errors; `errors` are what its adapters raise."""
+        self.what = what
+        self.errors = errors
+        self.switches: list[SwitchTables] = []
+        self.servers: tuple[Server, ...] = ()
+        self.lease_until = 0  # CLOCK_MONOTONIC ns: the lease as last renewed (written again to a switch that returns)
+        self.reconnects = 0  # times the switches came back empty
+        self.lock = threading.RLock()
+        self._forget_all()
+
+    @property
+    def slots(self) -> dict[bytes, int]:
+        """Installed key -> its slot."""
+        with self.lock:
+            return {key: entry.slot for key, entry in self.entries.items()}
+
+    def use(self, switches: Sequence[SwitchTables]) -> None:
+        """The switches from now on, empty of hot keys (just attached, or come back empty): every slot is free."""
+        with self.lock:
+            self.switches = list(switches)
+            self._forget_all()
+
+    def came_back(self, switches: Sequence[SwitchTables]) -> None:
+        """The switches returned empty (reloaded, restarted): `use` them and count it."""
+        with self.lock:
+            self.use(switches)
+            self.reconnects += 1
+
+    # --- the driver interface's hot-key calls --------------------------------------------------------------------
+    def install_hot_key(self, key: bytes, home: int, replicas: Sequence[ReplicaWeight]) -> None:
+        with self.lock:
+            if key in self.entries:
+                raise DriverError(f"{key!r} is already installed")
+            if not 1 <= len(key) <= MAX_KEY:
+                raise DriverError(f"key of {len(key)} bytes: the {self.what} takes 1 to {MAX_KEY}")
+            if not self.free_slots:
+                raise DriverError(f"all {MAX_HOT} hot-key slots are in use")
+            self._reachable()
+            entry = self._entry(self.free_slots[-1], home, replicas)  # refused here, nothing is taken
+            self.free_slots.pop()
+            try:
+                bases = []
+                for switch in self.switches:
+                    switch.reset_key_counts(entry.slot)
+                    switch.hold(entry.slot)  # before the entry exists: no get is balanced before the core says
+                    bases.append(switch.writes(entry.slot))  # the slot's count before this key
+                    switch.set_hot(key, entry, None)
+            except self.errors as err:
+                self._undo_install(key, entry)
+                raise DriverError(f"install {key!r}: {err}") from None
+            self.entries[key] = entry
+            self.write_bases[key] = tuple(bases)
+
+    def set_weights(self, key: bytes, replicas: Sequence[ReplicaWeight]) -> None:
+        with self.lock:
+            old = self.entry_of(key)
+            entry = self._entry(old.slot, old.home, replicas)
+            self._each(lambda s: s.set_hot(key, entry, old), f"weights of {key!r}")
+            self.entries[key] = entry
+
+    def remove_hot_key(self, key: bytes) -> None:
+        with self.lock:
+            entry = self.entry_of(key)
+            self._each(lambda s: s.delete_hot(key, entry), f"remove {key!r}")
+            del self.entries[key], self.write_bases[key]
+            self.free_slots.append(entry.slot)
+
+    def set_dirty(self, key: bytes) -> None:
+        with self.lock:
+            slot = self.entry_of(key).slot
+            self._each(lambda s: s.hold(slot), f"hold {key!r} dirty")
+
+    def write_stamp(self, key: bytes) -> WriteStamp:
+        with self.lock:
+            entry = self.entry_of(key)
+            try:
+                counts = tuple((s.writes(entry.slot), s.unsure(entry.home)) for s in self.switches)
+            except self.errors as err:
+                raise DriverError(f"write counts of {key!r}: {err}") from None
+            return WriteStamp(sum(w for w, _ in counts) - sum(self.write_bases[key]), counts)
+
+    def clear_dirty(self, key: bytes, stamp: WriteStamp) -> None:
+        with self.lock:
+            slot = self.entry_of(key).slot
+            if len(stamp.counts) != len(self.switches):
+                raise DriverError(f"clear {key!r}: the stamp is from before a switch came back")
+            try:
+                for switch, (writes, unsure) in zip(self.switches, stamp.counts):
+                    switch.set_synced(slot, writes, unsure)
+            except self.errors as err:
+                raise DriverError(f"clear {key!r}: {err}") from None
+
+    def renew_lease(self, seconds: float) -> None:
+        until = time.monotonic_ns() + int(seconds * 1e9) if seconds > 0 else 0  # as bpf_ktime_get_ns counts
+        with self.lock:
+            self.lease_until = until
+            self._each(lambda s: s.set_lease(until), "lease", reachable_only=True)
+
+    def end_lease(self) -> None:
+        """Gets go home on every switch that can still be reached: nobody keeps the copies fresh any more."""
+        try:
+            self.renew_lease(0)
+        except DriverError as err:  # the switch is gone already: nothing left to balance
+            log.info("lease not ended: %s", err)
+
+    def read_counters(self) -> Counters:
+        counters = Counters()
+        with self.lock:
+            try:
+                for switch in self.switches:
+                    if switch.up:
+                        self._add_counts(switch, counters)
+            except self.errors as err:
+                raise DriverError(f"reading counters: {err}") from None
+        return counters
+
+    def switch_counters(self) -> list[dict[str, int]]:
+        """Each switch's own counters (packets, balanced, mirrored, ...)."""
+        with self.lock:
+            try:
+                return [s.counters() for s in self.switches]
+            except self.errors as err:
+                raise DriverError(f"reading switch counters: {err}") from None
+
+    def entry_of(self, key: bytes) -> HotEntry:
+        """The entry of an installed key; DriverError if it is not installed."""
+        try:
+            return self.entries[key]
+        except KeyError:
+            raise DriverError(f"{key!r} is not installed") from None
+
+    def slot_of(self, key: bytes) -> int:
+        return self.entry_of(key).slot
+
+    # --- inside ----------------------------------------------------------------------------------------------
+    def _forget_all(self) -> None:
+        self.entries: dict[bytes, HotEntry] = {}
+        self.write_bases: dict[bytes, tuple[int, ...]] = {}  # each switch's write count of the slot at install
+        self.free_slots = list(range(MAX_HOT - 1, -1, -1))
+
+    def _entry(self, slot: int, home: int, replicas: Sequence[ReplicaWeight]) -> HotEntry:
+        if not 1 <= len(replicas) <= MAX_REPLICAS:
+            raise DriverError(f"{len(replicas)} replicas: the {self.what} holds 1 to {MAX_REPLICAS} per key")
+        for server in (home, *(r.server for r in replicas)):
+            if not 0 <= server < len(self.servers):
+                raise DriverError(f"server {server} is not in the config's {len(self.servers)} servers")
+        return HotEntry(slot, home, tuple(r.server for r in replicas),
+                        tuple(cumulative_weights([r.weight for r in replicas])))
+
+    def _undo_install(self, key: bytes, entry: HotEntry) -> None:
+        for switch in self.switches:
+            try:
+                switch.delete_hot(key, entry)
+            except self.errors as err:
+                log.warning("could not remove the half-installed %r: %s", key, err)
+        self.free_slots.append(entry.slot)
+
+    def _reachable(self) -> None:
+        """A request with no switch to write to would succeed and do nothing: refused instead."""
+        if not self.switches:
+            raise DriverError(f"the {self.what} has no switch open (not attached, or being reopened)")
+
+    def _each(self, write: Callable[[SwitchTables], object], what: str, reachable_only: bool = False) -> None:
+        if not reachable_only:
+            self._reachable()
+        try:
+            for switch in self.switches:
+                if switch.up or not reachable_only:
+                    write(switch)
+        except self.errors as err:
+            raise DriverError(f"{what}: {err}") from None
+
+    def _add_counts(self, switch: SwitchTables, counters: Counters) -> None:
+        own = switch.counters()
+        counters.unparsed += own["unparsed"]
+        counters.unsure += own["unsure"]
+        for name, value in own.items():
+            counters.switch[name] = counters.switch.get(name, 0) + value
+        for key, entry in self.entries.items():
+            counts = switch.key_counts(entry.slot, len(entry.servers))
+            total = counters.keys.setdefault(key, KeyCounters())
+            total.gets += counts.gets
+            total.home_while_dirty += counts.home_while_dirty
+            total.mirrored += counts.mirrored
+            for server, n in zip(entry.servers, counts.per_replica):
+                total.per_replica[server] = total.per_replica.get(server, 0) + n
