@@ -257,7 +257,7 @@ class ControllerCore:
                 if result == RESTARTED:  # it answers, but lost its data: its copies are gone, however fast it was
                     back = self.health.record(server, None, sent) == "up"  # down before: "up" refills it anyway
                     self.submit_health(server, "up" if back else RESTARTED,
-                                       "its sentinel key is gone (restarted or flushed)")
+                                       "it restarted or was flushed (a new pid or start time, or a higher cmd_flush)")
                     continue
                 change = self.health.record(server, result, sent)
                 if change is not None:

@@ -1,10 +1,11 @@
 """Replica health: is each memcached server answering, over the protocols its clients use?
 
-A probe reads a sentinel key the prober stored on the server (over TCP: a miss means the server restarted or was
-flushed, however quickly, so its copies are gone) and, unless the config says the servers take no UDP, sends UDP
-gets one after the other (a server whose UDP listener is wedged still answers over TCP while balanced gets to it
-vanish; with several worker threads only the one that read the wedging datagram swallows them, so one get would
-often pass: each of the sequence is read by whichever thread wakes, and all must be answered). A server is down once
+A probe leaves no trace in the server's statistics (an operator's hit and miss rates stay the clients'): it reads
+`stats` over TCP (a new pid or start time means the server restarted, a higher cmd_flush that it was flushed,
+however quickly: its copies are gone either way) and, unless the config says the servers take no UDP, sends UDP
+`version` requests one after the other (a server whose UDP listener is wedged still answers over TCP while
+balanced gets to it vanish; with several worker threads only the one that read the wedging datagram swallows them,
+so one request would often pass: each of the sequence is read by whichever thread wakes, and all must be answered). A server is down once
 its probes have kept failing for `hold` seconds (and at least `failures` probes; a single probe that passes in
 between does not end the failing, `failures` in a row do): a transient shorter than that moves nothing. It is up
 again once its probes have kept succeeding as long (a half-wedged server that passes one probe in a while does not
@@ -17,7 +18,6 @@ delay another's probes); `Prober` is the blocking check such a thread runs.
 """
 from __future__ import annotations
 
-import os
 import select
 import socket
 import struct
@@ -26,15 +26,15 @@ import time
 from dataclasses import dataclass
 
 from mbalancer.memcache.addresses import ServerAddress
-from mbalancer.memcache.meta import MetaClient, MetaError, StoredItem
+from mbalancer.memcache.meta import MetaClient, MetaError
 
-PROBE_KEY = b"mbalancer:health"  # the key the UDP probes ask for (a miss is an answer)
-UDP_GETS = 16  # UDP gets per probe, each sent once the previous one was answered
+UDP_PROBES = 16  # UDP requests per probe, each sent once the previous one was answered
+START_SLACK = 2  # seconds the start time (time - uptime, whole seconds each) may seem to move without a restart
 LATENCY_FACTOR = 4  # a probe waits this many times the server's recent answer time (a busy server queues) ...
 MAX_TIMEOUT = 1.0  # ... from the configured timeout up to this (and this long for a server not heard from yet)
 LATENCY_WEIGHT = 0.3  # of each new answer time in the running estimate
 SUSPECT_AFTER = 1  # failed probes (each unanswered for the timeout) before copies to the server are skipped
-RESTARTED = "restarted"  # Prober.check's verdict for a server that lost its data
+RESTARTED = "restarted"  # Prober.check's verdict for a server that lost its data (restarted or flushed)
 
 
 @dataclass
@@ -97,23 +97,23 @@ class HealthTracker:
 
 
 class Prober:
-    """The probes of one server: its sentinel over TCP and, if `udp`, a sequence of UDP gets.
+    """The probes of one server: its statistics over TCP and, if `udp`, a sequence of UDP `version` requests.
 
     How long a probe waits adapts to the server: LATENCY_FACTOR times its recent answer time, never less than the
     configured timeout nor more than MAX_TIMEOUT. A server at its link's cap answers late but answers (replies
     queue behind the values: 250 ms on the ketama10 testbed's 20 Mbit links); with a fixed 0.25 s it was declared
     down, and the home that most needed its hot keys balanced could not even be read. Late answers to earlier
-    gets count as answer times too, so a server that slows down quickly is learned from its next probe."""
+    requests count as answer times too, so a server that slows down quickly is learned from its next probe."""
 
     def __init__(self, address: ServerAddress, timeout: float, udp: bool = True):
         self.address, self.base_timeout = address, timeout
         self.tcp = MetaClient(address, timeout=MAX_TIMEOUT)
         self.udp = socket.socket(socket.AF_INET, socket.SOCK_DGRAM) if udp else None
-        self.sentinel = b"mbalancer:alive:" + os.urandom(6).hex().encode()
-        self.sentinel_stored = False
+        self.identity: tuple[str, int] | None = None  # (pid, start time) as last seen
+        self.flushes = 0  # its cmd_flush as last seen
         self.request_id = 0
         self.latency: float | None = None  # running estimate of its answer time, seconds
-        self.sent_at: dict[int, float] = {}  # request id -> when sent, for the gets of the last few probes
+        self.sent_at: dict[int, float] = {}  # request id -> when sent, for the requests of the last few probes
 
     @property
     def timeout(self) -> float:
@@ -123,41 +123,45 @@ class Prober:
         return min(max(self.base_timeout, LATENCY_FACTOR * self.latency), MAX_TIMEOUT)
 
     def check(self) -> str | None:
-        """None if the server answered every probe within the timeout; RESTARTED if its sentinel is gone (it is
-        stored again); else why not."""
+        """None if the server answered every probe within the timeout; RESTARTED if it restarted or was flushed
+        since the last probe; else why not."""
         self.tcp.set_timeout(self.timeout)
         started = time.monotonic()
         try:
-            if not self.sentinel_stored:
-                self.tcp.set(self.sentinel, StoredItem(b"1", 0, -1, 0))
-                self.sentinel_stored = True
-            elif self.tcp.cas(self.sentinel) is None:
-                self.sentinel_stored = False
-                return RESTARTED
+            stats = self.tcp.stats()
+            identity = (stats["pid"], int(stats["time"]) - int(stats["uptime"]))
+            flushes = int(stats.get("cmd_flush", 0))
         except MetaError as err:
             return f"{err} (after {self.timeout:.2f} s)"
+        except (KeyError, ValueError):
+            return f"{self.address}: its stats have no pid, time and uptime: is it memcached?"
         self._answered(time.monotonic() - started)
+        restarted = self.identity is not None and (
+            identity[0] != self.identity[0] or abs(identity[1] - self.identity[1]) > START_SLACK
+            or flushes != self.flushes)
+        self.identity, self.flushes = identity, flushes
+        if restarted:
+            return RESTARTED
         if self.udp is None:
             return None
-        for sent in range(UDP_GETS):
-            if not self._udp_get():
-                return (f"{self.address}: UDP get {sent + 1} of {UDP_GETS} unanswered in {self.timeout:.2f} s (TCP "
-                        f"answers: is its UDP listener wedged, or off?)")
+        for sent in range(UDP_PROBES):
+            if not self._udp_probe():
+                return (f"{self.address}: UDP request {sent + 1} of {UDP_PROBES} unanswered in {self.timeout:.2f} s "
+                        f"(TCP answers: is its UDP listener wedged, or off?)")
         return None
 
     def _answered(self, seconds: float) -> None:
         self.latency = seconds if self.latency is None else \
             (1 - LATENCY_WEIGHT) * self.latency + LATENCY_WEIGHT * seconds
 
-    def _udp_get(self) -> bool:
-        """One UDP get of PROBE_KEY; True if it was answered within the timeout."""
+    def _udp_probe(self) -> bool:
+        """One UDP `version`; True if it was answered within the timeout."""
         self.request_id = (self.request_id + 1) & 0xFFFF
         now = time.monotonic()
-        if len(self.sent_at) >= 4 * UDP_GETS:
+        if len(self.sent_at) >= 4 * UDP_PROBES:
             self.sent_at.clear()
         self.sent_at[self.request_id] = now
-        self.udp.sendto(struct.pack("!HHHH", self.request_id, 0, 1, 0) + b"get " + PROBE_KEY + b"\r\n",
-                        tuple(self.address))
+        self.udp.sendto(struct.pack("!HHHH", self.request_id, 0, 1, 0) + b"version\r\n", tuple(self.address))
         deadline = now + self.timeout
         while (left := deadline - time.monotonic()) > 0:
             if not select.select([self.udp], [], [], left)[0]:

@@ -12,7 +12,7 @@ import pytest
 
 from controller.core import ControllerCore
 from dataplanes.recording.driver import RecordingDriver
-from controller.health import HealthTracker, Prober
+from controller.health import RESTARTED, HealthTracker, Prober
 from experiments.workload.trace import tcp_frame, udp_frame
 from mbalancer.config import parse_config
 from mbalancer.memcache.addresses import ServerAddress
@@ -603,3 +603,33 @@ def test_the_probe_finds_a_server_that_answers_tcp_but_not_udp():
     finally:
         tcp_only.kill()
         tcp_only.wait()
+
+
+def test_health_probes_leave_no_trace_in_the_servers_statistics():
+    """An operator's hit and miss rates stay the clients': the probes get, set and miss nothing, over TCP or UDP."""
+    with MemcachedServer() as server:
+        address = ServerAddress(*server.address)
+        prober = Prober(address, 0.2)
+        counted = ("cmd_get", "cmd_set", "get_hits", "get_misses", "cmd_touch", "delete_misses", "curr_items")
+        before = MetaClient(address).stats()
+        try:
+            assert [prober.check() for _ in range(20)] == [None] * 20
+        finally:
+            prober.close()
+        after = MetaClient(address).stats()
+        assert {k: after[k] for k in counted} == {k: before[k] for k in counted}
+
+
+def test_the_probe_finds_a_server_that_was_flushed_or_restarted():
+    with MemcachedServer() as server:
+        prober = Prober(ServerAddress(*server.address), 0.2)
+        try:
+            assert prober.check() is None and prober.check() is None
+            tcp_client(ServerAddress(*server.address)).flush_all()
+            assert prober.check() == RESTARTED and prober.check() is None
+            server.stop()
+            server.start()  # same port, a new process
+            results = [prober.check() for _ in range(3)]  # the old connection's end, then the new process
+            assert RESTARTED in results and results[-1] is None
+        finally:
+            prober.close()

@@ -101,6 +101,29 @@ class MetaClient:
         if reply.code != "MN":
             raise MetaError(f"{self.server}: mn answered {reply.code}")
 
+    def stats(self) -> dict[str, str]:
+        """The server's general statistics (`stats`: counts nothing itself); raises MetaError."""
+        try:
+            sock = self._connected()
+            sock.sendall(b"stats\r\n")
+            while (end := self._buffer.find(b"END\r\n")) < 0:
+                if self._buffer.startswith((b"ERROR", b"SERVER_ERROR", b"CLIENT_ERROR")) and b"\r\n" in self._buffer:
+                    raise MetaError(f"{self.server}: stats answered {bytes(self._buffer).splitlines()[0]!r}")
+                chunk = sock.recv(65536)
+                if not chunk:
+                    raise MetaError(f"{self.server}: connection closed")
+                self._buffer += chunk
+        except OSError as err:
+            self.close()
+            raise MetaError(f"{self.server}: {err.strerror or err}") from None
+        except MetaError:
+            self.close()
+            raise
+        lines = bytes(self._buffer[:end]).decode("ascii", "replace").splitlines()
+        del self._buffer[:end + 5]
+        return {parts[1]: parts[2] for parts in (line.split(" ", 2) for line in lines)
+                if len(parts) == 3 and parts[0] == "STAT"}
+
     def close(self) -> None:
         if self._sock is not None:
             self._sock.close()
