@@ -28,6 +28,9 @@ setup(
         "protobuf>=3.20,<3.21",
         "grpcio>=1.50",
         "googleapis-common-protos>=1.52,<1.57",
+        # The controller's HTTP interface (controller/http_api.py): a maintained server whose reading of requests
+        # is asynchronous, so slow or vanishing clients hold no thread and print no traceback.
+        "waitress>=3.0",
     ],
     extras_require={
         "test": [

@@ -66,7 +66,7 @@ def _run_controller(args: argparse.Namespace, fail: Fail) -> int:
     try:
         core.start()
     except DriverError as err:
-        http.server_close()
+        http.shutdown()
         fail(f"--driver {config.dataplane.kind}: {err}")
     start_serving(http)
     host, port = http.server_address[:2]

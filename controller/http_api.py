@@ -3,9 +3,13 @@
 GET  /state       hot keys, groups, weights, replica health, counters, recent decisions with their reasons
 GET  /decisions   every decision kept (the last 1000)
 POST /report      a monitor report (what `mbalancer monitor --push URL/report` sends): 202, or 400 with the reason
-A known path with another method: 405 (with Allow); anything else: 404 with the list of endpoints. A body that
-does not arrive within BODY_TIMEOUT seconds ends the connection. Replies are strict JSON: a figure that is not a
-number (NaN, infinity) goes out as null. A thread per request (http.server), greened under eventlet.
+A known path with another method: 405 (with Allow); anything else: 404 with the list of endpoints. Replies are
+strict JSON: a figure that is not a number (NaN, infinity) goes out as null.
+
+`respond` answers a request whatever carries it: here waitress (a maintained WSGI server: requests are read
+asynchronously and handed whole to a small thread pool, so a slow, stalled or vanishing client holds no thread and
+prints no traceback; a connection silent for BODY_TIMEOUT seconds is closed; the listen backlog holds BACKLOG
+connections), in the Ryu app Ryu's own WSGI server.
 """
 from __future__ import annotations
 
@@ -13,32 +17,77 @@ import json
 import logging
 import math
 import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any, Callable
+from http import HTTPStatus
+from typing import Any, Callable, Iterable
+
+from waitress.server import create_server
 
 from controller.core import ControllerCore
 
 log = logging.getLogger(__name__)
 
 MAX_REPORT_BYTES = 4 * 1024 * 1024
-BODY_TIMEOUT = 5.0  # seconds a client may take to send its request: a stalled one does not hold a thread forever
+BODY_TIMEOUT = 5  # seconds a connection may stay silent (a stalled request body included); whole seconds (waitress)
+BACKLOG = 4096  # connections the kernel queues before the server accepts them (the kernel caps it at somaxconn)
+THREADS = 4  # requests answered at once (each answer is a short read of the core's state)
+CONNECTIONS = 10_000  # open connections at most
 ENDPOINTS = {"GET /state": "controller state", "GET /decisions": "decision log", "POST /report": "monitor report"}
 
 
-def serve(core: ControllerCore, address: tuple[str, int], body_timeout: float = BODY_TIMEOUT) -> ThreadingHTTPServer:
-    """Bind (host, port) (port 0: any free one; see server.server_address) and return the server, not yet
-    serving: run serve_forever() in a thread, shutdown() to stop."""
-    host, port = address
-    handler = type("Handler", (_Handler,), {"core": core, "timeout": body_timeout})
-    server = ThreadingHTTPServer((host, port), handler)
-    server.daemon_threads = True
-    return server
+class HttpServer:
+    """The HTTP interface on waitress, bound at construction (so a taken port fails at once), served by start()."""
+
+    def __init__(self, core: ControllerCore, address: tuple[str, int], body_timeout: int = BODY_TIMEOUT):
+        host, port = address
+        self._server = create_server(
+            wsgi_app(core), host=host, port=port, ipv4=":" not in host, ipv6=":" in host, threads=THREADS,
+            backlog=BACKLOG, connection_limit=CONNECTIONS, channel_timeout=max(1, int(body_timeout)),
+            cleanup_interval=1, asyncore_loop_timeout=1,
+            asyncore_use_poll=True,  # select() stops at file descriptor 1024: a thousand clients passed it
+            max_request_body_size=MAX_REPORT_BYTES, ident="mbalancer", expose_tracebacks=False,
+            clear_untrusted_proxy_headers=True)
+        self.server_address: tuple[str, int] = (self._server.effective_host, self._server.effective_port)
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> "HttpServer":
+        self._thread = threading.Thread(target=self._server.run, name="mbalancer-http", daemon=True)
+        self._thread.start()
+        return self
+
+    def shutdown(self) -> None:
+        """Stop listening, close every connection, stop the worker threads."""
+        server = self._server
+        server.task_dispatcher.shutdown(timeout=2)
+        for channel in list(server._map.values()):  # the listener and every client connection: the loop then ends
+            channel.close()
+        if self._thread is not None:
+            self._thread.join(timeout=3)
 
 
-def start_serving(server: ThreadingHTTPServer) -> ThreadingHTTPServer:
+def serve(core: ControllerCore, address: tuple[str, int], body_timeout: int = BODY_TIMEOUT) -> HttpServer:
+    """Bind (host, port) (port 0: any free one; see server_address) and return the server, not yet serving:
+    start_serving() serves it, shutdown() stops it."""
+    return HttpServer(core, address, body_timeout)
+
+
+def start_serving(server: HttpServer) -> HttpServer:
     """Serve in a daemon thread; returns the server (shutdown() stops it)."""
-    threading.Thread(target=server.serve_forever, name="mbalancer-http", daemon=True).start()
-    return server
+    return server.start()
+
+
+def wsgi_app(core: ControllerCore) -> Callable:
+    """The interface as a WSGI application: every method and path goes to `respond`."""
+    def app(environ: dict, start_response: Callable) -> Iterable[bytes]:
+        reply = respond(core, environ["REQUEST_METHOD"], environ.get("PATH_INFO", ""),
+                        environ.get("CONTENT_LENGTH", ""), environ["wsgi.input"].read, environ.get("REMOTE_ADDR", "?"))
+        if reply is None:
+            reply = 400, {"error": "the request body did not arrive"}, {}
+        status, body, headers = reply
+        data = encode(body)
+        start_response(f"{status} {HTTPStatus(status).phrase}",
+                       [("Content-Type", "application/json"), ("Content-Length", str(len(data))), *headers.items()])
+        return [data]
+    return app
 
 
 Reply = tuple[int, Any, dict[str, str]]  # status, JSON body, extra headers
@@ -46,7 +95,7 @@ Reply = tuple[int, Any, dict[str, str]]  # status, JSON body, extra headers
 
 def respond(core: ControllerCore, method: str, path: str, length: str, read: Callable[[int], bytes],
             client: str = "?") -> Reply | None:
-    """The answer to one request, whichever server carries it (http.server here, Ryu's WSGI in the Ryu app):
+    """The answer to one request, whichever server carries it (waitress here, Ryu's WSGI in the Ryu app):
     `length` is the Content-Length header as sent, `read(n)` the body. None: the body never came (OSError from
     `read`), so there is nobody to answer."""
     if method == "GET" and path == "/state":
@@ -84,33 +133,6 @@ def _wrong_method(method: str, path: str) -> Reply:
 def encode(body: Any) -> bytes:
     """Strict JSON: a figure that is not a number goes out as null."""
     return json.dumps(json_safe(body), allow_nan=False).encode()
-
-
-class _Handler(BaseHTTPRequestHandler):
-    core: ControllerCore
-    server_version = "mbalancer"
-    timeout: float  # seconds, applied to the connection's socket by StreamRequestHandler (see serve)
-
-    def _answer(self) -> None:
-        reply = respond(self.core, self.command, self.path, self.headers.get("Content-Length", ""), self.rfile.read,
-                        self.address_string())
-        if reply is None:
-            self.close_connection = True
-            return
-        status, body, headers = reply
-        data = encode(body)
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        for name, value in headers.items():
-            self.send_header(name, value)
-        self.end_headers()
-        self.wfile.write(data)
-
-    do_GET = do_POST = do_PUT = do_DELETE = do_PATCH = do_OPTIONS = _answer
-
-    def log_message(self, format: str, *args) -> None:  # route http.server's access log into logging
-        log.debug("%s " + format, self.address_string(), *args)
 
 
 def json_safe(value: Any) -> Any:

@@ -3,7 +3,9 @@ from __future__ import annotations
 
 import json
 import socket
+import struct
 import subprocess
+import time
 import urllib.error
 import urllib.request
 
@@ -117,26 +119,28 @@ def raw_request(url: str, data: bytes, wait: float = 10.0) -> bytes:
     return b"".join(chunks)
 
 
-@pytest.mark.parametrize("head, body, message", [
-    ("Content-Length: abc", b"{}", b"Content-Length"),
-    ("Content-Length: -5", b"{}", b"Content-Length"),
-    ("Content-Length: 99999999999", b"{}", b"Content-Length"),
-    (None, b"[" * 100_000 + b"]" * 100_000, b"nested too deep"),
-    (None, b'{"time": 1, "interval": 1, "rate": 1e308, "top": []}', b"rate: at most"),
-    (None, b'{"time": 1, "interval": 1, "rate": NaN, "top": []}', b"rate: must be a number"),
-    (None, b'{"time": 1, "interval": 1, "rate": 5, "top": [{"key": "k", "rate": 1e300}]}', b"top[0].rate: at most"),
+@pytest.mark.parametrize("head, body, status, message", [
+    ("Content-Length: abc", b"{}", 400, b"Content-Length"),
+    ("Content-Length: -5", b"{}", 400, b"Content-Length"),
+    ("Content-Length: 99999999999", b"{}", 413, b"exceeds max_body of 4194304"),
+    (None, b"[" * 100_000 + b"]" * 100_000, 400, b"nested too deep"),
+    (None, b'{"time": 1, "interval": 1, "rate": 1e308, "top": []}', 400, b"rate: at most"),
+    (None, b'{"time": 1, "interval": 1, "rate": NaN, "top": []}', 400, b"rate: must be a number"),
+    (None, b'{"time": 1, "interval": 1, "rate": 5, "top": [{"key": "k", "rate": 1e300}]}', 400,
+     b"top[0].rate: at most"),
 ])
-def test_hostile_requests_get_a_400_not_a_traceback(api, head, body, message):
+def test_hostile_requests_get_a_4xx_not_a_traceback(api, head, body, status, message):
     core, url = api
     head = head or f"Content-Length: {len(body)}"
     reply = raw_request(url, f"POST /report HTTP/1.0\r\n{head}\r\n\r\n".encode() + body)
-    assert reply.startswith(b"HTTP/1.0 400") and message in reply, reply[:300]
+    assert reply.startswith(b"HTTP/1.0 %d" % status) and message in reply, reply[:300]
+    assert b"Traceback" not in reply
     assert call(url + "/state")[0] == 200  # and the controller still serves
 
 
 def test_a_stalled_body_ends_the_connection(api):
     core, _ = api
-    http = start_serving(serve(core, ("127.0.0.1", 0), body_timeout=0.5))
+    http = start_serving(serve(core, ("127.0.0.1", 0), body_timeout=1))
     url = f"http://127.0.0.1:{http.server_address[1]}"
     # closed by the server (an empty reply); had it waited, our own 10 s wait would end the test with an error
     reply = raw_request(url, b"POST /report HTTP/1.0\r\nContent-Length: 100\r\n\r\n{\"time\"")
@@ -214,3 +218,53 @@ def _reachable(url: str) -> bool:
         return True
     except OSError:
         return False
+
+
+def test_a_thousand_simultaneous_connections_are_all_answered(api):
+    """The listen backlog and the server hold 1,000 clients connecting at once: none is refused or left waiting."""
+    _, url = api
+    port = int(url.rsplit(":", 1)[1])
+    connections = [socket.socket() for _ in range(1000)]
+    try:
+        for connection in connections:
+            connection.setblocking(False)
+            connection.connect_ex(("127.0.0.1", port))
+        answers, pending, deadline = {}, set(range(len(connections))), time.monotonic() + 120
+        for index, connection in enumerate(connections):
+            connection.setblocking(True)
+            connection.settimeout(60)
+            connection.sendall(b"GET /state HTTP/1.0\r\n\r\n")
+        while pending and time.monotonic() < deadline:  # bounded: every connection answers or the time is up
+            for index in list(pending):
+                chunks = []
+                while chunk := connections[index].recv(65536):
+                    chunks.append(chunk)
+                answers[index] = b"".join(chunks)
+                pending.discard(index)
+        assert not pending and all(a.startswith(b"HTTP/1.0 200") for a in answers.values())
+    finally:
+        for connection in connections:
+            connection.close()
+
+
+def test_clients_that_reset_or_stall_print_no_traceback_and_starve_nobody(api, caplog, capfd):
+    _, url = api
+    port = int(url.rsplit(":", 1)[1])
+    stalled = []
+    try:
+        for _ in range(50):  # slow clients: a request line, then nothing
+            connection = socket.create_connection(("127.0.0.1", port), timeout=10)
+            connection.sendall(b"POST /report HTTP/1.1\r\nContent-Length: 100\r\n\r\n{")
+            stalled.append(connection)
+        for request in (b"GET /state HTTP/1.0\r\n\r\n", b"POST /report HTTP/1.0\r\nContent-Length: 50\r\n\r\n{"):
+            connection = socket.create_connection(("127.0.0.1", port), timeout=10)  # reset mid-way: RST, no FIN
+            connection.sendall(request)
+            connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            connection.close()
+        assert call(url + "/state")[0] == 200  # served while 50 clients stall
+    finally:
+        for connection in stalled:
+            connection.close()
+    assert call(url + "/decisions")[0] == 200
+    assert not [r for r in caplog.records if r.exc_info or "Traceback" in r.getMessage()]
+    assert "Traceback" not in capfd.readouterr().err

@@ -56,7 +56,6 @@ class LocalController:
     def stop(self) -> None:
         if self.http is not None:
             self.http.shutdown()
-            self.http.server_close()
             self.http = None
         self.core.stop()
 
