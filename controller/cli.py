@@ -1,18 +1,21 @@
 """`mbalancer controller`: run the controller core with a driver and its HTTP interface until Ctrl-C.
 
-The data plane is the config's [dataplane] section (kind and its settings), or --driver for the kind. Exit 2 for a
-bad config (the message names the field), a data plane that cannot be driven here, or an address that cannot be
-bound.
+The data plane is the config's [dataplane] section (kind and its settings), or --driver for the kind. One
+controller drives a switch (controller/ownership.py): a second one is refused, naming the owner, or with --standby
+waits and takes over the moment the owner stops. Exit 2 for a bad config (the message names the field), a data plane
+that cannot be driven here, a switch another controller drives, or an address that cannot be bound.
 """
 from __future__ import annotations
 
 import argparse
 import sys
+import time
 from dataclasses import replace
 from typing import Callable
 
 from controller.core import ControllerCore
 from controller.http_api import serve, start_serving
+from controller.ownership import Ownership
 from dataplanes import registry
 from dataplanes.driver import DriverError
 from mbalancer.config import ConfigError, config_option
@@ -38,6 +41,9 @@ def register(commands: argparse._SubParsersAction) -> None:
                                          "for ebpf")
     parser.add_argument("--listen", help="host:port for HTTP, overriding the config's controller.listen")
     parser.add_argument("--duration", type=float, help="stop after this many seconds (default: until Ctrl-C)")
+    parser.add_argument("--standby", action="store_true",
+                        help="if another controller drives the switch, wait and take over the moment it stops "
+                             "(without it: exit 2 naming that controller)")
     parser.set_defaults(run=_run_controller, fail=parser.error)
 
 
@@ -58,11 +64,15 @@ def _run_controller(args: argparse.Namespace, fail: Fail) -> int:
         core = ControllerCore(config, driver)
     except ValueError as err:  # e.g. a skewed hash, which needs the workload's keys
         fail(f"balancing.hash: {err}")
-    try:
-        http = serve(core, tuple(parse_server(args.listen or config.controller.listen)))
-    except (OSError, ValueError) as err:
-        fail(f"--listen: cannot serve on {args.listen or config.controller.listen}: {err}")
+    listen = args.listen or config.controller.listen
     stop = stop_on_signals()
+    ownership = Ownership(driver.owned_switches(), listen)
+    if not _own(ownership, args.standby, stop, fail):
+        return 0  # stopped while a standby
+    try:
+        http = serve(core, tuple(parse_server(listen)))
+    except (OSError, ValueError) as err:
+        fail(f"--listen: cannot serve on {listen}: {err}")
     try:
         core.start()
     except DriverError as err:
@@ -76,6 +86,22 @@ def _run_controller(args: argparse.Namespace, fail: Fail) -> int:
     http.shutdown()
     core.stop()
     return 0
+
+
+def _own(ownership: Ownership, standby: bool, stop, fail: Fail) -> bool:
+    """Take the switches, or wait for them as a standby; False if stopped while waiting."""
+    owner = ownership.take()
+    if owner is None:
+        return True
+    if not standby:
+        fail(f"{owner.describe()}: stop it first, or start this one with --standby to take over when it stops")
+    print(f"mbalancer controller: standby: {owner.describe()}; taking over the moment it stops", file=sys.stderr,
+          flush=True)
+    if ownership.wait_take(stop) is not None:
+        return False
+    print(f"mbalancer controller: taking over at {time.strftime('%H:%M:%S')}: controller pid {owner.pid} stopped "
+          f"driving {', '.join(ownership.switches)}", file=sys.stderr, flush=True)
+    return True
 
 
 def _with_switches(dataplane, switch: str, fail: Fail):

@@ -39,6 +39,7 @@ DECISIONS_KEPT = 1000
 # Decisions an operator must hear about without -v: a server lost or back, and what the controller could not do.
 WARNED = {"server-down", "server-up", "server-restarted", "error"}
 COPY_TIMEOUT = 0.5  # seconds a copy to or read from one server may take
+COUNT_EVERY = 1.0  # seconds between reads of the switch's per-key counters (the rates the planner trusts)
 BATCH_MAX = 1_000  # events handled in one batch at most (health changes wait at most for one batch's parsing)
 
 
@@ -58,6 +59,8 @@ class ControllerCore:
                                  poll_every=config.controller.poll_interval,
                                  backlog=lambda: not self._events.empty())
         self.server_of_address = {(s.ip, s.port): i for i, s in enumerate(config.servers)}
+        self._gets_counted: dict[bytes, tuple[int, float]] = {}  # installed key -> (gets the switch counted, when)
+        self.switch_rates: dict[bytes, float] = {}  # installed key -> gets/s the switch counted (replaced whole)
         self.server_ports = [s.port for s in config.servers]
         self.ports = sorted({s.port for s in config.servers})
         self.decisions: deque[dict[str, Any]] = deque(maxlen=DECISIONS_KEPT)
@@ -82,6 +85,7 @@ class ControllerCore:
         self.driver.renew_lease(self.config.controller.lease)
         self._worker = self._spawn(self._work, "mbalancer-core")
         self._spawn(self._renew_lease, "mbalancer-lease")
+        self._spawn(self._count_gets, "mbalancer-counters")
         if self._probe_health:
             for server in range(len(self.config.servers)):
                 self._spawn(lambda server=server: self._probe(server), f"mbalancer-health-{server}")
@@ -193,13 +197,31 @@ class ControllerCore:
     def _on_report(self, report: MonitorReport) -> None:
         self.counts["reports"] += 1
         self.last_report = report
-        plan = self.planner.plan(report, self.executor.placements(), self.health.down())
+        plan = self.planner.plan(report, self.executor.placements(), self.health.down(), self.switch_rates)
         self.last_plan = plan
         for key, why in plan.home_notes:
             self._decide("home", key, why)
         if plan.held:
             self._decide("hold", None, plan.held)
         self.executor.apply(plan.changes)
+
+    def _count_gets(self) -> None:
+        """Its own thread (a slow switch never holds up the worker): every COUNT_EVERY seconds, each installed key's
+        gets/s as the data plane counted them, for the planner (the truth for those keys; a report is a sample, and
+        may be empty or late)."""
+        while not self._stop.wait(COUNT_EVERY):
+            try:
+                counters = self.driver.read_counters()
+            except DriverError as err:
+                log.warning("switch counters not read (reports alone decide meanwhile): %s", err)
+                continue
+            now, rates, counted = self.clock(), {}, {}
+            for key, counts in counters.keys.items():
+                before = self._gets_counted.get(key)
+                if before is not None and counts.gets >= before[0] and now > before[1]:  # fewer: counting anew
+                    rates[key] = (counts.gets - before[0]) / (now - before[1])
+                counted[key] = (counts.gets, now)
+            self._gets_counted, self.switch_rates = counted, rates
 
     def _on_mirrors(self, mirrors: list[tuple]) -> None:
         """A batch of packets the data plane copied: the keys they write (the latest value of each), and the

@@ -18,7 +18,7 @@ are not applied (cools and health reweights are), and the plan says why.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable, Iterable, Mapping
 
 import numpy as np
@@ -28,7 +28,7 @@ from controller.homes import HomeBook
 from controller.hysteresis import HotKeyTracker
 from controller.load import estimate_loads, imbalance_factor
 from controller.placement import least_loaded_group, replica_weights, replicas_of, server_groups
-from mbalancer.monitor_report import MonitorReport
+from mbalancer.monitor_report import KeyRate, MonitorReport
 from mbalancer.config import Balancing
 
 REWEIGHT_STEP = 0.05  # smaller moves of a weight are not worth a table write
@@ -82,8 +82,13 @@ class Planner:
         self.tracker = HotKeyTracker(balancing.hysteresis)
 
     def plan(self, report: MonitorReport, installed: Mapping[bytes, Placement],
-             down: Iterable[int] = ()) -> Plan:
+             down: Iterable[int] = (), switch_rates: Mapping[bytes, float] | None = None) -> Plan:
+        """switch_rates: gets/s of installed keys as the data plane counted them since the last report: the truth
+        for those keys, so a report that misses them (empty, late, sampled) does not cool keys still in use."""
         down = frozenset(down)
+        reported = {k.key: k.rate for k in report.top}
+        switch_rates = {k: r for k, r in (switch_rates or {}).items() if k in installed}
+        report = with_switch_rates(report, switch_rates)
         notes = self.homes.learn(report, installed)
         measured = self.homes.measured_loads(report)
         spread = {k: tuple(zip(p.replicas, p.weights)) for k, p in installed.items()}
@@ -92,8 +97,10 @@ class Planner:
         rates = {k.key: k.rate for k in report.top}
         candidates = [k.key for k in report.top[:hot_target]]
         ready_warm, ready_cool = self.tracker.update(candidates, installed)
-        changes = [Change("cool", key, None, f"out of the top {hot_target} for {self.tracker.streak(key)} "
-                                             f"reports ({rates.get(key, 0.0):.0f} gets/s)") for key in ready_cool]
+        changes = [Change("cool", key, None, f"out of the top {hot_target} for {self.tracker.streak(key)} reports "
+                                             f"({reported.get(key, 0.0):.0f} gets/s in the report, "
+                                             + (f"{switch_rates[key]:.0f} counted by the switch)" if key in switch_rates
+                                                else "no count from the switch)")) for key in ready_cool]
         staying = [k for k in installed if k not in set(ready_cool)]
         room = max(hot_target - len(staying), 0)
         layout, predicted = self._layout(report, staying + ready_warm[:room], installed, down)
@@ -166,6 +173,19 @@ class Planner:
             if imbalance_factor(loads) >= self.balancing.target:
                 return h
         return len(keys)
+
+
+def with_switch_rates(report: MonitorReport, switch_rates: Mapping[bytes, float]) -> MonitorReport:
+    """The report with every key the switch counted at least at the switch's rate (added where the report missed
+    it), hottest first again; its total rate at least the sum of its keys'."""
+    top = {k.key: k for k in report.top}
+    raised = {key: rate for key, rate in switch_rates.items() if rate > (top[key].rate if key in top else 0.0)}
+    if not raised:
+        return report
+    for key, rate in raised.items():
+        top[key] = replace(top[key], rate=rate) if key in top else KeyRate(key, rate)
+    ranked = tuple(sorted(top.values(), key=lambda k: -k.rate))
+    return replace(report, top=ranked, rate=max(report.rate, sum(k.rate for k in ranked)))
 
 
 def _weights_moved(old: Placement, new: Placement) -> str | None:

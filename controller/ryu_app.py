@@ -39,6 +39,7 @@ from controller.core import ControllerCore  # noqa: E402
 from dataplanes.driver import DriverError  # noqa: E402
 from dataplanes.openflow.driver import OpenflowDriver  # noqa: E402
 from controller.http_api import ENDPOINTS, encode, respond  # noqa: E402
+from controller.ownership import Ownership  # noqa: E402
 from dataplanes import registry  # noqa: E402
 from dataplanes.openflow import Settings as OpenflowSettings  # noqa: E402
 from mbalancer.config import ConfigError, load_config  # noqa: E402
@@ -103,6 +104,9 @@ class MBalancerApp(app_manager.RyuApp):
         self.channel = RyuChannel(self)
         key_hash = self._homes()
         self.driver = self._make_driver()
+        self.ownership = Ownership(self.driver.owned_switches(), self.config.controller.listen)
+        if (owner := self.ownership.take()) is not None:  # one controller per switch; no standby inside Ryu yet
+            raise SystemExit(f"mbalancer: {owner.describe()}: stop it first")
         try:
             self.core = ControllerCore(self.config, self.driver, key_hash)
         except ValueError as err:  # e.g. a skewed hash without --mbalancer-homes

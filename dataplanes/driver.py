@@ -136,6 +136,11 @@ class Driver(ABC):
         """Counters since attach. Called from any thread (the HTTP server's), never under the core's lock: an
         implementation guards its own bookkeeping."""
 
+    def owned_switches(self) -> list[str]:
+        """Names of the switches this driver writes to, as one controller owns them (controller/ownership.py):
+        `kind:name`, the same for every controller that would drive that switch. None: no switch (a dry run)."""
+        return []
+
     def close(self) -> None:
         """Stop delivering mirrors, end the lease (gets go home: nobody keeps the copies fresh any more) and release
         the data plane (tables may stay: the switch keeps forwarding)."""

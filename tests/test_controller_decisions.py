@@ -94,6 +94,22 @@ def test_a_cooled_key_makes_room_for_a_new_one_in_the_same_report():
     assert set(installed) == {b"b"}
 
 
+def test_an_empty_or_late_report_never_cools_a_key_the_switch_still_counts():
+    """The switch's counters are the truth for installed keys: a report that misses them (empty, late, sampled)
+    keeps them, in auto H too; once the switch counts no gets either, they cool, and the reason says both sources."""
+    for balancing in (Balancing(hot=2, hysteresis=1), Balancing(hot=None, hysteresis=1, target=0.9)):
+        planner = Planner(balancing, 2, homes({"a": 0, "b": 0, "c": 1}))
+        installed, _ = installed_after(planner, {}, report({"a": 300.0, "b": 200.0, "c": 10.0}, 600))
+        assert b"a" in installed, balancing
+        for empty in (report({}, 0), report({"c": 10.0}, 600)):  # nothing seen; only a cold key seen
+            plan = planner.plan(empty, installed, switch_rates={k: 250.0 for k in installed})
+            assert [c for c in plan.changes if c.action == "cool"] == [], (balancing, plan.changes)
+        plan = planner.plan(report({}, 0), installed, switch_rates={k: 0.0 for k in installed})
+        cools = [c for c in plan.changes if c.action == "cool"]
+        assert {c.key for c in cools} == set(installed), balancing
+        assert "0 gets/s in the report, 0 counted by the switch" in cools[0].reason
+
+
 def test_the_home_is_always_a_replica_even_outside_its_group():
     planner = Planner(Balancing(hot=1, hysteresis=1, groups=2), 4, homes({"a": 3}))
     # Load servers 2 and 3 (group 1) so the least loaded group is group 0, which does not hold the home.

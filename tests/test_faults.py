@@ -53,3 +53,20 @@ def test_a_reloaded_switch_serves_nothing_stale(tmp_path):
     result = run(tmp_path, "switch_reload")
     assert result.stale == 0 and result.misses == 0
     assert any(e["action"] == "replay" for e in result.events), result.events
+
+
+def test_one_controller_per_switch_and_a_standby_takes_over_with_nothing_stale(tmp_path):
+    """A second controller on the switch is refused, naming the owner; a standby takes over the moment the active one
+    is killed (SIGKILL) under load: no get misses, none returns an older version than an acknowledged set."""
+    import subprocess
+    with Rig(tmp_path, HOT, FAULTED, tag="mbt") as rig:
+        second = subprocess.run([rig.python, "-m", "mbalancer.cli", "controller", "--config",
+                                 str(tmp_path / "config.toml")], capture_output=True, text=True, timeout=120)
+        refusal = second.stderr.strip().splitlines()[-1]
+        assert second.returncode == 2 and f"driven by controller pid {rig.controller.pid}" in refusal, second.stderr
+        assert "--standby" in refusal and "Traceback" not in second.stderr
+        result = run_fault(rig, FAULTS["standby_takeover"], 1.0, RATE, WRITE_RATE, PHASES, tmp_path)
+    assert result.stale == 0 and result.misses == 0
+    standby = (tmp_path / "standby.log").read_text()
+    assert "standby: ebpf:" in standby and "taking over" in standby, standby
+    assert any(e["action"] == "reconcile" for e in result.events), result.events  # it found the old entries

@@ -53,6 +53,9 @@ class EbpfDriver(BpfMapsDriver):
         super().__init__(KeyTables(pin_dirs, "eBPF data plane"))
         self.mirror_ifaces = list(mirror_ifaces)
 
+    def owned_switches(self) -> list[str]:
+        return [f"ebpf:{p.name}" for p in self.book.pin_dirs]
+
     # --- the driver's thread: mirrored writes in, reloads noticed -------------------------------------------
     def _watch(self) -> None:
         sockets = self._mirror_sockets()

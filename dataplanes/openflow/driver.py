@@ -76,6 +76,9 @@ class OpenflowDriver(BpfMapsDriver):
         self.buckets: dict[int, list[tuple[int, int, int]]] = {}  # slot -> (position, server, OVS weight): the record
         self._switch_lock = threading.RLock()  # one change at a time on the wire, in the record's order
 
+    def owned_switches(self) -> list[str]:
+        return [f"openflow-classifier:{self.settings.classifier}"]
+
     # --- the switch half ----------------------------------------------------------------------------------------
     def attach(self, servers: Sequence[Server], on_mirror: MirrorHandler,
                on_reconnect: ReconnectHandler | None = None) -> list[LeftoverKey]:

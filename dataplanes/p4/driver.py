@@ -57,6 +57,9 @@ class P4RuntimeDriver(SlotBookDriver):
             raise DriverError(str(err)) from None
 
     # --- the interface, beyond the book -----------------------------------------------------------------------
+    def owned_switches(self) -> list[str]:
+        return [f"p4:{address}:{self.settings.device_id}" for address in self.settings.switches]
+
     def set_forwarding(self, entries: Sequence[ForwardingEntry]) -> None:
         with self.book.lock:
             wanted = {}

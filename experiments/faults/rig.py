@@ -87,12 +87,21 @@ class Rig:
         self._wait(lambda: _answers(host.ip), f"memcached on {host.name}")
 
     def start_controller(self) -> None:
-        log_file = open(self.out / "controller.log", "a")
-        self.controller = subprocess.Popen(
-            [self.python, "-m", "mbalancer.cli", "-v", "controller", "--config", str(self.out / "config.toml")],
-            stdout=log_file, stderr=subprocess.STDOUT)
-        log_file.close()
+        self.controller = self._controller_process("controller.log")
         self._wait(lambda: self.state() is not None, "the controller's HTTP API")
+
+    def start_standby(self) -> subprocess.Popen:
+        """A second controller on the same switches with --standby, once it says it waits (standby.log)."""
+        standby = self._controller_process("standby.log", "--standby")
+        self._wait(lambda: "standby:" in (self.out / "standby.log").read_text(), "the standby controller")
+        return standby
+
+    def _controller_process(self, log_name: str, *options: str) -> subprocess.Popen:
+        log_file = open(self.out / log_name, "a")
+        process = subprocess.Popen([self.python, "-m", "mbalancer.cli", "-v", "controller", "--config",
+                                    str(self.out / "config.toml"), *options], stdout=log_file, stderr=subprocess.STDOUT)
+        log_file.close()
+        return process
 
     def state(self) -> dict | None:
         try:

@@ -10,6 +10,8 @@ end. What each stands for:
     udp_wedge       a 30-byte datagram ("set x 0 0 1000000" and 3 bytes) wedges a memcached 1.6 UDP reader (TCP
                     still answers); sent until every reader is wedged; back: memcached restarted
     controller_kill the controller process killed (SIGKILL); back: started again (it finds the old entries)
+    standby_takeover a standby controller started (--standby), then the active one killed (SIGKILL): the standby
+                    takes over the moment it dies; back: nothing to do
     switch_reload   the data plane unloaded and loaded again (every table empty); back: nothing to do
 """
 from __future__ import annotations
@@ -117,6 +119,12 @@ def _kill_controller(rig: "Rig") -> None:
     rig.controller.wait()
 
 
+def _kill_controller_under_standby(rig: "Rig") -> None:
+    standby = rig.start_standby()
+    _kill_controller(rig)
+    rig.controller = standby  # serves the same address once it has taken over
+
+
 def _start_controller(rig: "Rig") -> None:
     rig.start_controller()
 
@@ -136,6 +144,7 @@ FAULTS = {f.name: f for f in (
     Fault("slow_link", _shape, _unshape),
     Fault("udp_wedge", _wedge, _restart),
     Fault("controller_kill", _kill_controller, _start_controller, server=None),
+    Fault("standby_takeover", _kill_controller_under_standby, _nothing, server=None),
     Fault("switch_reload", _reload_switch, _nothing, server=None),
 )}
 

@@ -1,0 +1,103 @@
+"""One controller per switch: a controller owns the switches its driver drives for as long as it runs.
+
+Two controllers writing one switch's tables undo each other's work (measured: a second controller started during
+load left 3 of 10 hot keys installed and 106,559 misses in 1.0M gets). Ownership is an exclusive lock (flock) on a
+file per switch under OWNERS_DIR, held by the owner's open file: the kernel drops it the moment the owner's process
+ends, however it ends (kill -9 included), so nothing is left to clean up and no lease has to run out. The file
+also says who holds it (pid, HTTP address, since when), for the error a second controller prints.
+
+A second controller is refused, naming the owner; or, started with --standby, waits for the lock and takes over
+the moment the owner is gone: it then attaches as any new controller does (it removes the hot keys the old owner
+left, whose copies it never synced, and gets go home until it installs them again), so the handover serves
+nothing stale. This guards controllers on one machine (the eBPF switch and the OpenFlow key classifier live on it;
+for P4Runtime switches elsewhere, P4Runtime's own arbitration decides between machines).
+"""
+from __future__ import annotations
+
+import fcntl
+import json
+import logging
+import os
+import re
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+log = logging.getLogger(__name__)
+
+OWNERS_DIR = Path(os.environ.get("MBALANCER_OWNERS_DIR", "/run/mbalancer/owners"))
+STANDBY_POLL = 0.05  # seconds between a standby's tries for the lock: it takes over this soon after the owner ends
+
+
+@dataclass(frozen=True)
+class Owner:
+    switch: str
+    pid: int | None
+    listen: str
+    since: str
+
+    def describe(self) -> str:
+        who = f"controller pid {self.pid}" if self.pid else "another controller"
+        return f"{self.switch} is driven by {who} (http://{self.listen}, since {self.since})"
+
+
+class Ownership:
+    """The locks of one controller's switches (none for a driver without a switch)."""
+
+    def __init__(self, switches: Sequence[str], listen: str, owners_dir: Path = OWNERS_DIR):
+        self.switches = sorted(set(switches))  # always taken in the same order: two standbys never deadlock
+        self.listen = listen
+        self.owners_dir = owners_dir
+        self._files: list[int] = []
+
+    def take(self) -> Owner | None:
+        """Take every switch's lock; None if taken, else the owner of the first switch held by another (none kept)."""
+        if self._files:
+            return None
+        self.owners_dir.mkdir(parents=True, exist_ok=True)
+        for switch in self.switches:
+            fd = os.open(self._path(switch), os.O_RDWR | os.O_CREAT, 0o644)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                owner = self._read(fd, switch)
+                os.close(fd)
+                self.release()
+                return owner
+            self._files.append(fd)
+            self._write(fd)
+        return None
+
+    def wait_take(self, stop: threading.Event) -> Owner | None:
+        """As a standby: wait until every switch is ours (None), or `stop` is set (the owner we waited for)."""
+        waited_for = None
+        while True:
+            owner = self.take()
+            if owner is None:
+                return None
+            waited_for = waited_for or owner
+            if stop.wait(STANDBY_POLL):
+                return waited_for
+
+    def release(self) -> None:
+        for fd in self._files:
+            os.close(fd)  # the lock goes with the file
+        self._files = []
+
+    def _path(self, switch: str) -> Path:
+        return self.owners_dir / (re.sub(r"[^A-Za-z0-9_.-]", "_", switch) + ".lock")
+
+    def _write(self, fd: int) -> None:
+        record = {"pid": os.getpid(), "listen": self.listen, "since": time.strftime("%Y-%m-%d %H:%M:%S %Z")}
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, json.dumps(record).encode() + b"\n", 0)
+
+    @staticmethod
+    def _read(fd: int, switch: str) -> Owner:
+        try:
+            record = json.loads(os.pread(fd, 4096, 0) or b"{}")
+        except ValueError:  # being written this very moment
+            record = {}
+        return Owner(switch, record.get("pid"), record.get("listen", "?"), record.get("since", "?"))
