@@ -99,7 +99,9 @@ def _own(ownership: Ownership, standby: bool, stop, fail: Fail) -> bool:
           flush=True)
     if ownership.wait_take(stop) is not None:
         return False
-    print(f"mbalancer controller: taking over at {time.strftime('%H:%M:%S')}: controller pid {owner.pid} stopped "
+    now = time.time()
+    print(f"mbalancer controller: taking over at {time.strftime('%H:%M:%S', time.localtime(now))}"
+          f".{int(now * 1000) % 1000:03d}: controller pid {owner.pid} stopped "
           f"driving {', '.join(ownership.switches)}", file=sys.stderr, flush=True)
     return True
 

@@ -307,3 +307,44 @@ def test_keys_are_read_from_a_terminal_and_q_quits():
         reader.close()
         assert termios.tcgetattr(terminal) == before  # the terminal is given back as it was
     os.close(master)
+
+
+def test_intervals_close_on_time_under_traffic_that_never_lets_up():
+    """A socket that is never empty (traffic faster than the monitor reads) still gives the monitor a tick at least
+    every `wake_every`, so every interval's report goes out: a kernel socket pair, kept full by a sender thread
+    while the reader takes its time over each frame."""
+    import socket
+    import threading
+    from monitor.capture import LiveCapture
+    reader, writer = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
+    reader.setblocking(False)
+    writer.settimeout(0.5)
+    capture = LiveCapture.__new__(LiveCapture)
+    capture.sock = reader
+    sending = threading.Event()
+    sending.set()
+
+    def send() -> None:
+        while sending.is_set():
+            try:
+                writer.send(b"x" * 64)
+            except (socket.timeout, OSError):
+                pass  # the buffer is full: the reader is behind, as wanted
+    sender = threading.Thread(target=send, daemon=True)
+    sender.start()
+    try:
+        ticks, frames, give_up = 0, 0, time.monotonic() + 10
+        for _, frame in capture.frames(time.monotonic() + 2.0, wake_every=0.1):
+            if time.monotonic() > give_up:  # frames() ends at 2 s; one that never looks at the clock would not
+                break
+            if frame is None:
+                ticks += 1
+            else:
+                frames += 1
+                time.sleep(0.0002)  # slower than the sender: the socket stays full
+        assert frames > 100 and ticks >= 4, (frames, ticks)  # 2 s at 0.1 s: about 20; before the fix, 0
+    finally:
+        sending.clear()
+        sender.join(2)
+        reader.close()
+        writer.close()

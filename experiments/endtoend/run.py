@@ -33,7 +33,7 @@ from topologies.testbed import Testbed
 
 log = logging.getLogger(__name__)
 Progress = Callable[[str], None]
-STARTUP = 1.5  # seconds a load generator takes to start (Python imports) before its clock starts
+STARTUP = 60.0  # seconds a load generator may take to start (Python imports; seconds on a busy machine) at most
 TAIL = 1.0  # a generator's slack past the latest the window can end (it is stopped as the window closes)
 GENERATOR_WRITE = 60.0  # seconds a stopped generator may take to write its records
 
@@ -88,9 +88,9 @@ def run_once(bed: Testbed, spec: ExperimentSpec, workload: Workload, mode: str, 
     window_state = None
     try:
         generators = _start_generators(bed, spec, workload, out)
-        started = time.monotonic()
         check = _checker(generators, stack)
-        wait_until(started + STARTUP + spec.warmup, check)
+        _wait_started(bed, out, check)
+        wait_until(time.monotonic() + spec.warmup, check)
         # Measure what MBalancer does once it has acted on the warm-up's reports (copies take a while over
         # saturated links); the window starts then, for the servers' counters and the clients' records alike.
         if stack and not stack.wait_acted(WARM_WAIT):
@@ -150,9 +150,27 @@ def _start_generators(bed: Testbed, spec: ExperimentSpec, workload: Workload, ou
                    "--keys", str(workload.keys), "--alpha", f"{workload.alpha:g}", "--clients", str(share.clients),
                    "--duration", f"{longest:g}", "--value-size", str(workload.value_size),
                    "--timeout", f"{workload.timeout:g}", "--seed", str(share.seed), "--json",
-                   "--out", str(out / host.name)]
+                   "--out", str(out / host.name), "--started-file", str(_started_file(out, host))]
         generators.append(bed.popen(host, command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
     return generators
+
+
+def _started_file(out: Path, host) -> Path:
+    return out / f".{host.name}.started"
+
+
+def _wait_started(bed: Testbed, out: Path, check: Callable[[], None]) -> None:
+    """Until every generator has its first requests out (on a busy machine one may take seconds to start: the
+    warm-up and the window count from the last one)."""
+    files = [_started_file(out, host) for host in bed.client_hosts]
+    deadline = time.monotonic() + STARTUP
+    while not all(f.exists() for f in files):
+        if time.monotonic() > deadline:
+            raise RunError(f"a load generator had not started after {STARTUP:g} s")
+        check()
+        time.sleep(0.05)
+    for f in files:
+        f.unlink()
 
 
 def _watched_processes(bed: Testbed, generators: list[subprocess.Popen], stack: MBalancerStack | None) -> dict:

@@ -54,6 +54,9 @@ def register(commands: argparse._SubParsersAction) -> None:
                       help="folder for records.csv, summary.json, load.png (default results/load)")
     load.add_argument("--no-records", action="store_true", help="skip records.csv (large for long runs)")
     load.add_argument("--json", action="store_true", help="print the summary as one JSON object")
+    load.add_argument("--started-file", type=Path,
+                      help="create this file once the first requests are out (a runner that starts several "
+                           "generators measures from when all have started)")
     load.set_defaults(run=_run_load, fail=load.error)
 
 
@@ -69,7 +72,8 @@ def _run_load(args: argparse.Namespace, fail: Fail) -> int:
     if load_nothing:
         return 0
     try:
-        records = run_load(workload, stderr_progress, stop=stop_on_signals())
+        records = run_load(workload, stderr_progress, stop=stop_on_signals(),
+                           on_start=args.started_file.touch if args.started_file else lambda: None)
     except OSError as err:
         print(f"mbalancer load: cannot run the clients: {err}", file=sys.stderr)
         return 1

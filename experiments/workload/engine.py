@@ -71,6 +71,7 @@ class ClosedLoop:
         self.timeouts = 0
         self.limit = workload.requests
         self.start = 0.0
+        self.on_start: Callable[[], None] = lambda: None  # once the first requests are out
 
     # --- the loop ---------------------------------------------------------------------------------------------
     def run(self) -> Records:
@@ -78,6 +79,7 @@ class ClosedLoop:
         end = self.start + self.w.duration if self.limit is None else float("inf")
         for client in self.clients:
             self._issue(client, self.start)
+        self.on_start()
         next_report = self.start + PROGRESS_EVERY
         try:
             while True:
@@ -261,8 +263,10 @@ class TcpLoop(ClosedLoop):
             conn.close()
 
 
-def run_load(workload: Workload, progress: Progress | None = None, stop: threading.Event | None = None) -> Records:
+def run_load(workload: Workload, progress: Progress | None = None, stop: threading.Event | None = None,
+             on_start: Callable[[], None] = lambda: None) -> Records:
     """Run the workload's clients against its servers; every request ends up in the returned Records. Setting
-    `stop` ends the run early; what was measured is returned."""
-    loop = UdpLoop if workload.protocol == "udp" else TcpLoop
-    return loop(workload, progress, stop).run()
+    `stop` ends the run early; what was measured is returned. on_start: called once the first requests are out."""
+    loop = (UdpLoop if workload.protocol == "udp" else TcpLoop)(workload, progress, stop)
+    loop.on_start = on_start
+    return loop.run()
