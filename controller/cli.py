@@ -18,7 +18,7 @@ from controller.http_api import serve, start_serving
 from controller.ownership import Ownership
 from dataplanes import registry
 from dataplanes.driver import DriverError
-from mbalancer.config import ConfigError, config_option
+from mbalancer.config import ConfigError, config_option, host_port
 from mbalancer.memcache.addresses import parse_server
 from mbalancer.processes import stop_on_signals
 
@@ -65,6 +65,10 @@ def _run_controller(args: argparse.Namespace, fail: Fail) -> int:
     except ValueError as err:  # e.g. a skewed hash, which needs the workload's keys
         fail(f"balancing.hash: {err}")
     listen = args.listen or config.controller.listen
+    try:
+        host_port("--listen", listen)
+    except ConfigError as err:
+        fail(str(err))
     stop = stop_on_signals()
     ownership = Ownership(driver.owned_switches(), listen)
     if not _own(ownership, args.standby, stop, fail):

@@ -57,6 +57,8 @@ def _run(args: argparse.Namespace, fail: Fail) -> int:
         if args.action == "detach":
             return _detach(program.loaded_switches() if args.all else [name])
         return _status([args.name] if args.name else program.loaded_switches(), args.json)
+    except BrokenPipeError:
+        raise  # the reader of the output went away: mbalancer's main ends quietly
     except (program.DataPlaneError, OSError, ValueError) as err:
         print(f"mbalancer switch {args.action}: {err}", file=sys.stderr)
         return 1

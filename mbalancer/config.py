@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, NoReturn
 
-from mbalancer.memcache.addresses import parse_server
+from mbalancer.memcache.addresses import ServerAddress, parse_server
 from mbalancer.memcache.hashing import parse_hash_spec
 from mbalancer.settings import ConfigError, Server, no_unknown, parse_section, typed
 
@@ -125,7 +125,7 @@ def parse_config(raw: dict[str, Any]) -> Config:
     if monitor.capacity < (balancing.hot or 1):
         raise ConfigError(f"monitor.capacity: must be at least balancing.hot ({balancing.hot})")
     controller = _section(raw, "controller", Controller)
-    _host_port("controller.listen", controller.listen)
+    host_port("controller.listen", controller.listen)
     if not (controller.health_interval > 0 and math.isfinite(controller.health_interval)):
         raise ConfigError(f"controller.health_interval: must be a positive number of seconds "
                           f"(got {controller.health_interval})")
@@ -192,6 +192,8 @@ def _server(index: int, entry: Any) -> Server:
 
 
 def _balancing(raw: Any, servers: int) -> Balancing:
+    if isinstance(raw, dict) and isinstance(raw.get("hot"), str) and raw["hot"] != "auto":
+        raise ConfigError(f'balancing.hot: a number of keys, or "auto" (got {raw["hot"]!r})')
     if isinstance(raw, dict) and raw.get("hot") == "auto":
         raw = {**raw, "hot": None}
         if "target" not in raw:
@@ -227,12 +229,12 @@ def _list(raw: dict, name: str) -> list:
     return value
 
 
-def _host_port(where: str, text: str) -> None:
-    """host:port with both given (parse_server would default the port to memcached's)."""
+def host_port(where: str, text: str) -> ServerAddress:
+    """host:port with both given (parse_server would default the port to memcached's); ConfigError naming `where`."""
     if ":" not in text:
         raise ConfigError(f"{where}: write host:port, e.g. 127.0.0.1:8080 (got {text!r})")
     try:
-        parse_server(text)
+        return parse_server(text)
     except ValueError as err:
         raise ConfigError(f"{where}: {err}") from None
 

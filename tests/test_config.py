@@ -48,6 +48,7 @@ def test_auto_hot_with_a_target():
     ({"balancing": {"hysteresis": 0}}, "balancing.hysteresis"),
     ({"balancing": {"hash": "crc"}}, "balancing.hash"),
     ({"balancing": {"hot": True}}, "balancing.hot: expected int"),
+    ({"balancing": {"hot": "ten"}}, 'balancing.hot: a number of keys, or "auto"'),
     ({"monitor": {"interval": 0}}, "monitor.interval"),
     ({"monitor": {"capacity": 5}}, "monitor.capacity"),
     ({"controller": {"listen": "no-such-host.invalid:80"}}, "controller.listen"),
@@ -68,3 +69,21 @@ def test_unreadable_files(tmp_path):
     bad.write_text("[servers\nname=")
     with pytest.raises(ConfigError, match="not valid TOML"):
         load_config(bad)
+
+
+@pytest.mark.parametrize("text, message", [
+    ("10.77.0:11211", "10.77.0 is not an IPv4 address"),
+    ("10.0.0.256:11211", "is not an IPv4 address"),
+    ("10.0.0.1:0", "port must be a number"),
+])
+def test_a_server_address_is_a_whole_ipv4_address(text, message):
+    from mbalancer.memcache.addresses import parse_server
+    with pytest.raises(ValueError, match=message):
+        parse_server(text)
+
+
+def test_the_controller_listens_only_where_told(run_cli, tmp_path):
+    config = tmp_path / "c.toml"
+    config.write_text('[[servers]]\nname = "s1"\nip = "127.0.0.1"\nmac = "02:00:00:00:00:01"\nport = 11211\n')
+    result = run_cli("controller", "--config", str(config), "--listen", "localhost", timeout=60)
+    assert result.returncode == 2 and "--listen: write host:port" in result.stderr.strip().splitlines()[-1]

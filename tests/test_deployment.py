@@ -69,6 +69,10 @@ def test_attach_run_and_detach_on_a_bridging_box(tmp_path):
             status = json.loads(switch("status", "--name", TAG, "--json").stdout)
             assert status["ports"] == ports and status["memcached_ports"] == [11211]
             assert status["sketch_read"] is False  # no `monitor --source dataplane` renews it
+            piped = subprocess.Popen([str(MBALANCER), "switch", "status", "--name", TAG], stdout=subprocess.PIPE,
+                                     stderr=subprocess.PIPE, text=True)
+            piped.stdout.close()  # the reader is gone before the command writes (as with `| head -0`)
+            assert piped.wait(timeout=60) == 141 and piped.stderr.read() == ""  # quiet, as cat is
 
             processes.append(subprocess.Popen([str(MBALANCER), "controller", "--config", str(config)],
                                               stderr=subprocess.PIPE, text=True))
@@ -108,6 +112,7 @@ def switch_status() -> dict:
     (["attach", "--ports", "no-such-if0"], "no such interface"),
     (["attach"], "--ports"),
     (["attach", "--ports", "lo", "--name", "a/b"], "bad data plane name"),
+    (["attach", "--ports", "lo", "--name", "x" * 18], "too long: at most 12 characters"),
     (["status", "--name", "no-such-switch"], "no switch named"),
 ])
 def test_bad_switch_commands_say_why(args, message):

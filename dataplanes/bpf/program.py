@@ -44,6 +44,9 @@ SWITCH = Program(OBJECT, PIN_ROOT, "ingress")
 CLASSIFIER = Program(HERE / "build" / "classifier.bpf.o", BPFFS / "mbalancer-classifier", "egress", ("MB_CLASSIFIER",))
 
 
+IFNAMSIZ = 15  # characters in a Linux interface name
+
+
 def mirror_link_of(switch: str) -> tuple[str, str]:
     """The mirror link's two ends: (switch side, where writes are cloned to; controller side, where the driver
     reads them)."""

@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Sequence
 
-from dataplanes.bpf.program import PIN_ROOT, DataPlane, DataPlaneError, loaded_switches, mirror_link_of
+from dataplanes.bpf.program import IFNAMSIZ, PIN_ROOT, DataPlane, DataPlaneError, loaded_switches, mirror_link_of
 
 RECORDS = Path("/run/mbalancer/switches")  # /run: gone after a reboot, as the program and its pins are
 
@@ -48,6 +48,9 @@ def attach(name: str, ports: Sequence[str], memcached_ports: Sequence[int]) -> S
     """Load the program as switch `name`, attach it to every port, make its mirror link; DataPlaneError (with
     nothing left behind) if any step fails."""
     DataPlane(name)  # checks the name
+    if len(mirror_link_of(name)[1]) > IFNAMSIZ:
+        raise DataPlaneError(f"switch name {name!r} too long: at most {IFNAMSIZ - 3} characters (its mirror link "
+                             f"is named {mirror_link_of(name)[1]!r}; Linux interface names hold {IFNAMSIZ})")
     missing = [port for port in ports if not _exists(port)]
     if not ports or missing:
         raise DataPlaneError(f"no such interface: {', '.join(missing)}" if missing else "give at least one port")

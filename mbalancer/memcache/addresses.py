@@ -39,6 +39,8 @@ def resolve_ipv4(host: str, text: str) -> str:
         pass
     if not host:
         raise ValueError(f"{text!r}: give a host, an IPv4 address such as 10.0.0.1 or a name")
+    if all(part.isdigit() for part in host.split(".")):  # the resolver would take 10.77.0 as 10.77.0.0
+        raise ValueError(f"{text!r}: {host} is not an IPv4 address (four numbers 0-255, e.g. 10.0.0.1)")
     try:
         return socket.getaddrinfo(host, None, socket.AF_INET, socket.SOCK_DGRAM)[0][4][0]
     except (OSError, UnicodeError) as err:
