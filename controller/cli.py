@@ -15,7 +15,7 @@ from typing import Callable
 
 from controller.core import ControllerCore
 from controller.http_api import serve, start_serving
-from controller.ownership import Ownership
+from controller.ownership import Ownership, OwnershipError
 from dataplanes import registry
 from dataplanes.driver import DriverError
 from mbalancer.config import ConfigError, config_option, host_port
@@ -94,14 +94,21 @@ def _run_controller(args: argparse.Namespace, fail: Fail) -> int:
 
 def _own(ownership: Ownership, standby: bool, stop, fail: Fail) -> bool:
     """Take the switches, or wait for them as a standby; False if stopped while waiting."""
-    owner = ownership.take()
+    try:
+        owner = ownership.take()
+    except OwnershipError as err:
+        fail(str(err))
     if owner is None:
         return True
     if not standby:
         fail(f"{owner.describe()}: stop it first, or start this one with --standby to take over when it stops")
     print(f"mbalancer controller: standby: {owner.describe()}; taking over the moment it stops", file=sys.stderr,
           flush=True)
-    if ownership.wait_take(stop) is not None:
+    try:
+        waited = ownership.wait_take(stop)
+    except OwnershipError as err:
+        fail(str(err))
+    if waited is not None:
         return False
     now = time.time()
     print(f"mbalancer controller: taking over at {time.strftime('%H:%M:%S', time.localtime(now))}"

@@ -31,6 +31,10 @@ OWNERS_DIR = Path(os.environ.get("MBALANCER_OWNERS_DIR", "/run/mbalancer/owners"
 STANDBY_POLL = 0.05  # seconds between a standby's tries for the lock: it takes over this soon after the owner ends
 
 
+class OwnershipError(OSError):
+    """The owner files cannot be kept (e.g. no permission to create their folder)."""
+
+
 @dataclass(frozen=True)
 class Owner:
     switch: str
@@ -54,11 +58,18 @@ class Ownership:
 
     def take(self) -> Owner | None:
         """Take every switch's lock; None if taken, else the owner of the first switch held by another (none kept)."""
-        if self._files:
+        if self._files or not self.switches:
             return None
-        self.owners_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            self.owners_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as err:
+            raise OwnershipError(f"cannot keep the switches' owner files in {self.owners_dir}: {err}") from None
         for switch in self.switches:
-            fd = os.open(self._path(switch), os.O_RDWR | os.O_CREAT, 0o644)
+            try:
+                fd = os.open(self._path(switch), os.O_RDWR | os.O_CREAT, 0o644)
+            except OSError as err:
+                self.release()
+                raise OwnershipError(f"cannot open the owner file of {switch}: {err}") from None
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:

@@ -39,7 +39,7 @@ from controller.core import ControllerCore  # noqa: E402
 from dataplanes.driver import DriverError  # noqa: E402
 from dataplanes.openflow.driver import OpenflowDriver  # noqa: E402
 from controller.http_api import ENDPOINTS, encode, respond  # noqa: E402
-from controller.ownership import Ownership  # noqa: E402
+from controller.ownership import Ownership, OwnershipError  # noqa: E402
 from dataplanes import registry  # noqa: E402
 from dataplanes.openflow import Settings as OpenflowSettings  # noqa: E402
 from mbalancer.config import ConfigError, load_config  # noqa: E402
@@ -105,7 +105,11 @@ class MBalancerApp(app_manager.RyuApp):
         key_hash = self._homes()
         self.driver = self._make_driver()
         self.ownership = Ownership(self.driver.owned_switches(), self.config.controller.listen)
-        if (owner := self.ownership.take()) is not None:  # one controller per switch; no standby inside Ryu yet
+        try:
+            owner = self.ownership.take()
+        except OwnershipError as err:
+            raise SystemExit(f"mbalancer: {err}") from None
+        if owner is not None:  # one controller per switch; no standby inside ryu-manager yet
             raise SystemExit(f"mbalancer: {owner.describe()}: stop it first")
         try:
             self.core = ControllerCore(self.config, self.driver, key_hash)

@@ -268,3 +268,4 @@ def test_clients_that_reset_or_stall_print_no_traceback_and_starve_nobody(api, c
     assert call(url + "/decisions")[0] == 200
     assert not [r for r in caplog.records if r.exc_info or "Traceback" in r.getMessage()]
     assert "Traceback" not in capfd.readouterr().err
+
