@@ -65,8 +65,8 @@ def run_fault(rig: Rig, fault: Fault, load: float, full_rate: float, write_rate:
     client.stdin.write("go\n")
     client.stdin.flush()
     time.sleep(phases.warmup)
-    fault.inject(rig)
-    fault_at = time.time() - started
+    fault_at = time.time() - started  # when the fault begins: injecting may take a while (a killed memcached's
+    fault.inject(rig)  # exit waited for, wedge datagrams sent until it holds), and the controller may act meanwhile
     time.sleep(phases.fault)
     fault.recover(rig)
     recovered_at = time.time() - started
