@@ -19,7 +19,6 @@ from controller.ownership import Ownership, OwnershipError
 from dataplanes import registry
 from dataplanes.driver import DriverError
 from mbalancer.config import ConfigError, config_option, host_port
-from mbalancer.memcache.addresses import parse_server
 from mbalancer.processes import stop_on_signals
 
 Fail = Callable[[str], None]
@@ -66,7 +65,7 @@ def _run_controller(args: argparse.Namespace, fail: Fail) -> int:
         fail(f"balancing.hash: {err}")
     listen = args.listen or config.controller.listen
     try:
-        host_port("--listen", listen)
+        address = host_port("--listen", listen)
     except ConfigError as err:
         fail(str(err))
     stop = stop_on_signals()
@@ -74,8 +73,8 @@ def _run_controller(args: argparse.Namespace, fail: Fail) -> int:
     if not _own(ownership, args.standby, stop, fail):
         return 0  # stopped while a standby
     try:
-        http = serve(core, tuple(parse_server(listen)))
-    except (OSError, ValueError) as err:
+        http = serve(core, tuple(address))
+    except OSError as err:
         fail(f"--listen: cannot serve on {listen}: {err}")
     try:
         core.start()

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import socket
 from dataclasses import dataclass
+from typing import Callable, TypeVar
 
 from mbalancer.memcache.addresses import ServerAddress
 from mbalancer.memcache.keys import key_problem
@@ -16,6 +17,7 @@ from mbalancer.memcache.replies import MetaReply, parse_reply
 from mbalancer.memcache.results import NotParsed
 
 NO_EXPIRY = -1  # mg's remaining TTL for an item that never expires
+T = TypeVar("T")
 
 
 class MetaError(RuntimeError):
@@ -103,24 +105,7 @@ class MetaClient:
 
     def stats(self) -> dict[str, str]:
         """The server's general statistics (`stats`: counts nothing itself); raises MetaError."""
-        try:
-            sock = self._connected()
-            sock.sendall(b"stats\r\n")
-            while (end := self._buffer.find(b"END\r\n")) < 0:
-                if self._buffer.startswith((b"ERROR", b"SERVER_ERROR", b"CLIENT_ERROR")) and b"\r\n" in self._buffer:
-                    raise MetaError(f"{self.server}: stats answered {bytes(self._buffer).splitlines()[0]!r}")
-                chunk = sock.recv(65536)
-                if not chunk:
-                    raise MetaError(f"{self.server}: connection closed")
-                self._buffer += chunk
-        except OSError as err:
-            self.close()
-            raise MetaError(f"{self.server}: {err.strerror or err}") from None
-        except MetaError:
-            self.close()
-            raise
-        lines = bytes(self._buffer[:end]).decode("ascii", "replace").splitlines()
-        del self._buffer[:end + 5]
+        lines = self._exchange(b"stats\r\n", self._read_stats).splitlines()
         return {parts[1]: parts[2] for parts in (line.split(" ", 2) for line in lines)
                 if len(parts) == 3 and parts[0] == "STAT"}
 
@@ -135,10 +120,15 @@ class MetaClient:
 
     def _calls(self, requests: bytes, count: int) -> list[MetaReply]:
         """Send `requests` (count of them, pipelined) and read their replies in order."""
+        return self._exchange(requests, lambda sock: [self._read_reply(sock) for _ in range(count)])
+
+    def _exchange(self, request: bytes, read: Callable[[socket.socket], T]) -> T:
+        """Send `request` and `read` its answer; any failure closes the connection (its state is unknown) and is a
+        MetaError."""
         try:
             sock = self._connected()
-            sock.sendall(requests)
-            return [self._read_reply(sock) for _ in range(count)]
+            sock.sendall(request)
+            return read(sock)
         except OSError as err:
             self.close()
             raise MetaError(f"{self.server}: {err.strerror or err}") from None
@@ -162,16 +152,29 @@ class MetaClient:
         while True:
             reply = parse_reply(self._buffer)
             if isinstance(reply, NotParsed) and reply.incomplete:
-                chunk = sock.recv(256 * 1024)
-                if not chunk:
-                    raise MetaError(f"{self.server}: connection closed")
-                self._buffer += chunk
+                self._receive(sock)
                 continue
             if not isinstance(reply, MetaReply):
                 what = reply.reason if isinstance(reply, NotParsed) else getattr(reply, "status", type(reply))
                 raise MetaError(f"{self.server}: not a meta reply ({what})")
             del self._buffer[:reply.size]
             return reply
+
+    def _read_stats(self, sock: socket.socket) -> str:
+        """The lines of a `stats` answer, up to its END."""
+        while (end := self._buffer.find(b"END\r\n")) < 0:
+            if self._buffer.startswith((b"ERROR", b"SERVER_ERROR", b"CLIENT_ERROR")) and b"\r\n" in self._buffer:
+                raise MetaError(f"{self.server}: stats answered {bytes(self._buffer).splitlines()[0]!r}")
+            self._receive(sock)
+        text = bytes(self._buffer[:end]).decode("ascii", "replace")
+        del self._buffer[:end + 5]
+        return text
+
+    def _receive(self, sock: socket.socket) -> None:
+        chunk = sock.recv(256 * 1024)
+        if not chunk:
+            raise MetaError(f"{self.server}: connection closed")
+        self._buffer += chunk
 
 
 def _checked(key: bytes) -> bytes:
