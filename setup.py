@@ -31,6 +31,8 @@ setup(
         # The controller's HTTP interface (controller/http_api.py): a maintained server whose reading of requests
         # is asynchronous, so slow or vanishing clients hold no thread and print no traceback.
         "waitress>=3.0",
+        # /metrics (controller/metrics.py): Prometheus's own client library renders the text format.
+        "prometheus-client>=0.17",
     ],
     extras_require={
         "test": [

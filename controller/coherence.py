@@ -203,7 +203,7 @@ class Coherence:
         hot.syncs += 1
         hot.last_sync_ms = 1000 * (self.clock() - hot.unsynced_since)
         hot.unsynced_since = None
-        self.sync_ms.append(hot.last_sync_ms)
+        self.sync_times.record(hot.last_sync_ms)
         log.debug("synced %r in %.2f ms", key, hot.last_sync_ms)
 
     def _mirrors_in(self, key: bytes, hot: HotKey, stamp: WriteStamp) -> bool:

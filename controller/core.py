@@ -28,6 +28,7 @@ from controller.health import RESTARTED, HealthTracker, Prober
 from controller.mirrors import read_mirror
 from controller.planner import Plan, Planner
 from controller.replicator import Replicator
+from controller.switch_counts import SwitchCounts
 from mbalancer.config import Config
 from mbalancer.memcache.hashing import KeyHash, make_hash
 from mbalancer.memcache.keys import key_to_text
@@ -59,8 +60,7 @@ class ControllerCore:
                                  poll_every=config.controller.poll_interval,
                                  backlog=lambda: not self._events.empty())
         self.server_of_address = {(s.ip, s.port): i for i, s in enumerate(config.servers)}
-        self._gets_counted: dict[bytes, tuple[int, float]] = {}  # installed key -> (gets the switch counted, when)
-        self.switch_rates: dict[bytes, float] = {}  # installed key -> gets/s the switch counted (replaced whole)
+        self.switch_counts = SwitchCounts()  # the data plane's counters, read every COUNT_EVERY s
         self.server_ports = [s.port for s in config.servers]
         self.ports = sorted({s.port for s in config.servers})
         self.decisions: deque[dict[str, Any]] = deque(maxlen=DECISIONS_KEPT)
@@ -197,7 +197,8 @@ class ControllerCore:
     def _on_report(self, report: MonitorReport) -> None:
         self.counts["reports"] += 1
         self.last_report = report
-        plan = self.planner.plan(report, self.executor.placements(), self.health.down(), self.switch_rates)
+        plan = self.planner.plan(report, self.executor.placements(), self.health.down(),
+                                 self.switch_counts.snapshot.rates)
         self.last_plan = plan
         for key, why in plan.home_notes:
             self._decide("home", key, why)
@@ -215,13 +216,7 @@ class ControllerCore:
             except DriverError as err:
                 log.warning("switch counters not read (reports alone decide meanwhile): %s", err)
                 continue
-            now, rates, counted = self.clock(), {}, {}
-            for key, counts in counters.keys.items():
-                before = self._gets_counted.get(key)
-                if before is not None and counts.gets >= before[0] and now > before[1]:  # fewer: counting anew
-                    rates[key] = (counts.gets - before[0]) / (now - before[1])
-                counted[key] = (counts.gets, now)
-            self._gets_counted, self.switch_rates = counted, rates
+            self.switch_counts.update(counters, self.clock())
 
     def _on_mirrors(self, mirrors: list[tuple]) -> None:
         """A batch of packets the data plane copied: the keys they write (the latest value of each), and the
@@ -319,12 +314,16 @@ class ControllerCore:
     # --- output ---------------------------------------------------------------------------------------------
     def state(self) -> dict[str, Any]:
         """Everything an operator or a test wants to see, as JSON-ready data; from any thread, without waiting."""
-        snapshot = self._snapshot
+        snapshot = self.published()
         return {"uptime": round(self.clock() - self.started, 3), "driver": self.driver.name,
                 "config": snapshot["config"], "servers": self._servers_state(snapshot["loads"], snapshot["measured"]),
                 **{k: snapshot[k] for k in ("hot_keys", "plan", "retries")},
                 "counters": {**snapshot["counters"], "data_plane": self._data_plane_counters()},
                 "decisions": self.decisions_made()[-100:]}
+
+    def published(self) -> dict[str, Any]:
+        """The worker's state as it last published it (see _publish); from any thread, never waits."""
+        return self._snapshot
 
     def _publish(self) -> None:
         """The worker's state as JSON-ready data, for state() (only the worker calls this)."""
@@ -362,18 +361,17 @@ class ControllerCore:
             return None
         return {"hot_target": self.last_plan.hot_target, "imbalance_now": round(self.last_plan.imbalance_now, 4),
                 "imbalance_predicted": round(self.last_plan.imbalance_predicted, 4),
+                "imbalance_without": round(self.last_plan.imbalance_without, 4),
                 "predicted_gets_per_s": [round(x, 1) for x in self.last_plan.predicted_loads],
                 "loads": "measured" if self.last_plan.measured else "estimated (cold keys assumed even)",
                 "held": self.last_plan.held}
 
     def _counters_state(self) -> dict[str, Any]:
-        syncs = sorted(self.executor.sync_ms)
         return {**self.counts, "copies": self.replicator.copies, "bytes_copied": self.replicator.bytes_copied,
                 "copy_failures": self.replicator.failures, "mirrors_lost": self.executor.mirrors_lost,
                 "writes_found_by_polling": self.executor.unseen_writes,
                 "cas_moves": self.executor.cas_moves,
-                "sync_ms": {"count": len(syncs), "p50": syncs[len(syncs) // 2] if syncs else None,
-                            "max": syncs[-1] if syncs else None}}
+                "sync_ms": self.executor.sync_times.summary()}
 
     def _data_plane_counters(self) -> dict[str, Any]:
         try:

@@ -26,13 +26,13 @@ from __future__ import annotations
 
 import logging
 import time
-from collections import deque
 from typing import Callable
 
 from controller.coherence import Coherence, _errors, digest
 from controller.hot_keys import Decide, HotKey
 from controller.planner import Change, Placement
 from controller.replicator import Replicator
+from controller.sync_times import SyncTimes
 from controller.retries import BACKOFF_FIRST, KEY_LEVEL, KEY_RETRIES, Retry, RetryKind, RetryScheduler
 from dataplanes.driver import Driver, DriverError
 from mbalancer.memcache.meta import MetaError
@@ -54,7 +54,7 @@ class Executor(Coherence):
         self.clock, self.sleep = clock, sleep
         self.hot: dict[bytes, HotKey] = {}
         self.retries = RetryScheduler(clock)
-        self.sync_ms: deque[float] = deque(maxlen=1000)  # mirrored write -> every replica updated
+        self.sync_times = SyncTimes()  # mirrored write -> every replica updated
         self.down: set[int] = set()
         self.refused: dict[bytes, Retry] = {}  # installs the driver refused: not tried again before `due`
         self.mirrors_lost = 0  # copies of counted writes that never reached the core

@@ -2,9 +2,10 @@
 
 GET  /state       hot keys, groups, weights, replica health, counters, recent decisions with their reasons
 GET  /decisions   every decision kept (the last 1000)
+GET  /metrics     the same figures for Prometheus (its text format; controller/metrics.py)
 POST /report      a monitor report (what `mbalancer monitor --push URL/report` sends): 202, or 400 with the reason
-A known path with another method: 405 (with Allow); anything else: 404 with the list of endpoints. Replies are
-strict JSON: a figure that is not a number (NaN, infinity) goes out as null.
+A known path with another method: 405 (with Allow); anything else: 404 with the list of endpoints. Replies other
+than /metrics are strict JSON: a figure that is not a number (NaN, infinity) goes out as null.
 
 `respond` answers a request whatever carries it: here waitress (a maintained WSGI server: requests are read
 asynchronously and handed whole to a small thread pool, so a slow, stalled or vanishing client holds no thread and
@@ -23,6 +24,7 @@ from typing import Any, Callable, Iterable
 from waitress.server import create_server
 
 from controller.core import ControllerCore
+from controller.metrics import CONTENT_TYPE as METRICS_TYPE, exposition
 
 log = logging.getLogger(__name__)
 
@@ -31,7 +33,9 @@ BODY_TIMEOUT = 5  # seconds a connection may stay silent (a stalled request body
 BACKLOG = 4096  # connections the kernel queues before the server accepts them (the kernel caps it at somaxconn)
 THREADS = 4  # requests answered at once (each answer is a short read of the core's state)
 CONNECTIONS = 10_000  # open connections at most
-ENDPOINTS = {"GET /state": "controller state", "GET /decisions": "decision log", "POST /report": "monitor report"}
+ENDPOINTS = {"GET /state": "controller state", "GET /decisions": "decision log", "GET /metrics": "Prometheus metrics",
+             "POST /report": "monitor report"}
+JSON = "application/json"
 
 
 class HttpServer:
@@ -83,14 +87,14 @@ def wsgi_app(core: ControllerCore) -> Callable:
         if reply is None:
             reply = 400, {"error": "the request body did not arrive"}, {}
         status, body, headers = reply
-        data = encode(body)
-        start_response(f"{status} {HTTPStatus(status).phrase}",
-                       [("Content-Type", "application/json"), ("Content-Length", str(len(data))), *headers.items()])
+        data = body if isinstance(body, bytes) else encode(body)
+        headers = {"Content-Type": JSON, **headers, "Content-Length": str(len(data))}
+        start_response(f"{status} {HTTPStatus(status).phrase}", list(headers.items()))
         return [data]
     return app
 
 
-Reply = tuple[int, Any, dict[str, str]]  # status, JSON body, extra headers
+Reply = tuple[int, Any, dict[str, str]]  # status, body (JSON data, or bytes sent as they are), extra headers
 
 
 def respond(core: ControllerCore, method: str, path: str, length: str, read: Callable[[int], bytes],
@@ -102,6 +106,8 @@ def respond(core: ControllerCore, method: str, path: str, length: str, read: Cal
         return 200, core.state(), {}
     if method == "GET" and path == "/decisions":
         return 200, core.decisions_made(), {}
+    if method == "GET" and path == "/metrics":
+        return 200, exposition(core), {"Content-Type": METRICS_TYPE}
     if method != "POST" or path != "/report":
         return _wrong_method(method, path)
     if not length.isdigit() or not 0 < int(length) <= MAX_REPORT_BYTES:

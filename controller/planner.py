@@ -67,6 +67,12 @@ class Plan:
     measured: bool = False  # loads measured per server (else estimated: cold keys assumed even)
     held: str | None = None  # why warms and reweights were held back (do no harm)
     home_notes: tuple[tuple[bytes, str], ...] = ()  # keys whose traffic disagrees with the configured hash
+    loads_without: tuple[float, ...] = ()  # gets/s per server where the clients' hash sends them (no balancing)
+
+    @property
+    def imbalance_without(self) -> float:
+        """The imbalance factor without MBalancer (1.0 when unknown)."""
+        return float(imbalance_factor(np.array(self.loads_without))) if self.loads_without else 1.0
 
 
 class Planner:
@@ -122,8 +128,9 @@ class Planner:
                 held = (f"the plan would lower the imbalance factor from {now:.3f} to {after:.3f} "
                         f"({'measured' if measured else 'estimated'} loads): {len(changes) - len(kept)} changes held")
                 changes = kept
+        without = estimate_loads(report, self.servers, self._home_in(installed), {}, measured)
         return Plan(tuple(changes), hot_target, tuple(loads), tuple(predicted), now, after,
-                    measured is not None, held, tuple(notes))
+                    measured is not None, held, tuple(notes), tuple(float(x) for x in without))
 
     def _home_in(self, installed: Mapping[bytes, Placement]) -> Callable[[bytes], int]:
         """An installed key's home is the one it was placed with; any other key's is learned or hashed."""

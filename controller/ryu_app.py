@@ -38,7 +38,7 @@ from ryu.ofproto import ofproto_v1_5, ofproto_v1_5_parser  # noqa: E402
 from controller.core import ControllerCore  # noqa: E402
 from dataplanes.driver import DriverError  # noqa: E402
 from dataplanes.openflow.driver import OpenflowDriver  # noqa: E402
-from controller.http_api import ENDPOINTS, encode, respond  # noqa: E402
+from controller.http_api import ENDPOINTS, JSON, encode, respond  # noqa: E402
 from controller.ownership import Ownership, OwnershipError  # noqa: E402
 from dataplanes import registry  # noqa: E402
 from dataplanes.openflow import Settings as OpenflowSettings  # noqa: E402
@@ -193,7 +193,8 @@ def _answer(self, req, **_):
     if reply is None:
         return Response(status=400)
     status, body, headers = reply
-    response = Response(status=status, body=encode(body), content_type="application/json", charset=None)
+    response = Response(status=status, body=body if isinstance(body, bytes) else encode(body),
+                        content_type=JSON, charset=None)
     response.headers.update(headers)  # after: webob's headers= would replace the Content-Type
     return response
 

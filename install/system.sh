@@ -34,7 +34,19 @@ if [ ${#unavailable[@]} -gt 0 ]; then
     echo "install/system.sh: FAILED: apt has no version of ${unavailable[*]} (check /etc/apt/sources.list for Debian 12 main)" >&2
     exit 1
 fi
+# Packages start their services on install (Prometheus's would listen on :9090 and scrape nothing): the project
+# starts the daemons it uses itself, so a policy-rc.d that says no is in place while apt runs (unless there is one).
+policy=/usr/sbin/policy-rc.d
+if [ ! -e "$policy" ]; then
+    printf '#!/bin/sh\n# install/system.sh: no service starts while it installs packages\nexit 101\n' > "$policy"
+    chmod 755 "$policy"
+    trap 'rm -f "$policy"' EXIT
+fi
 if ! apt-get install -y -q --no-install-recommends "${missing[@]}"; then
     echo "install/system.sh: FAILED: apt-get install of ${missing[*]} (apt's error is above)" >&2
     exit 1
+fi
+# ... nor at the next boot: the tests run their own Prometheus on a loopback port.
+if [[ " ${missing[*]} " == *" prometheus "* ]] && [ -d /run/systemd/system ]; then
+    systemctl disable prometheus.service >/dev/null 2>&1 || true
 fi

@@ -8,6 +8,8 @@ from controller.hysteresis import HotKeyTracker
 from controller.load import estimate_loads, imbalance_factor
 from controller.placement import replica_weights, replicas_of, server_groups
 from controller.planner import Placement, Planner
+from controller.switch_counts import SwitchCounts
+from dataplanes.driver import Counters, KeyCounters
 from mbalancer.monitor_report import MonitorReport, ReportError, parse_report
 from mbalancer.config import Balancing
 
@@ -108,6 +110,23 @@ def test_an_empty_or_late_report_never_cools_a_key_the_switch_still_counts():
         cools = [c for c in plan.changes if c.action == "cool"]
         assert {c.key for c in cools} == set(installed), balancing
         assert "0 gets/s in the report, 0 counted by the switch" in cools[0].reason
+
+
+def test_switch_counts_give_rates_and_totals_that_never_fall():
+    """A key's counters start from zero when it is installed anew: its rate restarts, the running totals (what
+    /metrics exports as counters) keep growing; the counters object a driver reuses is read, not kept."""
+    counts = SwitchCounts()
+    reused = KeyCounters(gets=100, home_while_dirty=10, mirrored=1)
+    assert counts.update(Counters(keys={b"a": reused}), now=1.0) == {}  # a first read has no rate yet
+    reused.gets, reused.mirrored = 300, 3
+    assert counts.update(Counters(keys={b"a": reused}), now=2.0) == {b"a": 200.0}
+    assert counts.snapshot.totals == {"gets": 300, "home_while_dirty": 10, "mirrored": 3}
+    # cooled, then warmed again: counting from zero
+    assert counts.update(Counters(keys={}), now=3.0) == {}
+    assert counts.update(Counters(keys={b"a": KeyCounters(gets=50)}), now=4.0) == {}
+    assert counts.snapshot.totals == {"gets": 350, "home_while_dirty": 10, "mirrored": 3}
+    assert counts.update(Counters(keys={b"a": KeyCounters(gets=20)}), now=5.0) == {}  # a reset between two reads
+    assert counts.snapshot.totals["gets"] == 370
 
 
 def test_the_home_is_always_a_replica_even_outside_its_group():

@@ -10,6 +10,7 @@ import urllib.error
 import urllib.request
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from controller.core import ControllerCore
 from dataplanes.recording.driver import RecordingDriver
@@ -18,6 +19,7 @@ from experiments.workload.trace import get_frames, write_pcap, zipf_trace
 from mbalancer.config import parse_config
 from mbalancer.memcache.addresses import ServerAddress
 from mbalancer.memcache.hashing import KetamaHash
+from mbalancer.memcache.keys import key_to_text
 from mbalancer.memcache.meta import MetaClient, StoredItem
 from mbalancer.memcache.server import MemcachedServer, free_port
 from tests.conftest import MBALANCER, eventually
@@ -83,6 +85,49 @@ def test_a_posted_report_makes_a_key_hot_and_the_state_shows_it(api):
     state = call(url + "/state")[1]
     assert [s["measured_gets_per_s"] for s in state["servers"]] == [100.0, 200.0] and state["plan"]["loads"] == \
         "measured"
+
+
+def metrics(url: str) -> dict[tuple[str, tuple], float]:
+    """GET /metrics, parsed by prometheus-client's own parser: (sample name, sorted labels) -> value."""
+    with urllib.request.urlopen(url + "/metrics", timeout=5) as reply:
+        assert reply.headers["Content-Type"].startswith("text/plain; version=0.0.4")
+        text = reply.read().decode()
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for family in text_string_to_metric_families(text) for s in family.samples}
+
+
+def test_metrics_say_what_the_state_says_in_prometheus_text(api):
+    core, url = api
+    key = b"hot\xff\xfe"  # not UTF-8: a label value must still be text
+    home = core.key_hash.server_of(key)
+    MetaClient(core.config.servers[home].address).set(key, StoredItem(b"v", 0, -1, 0))
+    measured = {f"{s.ip}:{s.port}": 100.0 if i == home else 20.0 for i, s in enumerate(core.config.servers)}
+    report = {"time": 1.0, "interval": 1.0, "rate": 120.0, "servers": measured,
+              "top": [{"key": key_to_text(key), "rate": 90.0}]}
+    assert call(url + "/report", json.dumps(report).encode())[0] == 202
+    assert core.wait_idle()
+    found = metrics(url)
+    label = "hot\\xff\\xfe"  # as the label reads once parsed
+    weights = {dict(labels)["server"]: v for (name, labels), v in found.items()
+               if name == "mbalancer_hot_key_replica_weight" and dict(labels)["key"] == label}
+    assert set(weights) == {"0", "1"} and abs(sum(weights.values()) - 1) < 1e-3
+    assert found[("mbalancer_hot_keys", ())] == 1
+    assert found[("mbalancer_decisions_total", (("kind", "warm"),))] == 1
+    assert found[("mbalancer_reports_total", ())] == 1
+    assert found[("mbalancer_imbalance_factor", (("spread", "without"),))] == pytest.approx(60 / 100)
+    assert found[("mbalancer_imbalance_factor", (("spread", "now"),))] == pytest.approx(0.6)  # none installed yet
+    assert found[("mbalancer_imbalance_factor", (("spread", "planned"),))] == pytest.approx(1.0, abs=0.01)
+    servers = {dict(labels)["server"]: v for (name, labels), v in found.items() if name == "mbalancer_server_up"}
+    assert servers == {"0": 1.0, "1": 1.0}
+    assert found[("mbalancer_sync_seconds_count", ())] == 0 and ("mbalancer_sync_seconds_bucket",
+                                                               (("le", "+Inf"),)) in found
+    assert ("process_cpu_seconds_total", ()) in found
+    assert call(url + "/report", json.dumps({**report, "time": 2.0}).encode())[0] == 202  # now it is spread
+    assert core.wait_idle()
+    found = metrics(url)
+    assert found[("mbalancer_imbalance_factor", (("spread", "now"),))] == pytest.approx(1.0, abs=0.01)
+    shares = [v for (name, _), v in found.items() if name == "mbalancer_server_share"]
+    assert sorted(shares) == pytest.approx([0.5, 0.5], abs=0.01)
 
 
 @pytest.mark.parametrize("body, message", [

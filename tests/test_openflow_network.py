@@ -10,6 +10,7 @@ import urllib.error
 import urllib.request
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from controller.ryu_manager import launch
 from experiments.endtoend.stack import RyuController
@@ -166,11 +167,30 @@ def test_the_http_api_through_ryus_wsgi_answers_as_the_controllers_does(network,
     status, headers, body = ask("PUT", "/state", b"{}")
     assert status == 405 and headers["Allow"] == "GET" and "endpoints" in body
     status, _, body = ask("GET", "/nowhere")
-    assert status == 404 and set(body["endpoints"]) == {"GET /state", "GET /decisions", "POST /report"}
+    assert status == 404 and set(body["endpoints"]) == {"GET /state", "GET /decisions", "GET /metrics",
+                                                         "POST /report"}
     status, _, body = ask("POST", "/report", json.dumps({"time": 1.0, "interval": 1.0, "rate": -5.0,
                                                           "top": []}).encode())
     assert status == 400 and "rate" in body["error"]
     assert ask("GET", "/decisions")[0] == 200
+    home = app.make_hot(b"hot:7", b"v7")  # /metrics: the gets the switch counted, as Prometheus reads them
+    client_gets(network, network.server_hosts[home].ip, b"hot:7", 60)
+    assert eventually(lambda: metric("mbalancer_hot_key_gets_total", key="hot:7") == 60, timeout=10)
+    assert metric("mbalancer_controller_info", driver="openflow") == 1
+    assert metric("mbalancer_hot_keys") == 1
+    def split() -> list[float]:  # from the group's bucket counters, which OVS brings up to date a little later
+        return [metric("mbalancer_hot_key_replica_gets_total", key="hot:7", server=str(s)) or 0 for s in range(3)]
+    assert eventually(lambda: sum(split()) == 60, timeout=10), split()
+    assert min(split()) > 0, split()
+
+
+def metric(name: str, **labels: str) -> float | None:
+    """A sample of the Ryu app's /metrics, parsed by prometheus-client (None: no such sample)."""
+    with urllib.request.urlopen(f"http://{HTTP}/metrics", timeout=5) as reply:
+        assert reply.headers["Content-Type"].startswith("text/plain")
+        text = reply.read().decode()
+    return next((s.value for family in text_string_to_metric_families(text) for s in family.samples
+                 if s.name == name and labels.items() <= s.labels.items()), None)
 
 
 def test_a_bad_config_is_one_line_and_exit_status(network, tmp_path):

@@ -90,7 +90,7 @@ def run_case(servers: int, hot: int, value_size: int, rounds: int, syncs: int) -
                 raise RuntimeError(f"{key!r}: a replica missed the new value")
         end_progress()
         state = core.state()["counters"]
-        sync = sorted(core.executor.sync_ms)
+        sync = sorted(core.executor.sync_times.recent)
         return {"servers": servers, "hot": hot, "value_bytes": value_size,
                 "copies_per_change": hot * (servers - 1),
                 "warm_ms_median": statistics.median(warm_ms), "warm_ms_max": max(warm_ms),

@@ -74,7 +74,7 @@ def run(rate: float, seconds: float, hot: int, value_bytes: int) -> dict:
         core.wait_idle(30)
         if len(core.executor.hot) != hot:
             raise RuntimeError(f"only {len(core.executor.hot)} of {hot} keys went hot")
-        core.executor.sync_ms.clear()
+        core.executor.sync_times.clear()
         capture = threading.Thread(target=_capture, args=(inbox, driver, homes), daemon=True)
         capture.start()
         writer = subprocess.run([sys.executable, "-c", WRITER, str(rate), str(seconds), str(value_bytes),
@@ -91,7 +91,7 @@ def run(rate: float, seconds: float, hot: int, value_bytes: int) -> dict:
         current_after = time.monotonic() - burst_end
         latest = {k: MetaClient(homes[k].address).get(k).value for k in keys}
         fresh = all(MetaClient(s.address).get(k).value == latest[k] for k in keys for s in config.servers)
-        syncs = sorted(core.executor.sync_ms)
+        syncs = sorted(core.executor.sync_times.recent)
         p99 = syncs[min(len(syncs) - 1, int(0.99 * len(syncs)))] if syncs else None
         return {"rate": rate, "seconds": seconds, "hot": hot, "value_bytes": value_bytes, "writes": written,
                 "achieved_rate": round(written / seconds), "mirrors_lost": written - sum(driver.table[k].writes for k in keys),

@@ -1,0 +1,165 @@
+"""GET /metrics: the controller in Prometheus's text format, rendered by prometheus-client from what the core has
+published (its last snapshot, the data plane's counters as the counters thread last read them, the servers' health),
+so a scrape never waits for the worker and never reads the switch itself.
+
+Names: mbalancer_* (docs/deployment.md lists them with the dashboard in install/grafana/). Counters only grow: the
+data plane's per-key counters start again from zero when a key is installed anew, so the totals are kept by
+controller/switch_counts.py; a key's own series ends when it cools (and starts anew if it warms again).
+"""
+from __future__ import annotations
+
+from typing import Iterator
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4, generate_latest
+from prometheus_client.process_collector import ProcessCollector
+from prometheus_client.registry import Collector, CollectorRegistry
+
+from controller.core import ControllerCore
+from mbalancer.memcache.keys import key_from_text
+
+CONTENT_TYPE = CONTENT_TYPE_PLAIN_0_0_4  # what Prometheus 2 (Debian 12 has 2.42) asks for; our names fit it
+SERVER_LABELS = ["server", "name", "address"]
+CORE_COUNTERS = {  # the core's counts exported as counters: name -> help
+    "reports": "monitor reports handled",
+    "mirrors": "copied packets (mirrored writes) handled",
+    "mirrors_unreadable": "copied packets the controller could not read (their server's hot keys were checked)",
+    "copies": "values copied to replicas",
+    "bytes_copied": "bytes of values copied to replicas",
+    "copy_failures": "copies that failed",
+    "mirrors_lost": "copies of counted writes that never reached the controller",
+    "writes_found_by_polling": "writes to hot keys found by polling rather than by their copy",
+}
+
+
+def exposition(core: ControllerCore) -> bytes:
+    """The text a Prometheus scrape gets: the core's metrics and this process's (CPU, memory, open files)."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(CoreCollector(core))
+    ProcessCollector(registry=registry)
+    return generate_latest(registry)
+
+
+class CoreCollector(Collector):
+    def __init__(self, core: ControllerCore):
+        self.core = core
+
+    def collect(self) -> Iterator[Metric]:
+        yield from self._controller()
+        yield from self._hot_keys()
+        yield from self._servers()
+        yield from self._data_plane()
+        yield from self._work_done()
+
+    def _controller(self) -> Iterator[Metric]:
+        core = self.core
+        info = GaugeMetricFamily("mbalancer_controller_info", "the controller's data plane driver and balancing mode",
+                                 labels=["driver", "mode", "hash"])
+        info.add_metric([core.driver.name, core.config.balancing.mode, core.config.balancing.hash], 1)
+        yield info
+        yield GaugeMetricFamily("mbalancer_uptime_seconds", "seconds since the controller started",
+                                value=core.clock() - core.started)
+        plan, report = core.last_plan, core.last_report
+        factors = GaugeMetricFamily("mbalancer_imbalance_factor", "mean server load over the maximum (1 = even), "
+                                    "from the last report", labels=["spread"])
+        if plan is not None:
+            factors.add_metric(["now"], plan.imbalance_now)  # as the switch spreads gets now
+            factors.add_metric(["without"], plan.imbalance_without)  # where the clients' hash sends them
+            factors.add_metric(["planned"], plan.imbalance_predicted)  # once the last plan is carried out
+        yield factors
+        if report is not None:
+            yield GaugeMetricFamily("mbalancer_monitor_gets_per_second", "all gets/s in the last monitor report",
+                                    value=report.rate)
+            yield GaugeMetricFamily("mbalancer_hot_keys_target", "hot keys the last plan aimed for (H)",
+                                    value=plan.hot_target if plan else 0)
+
+    def _hot_keys(self) -> Iterator[Metric]:
+        hot_keys = self.core.published()["hot_keys"]
+        yield GaugeMetricFamily("mbalancer_hot_keys", "keys balanced by the data plane now", value=len(hot_keys))
+        weight = GaugeMetricFamily("mbalancer_hot_key_replica_weight", "share of a hot key's gets each copy gets",
+                                   labels=["key", "server"])
+        dirty = GaugeMetricFamily("mbalancer_hot_key_dirty", "1 while a hot key's copies may be stale (gets go home)",
+                                  labels=["key"])
+        for hot in hot_keys:
+            key = key_label(key_from_text(hot["key"]))
+            dirty.add_metric([key], float(hot["dirty"]))
+            for replica in hot["replicas"]:
+                weight.add_metric([key, str(replica["server"])], replica["weight"])
+        yield weight
+        yield dirty
+        counters = self.core.switch_counts.snapshot.counters
+        gets = CounterMetricFamily("mbalancer_hot_key_gets", "gets for a hot key the data plane counted since it "
+                                   "was installed", labels=["key"])
+        split = CounterMetricFamily("mbalancer_hot_key_replica_gets", "of those, the gets each copy was sent",
+                                    labels=["key", "server"])
+        for key, counts in (counters.keys.items() if counters else ()):
+            gets.add_metric([key_label(key)], counts.gets)
+            for server, n in counts.per_replica.items():
+                split.add_metric([key_label(key), str(server)], n)
+        yield gets
+        yield split
+
+    def _servers(self) -> Iterator[Metric]:
+        core = self.core
+        plan = core.last_plan
+        up = GaugeMetricFamily("mbalancer_server_up", "1 while the server answers its health probes",
+                               labels=SERVER_LABELS)
+        failed = GaugeMetricFamily("mbalancer_server_failed_probes", "health probes failed in a row",
+                                   labels=SERVER_LABELS)
+        gets = GaugeMetricFamily("mbalancer_server_gets_per_second", "gets/s per server from the last report: as "
+                                 "the switch spreads them now, or as the clients' hash sends them (without)",
+                                 labels=[*SERVER_LABELS, "spread"])
+        share = GaugeMetricFamily("mbalancer_server_share", "the server's share of all gets as spread now",
+                                  labels=SERVER_LABELS)
+        total = sum(plan.loads) if plan else 0.0
+        for index, (server, health) in enumerate(zip(core.config.servers, core.health.servers)):
+            labels = [str(index), server.name, f"{server.ip}:{server.port}"]
+            up.add_metric(labels, float(health.up))
+            failed.add_metric(labels, health.failures)
+            if plan is not None:
+                gets.add_metric([*labels, "now"], plan.loads[index])
+                if plan.loads_without:
+                    gets.add_metric([*labels, "without"], plan.loads_without[index])
+                share.add_metric(labels, plan.loads[index] / total if total else 0.0)
+        yield from (up, failed, gets, share)
+
+    def _data_plane(self) -> Iterator[Metric]:
+        snapshot = self.core.switch_counts.snapshot
+        totals, counters = snapshot.totals, snapshot.counters
+        for name, value, text in (
+                ("hot_gets", totals["gets"], "gets for hot keys the data plane counted"),
+                ("balanced_gets", totals["gets"] - totals["home_while_dirty"],
+                 "of those, gets spread over the key's copies by weight"),
+                ("home_while_dirty_gets", totals["home_while_dirty"],
+                 "of those, gets sent home because the key was dirty or the lease had run out"),
+                ("mirrored_writes", totals["mirrored"], "writes to hot keys the data plane copied to the controller"),
+                ("unsure_requests", counters.unsure if counters else 0,
+                 "requests the data plane could not read whole: they made their server's hot keys dirty"),
+                ("unparsed_packets", counters.unparsed if counters else 0,
+                 "memcached-port packets forwarded untouched because the pipeline could not parse them")):
+            yield CounterMetricFamily(f"mbalancer_dataplane_{name}", text, value=value)
+
+    def _work_done(self) -> Iterator[Metric]:
+        core = self.core
+        counts = core.published()["counters"]
+        for name, text in CORE_COUNTERS.items():
+            yield CounterMetricFamily(f"mbalancer_{name}", text, value=counts.get(name, 0))
+        decisions = CounterMetricFamily("mbalancer_decisions", "decisions taken, by kind (warm, cool, reweight, "
+                                        "server-down, error, ...)", labels=["kind"])
+        for name, n in sorted(counts.items()):
+            if name.startswith("decisions_"):
+                decisions.add_metric([name.removeprefix("decisions_")], n)
+        yield decisions
+        sync = core.executor.sync_times
+        buckets = sync.buckets()
+        yield HistogramMetricFamily(
+            "mbalancer_sync_seconds", "time from a mirrored write's arrival to every copy of its key updated",
+            buckets=[("+Inf" if bound == float("inf") else repr(bound / 1000), n) for bound, n in buckets],
+            sum_value=sync.sum_ms / 1000)
+        yield GaugeMetricFamily("mbalancer_retries_pending", "actions waiting to be tried again",
+                                value=len(core.published()["retries"]))
+
+
+def key_label(key: bytes) -> str:
+    """A key as a label value: UTF-8 as itself, any other byte as \\xNN (a label is UTF-8 text)."""
+    return key.decode("utf-8", "backslashreplace")
