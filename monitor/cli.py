@@ -1,5 +1,7 @@
 """`mbalancer monitor`: the hot keys of live traffic (--iface), of a capture file (--pcap) or of an eBPF switch's
-own sketch (--source dataplane, monitor/dataplane.py), per interval.
+own sketch (--source dataplane, monitor/dataplane.py), per interval. With a --config whose data plane counts gets
+itself (an eBPF switch, or the OpenFlow data plane's key classifier), the sketch is the default: it sees every get
+at no cost to this process, where a capture must copy each one out of the kernel.
 
 Output: with --json, one JSON object per interval on stdout, the report that mbalancer/monitor_report.py defines
 field by field (FIELDS there; `mbalancer monitor --help` lists them); --push URL POSTs the same object to the
@@ -16,7 +18,7 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from dataplanes.bpf.program import PIN_ROOT, loaded_switches
+from dataplanes.bpf.program import CLASSIFIER, PIN_ROOT, loaded_switches
 from dataplanes.bpf.tables import Tables
 from monitor.capture import CaptureError, LiveCapture
 from monitor.dataplane import SketchReader
@@ -31,6 +33,7 @@ from monitor.pcapfile import CaptureFile, PcapError
 
 log = logging.getLogger(__name__)
 READY = "capturing on"  # said on stderr once the live socket and its filter are in place
+SKETCH_KINDS = ("ebpf", "openflow")  # data planes that count gets in a sketch of their own (dataplanes/bpf/src/sketch.h)
 Fail = Callable[[str], None]
 
 
@@ -40,15 +43,17 @@ def register(commands: argparse._SubParsersAction) -> None:
         description="Count memcached get requests per key (UDP and TCP) in bounded memory and report the top keys "
                     "every interval.",
         epilog="report fields (--json, --push): " + "; ".join(f"{name}: {text}" for name, text in FIELDS.items()))
-    source = parser.add_mutually_exclusive_group(required=True)
+    source = parser.add_mutually_exclusive_group()
     source.add_argument("--iface", help="capture live on this interface, or on several: a,b,c (each request is "
                                         "counted where it arrives; needs root)")
     source.add_argument("--pcap", help="read a pcap or pcapng file; intervals follow its timestamps")
     source.add_argument("--source", choices=("dataplane",),
                         help="dataplane: read the hot keys the eBPF switch counts itself (count-min sketch in the "
-                             "kernel, no packet copied; needs root; --switch says which)")
-    parser.add_argument("--switch", help="--source dataplane: the eBPF switch's name (default: the config's first "
-                                         "[dataplane.ebpf] switch, or the only one loaded)")
+                             "kernel, no packet copied; needs root; --switch says which). The default with a --config "
+                             "whose dataplane.kind is ebpf or openflow")
+    parser.add_argument("--switch", help="--source dataplane: the eBPF switch's (or OpenFlow key classifier's) name "
+                                         "(default: the config's first [dataplane.ebpf] switch or its "
+                                         "dataplane.openflow.classifier, or the only one loaded)")
     parser.add_argument("--config", type=Path,
                         help="MBalancer config (TOML): the options below default to it (port: its servers'; interval "
                              "and capacity: [monitor]; top: balancing.hot; push: controller.listen's /report)")
@@ -137,18 +142,19 @@ def _run_dataplane(args: argparse.Namespace, report_to: Fanout, view: TerminalVi
 
 
 def _open_switch(name: str | None, fail: Fail) -> tuple[str, Tables]:
-    """The name and tables of the switch to read, or fail() saying why not."""
-    loaded = loaded_switches()
+    """The name and tables of the switch (or key classifier) to read, or fail() saying why not."""
+    loaded = {switch: root for root in (CLASSIFIER.pin_root, PIN_ROOT) for switch in loaded_switches(root)}
     if not name:
         if len(loaded) != 1:
             fail(f"--switch: {len(loaded)} eBPF switches are loaded ({', '.join(loaded) or 'none'}): name one")
-        name = loaded[0]
+        name = next(iter(loaded))
     if name not in loaded:
         fail(f"--switch: no eBPF switch named {name} is loaded (loaded: {', '.join(loaded) or 'none'})")
-    if not (PIN_ROOT / name / "sketch_control").exists():
+    pins = loaded[name] / name
+    if not (pins / "sketch_control").exists():
         fail(f"--switch: {name} was loaded by an older MBalancer without the sketch: detach and attach it again")
     try:
-        tables = Tables(PIN_ROOT / name)
+        tables = Tables(pins)
     except OSError as err:
         fail(f"--switch: cannot open {name}'s tables: {err}")
     return name, tables
@@ -157,9 +163,19 @@ def _open_switch(name: str | None, fail: Fail) -> tuple[str, Tables]:
 def _apply_config(args: argparse.Namespace, fail: Fail) -> None:
     """Fill the options not given from --config, then from the built-in defaults."""
     config = config_option(args.config, fail) if args.config else None
+    kind = config.dataplane.kind if config else None
+    if not (args.iface or args.pcap or args.source):
+        if kind not in SKETCH_KINDS:
+            fail("give --iface (live capture), --pcap or --source dataplane (with a --config whose dataplane.kind is "
+                 f"{' or '.join(SKETCH_KINDS)}, the switch's own sketch is the default)")
+        args.source = "dataplane"
+        log.info("source: the switch's own sketch (dataplane.kind = %s); --iface would capture instead", kind)
     if args.source and config and not args.switch:
-        ebpf = dict(config.dataplane.sections).get("ebpf")
-        args.switch = ebpf.switches[0] if ebpf and ebpf.switches else None
+        settings = config.dataplane.settings
+        if kind == "ebpf":
+            args.switch = settings.switches[0] if settings and settings.switches else None
+        elif kind == "openflow":
+            args.switch = settings.classifier if settings else None
     if args.port is None and config and not args.source:  # the switch knows every server's port
         ports = sorted({s.port for s in config.servers})
         if len(ports) > 1:

@@ -147,11 +147,26 @@ def test_monitor_source_dataplane_end_to_end(switch):
     assert "2300 gets counted in the data plane" in err
 
 
+def test_a_config_naming_an_ebpf_switch_makes_its_sketch_the_default_source(switch, run_cli, tmp_path):
+    plane, _, prog = switch
+    config = tmp_path / "mbalancer.toml"
+    servers = '[[servers]]\nname = "s1"\nip = "10.0.0.2"\nmac = "02:00:00:00:00:02"\n'
+    config.write_text(servers + f'[dataplane]\nkind = "ebpf"\n[dataplane.ebpf]\nswitches = ["{plane.name}"]\n'
+                      '[controller]\nlisten = "127.0.0.1:1"\n')  # a closed port: the pushes fail, counted
+    result = run_cli("monitor", "--config", str(config), "--json", "--duration", "0.5", "--interval", "0.2")
+    assert result.returncode == 0, result.stderr
+    assert f"capturing on switch {plane.name}" in result.stderr and "pushed" in result.stderr, result.stderr
+    config.write_text(servers)  # no data plane that counts: say what to give
+    result = run_cli("monitor", "--config", str(config))
+    assert result.returncode == 2 and "give --iface" in result.stderr and "ebpf or openflow" in result.stderr
+
+
 @pytest.mark.parametrize("args,message", [
     (["--source", "dataplane", "--switch", "no-such-switch"], "no eBPF switch named no-such-switch"),
     (["--source", "dataplane", "--sample", "2"], "--sample applies to live capture only"),
     (["--pcap", "x.pcap", "--switch", "s1"], "--switch goes with --source dataplane"),
     (["--source", "other"], "invalid choice"),
+    ([], "give --iface (live capture), --pcap or --source dataplane"),
 ])
 def test_bad_dataplane_options_exit_2(switch, run_cli, args, message):
     result = run_cli("monitor", *args)

@@ -1,42 +1,50 @@
 """Your own deployment, with namespaces standing in for machines: a Linux box whose bridge forwards between a
-client and two memcached servers gets the eBPF switch from `mbalancer switch attach`, then runs `mbalancer
-controller` and `mbalancer monitor` from the same config, as docs/deployment.md's "Use it with your own memcached
-servers" says; `mbalancer switch detach` gives the box its bridge back."""
+client and three memcached servers gets the eBPF switch from `mbalancer switch attach`, then runs `mbalancer
+controller` and `mbalancer monitor` from the same config, as the README's "Your own memcached servers" says, with
+Prometheus scraping the controller; `mbalancer switch detach` gives the box its bridge back."""
 from __future__ import annotations
 
 import json
 import os
 import subprocess
+import time
+import urllib.request
 
 import pytest
 
 from dataplanes.bpf.program import PIN_ROOT, available, mirror_link_of
+from mbalancer.memcache.addresses import ServerAddress
+from mbalancer.memcache.meta import MetaClient
 from mbalancer.memcache.server import free_port
 from monitor.cli import READY
 from tests.conftest import MBALANCER, eventually, memcached_answers, wait_for_line
+from tests.prometheus_server import PrometheusServer, available as prometheus_available, dashboard_queries
 from topologies.netns import NamespaceNetwork
 
 why_not = available() if os.geteuid() == 0 else "needs root (namespaces, bpf)"
 pytestmark = pytest.mark.skipif(why_not is not None, reason=f"eBPF data plane cannot run here: {why_not}")
 TAG = "mbdep"  # the network's tag, and the switch's name: a killed run's leftovers go with the network's claim
+KEYS = 1000
+LOAD_SECONDS = 120  # at most: the generator is stopped once everything is checked
+WINDOW = 6  # seconds over which the servers' shares are measured
+prometheus_missing = prometheus_available()
 
 
 def write_config(net: NamespaceNetwork, path, listen: str) -> list[str]:
-    """The one config file of the deployment; returns the switch ports it names."""
+    """The one config file of the deployment, as docs/deployment.md writes it; returns the switch ports it names."""
     ports = [h.port for h in net.hosts] + [f"{TAG}-rp"]  # the root namespace (the controller) is on a port too
     servers = "".join(f'[[servers]]\nname = "{h.name}"\nip = "{h.ip}"\nmac = "{h.mac}"\nport = 11211\n'
                       for h in net.server_hosts)
-    # equal weights: both copies of a hot key serve, whatever the load (the shares are what this test reads)
-    path.write_text(servers + '[balancing]\nhot = 2\nhysteresis = 1\nmode = "equal"\n[monitor]\ninterval = 0.5\n'
-                    f'[controller]\nlisten = "{listen}"\n[dataplane]\nkind = "ebpf"\n'
+    path.write_text(servers + f'[controller]\nlisten = "{listen}"\n[dataplane]\nkind = "ebpf"\n'
                     f'[dataplane.ebpf]\nswitches = ["{TAG}"]\nports = {json.dumps(ports)}\n')
     return ports
 
 
-def load_command(net: NamespaceNetwork, seconds: float, out) -> list[str]:
+def load_command(net: NamespaceNetwork, seconds: float, out, clients: int = 4) -> list[str]:
     servers = ",".join(f"{h.ip}:11211" for h in net.server_hosts)
-    return [str(MBALANCER), "load", "--servers", servers, "--keys", "50", "--alpha", "1.2", "--clients", "4",
-            "--duration", f"{seconds:g}", "--value-size", "100", "--no-records", "--out", str(out), "--json"]
+    return [str(MBALANCER), "load", "--servers", servers, "--keys", str(KEYS), "--alpha", "1", "--clients",
+            str(clients), "--duration", f"{seconds:g}", "--value-size", "100", "--no-records", "--out", str(out),
+            "--json"]
 
 
 def load(net: NamespaceNetwork, seconds: float, out) -> dict:
@@ -49,15 +57,31 @@ def switch(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([str(MBALANCER), "switch", *args], capture_output=True, text=True, timeout=60)
 
 
-def test_attach_run_and_detach_on_a_bridging_box(tmp_path):
-    with NamespaceNetwork(servers=2, clients=1, tag=TAG, dataplane="bridge") as net:
+def gets_served(net: NamespaceNetwork) -> list[int]:
+    """Each memcached's own count of the gets it answered."""
+    return [int(MetaClient(ServerAddress(h.ip)).stats()["cmd_get"]) for h in net.server_hosts]
+
+
+def controller_state(listen: str) -> dict:
+    with urllib.request.urlopen(f"http://{listen}/state", timeout=10) as reply:
+        return json.load(reply)
+
+
+@pytest.mark.skipif(prometheus_missing is not None, reason=str(prometheus_missing))
+def test_the_readme_on_a_bridging_box_balances_under_heavy_load_and_prometheus_sees_it(tmp_path):
+    """README's "Your own memcached servers", word for word: attach, controller, monitor (the switch's sketch, the
+    default), under a load the capture monitor could not keep up with (64 clients, as many gets as they can); the
+    servers' own counts of gets served are even; Prometheus scrapes the controller and every query of every
+    dashboard panel returns series; detach gives the box its bridge back."""
+    with NamespaceNetwork(servers=3, clients=1, tag=TAG, dataplane="bridge") as net:
         for host in net.server_hosts:
             net.popen(host, ["memcached", "-l", host.ip, "-p", "11211", "-U", "11211", "-u", "root", "-t", "1"])
         assert eventually(lambda: all(memcached_answers(h.ip) for h in net.server_hosts), timeout=10)
         config = tmp_path / "mbalancer.toml"
-        ports = write_config(net, config, f"127.0.0.1:{free_port()}")
+        listen = f"127.0.0.1:{free_port()}"
+        ports = write_config(net, config, listen)
         populate = net.run(net.client_hosts[0], [str(MBALANCER), "load", "--servers", ",".join(
-            f"{h.ip}:11211" for h in net.server_hosts), "--keys", "50", "--value-size", "100", "--populate",
+            f"{h.ip}:11211" for h in net.server_hosts), "--keys", str(KEYS), "--value-size", "100", "--populate",
             "--duration", "0"])
         assert populate.returncode == 0, populate.stderr
         processes = []
@@ -68,7 +92,7 @@ def test_attach_run_and_detach_on_a_bridging_box(tmp_path):
             assert again.returncode == 1 and "attached already" in again.stderr and "Traceback" not in again.stderr
             status = json.loads(switch("status", "--name", TAG, "--json").stdout)
             assert status["ports"] == ports and status["memcached_ports"] == [11211]
-            assert status["sketch_read"] is False  # no `monitor --source dataplane` renews it
+            assert status["sketch_read"] is False  # no monitor renews it yet
             piped = subprocess.Popen([str(MBALANCER), "switch", "status", "--name", TAG], stdout=subprocess.PIPE,
                                      stderr=subprocess.PIPE, text=True)
             piped.stdout.close()  # the reader is gone before the command writes (as with `| head -0`)
@@ -77,26 +101,41 @@ def test_attach_run_and_detach_on_a_bridging_box(tmp_path):
             processes.append(subprocess.Popen([str(MBALANCER), "controller", "--config", str(config)],
                                               stderr=subprocess.PIPE, text=True))
             wait_for_line(processes[-1], "mbalancer controller:", timeout=30)
-            processes.append(subprocess.Popen([str(MBALANCER), "monitor", "--config", str(config), "--iface",
-                                               net.client_hosts[0].port, "--json"],
+            processes.append(subprocess.Popen([str(MBALANCER), "monitor", "--config", str(config)],
                                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True))
-            wait_for_line(processes[-1], READY, timeout=30)
-            # Under load: the hot keys are installed, then the switch balances their gets; every get answered.
-            generator = net.popen(net.client_hosts[0], load_command(net, 60, tmp_path), stdout=subprocess.PIPE,
-                                  stderr=subprocess.PIPE, text=True)
-            assert eventually(lambda: switch_status()["hot_keys"] == 2, timeout=30)
-            before = switch_status()["counters"]["balanced"]
-            assert eventually(lambda: switch_status()["counters"]["balanced"] > before + 100, timeout=30)
-            generator.terminate()  # the generator stops early and reports what it measured
-            out, err = generator.communicate(timeout=30)
+            assert f"{READY} switch {TAG}" in wait_for_line(processes[-1], READY, timeout=30)
+            with PrometheusServer(tmp_path, [listen]) as prometheus:
+                generator = net.popen(net.client_hosts[0], load_command(net, LOAD_SECONDS, tmp_path, clients=64),
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                assert eventually(lambda: switch_status()["hot_keys"] == 10, timeout=30), switch_status()
+                time.sleep(2)  # the weights settle on the measured loads
+                reports, before = controller_state(listen)["counters"]["reports"], gets_served(net)
+                time.sleep(WINDOW)
+                state, after = controller_state(listen), gets_served(net)
+                served = [b - a for a, b in zip(before, after)]
+                shares = [n / sum(served) for n in served]
+                sent = [s["measured_gets_per_s"] for s in state["servers"]]  # as the clients' hash sends them
+                unbalanced = [x / sum(sent) for x in sent]
+                print(f"{sum(served) / WINDOW:.0f} gets/s served; shares {shares}, the clients' {unbalanced}; "
+                      f"{state['counters']['reports'] - reports} reports in {WINDOW} s")
+                # a report every interval (1 s), whatever the load; the servers' own counts even, the clients' not
+                assert state["counters"]["reports"] - reports >= WINDOW - 2, state["counters"]
+                assert max(shares) < 0.40 < max(unbalanced), (shares, unbalanced)
+                assert eventually(prometheus.targets_up, timeout=10)
+                empty = [(title, query) for title, query in dashboard_queries() if not prometheus.query(query)]
+                assert empty == [], empty
+                generator.terminate()  # the generator stops early and reports what it measured
+                out, err = generator.communicate(timeout=60)
             assert generator.returncode == 0, err[-2000:]
             measured = json.loads(out)
-            assert measured["timeouts"] == 0 and measured["misses"] == 0 and measured["hits"] > 0
+            print({k: measured[k] for k in ("requests", "hits", "misses", "timeouts")})
+            assert measured["misses"] == 0 and measured["hits"] > 0, measured
+            assert measured["timeouts"] <= 0.01 * measured["requests"], measured
         finally:
             for process in processes:
                 process.terminate()
                 process.wait(timeout=30)
-            detached = switch("detach", "--name", TAG)
+            detached = switch("detach", "--config", str(config))
         assert detached.returncode == 0 and "removed" in detached.stderr, detached.stderr
         assert not (PIN_ROOT / TAG).exists() and not os.path.exists(f"/sys/class/net/{mirror_link_of(TAG)[0]}")
         assert "nothing to remove" in switch("detach", "--name", TAG).stderr

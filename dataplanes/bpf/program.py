@@ -53,9 +53,10 @@ def mirror_link_of(switch: str) -> tuple[str, str]:
     return f"{switch}-m", f"{switch}-mc"
 
 
-def loaded_switches() -> list[str]:
-    """The names of the switches whose program is pinned on this machine."""
-    return sorted(p.name for p in PIN_ROOT.glob("*") if (p / "prog").exists()) if PIN_ROOT.exists() else []
+def loaded_switches(pin_root: Path = PIN_ROOT) -> list[str]:
+    """The names of the switches whose program is pinned on this machine (pin_root: the key classifiers' for
+    the OpenFlow data plane's)."""
+    return sorted(p.name for p in pin_root.glob("*") if (p / "prog").exists()) if pin_root.exists() else []
 
 
 def remove_left_over(name: str) -> list[str]:
