@@ -46,19 +46,15 @@ class LiveCapture:
         self.dropped = 0  # passed by the filter but lost: the socket buffer was full
         ifindexes = tuple(_ethernet_ifindex(iface) for iface in self.ifaces)
         several = len(ifindexes) > 1
+        self.port, self.sample = port, sample
+        self._only = ifindexes if several else ()  # the filter's interfaces (one bound socket needs none)
         try:
             # protocol 0: nothing arrives until bound; a socket for several interfaces cannot bind to one and
             # receives from the start, so what came before the filter is drained below.
             self.sock = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.htons(ETH_P_ALL) if several else 0)
         except PermissionError:
             raise CaptureError("capturing needs root (or CAP_NET_RAW)") from None
-        try:
-            code = assemble(request_filter(port, sample, ifindexes if several else ()))
-        except ValueError as err:
-            raise CaptureError(str(err)) from None
-        self._program = ctypes.create_string_buffer(code, len(code))  # must outlive the setsockopt
-        fprog = struct.pack("HL", len(code) // 8, ctypes.addressof(self._program))
-        self.sock.setsockopt(socket.SOL_SOCKET, SO_ATTACH_FILTER, fprog)
+        self.set_sample(sample)
         try:
             self.sock.setsockopt(socket.SOL_SOCKET, SO_RCVBUFFORCE, RECEIVE_BUFFER)
         except PermissionError:
@@ -68,6 +64,17 @@ class LiveCapture:
             _drain(self.sock)
         else:
             self.sock.bind((self.ifaces[0], ETH_P_ALL))
+
+    def set_sample(self, sample: int) -> None:
+        """Keep 1 in `sample` requests from now on: the kernel filter is replaced in one step."""
+        try:
+            code = assemble(request_filter(self.port, sample, self._only))
+        except ValueError as err:
+            raise CaptureError(str(err)) from None
+        program = ctypes.create_string_buffer(code, len(code))  # must outlive the setsockopt
+        fprog = struct.pack("HL", len(code) // 8, ctypes.addressof(program))
+        self.sock.setsockopt(socket.SOL_SOCKET, SO_ATTACH_FILTER, fprog)
+        self._program, self.sample = program, sample
 
     def frames(self, until: float, wake_every: float,
                stop: Callable[[], bool] = lambda: False) -> Iterator[tuple[float, bytes | None]]:

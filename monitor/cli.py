@@ -22,6 +22,7 @@ from dataplanes.bpf.program import CLASSIFIER, PIN_ROOT, loaded_switches
 from dataplanes.bpf.tables import Tables
 from monitor.capture import CaptureError, LiveCapture
 from monitor.dataplane import SketchReader
+from monitor.sampling import AdaptiveSampling
 from mbalancer.config import AUTO_REPORT_KEYS, Balancing, Monitoring, config_option
 from mbalancer.monitor_report import FIELDS
 from mbalancer.packets import SUPPORTED_LINKTYPES
@@ -58,7 +59,9 @@ def register(commands: argparse._SubParsersAction) -> None:
                         help="MBalancer config (TOML): the options below default to it (port: its servers'; interval "
                              "and capacity: [monitor]; top: balancing.hot; push: controller.listen's /report)")
     parser.add_argument("--port", type=int, help="memcached port (default 11211; --iface and --pcap)")
-    parser.add_argument("--sample", type=int, default=1, help="live: keep 1 in K requests, in the kernel (default 1)")
+    parser.add_argument("--sample", help="live: keep 1 in K requests, in the kernel; auto (the default): every one "
+                                         "while the monitor keeps up, 1 in as many as it takes once the socket drops "
+                                         "requests (monitor/sampling.py)")
     parser.add_argument("--interval", type=float, help="seconds per report (default 1)")
     parser.add_argument("--top", type=int, help=f"hot keys per report, H (default 10; {AUTO_REPORT_KEYS} with "
                                                 f"hot = \"auto\" in --config)")
@@ -72,11 +75,12 @@ def register(commands: argparse._SubParsersAction) -> None:
 
 def _run_monitor(args: argparse.Namespace, fail: Fail) -> int:
     _apply_config(args, fail)
+    _read_sample(args, fail)
     if not 0 < args.port < 65536:
         fail(f"--port must be 1-65535 (got {args.port})")
     if args.sample < 1 or args.top < 1 or args.capacity < args.top or not args.interval > 0:
         fail("--sample and --top must be at least 1, --capacity at least --top, --interval positive")
-    if args.pcap and args.sample != 1:
+    if args.pcap and args.sample_given:
         fail("--sample applies to live capture only (the kernel samples); a pcap is read whole")
     if args.duration is not None and not args.duration > 0:
         fail(f"--duration must be positive (got {args.duration})")
@@ -108,7 +112,7 @@ def _run_monitor(args: argparse.Namespace, fail: Fail) -> int:
 
 def _run_dataplane(args: argparse.Namespace, report_to: Fanout, view: TerminalView | None,
                    push: HttpPush | None, fail: Fail) -> int:
-    if args.sample != 1:
+    if args.sample_given:
         fail("--sample applies to live capture only: the switch counts every get")
     if os.geteuid() != 0:
         fail("--source dataplane needs root (it reads the switch's BPF maps)")
@@ -160,6 +164,18 @@ def _open_switch(name: str | None, fail: Fail) -> tuple[str, Tables]:
     return name, tables
 
 
+def _read_sample(args: argparse.Namespace, fail: Fail) -> None:
+    """--sample K (fixed), auto or none (adaptive, starting at 1): args.sample the k to start with, args.adaptive."""
+    args.sample_given = args.sample not in (None, "1")  # sampling asked for (live capture only)
+    args.adaptive = args.sample in (None, "auto")
+    if args.adaptive:
+        args.sample = 1
+        return
+    if not args.sample.isdigit() or int(args.sample) < 1:
+        fail(f"--sample: a whole number of at least 1, or auto (got {args.sample!r})")
+    args.sample = int(args.sample)
+
+
 def _apply_config(args: argparse.Namespace, fail: Fail) -> None:
     """Fill the options not given from --config, then from the built-in defaults."""
     config = config_option(args.config, fail) if args.config else None
@@ -207,6 +223,8 @@ def _read_pcap(monitor: Monitor, path: str) -> str:
 def _capture(monitor: Monitor, args: argparse.Namespace, view: TerminalView | None) -> str:
     capture = LiveCapture(args.iface.split(","), args.port, args.sample)
     monitor.source_counters = capture.update_statistics  # each report says what the kernel dropped meanwhile
+    adaptive = AdaptiveSampling(capture) if args.adaptive else None
+    monitor.resample = adaptive
     until = time.monotonic() + (args.duration if args.duration else float("inf"))
     # Ctrl-C and SIGTERM end the capture between packets (not in the middle of writing a report)
     stopping = stop_on_signals()
@@ -223,6 +241,9 @@ def _capture(monitor: Monitor, args: argparse.Namespace, view: TerminalView | No
         if keys:
             keys.close()
         capture.close()
-    sampling = f" and 1-in-{args.sample} sampling" if args.sample > 1 else ""
+    if adaptive and adaptive.range != (1, 1):
+        sampling = f" and adaptive sampling, 1 in {adaptive.range[0]} to 1 in {adaptive.range[1]}"
+    else:
+        sampling = f" and 1-in-{args.sample} sampling" if args.sample > 1 else ""
     return (f"captured {capture.received} requests on {args.iface} (after the kernel filter{sampling}), "
             f"{capture.dropped} dropped by the kernel")

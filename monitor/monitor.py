@@ -33,6 +33,8 @@ class Monitor:
             raise ValueError("interval > 0, top >= 1, capacity >= top and sample >= 1 are required")
         self.on_report = on_report
         self.source_counters = source_counters  # live capture: the kernel's received/dropped of each interval
+        # live capture with adaptive sampling: given each report, returns the k of the next interval
+        self.resample: Callable[[Report], int] | None = None
         self.port, self.top, self.interval, self.sample = port, top, interval, sample
         self.summary = SpaceSaving(capacity)
         self.window_start: float | None = None
@@ -108,4 +110,6 @@ class Monitor:
         self.skipped = Counter()
         self.destinations, self.key_destination = Counter(), {}
         self.summary.reset()
+        if self.resample is not None:
+            self.sample = self.resample(report)
         self.on_report(report)

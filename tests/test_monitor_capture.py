@@ -7,6 +7,7 @@ import io
 import json
 import os
 import signal
+import socket
 import struct
 import subprocess
 import sys
@@ -26,6 +27,7 @@ from mbalancer.memcache.addresses import ServerAddress
 from mbalancer.memcache.server import MemcachedServer
 from monitor.cli import READY
 from monitor.monitor import MAX_EMPTY_REPORTS
+from monitor.sampling import MAX_SAMPLE, AdaptiveSampling
 from monitor.terminal import KeyReader, TerminalView
 from tests.conftest import wait_for_line
 
@@ -129,6 +131,9 @@ def test_missing_or_corrupt_pcap_exits_2(run_cli, tmp_path, content, message):
 
 @pytest.mark.parametrize("args, message", [(["--iface", "nosuch0"], "no network interface"),
                                            (["--pcap", "x", "--sample", "2"], "live capture only"),
+                                           (["--pcap", "x", "--sample", "auto"], "live capture only"),
+                                           (["--iface", "lo", "--sample", "0"], "--sample: a whole number"),
+                                           (["--iface", "lo", "--sample", "often"], "or auto (got 'often')"),
                                            (["--iface", "lo", "--top", "0"], "--top"),
                                            (["--iface", "lo", "--port", "0"], "--port"),
                                            (["--pcap", "x", "--push", "htp://x/report"], "--push: an http:// URL"),
@@ -160,7 +165,7 @@ def finish(process) -> tuple[list[dict], str]:
 
 
 def test_live_capture_counts_every_get(server):
-    process = live_monitor(server)
+    process = live_monitor(server, "--sample", "1")  # fixed: no sampling, whatever the socket drops
     counts = drive(server)
     reports, stderr = finish(process)
     # every get accounted for: counted, or lost in the socket's buffer and said so (a busy machine may drop a few;
@@ -181,6 +186,46 @@ def test_live_capture_sampled_in_the_kernel(server):
     captured = int(stderr.split("captured ")[1].split()[0])
     assert captured == pytest.approx(REQUESTS / 4, rel=0.1)
     assert sum(r["total"] for r in reports) == pytest.approx(REQUESTS, rel=0.1)
+
+
+class FakeCapture:
+    sample = 1
+
+    def set_sample(self, sample: int) -> None:
+        self.sample = sample
+
+
+def test_adaptive_sampling_rises_with_drops_and_comes_back_once_calm():
+    capture = FakeCapture()
+    adaptive = AdaptiveSampling(capture)
+    assert adaptive.next_sample(10_000, 50, busy=1.0)[0] == 1  # 0.5% dropped: tolerated
+    k, why = adaptive.next_sample(10_000, 6_000, busy=1.0)  # 4,000 got through: 1 in ceil(10000 / 2800)
+    assert k == 4 and "dropped 6000 of 10000 requests (60%)" in why
+    capture.sample = k
+    assert adaptive.next_sample(10_000, 200, busy=1.0)[0] == 8  # still dropping: at least doubles
+    capture.sample = 8
+    assert [adaptive.next_sample(2_000, 0, busy=0.1)[0] for _ in range(3)] == [8, 8, 4]  # calm for 3 intervals
+    capture.sample = 4
+    assert [adaptive.next_sample(2_000, 0, busy=b)[0] for b in (0.1, 0.9, 0.1, 0.1)] == [4, 4, 4, 4]  # busy: anew
+    assert adaptive.next_sample(10**9, 10**9 - 1, busy=1.0)[0] == MAX_SAMPLE
+
+
+def test_a_monitor_that_falls_behind_samples_in_the_kernel_and_says_so(server):
+    """The monitor is stopped while 150,000 gets pass (more than its socket buffer holds): the kernel drops the
+    rest, the next interval samples 1 in k >= 2, and the run's summary says so."""
+    process = live_monitor(server)  # --sample auto, the default
+    os.kill(process.pid, signal.SIGSTOP)
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+            frame = struct.pack("!HHHH", 1, 0, 1, 0) + b"get key:1\r\n"
+            for _ in range(150_000):
+                sock.sendto(frame, ("127.0.0.1", server.port))
+    finally:
+        os.kill(process.pid, signal.SIGCONT)
+    reports, stderr = finish(process)
+    dropping = next(i for i, r in enumerate(reports) if r["kernel_dropped"] > 0.01 * r["kernel_received"])
+    assert reports[dropping]["sample"] == 1 and reports[dropping + 1]["sample"] >= 2, reports
+    assert "sampling 1 in" in stderr and "adaptive sampling, 1 in 1 to 1 in" in stderr
 
 
 class Collector(http.server.BaseHTTPRequestHandler):
