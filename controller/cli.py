@@ -1,7 +1,7 @@
 """`mbalancer controller`: run the controller core with a driver and its HTTP interface until Ctrl-C.
 
 The data plane is the config's [dataplane] section (kind and its settings), or --driver for the kind. One
-controller drives a switch (controller/ownership.py): a second one is refused, naming the owner, or with --standby
+controller drives a switch (mbalancer/ownership.py): a second one is refused, naming the owner, or with --standby
 waits and takes over the moment the owner stops. Exit 2 for a bad config (the message names the field), a data plane
 that cannot be driven here, a switch another controller drives, or an address that cannot be bound.
 """
@@ -15,7 +15,7 @@ from typing import Callable
 
 from controller.core import ControllerCore
 from controller.http_api import serve, start_serving
-from controller.ownership import Ownership, OwnershipError
+from mbalancer.ownership import Ownership, OwnershipError
 from dataplanes import registry
 from dataplanes.driver import DriverError
 from mbalancer.config import ConfigError, config_option, host_port

@@ -61,6 +61,7 @@ class ControllerCore:
                                  backlog=lambda: not self._events.empty())
         self.server_of_address = {(s.ip, s.port): i for i, s in enumerate(config.servers)}
         self.switch_counts = SwitchCounts()  # the data plane's counters, read every COUNT_EVERY s
+        self._gone: set[str] = set()  # switches the driver found gone at the last count (warned once)
         self.server_ports = [s.port for s in config.servers]
         self.ports = sorted({s.port for s in config.servers})
         self.decisions: deque[dict[str, Any]] = deque(maxlen=DECISIONS_KEPT)
@@ -211,12 +212,24 @@ class ControllerCore:
         gets/s as the data plane counted them, for the planner (the truth for those keys; a report is a sample, and
         may be empty or late)."""
         while not self._stop.wait(COUNT_EVERY):
+            self._note_gone_switches()
             try:
                 counters = self.driver.read_counters()
             except DriverError as err:
                 log.warning("switch counters not read (reports alone decide meanwhile): %s", err)
                 continue
             self.switch_counts.update(counters, self.clock())
+
+    def _note_gone_switches(self) -> None:
+        """Warn once when a switch goes (e.g. `mbalancer switch detach` under this controller) and once when it is
+        back; /state lists the gone ones."""
+        gone = set(self.driver.switches_gone())
+        for name in sorted(gone - self._gone):
+            log.warning("switch %s is gone (detached or unloaded): its gets are not balanced; waiting for it to be "
+                        "loaded again", name)
+        for name in sorted(self._gone - gone):
+            log.warning("switch %s is back: its tables are filled anew", name)
+        self._gone = gone
 
     def _on_mirrors(self, mirrors: list[tuple]) -> None:
         """A batch of packets the data plane copied: the keys they write (the latest value of each), and the
@@ -316,6 +329,7 @@ class ControllerCore:
         """Everything an operator or a test wants to see, as JSON-ready data; from any thread, without waiting."""
         snapshot = self.published()
         return {"uptime": round(self.clock() - self.started, 3), "driver": self.driver.name,
+                "switches_gone": self.driver.switches_gone(),
                 "config": snapshot["config"], "servers": self._servers_state(snapshot["loads"], snapshot["measured"]),
                 **{k: snapshot[k] for k in ("hot_keys", "plan", "retries")},
                 "counters": {**snapshot["counters"], "data_plane": self._data_plane_counters()},

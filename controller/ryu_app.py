@@ -39,7 +39,7 @@ from controller.core import ControllerCore  # noqa: E402
 from dataplanes.driver import DriverError  # noqa: E402
 from dataplanes.openflow.driver import OpenflowDriver  # noqa: E402
 from controller.http_api import ENDPOINTS, JSON, encode, respond  # noqa: E402
-from controller.ownership import Ownership, OwnershipError  # noqa: E402
+from mbalancer.ownership import Ownership, OwnershipError  # noqa: E402
 from dataplanes import registry  # noqa: E402
 from dataplanes.openflow import Settings as OpenflowSettings  # noqa: E402
 from mbalancer.config import ConfigError, load_config  # noqa: E402

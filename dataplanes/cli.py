@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Callable
 
 from mbalancer.config import config_option
+from mbalancer.ownership import Ownership
 
 Fail = Callable[[str], None]
 DEFAULT_NAME = "mb0"
@@ -92,6 +93,10 @@ def _detach(names: list[str]) -> int:
     if not names:
         print("mbalancer switch: no switch is loaded on this machine", file=sys.stderr)
     for name in names:
+        owner = Ownership.holder(f"ebpf:{name}")  # as EbpfDriver.owned_switches names it
+        if owner is not None:  # its hot keys stay in its state, and it keeps copying, until it is stopped
+            print(f"mbalancer switch: warning: {owner.describe()}: it loses the switch now, and says so in its "
+                  f"/state; stop it too (systemctl stop mbalancer-controller)", file=sys.stderr)
         removed = standalone.detach(name)
         print(f"mbalancer switch: {name}: " + (f"removed {'; '.join(removed)}" if removed else "nothing to remove "
                                                   "(not attached)"), file=sys.stderr)

@@ -137,8 +137,13 @@ class Driver(ABC):
         implementation guards its own bookkeeping."""
 
     def owned_switches(self) -> list[str]:
-        """Names of the switches this driver writes to, as one controller owns them (controller/ownership.py):
+        """Names of the switches this driver writes to, as one controller owns them (mbalancer/ownership.py):
         `kind:name`, the same for every controller that would drive that switch. None: no switch (a dry run)."""
+        return []
+
+    def switches_gone(self) -> list[str]:
+        """The switches this driver was given that are not there now (detached or unloaded: it waits for them to be
+        loaded again, and then fills them anew)."""
         return []
 
     def close(self) -> None:

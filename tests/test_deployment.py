@@ -131,11 +131,16 @@ def test_the_readme_on_a_bridging_box_balances_under_heavy_load_and_prometheus_s
             print({k: measured[k] for k in ("requests", "hits", "misses", "timeouts")})
             assert measured["misses"] == 0 and measured["hits"] > 0, measured
             assert measured["timeouts"] <= 0.01 * measured["requests"], measured
+            # detached under a running controller: the command warns, the controller's /state says so
+            detached = switch("detach", "--config", str(config))
+            assert f"warning: ebpf:{TAG} is driven by controller pid {processes[0].pid}" in detached.stderr, \
+                detached.stderr
+            assert eventually(lambda: controller_state(listen)["switches_gone"] == [TAG], timeout=10)
         finally:
             for process in processes:
                 process.terminate()
                 process.wait(timeout=30)
-            detached = switch("detach", "--config", str(config))
+            switch("detach", "--config", str(config))  # whatever an assertion above left attached
         assert detached.returncode == 0 and "removed" in detached.stderr, detached.stderr
         assert not (PIN_ROOT / TAG).exists() and not os.path.exists(f"/sys/class/net/{mirror_link_of(TAG)[0]}")
         assert "nothing to remove" in switch("detach", "--name", TAG).stderr

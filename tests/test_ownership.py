@@ -1,4 +1,4 @@
-"""One controller per switch (controller/ownership.py), with real processes and the kernel's locks."""
+"""One controller per switch (mbalancer/ownership.py), with real processes and the kernel's locks."""
 from __future__ import annotations
 
 import os
@@ -7,13 +7,13 @@ import subprocess
 import sys
 import threading
 
-from controller.ownership import Ownership
+from mbalancer.ownership import Ownership
 
 
 def test_one_process_owns_a_switch_until_it_ends_however_it_ends(tmp_path):
     """The owner lock is the kernel's: a second owner is told who holds it; kill -9 frees it at once."""
     holder = subprocess.Popen([sys.executable, "-c", (
-        "import sys, time\nfrom pathlib import Path\nfrom controller.ownership import Ownership\n"
+        "import sys, time\nfrom pathlib import Path\nfrom mbalancer.ownership import Ownership\n"
         f"o = Ownership(['ebpf:sw1', 'ebpf:sw2'], '127.0.0.1:1', Path({str(tmp_path)!r}))\n"
         "assert o.take() is None\nprint('held', flush=True)\ntime.sleep(60)\n")], stdout=subprocess.PIPE, text=True)
     try:
@@ -23,8 +23,11 @@ def test_one_process_owns_a_switch_until_it_ends_however_it_ends(tmp_path):
         assert owner is not None and owner.pid == holder.pid and "ebpf:sw2 is driven by controller pid" in \
             owner.describe() and "http://127.0.0.1:1" in owner.describe()
         assert Ownership([], "127.0.0.1:3", tmp_path / "nowhere" / "at all").take() is None  # no switch: no lock
+        assert Ownership.holder("ebpf:sw1", tmp_path).pid == holder.pid  # what `switch detach` warns about
+        assert Ownership.holder("ebpf:other", tmp_path) is None
         holder.send_signal(signal.SIGKILL)
         holder.wait(10)
+        assert Ownership.holder("ebpf:sw1", tmp_path) is None  # its file is left, its lock is not
         give_up = threading.Event()
         threading.Timer(10, give_up.set).start()  # bounded: a lock that outlived its owner fails the test
         assert mine.wait_take(give_up) is None  # free the moment it died

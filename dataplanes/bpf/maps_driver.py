@@ -18,6 +18,9 @@ class BpfMapsDriver(SlotBookDriver):
     def set_forwarding(self, entries: Sequence[ForwardingEntry]) -> None:
         self.book.set_forwarding(entries)
 
+    def switches_gone(self) -> list[str]:
+        return [p.name for p in self.book.pin_dirs if not (p / "prog").exists()]
+
     def _open(self, servers: Sequence[Server]) -> list[LeftoverKey]:
         return self.book.attach(servers)
 

@@ -98,12 +98,27 @@ class Ownership:
         self._files = []
 
     def _path(self, switch: str) -> Path:
-        return self.owners_dir / (re.sub(r"[^A-Za-z0-9_.-]", "_", switch) + ".lock")
+        return lock_path(self.owners_dir, switch)
 
     def _write(self, fd: int) -> None:
         record = {"pid": os.getpid(), "listen": self.listen, "since": time.strftime("%Y-%m-%d %H:%M:%S %Z")}
         os.ftruncate(fd, 0)
         os.pwrite(fd, json.dumps(record).encode() + b"\n", 0)
+
+    @staticmethod
+    def holder(switch: str, owners_dir: Path = OWNERS_DIR) -> Owner | None:
+        """The live controller that owns `switch`, if one does (e.g. for `mbalancer switch detach` to warn)."""
+        try:
+            fd = os.open(lock_path(owners_dir, switch), os.O_RDONLY)
+        except OSError:
+            return None  # never owned, or no owner folder
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            return None  # nobody holds it: the owner is gone
+        except BlockingIOError:
+            return Ownership._read(fd, switch)
+        finally:
+            os.close(fd)
 
     @staticmethod
     def _read(fd: int, switch: str) -> Owner:
@@ -112,3 +127,7 @@ class Ownership:
         except ValueError:  # being written this very moment
             record = {}
         return Owner(switch, record.get("pid"), record.get("listen", "?"), record.get("since", "?"))
+
+
+def lock_path(owners_dir: Path, switch: str) -> Path:
+    return owners_dir / (re.sub(r"[^A-Za-z0-9_.-]", "_", switch) + ".lock")
