@@ -27,6 +27,14 @@ def memcached():
         yield server
 
 
+@pytest.fixture(scope="module")
+def memcached_pair():
+    """Two real memcached servers on free loopback ports (home and replica), stopped by PID after the module."""
+    from mbalancer.memcache.server import MemcachedServer
+    with MemcachedServer() as first, MemcachedServer() as second:
+        yield [first, second]
+
+
 def eventually(check, timeout: float = 10.0, every: float = 0.02) -> bool:
     """Poll `check()` until it is true or `timeout` seconds pass; returns its last answer."""
     import time

@@ -21,16 +21,8 @@ from mbalancer.memcache.addresses import ServerAddress
 from mbalancer.memcache.hashing import KetamaHash
 from mbalancer.memcache.keys import key_to_text
 from mbalancer.memcache.meta import MetaClient, StoredItem
-from mbalancer.memcache.server import MemcachedServer, free_port
+from mbalancer.memcache.server import free_port
 from tests.conftest import MBALANCER, eventually
-
-
-@pytest.fixture(scope="module")
-def servers():
-    started = [MemcachedServer().start() for _ in range(2)]
-    yield started
-    for server in started:
-        server.stop()
 
 
 def server_table(servers) -> list[dict]:
@@ -39,8 +31,8 @@ def server_table(servers) -> list[dict]:
 
 
 @pytest.fixture
-def api(servers):
-    config = parse_config({"servers": server_table(servers), "balancing": {"hot": 1, "hysteresis": 1}})
+def api(memcached_pair):
+    config = parse_config({"servers": server_table(memcached_pair), "balancing": {"hot": 1, "hysteresis": 1}})
     core = ControllerCore(config, RecordingDriver(), probe_health=False).start()
     http = start_serving(serve(core, ("127.0.0.1", 0)))
     yield core, f"http://127.0.0.1:{http.server_address[1]}"
@@ -208,9 +200,9 @@ def test_bad_config_exits_2_naming_the_field(run_cli, tmp_path):
     assert result.returncode == 2 and "cannot read" in result.stderr
 
 
-def test_a_server_down_is_warned_without_verbose(run_cli, servers, tmp_path):
+def test_a_server_down_is_warned_without_verbose(run_cli, memcached_pair, tmp_path):
     """No -v: an operator still hears that a server stopped answering (a closed port on 127.0.0.1 here)."""
-    table = server_table(servers[:1]) + [{"name": "gone", "ip": "127.0.0.1", "mac": "02:00:00:00:00:09",
+    table = server_table(memcached_pair[:1]) + [{"name": "gone", "ip": "127.0.0.1", "mac": "02:00:00:00:00:09",
                                           "port": free_port()}]
     config = tmp_path / "mbalancer.toml"
     config.write_text("".join(f'[[servers]]\nname = "{s["name"]}"\nip = "{s["ip"]}"\nmac = "{s["mac"]}"\n'
@@ -222,9 +214,9 @@ def test_a_server_down_is_warned_without_verbose(run_cli, servers, tmp_path):
     assert len(warned) == 1 and "(gone)" in warned[0] and "s0" not in warned[0]
 
 
-def test_the_monitor_pushes_reports_to_a_running_controller(servers, tmp_path):
+def test_the_monitor_pushes_reports_to_a_running_controller(memcached_pair, tmp_path):
     """The real loop minus the switch: pcap -> mbalancer monitor --push -> mbalancer controller -> copies."""
-    addresses = [MetaClient(ServerAddress("127.0.0.1", s.port)) for s in servers]
+    addresses = [MetaClient(ServerAddress("127.0.0.1", s.port)) for s in memcached_pair]
     ketama = KetamaHash([c.server for c in addresses])
     for index in range(10):
         key = b"key:%d" % index
@@ -232,7 +224,7 @@ def test_the_monitor_pushes_reports_to_a_running_controller(servers, tmp_path):
     port = free_port()
     config = tmp_path / "mbalancer.toml"
     config.write_text("".join(f'[[servers]]\nname = "{s["name"]}"\nip = "{s["ip"]}"\nmac = "{s["mac"]}"\n'
-                              f'port = {s["port"]}\n' for s in server_table(servers))
+                              f'port = {s["port"]}\n' for s in server_table(memcached_pair))
                       + f'[balancing]\nhot = 3\nhysteresis = 2\n[controller]\nlisten = "127.0.0.1:{port}"\n')
     pcap = tmp_path / "gets.pcap"
     write_pcap(pcap, get_frames(zipf_trace(100, 1.0, 40_000, seed=3)), rate=10_000)

@@ -20,7 +20,7 @@ from controller.retries import BACKOFF_FIRST, BACKOFF_MAX, KEY_LEVEL, RETRY_LIMI
 from dataplanes import registry
 from mbalancer.memcache.addresses import ServerAddress
 from mbalancer.memcache.meta import MetaClient, StoredItem
-from mbalancer.memcache.server import MemcachedServer, free_port
+from mbalancer.memcache.server import free_port
 from mbalancer.settings import Server
 
 
@@ -143,14 +143,6 @@ KEY = b"hot:executor"
 POLL_EVERY = 0.5
 
 
-@pytest.fixture(scope="module")
-def memcached():
-    started = [MemcachedServer().start() for _ in range(2)]
-    yield started
-    for server in started:
-        server.stop()
-
-
 class LandingWrites(Replicator):
     """A replicator on real servers with a writer beside it: while `landing` > 0, a new value lands at the home
     each time the executor reads the home's CAS (the worst timing a client's writes can have)."""
@@ -169,9 +161,9 @@ class LandingWrites(Replicator):
 
 
 @pytest.fixture
-def live(memcached):
+def live(memcached_pair):
     """An executor over two real servers, the recording driver attached, the key stored at its home (server 0)."""
-    addresses = [ServerAddress(*m.address) for m in memcached]
+    addresses = [ServerAddress(*m.address) for m in memcached_pair]
     for address in addresses:
         MetaClient(address).delete(KEY)
     MetaClient(addresses[0]).set(KEY, StoredItem(b"v1", 7, -1, 0))
