@@ -45,11 +45,12 @@ class CoreCollector(Collector):
         self.core = core
 
     def collect(self) -> Iterator[Metric]:
+        published = self.core.published()  # one snapshot for the whole scrape
         yield from self._controller()
-        yield from self._hot_keys()
+        yield from self._hot_keys(published["hot_keys"])
         yield from self._servers()
         yield from self._data_plane()
-        yield from self._work_done()
+        yield from self._work_done(published["counters"], len(published["retries"]))
 
     def _controller(self) -> Iterator[Metric]:
         core = self.core
@@ -73,8 +74,7 @@ class CoreCollector(Collector):
             yield GaugeMetricFamily("mbalancer_hot_keys_target", "hot keys the last plan aimed for (H)",
                                     value=plan.hot_target if plan else 0)
 
-    def _hot_keys(self) -> Iterator[Metric]:
-        hot_keys = self.core.published()["hot_keys"]
+    def _hot_keys(self, hot_keys: list[dict]) -> Iterator[Metric]:
         yield GaugeMetricFamily("mbalancer_hot_keys", "keys balanced by the data plane now", value=len(hot_keys))
         weight = GaugeMetricFamily("mbalancer_hot_key_replica_weight", "share of a hot key's gets each copy gets",
                                    labels=["key", "server"])
@@ -139,9 +139,7 @@ class CoreCollector(Collector):
                  "memcached-port packets forwarded untouched because the pipeline could not parse them")):
             yield CounterMetricFamily(f"mbalancer_dataplane_{name}", text, value=value)
 
-    def _work_done(self) -> Iterator[Metric]:
-        core = self.core
-        counts = core.published()["counters"]
+    def _work_done(self, counts: dict, retries: int) -> Iterator[Metric]:
         for name, text in CORE_COUNTERS.items():
             yield CounterMetricFamily(f"mbalancer_{name}", text, value=counts.get(name, 0))
         decisions = CounterMetricFamily("mbalancer_decisions", "decisions taken, by kind (warm, cool, reweight, "
@@ -150,14 +148,13 @@ class CoreCollector(Collector):
             if name.startswith("decisions_"):
                 decisions.add_metric([name.removeprefix("decisions_")], n)
         yield decisions
-        sync = core.executor.sync_times
+        sync = self.core.executor.sync_times
         buckets = sync.buckets()
         yield HistogramMetricFamily(
             "mbalancer_sync_seconds", "time from a mirrored write's arrival to every copy of its key updated",
             buckets=[("+Inf" if bound == float("inf") else repr(bound / 1000), n) for bound, n in buckets],
             sum_value=sync.sum_ms / 1000)
-        yield GaugeMetricFamily("mbalancer_retries_pending", "actions waiting to be tried again",
-                                value=len(core.published()["retries"]))
+        yield GaugeMetricFamily("mbalancer_retries_pending", "actions waiting to be tried again", value=retries)
 
 
 def key_label(key: bytes) -> str:

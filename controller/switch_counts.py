@@ -4,7 +4,6 @@ grow, although a key's counters start again from zero whenever it is installed a
 need: a total that fell would read as a reset and inflate every rate())."""
 from __future__ import annotations
 
-import threading
 from dataclasses import dataclass, field
 
 from dataplanes.driver import Counters
@@ -26,22 +25,20 @@ class SwitchCounts:
     def __init__(self):
         self.snapshot = Snapshot()
         self._seen: dict[bytes, tuple[tuple[int, ...], float]] = {}  # key -> (its TOTALS at the last read, when)
-        self._lock = threading.Lock()
 
     def update(self, counters: Counters, now: float) -> dict[bytes, float]:
         """Take one read of the counters; returns each key's gets/s since the read before (keys seen twice)."""
-        with self._lock:
-            before = self.snapshot
-            totals, rates, seen = dict(before.totals), {}, {}
-            for key, counts in counters.keys.items():
-                values = tuple(getattr(counts, name) for name in TOTALS)  # copied: a driver may reuse the object
-                previous, when = self._seen.get(key, (None, 0.0))
-                fresh = previous is None or any(v < p for v, p in zip(values, previous))  # new, or installed anew
-                for name, value, old in zip(TOTALS, values, previous or (0,) * len(TOTALS)):
-                    totals[name] += value - (0 if fresh else old)
-                if not fresh and now > when:
-                    rates[key] = (values[0] - previous[0]) / (now - when)
-                seen[key] = (values, now)
-            self._seen = seen
-            self.snapshot = Snapshot(counters, totals, rates)
-            return rates
+        before = self.snapshot
+        totals, rates, seen = dict(before.totals), {}, {}
+        for key, counts in counters.keys.items():
+            values = tuple(getattr(counts, name) for name in TOTALS)  # copied: a driver may reuse the object
+            previous, when = self._seen.get(key, (None, 0.0))
+            fresh = previous is None or any(v < p for v, p in zip(values, previous))  # new, or installed anew
+            for name, value, old in zip(TOTALS, values, previous or (0,) * len(TOTALS)):
+                totals[name] += value - (0 if fresh else old)
+            if not fresh and now > when:
+                rates[key] = (values[0] - previous[0]) / (now - when)
+            seen[key] = (values, now)
+        self._seen = seen
+        self.snapshot = Snapshot(counters, totals, rates)
+        return rates

@@ -90,10 +90,11 @@ def _attach(args: argparse.Namespace, name: str, settings, servers, fail: Fail) 
 
 def _detach(names: list[str]) -> int:
     from dataplanes.ebpf import standalone
+    from dataplanes.ebpf.driver import owned_name
     if not names:
         print("mbalancer switch: no switch is loaded on this machine", file=sys.stderr)
     for name in names:
-        owner = Ownership.holder(f"ebpf:{name}")  # as EbpfDriver.owned_switches names it
+        owner = Ownership.holder(owned_name(name))
         if owner is not None:  # its hot keys stay in its state, and it keeps copying, until it is stopped
             print(f"mbalancer switch: warning: {owner.describe()}: it loses the switch now, and says so in its "
                   f"/state; stop it too (systemctl stop mbalancer-controller)", file=sys.stderr)

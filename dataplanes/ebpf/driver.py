@@ -43,6 +43,11 @@ def driver_from_settings(settings: Settings) -> "EbpfDriver":
     return EbpfDriver([PIN_ROOT / n for n in names], mirrors)
 
 
+def owned_name(switch: str) -> str:
+    """The name a controller owns an eBPF switch by (mbalancer/ownership.py), for `switch detach` too."""
+    return f"ebpf:{switch}"
+
+
 class EbpfDriver(BpfMapsDriver):
     name = "ebpf"
     thread_name = "mbalancer-ebpf"
@@ -54,7 +59,7 @@ class EbpfDriver(BpfMapsDriver):
         self.mirror_ifaces = list(mirror_ifaces)
 
     def owned_switches(self) -> list[str]:
-        return [f"ebpf:{p.name}" for p in self.book.pin_dirs]
+        return [owned_name(p.name) for p in self.book.pin_dirs]
 
     # --- the driver's thread: mirrored writes in, reloads noticed -------------------------------------------
     def _watch(self) -> None:
