@@ -123,6 +123,8 @@ def _format(report: dict) -> str:
     counters = report["counters"]
     busy = ", ".join(f"{k} {v:,}" for k, v in counters.items() if v)
     ports = ", ".join(report["ports"]) if report["ports"] is not None else "unknown (not attached by this command)"
+    if report.get("netns"):
+        ports += f" (in network namespace {report['netns']})"
     return (f"{report['name']}: ports {ports}; memcached port(s) {', '.join(map(str, report['memcached_ports']))}; "
             f"{report['hot_keys']} hot keys; lease {report['lease_left_s']:g} s left; {report['learned_macs']} MACs "
             f"learned; hot-key sketch {'read by a monitor' if report['sketch_read'] else 'off'}\n"

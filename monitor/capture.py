@@ -11,9 +11,9 @@ import select
 import socket
 import struct
 import time
-from pathlib import Path
 from typing import Callable, Iterator, Sequence
 
+from mbalancer.interfaces import interface_index, link_type
 from mbalancer.memcache.udp import SO_RCVBUFFORCE
 from monitor.bpf import assemble, request_filter
 from mbalancer.packets import LINKTYPE_ETHERNET
@@ -116,12 +116,12 @@ class LiveCapture:
 
 
 def _ethernet_ifindex(iface: str) -> int:
-    kind = Path(f"/sys/class/net/{iface}/type")
-    if not kind.exists():
-        raise CaptureError(f"no network interface named {iface!r}")
-    if int(kind.read_text()) not in ETHERNET_FRAMED:
-        raise CaptureError(f"{iface} is not Ethernet-framed (ARPHRD {kind.read_text().strip()})")
-    return socket.if_nametoindex(iface)
+    index = interface_index(iface)
+    if index is None:
+        raise CaptureError(f"no network interface named {iface!r} in this network namespace")
+    if (kind := link_type(iface)) not in ETHERNET_FRAMED:
+        raise CaptureError(f"{iface} is not Ethernet-framed (ARPHRD {kind})")
+    return index
 
 
 def _drain(sock: socket.socket) -> None:

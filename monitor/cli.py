@@ -18,10 +18,10 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from dataplanes.bpf.program import CLASSIFIER, PIN_ROOT, loaded_switches
+from dataplanes.bpf.program import CLASSIFIER, PIN_ROOT, bpffs_problem, loaded_switches
 from dataplanes.bpf.tables import Tables
 from monitor.capture import CaptureError, LiveCapture
-from monitor.dataplane import SketchReader
+from monitor.dataplane import SKETCH_KINDS, SketchReader
 from monitor.sampling import AdaptiveSampling
 from mbalancer.config import AUTO_REPORT_KEYS, Balancing, Monitoring, config_option
 from mbalancer.monitor_report import FIELDS
@@ -34,7 +34,6 @@ from monitor.pcapfile import CaptureFile, PcapError
 
 log = logging.getLogger(__name__)
 READY = "capturing on"  # said on stderr once the live socket and its filter are in place
-SKETCH_KINDS = ("ebpf", "openflow")  # data planes that count gets in a sketch of their own (dataplanes/bpf/src/sketch.h)
 Fail = Callable[[str], None]
 
 
@@ -147,6 +146,8 @@ def _run_dataplane(args: argparse.Namespace, report_to: Fanout, view: TerminalVi
 
 def _open_switch(name: str | None, fail: Fail) -> tuple[str, Tables]:
     """The name and tables of the switch (or key classifier) to read, or fail() saying why not."""
+    if problem := bpffs_problem():
+        fail(problem)
     loaded = {switch: root for root in (CLASSIFIER.pin_root, PIN_ROOT) for switch in loaded_switches(root)}
     if not name:
         if len(loaded) != 1:

@@ -148,8 +148,8 @@ def test_the_readme_on_a_bridging_box_balances_under_heavy_load_and_prometheus_s
         assert after["timeouts"] == 0 and after["hits"] > 0
 
 
-def switch_status() -> dict:
-    return json.loads(switch("status", "--name", TAG, "--json").stdout)
+def switch_status(name: str = TAG) -> dict:
+    return json.loads(switch("status", "--name", name, "--json").stdout)
 
 
 @pytest.mark.parametrize("args, message", [
@@ -162,3 +162,77 @@ def switch_status() -> dict:
 def test_bad_switch_commands_say_why(args, message):
     result = switch(*args)
     assert result.returncode in (1, 2) and message in result.stderr and "Traceback" not in result.stderr
+
+
+BOX = "mbbox"  # a namespace standing in for a switch box of its own; the switch is named after it
+BOX_PORT = "mbbox-port"  # the box's port, renamed from eth0 so that only the box's namespace has it
+SEND_GETS = ("import socket, sys\n"
+             "s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)\n"
+             "for i in range(int(sys.argv[2])):\n"
+             "    s.sendto(bytes([0, i % 256, 0, 0, 0, 1, 0, 0]) + b'get boxkey\\r\\n', (sys.argv[1], 11211))\n")
+
+
+def in_box(netns: str) -> list[str]:
+    return ["nsenter", f"--net=/run/netns/{netns}"]
+
+
+def test_a_switch_on_a_box_namespace_is_run_through_nsenter_and_ip_netns_exec_is_refused():
+    """The switch's pins live in the machine's bpffs: `ip netns exec` would put them in a private /sys that vanishes
+    with the command (while the program stayed on the ports), so it is refused, naming nsenter; under
+    `nsenter --net` attach and the monitor see the box's own interfaces (not /sys/class/net's); status and detach
+    work from the machine's own namespace too."""
+    with NamespaceNetwork(servers=1, clients=1, tag=BOX, dataplane="bridge") as net:
+        box, client = net.server_hosts[0], net.client_hosts[0]
+        net.run(client, ["ip", "neigh", "replace", box.ip, "lladdr", box.mac, "dev", "eth0"])
+        for command in (["eth0", "down"], ["eth0", "name", BOX_PORT], [BOX_PORT, "up"]):  # a name only the box has
+            assert net.run(box, ["ip", "link", "set", *command]).returncode == 0
+        attach = ["attach", "--name", BOX, "--ports", BOX_PORT]
+        try:
+            refused = subprocess.run(["ip", "netns", "exec", box.netns, str(MBALANCER), "switch", *attach],
+                                     capture_output=True, text=True, timeout=60)
+            assert refused.returncode == 1 and "nsenter --net" in refused.stderr, refused.stderr
+            assert len(refused.stderr.strip().splitlines()) == 1 and not (PIN_ROOT / BOX).exists()
+            assert "clsact" not in net.run(box, ["tc", "qdisc", "show", "dev", BOX_PORT]).stdout  # nothing attached
+
+            attached = subprocess.run([*in_box(box.netns), str(MBALANCER), "switch", *attach], capture_output=True,
+                                      text=True, timeout=60)
+            assert attached.returncode == 0, attached.stderr
+            monitor = subprocess.Popen([*in_box(box.netns), str(MBALANCER), "monitor", "--iface", BOX_PORT, "--json",
+                                        "--interval", "0.5", "--duration", "30"],
+                                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            try:
+                wait_for_line(monitor, READY)
+                sent = net.run(client, ["python3", "-c", SEND_GETS, box.ip, "40"])
+                assert sent.returncode == 0, sent.stderr
+                assert eventually(lambda: switch_status(BOX)["counters"].get("memcached", 0) >= 40, timeout=10)
+            finally:
+                monitor.terminate()
+                out, err = monitor.communicate(timeout=30)
+            counted = sum(k["count"] for line in out.splitlines() for k in json.loads(line)["top"]
+                          if k["key"] == "boxkey")
+            assert counted == 40, err  # the box's port, found in the box's namespace
+            status = switch("status", "--name", BOX).stdout  # from the machine's own namespace: the pins are shared
+            assert f"ports {BOX_PORT} (in network namespace {box.netns})" in status, status
+        finally:
+            detached = switch("detach", "--name", BOX)  # the record says where the ports are
+        assert detached.returncode == 0 and f"in network namespace {box.netns}" in detached.stderr, detached.stderr
+        assert not (PIN_ROOT / BOX).exists()
+        assert "clsact" not in net.run(box, ["tc", "qdisc", "show", "dev", BOX_PORT]).stdout
+
+
+def test_a_switch_whose_namespace_is_gone_is_detached_from_its_pins():
+    """The box was deleted with the switch attached: its ports went with it, the pins and the record did not."""
+    box = "mbgone"
+    switch("detach", "--name", box)  # whatever a killed run left
+    subprocess.run(["ip", "netns", "add", box], check=True)
+    try:
+        subprocess.run(["ip", "-n", box, "link", "add", "gone0", "type", "veth", "peer", "name", "gone1"], check=True)
+        subprocess.run(["ip", "-n", box, "link", "set", "gone0", "up"], check=True)
+        attached = subprocess.run([*in_box(box), str(MBALANCER), "switch", "attach", "--name", box, "--ports",
+                                   "gone0"], capture_output=True, text=True, timeout=60)
+        assert attached.returncode == 0, attached.stderr
+    finally:
+        subprocess.run(["ip", "netns", "del", box], capture_output=True)
+    detached = switch("detach", "--name", box)
+    assert detached.returncode == 0 and f"network namespace {box} is gone" in detached.stderr, detached.stderr
+    assert not (PIN_ROOT / box).exists() and "nothing to remove" in switch("detach", "--name", box).stderr

@@ -110,6 +110,9 @@ def test_rounds_are_summarised_by_medians_and_ranges(tmp_path):
     ({"testbed": TestbedSpec(topology="ring")}, "topology"),
     ({"testbed": TestbedSpec(topology="leafspine", dataplane="openflow")}, "single-switch topology"),
     ({"testbed": TestbedSpec(server_link=LinkSpec(rate_mbit=-1))}, "rate"),
+    ({"detection": "psychic"}, "detection must be one of"),
+    ({"detection": "sketch", "testbed": TestbedSpec(dataplane="p4")}, "no sketch of its own"),
+    ({"detection": "sketch", "testbed": TestbedSpec(topology="leafspine")}, "every leaf: detect by capture"),
 ])
 def test_impossible_settings_are_named(change, message):
     with pytest.raises((ValueError, TopologyError), match=message):
@@ -163,6 +166,7 @@ def test_what_limited_a_run_is_named(rates, cores, busy, steal, limit):
     (["demo", "--out", "x", "--hot", "auto", "--target", "1.5"], "--target"),
     (["demo", "--out", "x", "--hot", "5", "--target", "0.9"], "--target goes with --hot auto"),
     (["demo", "--out", "x", "--rounds", "0"], "rounds"),
+    (["demo", "--out", "x", "--detect", "sketch", "--dataplane", "p4"], "no sketch of its own"),
 ])
 def test_bad_options_exit_2(run_cli, args, message):
     result = run_cli("experiment", *args)
@@ -283,6 +287,7 @@ def test_demo_end_to_end(run_cli, tmp_path, dataplane):
     assert line["gain"] > 0 and base["max_server_share"] == pytest.approx(0.714, abs=0.03)
     assert mb["max_server_share"] < 0.56
     summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["detection"] == line["detection"] == ("capture" if dataplane == "p4" else "sketch")
     capacity = next(r for r in summary["runs"] if r["mode"] == "calibration")
     for name, figures in (("baseline", base), ("mbalancer", mb)):
         if figures["limit"] != "servers" or capacity["limit"] != "servers":

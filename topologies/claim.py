@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from dataplanes import registry
+from mbalancer.interfaces import interface_exists
 from topologies.shapes import TopologyError
 
 log = logging.getLogger(__name__)
@@ -38,7 +39,7 @@ class Made:
         """Delete whatever of it still exists; the names of what was there."""
         removed = [what for switch in self.switches for what in registry.remove_left_over(switch)]
         for iface in self.interfaces:
-            if Path("/sys/class/net", iface).exists():
+            if interface_exists(iface):
                 subprocess.run(["ip", "link", "del", iface], capture_output=True)
                 removed.append(iface)
         for ns in self.namespaces:

@@ -17,12 +17,15 @@
 """
 from __future__ import annotations
 
+import os
 import shutil
 import socket
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
+
+from mbalancer.interfaces import interface_exists
 
 HERE = Path(__file__).resolve().parent
 SOURCE = HERE / "src" / "mbalancer.bpf.c"
@@ -44,7 +47,6 @@ SWITCH = Program(OBJECT, PIN_ROOT, "ingress")
 CLASSIFIER = Program(HERE / "build" / "classifier.bpf.o", BPFFS / "mbalancer-classifier", "egress", ("MB_CLASSIFIER",))
 
 
-IFNAMSIZ = 15  # characters in a Linux interface name
 
 
 def mirror_link_of(switch: str) -> tuple[str, str]:
@@ -68,7 +70,7 @@ def remove_left_over(name: str) -> list[str]:
             shutil.rmtree(pins, ignore_errors=True)
             removed.append(f"pins {pins}")
     for iface in mirror_link_of(name):
-        if Path("/sys/class/net", iface).exists():
+        if interface_exists(iface):
             subprocess.run(["ip", "link", "del", iface], capture_output=True)
             removed.append(iface)
     return removed
@@ -122,8 +124,45 @@ def available() -> str | None:
 
 
 def mount_bpffs() -> None:
-    if subprocess.run(["mountpoint", "-q", str(BPFFS)]).returncode:
+    """Mount the machine's bpffs where it is missing (a fresh boot); DataPlaneError where pins would not last."""
+    if problem := bpffs_problem():
+        raise DataPlaneError(problem)
+    if not _is_mount_point(BPFFS):
         _run(["mount", "-t", "bpf", "bpf", str(BPFFS)], "mounting bpffs")
+
+
+def bpffs_problem() -> str | None:
+    """Why this process cannot see the machine's pinned switches, or None. `ip netns exec` gives its command a
+    mount namespace of its own with a fresh /sys: no bpffs there, and one mounted there would vanish with the
+    command, pins and all, while the programs stayed on the ports."""
+    if _is_mount_point(BPFFS) or not _private_mount_namespace():
+        return None
+    return (f"{BPFFS} is not mounted in this mount namespace (`ip netns exec` remounts /sys, so pins made here would "
+            f"vanish with the command): enter the network namespace only, e.g. nsenter --net=/run/netns/BOX mbalancer "
+            f"...")
+
+
+def _is_mount_point(path: Path) -> bool:
+    try:
+        return path.stat().st_dev != path.parent.stat().st_dev
+    except OSError:
+        return False
+
+
+def _private_mount_namespace() -> bool:
+    """Whether this process has a mount namespace of its own: not the one of the machine's init, nor its parent's
+    (`ip netns exec` makes one, then runs the command; init's may be unreadable in a container). False if unsure."""
+    try:
+        mine = os.readlink("/proc/self/ns/mnt")
+    except OSError:
+        return False
+    for pid in (1, os.getppid()):
+        try:
+            if os.readlink(f"/proc/{pid}/ns/mnt") != mine:
+                return True
+        except OSError:
+            continue
+    return False
 
 
 class DataPlane:
@@ -137,6 +176,7 @@ class DataPlane:
         self.pin_dir = program.pin_root / name
         self.attached: list[str] = []
         self.mirror_link = False
+        self.mirror_netns: str | None = None  # where the mirror link is, if not here (as attached entries say)
 
     @property
     def mirror_iface(self) -> str:
@@ -200,7 +240,8 @@ class DataPlane:
 
     def unload(self) -> None:
         if self.mirror_link:
-            subprocess.run(["ip", "link", "del", mirror_link_of(self.name)[0]], capture_output=True)
+            subprocess.run(in_netns(self.mirror_netns) + ["ip", "link", "del", mirror_link_of(self.name)[0]],
+                           capture_output=True)
             self.mirror_link = False
         for entry in self.attached:
             netns, _, iface = entry.rpartition(":")

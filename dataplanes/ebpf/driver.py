@@ -19,9 +19,10 @@ from typing import Sequence
 from dataplanes.bpf.key_tables import KeyTables
 from dataplanes.bpf.maps_driver import BpfMapsDriver
 from dataplanes.slot_book_driver import WATCH_EVERY
-from dataplanes.bpf.program import PIN_ROOT, loaded_switches, mirror_link_of
+from dataplanes.bpf.program import PIN_ROOT, bpffs_problem, loaded_switches, mirror_link_of
 from dataplanes.driver import DriverError
 from dataplanes.ebpf import Settings
+from mbalancer.interfaces import interface_exists
 
 log = logging.getLogger(__name__)
 ETH_P_ALL = 0x0003
@@ -32,6 +33,8 @@ def driver_from_settings(settings: Settings) -> "EbpfDriver":
     """The registry's factory: the named switches (every loaded one if none is named), each with its mirror link
     where it has one."""
     names = list(settings.switches) or loaded_switches()
+    if problem := bpffs_problem():
+        raise DriverError(problem)
     if not names:
         raise DriverError(f"no eBPF switch is loaded (nothing under {PIN_ROOT}): start a topology, or load the "
                           f"data plane on your switch's ports first")
@@ -39,7 +42,7 @@ def driver_from_settings(settings: Settings) -> "EbpfDriver":
     if missing:
         raise DriverError(f"no eBPF switch named {', '.join(missing)} is loaded (loaded: "
                           f"{', '.join(loaded_switches()) or 'none'})")
-    mirrors = [mirror_link_of(n)[1] for n in names if Path(f"/sys/class/net/{mirror_link_of(n)[1]}").exists()]
+    mirrors = [mirror_link_of(n)[1] for n in names if interface_exists(mirror_link_of(n)[1])]
     return EbpfDriver([PIN_ROOT / n for n in names], mirrors)
 
 

@@ -9,13 +9,13 @@ frame), so ports that are members of a Linux bridge are taken over while attache
 from __future__ import annotations
 
 import json
-import socket
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Sequence
 
-from dataplanes.bpf.program import IFNAMSIZ, PIN_ROOT, DataPlane, DataPlaneError, loaded_switches, mirror_link_of
+from mbalancer.interfaces import IFNAMSIZ, NETNS_NAMES, interface_exists, namespace_name, network_namespace
+from dataplanes.bpf.program import PIN_ROOT, DataPlane, DataPlaneError, loaded_switches, mirror_link_of
 
 RECORDS = Path("/run/mbalancer/switches")  # /run: gone after a reboot, as the program and its pins are
 
@@ -26,14 +26,21 @@ class SwitchRecord:
     ports: tuple[str, ...]
     memcached_ports: tuple[int, ...]
     attached_unix: float
+    # the network namespace the ports are in (pins are machine-wide, ports are not): its inode, its /run/netns name
+    netns_inode: int = 0
+    netns: str = ""
 
     @staticmethod
     def read(name: str) -> "SwitchRecord | None":
         try:
             raw = json.loads(_record_path(name).read_text())
-            return SwitchRecord(raw["name"], tuple(raw["ports"]), tuple(raw["memcached_ports"]), raw["attached_unix"])
+            return SwitchRecord(raw["name"], tuple(raw["ports"]), tuple(raw["memcached_ports"]), raw["attached_unix"],
+                                int(raw.get("netns_inode", 0)), str(raw.get("netns", "")))
         except (OSError, ValueError, KeyError, TypeError):
             return None
+
+    def namespace_text(self) -> str:
+        return f"network namespace {self.netns}" if self.netns else "the machine's own network namespace"
 
     def write(self) -> None:
         RECORDS.mkdir(parents=True, exist_ok=True)
@@ -51,17 +58,20 @@ def attach(name: str, ports: Sequence[str], memcached_ports: Sequence[int]) -> S
     if len(mirror_link_of(name)[1]) > IFNAMSIZ:
         raise DataPlaneError(f"switch name {name!r} too long: at most {IFNAMSIZ - 3} characters (its mirror link "
                              f"is named {mirror_link_of(name)[1]!r}; Linux interface names hold {IFNAMSIZ})")
-    missing = [port for port in ports if not _exists(port)]
+    missing = [port for port in ports if not interface_exists(port)]
     if not ports or missing:
         raise DataPlaneError(f"no such interface: {', '.join(missing)}" if missing else "give at least one port")
     if len(set(ports)) != len(ports):
         raise DataPlaneError("a port is listed twice")
     if name in loaded_switches() or _record_path(name).exists():
         raise DataPlaneError(f"a switch named {name} is attached already (mbalancer switch detach --name {name})")
-    taken = {port: other.name for other in map(SwitchRecord.read, loaded_switches()) if other for port in other.ports}
+    inode, netns = network_namespace()
+    taken = {port: other.name for other in map(SwitchRecord.read, loaded_switches())
+             if other and other.netns_inode in (0, inode) for port in other.ports}
     if clash := [f"{port} (switch {taken[port]})" for port in ports if port in taken]:
         raise DataPlaneError(f"ports belong to another switch: {', '.join(clash)}")
-    record = SwitchRecord(name, tuple(ports), tuple(sorted(set(memcached_ports))), round(time.time(), 3))
+    record = SwitchRecord(name, tuple(ports), tuple(sorted(set(memcached_ports))), round(time.time(), 3), inode,
+                          netns)
     record.write()
     plane = DataPlane(name)
     try:
@@ -79,12 +89,20 @@ def detach(name: str) -> list[str]:
     record = SwitchRecord.read(name)
     plane = DataPlane(name)
     removed = []
-    if record:
-        plane.attached = [port for port in record.ports if _exists(port)]
-        removed.append(f"the program on {', '.join(plane.attached) or 'no port left'}")
-    if _exists(mirror_link_of(name)[0]):
-        plane.mirror_link = True
-        removed.append(f"the mirror link {'/'.join(mirror_link_of(name))}")
+    where = _where_attached(record)
+    if where == GONE:
+        removed.append(f"nothing on its ports ({record.namespace_text()} is gone, and its ports with it)")
+    elif where:  # the ports are in another namespace: removed there, as `ip netns exec` would not see the pins
+        plane.attached = [f"{where}:{port}" for port in record.ports]
+        plane.mirror_link, plane.mirror_netns = True, where
+        removed.append(f"the program on {', '.join(record.ports)} and the mirror link in {record.namespace_text()}")
+    else:
+        if record:
+            plane.attached = [port for port in record.ports if interface_exists(port)]
+            removed.append(f"the program on {', '.join(plane.attached) or 'no port left'}")
+        if interface_exists(mirror_link_of(name)[0]):
+            plane.mirror_link = True
+            removed.append(f"the mirror link {'/'.join(mirror_link_of(name))}")
     if (PIN_ROOT / name).exists():
         removed.append(f"the pins under {PIN_ROOT / name}")
     plane.unload()
@@ -92,6 +110,23 @@ def detach(name: str) -> list[str]:
         _record_path(name).unlink()
         removed.append("its record")
     return removed
+
+
+GONE = "gone"  # _where_attached: the namespace the switch was attached in no longer exists
+
+
+def _where_attached(record: SwitchRecord | None) -> str | None:
+    """Where the switch's ports are, seen from here: None (this namespace, or not known), the path of the named
+    namespace they are in, or GONE. DataPlaneError if they are in another namespace that cannot be entered by name."""
+    here, _ = network_namespace()
+    if record is None or record.netns_inode in (0, here):
+        return None
+    if record.netns and namespace_name(record.netns_inode) == record.netns:
+        return str(NETNS_NAMES / record.netns)
+    if record.netns:
+        return GONE
+    raise DataPlaneError(f"switch {record.name} was attached in {record.namespace_text()}, not this one: detach it "
+                         f"from there")
 
 
 def status(name: str) -> dict:
@@ -105,6 +140,7 @@ def status(name: str) -> dict:
         sketch_until_ns, _ = tables.sketch_control()
         hot = tables.hot_entries()
         report = {"name": name, "ports": list(record.ports) if record else None,
+                  "netns": record.netns if record else None,  # "": the machine's own (or one with no name)
                   "memcached_ports": sorted(tables.memcached_ports()), "hot_keys": len(hot),
                   "lease_left_s": round(max(lease_ns - time.monotonic_ns(), 0) / 1e9, 3),
                   "learned_macs": len(tables.forward()), "counters": tables.counters(),
@@ -115,9 +151,3 @@ def status(name: str) -> dict:
     return report
 
 
-def _exists(iface: str) -> bool:
-    try:
-        socket.if_nametoindex(iface)
-        return True
-    except OSError:
-        return False

@@ -29,7 +29,7 @@ from typing import Any, Protocol, Sequence
 from dataplanes.bpf.key_tables import KeyTables
 from dataplanes.bpf.maps_driver import BpfMapsDriver
 from dataplanes.slot_book_driver import WATCH_EVERY
-from dataplanes.bpf.program import CLASSIFIER
+from dataplanes.bpf.program import CLASSIFIER, bpffs_problem
 from dataplanes.driver import Counters, DriverError, LeftoverKey, MirrorHandler, ReconnectHandler, ReplicaWeight
 from dataplanes.openflow import SELECTIONS, Settings, messages
 from dataplanes.openflow.weights import bucket_weights
@@ -67,6 +67,8 @@ class OpenflowDriver(BpfMapsDriver):
             raise DriverError(f"dataplane.openflow.selection: one of {', '.join(SELECTIONS)} "
                               f"(got {settings.selection!r})")
         pin = CLASSIFIER.pin_root / settings.classifier
+        if problem := bpffs_problem():
+            raise DriverError(problem)
         if not (pin / "prog").exists():
             raise DriverError(f"no key classifier named {settings.classifier} is loaded (nothing at {pin}): start "
                               f"the OpenFlow topology, or load the classifier on your switch's links first")

@@ -9,6 +9,7 @@ from typing import Any
 
 from mininet.node import Switch
 
+from dataplanes.bpf.program import DataPlane
 from dataplanes.switch_nodes import peer_intf
 from mbalancer.memcache.server import free_port
 

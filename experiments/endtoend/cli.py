@@ -20,7 +20,7 @@ from typing import Callable
 
 from experiments.endtoend.plot import plot_all
 from experiments.endtoend.report import demo_line, format_runs
-from experiments.endtoend.spec import AUTO_TARGET, PRESETS, SWEEP_FIGURES, ExperimentSpec, on_dataplane
+from experiments.endtoend.spec import AUTO_TARGET, DETECTIONS, PRESETS, SWEEP_FIGURES, ExperimentSpec, on_dataplane
 from experiments.endtoend.sweep import load_summary, run_sweep, spec_dict
 from mbalancer.config import REPLICA_MODES, Balancing, config_option
 from mbalancer.outputs import output_problem
@@ -54,6 +54,10 @@ def register(commands: argparse._SubParsersAction) -> None:
     parser.add_argument("--dataplane", choices=("ebpf", "openflow", "p4"),
                         help="the switch: ebpf (default), openflow (Open vSwitch, the Ryu app in ryu-manager) or p4 "
                              "(bmv2 over P4Runtime, at the lower rates a software switch carries)")
+    parser.add_argument("--detect", choices=DETECTIONS[1:],
+                        help="how the monitor finds the hot keys: sketch (the switch counts every get itself; the "
+                             "default on ebpf and openflow with one switch) or capture (the client ports' packets "
+                             "copied to the monitor; the default on p4 and leafspine)")
     parser.add_argument("--rerun", action="store_true", help="run even if OUT holds a sweep of these settings")
     parser.set_defaults(run=_run_experiment, fail=parser.error)
 
@@ -123,6 +127,8 @@ def _spec(args: argparse.Namespace, fail: Fail) -> ExperimentSpec:
         changes["rounds"] = args.rounds
     if args.warmup is not None:
         changes["warmup"] = args.warmup
+    if args.detect is not None:
+        changes["detection"] = args.detect
     if args.measure is not None:
         changes["measure"] = args.measure
     spec = replace(spec, **changes)

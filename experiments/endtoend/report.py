@@ -17,6 +17,9 @@ MEDIAN_COLUMNS = {
 }
 
 
+DETECTED_BY = {"sketch": "the switch's own sketch", "capture": "capturing the client ports"}
+
+
 def format_runs(summary: dict, focus: str | None = None) -> str:
     """One line per run: the point, the mode, the model's IF, what was measured; with several rounds, then one
     line per point and mode with the medians over rounds and their ranges."""
@@ -24,7 +27,8 @@ def format_runs(summary: dict, focus: str | None = None) -> str:
              + (f"; median of {', '.join(f'{c:,.0f}' for c in summary['capacities'])}"
                 if len(summary.get("capacities", ())) > 1 else "")
              + "); limit: what held each run back (servers: the measure is sound; others: see the warnings); "
-             "hot: hot keys installed / the model's H"]
+             "hot: hot keys installed / the model's H"
+             + (f"; hot keys found by {DETECTED_BY[summary['detection']]}" if summary.get("detection") else "")]
     lines += _table(summary["runs"], _columns(FOCUS_COLUMNS, focus), per_server=True)
     if len(summary.get("capacities", ())) > 1:
         lines += ["", f"medians over {len(summary['capacities'])} rounds (each run normalised by its round's capacity)"]
@@ -67,6 +71,7 @@ def demo_line(summary: dict) -> dict:
     line["gain"] = round(by_mode["mbalancer"]["throughput"] / by_mode["baseline"]["throughput"], 3)
     line["point"] = point
     line["replicas"] = by_mode["mbalancer"]["replicas"]
+    line["detection"] = summary.get("detection")
     return line
 
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field, replace
 from experiments.workload.spec import Workload, WorkloadError
 from mbalancer.config import AUTO_REPORT_KEYS, REPLICA_MODES, Balancing
 from mbalancer.memcache.addresses import ServerAddress
+from monitor.dataplane import SKETCH_KINDS
 from topologies.shapes import LinkSpec
 from topologies.testbed import TestbedSpec
 
@@ -21,6 +22,7 @@ MEMCACHED_DATAGRAM = 1400  # memcached sends a UDP reply in datagrams of at most
 DATAGRAM_HEADERS = 8 + 20 + 14  # UDP, IPv4, Ethernet: what a capped link carries on top of each datagram
 REPLY_FRAMING = 40  # "VALUE <key> <flags> <bytes>\r\n" ... "\r\nEND\r\n" around the value
 CALIBRATION_ALPHA = 0.01  # near-uniform popularity: with the skewed hash at IF 1, every server is equally busy
+DETECTIONS = ("auto", "sketch", "capture")
 AUTO_TARGET = 0.97  # `--hot auto`'s target IF: a margin over the 0.95 of capacity it is meant to reach
 
 
@@ -38,6 +40,9 @@ class ExperimentSpec:
     # MBalancer's runs per point, by replica weighting: "equal" (the thesis) and/or "weighted" (water-filling)
     replica_modes: tuple[str, ...] = ("equal",)
     monitor_interval: float = 1.0
+    # How the monitor finds the hot keys: "sketch" (the switch counts gets itself, `mbalancer monitor`'s default on
+    # the data planes that can), "capture" (packets copied from the client ports to the monitor), "auto": the first
+    detection: str = "auto"
     warmup: float = 4.0  # seconds of load before measuring: MBalancer finds and copies the hot keys then
     measure: float = 8.0  # seconds measured
     rounds: int = 1  # times the whole sweep runs, capacity run included; figures are the medians over rounds
@@ -57,6 +62,13 @@ class ExperimentSpec:
             raise ValueError(f"rounds must be 1..20 (got {self.rounds})")
         if not self.replica_modes or any(m not in REPLICA_MODES for m in self.replica_modes):
             raise ValueError(f"replica modes must be among {', '.join(REPLICA_MODES)} (got {self.replica_modes})")
+        if self.detection not in DETECTIONS:
+            raise ValueError(f"detection must be one of {', '.join(DETECTIONS)} (got {self.detection!r})")
+        if self.detects_with() == "sketch" and self.testbed.dataplane not in SKETCH_KINDS:
+            raise ValueError(f"the {self.testbed.dataplane} data plane has no sketch of its own: detect by capture")
+        if self.detects_with() == "sketch" and self.testbed.topology != "single":
+            raise ValueError("the monitor reads one switch's sketch, and a leaf-spine's gets enter at every leaf: "
+                             "detect by capture")
         if not self.hashes:
             raise ValueError("no point to run: give at least one hash")
         fake = tuple(ServerAddress(f"10.0.0.{i + 1}") for i in range(self.testbed.servers))
@@ -87,6 +99,13 @@ class ExperimentSpec:
         payload = self.value_size + REPLY_FRAMING
         datagrams = -(-payload // (MEMCACHED_DATAGRAM - 8))
         return rate * 1e6 / 8 / (payload + datagrams * (8 + DATAGRAM_HEADERS))
+
+    def detects_with(self) -> str:
+        """"sketch" or "capture": the detection asked for, or with "auto" what the data plane does best."""
+        if self.detection != "auto":
+            return self.detection
+        one_switch = self.testbed.topology == "single"
+        return "sketch" if one_switch and self.testbed.dataplane in SKETCH_KINDS else "capture"
 
     def most_hot(self) -> int:
         """Keys per monitor report: H, or with H "auto" the most the controller may choose."""

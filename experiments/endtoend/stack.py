@@ -126,8 +126,8 @@ class RyuController:
 
 class MBalancerStack:
     def __init__(self, bed: Testbed, balancing: Balancing, key_hash: KeyHash, monitor_interval: float,
-                 out: Path, top: int):
-        self.bed, self.out, self.top = bed, out, top
+                 out: Path, top: int, detection: str = "capture"):
+        self.bed, self.out, self.top, self.detection = bed, out, top, detection
         port = free_port()
         self.config = Config(servers=bed.servers, balancing=replace(balancing, hash=key_hash.spec),
                              monitor=Monitoring(interval=monitor_interval),
@@ -143,16 +143,26 @@ class MBalancerStack:
             self.controller.start()
             self._monitor_out = open(self.out / "monitor.jsonl", "w")
             self.monitor = subprocess.Popen(
-                [sys.executable, "-m", "mbalancer.cli", "monitor", "--iface", ",".join(self.bed.monitor_ports),
+                [sys.executable, "-m", "mbalancer.cli", "monitor", *self._monitor_source(),
                  "--json", "--interval", f"{self.config.monitor.interval:g}", "--top", str(self.top),
                  "--push", f"http://127.0.0.1:{self.port}/report"],
                 stdout=self._monitor_out, stderr=subprocess.PIPE, text=True)
         except BaseException:
             self.stop()
             raise
-        log.info("MBalancer running: controller on 127.0.0.1:%d, monitor on %s", self.port,
-                 ",".join(self.bed.monitor_ports))
+        log.info("MBalancer running: controller on 127.0.0.1:%d, monitor %s", self.port,
+                 "reading the switch's sketch" if self.detection == "sketch"
+                 else "capturing on " + ",".join(self.bed.monitor_ports))
         return self
+
+    def _monitor_source(self) -> list[str]:
+        """The monitor's options for the detection: the switch's sketch (found from the config, as an operator's
+        `mbalancer monitor --config` finds it) or a capture on the client ports."""
+        if self.detection == "sketch":
+            config_file = self.out / "mbalancer.toml"
+            config_file.write_text(config_toml(self.config))
+            return ["--config", str(config_file)]
+        return ["--iface", ",".join(self.bed.monitor_ports)]
 
     def hot_keys(self) -> int:
         return len(self.controller.state()["hot_keys"])

@@ -45,7 +45,8 @@ def run_sweep(spec: ExperimentSpec, out: Path, progress: Progress) -> dict:
     for row in rows:
         _warn_if_not_server_bound(row, spec)
     capacities = [r["throughput"] for r in rows if r["mode"] == "calibration"]
-    summary = {"experiment": spec.name, "spec": spec_dict(spec), "capacity": float(np.median(capacities)),
+    summary = {"experiment": spec.name, "spec": spec_dict(spec), "detection": spec.detects_with(),
+               "capacity": float(np.median(capacities)),
                "capacities": capacities, "runs": rows, "medians": medians(rows)}
     write_outputs(summary, out)
     return summary
