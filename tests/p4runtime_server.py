@@ -6,7 +6,7 @@ The one behaviour it plays: a PacketOut adds one to the counter `lease_renewals`
 when it renews the lease). What it refuses, as bmv2's server does: unknown table, field, action or parameter ids;
 an action the table does not take; values wider than their field or not in canonical form; a range or exact match
 on the wrong kind of field; INSERT of an entry that exists, MODIFY or DELETE of one that does not; writes from a
-controller that is not primary.
+controller that is not primary (the primary: the highest election id among the open streams).
 """
 from __future__ import annotations
 
@@ -44,6 +44,7 @@ class CheckingServer(p4runtime_pb2_grpc.P4RuntimeServicer):
         self.counter_writes: list[p4runtime_pb2.CounterEntry] = []
         self.packet_outs: list[p4runtime_pb2.PacketOut] = []
         self.primary = 0
+        self.elections: set[int] = set()
         self.lock = threading.Lock()
         self.port = free_port()
         self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=8))
@@ -63,17 +64,28 @@ class CheckingServer(p4runtime_pb2_grpc.P4RuntimeServicer):
 
     # --- the service ----------------------------------------------------------------------------------------
     def StreamChannel(self, request_iterator, context):
-        for request in request_iterator:
-            kind = request.WhichOneof("update")
-            if kind == "arbitration":
-                self.primary = max(self.primary, request.arbitration.election_id.low)
-                reply = p4runtime_pb2.StreamMessageResponse()
-                reply.arbitration.CopyFrom(request.arbitration)
-                reply.arbitration.status.code = 0 if request.arbitration.election_id.low == self.primary else 6
-                yield reply
-            elif kind == "packet":
-                with self.lock:
-                    self.packet_outs.append(request.packet)
+        mine = None  # this stream's election id: the primary is the highest among the open streams
+        try:
+            for request in request_iterator:
+                kind = request.WhichOneof("update")
+                if kind == "arbitration":
+                    with self.lock:
+                        self.elections.discard(mine)
+                        mine = request.arbitration.election_id.low
+                        self.elections.add(mine)
+                        self.primary = max(self.elections)
+                    reply = p4runtime_pb2.StreamMessageResponse()
+                    reply.arbitration.CopyFrom(request.arbitration)
+                    reply.arbitration.election_id.low = self.primary  # as the spec says: the primary's
+                    reply.arbitration.status.code = 0 if mine == self.primary else 6  # ALREADY_EXISTS: a backup
+                    yield reply
+                elif kind == "packet":
+                    with self.lock:
+                        self.packet_outs.append(request.packet)
+        finally:
+            with self.lock:  # a closed stream's controller is gone: the next highest is primary
+                self.elections.discard(mine)
+                self.primary = max(self.elections, default=0)
 
     def SetForwardingPipelineConfig(self, request, context):
         self._primary(request.election_id.low, context)

@@ -16,7 +16,7 @@ import pytest
 pytest.importorskip("scapy.all")
 from scapy.all import Ether  # noqa: E402
 
-from dataplanes.driver import ForwardingEntry, ReplicaWeight  # noqa: E402
+from dataplanes.driver import DriverError, ForwardingEntry, ReplicaWeight  # noqa: E402
 from dataplanes.p4.driver import P4RuntimeDriver  # noqa: E402
 from dataplanes.p4 import Settings  # noqa: E402
 from dataplanes.p4.bmv2 import Bmv2Switch  # noqa: E402
@@ -162,3 +162,15 @@ def test_a_switch_a_killed_run_left_is_stopped_by_the_next_claim():
             process.kill()
             process.wait()
     assert Made(switches=[f"{TAG}k"]).remove() == []
+
+
+@on_bmv2
+def test_a_second_controller_is_refused_by_the_switch_while_the_first_drives_it(switch):
+    """P4Runtime arbitration, first come: the controller that started first keeps the switch; a later one (on this
+    machine or another: bmv2 decides, not a local lock) is refused, told when the primary started."""
+    driver, _, _ = switch
+    second = P4RuntimeDriver(Settings(switches=(driver.settings.switches[0],), ports=(1,)), Pipeline())
+    with pytest.raises(DriverError, match=r"another controller is primary \(election id \d+, a controller started 20"):
+        second.attach([Server(f"s{i}", ip, mac, port) for i, (mac, ip, port) in enumerate(SERVERS)], lambda f: None)
+    second.close()
+    driver.renew_lease(3600)  # the first is still primary: its writes are taken

@@ -135,6 +135,7 @@ def test_refused_requests_change_nothing(server, driver):
 
 def test_a_new_driver_reports_the_keys_left_and_starts_the_switch_afresh(server, driver):
     driver.install_hot_key(b"left", 2, [ReplicaWeight(2, 0.5), ReplicaWeight(3, 0.5)])
+    driver.close()  # a controller that stopped (or was killed: its stream ends either way)
     after = P4RuntimeDriver(Settings(switches=(server.address,)), Pipeline())
     try:
         left = after.attach(SERVERS, lambda frame: None)
@@ -203,3 +204,23 @@ def test_the_ryu_app_refuses_the_p4_data_plane_at_once_saying_why(tmp_path):
     text = log.read_text()
     assert "data plane p4 cannot run inside ryu-manager" in text and "mbalancer controller --driver p4" in text, text
     assert "Traceback" not in text, text
+
+
+def test_the_first_controller_stays_primary_and_the_next_is_primary_once_it_is_gone(server):
+    """First come: a controller started later is refused by the switch's arbitration (told when the primary
+    started); once the first closes its stream, a new one is primary."""
+    def made() -> P4RuntimeDriver:
+        return P4RuntimeDriver(Settings(switches=(server.address,), ports=(1,)), Pipeline())
+    first = made()
+    first.attach(SERVERS, lambda frame: None)
+    second = made()
+    try:
+        with pytest.raises(DriverError, match=r"another controller is primary \(election id \d+, a controller started"):
+            second.attach(SERVERS, lambda frame: None)
+        first.set_forwarding([ForwardingEntry("02:00:00:00:00:01", "1")])  # still primary: taken
+    finally:
+        second.close()
+        first.close()
+    third = made()
+    third.attach(SERVERS, lambda frame: None)
+    third.close()

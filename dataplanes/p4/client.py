@@ -26,6 +26,23 @@ class P4RuntimeError(P4Error):
     """The switch refused a request, or could not be reached; the message says which and why."""
 
 
+ELECTION_BASE = 1 << 62  # election ids count down from here in µs: the earlier a controller started, the higher
+
+
+def first_come_election_id() -> int:
+    """An election id that makes the controller that started first the primary: a second one, here or on another
+    machine, is refused by the switch itself while the first holds its stream (a dead one's stream ends with it)."""
+    return ELECTION_BASE - time.time_ns() // 1000
+
+
+def election_text(election_id: int) -> str:
+    """Who holds an election id, for an error: when that controller started, if the id is one of ours."""
+    started_us = ELECTION_BASE - election_id
+    if 0 < started_us <= time.time_ns() // 1000:
+        return f"election id {election_id}, a controller started {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(started_us / 1e6))}"
+    return f"election id {election_id}"
+
+
 def encode(value: int, bitwidth: int) -> bytes:
     """P4Runtime's canonical bytes for an unsigned value: big-endian, no leading zero bytes (at least one byte)."""
     if not 0 <= value < 1 << bitwidth:
@@ -38,9 +55,8 @@ class P4RuntimeClient:
                  on_packet: PacketHandler | None = None, election_id: int | None = None):
         self.address, self.device_id, self.timeout = address, device_id, timeout
         self.on_packet = on_packet
-        # The newest controller wins arbitration (a restarted one takes over from a hung one); a controller keeps its
-        # id when it reconnects, so one that was superseded stays a backup.
-        self.election_id = election_id or time.time_ns() // 1000
+        # The controller that came first stays primary (first_come_election_id); it keeps its id when it reconnects.
+        self.election_id = election_id or first_come_election_id()
         self._channel: grpc.Channel | None = None
         self._stub: p4runtime_pb2_grpc.P4RuntimeStub | None = None
         self._requests: queue.Queue = queue.Queue()
@@ -89,7 +105,8 @@ class P4RuntimeClient:
                 kind = response.WhichOneof("update")
                 if kind == "arbitration":
                     if response.arbitration.status.code != 0:  # OK: primary; anything else: a backup
-                        self._arbitration_error = response.arbitration.status.message or "another primary"
+                        holder = election_text(response.arbitration.election_id.low)
+                        self._arbitration_error = f"another controller is primary ({holder})"
                     self._arbitrated.set()
                 elif kind == "packet" and self.on_packet is not None:
                     metadata = {m.metadata_id: m.value for m in response.packet.metadata}

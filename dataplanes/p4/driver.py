@@ -12,13 +12,12 @@ forgets its slots and the core is asked to install everything again.
 from __future__ import annotations
 
 import logging
-import time
 from typing import Sequence
 
 from dataplanes.driver import DriverError, ForwardingEntry, LeftoverKey
 from dataplanes.p4 import Settings
 from dataplanes.p4 import entries as e
-from dataplanes.p4.client import P4RuntimeClient
+from dataplanes.p4.client import P4RuntimeClient, first_come_election_id
 from dataplanes.p4.pipeline import P4Error, Pipeline
 from dataplanes.p4.tables import P4Tables, lease_fields
 from dataplanes.pipeline import own_addresses
@@ -49,7 +48,7 @@ class P4RuntimeDriver(SlotBookDriver):
         self.settings, self.pipeline = settings, pipeline
         self.clients: list[P4RuntimeClient] = []
         self.forwarding: dict[str, int] = {}  # destination MAC -> port, as written
-        self.election_id = time.time_ns() // 1000  # P4Runtime arbitration: the newest controller is primary
+        self.election_id = first_come_election_id()  # P4Runtime arbitration: the first controller stays primary
         self._restart_pending = False  # a switch broke: every switch starts afresh once all are reached
         try:
             lease_fields(pipeline)  # checked now, not at attach
