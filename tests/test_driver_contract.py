@@ -184,9 +184,14 @@ def p4_harness():
         return found
 
     driver.attach = attach
+
+    def successor() -> P4RuntimeDriver:
+        driver.close()  # the controller that stopped: its stream ends, so the next one is primary (first come)
+        return make()
+
     try:
         yield Harness(driver, route, bmv2.restart,
-                      lambda payload, server: through(request_to(SERVERS[server], payload, udp=False)), make)
+                      lambda payload, server: through(request_to(SERVERS[server], payload, udp=False)), successor)
     finally:
         driver.close()
         bmv2.stop()
