@@ -5,13 +5,13 @@ A probe leaves no trace in the server's statistics (an operator's hit and miss r
 however quickly: its copies are gone either way) and, unless the config says the servers take no UDP, sends UDP
 `version` requests one after the other (a server whose UDP listener is wedged still answers over TCP while
 balanced gets to it vanish; with several worker threads only the one that read the wedging datagram swallows them,
-so one request would often pass: each of the sequence is read by whichever thread wakes, and all must be answered). A server is down once
-its probes have kept failing for `hold` seconds (and at least `failures` probes; a single probe that passes in
-between does not end the failing, `failures` in a row do): a transient shorter than that moves nothing. It is up
-again once its probes have kept succeeding as long (a half-wedged server that passes one probe in a while does not
-flap back in); the core then refills its copies before it gets weight back. A server with SUSPECT_AFTER failures
-in a row is suspect: the core stops sending it copies (they would wait out their timeout) before it is declared
-down.
+so one request would often pass: each of the sequence is read by whichever thread wakes, and all must be
+answered). A server is down once its probes have kept failing for `hold` seconds (and at least `failures`
+probes; a single probe that passes in between does not end the failing, `failures` in a row do): a transient
+shorter than that moves nothing. It is up again once its probes have kept succeeding as long (a half-wedged server
+that passes one probe in a while does not flap back in); the core then refills its copies before it gets weight
+back. A server with SUSPECT_AFTER failures in a row is suspect: the core stops sending it copies (they would wait
+out their timeout) before it is declared down.
 
 The tracker is plain logic fed with probe results, one server per prober thread (so one server's timeouts never
 delay another's probes); `Prober` is the blocking check such a thread runs.

@@ -15,7 +15,6 @@ for P4Runtime switches elsewhere, P4Runtime's own arbitration decides between ma
 from __future__ import annotations
 
 import fcntl
-import json
 import logging
 import os
 import re
@@ -24,6 +23,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
+
+from mbalancer.lock_records import read_record, write_record
 
 log = logging.getLogger(__name__)
 
@@ -101,9 +102,7 @@ class Ownership:
         return lock_path(self.owners_dir, switch)
 
     def _write(self, fd: int) -> None:
-        record = {"pid": os.getpid(), "listen": self.listen, "since": time.strftime("%Y-%m-%d %H:%M:%S %Z")}
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, json.dumps(record).encode() + b"\n", 0)
+        write_record(fd, {"pid": os.getpid(), "listen": self.listen, "since": time.strftime("%Y-%m-%d %H:%M:%S %Z")})
 
     @staticmethod
     def holder(switch: str, owners_dir: Path = OWNERS_DIR) -> Owner | None:
@@ -122,10 +121,7 @@ class Ownership:
 
     @staticmethod
     def _read(fd: int, switch: str) -> Owner:
-        try:
-            record = json.loads(os.pread(fd, 4096, 0) or b"{}")
-        except ValueError:  # being written this very moment
-            record = {}
+        record = read_record(fd)
         return Owner(switch, record.get("pid"), record.get("listen", "?"), record.get("since", "?"))
 
 

@@ -14,7 +14,7 @@ import time
 from dataplanes.bpf.tables import SKETCH_BITS, Tables
 from mbalancer.monitor_report import KeyRate, MonitorReport
 
-SKETCH_KINDS = ("ebpf", "openflow")  # data planes that count gets in a sketch of their own (the OpenFlow key classifier's)
+SKETCH_KINDS = ("ebpf", "openflow")  # data planes that count gets themselves (openflow: in its key classifier)
 RENEW = 3  # intervals ahead the deadline is set at each read
 SETTLE = 0.002  # s after a flip before the finished epoch is read: a program run takes microseconds
 

@@ -10,7 +10,6 @@ leaves a record and no holder: the next claim removes exactly what is listed, sa
 from __future__ import annotations
 
 import fcntl
-import json
 import logging
 import os
 import subprocess
@@ -18,7 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from dataplanes import registry
-from mbalancer.interfaces import interface_exists
+from mbalancer.interfaces import NETNS_NAMES, interface_exists
+from mbalancer.lock_records import read_record, write_record
 from topologies.shapes import TopologyError
 
 log = logging.getLogger(__name__)
@@ -43,7 +43,7 @@ class Made:
                 subprocess.run(["ip", "link", "del", iface], capture_output=True)
                 removed.append(iface)
         for ns in self.namespaces:
-            if Path("/run/netns", ns).exists():
+            if (NETNS_NAMES / ns).exists():
                 subprocess.run(["ip", "netns", "del", ns], capture_output=True)
                 removed.append(f"namespace {ns}")
         return removed
@@ -63,7 +63,7 @@ class NetworkClaim:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            holder = _read(fd).get("pid", "?")
+            holder = read_record(fd).get("pid", "?")
             os.close(fd)
             raise TopologyError(f"another MBalancer network is running on this machine (pid {holder}, "
                                 f"{self.path}): one at a time, they share 10.0.0.254") from None
@@ -83,7 +83,7 @@ class NetworkClaim:
         self._fd = None
 
     def _clean_after_a_killed_run(self) -> None:
-        left = _read(self._fd)
+        left = read_record(self._fd)
         if not left.get("made"):
             return
         made = left["made"] if isinstance(left["made"], dict) else {}
@@ -94,8 +94,7 @@ class NetworkClaim:
         self._write({})
 
     def _write(self, content: dict) -> None:
-        os.ftruncate(self._fd, 0)
-        os.pwrite(self._fd, json.dumps(content).encode(), 0)
+        write_record(self._fd, content)
 
     def __enter__(self) -> "NetworkClaim":
         return self.take()
@@ -103,10 +102,3 @@ class NetworkClaim:
     def __exit__(self, *exc) -> None:
         self.release()
 
-
-def _read(fd: int) -> dict:
-    try:
-        content = json.loads(os.pread(fd, 1 << 20, 0) or b"{}")
-    except ValueError:
-        return {}
-    return content if isinstance(content, dict) else {}

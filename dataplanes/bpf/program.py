@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
-from mbalancer.interfaces import interface_exists
+from mbalancer.interfaces import NETNS_NAMES, interface_exists
 
 HERE = Path(__file__).resolve().parent
 SOURCE = HERE / "src" / "mbalancer.bpf.c"
@@ -45,8 +45,6 @@ class Program:
 
 SWITCH = Program(OBJECT, PIN_ROOT, "ingress")
 CLASSIFIER = Program(HERE / "build" / "classifier.bpf.o", BPFFS / "mbalancer-classifier", "egress", ("MB_CLASSIFIER",))
-
-
 
 
 def mirror_link_of(switch: str) -> tuple[str, str]:
@@ -256,4 +254,4 @@ def in_netns(netns: str | None) -> list[str]:
     nothing else: not `ip netns exec`, which remounts /sys and so hides the pinned programs from tc."""
     if not netns:
         return []
-    return ["nsenter", f"--net={netns if netns.startswith('/') else '/run/netns/' + netns}"]
+    return ["nsenter", f"--net={netns if netns.startswith('/') else NETNS_NAMES / netns}"]

@@ -32,9 +32,9 @@ PACKET_OUTGOING = 4
 def driver_from_settings(settings: Settings) -> "EbpfDriver":
     """The registry's factory: the named switches (every loaded one if none is named), each with its mirror link
     where it has one."""
-    names = list(settings.switches) or loaded_switches()
     if problem := bpffs_problem():
         raise DriverError(problem)
+    names = list(settings.switches) or loaded_switches()
     if not names:
         raise DriverError(f"no eBPF switch is loaded (nothing under {PIN_ROOT}): start a topology, or load the "
                           f"data plane on your switch's ports first")

@@ -38,9 +38,10 @@ def first_come_election_id() -> int:
 def election_text(election_id: int) -> str:
     """Who holds an election id, for an error: when that controller started, if the id is one of ours."""
     started_us = ELECTION_BASE - election_id
-    if 0 < started_us <= time.time_ns() // 1000:
-        return f"election id {election_id}, a controller started {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(started_us / 1e6))}"
-    return f"election id {election_id}"
+    if not 0 < started_us <= time.time_ns() // 1000:
+        return f"election id {election_id}"
+    started = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(started_us / 1e6))
+    return f"election id {election_id}, a controller started {started}"
 
 
 def encode(value: int, bitwidth: int) -> bytes:

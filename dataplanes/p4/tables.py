@@ -38,8 +38,8 @@ class P4Tables:
     # --- hot_get ----------------------------------------------------------------------------------------------
     def set_hot(self, key: bytes, entry: HotEntry, old: HotEntry | None) -> None:
         if old is None:  # the ranges first: hot_keys makes them live
-            self.client.write([*self._range_updates(entry.slot, None, entry), e.update(e.INSERT, self._hot(key, entry))],
-                              f"install {key!r}")
+            ranges = self._range_updates(entry.slot, None, entry)
+            self.client.write([*ranges, e.update(e.INSERT, self._hot(key, entry))], f"install {key!r}")
             return
         try:
             self.client.write(self._range_updates(entry.slot, old, entry), f"weights of {key!r}")
