@@ -72,6 +72,7 @@ bench: install
 	$(PY) experiments/benchmarks/bench_dataplane_sketch.py
 	$(PY) experiments/benchmarks/bench_ebpf_switch.py --openflow
 	$(PY) experiments/benchmarks/bench_p4_switch.py
+	$(PY) experiments/benchmarks/bench_memcaslap.py
 
 clean:
 	rm -rf $(VENV) $(OUT) build dataplanes/*/build *.egg-info .pytest_cache

@@ -209,7 +209,8 @@ parser MbParser(packet_in pkt, out headers_t hdr, inout metadata_t meta, inout s
     state line_after_cr { meta.command = CMD_LINE; transition line_cr_found; }
     state noop { meta.command = CMD_NOOP; transition line_cr_found; }
 
-    /* The key: 1..250 bytes above ' ' (and not DEL), ended by ' ' or '\r'; anything else: no key (key_len 0). */
+    /* The key as memcached's text protocol reads it: 1..250 bytes, any but space, '\r', '\n' and NUL (control
+     * characters included), ended by ' ' or '\r'; anything else: no key (key_len 0). */
     state key_byte {
         transition select(meta.remaining, pkt.lookahead<bit<8>>(), meta.key_len) {
             (0, _, _): no_key;
@@ -217,8 +218,8 @@ parser MbParser(packet_in pkt, out headers_t hdr, inout metadata_t meta, inout s
             (_, 0x0d, 0): no_key;
             (_, 0x20, _): key_end_space;
             (_, 0x0d, _): key_end_cr;
-            (_, 0x7f, _): no_key;
-            (_, 0 &&& 0xe0, _): no_key;   /* control characters */
+            (_, 0x0a, _): no_key;         /* a line end with no '\r' */
+            (_, 0x00, _): no_key;         /* memcached refuses it */
             (_, _, MB_MAX_KEY): no_key;   /* a 251st byte */
             default: key_take;
         }

@@ -102,6 +102,7 @@ def _with_checksums(frame) -> bytes:
 
 
 LONGEST = b"k" * 250
+MEMCASLAP_KEY = b"\x10" * 8 + b"joD9mL4Q\t\x7f"  # memcached reads every byte but space and the line end
 GET = request(b"get hot\r\n")
 SET_HOT = b"set hot 0 0 1\r\nx\r\n"
 CASES = (
@@ -125,6 +126,12 @@ CASES = (
          hot=(HotKey(b"k"),), out=balanced_to(request(b"get k\r\n"), 1)),
     Case("a hot key homed on another port is balanced from there", request(b"get hot\r\n", to=2),
          hot=(HotKey(b"hot", (1, 0, 0), home=2),), out=balanced_to(request(b"get hot\r\n", to=2), 0)),
+    Case("a key with control bytes, as memcaslap writes them, is balanced", request(b"get " + MEMCASLAP_KEY + b"\r\n"),
+         hot=(HotKey(MEMCASLAP_KEY),), out=balanced_to(request(b"get " + MEMCASLAP_KEY + b"\r\n"), 1)),
+    Case("a write to such a hot key is mirrored", request(b"set " + MEMCASLAP_KEY + b" 0 0 1\r\nx\r\n"),
+         hot=(HotKey(MEMCASLAP_KEY),), mirrored=True, dirty_after=True),
+    Case("a whole write to a cold key with control bytes leaves the hot key clean",
+         request(b"set \x10\x10\x10\x10\x10\x10\x10\x10cold\x7f 0 0 1\r\nx\r\n", udp=False), dirty_after=False),
     Case("a zero UDP checksum (none) stays zero", zero_udp_checksum(GET), out=zero_udp_checksum(balanced_to(GET, 1))),
     # gets that are not hot_get's
     *(Case(f"not balanced: {payload!r}", request(payload)) for payload in (
@@ -192,7 +199,9 @@ CASES = (
         ("binary protocol", request(b"\x80\x00\x00\x03hot\x00")),
         ("not a command", request(b"garbage\r\n")),
         ("no frame header", request(b"get hot\r\n", frame=False)),
-        ("control character in the key", request(b"get h\x01t\r\n")),
+        ("a NUL byte in the key (memcached refuses it)", request(b"get h\x00t\r\n")),
+        ("a '\\r' inside the key", request(b"get h\rt\r\n")),
+        ("a line ended by '\\n' alone", request(b"get hot\n")),
         ("the first fragment of a large UDP set", request(b"set hot 0 0 9000\r\n" + b"x" * 100, flags=1)))),
     Case("the controller's own copy, larger than a segment, leaves the replica's keys clean",
          request(b"ms hot 9000 T0\r\n" + b"x" * 1000, to=1, udp=False, src=CONTROLLER), dirty_after=False),

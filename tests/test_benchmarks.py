@@ -123,3 +123,15 @@ def test_write_burst_benchmark_prints_sync_latency_and_ends_fresh():
     report = run_benchmark("bench_write_burst.py", "--rate", "500", "--seconds", "0.5", "--hot", "3")
     assert report["writes"] > 0 and report["syncs"] > 0
     assert report["replicas_fresh"]  # after the burst every replica holds its home's value
+
+
+def test_memcaslap_benchmark_prints_the_three_phases_side_by_side():
+    import shutil
+
+    import pytest
+    skip_without_ebpf()
+    if shutil.which("memcaslap") is None:
+        pytest.skip("memcaslap (libmemcached-tools) not installed")
+    report = run_benchmark("bench_memcaslap.py", "--seconds", "1", "--rounds", "1", timeout=300)
+    assert [r["phase"] for r in report["rows"]] == ["switch alone", "controller, none hot", "controller, 10 hot"]
+    assert all(r["TPS"] > 0 and r["verify_failed"] == 0 for r in report["rows"])

@@ -76,7 +76,8 @@ def test_several_requests_in_one_tcp_segment_and_a_partial_tail():
     (Segment(TCP, b"\x81" + b"\x00" * 23), "binary protocol"),
     (Segment(UDP, pack_udp_frame(1, b"get " + b"k" * 251 + b"\r\n")), "invalid key"),
     (Segment(TCP, b"GET / HTTP/1.1\r\n\r\n"), "not memcached"),
-    (Segment(TCP, b"get a\x01b\r\n"), "invalid key"),
+    (Segment(TCP, b"get a\x00b\r\n"), "invalid key"),
+    (Segment(TCP, b"get a\rb\r\n"), "invalid key"),
 ])
 def test_unreadable_requests_say_why(segment, reason):
     assert get_keys(segment) == reason
@@ -84,6 +85,12 @@ def test_unreadable_requests_say_why(segment, reason):
 
 def test_250_byte_key_is_counted():
     assert get_keys(Segment(UDP, pack_udp_frame(1, b"get " + b"k" * 250 + b"\r\n"))) == [b"k" * 250]
+
+
+def test_keys_with_control_bytes_are_read_as_memcached_reads_them():
+    memcaslap_key = b"\x10" * 8 + b"joD9mL4Q"  # libmemcached's memcaslap writes keys like this
+    assert get_keys(Segment(UDP, pack_udp_frame(1, b"get " + memcaslap_key + b"\r\n"))) == [memcaslap_key]
+    assert get_keys(Segment(TCP, b"get a\tb \x7f\r\n")) == [b"a\tb", b"\x7f"]
 
 
 def test_random_and_mutated_packets_never_crash_and_are_counted():

@@ -47,7 +47,8 @@ class Rig:
         self._reporter: threading.Thread | None = None
 
     # --- life cycle -----------------------------------------------------------------------------------------
-    def start(self) -> "Rig":
+    def start(self, controller: bool = True) -> "Rig":
+        """Build it; `controller` False leaves the switch without one until start_controller()."""
         self.out.mkdir(parents=True, exist_ok=True)
         self.net.start()
         try:
@@ -56,7 +57,8 @@ class Rig:
                 self.start_memcached(server)
             self._write_config()
             self.keys = self._pick_keys()
-            self.start_controller()
+            if controller:
+                self.start_controller()
             self._reporter = threading.Thread(target=self._report, name="fault-reports", daemon=True)
             self._reporter.start()
         except BaseException:
@@ -143,9 +145,11 @@ class Rig:
         raise RigError(f"no {self.hot} keys homed away from server {self.avoid}")
 
     def _report(self) -> None:
-        body = json.dumps({"time": 0, "interval": REPORT_EVERY, "rate": 1000.0 * (self.hot + 1),
-                           "top": [{"key": k, "rate": 1000.0} for k in self.keys]}).encode()
+        """Report `keys` as they are at each report (a benchmark may change them), each with its home."""
         while not self._stop.wait(REPORT_EVERY):
+            body = json.dumps({"time": 0, "interval": REPORT_EVERY, "rate": 1000.0 * (len(self.keys) + 1),
+                               "top": [{"key": k, "rate": 1000.0, "server": f"{ip}:{port}"}
+                                       for k, (ip, port) in self.keys.items()]}).encode()
             request = urllib.request.Request(f"http://127.0.0.1:{self.port}/report", body,
                                              {"Content-Type": "application/json"})
             try:

@@ -1,7 +1,7 @@
 """The memcached protocol, in one place for every part of MBalancer (monitor, controller, client, experiments).
 
 frame.py     the 8-byte UDP frame header, and reassembly of replies that span several datagrams
-keys.py      what the protocol allows as a key (1 to 250 bytes, no spaces or control characters)
+keys.py      what the text protocol reads as a key (1 to 250 bytes, no space, line end or NUL)
 requests.py  parse one ASCII request: get/gets/gat/gats, storage commands with their data, delete, incr/decr,
              touch, meta mg/ms/md/ma/mn; build the requests the client sends
 replies.py   parse one reply: VALUE ... END, status words, errors, numbers, meta VA/HD/EN/...

@@ -199,12 +199,20 @@ static __always_inline enum mb_command mb_parse_command(struct __sk_buff *skb, s
 #define MB_HIGHS 0x8080808080808080ULL
 #define MB_WORDS (MB_KEY_BYTES / 8 + 1)  /* 8-byte words that cover a key buffer (the last reads into `tail`) */
 
-/* A mask with the high bit of every byte of x below 0x21 (space, '\r', control characters) or equal to 0x7f. Only
- * the lowest flagged byte is exact (a borrow may flag bytes above it), and only the lowest is used. */
+/* A mask with the high bit of every byte of x equal to b. Only the lowest flagged byte is exact (a borrow may flag
+ * bytes above it). */
+static __always_inline __u64 mb_bytes_equal(__u64 x, __u8 b)
+{
+	__u64 v = x ^ (b * MB_ONES);
+	return (v - MB_ONES) & ~v & MB_HIGHS;
+}
+
+/* The bytes that end a key as memcached's text protocol reads it: space, '\r', '\n' (memcached tokenizes a line on
+ * spaces alone, so any other byte, control characters included, is part of the key) and NUL (memcached answers
+ * ERROR to a key with one). Only the lowest flagged byte is exact, and only the lowest is used. */
 static __always_inline __u64 mb_special_bytes(__u64 x)
 {
-	__u64 del = x ^ (0x7f * MB_ONES);
-	return ((x - 0x21 * MB_ONES) & ~x & MB_HIGHS) | ((del - MB_ONES) & ~del & MB_HIGHS);
+	return mb_bytes_equal(x, ' ') | mb_bytes_equal(x, '\r') | mb_bytes_equal(x, '\n') | mb_bytes_equal(x, 0);
 }
 
 /* Index (0..7) of the lowest byte flagged in a non-zero mask from mb_special_bytes: a binary search, since the
