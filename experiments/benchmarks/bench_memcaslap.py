@@ -31,7 +31,7 @@ import urllib.parse
 from pathlib import Path
 
 from experiments.benchmarks.rows import write_csv
-from experiments.faults.rig import MEMCACHED_PORT, SERVERS, Rig
+from experiments.faults.rig import MEMCACHED_PORT, Rig
 from mbalancer.memcache.keys import key_to_text
 from mbalancer.processes import stop_process
 
@@ -46,8 +46,9 @@ def memcaslap(rig: Rig, seconds: float) -> dict[str, int]:
     """One memcaslap run from the client namespace against the three servers; its final figures. 24 clients,
 each cycling 2,000 keys of 200-byte values: every key fits in memory (no eviction takes a hot key)."""
     servers = ",".join(f"{h.ip}:{MEMCACHED_PORT}" for h in rig.net.server_hosts)
-    run = rig.net.run(rig.net.client_hosts[0], ["memcaslap", "-s", servers, "-U", "-t", f"{seconds:g}s", "-T", "3",
-                                                "-c", "24", "-w", "2k", "-X", "200", "-v", "0.1"], timeout=seconds + RUN_GRACE)
+    command = ["memcaslap", "-s", servers, "-U", "-t", f"{seconds:g}s", "-T", "3", "-c", "24", "-w", "2k", "-X", "200",
+               "-v", "0.1"]
+    run = rig.net.run(rig.net.client_hosts[0], command, timeout=seconds + RUN_GRACE)
     found = {name: re.search(rf"{name}: (\d+)", run.stdout) for name in FIELDS}
     if run.returncode != 0 or not all(found.values()):
         raise RuntimeError(f"memcaslap failed (exit {run.returncode}): {(run.stderr or run.stdout).strip()[-300:]}")
