@@ -14,7 +14,7 @@ from typing import Callable
 from controller.hot_keys import HotKey
 from controller.retries import KEY_LEVEL, RetryKind
 from dataplanes.driver import DriverError, WriteStamp
-from mbalancer.memcache.meta import MetaError, StoredItem
+from mbalancer.memcache.meta import NO_EXPIRY, ItemVersion, MetaError, StoredItem
 
 log = logging.getLogger(__name__)
 
@@ -23,6 +23,8 @@ SYNC_ROUNDS = 3  # copies retried when writes keep landing during a sync; then t
 MIRROR_WAIT = 0.002  # seconds before looking again for the copy of a counted write the core has not had yet
 MIRRORS_LOST_AFTER = 0.1  # no copy of the key's writes for this long while some are missing: they were lost
 UNREADABLE_WAIT = 0.005  # before checking the keys of a request nobody could read: the home applies it first
+EXPIRY_SLACK = 2.0  # s: two reads of one item's expiry may differ this much (memcached counts whole seconds)
+EXPIRY_MARGIN = 2.5  # s before its home expires an item, gets for it go home (each server's clock ticks on its own)
 
 
 class Coherence:
@@ -84,16 +86,53 @@ class Coherence:
                 by_home.setdefault(hot.placement.home, []).append(key)
         for home, keys in by_home.items():
             try:
-                found = self.replicator.cas_many(home, keys)
+                found = self.replicator.versions(home, keys)
             except MetaError:
                 continue  # the health checker deals with servers that do not answer
-            for key, cas in zip(keys, found):
+            for key, version in zip(keys, found):
                 hot = self.hot.get(key)
-                if hot is not None and cas != hot.synced_cas and not self._seen(key, hot) \
-                        and not self._moved(key, hot):
+                if hot is None:
+                    continue
+                if self._expiring(hot):
+                    self._hold_until_expired(key, hot)
+                elif not self._matches(hot, version) and not self._seen(key, hot) and not self._moved(key, hot):
                     self.unseen_writes += 1
-                    self._protect(key, hot, "its home changed without a write the switch saw")
+                    self._protect(key, hot, "its home changed (value or TTL) without a write the switch saw")
                     self._settle(key, hot)  # pushes the home's item, then clears
+
+    def _matches(self, hot: HotKey, version: ItemVersion | None) -> bool:
+        """True if the home holds the item the copies were made from: the same CAS and the same expiry (gat, touch
+        and mg T change a TTL and nothing else), within the whole seconds memcached counts in."""
+        if version is None or hot.synced_cas is None:
+            return version is None and hot.synced_cas is None
+        return version.cas == hot.synced_cas and self._same_expiry(hot, version.ttl)
+
+    def _same_expiry(self, hot: HotKey, ttl: int) -> bool:
+        expiry = self._expiry(ttl)
+        if expiry is None or hot.synced_expiry is None:
+            return expiry is None and hot.synced_expiry is None
+        return abs(expiry - hot.synced_expiry) <= EXPIRY_SLACK
+
+    def _expiry(self, ttl: int) -> float | None:
+        """When an item with `ttl` seconds left expires, on this clock (None: never)."""
+        return None if ttl == NO_EXPIRY else self.clock() + ttl
+
+    def _expiring(self, hot: HotKey) -> bool:
+        """True if the copies' item expires at its home within EXPIRY_MARGIN: a replica's clock may expire it
+        later than the home does, so gets must go home from now until the home has."""
+        return hot.synced_expiry is not None and hot.synced_expiry - self.clock() <= EXPIRY_MARGIN
+
+    def _hold_until_expired(self, key: bytes, hot: HotKey) -> None:
+        """Gets go home until the home has expired the item; then the settle deletes the copies and clears."""
+        left = hot.synced_expiry - self.clock()
+        try:
+            self._dirty(key, hot)
+        except DriverError as err:
+            return self._protect(key, hot, f"expires at its home in {left:.1f} s, not held dirty ({err})")
+        self.decide("expire", key, f"expires at its home in {left:.1f} s: gets go home until it has, then the "
+                                   f"copies are deleted")
+        self._schedule(RetryKind.SETTLE, key, KEY_LEVEL, "waiting for the home to expire it",
+                       delay=max(left, 0.0) + EXPIRY_SLACK)
 
     def _seen(self, key: bytes, hot: HotKey) -> bool:
         """True if the data plane counted a write since the key was cleared: its copy is on its way to the core,
@@ -115,7 +154,7 @@ class Coherence:
             item = self.replicator.read(hot.placement.home, key)
         except MetaError:
             return False
-        if item is None or digest(item) != hot.synced_digest:
+        if item is None or digest(item) != hot.synced_digest or not self._same_expiry(hot, item.ttl):
             return False
         hot.synced_cas = item.cas
         self.cas_moves += 1
@@ -159,6 +198,7 @@ class Coherence:
             failed = self.replicator.write(key, item, replicas, update=True)
         hot.synced_cas = item.cas if item is not None else None
         hot.synced_digest = digest(item)
+        hot.synced_expiry = self._expiry(item.ttl) if item is not None else None
         if failed:
             hot.holding -= set(failed)
             self._set_weights(key, hot)
@@ -178,10 +218,13 @@ class Coherence:
                     self._schedule(RetryKind.SETTLE, key, KEY_LEVEL, "the copy of a counted write is on its way",
                                    attempt, delay=MIRROR_WAIT)
                     return False
-                if self.replicator.cas(home, key) == hot.synced_cas:
+                if self._matches(hot, self.replicator.version(home, key)):
+                    if self._expiring(hot):
+                        self._hold_until_expired(key, hot)
+                        return False
                     self.driver.clear_dirty(key, stamp)
                     hot.dirty, hot.cleared = False, stamp
-                    if self.replicator.cas(home, key) == hot.synced_cas or \
+                    if self._matches(hot, self.replicator.version(home, key)) or \
                             self.driver.write_stamp(key).counts != stamp.counts:
                         return True  # any change since is a write the data plane counted after the stamp: the key
                         # is dirty there, and that write's copy is on its way

@@ -111,7 +111,7 @@ class Executor(Coherence):
         if len(holding) < 2:
             return self.decide("skip", key, f"no replica took the copy: {_errors(failed)}")
         self._cancel(key, RetryKind.DELETE)
-        hot = HotKey(p, holding, item.cas, digest(item), since=started)
+        hot = HotKey(p, holding, item.cas, digest(item), since=started, synced_expiry=self._expiry(item.ttl))
         try:
             self.driver.install_hot_key(key, p.home, hot.weights())
         except DriverError as err:

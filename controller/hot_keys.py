@@ -34,6 +34,7 @@ class HotKey:
     synced_cas: int | None  # the home's CAS the copies were made from (None: the key is absent everywhere)
     synced_digest: bytes | None  # what the copies hold (value and flags), to tell a moved item from a write
     since: float
+    synced_expiry: float | None = None  # when the copies' item expires at its home, on the core's clock (None: never)
     dirty: bool = True  # as the data plane has it, as far as the core knows
     cleared: WriteStamp | None = None  # the stamp the key was last cleared to (None: held dirty since)
     installed: bool = True  # the switch holds the key's rules (False while a reinstall is pending)

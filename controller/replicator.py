@@ -15,7 +15,7 @@ import logging
 from typing import Callable, Iterable, Sequence
 
 from mbalancer.memcache.addresses import ServerAddress
-from mbalancer.memcache.meta import MetaClient, MetaError, StoredItem
+from mbalancer.memcache.meta import ItemVersion, MetaClient, MetaError, StoredItem
 
 log = logging.getLogger(__name__)
 
@@ -35,13 +35,13 @@ class Replicator:
         """The item on `server` (None on a miss); raises MetaError if the server cannot be read."""
         return self._client(server).get(key)
 
-    def cas(self, server: int, key: bytes) -> int | None:
-        """The item's CAS on `server` (None on a miss); raises MetaError."""
-        return self._client(server).cas(key)
+    def version(self, server: int, key: bytes) -> ItemVersion | None:
+        """The item's CAS and TTL on `server` (None on a miss); raises MetaError."""
+        return self._client(server).version(key)
 
-    def cas_many(self, server: int, keys: list[bytes]) -> list[int | None]:
-        """The CAS of each key on `server` in one round trip; raises MetaError."""
-        return self._client(server).cas_many(keys)
+    def versions(self, server: int, keys: list[bytes]) -> list[ItemVersion | None]:
+        """The CAS and TTL of each key on `server` in one round trip; raises MetaError."""
+        return self._client(server).versions(keys)
 
     def write(self, key: bytes, item: StoredItem, targets: Iterable[int], update: bool = False) -> dict[int, str]:
         """Store `item` on each target; `update`: only over the copy made last (conditional on its CAS; a target

@@ -152,12 +152,12 @@ class LandingWrites(Replicator):
         self.landing = 0
         self.landed = 0
 
-    def cas(self, server, key):
+    def version(self, server, key):
         if self.landing > 0 and server == 0:
             self.landing -= 1
             self.landed += 1
             self.clients[0].set(key, StoredItem(b"v-landed-%d" % self.landed, 0, -1, 0))
-        return super().cas(server, key)
+        return super().version(server, key)
 
 
 @pytest.fixture

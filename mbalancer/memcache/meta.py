@@ -34,6 +34,15 @@ class StoredItem:
     cas: int
 
 
+@dataclass(frozen=True)
+class ItemVersion:
+    """Which state of an item a server holds, without its value: the CAS changes on every write; gat, touch and
+    mg's T flag change only the TTL."""
+
+    cas: int
+    ttl: int  # seconds left, or NO_EXPIRY
+
+
 class MetaClient:
     """One TCP connection to one memcached server; not thread-safe (one per thread or per server)."""
 
@@ -56,22 +65,25 @@ class MetaClient:
         except (KeyError, ValueError):
             raise MetaError(f"{self.server}: mg reply lacks f/t/c: {reply.flags!r}") from None
 
-    def cas(self, key: bytes) -> int | None:
-        """The item's CAS (changes on every write), or None on a miss; no value is sent."""
-        return self.cas_many([key])[0]
+    def version(self, key: bytes) -> ItemVersion | None:
+        """The item's CAS and remaining TTL, or None on a miss; no value is sent."""
+        return self.versions([key])[0]
 
-    def cas_many(self, keys: list[bytes]) -> list[int | None]:
-        """The CAS of each key (None for a miss) in one round trip: the requests are pipelined."""
-        replies = self._calls(b"".join(b"mg %s c\r\n" % _checked(key) for key in keys), len(keys))
-        return [self._cas_of(reply) for reply in replies]
+    def versions(self, keys: list[bytes]) -> list[ItemVersion | None]:
+        """The CAS and remaining TTL of each key (None for a miss) in one round trip: the requests are pipelined."""
+        replies = self._calls(b"".join(b"mg %s c t\r\n" % _checked(key) for key in keys), len(keys))
+        return [self._version_of(reply) for reply in replies]
 
-    def _cas_of(self, reply: MetaReply) -> int | None:
+    def _version_of(self, reply: MetaReply) -> ItemVersion | None:
         if reply.code == "EN":
             return None
         flags = _flag_values(reply.flags)
-        if reply.code != "HD" or b"c" not in flags:
-            raise MetaError(f"{self.server}: mg c answered {reply.code} {reply.flags!r}")
-        return int(flags[b"c"])
+        try:
+            if reply.code == "HD":
+                return ItemVersion(int(flags[b"c"]), int(flags[b"t"]))
+        except (KeyError, ValueError):
+            pass
+        raise MetaError(f"{self.server}: mg c t answered {reply.code} {reply.flags!r}")
 
     def set(self, key: bytes, item: StoredItem, if_cas: int | None = None) -> int:
         """Store a copy with the same flags and remaining TTL; returns the copy's CAS on this server. With `if_cas`,

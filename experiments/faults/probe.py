@@ -1,0 +1,110 @@
+"""A coherence probe, run in the client's namespace: one request over TCP to a hot key's home (a TTL change, a write
+split across segments, ...), then, for a while, in turn: what the home holds (`mg <key> v` over TCP, which the
+switch never balances) and a get of the key over UDP through the switch (which it may send to a replica), each
+recorded with its time since the request. Prints one JSON object: {"reply": the TCP reply, "home": [[t, value or
+null]], "gets": [[t, value or null]], "timeouts": n}; a get that returns a value after the home answered a miss
+was served by a stale copy.
+    python -m experiments.faults.probe --key K --home IP:PORT --send HEX [--then HEX --after S] [--seconds S]
+--send is written first, --then (if given) --after seconds later on the same connection; t counts from the last.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import socket
+import struct
+import sys
+import time
+
+GET_EVERY = 0.002  # s between gets: ~500 gets/s, enough to see a stale window of a few ms
+REPLY_WAIT = 0.5  # s a get may take before it counts as a timeout
+
+
+def probe(key: bytes, home: tuple[str, int], first: bytes, then: bytes | None, after: float,
+          seconds: float) -> dict:
+    with socket.create_connection(home, timeout=5) as tcp:
+        tcp.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        tcp.sendall(first)
+        if then is not None:
+            time.sleep(after)
+            tcp.sendall(then)
+        started = time.monotonic()
+        reply = _read_reply(tcp)
+    at_home = socket.create_connection(home, timeout=REPLY_WAIT)
+    udp = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    udp.settimeout(REPLY_WAIT)
+    udp.connect(home)
+    gets, homes, timeouts, request_id = [], [], 0, 0
+    while time.monotonic() - started < seconds:
+        homes.append([round(time.monotonic() - started, 4), _home_value(at_home, key)])
+        request_id = (request_id + 1) % 65536
+        udp.send(struct.pack("!HHHH", request_id, 0, 1, 0) + b"get " + key + b"\r\n")
+        sent = time.monotonic() - started
+        try:
+            while True:
+                datagram = udp.recv(65536)
+                if struct.unpack("!H", datagram[:2])[0] == request_id:
+                    break
+        except socket.timeout:
+            timeouts += 1
+            continue
+        gets.append([round(sent, 4), _value(datagram[8:], key)])
+        time.sleep(GET_EVERY)
+    at_home.close()
+    return {"reply": reply.decode("latin-1"), "home": homes, "gets": gets, "timeouts": timeouts}
+
+
+def _home_value(tcp: socket.socket, key: bytes) -> str | None:
+    """The key's value at its home (mg over TCP: the switch forwards it home untouched), or None for a miss."""
+    tcp.sendall(b"mg " + key + b" v\r\n")
+    data = b""
+    while not (data.startswith(b"EN\r\n") or (data.startswith(b"VA ") and data.count(b"\r\n") >= 2)):
+        chunk = tcp.recv(65536)
+        if not chunk:
+            raise ConnectionError("the home closed the connection")
+        data += chunk
+    return None if data.startswith(b"EN") else data.split(b"\r\n")[1].decode("latin-1")
+
+
+def _read_reply(tcp: socket.socket) -> bytes:
+    """What the server answered within a short while (noreply requests answer nothing)."""
+    tcp.settimeout(0.3)
+    data = b""
+    try:
+        while not data.endswith(b"\r\n"):
+            chunk = tcp.recv(65536)
+            if not chunk:
+                break
+            data += chunk
+    except socket.timeout:
+        pass
+    return data
+
+
+def _value(reply: bytes, key: bytes) -> str | None:
+    """The value of a single-datagram get reply, or None for a miss."""
+    if not reply.startswith(b"VALUE " + key + b" "):
+        return None
+    header, _, rest = reply.partition(b"\r\n")
+    length = int(header.split(b" ")[3])
+    return rest[:length].decode("latin-1")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--key", required=True)
+    parser.add_argument("--home", required=True, help="ip:port of the key's home")
+    parser.add_argument("--send", required=True, help="the bytes to send first, in hex")
+    parser.add_argument("--then", help="bytes sent --after seconds later on the same connection, in hex")
+    parser.add_argument("--after", type=float, default=0.1)
+    parser.add_argument("--seconds", type=float, default=3.0, help="how long to send gets after the request")
+    args = parser.parse_args(argv)
+    ip, _, port = args.home.rpartition(":")
+    result = probe(args.key.encode(), (ip, int(port)), bytes.fromhex(args.send),
+                   bytes.fromhex(args.then) if args.then else None, args.after, args.seconds)
+    print(json.dumps(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
