@@ -26,6 +26,7 @@ from controller.execution import Executor
 from controller.hot_keys import HotKey
 from controller.health import RESTARTED, HealthTracker, Prober
 from controller.mirrors import read_mirror
+from controller.streams import TcpStreams
 from controller.planner import Plan, Planner
 from controller.replicator import Replicator
 from controller.switch_counts import SwitchCounts
@@ -63,6 +64,7 @@ class ControllerCore:
         self.switch_counts = SwitchCounts()  # the data plane's counters, read every COUNT_EVERY s
         self._gone: set[str] = set()  # switches the driver found gone at the last count (warned once)
         self.server_ports = [s.port for s in config.servers]
+        self.streams = TcpStreams(driver, clock)  # connections the data plane reads as streams
         self.ports = sorted({s.port for s in config.servers})
         self.decisions: deque[dict[str, Any]] = deque(maxlen=DECISIONS_KEPT)
         self.counts: Counter = Counter()
@@ -238,7 +240,7 @@ class ControllerCore:
         unsure: dict[int, bool] = {}
         for _, frame, received in mirrors:
             self.counts["mirrors"] += 1
-            mirror = read_mirror(frame, self.server_of_address, self.server_ports)
+            mirror = read_mirror(frame, self.server_of_address, self.server_ports, self.streams)
             if mirror.server is None:
                 self.counts["mirrors_unreadable"] += 1
                 log.warning("copied packet not for a configured server: ignored")
@@ -385,6 +387,7 @@ class ControllerCore:
                 "copy_failures": self.replicator.failures, "mirrors_lost": self.executor.mirrors_lost,
                 "writes_found_by_polling": self.executor.unseen_writes,
                 "cas_moves": self.executor.cas_moves,
+                "stream_boundaries_proven": self.streams.resumed, "stream_segments_lost": self.streams.lost,
                 "sync_ms": self.executor.sync_times.summary()}
 
     def _data_plane_counters(self) -> dict[str, Any]:

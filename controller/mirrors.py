@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Mapping, Sequence
 
+from controller.streams import TcpStreams
 from mbalancer.memcache.segment_keys import first_written_key, written_keys
 from mbalancer.packets import LINKTYPE_ETHERNET, destination, memcached_segment
 
@@ -19,8 +20,10 @@ class Mirror:
     unreadable: str | None = None  # why it could not be read (its server's hot keys must be checked)
 
 
-def read_mirror(frame: bytes, server_of_address: Mapping[tuple[str, int], int], ports: Sequence[int]) -> Mirror:
-    """A copied Ethernet frame as a Mirror; `ports[server]` is each server's memcached port."""
+def read_mirror(frame: bytes, server_of_address: Mapping[tuple[str, int], int], ports: Sequence[int],
+                streams: TcpStreams | None = None) -> Mirror:
+    """A copied Ethernet frame as a Mirror; `ports[server]` is each server's memcached port. A TCP segment of a
+    connection the data plane reads as a stream is read as part of it (`streams`): the writes it completes."""
     server = server_of_address.get(destination(frame, LINKTYPE_ETHERNET) or ("", 0))
     if server is None:
         return Mirror(None, unreadable="not for a configured server")
@@ -28,7 +31,9 @@ def read_mirror(frame: bytes, server_of_address: Mapping[tuple[str, int], int], 
     if isinstance(segment, str):
         return Mirror(server, unreadable=segment)
     counted = first_written_key(segment)
-    found = written_keys(segment)
+    found = streams.read(segment) if streams is not None else None
+    if found is None:
+        found = written_keys(segment)
     if isinstance(found, str):
         return Mirror(server, counted, unreadable=found)
     return Mirror(server, counted, tuple(found[0]), found[1])

@@ -53,6 +53,15 @@ class WriteStamp:
 
 
 @dataclass(frozen=True)
+class StreamId:
+    """A TCP connection from a client to a server."""
+    client_ip: str
+    client_port: int
+    server_ip: str
+    server_port: int
+
+
+@dataclass(frozen=True)
 class LeftoverKey:
     """A hot key found in the switch when the driver attached (left by a controller that stopped)."""
     key: bytes
@@ -135,6 +144,17 @@ class Driver(ABC):
     def read_counters(self) -> Counters:
         """Counters since attach. Called from any thread (the HTTP server's), never under the core's lock: an
         implementation guards its own bookkeeping."""
+
+    def stream_start(self, stream: StreamId) -> int | None:
+        """Where the data plane began reading a TCP connection as a stream: the sequence number of the segment that
+        ended, or may have ended, inside a command (every later segment of it is unsure and copied here until
+        `resume_stream`); None when it reads the connection's segments on their own. Data planes that do not track
+        connections: None (they read every segment on its own)."""
+        return None
+
+    def resume_stream(self, stream: StreamId, seq: int) -> None:
+        """The controller read the connection's copies as a stream up to `seq`, and a command starts there: the
+        segment that starts at `seq` may be read on its own again. Nothing if the data plane no longer tracks it."""
 
     def owned_switches(self) -> list[str]:
         """Names of the switches this driver writes to, as one controller owns them (mbalancer/ownership.py):

@@ -22,12 +22,15 @@ ETHERTYPE_IPV4 = 0x0800
 VLAN_TYPES = (0x8100, 0x88A8)
 UDP, TCP = 17, 6
 _U16 = struct.Struct("!H")
+_U32 = struct.Struct("!I")
 
 
 class Segment(NamedTuple):
     transport: int  # UDP or TCP
     payload: bytes
     destination: str = ""  # "ip:port" the request was sent to (its server, as the client chose it)
+    source: str = ""  # "ip:port" it came from (the client)
+    seq: int | None = None  # TCP: the segment's sequence number
 
 
 def ip_offset(frame: bytes, linktype: int) -> int | None:
@@ -89,5 +92,6 @@ def memcached_segment(frame: bytes, linktype: int, port: int) -> Segment | str:
         data = start + (frame[start + 12] >> 4) * 4
         if data < start + 20 or data > end:
             return "malformed TCP"
-        return Segment(TCP, frame[data:end], to)
+        source = f"{socket.inet_ntoa(frame[ip + 12:ip + 16])}:{_U16.unpack_from(frame, start)[0]}"
+        return Segment(TCP, frame[data:end], to, source, _U32.unpack_from(frame, start + 4)[0])
     return "not UDP or TCP"

@@ -47,20 +47,24 @@ class Case:
     lease: bool = True  # the controller's lease runs
     counters: dict[str, int] | None = None  # switch counters that moved (None: not checked)
     gets: dict[int, int] = field(default_factory=dict)  # slot 0's get counts after: {replica position: n}
+    resume: int | None = None  # STREAM_CASES: the controller proves a command starts at this sequence number of the
+    # client's connection to server 0 (port 40000) after `before`
 
 
 def request(payload: bytes, to: int = 0, request_id: int = 7, sport: int = 40000, udp: bool = True,
-            frame: bool = True, flags: int = 0, frag: int = 0, src: tuple = CLIENT) -> bytes:
+            frame: bool = True, flags: int = 0, frag: int = 0, src: tuple = CLIENT, seq: int = 0,
+            tcp_flags: str = "PA") -> bytes:
     """A client's request to server `to`: UDP with the memcached frame header (unless frame=False), or TCP."""
-    return request_to(SERVERS[to], payload, request_id, sport, udp, frame, flags, frag, src)
+    return request_to(SERVERS[to], payload, request_id, sport, udp, frame, flags, frag, src, seq, tcp_flags)
 
 
 def request_to(server: tuple, payload: bytes, request_id: int = 7, sport: int = 40000, udp: bool = True,
-               frame: bool = True, flags: int = 0, frag: int = 0, src: tuple = CLIENT) -> bytes:
+               frame: bool = True, flags: int = 0, frag: int = 0, src: tuple = CLIENT, seq: int = 0,
+               tcp_flags: str = "PA") -> bytes:
     """The same to any server given as (mac, ip, port), or as a config Server."""
     mac, ip, port = (server.mac, server.ip, server.port) if hasattr(server, "mac") else server
     header = struct.pack("!HHHH", request_id, 0, 1, 0) if udp and frame else b""
-    l4 = UDP(sport=sport, dport=port) if udp else TCP(sport=sport, dport=port, flags="PA")
+    l4 = UDP(sport=sport, dport=port) if udp else TCP(sport=sport, dport=port, flags=tcp_flags, seq=seq)
     return bytes(Ether(src=src[0], dst=mac) / IP(src=src[1], dst=ip, flags=flags, frag=frag) / l4
                  / Raw(header + payload))
 
@@ -214,3 +218,36 @@ CASES = (
         ("ARP", bytes(Ether(src=CLIENT[0], dst=SERVERS[0][0], type=0x0806) / Raw(b"\x00" * 28))))),
 )
 
+
+
+# Data planes that follow TCP connections (eBPF, the OpenFlow key classifier): a segment that ended, or may have ended,
+# inside a command makes its connection's later segments unsure until the controller proves a command boundary.
+SPLIT_SET = b"set hot 0 0 15\r\nv=0000000005;"  # 27 bytes: the value's last two bytes and "\r\n" follow
+STREAM_CASES = (
+    Case("a segment after one that stopped mid-command is unsure, however harmless it looks",
+         request(b"mn\r\n", udp=False, seq=len(SPLIT_SET)), before=(request(SPLIT_SET, udp=False),), unsure=0,
+         dirty_after=True),
+    *(Case(f"... and so is the next: {tail!r}", request(tail, udp=False, seq=len(SPLIT_SET) + 4),
+           before=(request(SPLIT_SET, udp=False), request(b"mn\r\n", udp=False, seq=len(SPLIT_SET))), unsure=0,
+           dirty_after=True) for tail in (b"version\r\n", b"get cold\r\n", b"set cold 0 0 1\r\nx\r\n")),
+    Case("a segment of another connection is read on its own", request(b"mn\r\n", udp=False, sport=40001),
+         before=(request(SPLIT_SET, udp=False),), dirty_after=True),
+    Case("a segment that starts where the controller proved a command starts is read on its own",
+         request(b"mn\r\n", udp=False, seq=len(SPLIT_SET) + 4),
+         before=(request(SPLIT_SET, udp=False), request(b"mn\r\n", udp=False, seq=len(SPLIT_SET))),
+         resume=len(SPLIT_SET) + 4, dirty_after=True),
+    Case("a proof for another point changes nothing", request(b"mn\r\n", udp=False, seq=len(SPLIT_SET) + 4),
+         before=(request(SPLIT_SET, udp=False), request(b"mn\r\n", udp=False, seq=len(SPLIT_SET))),
+         resume=len(SPLIT_SET), unsure=0, dirty_after=True),
+    Case("a connection that ended (FIN) is forgotten", request(b"mn\r\n", udp=False, seq=len(SPLIT_SET)),
+         before=(request(SPLIT_SET, udp=False), request(b"", udp=False, seq=len(SPLIT_SET), tcp_flags="FA")),
+         dirty_after=True),
+    Case("a pipelined segment (set_many) makes the next one unsure",
+         request(SET_HOT, udp=False, seq=38), before=(request(b"set cold 0 0 1\r\nx\r\n" + SET_HOT, udp=False),),
+         unsure=0, dirty_after=True),
+    Case("a whole write does not", request(b"get cold\r\n", udp=False, seq=18),
+         before=(request(SET_HOT, udp=False),), dirty_after=True),
+    Case("the controller's own connections are never followed",
+         request(b"mn\r\n", udp=False, seq=1030, to=1, src=CONTROLLER),
+         before=(request(b"ms hot 9000 T0\r\n" + b"x" * 1000, to=1, udp=False, src=CONTROLLER),)),
+)

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import re
 import socket
 import struct
 import subprocess
@@ -173,6 +174,16 @@ def test_hostile_requests_get_a_4xx_not_a_traceback(api, head, body, status, mes
     assert reply.startswith(b"HTTP/1.0 %d" % status) and message in reply, reply[:300]
     assert b"Traceback" not in reply
     assert call(url + "/state")[0] == 200  # and the controller still serves
+
+
+@pytest.mark.parametrize("line", [b"garbage\r\n\r\n", b"\x16\x03\x01\x00\xa5\x01\x00\r\n\r\n",
+                                  b"GET /state HTTP/1\r\n\r\n", b"\r\n\r\n" * 3 + b"BREW /coffee\r\n\r\n"])
+def test_a_garbage_request_line_gets_a_status_line(api, line):
+    """Not HTTP (a typo, a TLS hello to the plain-text port): an HTTP 4xx with its status line, not a bare body."""
+    _, url = api
+    reply = raw_request(url, line)
+    assert re.match(rb"HTTP/1\.[01] 4\d\d ", reply), reply[:200]
+    assert b"Traceback" not in reply and b"<html" not in reply.lower()
 
 
 def test_a_stalled_body_ends_the_connection(api):

@@ -14,11 +14,13 @@ from dataplanes.bpf.bpf_syscall import obj_get, prog_test_run
 from dataplanes.bpf.program import SOURCE, DataPlane, available
 from dataplanes.bpf.tables import STRUCT_SIZES, HotEntry, Tables, key_bucket
 from dataplanes.pipeline import COUNTERS, cumulative_weights
+from dataplanes.driver import StreamId
 
 pytest.importorskip("scapy.all")
 from scapy.all import IP, Ether  # noqa: E402
 
-from tests.pipeline_fixtures import CASES, CLIENT, CONTROLLER, REPLICAS, SERVERS, Case, request  # noqa: E402
+from tests.pipeline_fixtures import (CASES, CLIENT, CONTROLLER, REPLICAS, SERVERS, STREAM_CASES, Case,  # noqa: E402
+                                     request)
 
 why_not = available() if os.geteuid() == 0 else "needs root (bpf syscall, bpffs)"
 pytestmark = pytest.mark.skipif(why_not is not None, reason=f"eBPF data plane cannot run here: {why_not}")
@@ -52,6 +54,8 @@ def plane():
 
 
 def load_state(tables: Tables, case: Case) -> None:
+    for stream in list(tables.maps["streams"].keys()):  # connections followed in an earlier case
+        tables.maps["streams"].delete(stream)
     for slot, hot in enumerate(case.hot):
         tables.set_hot(hot.key, HotEntry(slot, hot.home, REPLICAS, tuple(cumulative_weights(hot.weights))))
         make_clean(tables, slot, hot.home)
@@ -66,13 +70,16 @@ def make_clean(tables: Tables, slot: int, home: int) -> None:
     tables.set_synced(slot, tables.writes(slot), tables.unsure(home))
 
 
-@pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
+@pytest.mark.parametrize("case", CASES + STREAM_CASES, ids=lambda c: c.name)
 def test_pipeline_fixture(plane, case):
     tables, prog = plane
     load_state(tables, case)
     try:
         for frame in case.before:
             prog_test_run(prog, frame)
+        if case.resume is not None:
+            client, server = CLIENT[1], SERVERS[0]
+            tables.resume_stream(StreamId(client, 40000, server[1], server[2]), case.resume)
         place_hosts(tables)
         before, unsure_before = tables.counters(), [tables.unsure(i) for i in range(len(SERVERS))]
         mirrored_before = tables.key_counts(0).mirrored

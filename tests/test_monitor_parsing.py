@@ -18,7 +18,8 @@ def test_udp_and_tcp_requests_to_the_port():
     assert memcached_segment(udp_frame(b"get a\r\n"), LINKTYPE_ETHERNET, 11211) == Segment(
         UDP, pack_udp_frame(1, b"get a\r\n"), "10.0.0.2:11211")
     assert memcached_segment(tcp_frame(b"get a\r\n", dst="10.0.0.7"), LINKTYPE_ETHERNET, 11211) == Segment(
-        TCP, b"get a\r\n", "10.0.0.7:11211")  # the destination: the server the client chose
+        TCP, b"get a\r\n", "10.0.0.7:11211", "10.0.0.1:40000", 1)  # the destination: the server the client chose;
+    # a TCP segment also says where it came from and its sequence number (the controller follows connections)
 
 
 def test_other_link_types_and_vlan():

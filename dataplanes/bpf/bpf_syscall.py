@@ -16,7 +16,7 @@ from dataclasses import dataclass
 SYS_BPF = {"x86_64": 321, "aarch64": 280}.get(platform.machine(), 321)
 BPF_MAP_LOOKUP_ELEM, BPF_MAP_UPDATE_ELEM, BPF_MAP_DELETE_ELEM, BPF_MAP_GET_NEXT_KEY = 1, 2, 3, 4
 BPF_OBJ_GET, BPF_PROG_TEST_RUN, BPF_OBJ_GET_INFO_BY_FD = 7, 10, 15
-BPF_ANY = 0
+BPF_ANY, BPF_EXIST = 0, 2  # update flags: any, only over an existing entry
 PERCPU_TYPES = {5, 6, 10}  # PERCPU_HASH, PERCPU_ARRAY, LRU_PERCPU_HASH
 
 _libc = ctypes.CDLL(None, use_errno=True)

@@ -17,7 +17,7 @@ from typing import Sequence
 
 from dataplanes.bpf.bpf_syscall import BpfError
 from dataplanes.bpf.tables import Tables
-from dataplanes.driver import DriverError, ForwardingEntry, LeftoverKey
+from dataplanes.driver import DriverError, ForwardingEntry, LeftoverKey, StreamId
 from dataplanes.pipeline import own_addresses
 from dataplanes.slot_book import SlotBook
 from mbalancer.settings import Server
@@ -49,6 +49,19 @@ class KeyTables(SlotBook):
                 except OSError:
                     raise DriverError(f"forwarding of {entry.mac}: no interface {entry.port!r}") from None
                 self._each(lambda t: t.set_forward(entry.mac, ifindex), f"forwarding of {entry.mac}")
+
+    def stream_start(self, stream: StreamId) -> int | None:
+        """The connection's start as the first copy that tracks it has it (dataplanes/driver.py)."""
+        with self.lock:
+            try:
+                return next((start for start in (t.stream_start(stream) for t in self.switches) if start is not None),
+                            None)
+            except ERRORS as err:
+                raise DriverError(f"stream {stream}: {err}") from None
+
+    def resume_stream(self, stream: StreamId, seq: int) -> None:
+        with self.lock:
+            self._each(lambda t: t.resume_stream(stream, seq), f"stream {stream}")
 
     def hold_slot(self, slot: int) -> tuple[int, int]:
         """Hold a slot dirty in the first copy; its synced counts before, to give back with restore_synced."""

@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Sequence
 
 from dataplanes.bpf.key_tables import KeyTables
-from dataplanes.driver import ForwardingEntry, LeftoverKey
+from dataplanes.driver import ForwardingEntry, LeftoverKey, StreamId
 from dataplanes.slot_book_driver import SlotBookDriver
 from mbalancer.settings import Server
 
@@ -17,6 +17,12 @@ class BpfMapsDriver(SlotBookDriver):
 
     def set_forwarding(self, entries: Sequence[ForwardingEntry]) -> None:
         self.book.set_forwarding(entries)
+
+    def stream_start(self, stream: StreamId) -> int | None:
+        return self.book.stream_start(stream)
+
+    def resume_stream(self, stream: StreamId, seq: int) -> None:
+        self.book.resume_stream(stream, seq)
 
     def switches_gone(self) -> list[str]:
         return [p.name for p in self.book.pin_dirs if not (p / "prog").exists()]

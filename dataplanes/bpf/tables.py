@@ -5,14 +5,16 @@ loaded, so a change on one side fails the tests instead of corrupting entries).
 """
 from __future__ import annotations
 
+import errno
 import socket
 import struct
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
-from dataplanes.bpf.bpf_syscall import BpfMap, pinned_map_id
+from dataplanes.bpf.bpf_syscall import BPF_EXIST, BpfError, BpfMap, pinned_map_id
 from dataplanes.pipeline import COUNTERS, MAX_HOT, MAX_KEY, MAX_REPLICAS, WEIGHT_ONE  # structs.h agrees (tests check)
+from dataplanes.driver import StreamId
 from dataplanes.slot_book import HotEntry, KeyCounts
 
 KEY_BYTES = 252
@@ -35,6 +37,8 @@ SKETCH_CONTROL = struct.Struct("=QII")  # struct mb_sketch_control
 HEAVY = struct.Struct(f"=QI4sH6x{KEY.size}s")  # struct mb_heavy (ip and port in network order)
 DESTINATION_COUNT = struct.Struct("=4sH2xQ")  # struct mb_destination_count (ip and port in network order)
 DESTINATION_SLOTS = 256  # MB_DESTINATION_SLOTS
+STREAM_ID = struct.Struct("=4s4sHH")  # struct mb_stream_id (addresses and ports in network order)
+STREAM = struct.Struct("=III")  # struct mb_stream
 U32 = struct.Struct("=I")
 U64 = struct.Struct("=Q")
 STRUCT_SIZES = {"hot_keys": (KEY.size, HOT.size), "servers": (U32.size, SERVER.size), "writes": (4, 8),
@@ -44,7 +48,8 @@ STRUCT_SIZES = {"hot_keys": (KEY.size, HOT.size), "servers": (U32.size, SERVER.s
                 "counters": (4, 8), "settings": (4, SETTINGS.size), "memcached_ports": (4, PORT_SET_BYTES),
                 "hot_filter": (4, 4),
                 "sketch_control": (4, SKETCH_CONTROL.size), "sketch": (4, SKETCH_ROWS * 4 << SKETCH_BITS),
-                "heavy": (4, HEAVY.size << HEAVY_BITS), "sketch_destinations": (4, DESTINATION_COUNT.size)}
+                "heavy": (4, HEAVY.size << HEAVY_BITS), "sketch_destinations": (4, DESTINATION_COUNT.size),
+                "streams": (STREAM_ID.size, STREAM.size)}
 
 
 def key_entry(key: bytes) -> bytes:
@@ -65,6 +70,11 @@ def key_hash(key: bytes) -> int:
 def key_bucket(key: bytes) -> int:
     """The key's hot_filter bucket: the top bits of its hash."""
     return key_hash(key) >> (64 - FILTER_BITS)
+
+
+def stream_key(stream: StreamId) -> bytes:
+    return STREAM_ID.pack(socket.inet_aton(stream.client_ip), socket.inet_aton(stream.server_ip),
+                          socket.htons(stream.client_port), socket.htons(stream.server_port))
 
 
 def mac_bytes(mac: str) -> bytes:
@@ -232,6 +242,24 @@ class Tables:
     def counters(self) -> dict[str, int]:
         table = self.maps["counters"]
         return {name: sum(U64.unpack(v)[0] for v in table.lookup(U32.pack(i))) for i, name in enumerate(COUNTERS)}
+
+    # TCP connections read as streams (struct mb_stream)
+    def stream_start(self, stream: StreamId) -> int | None:
+        value = self.maps["streams"].lookup(stream_key(stream))
+        return None if value is None else STREAM.unpack(value)[0]
+
+    def resume_stream(self, stream: StreamId, seq: int) -> None:
+        """Prove a command starts at `seq`; only over an entry that is there (a connection that ended stays
+        forgotten)."""
+        key = stream_key(stream)
+        value = self.maps["streams"].lookup(key)
+        if value is None:
+            return
+        try:
+            self.maps["streams"].update(key, STREAM.pack(STREAM.unpack(value)[0], seq & 0xFFFFFFFF, 1), BPF_EXIST)
+        except BpfError as err:
+            if err.errno != errno.ENOENT:  # gone meanwhile: nothing to resume
+                raise
 
     # hot-key detection (bpf/sketch.h)
     def sketch_control(self) -> tuple[int, int]:

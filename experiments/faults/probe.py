@@ -5,7 +5,10 @@ recorded with its time since the request. Prints one JSON object: {"reply": the 
 null]], "gets": [[t, value or null]], "timeouts": n}; a get that returns a value after the home answered a miss
 was served by a stale copy.
     python -m experiments.faults.probe --key K --home IP:PORT --send HEX [--then HEX --after S] [--seconds S]
+    python -m experiments.faults.probe --key K --home IP:PORT --jobs FILE
 --send is written first, --then (if given) --after seconds later on the same connection; t counts from the last.
+--jobs runs several probes in turn, each a JSON object {"send", "then", "after", "seconds"} (hex bytes) of a JSON
+list in FILE, and prints a JSON list of results.
 """
 from __future__ import annotations
 
@@ -58,12 +61,18 @@ def _home_value(tcp: socket.socket, key: bytes) -> str | None:
     """The key's value at its home (mg over TCP: the switch forwards it home untouched), or None for a miss."""
     tcp.sendall(b"mg " + key + b" v\r\n")
     data = b""
-    while not (data.startswith(b"EN\r\n") or (data.startswith(b"VA ") and data.count(b"\r\n") >= 2)):
+    while True:
+        if data.startswith(b"EN\r\n"):
+            return None
+        header, found, rest = data.partition(b"\r\n")
+        if found and header.startswith(b"VA "):
+            size = int(header.split(b" ")[1])
+            if len(rest) >= size + 2:
+                return rest[:size].decode("latin-1")
         chunk = tcp.recv(65536)
         if not chunk:
             raise ConnectionError("the home closed the connection")
         data += chunk
-    return None if data.startswith(b"EN") else data.split(b"\r\n")[1].decode("latin-1")
 
 
 def _read_reply(tcp: socket.socket) -> bytes:
@@ -94,15 +103,24 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--key", required=True)
     parser.add_argument("--home", required=True, help="ip:port of the key's home")
-    parser.add_argument("--send", required=True, help="the bytes to send first, in hex")
+    parser.add_argument("--send", help="the bytes to send first, in hex")
+    parser.add_argument("--jobs", help="a JSON file: a list of probes, each {send, then, after, seconds}")
     parser.add_argument("--then", help="bytes sent --after seconds later on the same connection, in hex")
     parser.add_argument("--after", type=float, default=0.1)
     parser.add_argument("--seconds", type=float, default=3.0, help="how long to send gets after the request")
     args = parser.parse_args(argv)
     ip, _, port = args.home.rpartition(":")
-    result = probe(args.key.encode(), (ip, int(port)), bytes.fromhex(args.send),
-                   bytes.fromhex(args.then) if args.then else None, args.after, args.seconds)
-    print(json.dumps(result))
+    home = (ip, int(port))
+    if args.jobs:
+        with open(args.jobs) as jobs:
+            print(json.dumps([probe(args.key.encode(), home, bytes.fromhex(job["send"]),
+                                    bytes.fromhex(job["then"]) if job.get("then") else None, job.get("after", 0.0),
+                                    job.get("seconds", 1.0)) for job in json.load(jobs)]))
+        return 0
+    if not args.send:
+        parser.error("--send or --jobs is needed")
+    print(json.dumps(probe(args.key.encode(), home, bytes.fromhex(args.send),
+                           bytes.fromhex(args.then) if args.then else None, args.after, args.seconds)))
     return 0
 
 

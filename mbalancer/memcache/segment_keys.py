@@ -42,7 +42,7 @@ def written_keys(segment: Segment) -> tuple[list[tuple[bytes, bytes | None]], bo
     payload = _request_bytes(segment)
     if isinstance(payload, str):
         return payload
-    return _parse_all(payload, _write_of)
+    return _parse_all(payload, write_of)
 
 
 def first_written_key(segment: Segment) -> bytes | None:
@@ -87,7 +87,7 @@ def _parse_all(payload: bytes, pick: Callable[[Request], list] = lambda r: list(
             break
         request = parse_request(payload[position:])
         if isinstance(request, NotParsed):
-            if pick is _write_of and request.incomplete:
+            if pick is write_of and request.incomplete:
                 found.extend(_write_of_line(payload[position:]))
             if found or position:
                 break  # what was read stays; the rest continues in another segment or is garbage
@@ -97,7 +97,8 @@ def _parse_all(payload: bytes, pick: Callable[[Request], list] = lambda r: list(
     return found, position >= len(payload)
 
 
-def _write_of(request: Request) -> list[tuple[bytes, bytes | None]]:
+def write_of(request: Request) -> list[tuple[bytes, bytes | None]]:
+    """[(key, new value or None)] if the request is a write (the value only for set, cas, ms), else []."""
     if not request.is_write:
         return []
     return [(request.key, request.data if request.command in WHOLE_VALUE_WRITES else None)]

@@ -119,6 +119,15 @@ struct {
 	__type(value, __u32);
 } flows SEC(".maps");
 
+/* set_mirror, stream half: TCP connections stopped mid-command (struct mb_stream). LRU: an entry goes when its
+ * connection ends (FIN or RST); past MB_MAX_STREAMS such connections at once the oldest is forgotten. */
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, MB_MAX_STREAMS);
+	__type(key, struct mb_stream_id);
+	__type(value, struct mb_stream);
+} streams SEC(".maps");
+
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
 	__uint(max_entries, MB_MAX_HOT);

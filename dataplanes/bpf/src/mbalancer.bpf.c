@@ -164,8 +164,17 @@ static __always_inline void mb_clone_to_controller(struct __sk_buff *skb, __u32 
 		mb_count(MB_C_CLONED);
 }
 
+static __always_inline struct mb_stream_id mb_stream_of(const struct mb_packet *pkt)
+{
+	struct mb_stream_id id = {.client_ip = pkt->saddr, .server_ip = pkt->daddr, .client_port = pkt->sport,
+				  .server_port = pkt->dport};
+	return id;
+}
+
 /* The request may hold writes the pipeline cannot read: every hot key of its server is dirty from now until the
- * controller has checked them; the controller gets a copy. Requests to no known server are not ours. */
+ * controller has checked them; the controller gets a copy. Requests to no known server are not ours. Over TCP the
+ * segment may also end inside a command, which the connection's next segment would finish: from here on the
+ * connection is read as a stream, by the controller (struct mb_stream). */
 static __always_inline void mb_unsure(struct __sk_buff *skb, struct mb_packet *pkt)
 {
 	struct mb_server_address address = {.ip = pkt->daddr, .port = pkt->dport};
@@ -176,7 +185,34 @@ static __always_inline void mb_unsure(struct __sk_buff *skb, struct mb_packet *p
 	if (count)
 		__sync_fetch_and_add(count, 1);
 	mb_count(MB_C_UNSURE);
+	if (pkt->proto == IPPROTO_TCP && !pkt->mid_stream) {
+		struct mb_stream_id id = mb_stream_of(pkt);
+		struct mb_stream stream = {.start = pkt->seq};
+		bpf_map_update_elem(&streams, &id, &stream, BPF_ANY);
+	}
 	mb_clone_to_controller(skb, *server);
+}
+
+#define MB_TCP_FIN 0x01
+#define MB_TCP_RST 0x04
+
+/* A request segment of a connection that stopped mid-command (struct mb_stream): unsure, whatever it looks like
+ * (`mn\r\n` may be the last bytes of a value), unless it starts where the controller proved a command starts; then
+ * it is read on its own again. A connection that ends forgets its entry. 1 if the segment was made unsure. */
+static __always_inline int mb_mid_stream(struct __sk_buff *skb, struct mb_packet *pkt)
+{
+	struct mb_stream_id id = mb_stream_of(pkt);
+	struct mb_stream *stream = bpf_map_lookup_elem(&streams, &id);
+	if (!stream)
+		return 0;
+	int resumed = stream->proven && stream->resume == pkt->seq;
+	if (pkt->payload_len > 0 && !resumed) {
+		pkt->mid_stream = 1;
+		mb_unsure(skb, pkt);
+	}
+	if (resumed || (pkt->tcp_flags & (MB_TCP_FIN | MB_TCP_RST)))
+		bpf_map_delete_elem(&streams, &id);
+	return pkt->mid_stream;
 }
 
 static __always_inline int mb_hot_get(struct __sk_buff *skb, struct mb_packet *pkt, struct mb_hot *hot)
@@ -307,6 +343,8 @@ int mbalancer(struct __sk_buff *skb)
 		mb_count(MB_C_ALREADY_BALANCED);
 		return mb_forward(skb);
 	}
+	if (pkt.proto == IPPROTO_TCP && mb_mid_stream(skb, &pkt))
+		return mb_forward(skb);
 	if (pkt.payload_len == 0)
 		return mb_forward(skb);  /* a bare TCP ACK: nothing to read, nothing wrong */
 	if (pkt.proto == IPPROTO_UDP && mb_parse_udp_frame(skb, &pkt) < 0)

@@ -26,6 +26,9 @@ struct mb_packet {
 	__u16 frag_off;           /* network order, as in the header */
 	__u16 request_id;         /* UDP: from the memcached frame header, network order */
 	__u8 proto;
+	__u8 tcp_flags;           /* TCP: the flags byte (FIN 0x01, RST 0x04) */
+	__u8 mid_stream;          /* TCP: the segment may continue a command of an earlier one (struct mb_stream) */
+	__u32 seq;                /* TCP: the sequence number, host order */
 };
 
 enum mb_command {
@@ -100,9 +103,11 @@ static __always_inline int mb_parse_headers(struct __sk_buff *skb, struct mb_pac
 		pkt->payload_off = pkt->l4_off + 8;
 	} else {
 		__u8 *tcp = (void *)ports;
-		if ((void *)(tcp + 13) > end)
+		if ((void *)(tcp + 14) > end)
 			return -1;
 		pkt->payload_off = pkt->l4_off + (tcp[12] >> 4) * 4;
+		pkt->tcp_flags = tcp[13];
+		pkt->seq = ((__u32)tcp[4] << 24) | ((__u32)tcp[5] << 16) | ((__u32)tcp[6] << 8) | tcp[7];
 	}
 	if (pkt->payload_off > ip_end)
 		return -1;

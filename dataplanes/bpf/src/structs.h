@@ -12,6 +12,7 @@
 #define MB_MAX_SERVERS 256
 #define MB_MAX_PORTS 32     /* switch ports (flooding walks them) */
 #define MB_MAX_FLOWS 65536  /* balanced gets waiting for their reply */
+#define MB_MAX_STREAMS 65536  /* TCP connections to a server stopped mid-command at once */
 #define MB_WEIGHT_ONE 65536 /* weights are cumulative fractions of this */
 #define MB_LINE_BYTES 256   /* the rest of a command line after the key that is read to prove it whole */
 #define MB_HELD (~0ULL)     /* mb_synced.writes while the controller holds a key dirty: no count reaches it */
@@ -80,6 +81,21 @@ struct mb_flow {
 	__u32 client_ip;
 	__u16 client_port;
 	__u16 request_id;
+};
+
+/* A TCP connection from a client to a server, addresses and ports in network order. */
+struct mb_stream_id {
+	__u32 client_ip, server_ip;
+	__u16 client_port, server_port;
+};
+
+/* A connection whose last segment ended, or may have ended, inside a command: its next bytes may continue that
+ * command, so no segment of it is read on its own until the controller, which reads the connection's copies as a
+ * stream, proves where a command starts (`resume`). */
+struct mb_stream {
+	__u32 start;   /* sequence number where the unread stretch began (a command started there) */
+	__u32 resume;  /* with `proven`: the sequence number of a command boundary, proven by the controller */
+	__u32 proven;
 };
 
 /* Hot-key detection in the data plane (the count-min sketch and the heavy-key candidates, maps.h): one copy per
