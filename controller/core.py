@@ -238,9 +238,14 @@ class ControllerCore:
         servers they were for (the data plane may have made every hot key there dirty)."""
         writes: dict[bytes, tuple[bytes | None, float]] = {}
         unsure: dict[int, bool] = {}
+        closed: set[int] = set()
         for _, frame, received in mirrors:
             self.counts["mirrors"] += 1
             mirror = read_mirror(frame, self.server_of_address, self.server_ports, self.streams)
+            if mirror.closed:
+                self.counts["server_closes"] += 1
+                closed.add(mirror.server)
+                continue
             if mirror.server is None:
                 self.counts["mirrors_unreadable"] += 1
                 log.warning("copied packet not for a configured server: ignored")
@@ -257,7 +262,36 @@ class ControllerCore:
                     continue  # not hot, or a copy to a replica (the controller's own): the home did not change
                 writes[key] = (data, writes[key][1] if key in writes else received)
             unsure[mirror.server] = unsure.get(mirror.server, False) or not mirror.whole
+        for server in sorted(closed):
+            self._on_closed(server)
         self.executor.sync_batch(writes, unsure, between=self._handle_urgent)
+
+    def _on_closed(self, server: int) -> None:
+        """The data plane saw the server close one of our connections: it may have died or restarted empty, and
+        since then balances no get to it and holds its hot keys dirty. Its copies leave rotation (refilled, then
+        weighted again), its hot keys are checked at it as their home; then the data plane may balance to it."""
+        try:
+            seen = self.driver.server_closes(server)
+        except DriverError as err:
+            return log.warning("server %d closed our connection; its closes not read (it stays out of rotation in "
+                               "the data plane until the next one is handled): %s", server, err)
+        self._take_out_and_check(server)
+        try:
+            self.driver.closes_handled(server, seen)
+        except DriverError as err:
+            log.warning("server %d: the data plane did not take the handled closes (it stays out of rotation): %s",
+                        server, err)
+        self._decide("server-closed", None, f"server {server} ({self.config.servers[server].name}) closed the "
+                                            f"controller's connection (it may have restarted): weight 0 until its "
+                                            f"copies are refilled; its hot keys checked at it")
+
+    def _take_out_and_check(self, server: int) -> None:
+        """The server may have lost what it held: out of rotation until refilled, and its own hot keys checked at it
+        (a home that restarted empty makes its keys absent everywhere)."""
+        self.executor.server_down(server)
+        if server not in self.health.down():
+            self.executor.server_up(server)  # refills it (a server still down is refilled once it is up)
+        self.executor.sync_batch({}, {server: True})
 
     def _on_health(self, server: int, change: str, error: str | None) -> None:
         name = self.config.servers[server].name
@@ -270,8 +304,7 @@ class ControllerCore:
             self._decide("server-up", None, f"server {server} ({name}) answers again; its copies are refilled, "
                                             f"then it gets weight")
         elif change == RESTARTED:
-            self.executor.server_down(server)
-            self.executor.server_up(server)
+            self._take_out_and_check(server)
             self._decide("server-restarted", None, f"server {server} ({name}) {error}: weight 0 until its copies "
                                                    f"are refilled")
         if self.last_report is not None:  # the weights now, not at the next report (a replica gets weight only

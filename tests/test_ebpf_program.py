@@ -19,7 +19,7 @@ from dataplanes.driver import StreamId
 pytest.importorskip("scapy.all")
 from scapy.all import IP, Ether  # noqa: E402
 
-from tests.pipeline_fixtures import (CASES, CLIENT, CONTROLLER, REPLICAS, SERVERS, STREAM_CASES, Case,  # noqa: E402
+from tests.pipeline_fixtures import (CASES, CLIENT, CONTROLLER, REPLICAS, SERVERS, CONNECTION_CASES, Case,  # noqa: E402
                                      request)
 
 why_not = available() if os.geteuid() == 0 else "needs root (bpf syscall, bpffs)"
@@ -56,6 +56,8 @@ def plane():
 def load_state(tables: Tables, case: Case) -> None:
     for stream in list(tables.maps["streams"].keys()):  # connections followed in an earlier case
         tables.maps["streams"].delete(stream)
+    for server in range(len(SERVERS)):  # closes seen in an earlier case: handled
+        tables.set_closes_handled(server, tables.closes(server))
     for slot, hot in enumerate(case.hot):
         tables.set_hot(hot.key, HotEntry(slot, hot.home, REPLICAS, tuple(cumulative_weights(hot.weights))))
         make_clean(tables, slot, hot.home)
@@ -70,7 +72,7 @@ def make_clean(tables: Tables, slot: int, home: int) -> None:
     tables.set_synced(slot, tables.writes(slot), tables.unsure(home))
 
 
-@pytest.mark.parametrize("case", CASES + STREAM_CASES, ids=lambda c: c.name)
+@pytest.mark.parametrize("case", CASES + CONNECTION_CASES, ids=lambda c: c.name)
 def test_pipeline_fixture(plane, case):
     tables, prog = plane
     load_state(tables, case)

@@ -284,7 +284,10 @@ def test_demo_end_to_end(run_cli, tmp_path, dataplane):
     assert result.returncode == 0, result.stderr[-2000:]
     line = json.loads(result.stdout.strip().splitlines()[-1])
     base, mb = line["baseline"], line["mbalancer"]
-    assert line["gain"] > 0 and base["max_server_share"] == pytest.approx(0.714, abs=0.03)
+    # the share is measured over the window's gets: on bmv2 (about 700 in 3 s) one standard deviation is 0.017, and
+    # a run at 0.668 was seen (with two CPU hogs): 3 of them there, 0.03 elsewhere
+    tolerance = 0.05 if dataplane == "p4" else 0.03
+    assert line["gain"] > 0 and base["max_server_share"] == pytest.approx(0.714, abs=tolerance)
     assert mb["max_server_share"] < 0.56
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["detection"] == line["detection"] == ("capture" if dataplane == "p4" else "sketch")

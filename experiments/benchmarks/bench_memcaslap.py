@@ -42,12 +42,14 @@ FIELDS = ("TPS", "cmd_get", "cmd_set", "get_misses", "verify_failed", "packet_dr
 RUN_GRACE = 30.0  # seconds memcaslap may take beyond --seconds before it is stopped
 
 
-def memcaslap(rig: Rig, seconds: float) -> dict[str, int]:
+def memcaslap(rig: Rig, seconds: float, binary: bool = False) -> dict[str, int]:
     """One memcaslap run from the client namespace against the three servers; its final figures. 24 clients,
-each cycling 2,000 keys of 200-byte values: every key fits in memory (no eviction takes a hot key)."""
+    each cycling 2,000 keys of 200-byte values: every key fits in memory (no eviction takes a hot key). UDP and
+    the text protocol, or with `binary` TCP and the binary protocol (which MBalancer cannot read: every request is
+    unsure)."""
     servers = ",".join(f"{h.ip}:{MEMCACHED_PORT}" for h in rig.net.server_hosts)
-    command = ["memcaslap", "-s", servers, "-U", "-t", f"{seconds:g}s", "-T", "3", "-c", "24", "-w", "2k", "-X", "200",
-               "-v", "0.1"]
+    command = ["memcaslap", "-s", servers, *(["-B"] if binary else ["-U"]), "-t", f"{seconds:g}s", "-T", "3", "-c",
+               "24", "-w", "2k", "-X", "200", "-v", "0.1"]
     run = rig.net.run(rig.net.client_hosts[0], command, timeout=seconds + RUN_GRACE)
     found = {name: re.search(rf"{name}: (\d+)", run.stdout) for name in FIELDS}
     if run.returncode != 0 or not all(found.values()):
@@ -118,6 +120,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seconds", type=float, default=4.0, help="length of each memcaslap run")
     parser.add_argument("--rounds", type=int, default=2, help="rounds of the three phases")
     parser.add_argument("--out", type=Path, help="directory for memcaslap.csv (and the rig's logs)")
+    parser.add_argument("--binary", action="store_true",
+                        help="the binary protocol over TCP instead (unreadable to MBalancer: what that costs)")
     args = parser.parse_args(argv)
     if shutil.which("memcaslap") is None:
         print("memcaslap not found: install libmemcached-tools (make install does)", file=sys.stderr)
@@ -127,7 +131,7 @@ def main(argv: list[str] | None = None) -> int:
     rig = Rig(out, HOT, avoid=-1, tag="mbm").start(controller=False)
     try:
         print("populating with memcaslap ...", flush=True)
-        memcaslap(rig, 2.0)
+        memcaslap(rig, 2.0, args.binary)
         keys = hot_keys(rig, HOT)
         print(f"hot keys (memcaslap's own): {[k.encode('utf-8', 'surrogateescape')[:12] for k in keys]} ...")
         for round_number in range(args.rounds):
@@ -135,7 +139,7 @@ def main(argv: list[str] | None = None) -> int:
                 enter(rig, phase, keys)
                 cpu = controller_cpu(rig)
                 started = time.monotonic()
-                figures = memcaslap(rig, args.seconds)
+                figures = memcaslap(rig, args.seconds, args.binary)
                 cores = (controller_cpu(rig) - cpu) / (time.monotonic() - started)
                 rows.append({"round": round_number, "phase": phase, **figures, "controller_cores": round(cores, 3)})
                 print(f"round {round_number} {phase:22} {figures['TPS']:>8} ops/s  controller {cores:.2f} core  "

@@ -2,11 +2,14 @@
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import signal
 import sys
+from dataclasses import asdict
 from pathlib import Path
 
+from experiments.faults.coherence import SCENARIOS, Outcome, format_outcomes, run_scenario, store_initial
 from experiments.faults.plot import plot_run
 from experiments.faults.rig import Rig, RigError
 from experiments.faults.run import Phases, format_table, run_fault, write_buckets_csv, write_summary
@@ -34,6 +37,9 @@ def register(commands: argparse._SubParsersAction) -> None:
     parser.add_argument("--fault", type=float, default=3.0, help="seconds the fault lasts (default 3)")
     parser.add_argument("--recovery", type=float, default=4.0,
                         help="seconds of load after the fault ends, to see the recovery (default 4)")
+    parser.add_argument("--coherence", default=",".join(SCENARIOS),
+                        help="coherence paths probed after the faults, comma-separated (\"\": none), of: "
+                             + ", ".join(SCENARIOS))
     parser.set_defaults(run=_run, fail=parser.error)
 
 
@@ -48,6 +54,9 @@ def _run(args: argparse.Namespace, fail) -> int:
         fail(f"--loads: numbers between 0 and 1, comma-separated (got {args.loads!r})")
     if not all(0 < x <= 1 for x in loads) or args.rate <= 0 or args.write_rate < 0 or args.hot < 1:
         fail("--loads in (0, 1], --rate > 0, --write-rate >= 0, --hot >= 1")
+    paths = [p.strip() for p in args.coherence.split(",") if p.strip()]
+    if unknown := [p for p in paths if p not in SCENARIOS]:
+        fail(f"--coherence: unknown {', '.join(unknown)} (known: {', '.join(SCENARIOS)})")
     if os.geteuid() != 0:
         fail("needs root (network namespaces, tc, eBPF)")
     if problem := output_problem(args.out):
@@ -64,7 +73,8 @@ def _run(args: argparse.Namespace, fail) -> int:
             write_buckets_csv(args.out, result)
             plot_run(args.out, result, phases)
             results.append(result)
-    except RigError as err:
+        outcomes = _coherence(args, paths)
+    except (RigError, RuntimeError) as err:
         end_progress()
         print(f"mbalancer faults: {err}", file=sys.stderr)
         return 1
@@ -78,5 +88,20 @@ def _run(args: argparse.Namespace, fail) -> int:
     end_progress()
     csv_path, _ = write_summary(args.out, results)
     print(format_table(results))
+    if outcomes:
+        print(format_outcomes(outcomes))
+        (args.out / "coherence.json").write_text(json.dumps([asdict(o) for o in outcomes], indent=1))
     print(f"written: {csv_path}, summary.json, one CSV and PNG per run in {args.out}", file=sys.stderr)
     return 0
+
+
+def _coherence(args: argparse.Namespace, paths: list[str]) -> list[Outcome]:
+    """The coherence paths, each on a fresh rig with its keys balanced (experiments/faults/coherence.py)."""
+    outcomes = []
+    for done, name in enumerate(paths):
+        stderr_progress(f"coherence path {name} ({done + 1}/{len(paths)})")
+        with Rig(args.out, args.hot, FAULTED) as rig:
+            store_initial(rig)
+            rig.wait_balanced()
+            outcomes.append(run_scenario(rig, name, args.out))
+    return outcomes

@@ -33,27 +33,35 @@ def probe(key: bytes, home: tuple[str, int], first: bytes, then: bytes | None, a
             tcp.sendall(then)
         started = time.monotonic()
         reply = _read_reply(tcp)
-    at_home = socket.create_connection(home, timeout=REPLY_WAIT)
+    at_home: socket.socket | None = None
     udp = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     udp.settimeout(REPLY_WAIT)
     udp.connect(home)
     gets, homes, timeouts, request_id = [], [], 0, 0
     while time.monotonic() - started < seconds:
-        homes.append([round(time.monotonic() - started, 4), _home_value(at_home, key)])
+        try:  # the home may restart under the probe: its reading is skipped until it answers again
+            at_home = at_home or socket.create_connection(home, timeout=REPLY_WAIT)
+            homes.append([round(time.monotonic() - started, 4), _home_value(at_home, key)])
+        except OSError:
+            if at_home is not None:
+                at_home.close()
+            at_home = None
         request_id = (request_id + 1) % 65536
-        udp.send(struct.pack("!HHHH", request_id, 0, 1, 0) + b"get " + key + b"\r\n")
         sent = time.monotonic() - started
         try:
+            udp.send(struct.pack("!HHHH", request_id, 0, 1, 0) + b"get " + key + b"\r\n")
             while True:
                 datagram = udp.recv(65536)
                 if struct.unpack("!H", datagram[:2])[0] == request_id:
                     break
-        except socket.timeout:
+        except OSError:  # unanswered in time, or refused (nothing listening while a server restarts)
             timeouts += 1
+            time.sleep(GET_EVERY)
             continue
         gets.append([round(sent, 4), _value(datagram[8:], key)])
         time.sleep(GET_EVERY)
-    at_home.close()
+    if at_home is not None:
+        at_home.close()
     return {"reply": reply.decode("latin-1"), "home": homes, "gets": gets, "timeouts": timeouts}
 
 

@@ -4,6 +4,8 @@ the load uses and the home of none) or the control plane.
 Each fault is a pair of functions over the running Rig: `inject` at the start of the fault phase, `recover` at its
 end. What each stands for:
     crash           memcached killed (SIGKILL); back: started again, empty
+    fast_restart    memcached killed and started again at once (back, empty, in tens of ms), three times 0.5 s apart;
+                    back: nothing to do
     hang            memcached stopped (SIGSTOP), the process and its sockets stay; back: SIGCONT
     cpu_hog         memcached shares its CPU with four busy loops; back: they stop
     slow_link       the link to the server shaped to 200 kbit/s (tc tbf): its replies queue; back: unshaped
@@ -20,6 +22,7 @@ import os
 import signal
 import struct
 import subprocess
+import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable
 
@@ -48,6 +51,21 @@ def _restart(rig: "Rig") -> None:
         rig.memcached[FAULTED].kill()
         rig.memcached[FAULTED].wait()
     rig.start_memcached(FAULTED)
+
+
+FAST_RESTARTS = 3  # restarts of the fast_restart fault
+FAST_RESTART_GAP = 0.5  # seconds between them
+
+
+def _restart_fast(rig: "Rig") -> None:
+    """Killed and started again at once, a few times: each time it is back, empty, within tens of milliseconds,
+    before a health probe would notice it was gone."""
+    for attempt in range(FAST_RESTARTS):
+        if attempt:
+            time.sleep(FAST_RESTART_GAP)
+        rig.memcached[FAULTED].kill()
+        rig.memcached[FAULTED].wait()
+        rig.start_memcached(FAULTED)
 
 
 def _hang(rig: "Rig") -> None:
@@ -139,6 +157,7 @@ def _nothing(rig: "Rig") -> None:
 
 FAULTS = {f.name: f for f in (
     Fault("crash", _crash, _restart),
+    Fault("fast_restart", _restart_fast, _nothing),
     Fault("hang", _hang, _resume),
     Fault("cpu_hog", _hog, _unhog),
     Fault("slow_link", _shape, _unshape),
