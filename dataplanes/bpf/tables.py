@@ -49,7 +49,8 @@ STRUCT_SIZES = {"hot_keys": (KEY.size, HOT.size), "servers": (U32.size, SERVER.s
                 "hot_filter": (4, 4),
                 "sketch_control": (4, SKETCH_CONTROL.size), "sketch": (4, SKETCH_ROWS * 4 << SKETCH_BITS),
                 "heavy": (4, HEAVY.size << HEAVY_BITS), "sketch_destinations": (4, DESTINATION_COUNT.size),
-                "streams": (STREAM_ID.size, STREAM.size), "closes": (4, 8), "closes_handled": (4, 8)}
+                "streams": (STREAM_ID.size, STREAM.size), "closes": (4, 8), "closes_handled": (4, 8),
+                "closing": (STREAM_ID.size, 1)}
 
 
 def key_entry(key: bytes) -> bytes:

@@ -59,6 +59,15 @@ struct {
 	__type(value, __u64);
 } closes_handled SEC(".maps");
 
+/* The controller's connections it closed itself (its FIN or RST seen first): the server's FIN that answers it is no
+ * sign of a restart. LRU: an entry the answer never came for ages out. */
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, MB_MAX_CLOSING);
+	__type(key, struct mb_stream_id);
+	__type(value, __u8);
+} closing SEC(".maps");
+
 /* synced: per slot, written by the controller only. */
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);

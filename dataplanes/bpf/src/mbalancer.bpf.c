@@ -233,6 +233,12 @@ static __always_inline void mb_server_closed(struct __sk_buff *skb, struct mb_pa
 	__u32 *server = bpf_map_lookup_elem(&server_index, &address);
 	if (!server || !bpf_map_lookup_elem(&trusted_sources, &pkt->daddr))
 		return;
+	struct mb_stream_id id = {.client_ip = pkt->daddr, .server_ip = pkt->saddr, .client_port = pkt->dport,
+				  .server_port = pkt->sport};
+	if (bpf_map_lookup_elem(&closing, &id)) {  /* the answer to the controller's own close */
+		bpf_map_delete_elem(&closing, &id);
+		return;
+	}
 	__u64 *closed = bpf_map_lookup_elem(&closes, server);
 	__u64 *count = bpf_map_lookup_elem(&unsure, server);
 	if (closed)
@@ -381,6 +387,12 @@ int mbalancer(struct __sk_buff *skb)
 	if (pkt.frag_off & bpf_htons(MB_IP_BALANCED)) {
 		mb_count(MB_C_ALREADY_BALANCED);
 		return mb_forward(skb);
+	}
+	if (pkt.proto == IPPROTO_TCP && (pkt.tcp_flags & (MB_TCP_FIN | MB_TCP_RST)) &&
+	    bpf_map_lookup_elem(&trusted_sources, &pkt.saddr)) {
+		struct mb_stream_id id = mb_stream_of(&pkt);  /* the controller closes: the server's FIN will answer */
+		__u8 mark = 1;
+		bpf_map_update_elem(&closing, &id, &mark, BPF_ANY);
 	}
 	if (pkt.proto == IPPROTO_TCP && mb_mid_stream(skb, &pkt))
 		return mb_forward(skb);
