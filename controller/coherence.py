@@ -182,7 +182,8 @@ class Coherence:
                 item = self.replicator.read(hot.placement.home, key)
             except MetaError as err:
                 return err
-            if item is None or item.cas != hot.synced_cas or (data is not None and item.value == data):
+            if item is None or item.cas != hot.synced_cas or (data is not None and item.value == data) \
+                    or not self._same_expiry(hot, item.ttl):  # a gat or mg T changes the TTL alone
                 return item
             if self.clock() >= deadline:
                 return item
@@ -211,6 +212,10 @@ class Coherence:
         if not hot.installed:
             return False  # its reinstall settles it
         home = hot.placement.home
+        if self.mid_command(home):  # the segment that ends it may complete a write to this key: not before it
+            self._schedule(RetryKind.SETTLE, key, KEY_LEVEL, "a command to its home is cut between TCP segments",
+                           attempt, delay=MIRROR_WAIT)
+            return False
         for _ in range(SYNC_ROUNDS):
             try:
                 stamp = self.driver.write_stamp(key)

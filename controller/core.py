@@ -57,14 +57,16 @@ class ControllerCore:
                                [f"{s.ip}:{s.port}" for s in config.servers], driver.max_replicas)
         self.health = HealthTracker(len(addresses), config.controller.health_failures, config.controller.health_hold)
         self.replicator = Replicator(addresses, COPY_TIMEOUT, self.health.unavailable)
+        self.streams = TcpStreams(driver, clock)  # connections the data plane reads as streams
         self.executor = Executor(driver, self.replicator, self._decide, clock,
                                  poll_every=config.controller.poll_interval,
-                                 backlog=lambda: not self._events.empty())
+                                 backlog=lambda: not self._events.empty(),
+                                 mid_command=lambda server: self.streams.mid_command(config.servers[server].ip,
+                                                                                     config.servers[server].port))
         self.server_of_address = {(s.ip, s.port): i for i, s in enumerate(config.servers)}
         self.switch_counts = SwitchCounts()  # the data plane's counters, read every COUNT_EVERY s
         self._gone: set[str] = set()  # switches the driver found gone at the last count (warned once)
         self.server_ports = [s.port for s in config.servers]
-        self.streams = TcpStreams(driver, clock)  # connections the data plane reads as streams
         self.ports = sorted({s.port for s in config.servers})
         self.decisions: deque[dict[str, Any]] = deque(maxlen=DECISIONS_KEPT)
         self.counts: Counter = Counter()
@@ -238,14 +240,9 @@ class ControllerCore:
         servers they were for (the data plane may have made every hot key there dirty)."""
         writes: dict[bytes, tuple[bytes | None, float]] = {}
         unsure: dict[int, bool] = {}
-        closed: set[int] = set()
         for _, frame, received in mirrors:
             self.counts["mirrors"] += 1
             mirror = read_mirror(frame, self.server_of_address, self.server_ports, self.streams)
-            if mirror.closed:
-                self.counts["server_closes"] += 1
-                closed.add(mirror.server)
-                continue
             if mirror.server is None:
                 self.counts["mirrors_unreadable"] += 1
                 log.warning("copied packet not for a configured server: ignored")
@@ -262,28 +259,7 @@ class ControllerCore:
                     continue  # not hot, or a copy to a replica (the controller's own): the home did not change
                 writes[key] = (data, writes[key][1] if key in writes else received)
             unsure[mirror.server] = unsure.get(mirror.server, False) or not mirror.whole
-        for server in sorted(closed):
-            self._on_closed(server)
         self.executor.sync_batch(writes, unsure, between=self._handle_urgent)
-
-    def _on_closed(self, server: int) -> None:
-        """The data plane saw the server close one of our connections: it may have died or restarted empty, and
-        since then balances no get to it and holds its hot keys dirty. Its copies leave rotation (refilled, then
-        weighted again), its hot keys are checked at it as their home; then the data plane may balance to it."""
-        try:
-            seen = self.driver.server_closes(server)
-        except DriverError as err:
-            return log.warning("server %d closed our connection; its closes not read (it stays out of rotation in "
-                               "the data plane until the next one is handled): %s", server, err)
-        self._take_out_and_check(server)
-        try:
-            self.driver.closes_handled(server, seen)
-        except DriverError as err:
-            log.warning("server %d: the data plane did not take the handled closes (it stays out of rotation): %s",
-                        server, err)
-        self._decide("server-closed", None, f"server {server} ({self.config.servers[server].name}) closed the "
-                                            f"controller's connection (it may have restarted): weight 0 until its "
-                                            f"copies are refilled; its hot keys checked at it")
 
     def _take_out_and_check(self, server: int) -> None:
         """The server may have lost what it held: out of rotation until refilled, and its own hot keys checked at it

@@ -45,11 +45,13 @@ REFILL_DELAY = 0.05  # after a server comes back: what it had queued while hung 
 class Executor(Coherence):
     def __init__(self, driver: Driver, replicator: Replicator, decide: Decide,
                  clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep,
-                 poll_every: float = 0.5, backlog: Callable[[], bool] = lambda: False):
+                 poll_every: float = 0.5, backlog: Callable[[], bool] = lambda: False,
+                 mid_command: Callable[[int], bool] = lambda server: False):
         """poll_every: seconds between checks of every clean hot key's CAS at its home (0: never); backlog: True
-        while copied packets wait in the core's queue (a copy not handled yet is then not lost)."""
+        while copied packets wait in the core's queue (a copy not handled yet is then not lost); mid_command(server):
+        True while a TCP connection to the server is cut inside a command (its next segment may complete a write)."""
         self.driver, self.replicator, self.decide = driver, replicator, decide
-        self.backlog = backlog
+        self.backlog, self.mid_command = backlog, mid_command
         self.poll_every = poll_every
         self.clock, self.sleep = clock, sleep
         self.hot: dict[bytes, HotKey] = {}

@@ -27,6 +27,7 @@ from mbalancer.packets import TCP, Segment
 log = logging.getLogger(__name__)
 
 MAX_STREAMS = 65536  # connections followed at once (the data plane tracks as many); the longest idle goes first
+STALLED_AFTER = 30.0  # s: a connection cut inside a command this long holds its server's keys no longer
 SEQ_SPACE = 1 << 32
 
 Writes = list[tuple[bytes, bytes | None]]
@@ -35,6 +36,7 @@ Writes = list[tuple[bytes, bytes | None]]
 @dataclass
 class _Stream:
     expected: int  # the sequence number of the next byte
+    seen_at: float  # when its last segment was read
     parser: StreamParser = field(default_factory=lambda: StreamParser(parse_request))
 
 
@@ -75,14 +77,23 @@ class TcpStreams:
         if start != segment.seq:
             self.lost += 1
             return "a copy of the connection's earlier bytes is missing: it stays unsure until it ends"
-        stream = _Stream(segment.seq)
+        stream = _Stream(segment.seq, self.clock())
         self._streams[stream_id] = stream
         while len(self._streams) > MAX_STREAMS:
             self._streams.popitem(last=False)
         return stream
 
+    def mid_command(self, server_ip: str, server_port: int) -> bool:
+        """True while a connection to the server is cut inside a command: its next segment may complete a write, so
+        the server's hot keys are not cleared before it has been read (one stalled longer than STALLED_AFTER no
+        longer counts: its client is gone or stuck, and the write, if it ever ends, is unsure then)."""
+        recent = self.clock() - STALLED_AFTER
+        return any(s.parser.pending and s.seen_at >= recent and (i.server_ip, i.server_port) == (server_ip, server_port)
+                   for i, s in self._streams.items())
+
     def _follow(self, stream_id: StreamId, stream: _Stream, payload: bytes) -> tuple[Writes, bool] | str:
         self._streams.move_to_end(stream_id)
+        stream.seen_at = self.clock()
         stream.expected = (stream.expected + len(payload)) % SEQ_SPACE
         writes: Writes = []
         for request in stream.parser.feed(payload):

@@ -156,16 +156,6 @@ class Driver(ABC):
         """The controller read the connection's copies as a stream up to `seq`, and a command starts there: the
         segment that starts at `seq` may be read on its own again. Nothing if the data plane no longer tracks it."""
 
-    def server_closes(self, server: int) -> tuple:
-        """How often the server's memcached closed one of the controller's connections (it may have died or
-        restarted), as the data plane counted (opaque to the core; () if it does not watch). From each such close
-        until `closes_handled`, the data plane balances no get to the server and holds its hot keys dirty."""
-        return ()
-
-    def closes_handled(self, server: int, closes: tuple) -> None:
-        """The core has dealt with the server's closes up to `closes` (read before it took the server's copies out
-        of rotation and checked its hot keys): gets may be balanced to it again where it has weight."""
-
     def owned_switches(self) -> list[str]:
         """Names of the switches this driver writes to, as one controller owns them (mbalancer/ownership.py):
         `kind:name`, the same for every controller that would drive that switch. None: no switch (a dry run)."""

@@ -56,8 +56,6 @@ def plane():
 def load_state(tables: Tables, case: Case) -> None:
     for stream in list(tables.maps["streams"].keys()):  # connections followed in an earlier case
         tables.maps["streams"].delete(stream)
-    for server in range(len(SERVERS)):  # closes seen in an earlier case: handled
-        tables.set_closes_handled(server, tables.closes(server))
     for slot, hot in enumerate(case.hot):
         tables.set_hot(hot.key, HotEntry(slot, hot.home, REPLICAS, tuple(cumulative_weights(hot.weights))))
         make_clean(tables, slot, hot.home)

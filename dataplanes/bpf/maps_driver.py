@@ -18,12 +18,6 @@ class BpfMapsDriver(SlotBookDriver):
     def set_forwarding(self, entries: Sequence[ForwardingEntry]) -> None:
         self.book.set_forwarding(entries)
 
-    def server_closes(self, server: int) -> tuple:
-        return self.book.server_closes(server)
-
-    def closes_handled(self, server: int, closes: tuple) -> None:
-        self.book.closes_handled(server, closes)
-
     def stream_start(self, stream: StreamId) -> int | None:
         return self.book.stream_start(stream)
 

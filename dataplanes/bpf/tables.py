@@ -49,8 +49,7 @@ STRUCT_SIZES = {"hot_keys": (KEY.size, HOT.size), "servers": (U32.size, SERVER.s
                 "hot_filter": (4, 4),
                 "sketch_control": (4, SKETCH_CONTROL.size), "sketch": (4, SKETCH_ROWS * 4 << SKETCH_BITS),
                 "heavy": (4, HEAVY.size << HEAVY_BITS), "sketch_destinations": (4, DESTINATION_COUNT.size),
-                "streams": (STREAM_ID.size, STREAM.size), "closes": (4, 8), "closes_handled": (4, 8),
-                "closing": (STREAM_ID.size, 1)}
+                "streams": (STREAM_ID.size, STREAM.size)}
 
 
 def key_entry(key: bytes) -> bytes:
@@ -163,13 +162,6 @@ class Tables:
     def unsure(self, server: int) -> int:
         """Requests to the server the pipeline could not be sure held no write."""
         return U64.unpack(self.maps["unsure"].lookup(U32.pack(server)))[0]
-
-    def closes(self, server: int) -> int:
-        """How often the server's memcached closed a connection of the controller's (struct closes, maps.h)."""
-        return U64.unpack(self.maps["closes"].lookup(U32.pack(server)))[0]
-
-    def set_closes_handled(self, server: int, count: int) -> None:
-        self.maps["closes_handled"].update(U32.pack(server), U64.pack(count))
 
     def synced(self, slot: int) -> tuple[int, int]:
         return SYNCED.unpack(self.maps["synced"].lookup(U32.pack(slot)))

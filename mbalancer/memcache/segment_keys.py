@@ -98,7 +98,11 @@ def _parse_all(payload: bytes, pick: Callable[[Request], list] = lambda r: list(
 
 
 def write_of(request: Request) -> list[tuple[bytes, bytes | None]]:
-    """[(key, new value or None)] if the request is a write (the value only for set, cas, ms), else []."""
+    """[(key, new value or None)] if the request is a write (the value only for set, cas, ms), else []. A get that
+    sets a TTL (gat, gats; mg with T, N or I) changes its keys too, value unchanged: (key, None) for each."""
+    if request.command in ("gat", "gats") or (request.command == "mg" and any(
+            flag[:1] in (b"T", b"N", b"I") for flag in request.meta_flags)):
+        return [(key, None) for key in request.keys]
     if not request.is_write:
         return []
     return [(request.key, request.data if request.command in WHOLE_VALUE_WRITES else None)]

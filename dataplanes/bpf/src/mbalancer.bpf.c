@@ -215,39 +215,6 @@ static __always_inline int mb_mid_stream(struct __sk_buff *skb, struct mb_packet
 	return pkt->mid_stream;
 }
 
-/* True while the server may have lost its copies (struct closes, maps.h): it closed the controller's connection
- * and the controller has not dealt with that yet. */
-static __always_inline int mb_server_suspect(__u32 server)
-{
-	__u64 *closed = bpf_map_lookup_elem(&closes, &server);
-	__u64 *handled = bpf_map_lookup_elem(&closes_handled, &server);
-	return !closed || !handled || *closed != *handled;
-}
-
-/* A server's memcached closed (FIN or RST) a connection of the controller's: it may be dying or restarting, and
- * whatever it held may be gone by its next packet. From now on no get is balanced to it and its hot keys are
- * dirty, until the controller has checked it; the controller gets a copy to learn of it at once. */
-static __always_inline void mb_server_closed(struct __sk_buff *skb, struct mb_packet *pkt)
-{
-	struct mb_server_address address = {.ip = pkt->saddr, .port = pkt->sport};
-	__u32 *server = bpf_map_lookup_elem(&server_index, &address);
-	if (!server || !bpf_map_lookup_elem(&trusted_sources, &pkt->daddr))
-		return;
-	struct mb_stream_id id = {.client_ip = pkt->daddr, .server_ip = pkt->saddr, .client_port = pkt->dport,
-				  .server_port = pkt->sport};
-	if (bpf_map_lookup_elem(&closing, &id)) {  /* the answer to the controller's own close */
-		bpf_map_delete_elem(&closing, &id);
-		return;
-	}
-	__u64 *closed = bpf_map_lookup_elem(&closes, server);
-	__u64 *count = bpf_map_lookup_elem(&unsure, server);
-	if (closed)
-		__sync_fetch_and_add(closed, 1);
-	if (count)
-		__sync_fetch_and_add(count, 1);
-	mb_clone_to_controller(skb, *server);
-}
-
 static __always_inline int mb_hot_get(struct __sk_buff *skb, struct mb_packet *pkt, struct mb_hot *hot)
 {
 	__u32 slot = hot->slot;
@@ -261,13 +228,6 @@ static __always_inline int mb_hot_get(struct __sk_buff *skb, struct mb_packet *p
 	}
 	__u32 point = mb_pick(pkt->request_id, pkt->saddr, pkt->sport);
 #ifdef MB_CLASSIFIER
-	/* The switch's select group picks the replica, among all of the key's: if one may have lost its copy, home. */
-	for (__u32 i = 0; i < MB_MAX_REPLICAS; i++) {
-		if (i >= hot->replicas)
-			break;
-		if (hot->server[i] != hot->home && mb_server_suspect(hot->server[i]))
-			return mb_forward(skb);
-	}
 	/* The switch's select group picks the replica (hashing the tag, entropy included); its reply may come from
 	 * any of them, so the flow is remembered whatever the choice. */
 	struct mb_flow tagged = {.client_ip = pkt->saddr, .client_port = pkt->sport, .request_id = pkt->request_id};
@@ -288,8 +248,6 @@ static __always_inline int mb_hot_get(struct __sk_buff *skb, struct mb_packet *p
 			break;
 		}
 	}
-	if (chosen != hot->home && mb_server_suspect(chosen))
-		return mb_forward(skb);  /* it may have lost its copy since the controller last looked: home */
 	struct mb_server *server = bpf_map_lookup_elem(&servers, &chosen);
 	if (!server)
 		return mb_forward(skb);
@@ -378,21 +336,12 @@ int mbalancer(struct __sk_buff *skb)
 	int request = mb_is_memcached_port(memcached, pkt.dport);
 	if (pkt.proto == IPPROTO_UDP && !request && mb_is_memcached_port(memcached, pkt.sport))
 		return mb_reply_source(skb, &pkt);
-	if (pkt.proto == IPPROTO_TCP && !request && (pkt.tcp_flags & (MB_TCP_FIN | MB_TCP_RST)) &&
-	    mb_is_memcached_port(memcached, pkt.sport))
-		mb_server_closed(skb, &pkt);
 	if (!request)
 		return mb_forward(skb);
 	mb_count(MB_C_MEMCACHED);
 	if (pkt.frag_off & bpf_htons(MB_IP_BALANCED)) {
 		mb_count(MB_C_ALREADY_BALANCED);
 		return mb_forward(skb);
-	}
-	if (pkt.proto == IPPROTO_TCP && (pkt.tcp_flags & (MB_TCP_FIN | MB_TCP_RST)) &&
-	    bpf_map_lookup_elem(&trusted_sources, &pkt.saddr)) {
-		struct mb_stream_id id = mb_stream_of(&pkt);  /* the controller closes: the server's FIN will answer */
-		__u8 mark = 1;
-		bpf_map_update_elem(&closing, &id, &mark, BPF_ANY);
 	}
 	if (pkt.proto == IPPROTO_TCP && mb_mid_stream(skb, &pkt))
 		return mb_forward(skb);

@@ -13,7 +13,6 @@
 #define MB_MAX_PORTS 32     /* switch ports (flooding walks them) */
 #define MB_MAX_FLOWS 65536  /* balanced gets waiting for their reply */
 #define MB_MAX_STREAMS 65536  /* TCP connections to a server stopped mid-command at once */
-#define MB_MAX_CLOSING 4096  /* the controller's connections closing at once */
 #define MB_WEIGHT_ONE 65536 /* weights are cumulative fractions of this */
 #define MB_LINE_BYTES 256   /* the rest of a command line after the key that is read to prove it whole */
 #define MB_HELD (~0ULL)     /* mb_synced.writes while the controller holds a key dirty: no count reaches it */
