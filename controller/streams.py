@@ -45,6 +45,7 @@ class TcpStreams:
         self.driver = driver
         self.clock = clock
         self._streams: OrderedDict[StreamId, _Stream] = OrderedDict()
+        self._cut: set[StreamId] = set()  # of those, the ones cut inside a command (what mid_command looks at)
         self.resumed = 0  # boundaries proven to the data plane
         self.lost = 0  # segments of a tracked connection that could not be followed
 
@@ -66,7 +67,7 @@ class TcpStreams:
 
     def _start(self, stream_id: StreamId, segment: Segment) -> _Stream | str | None:
         """Begin following the connection at this segment if the data plane began tracking it here."""
-        self._streams.pop(stream_id, None)
+        self._forget(stream_id)
         try:
             start = self.driver.stream_start(stream_id)
         except DriverError as err:
@@ -80,16 +81,20 @@ class TcpStreams:
         stream = _Stream(segment.seq, self.clock())
         self._streams[stream_id] = stream
         while len(self._streams) > MAX_STREAMS:
-            self._streams.popitem(last=False)
+            self._forget(next(iter(self._streams)))
         return stream
+
+    def _forget(self, stream_id: StreamId) -> None:
+        self._streams.pop(stream_id, None)
+        self._cut.discard(stream_id)
 
     def mid_command(self, server_ip: str, server_port: int) -> bool:
         """True while a connection to the server is cut inside a command: its next segment may complete a write, so
         the server's hot keys are not cleared before it has been read (one stalled longer than STALLED_AFTER no
         longer counts: its client is gone or stuck, and the write, if it ever ends, is unsure then)."""
         recent = self.clock() - STALLED_AFTER
-        return any(s.parser.pending and s.seen_at >= recent and (i.server_ip, i.server_port) == (server_ip, server_port)
-                   for i, s in self._streams.items())
+        return any((i.server_ip, i.server_port) == (server_ip, server_port) and self._streams[i].seen_at >= recent
+                   for i in self._cut)
 
     def _follow(self, stream_id: StreamId, stream: _Stream, payload: bytes) -> tuple[Writes, bool] | str:
         self._streams.move_to_end(stream_id)
@@ -98,11 +103,14 @@ class TcpStreams:
         writes: Writes = []
         for request in stream.parser.feed(payload):
             if isinstance(request, NotParsed):  # where memcached goes on after bytes it rejects is its own
-                self._streams.pop(stream_id, None)
+                self._forget(stream_id)
                 self.lost += 1
                 return f"the connection holds bytes that are not a request ({request.reason}): it stays unsure"
             writes += write_of(request)
-        if stream.parser.pending == 0:
+        if stream.parser.pending:
+            self._cut.add(stream_id)
+        else:
+            self._cut.discard(stream_id)
             try:
                 self.driver.resume_stream(stream_id, stream.expected)
                 self.resumed += 1

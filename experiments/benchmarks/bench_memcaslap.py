@@ -31,6 +31,7 @@ import urllib.parse
 from pathlib import Path
 
 from experiments.benchmarks.rows import write_csv
+from experiments.endtoend.measure import process_jiffies
 from experiments.faults.rig import MEMCACHED_PORT, Rig, RigError
 from mbalancer.memcache.keys import key_to_text
 from mbalancer.processes import stop_process
@@ -96,13 +97,7 @@ def dump_keys(ip: str, most: int, timeout: float = 5.0) -> list[bytes]:
 
 def controller_cpu(rig: Rig) -> float:
     """CPU seconds the controller process has used (user + system)."""
-    if rig.controller is None:
-        return 0.0
-    try:
-        fields = Path(f"/proc/{rig.controller.pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return 0.0
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return 0.0 if rig.controller is None else process_jiffies(rig.controller.pid) / os.sysconf("SC_CLK_TCK")
 
 
 def enter(rig: Rig, phase: str, keys: dict[str, tuple[str, int]]) -> None:

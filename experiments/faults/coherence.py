@@ -81,7 +81,7 @@ def judge(scenario: str, probes: list[Probe], results: list[dict]) -> Outcome:
             wrong = sum(value == held for value in late)
             stale += wrong
             first = first or (probe.name if wrong else "")
-            held = next(value for t, value in reversed(result["home"]))
+            held = result["home"][-1][1]
     return Outcome(scenario, len(probes), changed, after, stale, first)
 
 
