@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
-from typing import Callable
+from typing import Callable, Container
 
 from controller.hot_keys import HotKey
 from controller.retries import KEY_LEVEL, RetryKind
@@ -47,15 +47,25 @@ class Coherence:
             between()
             self.sync(key, data, received)
         for server, unreadable in unsure.items():
-            for key, hot in list(self.hot.items()):
-                if hot.placement.home != server or key in writes:
-                    continue
-                if unreadable:  # the home may not have applied it yet: look after it has
-                    self._schedule(RetryKind.SETTLE, key, KEY_LEVEL, "a request nobody could read",
-                                   delay=UNREADABLE_WAIT)
-                else:
-                    between()
-                    self._check(key, hot)
+            if unreadable:  # the home may not have applied it yet: look after it has
+                self._schedule(RetryKind.HOME_CHECK, b"", server, "a request nobody could read",
+                               delay=UNREADABLE_WAIT)
+            else:
+                self.check_home(server, between=between, skip=writes)
+
+    def check_home(self, server: int, attempt: int = 0, between: Callable[[], None] = lambda: None,
+                   skip: Container[bytes] = ()) -> None:
+        """The data plane counted unsure requests to `server`: each of its hot keys the counts made dirty is
+        settled again. The data plane's coalesced copies are rearmed first: an unsure request it did not copy came
+        before this, and is in the counts read now."""
+        try:
+            self.driver.rearm_unsure(server)
+        except DriverError as err:
+            return self._schedule(RetryKind.HOME_CHECK, b"", server, str(err), attempt)
+        for key, hot in list(self.hot.items()):
+            if hot.placement.home == server and key not in skip:
+                between()
+                self._check(key, hot)
 
     def sync(self, key: bytes, data: bytes | None, received: float) -> None:
         """A write to `key` was mirrored (its data if it was a set): bring the replicas up to date."""
@@ -223,6 +233,10 @@ class Coherence:
                     self._schedule(RetryKind.SETTLE, key, KEY_LEVEL, "the copy of a counted write is on its way",
                                    attempt, delay=MIRROR_WAIT)
                     return False
+                if (wait := self._unreadable_wait(home)) > 0:  # one the stamp counts may not be applied yet
+                    self._schedule(RetryKind.SETTLE, key, KEY_LEVEL, "a request nobody could read just passed",
+                                   attempt, delay=wait)
+                    return False
                 if self._matches(hot, self.replicator.version(home, key)):
                     if self._expiring(hot):
                         self._hold_until_expired(key, hot)
@@ -244,6 +258,12 @@ class Coherence:
                 return False
         self._schedule(RetryKind.SETTLE, key, KEY_LEVEL, "writes kept landing during the sync", attempt)
         return False
+
+    def _unreadable_wait(self, home: int) -> float:
+        """Seconds until the home has had UNREADABLE_WAIT to apply the latest request to it nobody could read, whose
+        copy the data plane may have coalesced (0: none that recent). Raises DriverError."""
+        quiet = self.driver.unsure_quiet(home)
+        return 0.0 if quiet is None else max(UNREADABLE_WAIT - quiet, 0.0)
 
     def _synced(self, key: bytes, hot: HotKey) -> None:
         if hot.unsynced_since is None:

@@ -67,6 +67,7 @@ class ControllerCore:
         self.switch_counts = SwitchCounts()  # the data plane's counters, read every COUNT_EVERY s
         self._gone: set[str] = set()  # switches the driver found gone at the last count (warned once)
         self.server_ports = [s.port for s in config.servers]
+        self._closes_handled: dict[int, tuple] = {}  # per server, the data plane's closes the worker dealt with
         self.ports = sorted({s.port for s in config.servers})
         self.decisions: deque[dict[str, Any]] = deque(maxlen=DECISIONS_KEPT)
         self.counts: Counter = Counter()
@@ -86,6 +87,8 @@ class ControllerCore:
     def start(self) -> "ControllerCore":
         leftovers = self.driver.attach(self.config.servers, self.submit_mirror, self.submit_reconnect)
         self._remove_leftovers(leftovers)
+        for server in range(len(self.config.servers)):  # the closes the driver acknowledged at attach
+            self._closes_handled[server] = self.driver.server_closes(server)
         self._publish()
         self.driver.renew_lease(self.config.controller.lease)
         self._worker = self._spawn(self._work, "mbalancer-core")
@@ -194,6 +197,8 @@ class ControllerCore:
         mirrors = [event for event in batch if event[0] == "mirror"]
         if mirrors:
             self._on_mirrors(mirrors)
+        for server in sorted({event[1] for event in batch if event[0] == "closed"}):
+            self._on_closed(server)  # (a duplicate of a close already handled is ignored)
 
     def _handle_urgent(self) -> None:
         while self._urgent:
@@ -240,9 +245,14 @@ class ControllerCore:
         servers they were for (the data plane may have made every hot key there dirty)."""
         writes: dict[bytes, tuple[bytes | None, float]] = {}
         unsure: dict[int, bool] = {}
+        closed: set[int] = set()
         for _, frame, received in mirrors:
             self.counts["mirrors"] += 1
             mirror = read_mirror(frame, self.server_of_address, self.server_ports, self.streams)
+            if mirror.closed:
+                self.counts["server_closes"] += 1
+                closed.add(mirror.server)
+                continue
             if mirror.server is None:
                 self.counts["mirrors_unreadable"] += 1
                 log.warning("copied packet not for a configured server: ignored")
@@ -259,7 +269,35 @@ class ControllerCore:
                     continue  # not hot, or a copy to a replica (the controller's own): the home did not change
                 writes[key] = (data, writes[key][1] if key in writes else received)
             unsure[mirror.server] = unsure.get(mirror.server, False) or not mirror.whole
+        for server in sorted(closed):
+            self._on_closed(server)
         self.executor.sync_batch(writes, unsure, between=self._handle_urgent)
+
+    def submit_closed(self, server: int) -> None:
+        """The data plane counted a close of the server that no copy told of (read with a health probe)."""
+        self._events.put(("closed", server))
+
+    def _on_closed(self, server: int) -> None:
+        """The data plane saw the server close one of our connections: it may have died or restarted empty, and
+        since then balances no get to it and holds its hot keys dirty. Its copies leave rotation (refilled, then
+        weighted again), its hot keys are checked at it as their home; then the data plane may balance to it."""
+        try:
+            seen = self.driver.server_closes(server)
+        except DriverError as err:
+            return log.warning("server %d closed our connection; its closes not read (it stays out of rotation in "
+                               "the data plane until the next one is handled): %s", server, err)
+        if seen == self._closes_handled.get(server):
+            return  # handled already (its copy and the probe's poll both tell of it)
+        self._take_out_and_check(server)
+        try:
+            self.driver.closes_handled(server, seen)
+            self._closes_handled[server] = seen
+        except DriverError as err:
+            log.warning("server %d: the data plane did not take the handled closes (it stays out of rotation): %s",
+                        server, err)
+        self._decide("server-closed", None, f"server {server} ({self.config.servers[server].name}) closed the "
+                                            f"controller's connection (it may have restarted): weight 0 until its "
+                                            f"copies are refilled; its hot keys checked at it")
 
     def _take_out_and_check(self, server: int) -> None:
         """The server may have lost what it held: out of rotation until refilled, and its own hot keys checked at it
@@ -293,6 +331,7 @@ class ControllerCore:
                         self.config.controller.health_udp)
         try:
             while not self._stop.wait(interval):
+                self.watch_closes(server)
                 sent = self.clock()
                 result = prober.check()
                 if result == RESTARTED:  # it answers, but lost its data: its copies are gone, however fast it was
@@ -305,6 +344,16 @@ class ControllerCore:
                     self.submit_health(server, change, self.health.servers[server].last_error)
         finally:
             prober.close()
+
+    def watch_closes(self, server: int) -> None:
+        """With every probe: a close of the server the data plane counted and no copy told of (lost, or a data plane
+        that copies none: the OpenFlow key classifier) is handled now."""
+        try:
+            seen = self.driver.server_closes(server)
+        except DriverError:
+            return  # the data plane keeps the server out of rotation meanwhile
+        if seen != self._closes_handled.get(server, seen):
+            self.submit_closed(server)
 
     def _renew_lease(self) -> None:
         every = self.config.controller.health_interval
@@ -397,6 +446,7 @@ class ControllerCore:
                 "writes_found_by_polling": self.executor.unseen_writes,
                 "cas_moves": self.executor.cas_moves,
                 "stream_boundaries_proven": self.streams.resumed, "stream_segments_lost": self.streams.lost,
+                "streams_blind": self.streams.blinded,
                 "sync_ms": self.executor.sync_times.summary()}
 
     def _data_plane_counters(self) -> dict[str, Any]:

@@ -206,7 +206,8 @@ class Executor(Coherence):
         attempt = retry.attempt if retry.waiting else retry.attempt + 1
         handlers = {RetryKind.REFILL: self._retry_refill, RetryKind.DELETE: self._retry_delete,
                     RetryKind.RULES: self._retry_rules, RetryKind.SETTLE: self._retry_settle,
-                    RetryKind.INSTALL: self._retry_install, RetryKind.COOL: self._retry_cool}
+                    RetryKind.INSTALL: self._retry_install, RetryKind.COOL: self._retry_cool,
+                    RetryKind.HOME_CHECK: self._retry_home_check}
         handlers[retry.action](retry, hot, attempt)
 
     def _retry_refill(self, retry: Retry, hot: HotKey | None, attempt: int) -> None:
@@ -224,6 +225,9 @@ class Executor(Coherence):
 
     def _retry_settle(self, retry: Retry, hot: HotKey, attempt: int) -> None:
         self._settle(retry.key, hot, attempt)
+
+    def _retry_home_check(self, retry: Retry, hot: HotKey | None, attempt: int) -> None:
+        self.check_home(retry.server, attempt)
 
     def _retry_install(self, retry: Retry, hot: HotKey, attempt: int) -> None:
         self._install(retry.key, hot, attempt)

@@ -8,7 +8,7 @@ from typing import Mapping, Sequence
 
 from controller.streams import TcpStreams
 from mbalancer.memcache.segment_keys import first_written_key, written_keys
-from mbalancer.packets import LINKTYPE_ETHERNET, destination, memcached_segment
+from mbalancer.packets import LINKTYPE_ETHERNET, closing_source, destination, memcached_segment
 
 
 @dataclass(frozen=True)
@@ -18,6 +18,7 @@ class Mirror:
     writes: tuple[tuple[bytes, bytes | None], ...] = ()  # (key, new value or None) of each write it carries
     whole: bool = False  # every byte read as whole requests; if not, it may hold writes nobody can name
     unreadable: str | None = None  # why it could not be read (its server's hot keys must be checked)
+    closed: bool = False  # the server closed one of the controller's connections (it may have restarted)
 
 
 def read_mirror(frame: bytes, server_of_address: Mapping[tuple[str, int], int], ports: Sequence[int],
@@ -26,6 +27,9 @@ def read_mirror(frame: bytes, server_of_address: Mapping[tuple[str, int], int], 
     connection the data plane reads as a stream is read as part of it (`streams`): the writes it completes."""
     server = server_of_address.get(destination(frame, LINKTYPE_ETHERNET) or ("", 0))
     if server is None:
+        closer = server_of_address.get(closing_source(frame, LINKTYPE_ETHERNET) or ("", 0))
+        if closer is not None:
+            return Mirror(closer, closed=True)
         return Mirror(None, unreadable="not for a configured server")
     segment = memcached_segment(frame, LINKTYPE_ETHERNET, ports[server])
     if isinstance(segment, str):

@@ -24,6 +24,7 @@ class RetryKind(str, Enum):
     SETTLE = "settle"  # clear the key once the copies match
     INSTALL = "install"  # the key's rules again
     COOL = "cool"  # remove the key's rules, then its copies
+    HOME_CHECK = "home-check"  # every hot key of a home that took requests nobody could read (per server)
 
     def __str__(self) -> str:
         return self.value

@@ -48,6 +48,7 @@ class TcpStreams:
         self._cut: set[StreamId] = set()  # of those, the ones cut inside a command (what mid_command looks at)
         self.resumed = 0  # boundaries proven to the data plane
         self.lost = 0  # segments of a tracked connection that could not be followed
+        self.blinded = 0  # connections left to the data plane's coalesced copies
 
     def read(self, segment: Segment) -> tuple[Writes, bool] | str | None:
         """A copied request segment: None if its connection is not read as a stream (read the segment on its own);
@@ -77,12 +78,23 @@ class TcpStreams:
             return None
         if start != segment.seq:
             self.lost += 1
+            self._blind(stream_id)
             return "a copy of the connection's earlier bytes is missing: it stays unsure until it ends"
         stream = _Stream(segment.seq, self.clock())
         self._streams[stream_id] = stream
         while len(self._streams) > MAX_STREAMS:
             self._forget(next(iter(self._streams)))
         return stream
+
+    def _blind(self, stream_id: StreamId) -> None:
+        """Not followed from here: the data plane keeps the connection unsure and copies its segments once per check
+        of the server's keys instead of each (a binary-protocol client writes at full speed)."""
+        try:
+            self.driver.blind_stream(stream_id)
+            self.blinded += 1
+        except DriverError as err:
+            log.warning("the data plane did not take %s as unfollowable: %s (its segments are still copied)",
+                        stream_id, err)
 
     def _forget(self, stream_id: StreamId) -> None:
         self._streams.pop(stream_id, None)
@@ -105,6 +117,7 @@ class TcpStreams:
             if isinstance(request, NotParsed):  # where memcached goes on after bytes it rejects is its own
                 self._forget(stream_id)
                 self.lost += 1
+                self._blind(stream_id)
                 return f"the connection holds bytes that are not a request ({request.reason}): it stays unsure"
             writes += write_of(request)
         if stream.parser.pending:

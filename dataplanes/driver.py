@@ -156,6 +156,30 @@ class Driver(ABC):
         """The controller read the connection's copies as a stream up to `seq`, and a command starts there: the
         segment that starts at `seq` may be read on its own again. Nothing if the data plane no longer tracks it."""
 
+    def blind_stream(self, stream: StreamId) -> None:
+        """The controller cannot follow the connection (not the text protocol, or a copy of it was lost): the data
+        plane keeps its segments unsure and may copy them once per report (rearm_unsure) instead of each."""
+
+    def unsure_quiet(self, server: int) -> float | None:
+        """Seconds since the latest unsure request to the server whose copy may have been coalesced (the core reads
+        the home's keys only once the home has had UNREADABLE_WAIT to apply it); None if the data plane copies
+        every unsure request."""
+        return None
+
+    def rearm_unsure(self, server: int) -> None:
+        """The core is about to check the server's hot keys: the next coalescable unsure request is copied again
+        (those before are covered by this check)."""
+
+    def server_closes(self, server: int) -> tuple:
+        """How often the server's memcached closed one of the controller's connections (it may have died or
+        restarted), as the data plane counted (opaque to the core; () if it does not watch). From each such close
+        until `closes_handled`, the data plane balances no get to the server and holds its hot keys dirty."""
+        return ()
+
+    def closes_handled(self, server: int, closes: tuple) -> None:
+        """The core has dealt with the server's closes up to `closes` (read before it took the server's copies out
+        of rotation and checked its hot keys): gets may be balanced to it again where it has weight."""
+
     def owned_switches(self) -> list[str]:
         """Names of the switches this driver writes to, as one controller owns them (mbalancer/ownership.py):
         `kind:name`, the same for every controller that would drive that switch. None: no switch (a dry run)."""

@@ -16,8 +16,9 @@ MAX_KEY = 250  # memcached's own key limit: a longer key is not a key, its reque
 MAX_REPLICAS = 8  # servers a hot key can be spread over
 MAX_HOT = 4096  # hot-key slots
 WEIGHT_ONE = 65536  # the request hash's range: a replica's weight is its share of 0..65535
+# the switch counters, in the programs' order
 COUNTERS = ("packets", "memcached", "unparsed", "balanced", "already_balanced", "mirrored", "replies_rewritten",
-            "flooded", "dropped", "unsure", "cloned", "lease_expired")  # the switch counters, in the programs' order
+            "flooded", "dropped", "unsure", "cloned", "lease_expired", "coalesced")
 
 
 def cumulative_weights(weights: Sequence[float]) -> list[int]:

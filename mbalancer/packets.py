@@ -23,6 +23,7 @@ VLAN_TYPES = (0x8100, 0x88A8)
 UDP, TCP = 17, 6
 _U16 = struct.Struct("!H")
 _U32 = struct.Struct("!I")
+TCP_FIN, TCP_RST = 0x01, 0x04
 
 
 class Segment(NamedTuple):
@@ -60,6 +61,17 @@ def destination(frame: bytes, linktype: int) -> tuple[str, int] | None:
     if len(frame) < start + 4:
         return None
     return socket.inet_ntoa(frame[ip + 16:ip + 20]), _U16.unpack_from(frame, start + 2)[0]
+
+
+def closing_source(frame: bytes, linktype: int) -> tuple[str, int] | None:
+    """The source IPv4 address and port of a TCP frame that closes its connection (FIN or RST), or None."""
+    ip = ip_offset(frame, linktype)
+    if ip is None or len(frame) < ip + 20 or frame[ip + 9] != TCP:
+        return None
+    start = ip + (frame[ip] & 0x0F) * 4
+    if len(frame) < start + 14 or not frame[start + 13] & (TCP_FIN | TCP_RST):
+        return None
+    return socket.inet_ntoa(frame[ip + 12:ip + 16]), _U16.unpack_from(frame, start)[0]
 
 
 def memcached_segment(frame: bytes, linktype: int, port: int) -> Segment | str:

@@ -49,6 +49,7 @@ class Case:
     gets: dict[int, int] = field(default_factory=dict)  # slot 0's get counts after: {replica position: n}
     resume: int | None = None  # CONNECTION_CASES: the controller proves a command starts at this sequence number of the
     # client's connection to server 0 (port 40000) after `before`
+    blind: bool = False  # CONNECTION_CASES: after `before`, the controller gives that connection up as unreadable
 
 
 def request(payload: bytes, to: int = 0, request_id: int = 7, sport: int = 40000, udp: bool = True,
@@ -221,7 +222,18 @@ CASES = (
 
 
 # Data planes that follow TCP connections (eBPF, the OpenFlow key classifier): a segment that ended, or may have ended,
-# inside a command makes its connection's later segments unsure until the controller proves a command boundary.
+# inside a command makes its connection's later segments unsure until the controller proves a command boundary; a
+# server that closes a connection of the controller's (it may be restarting) gets no balanced get and its hot keys
+# are dirty until the controller has dealt with it.
+def closing(by: int, to: tuple = CONTROLLER, flags: str = "FA") -> bytes:
+    """Server `by`'s memcached closing its TCP connection to `to` (FIN, or RST)."""
+    mac, ip, port = SERVERS[by]
+    return bytes(Ether(src=mac, dst=to[0]) / IP(src=ip, dst=to[1]) / TCP(sport=port, dport=45000, flags=flags))
+
+
+BINARY_SET = bytes.fromhex("80010003080000000000000c00000000") + bytes(16) + b"hot" + b"x"  # memcached's binary
+# protocol: neither the pipeline nor the controller reads it
+UNREADABLE = {"packets": 1, "memcached": 1, "unparsed": 1, "unsure": 1}
 SPLIT_SET = b"set hot 0 0 15\r\nv=0000000005;"  # 27 bytes: the value's last two bytes and "\r\n" follow
 CONNECTION_CASES = (
     Case("a segment after one that stopped mid-command is unsure, however harmless it looks",
@@ -247,6 +259,21 @@ CONNECTION_CASES = (
          unsure=0, dirty_after=True),
     Case("a whole write does not", request(b"get cold\r\n", udp=False, seq=18),
          before=(request(SET_HOT, udp=False),), dirty_after=True),
+    Case("a replica that closed the controller's connection gets no balanced get", GET, before=(closing(1),),
+         dirty_after=False),
+    Case("... nor after an RST", GET, before=(closing(1, flags="R"),), dirty_after=False),
+    Case("a home that closed it has its hot keys dirty", GET, before=(closing(0),), dirty_after=True),
+    Case("a server closing a client's connection changes nothing", GET, before=(closing(1, to=CLIENT),),
+         out=balanced_to(GET, 1), dirty_after=False),
+    Case("a datagram nobody can read is unsure and copied", request(BINARY_SET), unsure=0, dirty_after=True,
+         counters=UNREADABLE),
+    Case("... but not copied again before the controller's check (its copy started it: the check covers this one)",
+         request(BINARY_SET), before=(request(BINARY_SET, request_id=6),), unsure=0, dirty_after=True,
+         counters={**UNREADABLE, "coalesced": 1}),
+    Case("a connection the controller gave up on stays unsure, its segments copied once per check",
+         request(b"mn\r\n", udp=False, seq=len(BINARY_SET)),
+         before=(request(BINARY_SET, udp=False), request(BINARY_SET, request_id=6)), blind=True, unsure=0,
+         dirty_after=True, counters={"packets": 1, "memcached": 1, "unsure": 1, "coalesced": 1}),
     Case("the controller's own connections are never followed",
          request(b"mn\r\n", udp=False, seq=1030, to=1, src=CONTROLLER),
          before=(request(b"ms hot 9000 T0\r\n" + b"x" * 1000, to=1, udp=False, src=CONTROLLER),)),

@@ -74,3 +74,9 @@ def test_writes_split_at_every_point_are_never_served_stale(rig, tmp_path):
     # plane at its FIN, and its copies are read one by one)
     assert rig.state()["counters"]["stream_boundaries_proven"] > 0
 
+
+def test_a_home_restarted_empty_is_empty_everywhere(rig, tmp_path):
+    """The home killed and started again at once: its copies must not serve what it no longer holds."""
+    outcome = run_scenario(rig, "home_restart", tmp_path)
+    assert outcome.changed == 1 and outcome.gets_after_change > 0, outcome  # the home came back empty
+    assert outcome.stale == 0, outcome

@@ -56,6 +56,9 @@ def plane():
 def load_state(tables: Tables, case: Case) -> None:
     for stream in list(tables.maps["streams"].keys()):  # connections followed in an earlier case
         tables.maps["streams"].delete(stream)
+    for server in range(len(SERVERS)):  # closes seen in an earlier case: handled; unsure requests: checked
+        tables.set_closes_handled(server, tables.closes(server))
+        tables.rearm_unsure_report(server)
     for slot, hot in enumerate(case.hot):
         tables.set_hot(hot.key, HotEntry(slot, hot.home, REPLICAS, tuple(cumulative_weights(hot.weights))))
         make_clean(tables, slot, hot.home)
@@ -77,9 +80,11 @@ def test_pipeline_fixture(plane, case):
     try:
         for frame in case.before:
             prog_test_run(prog, frame)
+        connection = StreamId(CLIENT[1], 40000, SERVERS[0][1], SERVERS[0][2])
         if case.resume is not None:
-            client, server = CLIENT[1], SERVERS[0]
-            tables.resume_stream(StreamId(client, 40000, server[1], server[2]), case.resume)
+            tables.resume_stream(connection, case.resume)
+        if case.blind:
+            tables.blind_stream(connection)
         place_hosts(tables)
         before, unsure_before = tables.counters(), [tables.unsure(i) for i in range(len(SERVERS))]
         mirrored_before = tables.key_counts(0).mirrored

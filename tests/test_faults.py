@@ -40,6 +40,24 @@ def test_a_failed_replica_leaves_rotation_in_time_and_returns_refilled(tmp_path,
     assert result.timeouts_after_removal == 0, result.events
     assert result.restored_after_s is not None, result.events  # and given its weight back once refilled
     assert result.misses == 0  # an empty replica never got weight before its refill
+    assert result.false_removals == 0, result.events  # the others kept answering, and kept their weight
+
+
+def test_a_replica_that_only_answers_late_keeps_its_weight(tmp_path):
+    """Its memcached shares one CPU with four busy loops: it answers late, but answers; no server leaves rotation
+    (`mbalancer faults --hogs 2` measures the same with the whole machine busy)."""
+    result = run(tmp_path, "cpu_hog")
+    assert result.stale == 0 and result.misses == 0
+    assert result.false_removals == 0 and result.removed_after_s is None, result.events
+
+
+def test_a_replica_restarted_in_milliseconds_serves_no_miss(tmp_path):
+    """Killed and started again at once (empty), three times: back before a health probe could notice. The switch
+    sees it close the controller's connections and sends it no get from that moment until the controller has
+    refilled it: no get misses a key its home holds."""
+    result = run(tmp_path, "fast_restart")
+    assert result.stale == 0 and result.misses == 0, result.events
+    assert any(e["action"] in ("server-closed", "server-restarted") for e in result.events), result.events
 
 
 def test_a_killed_controller_serves_nothing_stale_and_its_successor_cleans_up(tmp_path):

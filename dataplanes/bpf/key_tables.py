@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import socket
+import time
 from pathlib import Path
 from typing import Sequence
 
@@ -50,6 +51,21 @@ class KeyTables(SlotBook):
                     raise DriverError(f"forwarding of {entry.mac}: no interface {entry.port!r}") from None
                 self._each(lambda t: t.set_forward(entry.mac, ifindex), f"forwarding of {entry.mac}")
 
+    def server_closes(self, server: int) -> tuple:
+        with self.lock:
+            try:
+                return tuple(t.closes(server) for t in self.switches)
+            except ERRORS as err:
+                raise DriverError(f"closes of server {server}: {err}") from None
+
+    def closes_handled(self, server: int, closes: tuple) -> None:
+        with self.lock:
+            if len(closes) != len(self.switches):
+                raise DriverError(f"closes of server {server}: read from {len(closes)} switches, {len(self.switches)} "
+                                  f"now")
+            counts = iter(closes)
+            self._each(lambda t: t.set_closes_handled(server, next(counts)), f"closes of server {server}")
+
     def stream_start(self, stream: StreamId) -> int | None:
         """The connection's start as the first copy that tracks it has it (dataplanes/driver.py)."""
         with self.lock:
@@ -62,6 +78,23 @@ class KeyTables(SlotBook):
     def resume_stream(self, stream: StreamId, seq: int) -> None:
         with self.lock:
             self._each(lambda t: t.resume_stream(stream, seq), f"stream {stream}")
+
+    def blind_stream(self, stream: StreamId) -> None:
+        with self.lock:
+            self._each(lambda t: t.blind_stream(stream), f"stream {stream}")
+
+    def unsure_quiet(self, server: int) -> float:
+        """Seconds since the server's latest unreadable unsure request, on any switch (dataplanes/driver.py)."""
+        with self.lock:
+            try:
+                latest = max(t.unsure_report(server)[0] for t in self.switches)
+            except ERRORS as err:
+                raise DriverError(f"unsure requests of server {server}: {err}") from None
+        return max(time.monotonic_ns() - latest, 0) / 1e9  # bpf_ktime_get_ns counts CLOCK_MONOTONIC
+
+    def rearm_unsure(self, server: int) -> None:
+        with self.lock:
+            self._each(lambda t: t.rearm_unsure_report(server), f"unsure requests of server {server}")
 
     def hold_slot(self, slot: int) -> tuple[int, int]:
         """Hold a slot dirty in the first copy; its synced counts before, to give back with restore_synced."""
@@ -110,6 +143,8 @@ class KeyTables(SlotBook):
                 tables = opened[-1]
                 for index, server in enumerate(self.servers):
                     tables.set_server(index, server.mac, server.ip, server.port)
+                    # closes before this controller (its predecessor's connections ending): nothing of ours to check
+                    tables.set_closes_handled(index, tables.closes(index))
                 tables.add_memcached_ports(sorted({s.port for s in self.servers}))
                 for ip in own_addresses(self.servers):
                     tables.trust(ip)

@@ -39,6 +39,8 @@ DESTINATION_COUNT = struct.Struct("=4sH2xQ")  # struct mb_destination_count (ip 
 DESTINATION_SLOTS = 256  # MB_DESTINATION_SLOTS
 STREAM_ID = struct.Struct("=4s4sHH")  # struct mb_stream_id (addresses and ports in network order)
 STREAM = struct.Struct("=III")  # struct mb_stream
+STREAM_RESUMES, STREAM_BLIND = 1, 2  # MB_STREAM_RESUMES, MB_STREAM_BLIND
+UNSURE_REPORT = struct.Struct("=QII")  # struct mb_unsure_report
 U32 = struct.Struct("=I")
 U64 = struct.Struct("=Q")
 STRUCT_SIZES = {"hot_keys": (KEY.size, HOT.size), "servers": (U32.size, SERVER.size), "writes": (4, 8),
@@ -49,7 +51,9 @@ STRUCT_SIZES = {"hot_keys": (KEY.size, HOT.size), "servers": (U32.size, SERVER.s
                 "hot_filter": (4, 4),
                 "sketch_control": (4, SKETCH_CONTROL.size), "sketch": (4, SKETCH_ROWS * 4 << SKETCH_BITS),
                 "heavy": (4, HEAVY.size << HEAVY_BITS), "sketch_destinations": (4, DESTINATION_COUNT.size),
-                "streams": (STREAM_ID.size, STREAM.size)}
+                "streams": (STREAM_ID.size, STREAM.size), "closes": (4, 8), "closes_handled": (4, 8),
+                "unsure_reports": (4, UNSURE_REPORT.size),
+                "closing": (STREAM_ID.size, 1)}
 
 
 def key_entry(key: bytes) -> bytes:
@@ -163,6 +167,26 @@ class Tables:
         """Requests to the server the pipeline could not be sure held no write."""
         return U64.unpack(self.maps["unsure"].lookup(U32.pack(server)))[0]
 
+    def unsure_report(self, server: int) -> tuple[int, bool]:
+        """(bpf_ktime_get_ns of the server's latest unsure request the controller cannot read, whether one was
+        copied since the last rearm) (struct mb_unsure_report)."""
+        last_ns, reported, _ = UNSURE_REPORT.unpack(self.maps["unsure_reports"].lookup(U32.pack(server)))
+        return last_ns, bool(reported)
+
+    def rearm_unsure_report(self, server: int) -> None:
+        """The next unreadable unsure request to the server is copied again. Only the flag is written (the program
+        stamps last_ns concurrently): a stale last_ns would shorten the wait before the home's keys are read."""
+        key = U32.pack(server)
+        last_ns, _, _ = UNSURE_REPORT.unpack(self.maps["unsure_reports"].lookup(key))
+        self.maps["unsure_reports"].update(key, UNSURE_REPORT.pack(last_ns, 0, 0))
+
+    def closes(self, server: int) -> int:
+        """How often the server's memcached closed a connection of the controller's (struct closes, maps.h)."""
+        return U64.unpack(self.maps["closes"].lookup(U32.pack(server)))[0]
+
+    def set_closes_handled(self, server: int, count: int) -> None:
+        self.maps["closes_handled"].update(U32.pack(server), U64.pack(count))
+
     def synced(self, slot: int) -> tuple[int, int]:
         return SYNCED.unpack(self.maps["synced"].lookup(U32.pack(slot)))
 
@@ -249,16 +273,23 @@ class Tables:
         return None if value is None else STREAM.unpack(value)[0]
 
     def resume_stream(self, stream: StreamId, seq: int) -> None:
-        """Prove a command starts at `seq`; only over an entry that is there (a connection that ended stays
-        forgotten)."""
+        """Prove a command starts at `seq`."""
+        self._set_stream_mode(stream, seq & 0xFFFFFFFF, STREAM_RESUMES)
+
+    def blind_stream(self, stream: StreamId) -> None:
+        """The controller cannot follow the connection: its segments stay unsure, their copies coalesced."""
+        self._set_stream_mode(stream, 0, STREAM_BLIND)
+
+    def _set_stream_mode(self, stream: StreamId, resume: int, mode: int) -> None:
+        """Only over an entry that is there (a connection that ended stays forgotten)."""
         key = stream_key(stream)
         value = self.maps["streams"].lookup(key)
         if value is None:
             return
         try:
-            self.maps["streams"].update(key, STREAM.pack(STREAM.unpack(value)[0], seq & 0xFFFFFFFF, 1), BPF_EXIST)
+            self.maps["streams"].update(key, STREAM.pack(STREAM.unpack(value)[0], resume, mode), BPF_EXIST)
         except BpfError as err:
-            if err.errno != errno.ENOENT:  # gone meanwhile: nothing to resume
+            if err.errno != errno.ENOENT:  # gone meanwhile: nothing to change
                 raise
 
     # hot-key detection (bpf/sketch.h)

@@ -9,6 +9,7 @@ import sys
 from dataclasses import asdict
 from pathlib import Path
 
+from experiments.faults.busy import CpuHogs
 from experiments.faults.coherence import SCENARIOS, Outcome, format_outcomes, run_scenario, store_initial
 from experiments.faults.plot import plot_run
 from experiments.faults.rig import Rig, RigError
@@ -17,6 +18,7 @@ from experiments.faults.scenarios import FAULTED, FAULTS
 from mbalancer.outputs import output_problem
 from mbalancer.progress import end_progress, stderr_progress
 
+MAX_HOGS = 64
 
 
 def register(commands: argparse._SubParsersAction) -> None:
@@ -37,6 +39,9 @@ def register(commands: argparse._SubParsersAction) -> None:
     parser.add_argument("--fault", type=float, default=3.0, help="seconds the fault lasts (default 3)")
     parser.add_argument("--recovery", type=float, default=4.0,
                         help="seconds of load after the fault ends, to see the recovery (default 4)")
+    parser.add_argument("--hogs", type=int, default=0,
+                        help="busy loops running for the whole of every run, as on a loaded machine (two on a 2-core "
+                             "box: load average about 4-8); failure detection is judged under them")
     parser.add_argument("--coherence", default=",".join(SCENARIOS),
                         help="coherence paths probed after the faults, comma-separated (\"\": none), of: "
                              + ", ".join(SCENARIOS))
@@ -52,8 +57,9 @@ def _run(args: argparse.Namespace, fail) -> int:
         loads = [float(x) for x in args.loads.split(",")]
     except ValueError:
         fail(f"--loads: numbers between 0 and 1, comma-separated (got {args.loads!r})")
-    if not all(0 < x <= 1 for x in loads) or args.rate <= 0 or args.write_rate < 0 or args.hot < 1:
-        fail("--loads in (0, 1], --rate > 0, --write-rate >= 0, --hot >= 1")
+    if not all(0 < x <= 1 for x in loads) or args.rate <= 0 or args.write_rate < 0 or args.hot < 1 \
+            or not 0 <= args.hogs <= MAX_HOGS:
+        fail(f"--loads in (0, 1], --rate > 0, --write-rate >= 0, --hot >= 1, --hogs from 0 to {MAX_HOGS}")
     paths = [p.strip() for p in args.coherence.split(",") if p.strip()]
     if unknown := [p for p in paths if p not in SCENARIOS]:
         fail(f"--coherence: unknown {', '.join(unknown)} (known: {', '.join(SCENARIOS)})")
@@ -63,19 +69,15 @@ def _run(args: argparse.Namespace, fail) -> int:
         fail(f"--out: {problem}")
     phases = Phases(args.warmup, args.fault, args.recovery)
     signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt))
-    results = []
+    results: list = []
     try:
-        runs = [(f, load) for f in faults for load in loads]
-        for done, (name, load) in enumerate(runs):
-            stderr_progress(f"{name} at {load:.0%} load ({done + 1}/{len(runs)}, {phases.total:g} s each)")
-            with Rig(args.out, args.hot, FAULTED) as rig:  # a fresh rig per run: no fault leaks into the next
-                result = run_fault(rig, FAULTS[name], load, args.rate, args.write_rate, phases, args.out)
-            write_buckets_csv(args.out, result)
-            plot_run(args.out, result, phases)
-            results.append(result)
-        outcomes = _coherence(args, paths)
+        with CpuHogs(args.hogs):
+            outcomes = _runs(args, faults, loads, paths, phases, results)
     except (RigError, RuntimeError) as err:
         end_progress()
+        if results:  # the runs done are kept
+            write_summary(args.out, results)
+            print(format_table(results))
         print(f"mbalancer faults: {err}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
@@ -93,6 +95,21 @@ def _run(args: argparse.Namespace, fail) -> int:
         (args.out / "coherence.json").write_text(json.dumps([asdict(o) for o in outcomes], indent=1))
     print(f"written: {csv_path}, summary.json, one CSV and PNG per run in {args.out}", file=sys.stderr)
     return 0
+
+
+def _runs(args: argparse.Namespace, faults: list[str], loads: list[float], paths: list[str], phases: Phases,
+          results: list) -> list[Outcome]:
+    """Every fault at every load, each on a fresh rig (no fault leaks into the next), into `results`; then the
+    coherence paths."""
+    runs = [(f, load) for f in faults for load in loads]
+    for done, (name, load) in enumerate(runs):
+        stderr_progress(f"{name} at {load:.0%} load ({done + 1}/{len(runs)}, {phases.total:g} s each)")
+        with Rig(args.out, args.hot, FAULTED) as rig:
+            result = run_fault(rig, FAULTS[name], load, args.rate, args.write_rate, phases, args.out)
+        write_buckets_csv(args.out, result)
+        plot_run(args.out, result, phases)
+        results.append(result)
+    return _coherence(args, paths)
 
 
 def _coherence(args: argparse.Namespace, paths: list[str]) -> list[Outcome]:

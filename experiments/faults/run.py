@@ -15,6 +15,7 @@ import urllib.request
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from experiments.faults.busy import load_average
 from experiments.faults.rig import Rig, RigError
 from experiments.faults.scenarios import FAULTED, Fault
 
@@ -49,6 +50,8 @@ class Result:
     restored_after_s: float | None  # recovery -> the last refill that gave the server its weight back
     timeouts_after_removal: int  # from the server-down decision to the end of the fault phase
     misses_after_restore: int  # gets answered "not found" after the server got weight back
+    false_removals: int  # server-down decisions about a server that was answering (another, or a busy one)
+    load_average: float  # the machine's, at the end of the run (1 minute)
     events: list[dict]  # the controller's decisions about the faulted server, with t relative to the run
 
 
@@ -72,8 +75,9 @@ def run_fault(rig: Rig, fault: Fault, load: float, full_rate: float, write_rate:
     recovered_at = time.time() - started
     client.wait(timeout=phases.total + 30)
     buckets = [json.loads(line) for line in buckets_file.read_text().splitlines()]
-    events = _events(rig, started, fault)
-    return _result(fault, load, full_rate * load, buckets, events, fault_at, recovered_at, phases)
+    decisions = _decisions(rig, started)
+    return _result(fault, load, full_rate * load, buckets, _events(decisions, fault), fault_at, recovered_at,
+                   phases, _false_removals(decisions, fault))
 
 
 def _wait_ready(client: subprocess.Popen) -> None:
@@ -84,20 +88,33 @@ def _wait_ready(client: subprocess.Popen) -> None:
     raise RigError(f"the load client did not start within {READY_TIMEOUT:g} s (exit {client.wait()})")
 
 
-def _events(rig: Rig, started: float, fault: Fault) -> list[dict]:
-    """The controller's decisions about the faulted server (or all, for a control-plane fault) during the run."""
+def _decisions(rig: Rig, started: float) -> list[dict]:
+    """The controller's decisions during the run, t relative to its start."""
     with urllib.request.urlopen(f"http://127.0.0.1:{rig.port}/decisions", timeout=2) as reply:
         decisions = json.load(reply)
-    marker = f"server {FAULTED} "
     return [{"t": round(d["time"] - started, 3), "action": d["action"], "reason": d["reason"]}
-            for d in decisions if d["time"] >= started
-            and (fault.server is None or marker in d["reason"] or d["action"] in ("replay", "reconcile"))]
+            for d in decisions if d["time"] >= started]
+
+
+def _events(decisions: list[dict], fault: Fault) -> list[dict]:
+    """The decisions about the faulted server (or all, for a control-plane fault)."""
+    marker = f"server {FAULTED} "
+    return [d for d in decisions
+            if fault.server is None or marker in d["reason"] or d["action"] in ("replay", "reconcile")]
+
+
+def _false_removals(decisions: list[dict], fault: Fault) -> int:
+    """Servers taken out of rotation that were answering all along: any but the faulted one, and the faulted one
+    too if the fault only slows it (a control-plane fault takes no server out)."""
+    faulted = f"server {fault.server} " if fault.server is not None and not fault.healthy else None
+    return sum(1 for d in decisions if d["action"] == "server-down" and (faulted is None or faulted not in d["reason"]))
 
 
 def _result(fault: Fault, load: float, rate: float, buckets: list[dict], events: list[dict], fault_at: float,
-            recovered_at: float, phases: Phases) -> Result:
+            recovered_at: float, phases: Phases, false_removals: int) -> Result:
     total = {f: sum(b[f] for b in buckets) for f in BUCKET_FIELDS[1:]}
-    down = next((e["t"] for e in events if e["action"] == "server-down" and e["t"] >= fault_at), None)
+    down = None if fault.healthy else \
+        next((e["t"] for e in events if e["action"] == "server-down" and e["t"] >= fault_at), None)
     refills = [e["t"] for e in events if e["action"] == "refill" and e["t"] >= recovered_at]
     restored = max(refills) if refills else None
     fault_end = phases.warmup + phases.fault
@@ -108,7 +125,7 @@ def _result(fault: Fault, load: float, rate: float, buckets: list[dict], events:
         None if restored is None else round(restored - recovered_at, 3),
         sum(b["timeouts"] for b in buckets if down is not None and down + 0.1 <= b["t"] < fault_end),
         sum(b["misses"] for b in buckets if restored is not None and b["t"] >= restored),
-        events)
+        false_removals, load_average(), events)
 
 
 def write_buckets_csv(out: Path, result: Result) -> Path:
@@ -124,7 +141,7 @@ def write_buckets_csv(out: Path, result: Result) -> Path:
 
 SUMMARY_FIELDS = ("fault", "load", "rate", "gets", "answered", "timeouts", "stale", "misses", "writes",
                   "write_errors", "removed_after_s", "restored_after_s", "timeouts_after_removal",
-                  "misses_after_restore")
+                  "misses_after_restore", "false_removals", "load_average")
 
 
 def write_summary(out: Path, results: list[Result]) -> tuple[Path, Path]:
@@ -141,11 +158,12 @@ def write_summary(out: Path, results: list[Result]) -> tuple[Path, Path]:
 def format_table(results: list[Result]) -> str:
     """The summary as a Markdown table (as in docs/experiments.md)."""
     lines = ["| fault | load | gets | timeouts | stale | misses | removed after | restored after | timeouts after "
-             "removal | misses after restore |", "|---|---|---|---|---|---|---|---|---|---|"]
+             "removal | misses after restore | false removals | load average |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in results:
         lines.append(f"| {r.fault} | {r.load:.0%} | {r.gets:,} | {r.timeouts:,} | {r.stale} | {r.misses} | "
                      f"{_seconds(r.removed_after_s)} | {_seconds(r.restored_after_s)} | {r.timeouts_after_removal} | "
-                     f"{r.misses_after_restore} |")
+                     f"{r.misses_after_restore} | {r.false_removals} | {r.load_average:.1f} |")
     return "\n".join(lines)
 
 

@@ -26,6 +26,8 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable
 
+from experiments.faults.busy import BUSY_LOOP
+
 if TYPE_CHECKING:
     from experiments.faults.rig import Rig
 
@@ -39,6 +41,7 @@ class Fault:
     inject: Callable[["Rig"], None]
     recover: Callable[["Rig"], None]
     server: int | None = FAULTED  # the server it takes out (None: the control plane)
+    healthy: bool = False  # the server only answers late: taking it out of rotation is a false removal
 
 
 def _crash(rig: "Rig") -> None:
@@ -80,7 +83,7 @@ def _hog(rig: "Rig") -> None:
     cpu = str(max(os.sched_getaffinity(0)))
     subprocess.run(["taskset", "-a", "-p", "-c", cpu, str(rig.memcached[FAULTED].pid)], capture_output=True,
                    check=True)
-    rig.hogs = [subprocess.Popen(["taskset", "-c", cpu, "sh", "-c", "while :; do :; done"]) for _ in range(HOGS)]
+    rig.hogs = [subprocess.Popen(["taskset", "-c", cpu, *BUSY_LOOP]) for _ in range(HOGS)]
 
 
 def _unhog(rig: "Rig") -> None:
@@ -159,7 +162,7 @@ FAULTS = {f.name: f for f in (
     Fault("crash", _crash, _restart),
     Fault("fast_restart", _restart_fast, _nothing),
     Fault("hang", _hang, _resume),
-    Fault("cpu_hog", _hog, _unhog),
+    Fault("cpu_hog", _hog, _unhog, healthy=True),
     Fault("slow_link", _shape, _unshape),
     Fault("udp_wedge", _wedge, _restart),
     Fault("controller_kill", _kill_controller, _start_controller, server=None),

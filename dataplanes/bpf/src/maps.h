@@ -41,6 +41,40 @@ struct {
 	__type(value, __u64);
 } unsure SEC(".maps");
 
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, MB_MAX_SERVERS);
+	__type(key, __u32);
+	__type(value, struct mb_unsure_report);
+} unsure_reports SEC(".maps");
+
+/* closes: per server, the times its memcached closed (FIN or RST) one of the controller's connections, as when it
+ * dies or restarts; closes_handled: per server, how many of those the controller has dealt with (written by it
+ * alone). While they differ the server may have lost its copies: no get is balanced to it, and (counted unsure
+ * too) every hot key homed there is dirty. */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, MB_MAX_SERVERS);
+	__type(key, __u32);
+	__type(value, __u64);
+} closes SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, MB_MAX_SERVERS);
+	__type(key, __u32);
+	__type(value, __u64);
+} closes_handled SEC(".maps");
+
+/* The controller's connections it closed itself (its FIN or RST seen first): the server's FIN that answers it is no
+ * sign of a restart. LRU: an entry the answer never came for ages out. */
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, MB_MAX_CLOSING);
+	__type(key, struct mb_stream_id);
+	__type(value, __u8);
+} closing SEC(".maps");
+
 /* synced: per slot, written by the controller only. */
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);

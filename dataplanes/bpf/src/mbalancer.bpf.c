@@ -174,8 +174,9 @@ static __always_inline struct mb_stream_id mb_stream_of(const struct mb_packet *
 /* The request may hold writes the pipeline cannot read: every hot key of its server is dirty from now until the
  * controller has checked them; the controller gets a copy. Requests to no known server are not ours. Over TCP the
  * segment may also end inside a command, which the connection's next segment would finish: from here on the
- * connection is read as a stream, by the controller (struct mb_stream). */
-static __always_inline void mb_unsure(struct __sk_buff *skb, struct mb_packet *pkt)
+ * connection is read as a stream, by the controller (struct mb_stream). `coalesce`: the controller could not read
+ * the copy either, so one copy per report is enough (struct mb_unsure_report). */
+static __always_inline void mb_unsure_copy(struct __sk_buff *skb, struct mb_packet *pkt, int coalesce)
 {
 	struct mb_server_address address = {.ip = pkt->daddr, .port = pkt->dport};
 	__u32 *server = bpf_map_lookup_elem(&server_index, &address);
@@ -190,7 +191,23 @@ static __always_inline void mb_unsure(struct __sk_buff *skb, struct mb_packet *p
 		struct mb_stream stream = {.start = pkt->seq};
 		bpf_map_update_elem(&streams, &id, &stream, BPF_ANY);
 	}
+	struct mb_unsure_report *report = bpf_map_lookup_elem(&unsure_reports, server);
+	if (report) {
+		if (coalesce) {
+			report->last_ns = bpf_ktime_get_ns();
+			if (report->reported) {
+				mb_count(MB_C_COALESCED);
+				return;  /* the check the copied one started has not rearmed yet: it covers this one */
+			}
+			report->reported = 1;  /* (two CPUs may both copy one: a spare copy, no harm) */
+		}
+	}
 	mb_clone_to_controller(skb, *server);
+}
+
+static __always_inline void mb_unsure(struct __sk_buff *skb, struct mb_packet *pkt)
+{
+	mb_unsure_copy(skb, pkt, 0);
 }
 
 #define MB_TCP_FIN 0x01
@@ -205,14 +222,50 @@ static __always_inline int mb_mid_stream(struct __sk_buff *skb, struct mb_packet
 	struct mb_stream *stream = bpf_map_lookup_elem(&streams, &id);
 	if (!stream)
 		return 0;
-	int resumed = stream->proven && stream->resume == pkt->seq;
+	int resumed = stream->mode == MB_STREAM_RESUMES && stream->resume == pkt->seq;
 	if (pkt->payload_len > 0 && !resumed) {
 		pkt->mid_stream = 1;
-		mb_unsure(skb, pkt);
+		mb_unsure_copy(skb, pkt, stream->mode == MB_STREAM_BLIND);
 	}
 	if (resumed || (pkt->tcp_flags & (MB_TCP_FIN | MB_TCP_RST)))
 		bpf_map_delete_elem(&streams, &id);
 	return pkt->mid_stream;
+}
+
+/* True while the server may have lost its copies (struct closes, maps.h): it closed the controller's connection
+ * and the controller has not dealt with that yet. */
+static __always_inline int mb_server_suspect(__u32 server)
+{
+	__u64 *closed = bpf_map_lookup_elem(&closes, &server);
+	__u64 *handled = bpf_map_lookup_elem(&closes_handled, &server);
+	return !closed || !handled || *closed != *handled;
+}
+
+/* A server's memcached closed (FIN or RST) a connection of the controller's: it may be dying or restarting, and
+ * whatever it held may be gone by its next packet. From now on no get is balanced to it and its hot keys are
+ * dirty, until the controller has checked it; the controller gets a copy to learn of it at once (and reads
+ * `closes` with every health probe besides). */
+static __always_inline void mb_server_closed(struct __sk_buff *skb, struct mb_packet *pkt)
+{
+	struct mb_server_address address = {.ip = pkt->saddr, .port = pkt->sport};
+	__u32 *server = bpf_map_lookup_elem(&server_index, &address);
+	if (!server || !bpf_map_lookup_elem(&trusted_sources, &pkt->daddr))
+		return;
+	struct mb_stream_id id = {.client_ip = pkt->daddr, .server_ip = pkt->saddr, .client_port = pkt->dport,
+				  .server_port = pkt->sport};
+	if (bpf_map_lookup_elem(&closing, &id)) {  /* the answer to the controller's own close */
+		bpf_map_delete_elem(&closing, &id);
+		return;
+	}
+	__u64 *closed = bpf_map_lookup_elem(&closes, server);
+	__u64 *count = bpf_map_lookup_elem(&unsure, server);
+	if (closed)
+		__sync_fetch_and_add(closed, 1);
+	if (count)
+		__sync_fetch_and_add(count, 1);
+#ifndef MB_CLASSIFIER  /* the classifier's copy tag would send it to the server: the controller polls `closes` */
+	mb_clone_to_controller(skb, *server);
+#endif
 }
 
 static __always_inline int mb_hot_get(struct __sk_buff *skb, struct mb_packet *pkt, struct mb_hot *hot)
@@ -228,6 +281,13 @@ static __always_inline int mb_hot_get(struct __sk_buff *skb, struct mb_packet *p
 	}
 	__u32 point = mb_pick(pkt->request_id, pkt->saddr, pkt->sport);
 #ifdef MB_CLASSIFIER
+	/* The switch's select group picks the replica, among all of the key's: if one may have lost its copy, home. */
+	for (__u32 i = 0; i < MB_MAX_REPLICAS; i++) {
+		if (i >= hot->replicas)
+			break;
+		if (hot->server[i] != hot->home && mb_server_suspect(hot->server[i]))
+			return mb_forward(skb);
+	}
 	/* The switch's select group picks the replica (hashing the tag, entropy included); its reply may come from
 	 * any of them, so the flow is remembered whatever the choice. */
 	struct mb_flow tagged = {.client_ip = pkt->saddr, .client_port = pkt->sport, .request_id = pkt->request_id};
@@ -248,6 +308,8 @@ static __always_inline int mb_hot_get(struct __sk_buff *skb, struct mb_packet *p
 			break;
 		}
 	}
+	if (chosen != hot->home && mb_server_suspect(chosen))
+		return mb_forward(skb);  /* it may have lost its copy since the controller last looked: home */
 	struct mb_server *server = bpf_map_lookup_elem(&servers, &chosen);
 	if (!server)
 		return mb_forward(skb);
@@ -336,12 +398,21 @@ int mbalancer(struct __sk_buff *skb)
 	int request = mb_is_memcached_port(memcached, pkt.dport);
 	if (pkt.proto == IPPROTO_UDP && !request && mb_is_memcached_port(memcached, pkt.sport))
 		return mb_reply_source(skb, &pkt);
+	if (pkt.proto == IPPROTO_TCP && !request && (pkt.tcp_flags & (MB_TCP_FIN | MB_TCP_RST)) &&
+	    mb_is_memcached_port(memcached, pkt.sport))
+		mb_server_closed(skb, &pkt);
 	if (!request)
 		return mb_forward(skb);
 	mb_count(MB_C_MEMCACHED);
 	if (pkt.frag_off & bpf_htons(MB_IP_BALANCED)) {
 		mb_count(MB_C_ALREADY_BALANCED);
 		return mb_forward(skb);
+	}
+	if (pkt.proto == IPPROTO_TCP && (pkt.tcp_flags & (MB_TCP_FIN | MB_TCP_RST)) &&
+	    bpf_map_lookup_elem(&trusted_sources, &pkt.saddr)) {
+		struct mb_stream_id id = mb_stream_of(&pkt);  /* the controller closes: the server's FIN will answer */
+		__u8 mark = 1;
+		bpf_map_update_elem(&closing, &id, &mark, BPF_ANY);
 	}
 	if (pkt.proto == IPPROTO_TCP && mb_mid_stream(skb, &pkt))
 		return mb_forward(skb);
@@ -387,7 +458,7 @@ int mbalancer(struct __sk_buff *skb)
 	return mb_forward(skb);  /* a read, or a write to a cold key */
 unparsed:
 	mb_count(MB_C_UNPARSED);
-	mb_unsure(skb, &pkt);
+	mb_unsure_copy(skb, &pkt, pkt.proto == IPPROTO_UDP);  /* a TCP one starts a stream: its copy is needed */
 	return mb_forward(skb);
 }
 

@@ -13,6 +13,7 @@
 #define MB_MAX_PORTS 32     /* switch ports (flooding walks them) */
 #define MB_MAX_FLOWS 65536  /* balanced gets waiting for their reply */
 #define MB_MAX_STREAMS 65536  /* TCP connections to a server stopped mid-command at once */
+#define MB_MAX_CLOSING 4096  /* the controller's connections closing at once */
 #define MB_WEIGHT_ONE 65536 /* weights are cumulative fractions of this */
 #define MB_LINE_BYTES 256   /* the rest of a command line after the key that is read to prove it whole */
 #define MB_HELD (~0ULL)     /* mb_synced.writes while the controller holds a key dirty: no count reaches it */
@@ -94,8 +95,23 @@ struct mb_stream_id {
  * stream, proves where a command starts (`resume`). */
 struct mb_stream {
 	__u32 start;   /* sequence number where the unread stretch began (a command started there) */
-	__u32 resume;  /* with `proven`: the sequence number of a command boundary, proven by the controller */
-	__u32 proven;
+	__u32 resume;  /* with MB_STREAM_RESUMES: the sequence number of a command boundary, proven by the controller */
+	__u32 mode;    /* MB_STREAM_* (written by the controller) */
+};
+
+#define MB_STREAM_UNREAD 0   /* every segment unsure and copied: the controller follows the bytes */
+#define MB_STREAM_RESUMES 1  /* as UNREAD, until the segment that starts at `resume`: read on its own again */
+#define MB_STREAM_BLIND 2    /* the controller cannot follow it (not the text protocol, or a copy was lost): every
+			      * segment unsure, copies coalesced per server (struct mb_unsure_report, maps.h) */
+
+/* Per server: when its last unsure request passed, and whether a copy has told the controller of unsure requests
+ * it has not checked for yet. Unsure requests the controller cannot read anyway (a blind connection, a datagram
+ * the pipeline could not parse) are copied once per report: the others are covered by the check that report
+ * starts, which rearms it first (cost per home and check, not per packet). */
+struct mb_unsure_report {
+	__u64 last_ns;   /* bpf_ktime_get_ns of the latest unsure request */
+	__u32 reported;  /* 1: copied one since the controller's last rearm */
+	__u32 pad;
 };
 
 /* Hot-key detection in the data plane (the count-min sketch and the heavy-key candidates, maps.h): one copy per
@@ -163,6 +179,7 @@ enum mb_counter {
 	MB_C_UNSURE,          /* requests to a server that may hold writes the pipeline cannot read: its keys dirty */
 	MB_C_CLONED,          /* packets copied to the controller (mirrored writes and unsure requests) */
 	MB_C_LEASE_EXPIRED,   /* hot gets sent home because the controller's lease ran out */
+	MB_C_COALESCED,       /* unsure requests not copied: a copy of an earlier one started the check covering them */
 	MB_C_COUNT,
 };
 
