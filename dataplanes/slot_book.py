@@ -24,7 +24,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Protocol, Sequence
 
-from dataplanes.driver import Counters, DriverError, KeyCounters, ReplicaWeight, WriteStamp
+from dataplanes.driver import Counters, DriverError, KeyCounters, ReplicaWeight, StreamId, WriteStamp
 from dataplanes.pipeline import MAX_HOT, MAX_KEY, MAX_REPLICAS, cumulative_weights
 from mbalancer.settings import Server
 
@@ -85,6 +85,15 @@ class SwitchTables(Protocol):
 
     def set_lease(self, until_ns: int) -> None:
         """Until when (CLOCK_MONOTONIC ns) the controller vouches for the copies; 0 or past: every key acts dirty."""
+
+    def closes(self, server: int) -> int:
+        """How often the server's memcached closed a connection of the controller's, as the switch counted."""
+
+    def set_closes_handled(self, server: int, count: int) -> None:
+        """The controller has dealt with the server's closes up to `count`."""
+
+    def resume_stream(self, stream: StreamId, seq: int) -> None:
+        """A command starts at `seq` of the connection read as a stream: that segment is read on its own again."""
 
 
 class SlotBook:
@@ -253,6 +262,25 @@ class SlotBook:
         """A request with no switch to write to would succeed and do nothing: refused instead."""
         if not self.switches:
             raise DriverError(f"the {self.what} has no switch open (not attached, or being reopened)")
+
+    def server_closes(self, server: int) -> tuple:
+        with self.lock:
+            try:
+                return tuple(t.closes(server) for t in self.switches)
+            except self.errors as err:
+                raise DriverError(f"closes of server {server}: {err}") from None
+
+    def closes_handled(self, server: int, closes: tuple) -> None:
+        with self.lock:
+            if len(closes) != len(self.switches):
+                raise DriverError(f"closes of server {server}: read from {len(closes)} switches, {len(self.switches)} "
+                                  f"now")
+            counts = iter(closes)
+            self._each(lambda t: t.set_closes_handled(server, next(counts)), f"closes of server {server}")
+
+    def resume_stream(self, stream: StreamId, seq: int) -> None:
+        with self.lock:
+            self._each(lambda t: t.resume_stream(stream, seq), f"stream {stream}")
 
     def _each(self, write: Callable[[SwitchTables], object], what: str, reachable_only: bool = False) -> None:
         if not reachable_only:

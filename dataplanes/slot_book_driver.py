@@ -12,7 +12,7 @@ from abc import abstractmethod
 from typing import Sequence
 
 from dataplanes.driver import (Counters, Driver, LeftoverKey, MirrorHandler, ReconnectHandler, ReplicaWeight,
-                               WriteStamp)
+                               StreamId, WriteStamp)
 from dataplanes.pipeline import MAX_REPLICAS
 from dataplanes.slot_book import SlotBook
 from mbalancer.settings import Server
@@ -71,6 +71,15 @@ class SlotBookDriver(Driver):
 
     def renew_lease(self, seconds: float) -> None:
         self.book.renew_lease(seconds)
+
+    def server_closes(self, server: int) -> tuple:
+        return self.book.server_closes(server)
+
+    def closes_handled(self, server: int, closes: tuple) -> None:
+        self.book.closes_handled(server, closes)
+
+    def resume_stream(self, stream: StreamId, seq: int) -> None:
+        self.book.resume_stream(stream, seq)
 
     def read_counters(self) -> Counters:
         return self.book.read_counters()

@@ -12,6 +12,11 @@
 #define MB_MAX_SERVERS 256
 #define MB_FLOW_BITS 16      /* reply_source remembers 2^16 balanced gets (a newer one takes an older one's place) */
 #define MB_LEARN_BITS 12     /* forward learns 2^12 source MACs (likewise) */
+#define MB_CLOSING_BITS 12   /* the controller's connections closing at once (likewise) */
+#define MB_STREAM_BITS 14    /* TCP connections read as streams at once (likewise) */
+#define MB_COPY_FIELDS 1     /* the metadata a copy to the controller keeps (field list) */
+#define TCP_FIN 0x01
+#define TCP_RST 0x04
 #define MB_CPU_PORT 255      /* simple_switch_grpc --cpu-port: PacketIn / PacketOut */
 #define MB_MIRROR_SESSION 100  /* clone session to the CPU port, written by the controller */
 #define MB_FLOOD_GROUP 1     /* multicast group of every switch port, written by the controller */
@@ -39,7 +44,8 @@
 #define C_UNSURE 9
 #define C_CLONED 10
 #define C_LEASE_EXPIRED 11
-#define C_COUNT 12
+#define C_COALESCED 12  /* never counted here: every unsure request is copied */
+#define C_COUNT 13
 
 const bit<16> IP_BALANCED = 0x8000;  /* IPv4 reserved flag bit: "already balanced by a switch on the path" */
 
@@ -47,6 +53,8 @@ const bit<16> IP_BALANCED = 0x8000;  /* IPv4 reserved flag bit: "already balance
 @controller_header("packet_in")
 header packet_in_t {
     bit<16> ingress_port;
+    bit<32> stream_start;  /* with stream 1: the sequence number where its connection's unread stretch began */
+    bit<8> stream;         /* 1: a segment of a connection read as a stream (the controller follows it) */
 }
 
 /* From the controller: renew its lease. The pipeline sets the lease's end to its own clock + lease_us, so no clock
@@ -182,6 +190,15 @@ struct metadata_t {
     bit<32> server_ip;
     bit<16> server_port;
     bit<1> clone_it;
+    @field_list(MB_COPY_FIELDS)
+    bit<32> stream_start;    /* the tracked connection's: where its unread stretch began */
+    @field_list(MB_COPY_FIELDS)
+    bit<8> stream;           /* 1: the segment belongs to a connection read as a stream */
+    bit<1> mid_stream;       /* a later segment of such a connection: unsure, whatever it looks like */
+    bit<32> closing_server;  /* the server whose memcached sent this FIN or RST */
+    bit<1> to_controller;    /* to one of the controller's addresses */
+    bit<32> checked_server;  /* closes_handled's key: the replica a get would go to */
+    bit<64> handled;         /* closes_handled: the closes of it the controller has dealt with */
 }
 
 #endif

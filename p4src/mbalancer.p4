@@ -9,7 +9,13 @@
  *                the pipeline reads makes that server unsure (all its hot keys dirty) and is cloned too
  *   flows (registers)   reply_source: every datagram of the reply to a balanced get leaves with the home's source
  *   forward + learned MACs (registers)   L2: set by the controller, else learned from source MACs, else flooded
- *   counters     per hot key and replica, per server (unsure), switch-wide
+ *   closes + closes_handled + closing   a server that closed a connection of the controller's (it may have
+ *                restarted empty) gets no balanced get, and its hot keys are dirty, until the controller has checked
+ *                it; the server's FIN that answers the controller's own close does not count
+ *   streams (registers) + stream_resumes   after a TCP segment that was not exactly one whole command, every later
+ *                segment of its connection is unsure and copied (with where its unread stretch began), until one
+ *                starts where the controller proved a command starts (a `stream_resumes` entry); FIN/RST forget it
+ *   counters     per hot key and replica, per server (unsure, closes), switch-wide
  * Anything it cannot read is forwarded untouched.
  *
  * Where v1model differs from eBPF in mechanism (the behaviour is the same; tests/pipeline_fixtures.py holds both to
@@ -24,8 +30,8 @@
  *   to list every header of the parsed command line.
  * - Learned MACs and balanced gets live in hash-indexed registers: a newer entry takes an older one's place where
  *   eBPF's LRU maps evict the least recently used.
- * Not here: the eBPF program's hot-key sketch (monitor --source dataplane); the P4 switch is watched by the monitor's
- * packet capture. */
+ * Not here: the eBPF program's hot-key sketch (monitor --source dataplane; the P4 switch is watched by the monitor's
+ * packet capture), and its coalescing of what nobody can read (here every unsure request is copied). */
 #include <core.p4>
 #include <v1model.p4>
 
@@ -45,6 +51,10 @@ control MbIngress(inout headers_t hdr, inout metadata_t meta, inout standard_met
     register<bit<32>>(1 << MB_FLOW_BITS) flow_homes;
     register<bit<48>>(1 << MB_LEARN_BITS) learned_macs;
     register<bit<9>>(1 << MB_LEARN_BITS) learned_ports;
+    register<bit<64>>(MB_MAX_SERVERS) closes;      /* per server: its memcached closed a connection of the controller's */
+    register<bit<64>>(1 << MB_CLOSING_BITS) closing;  /* the controller's connections it closed first (their id) */
+    register<bit<64>>(1 << MB_STREAM_BITS) stream_ids;     /* connections read as streams (their id) */
+    register<bit<32>>(1 << MB_STREAM_BITS) stream_starts;  /* ... and where their unread stretch began */
 
     /* read by the controller (P4Runtime counters) */
     counter(C_COUNT, CounterType.packets) switch_counters;
@@ -53,6 +63,7 @@ control MbIngress(inout headers_t hdr, inout metadata_t meta, inout standard_met
     counter(MB_MAX_HOT, CounterType.packets) key_mirrored;       /* the twin of `writes` */
     counter(MB_MAX_HOT * MB_MAX_REPLICAS, CounterType.packets) key_per_replica;  /* slot * 8 + position */
     counter(MB_MAX_SERVERS, CounterType.packets) server_unsure;  /* the twin of `unsure` */
+    counter(MB_MAX_SERVERS, CounterType.packets) server_closes;  /* the twin of `closes` */
     counter(1, CounterType.packets) lease_renewals;
 
     action count(bit<32> which) {
@@ -97,6 +108,46 @@ control MbIngress(inout headers_t hdr, inout metadata_t meta, inout standard_met
         actions = { is_trusted; NoAction; }
         const default_action = NoAction;
         size = 16;
+    }
+
+    action closing_server_is(bit<32> server) { meta.closing_server = server; }
+    table closing_servers {  /* which server a reply comes from (server_index, the other way round) */
+        key = { hdr.ipv4.src: exact; hdr.ports.src: exact; }
+        actions = { closing_server_is; NoAction; }
+        const default_action = NoAction;
+        size = MB_MAX_SERVERS;
+    }
+
+    action is_to_controller() { meta.to_controller = 1; }
+    table controller_addresses {  /* trusted_sources, as destinations */
+        key = { hdr.ipv4.dst: exact; }
+        actions = { is_to_controller; NoAction; }
+        const default_action = NoAction;
+        size = 16;
+    }
+
+    table stream_resumes {  /* a command starts at this segment of this connection, as the controller proved */
+        key = { hdr.ipv4.src: exact; hdr.ports.src: exact; hdr.ipv4.dst: exact; hdr.ports.dst: exact;
+                hdr.tcp.seq: exact; }
+        actions = { NoAction; }
+        const default_action = NoAction;
+        size = 1 << MB_STREAM_BITS;
+    }
+
+    /* Where a connection is kept as a stream (its slot in stream_ids), and its id there. */
+    action stream_at(out bit<32> slot, out bit<64> id) {
+        bit<32> h;
+        mix(h, hdr.ipv4.src ^ hdr.ipv4.dst ^ ((bit<32>)hdr.ports.src << 16 | (bit<32>)hdr.ports.dst));
+        slot = h >> (32 - MB_STREAM_BITS);
+        id = hdr.ipv4.src ++ hdr.ports.src ++ hdr.ports.dst;
+    }
+
+    action handled_closes(bit<64> count) { meta.handled = count; }
+    table closes_handled {  /* per server, how many of its closes the controller has dealt with; no entry: none */
+        key = { meta.checked_server: exact; }
+        actions = { handled_closes; NoAction; }
+        const default_action = NoAction;
+        size = MB_MAX_SERVERS;
     }
 
     action hot(bit<32> slot, bit<32> home) { meta.hot = 1; meta.slot = slot; meta.home = home; }
@@ -153,7 +204,7 @@ control MbIngress(inout headers_t hdr, inout metadata_t meta, inout standard_met
     }
 
     action clone_to_controller() {
-        clone(CloneType.I2E, (bit<32>)MB_MIRROR_SESSION);
+        clone_preserving_field_list(CloneType.I2E, (bit<32>)MB_MIRROR_SESSION, MB_COPY_FIELDS);
     }
 
     /* The request may hold writes the pipeline cannot read: every hot key of its server is dirty from now on until
@@ -196,13 +247,26 @@ control MbIngress(inout headers_t hdr, inout metadata_t meta, inout standard_met
             }
         }
         bit<1> reply = 0;
-        if (parsed == 1 && meta.request == 0 && hdr.udp.isValid() && hdr.ipv4.isValid()) {
+        bit<1> server_closed = 0;
+        if (parsed == 1 && meta.request == 0 && hdr.ipv4.isValid() && hdr.ports.isValid()) {
             if (reply_ports.apply().hit) {
-                reply = 1;
+                if (hdr.udp.isValid()) {
+                    reply = 1;
+                } else if (hdr.tcp.isValid() && (hdr.tcp.flags & (TCP_FIN | TCP_RST)) != 0) {
+                    server_closed = 1;
+                }
             }
+        }
+        if (server_closed == 1) {
+            if (!closing_servers.apply().hit) {
+                server_closed = 0;  /* not a server of the config */
+            }
+            controller_addresses.apply();
         }
         bit<1> unparsed = 0;
         bit<1> unsure_it = 0;
+        bit<32> stream_slot = 0;
+        bit<64> stream_id = 0;
         bit<1> balance = 0;
         bit<1> mirror = 0;
         bit<1> whole = 0;
@@ -214,8 +278,35 @@ control MbIngress(inout headers_t hdr, inout metadata_t meta, inout standard_met
             unparsed = 1;
         } else if (parsed == 1 && meta.request == 1) {
             count(C_MEMCACHED);
+            if (hdr.tcp.isValid() && (hdr.tcp.flags & (TCP_FIN | TCP_RST)) != 0 && meta.trusted == 1) {
+                /* the controller closes: the server's FIN will answer it */
+                bit<32> h;
+                mix(h, hdr.ipv4.src ^ hdr.ipv4.dst ^ ((bit<32>)hdr.ports.src << 16 | (bit<32>)hdr.ports.dst));
+                closing.write(h >> (32 - MB_CLOSING_BITS), hdr.ipv4.src ++ hdr.ports.src ++ hdr.ports.dst);
+            }
+            if (hdr.tcp.isValid() && (hdr.ipv4.flags_frag & IP_BALANCED) == 0) {
+                stream_at(stream_slot, stream_id);
+                bit<64> stored;
+                stream_ids.read(stored, stream_slot);
+                if (stored == stream_id) {  /* a connection read as a stream: stopped knowing at stream_starts */
+                    if (meta.payload_len > 0) {
+                        if (stream_resumes.apply().hit) {
+                            stream_ids.write(stream_slot, 0);  /* where a command starts: read on its own again */
+                        } else {
+                            meta.mid_stream = 1;
+                            meta.stream = 1;
+                            stream_starts.read(meta.stream_start, stream_slot);
+                        }
+                    }
+                    if ((hdr.tcp.flags & (TCP_FIN | TCP_RST)) != 0) {
+                        stream_ids.write(stream_slot, 0);
+                    }
+                }
+            }
             if ((hdr.ipv4.flags_frag & IP_BALANCED) != 0) {
                 count(C_ALREADY_BALANCED);
+            } else if (meta.mid_stream == 1) {
+                unsure_it = 1;  /* `mn\r\n` may be the last bytes of a value */
             } else if (meta.payload_len == 0 && meta.command == CMD_NONE) {
                 /* a bare TCP ACK: nothing to read, nothing wrong */
             } else if (hdr.udp.isValid() && meta.frame_ok == 0) {
@@ -269,6 +360,27 @@ control MbIngress(inout headers_t hdr, inout metadata_t meta, inout standard_met
             unsure_it = 1;
         }
 
+        if (server_closed == 1 && meta.to_controller == 1) {
+            /* A server's memcached closed a connection of the controller's: it may be dying or restarting, and
+             * whatever it held may be gone by its next packet. No get is balanced to it and its hot keys are dirty
+             * (unsure) until the controller has checked it; the controller gets a copy. */
+            bit<32> h;
+            mix(h, hdr.ipv4.dst ^ hdr.ipv4.src ^ ((bit<32>)hdr.ports.dst << 16 | (bit<32>)hdr.ports.src));
+            bit<32> at = h >> (32 - MB_CLOSING_BITS);
+            bit<64> stored;
+            closing.read(stored, at);
+            if (stored == hdr.ipv4.dst ++ hdr.ports.dst ++ hdr.ports.src) {
+                closing.write(at, 0);  /* the answer to the controller's own close */
+            } else {
+                bit<64> n;
+                closes.read(n, meta.closing_server);
+                closes.write(meta.closing_server, n + 1);
+                server_closes.count(meta.closing_server);
+                meta.dest_server = meta.closing_server;
+                make_unsure();
+            }
+        }
+
         meta.server_wanted = 0xffffffff;  /* no server lookup */
         bit<1> rewrite_source = 0;
         if (mirror == 1) {  /* set_mirror: counted in the slot (dirty) before it leaves for the home */
@@ -281,6 +393,13 @@ control MbIngress(inout headers_t hdr, inout metadata_t meta, inout standard_met
         }
         if (unsure_it == 1 && meta.dest_known == 1 && meta.trusted == 0) {
             make_unsure();
+            if (hdr.tcp.isValid() && meta.mid_stream == 0) {  /* it may end inside a command: a stream from here */
+                stream_at(stream_slot, stream_id);
+                stream_ids.write(stream_slot, stream_id);
+                stream_starts.write(stream_slot, hdr.tcp.seq);
+                meta.stream = 1;
+                meta.stream_start = hdr.tcp.seq;
+            }
         }
         if (balance == 1) {  /* hot_get */
             key_gets.count(meta.slot);
@@ -306,6 +425,17 @@ control MbIngress(inout headers_t hdr, inout metadata_t meta, inout standard_met
                 meta.point = h[15:0];
                 replicas.apply();
                 meta.server_wanted = meta.replica_hit == 1 ? meta.replica : meta.home;
+                if (meta.server_wanted != meta.home) {  /* it may have lost its copy since the controller looked */
+                    meta.checked_server = meta.server_wanted;
+                    meta.handled = 0;
+                    closes_handled.apply();
+                    bit<64> closed;
+                    closes.read(closed, meta.server_wanted);
+                    if (closed != meta.handled) {
+                        balance = 0;  /* home, untouched */
+                        meta.server_wanted = 0xffffffff;
+                    }
+                }
             }
         } else if (reply == 1 && hdr.frame.isValid()) {  /* reply_source */
             bit<64> id = hdr.ipv4.dst ++ hdr.ports.dst ++ hdr.frame.request_id;
@@ -421,6 +551,8 @@ control MbEgress(inout headers_t hdr, inout metadata_t meta, inout standard_meta
         if (std.instance_type == 1) {  /* the ingress clone: to the controller, as a PacketIn */
             hdr.packet_in.setValid();
             hdr.packet_in.ingress_port = (bit<16>)std.ingress_port;
+            hdr.packet_in.stream_start = meta.stream_start;
+            hdr.packet_in.stream = meta.stream;
             cloned.count(0);
         } else if (std.mcast_grp != 0 && std.egress_port == std.ingress_port) {
             mark_to_drop(std);  /* flooding: not back out of the port it came in on */

@@ -108,6 +108,14 @@ def _with_checksums(frame) -> bytes:
 
 LONGEST = b"k" * 250
 MEMCASLAP_KEY = b"\x10" * 8 + b"joD9mL4Q\t\x7f"  # memcached reads every byte but space and the line end
+
+
+def closing(by: int, to: tuple = CONTROLLER, flags: str = "FA") -> bytes:
+    """Server `by`'s memcached closing its TCP connection to `to` (FIN, or RST)."""
+    mac, ip, port = SERVERS[by]
+    return bytes(Ether(src=mac, dst=to[0]) / IP(src=ip, dst=to[1]) / TCP(sport=port, dport=45000, flags=flags))
+
+
 GET = request(b"get hot\r\n")
 SET_HOT = b"set hot 0 0 1\r\nx\r\n"
 CASES = (
@@ -217,25 +225,23 @@ CASES = (
         ("empty UDP", request(b"", frame=False)),
         ("cut inside the UDP header", request(b"get hot\r\n")[:40]),
         ("ARP", bytes(Ether(src=CLIENT[0], dst=SERVERS[0][0], type=0x0806) / Raw(b"\x00" * 28))))),
+    # a server that closed a connection of the controller's (it may have restarted empty)
+    Case("a replica that closed the controller's connection gets no balanced get", GET, before=(closing(1),),
+         dirty_after=False),
+    Case("... nor after an RST", GET, before=(closing(1, flags="R"),), dirty_after=False),
+    Case("a home that closed it has its hot keys dirty", GET, before=(closing(0),), dirty_after=True),
+    Case("a server closing a client's connection changes nothing", GET, before=(closing(1, to=CLIENT),),
+         out=balanced_to(GET, 1), dirty_after=False),
 )
 
 
-
-# Data planes that follow TCP connections (eBPF, the OpenFlow key classifier): a segment that ended, or may have ended,
-# inside a command makes its connection's later segments unsure until the controller proves a command boundary; a
-# server that closes a connection of the controller's (it may be restarting) gets no balanced get and its hot keys
-# are dirty until the controller has dealt with it.
-def closing(by: int, to: tuple = CONTROLLER, flags: str = "FA") -> bytes:
-    """Server `by`'s memcached closing its TCP connection to `to` (FIN, or RST)."""
-    mac, ip, port = SERVERS[by]
-    return bytes(Ether(src=mac, dst=to[0]) / IP(src=ip, dst=to[1]) / TCP(sport=port, dport=45000, flags=flags))
-
-
+# Every data plane follows TCP connections: a segment that ended, or may have ended, inside a command makes its
+# connection's later segments unsure until the controller proves a command boundary.
 BINARY_SET = bytes.fromhex("80010003080000000000000c00000000") + bytes(16) + b"hot" + b"x"  # memcached's binary
 # protocol: neither the pipeline nor the controller reads it
 UNREADABLE = {"packets": 1, "memcached": 1, "unparsed": 1, "unsure": 1}
 SPLIT_SET = b"set hot 0 0 15\r\nv=0000000005;"  # 27 bytes: the value's last two bytes and "\r\n" follow
-CONNECTION_CASES = (
+STREAM_CASES = (
     Case("a segment after one that stopped mid-command is unsure, however harmless it looks",
          request(b"mn\r\n", udp=False, seq=len(SPLIT_SET)), before=(request(SPLIT_SET, udp=False),), unsure=0,
          dirty_after=True),
@@ -259,12 +265,14 @@ CONNECTION_CASES = (
          unsure=0, dirty_after=True),
     Case("a whole write does not", request(b"get cold\r\n", udp=False, seq=18),
          before=(request(SET_HOT, udp=False),), dirty_after=True),
-    Case("a replica that closed the controller's connection gets no balanced get", GET, before=(closing(1),),
-         dirty_after=False),
-    Case("... nor after an RST", GET, before=(closing(1, flags="R"),), dirty_after=False),
-    Case("a home that closed it has its hot keys dirty", GET, before=(closing(0),), dirty_after=True),
-    Case("a server closing a client's connection changes nothing", GET, before=(closing(1, to=CLIENT),),
-         out=balanced_to(GET, 1), dirty_after=False),
+    Case("the controller's own connections are never followed",
+         request(b"mn\r\n", udp=False, seq=1030, to=1, src=CONTROLLER),
+         before=(request(b"ms hot 9000 T0\r\n" + b"x" * 1000, to=1, udp=False, src=CONTROLLER),)),
+)
+
+# The eBPF program and the OpenFlow key classifier also coalesce what nobody can read: a connection the controller
+# cannot follow, and datagrams the pipeline cannot parse, are copied once per check of their server's keys.
+CONNECTION_CASES = (
     Case("a datagram nobody can read is unsure and copied", request(BINARY_SET), unsure=0, dirty_after=True,
          counters=UNREADABLE),
     Case("... but not copied again before the controller's check (its copy started it: the check covers this one)",
@@ -274,7 +282,4 @@ CONNECTION_CASES = (
          request(b"mn\r\n", udp=False, seq=len(BINARY_SET)),
          before=(request(BINARY_SET, udp=False), request(BINARY_SET, request_id=6)), blind=True, unsure=0,
          dirty_after=True, counters={"packets": 1, "memcached": 1, "unsure": 1, "coalesced": 1}),
-    Case("the controller's own connections are never followed",
-         request(b"mn\r\n", udp=False, seq=1030, to=1, src=CONTROLLER),
-         before=(request(b"ms hot 9000 T0\r\n" + b"x" * 1000, to=1, udp=False, src=CONTROLLER),)),
 )

@@ -1,6 +1,7 @@
-"""Paths by which a replica could serve what its home no longer holds, each driven through the real eBPF switch with
-real memcached and the controller as its own process (the fault runner's rig), and probed by a client sending gets
-of the key through the switch while it reads the home directly (experiments/faults/coherence.py, probe.py).
+"""Paths by which a replica could serve what its home no longer holds, each driven through the real eBPF switch (and
+the P4 one on bmv2 for the split writes and a restarted home) with real memcached and the controller as its own
+process (the fault runner's rig), and probed by a client sending gets of the key through the switch while it reads
+the home directly (experiments/faults/coherence.py, probe.py).
 Asserted: no get returns the home's earlier value once the home shows the change; never how fast."""
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from dataplanes.bpf.program import available
 why_not = available() if os.geteuid() == 0 else "needs root (namespaces, bpf, tc)"
 pytestmark = pytest.mark.skipif(why_not is not None, reason=f"eBPF data plane cannot run here: {why_not}")
 
+from dataplanes.p4.pipeline import available as p4_available  # noqa: E402
 from experiments.faults.coherence import (Probe, judge, run_probes, run_scenario,  # noqa: E402
                                           store_initial)
 from experiments.faults.rig import Rig  # noqa: E402
@@ -21,10 +23,17 @@ from experiments.faults.scenarios import FAULTED  # noqa: E402
 HOT = 2
 
 
+p4_missing = p4_available() if why_not is None else why_not
+on_every_data_plane = pytest.mark.parametrize("rig", [
+    "ebpf", pytest.param("p4", marks=pytest.mark.skipif(p4_missing is not None, reason=f"no P4: {p4_missing}"))],
+    indirect=True)
+
+
 @pytest.fixture
-def rig(tmp_path):
-    """The rig with its hot keys holding the initial value at their homes, balanced."""
-    with Rig(tmp_path, HOT, FAULTED, tag="mbp") as built:
+def rig(tmp_path, request):
+    """The rig (on the eBPF switch unless the test asks for another) with its hot keys holding the initial value at
+    their homes, balanced."""
+    with Rig(tmp_path, HOT, FAULTED, tag="mbp", dataplane=getattr(request, "param", "ebpf")) as built:
         store_initial(built)
         built.wait_balanced()
         yield built
@@ -65,6 +74,7 @@ def test_a_write_split_across_segments_is_never_served_stale(rig, tmp_path, tail
     assert outcome.changed == 1 and outcome.gets_after_change > 0 and outcome.stale == 0, outcome
 
 
+@on_every_data_plane
 def test_writes_split_at_every_point_are_never_served_stale(rig, tmp_path):
     """The TCP stream view is right by construction: no tail, however harmless it looks, is read on its own."""
     outcome = run_scenario(rig, "split_sweep", tmp_path)
@@ -75,6 +85,7 @@ def test_writes_split_at_every_point_are_never_served_stale(rig, tmp_path):
     assert rig.state()["counters"]["stream_boundaries_proven"] > 0
 
 
+@on_every_data_plane
 def test_a_home_restarted_empty_is_empty_everywhere(rig, tmp_path):
     """The home killed and started again at once: its copies must not serve what it no longer holds."""
     outcome = run_scenario(rig, "home_restart", tmp_path)

@@ -19,7 +19,7 @@ from dataplanes.driver import StreamId
 pytest.importorskip("scapy.all")
 from scapy.all import IP, Ether  # noqa: E402
 
-from tests.pipeline_fixtures import (CASES, CLIENT, CONTROLLER, REPLICAS, SERVERS, CONNECTION_CASES, Case,  # noqa: E402
+from tests.pipeline_fixtures import (CASES, CLIENT, CONTROLLER, REPLICAS, SERVERS, CONNECTION_CASES, STREAM_CASES, Case,  # noqa: E402
                                      request)
 
 why_not = available() if os.geteuid() == 0 else "needs root (bpf syscall, bpffs)"
@@ -73,7 +73,7 @@ def make_clean(tables: Tables, slot: int, home: int) -> None:
     tables.set_synced(slot, tables.writes(slot), tables.unsure(home))
 
 
-@pytest.mark.parametrize("case", CASES + CONNECTION_CASES, ids=lambda c: c.name)
+@pytest.mark.parametrize("case", CASES + STREAM_CASES + CONNECTION_CASES, ids=lambda c: c.name)
 def test_pipeline_fixture(plane, case):
     tables, prog = plane
     load_state(tables, case)

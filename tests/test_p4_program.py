@@ -16,14 +16,15 @@ import pytest
 pytest.importorskip("scapy.all")
 from scapy.all import Ether  # noqa: E402
 
-from dataplanes.driver import DriverError, ForwardingEntry, ReplicaWeight  # noqa: E402
+from dataplanes.driver import DriverError, ForwardingEntry, ReplicaWeight, StreamId  # noqa: E402
 from dataplanes.p4.driver import P4RuntimeDriver  # noqa: E402
 from dataplanes.p4 import Settings  # noqa: E402
 from dataplanes.p4.bmv2 import Bmv2Switch  # noqa: E402
 from dataplanes.p4.pipeline import COMPILER, PROGRAMS, Pipeline, available, compile_program, outputs  # noqa: E402
 from mbalancer.config import Server  # noqa: E402
 from tests.bmv2_ports import WAIT, Ports  # noqa: E402
-from tests.pipeline_fixtures import CASES, CLIENT, CONTROLLER, REPLICAS, SERVERS, Case  # noqa: E402
+from tests.pipeline_fixtures import (CASES, CLIENT, CONTROLLER, REPLICAS, SERVERS, STREAM_CASES, Case,  # noqa: E402
+                                     request)
 
 why_not = available() if os.geteuid() == 0 else "needs root (veths, bmv2 on them)"
 on_bmv2 = pytest.mark.skipif(why_not is not None, reason=f"P4 data plane cannot run here: {why_not}")
@@ -84,7 +85,14 @@ def wait_for_packets(driver: P4RuntimeDriver, count: int) -> None:
     assert driver.switch_counters()[0]["packets"] >= count, "the switch did not take the frame"
 
 
-def load_state(driver: P4RuntimeDriver, case: Case) -> None:
+def load_state(driver: P4RuntimeDriver, ports: Ports, case: Case) -> None:
+    for server in range(len(SERVERS)):  # closes seen in an earlier case: handled
+        driver.closes_handled(server, driver.server_closes(server))
+    # the client's connections an earlier case read as streams end (registers cannot be written over P4Runtime)
+    packets = driver.switch_counters()[0]["packets"]
+    for server in range(len(SERVERS)):
+        ports.send(HOST_PORTS[CLIENT[0]], request(b"", to=server, udp=False, tcp_flags="FA"))
+    wait_for_packets(driver, packets + len(SERVERS))
     for hot in case.hot:
         driver.install_hot_key(hot.key, hot.home, [ReplicaWeight(s, w) for s, w in zip(REPLICAS, hot.weights)])
         if not hot.dirty:
@@ -98,10 +106,10 @@ def unsure_counts(driver: P4RuntimeDriver) -> list[int]:
 
 
 @on_bmv2
-@pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
+@pytest.mark.parametrize("case", CASES + STREAM_CASES, ids=lambda c: c.name)
 def test_pipeline_fixture(switch, case):
     driver, ports, mirrors = switch
-    load_state(driver, case)
+    load_state(driver, ports, case)
     key = case.hot[0].key
     try:
         in_port = HOST_PORTS[Ether(case.packet).src] if Ether(case.packet).src in HOST_PORTS else 1
@@ -111,6 +119,8 @@ def test_pipeline_fixture(switch, case):
         wait_for_packets(driver, packets + len(case.before))
         time.sleep(0.05)
         mirrors.settle(driver)
+        if case.resume is not None:
+            driver.resume_stream(StreamId(CLIENT[1], 40000, SERVERS[0][1], SERVERS[0][2]), case.resume)
         ports.drain()
         before, unsure_before = driver.switch_counters()[0], unsure_counts(driver)
         mirrored_before = driver.read_counters().keys[key].mirrored

@@ -58,6 +58,7 @@ def test_the_controllers_sizes_are_the_programs():
     """What pipeline.py and the driver assume of p4src/headers.p4, against the committed P4Info."""
     from dataplanes.pipeline import COUNTERS
     from dataplanes.pipeline import MAX_HOT, MAX_REPLICAS
+    from dataplanes.p4.pipeline import STREAM_RESUMES
     info = Pipeline().p4info
     tables = {t.preamble.name.split(".")[-1]: t.size for t in info.tables}
     counters = {c.preamble.name.split(".")[-1]: c.size for c in info.counters}
@@ -65,6 +66,7 @@ def test_the_controllers_sizes_are_the_programs():
     assert counters["key_gets"] == counters["key_mirrored"] == MAX_HOT
     assert counters["key_per_replica"] == MAX_HOT * MAX_REPLICAS
     assert counters["switch_counters"] == len(COUNTERS)
+    assert tables["stream_resumes"] == STREAM_RESUMES
 
 
 def test_a_hot_key_is_its_entry_and_one_range_per_weighted_replica(server, driver):

@@ -51,21 +51,6 @@ class KeyTables(SlotBook):
                     raise DriverError(f"forwarding of {entry.mac}: no interface {entry.port!r}") from None
                 self._each(lambda t: t.set_forward(entry.mac, ifindex), f"forwarding of {entry.mac}")
 
-    def server_closes(self, server: int) -> tuple:
-        with self.lock:
-            try:
-                return tuple(t.closes(server) for t in self.switches)
-            except ERRORS as err:
-                raise DriverError(f"closes of server {server}: {err}") from None
-
-    def closes_handled(self, server: int, closes: tuple) -> None:
-        with self.lock:
-            if len(closes) != len(self.switches):
-                raise DriverError(f"closes of server {server}: read from {len(closes)} switches, {len(self.switches)} "
-                                  f"now")
-            counts = iter(closes)
-            self._each(lambda t: t.set_closes_handled(server, next(counts)), f"closes of server {server}")
-
     def stream_start(self, stream: StreamId) -> int | None:
         """The connection's start as the first copy that tracks it has it (dataplanes/driver.py)."""
         with self.lock:
@@ -74,10 +59,6 @@ class KeyTables(SlotBook):
                             None)
             except ERRORS as err:
                 raise DriverError(f"stream {stream}: {err}") from None
-
-    def resume_stream(self, stream: StreamId, seq: int) -> None:
-        with self.lock:
-            self._each(lambda t: t.resume_stream(stream, seq), f"stream {stream}")
 
     def blind_stream(self, stream: StreamId) -> None:
         with self.lock:

@@ -18,17 +18,8 @@ class BpfMapsDriver(SlotBookDriver):
     def set_forwarding(self, entries: Sequence[ForwardingEntry]) -> None:
         self.book.set_forwarding(entries)
 
-    def server_closes(self, server: int) -> tuple:
-        return self.book.server_closes(server)
-
-    def closes_handled(self, server: int, closes: tuple) -> None:
-        self.book.closes_handled(server, closes)
-
     def stream_start(self, stream: StreamId) -> int | None:
         return self.book.stream_start(stream)
-
-    def resume_stream(self, stream: StreamId, seq: int) -> None:
-        self.book.resume_stream(stream, seq)
 
     def blind_stream(self, stream: StreamId) -> None:
         self.book.blind_stream(stream)

@@ -12,9 +12,10 @@ forgets its slots and the core is asked to install everything again.
 from __future__ import annotations
 
 import logging
+from collections import OrderedDict
 from typing import Sequence
 
-from dataplanes.driver import DriverError, ForwardingEntry, LeftoverKey
+from dataplanes.driver import DriverError, ForwardingEntry, LeftoverKey, StreamId
 from dataplanes.p4 import Settings
 from dataplanes.p4 import entries as e
 from dataplanes.p4.client import P4RuntimeClient, first_come_election_id
@@ -23,10 +24,12 @@ from dataplanes.p4.tables import P4Tables, lease_fields
 from dataplanes.pipeline import own_addresses
 from dataplanes.slot_book import SlotBook
 from dataplanes.slot_book_driver import SlotBookDriver
+from mbalancer.packets import LINKTYPE_ETHERNET, TCP, destination, memcached_segment
 from mbalancer.settings import Server
 
 log = logging.getLogger(__name__)
 RECONNECT_EVERY = 0.5  # seconds between tries to reach a switch whose stream broke
+STREAM_STARTS_KEPT = 65536  # connections whose start a copy told of (the controller follows as many)
 
 
 def driver_from_settings(settings: Settings) -> "P4RuntimeDriver":
@@ -50,6 +53,9 @@ class P4RuntimeDriver(SlotBookDriver):
         self.forwarding: dict[str, int] = {}  # destination MAC -> port, as written
         self.election_id = first_come_election_id()  # P4Runtime arbitration: the first controller stays primary
         self._restart_pending = False  # a switch broke: every switch starts afresh once all are reached
+        # connection -> where its unread stretch began, as the copies of its segments carry it (registers cannot be
+        # read over P4Runtime)
+        self._stream_starts: OrderedDict[StreamId, int] = OrderedDict()
         try:
             lease_fields(pipeline)  # checked now, not at attach
         except P4Error as err:
@@ -144,9 +150,14 @@ class P4RuntimeDriver(SlotBookDriver):
             updates.append(e.update(e.INSERT, e.table_entry(
                 self.pipeline, "server_index", {"hdr.ipv4.dst": e.ip_value(server.ip), "hdr.ports.dst": server.port},
                 "server_is", {"server": index})))
+            updates.append(e.update(e.INSERT, e.table_entry(
+                self.pipeline, "closing_servers", {"hdr.ipv4.src": e.ip_value(server.ip), "hdr.ports.src": server.port},
+                "closing_server_is", {"server": index})))
         for ip in sorted(own_addresses(servers) | set(self.settings.trusted)):
             updates.append(e.update(e.INSERT, e.table_entry(self.pipeline, "trusted_sources",
                                                             {"hdr.ipv4.src": e.ip_value(ip)}, "is_trusted")))
+            updates.append(e.update(e.INSERT, e.table_entry(self.pipeline, "controller_addresses",
+                                                            {"hdr.ipv4.dst": e.ip_value(ip)}, "is_to_controller")))
         return updates + self._forwarding_updates({}, self.forwarding)
 
     def _flood_ports(self, client: P4RuntimeClient) -> list[int]:
@@ -208,9 +219,28 @@ class P4RuntimeDriver(SlotBookDriver):
             for tables in self.book.switches:
                 tables.set_lease(self.book.lease_until)
 
+    def stream_start(self, stream: StreamId) -> int | None:
+        return self._stream_starts.get(stream)
+
     def _packet_in(self, payload: bytes, metadata: dict[int, bytes]) -> None:
         if self.on_mirror is not None and payload[12:14] == b"\x08\x00":
+            self._note_stream_start(payload, metadata)  # before the core reads the copy
             self._deliver(payload)
+
+    def _note_stream_start(self, frame: bytes, metadata: dict[int, bytes]) -> None:
+        fields = self.pipeline.packet_metadata.get("packet_in", {})
+        if "stream" not in fields or int.from_bytes(metadata.get(fields["stream"][0], b""), "big") != 1:
+            return
+        to = destination(frame, LINKTYPE_ETHERNET)
+        segment = memcached_segment(frame, LINKTYPE_ETHERNET, to[1]) if to else "not IPv4"
+        if isinstance(segment, str) or segment.transport != TCP:
+            return
+        client_ip, _, client_port = segment.source.rpartition(":")
+        stream = StreamId(client_ip, int(client_port), to[0], to[1])
+        self._stream_starts[stream] = int.from_bytes(metadata.get(fields["stream_start"][0], b""), "big")
+        self._stream_starts.move_to_end(stream)
+        while len(self._stream_starts) > STREAM_STARTS_KEPT:
+            self._stream_starts.popitem(last=False)
 
     # --- forwarding ---------------------------------------------------------------------------------------------
     def _forwarding_updates(self, old: dict[str, int], new: dict[str, int]) -> list:

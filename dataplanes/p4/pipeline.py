@@ -29,6 +29,7 @@ SWITCH = "simple_switch_grpc"
 # Numbers the program defines that the controller must agree with (p4src/headers.p4)
 MIRROR_SESSION = 100
 FLOOD_GROUP = 1
+STREAM_RESUMES = 1 << 14  # MB_STREAM_BITS: the `stream_resumes` table's size
 # switch_counters' indexes are the eBPF program's counters, in its order (dataplanes/pipeline.py COUNTERS);
 # "cloned" is counted in egress instead, where the copy to the controller exists
 

@@ -12,10 +12,12 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import OrderedDict
 
 from dataplanes.p4 import entries as e
 from dataplanes.p4.client import P4RuntimeClient, encode
-from dataplanes.p4.pipeline import P4Error, Pipeline
+from dataplanes.p4.pipeline import STREAM_RESUMES, P4Error, Pipeline
+from dataplanes.driver import StreamId
 from dataplanes.pipeline import COUNTERS, MAX_REPLICAS
 from dataplanes.slot_book import HotEntry, KeyCounts
 
@@ -29,6 +31,8 @@ class P4Tables:
         self.client, self.pipeline = client, pipeline
         self.synced_slots: set[int] = set()  # slots with a `synced` entry
         self.mirrored_base: dict[int, int] = {}  # slot -> key_mirrored at its reset
+        self.handled_servers: set[int] = set()  # servers with a `closes_handled` entry
+        self.resumes: OrderedDict[StreamId, int] = OrderedDict()  # connection -> its `stream_resumes` entry's seq
         self._op, self._lease = lease_fields(pipeline)
 
     @property
@@ -86,6 +90,37 @@ class P4Tables:
             params = e.params_of(self.pipeline, "synced_to", entity)
             return params["written"], params["unsure_count"]
         return None
+
+    # --- servers that closed the controller's connections -----------------------------------------------------
+    def closes(self, server: int) -> int:
+        return self._count("server_closes", server)
+
+    def set_closes_handled(self, server: int, count: int) -> None:
+        kind = e.MODIFY if server in self.handled_servers else e.INSERT
+        self.client.write([e.update(kind, e.table_entry(self.pipeline, "closes_handled", {"meta.checked_server": server},
+                                                        "handled_closes", {"count": count}))],
+                          f"closes of server {server} handled")
+        self.handled_servers.add(server)
+
+    # --- TCP connections read as streams ----------------------------------------------------------------------
+    def resume_stream(self, stream: StreamId, seq: int) -> None:
+        """A `stream_resumes` entry for the segment at `seq`, in place of the connection's earlier one; the oldest
+        goes when the table is full (that connection's next boundary is then not known: its segments stay
+        unsure until it ends)."""
+        updates = []
+        if stream in self.resumes:
+            updates.append(e.update(e.DELETE, self._resume(stream, self.resumes.pop(stream))))
+        while len(self.resumes) >= STREAM_RESUMES:
+            updates.append(e.update(e.DELETE, self._resume(*self.resumes.popitem(last=False))))
+        updates.append(e.update(e.INSERT, self._resume(stream, seq & 0xFFFFFFFF)))
+        self.client.write(updates, f"command boundary of {stream}")
+        self.resumes[stream] = seq & 0xFFFFFFFF
+
+    def _resume(self, stream: StreamId, seq: int):
+        return e.table_entry(self.pipeline, "stream_resumes", {
+            "hdr.ipv4.src": e.ip_value(stream.client_ip), "hdr.ports.src": stream.client_port,
+            "hdr.ipv4.dst": e.ip_value(stream.server_ip), "hdr.ports.dst": stream.server_port, "hdr.tcp.seq": seq},
+            "NoAction")
 
     def set_lease(self, until_ns: int) -> None:
         """A PacketOut the switch adds to its own clock; returns once the switch has counted it (a PacketOut is sent

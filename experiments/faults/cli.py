@@ -19,12 +19,13 @@ from mbalancer.outputs import output_problem
 from mbalancer.progress import end_progress, stderr_progress
 
 MAX_HOGS = 64
+DATAPLANES = ("ebpf", "p4")  # the data planes with a namespace switch and a controller process of their own
 
 
 def register(commands: argparse._SubParsersAction) -> None:
     parser = commands.add_parser(
         "faults", help="inject faults (crash, hang, UDP wedge, controller kill, ...) under load (root)",
-        description="Three memcached servers and a client in namespaces behind the eBPF switch, MBalancer's "
+        description="Three memcached servers and a client in namespaces behind a switch (eBPF or P4), MBalancer's "
                     "controller as its own process. For each fault and load: warm-up, fault, recovery; the client "
                     "counts per 100 ms gets answered, timeouts, stale reads (versioned values) and misses. Writes a "
                     "CSV and a PNG per run, summary.csv/json, and prints the table.")
@@ -39,6 +40,8 @@ def register(commands: argparse._SubParsersAction) -> None:
     parser.add_argument("--fault", type=float, default=3.0, help="seconds the fault lasts (default 3)")
     parser.add_argument("--recovery", type=float, default=4.0,
                         help="seconds of load after the fault ends, to see the recovery (default 4)")
+    parser.add_argument("--dataplane", choices=DATAPLANES, default="ebpf",
+                        help="the switch the rig is built on (default ebpf; p4: bmv2, much slower: use --rate 500)")
     parser.add_argument("--hogs", type=int, default=0,
                         help="busy loops running for the whole of every run, as on a loaded machine (two on a 2-core "
                              "box: load average about 4-8); failure detection is judged under them")
@@ -104,7 +107,7 @@ def _runs(args: argparse.Namespace, faults: list[str], loads: list[float], paths
     runs = [(f, load) for f in faults for load in loads]
     for done, (name, load) in enumerate(runs):
         stderr_progress(f"{name} at {load:.0%} load ({done + 1}/{len(runs)}, {phases.total:g} s each)")
-        with Rig(args.out, args.hot, FAULTED) as rig:
+        with Rig(args.out, args.hot, FAULTED, dataplane=args.dataplane) as rig:
             result = run_fault(rig, FAULTS[name], load, args.rate, args.write_rate, phases, args.out)
         write_buckets_csv(args.out, result)
         plot_run(args.out, result, phases)
@@ -117,7 +120,7 @@ def _coherence(args: argparse.Namespace, paths: list[str]) -> list[Outcome]:
     outcomes = []
     for done, name in enumerate(paths):
         stderr_progress(f"coherence path {name} ({done + 1}/{len(paths)})")
-        with Rig(args.out, args.hot, FAULTED) as rig:
+        with Rig(args.out, args.hot, FAULTED, dataplane=args.dataplane) as rig:
             store_initial(rig)
             rig.wait_balanced()
             outcomes.append(run_scenario(rig, name, args.out))

@@ -95,17 +95,28 @@ def split_write_probes(key: str) -> list[Probe]:
     return [Probe("set, the value's last 2 bytes (mn) 100 ms later", head, b"mn\r\n", 0.1, 2.0)]
 
 
+SPLIT_COMMANDS = (  # (command, every how many bytes it is cut, delays before its second segment)
+    ("set {key} 0 0 {size}\r\n{value}\r\n", 1, (0.0, 0.15)),
+    ("set {key} 0 0 {size}\r\n{value}\r\n", 5, (0.5,)),
+    ("append {key} 0 0 {size}\r\n{value}\r\n", 3, (0.15,)),
+    ("ms {key} {size} T0\r\n{value}\r\n", 3, (0.15,)),
+    ("cas {key} 0 0 {size} <cas>\r\n{value}\r\n", 3, (0.0, 0.15)),  # probe.py puts the home's CAS in
+)
+
+
 def split_sweep_probes(key: str) -> list[Probe]:
+    """Each command cut at every `step`th byte (never inside the <cas> mark); its value's tail reads as `version` or
+    as a get of a cold key."""
     probes = []
-    for n, (command, step, delays) in enumerate((("set {key} 0 0 {size}\r\n{value}\r\n", 1, (0.0, 0.15)),
-                                                 ("append {key} 0 0 {size}\r\n{value}\r\n", 3, (0.15,)),
-                                                 ("ms {key} {size} T0\r\n{value}\r\n", 3, (0.15,)))):
+    for n, (command, step, delays) in enumerate(SPLIT_COMMANDS):
         for delay in delays:
             for cut in range(1, 60, step):
                 value = f"{n}{cut:02d}{delay:.2f};version" if cut % 2 else f"{n}{cut:02d}{delay:.2f}\r\nget cold:0"
                 whole = command.format(key=key, size=len(value), value=value).encode()
                 if cut >= len(whole):
                     break
+                if whole.find(b"<cas>") < cut < whole.find(b"<cas>") + len(b"<cas>"):
+                    continue
                 probes.append(Probe(f"{whole[:cut]!r} | {whole[cut:]!r} after {delay} s", whole[:cut], whole[cut:],
                                     delay, 0.2))
     return probes

@@ -21,12 +21,16 @@ import time
 
 GET_EVERY = 0.002  # s between gets: ~500 gets/s, enough to see a stale window of a few ms
 REPLY_WAIT = 0.5  # s a get may take before it counts as a timeout
+CAS_MARK = b"<cas>"  # in a probe's bytes: replaced by the key's CAS at its home when the probe starts
 
 
 def probe(key: bytes, home: tuple[str, int], first: bytes, then: bytes | None, after: float,
           seconds: float) -> dict:
     with socket.create_connection(home, timeout=5) as tcp:
         tcp.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        if CAS_MARK in first + (then or b""):  # a cas command: the item's CAS as it is now
+            cas = _home_cas(tcp, key)
+            first, then = first.replace(CAS_MARK, cas), then.replace(CAS_MARK, cas) if then else then
         tcp.sendall(first)
         if then is not None:
             time.sleep(after)
@@ -81,6 +85,21 @@ def _home_value(tcp: socket.socket, key: bytes) -> str | None:
         if not chunk:
             raise ConnectionError("the home closed the connection")
         data += chunk
+
+
+def _home_cas(tcp: socket.socket, key: bytes) -> bytes:
+    """The key's CAS at its home (mg with the c flag), as digits."""
+    tcp.sendall(b"mg " + key + b" c\r\n")
+    line = b""
+    while not line.endswith(b"\r\n"):
+        chunk = tcp.recv(4096)
+        if not chunk:
+            raise ConnectionError("the home closed the connection")
+        line += chunk
+    flags = line.split()
+    if flags[:1] != [b"HD"] or not any(f.startswith(b"c") for f in flags[1:]):
+        raise ValueError(f"no CAS for {key!r} at its home: {line!r}")
+    return next(f[1:] for f in flags[1:] if f.startswith(b"c"))
 
 
 def _read_reply(tcp: socket.socket) -> bytes:

@@ -33,11 +33,12 @@ class RigError(RuntimeError):
 
 
 class Rig:
-    def __init__(self, out: Path, hot: int, avoid: int, tag: str = "mbf"):
-        """hot: how many hot keys; avoid: the server none of them may be homed on (the one faults hit)."""
-        self.out, self.hot, self.avoid, self.tag = out, hot, avoid, tag
+    def __init__(self, out: Path, hot: int, avoid: int, tag: str = "mbf", dataplane: str = "ebpf"):
+        """hot: how many hot keys; avoid: the server none of them may be homed on (the one faults hit); dataplane: a
+        registry name with a namespace switch (ebpf, p4, openflow)."""
+        self.out, self.hot, self.avoid, self.tag, self.dataplane = out, hot, avoid, tag, dataplane
         self.python = sys.executable
-        self.net = NamespaceNetwork(servers=SERVERS, clients=1, tag=tag)
+        self.net = NamespaceNetwork(servers=SERVERS, clients=1, tag=tag, dataplane=dataplane)
         self.memcached: list[subprocess.Popen] = []
         self.controller: subprocess.Popen | None = None
         self.hogs: list[subprocess.Popen] = []
@@ -124,12 +125,13 @@ class Rig:
     def _write_config(self) -> None:
         servers = "\n".join(f'[[servers]]\nname = "{h.name}"\nip = "{h.ip}"\nmac = "{h.mac}"\nport = {MEMCACHED_PORT}\n'
                             for h in self.net.server_hosts)
-        switches = json.dumps(self.net.switch.driver_settings()["switches"])
+        settings = "".join(f"{name} = {json.dumps(value)}\n"  # strings, numbers and lists of them: TOML as JSON
+                           for name, value in self.net.switch.driver_settings().items())
         (self.out / "config.toml").write_text(
             f"{servers}\n[balancing]\nhot = {self.hot}\nhysteresis = 1\n"
             f'mode = "equal"  # every replica carries a third: the faulted one is in rotation when its fault comes\n\n'
             f'[controller]\nlisten = "127.0.0.1:{self.port}"\n\n'
-            f'[dataplane]\nkind = "ebpf"\n\n[dataplane.ebpf]\nswitches = {switches}\n')
+            f'[dataplane]\nkind = "{self.dataplane}"\n\n[dataplane.{self.dataplane}]\n{settings}')
 
     def _pick_keys(self) -> dict[str, tuple[str, int]]:
         hosts = self.net.server_hosts
