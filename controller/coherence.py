@@ -48,6 +48,7 @@ class Coherence:
             self.sync(key, data, received)
         for server, unreadable in unsure.items():
             if unreadable:  # the home may not have applied it yet: look after it has
+                self.unreadable_at[server] = self.clock()
                 self._schedule(RetryKind.HOME_CHECK, b"", server, "a request nobody could read",
                                delay=UNREADABLE_WAIT)
             else:
@@ -57,15 +58,24 @@ class Coherence:
                    skip: Container[bytes] = ()) -> None:
         """The data plane counted unsure requests to `server`: each of its hot keys the counts made dirty is
         settled again. The data plane's coalesced copies are rearmed first: an unsure request it did not copy came
-        before this, and is in the counts read now."""
+        before this, and is in the counts read now. A server that is home to no hot key is left unarmed (its
+        requests nobody can read then cost nothing) until one of its keys is settled."""
+        homed = [key for key, hot in self.hot.items() if hot.placement.home == server]
+        if not homed:
+            self.unarmed.add(server)
+            return
         try:
-            self.driver.rearm_unsure(server)
+            self._rearm(server)
         except DriverError as err:
             return self._schedule(RetryKind.HOME_CHECK, b"", server, str(err), attempt)
-        for key, hot in list(self.hot.items()):
-            if hot.placement.home == server and key not in skip:
+        for key in homed:
+            if key not in skip and (hot := self.hot.get(key)) is not None:
                 between()
                 self._check(key, hot)
+
+    def _rearm(self, server: int) -> None:
+        self.driver.rearm_unsure(server)
+        self.unarmed.discard(server)
 
     def sync(self, key: bytes, data: bytes | None, received: float) -> None:
         """A write to `key` was mirrored (its data if it was a set): bring the replicas up to date."""
@@ -228,6 +238,8 @@ class Coherence:
             return False
         for _ in range(SYNC_ROUNDS):
             try:
+                if home in self.unarmed:  # from now on its requests nobody can read are copied again
+                    self._rearm(home)
                 stamp = self.driver.write_stamp(key)
                 if not self._mirrors_in(key, hot, stamp):
                     self._schedule(RetryKind.SETTLE, key, KEY_LEVEL, "the copy of a counted write is on its way",
@@ -260,10 +272,15 @@ class Coherence:
         return False
 
     def _unreadable_wait(self, home: int) -> float:
-        """Seconds until the home has had UNREADABLE_WAIT to apply the latest request to it nobody could read, whose
-        copy the data plane may have coalesced (0: none that recent). Raises DriverError."""
-        quiet = self.driver.unsure_quiet(home)
-        return 0.0 if quiet is None else max(UNREADABLE_WAIT - quiet, 0.0)
+        """Seconds until the home has had UNREADABLE_WAIT to apply the latest request to it nobody could read: the
+        latest such copy handled here (a check scheduled for an earlier one may come sooner), and the latest the
+        data plane counted, whose copy it may have coalesced (0: none that recent). Raises DriverError."""
+        quiet = self.clock() - self.unreadable_at.get(home, float("-inf"))
+        in_data_plane = self.driver.unsure_quiet(home)
+        if in_data_plane is not None:
+            quiet = min(quiet, in_data_plane)
+        wait = UNREADABLE_WAIT - quiet
+        return wait if wait > 1e-6 else 0.0  # (a rounding error's microsecond is no wait)
 
     def _synced(self, key: bytes, hot: HotKey) -> None:
         if hot.unsynced_since is None:

@@ -89,6 +89,7 @@ class ControllerCore:
         self._remove_leftovers(leftovers)
         for server in range(len(self.config.servers)):  # the closes the driver acknowledged at attach
             self._closes_handled[server] = self.driver.server_closes(server)
+            self._rearm(server)
         self._publish()
         self.driver.renew_lease(self.config.controller.lease)
         self._worker = self._spawn(self._work, "mbalancer-core")
@@ -272,6 +273,14 @@ class ControllerCore:
         for server in sorted(closed):
             self._on_closed(server)
         self.executor.sync_batch(writes, unsure, between=self._handle_urgent)
+
+    def _rearm(self, server: int) -> None:
+        """A report a predecessor left armed would keep the next unreadable request from being copied."""
+        try:
+            self.driver.rearm_unsure(server)
+        except DriverError as err:
+            log.warning("server %d: its unsure report not rearmed (requests nobody can read may wait for the next "
+                        "check): %s", server, err)
 
     def submit_closed(self, server: int) -> None:
         """The data plane counted a close of the server that no copy told of (read with a health probe)."""

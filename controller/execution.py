@@ -63,6 +63,9 @@ class Executor(Coherence):
         self.unseen_writes = 0  # changes at a home found by polling, not by a mirrored write
         self.cas_moves = 0  # new CAS at a home with the same value (memcached relinked the item)
         self.next_poll = clock() + poll_every
+        self.unreadable_at: dict[int, float] = {}  # server -> when the latest copy nobody could read was handled
+        self.unarmed: set[int] = set()  # servers whose unsure report was not rearmed (home to no hot key when
+        # checked): their requests nobody can read are not copied until one of their keys is settled
 
     # --- the plan ---------------------------------------------------------------------------------------------
     # --- what the core reads (it never reaches into the records) ---------------------------------------------

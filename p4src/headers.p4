@@ -55,14 +55,19 @@ header packet_in_t {
     bit<16> ingress_port;
     bit<32> stream_start;  /* with stream 1: the sequence number where its connection's unread stretch began */
     bit<8> stream;         /* 1: a segment of a connection read as a stream (the controller follows it) */
+    bit<8> report;         /* 1: no packet, the answer to a rearm (op 2): */
+    bit<48> quiet_us;      /* ... microseconds since the server's latest coalescable unsure request */
 }
 
-/* From the controller: renew its lease. The pipeline sets the lease's end to its own clock + lease_us, so no clock
- * is shared between switch and controller. Anything else from the CPU port is dropped. */
+/* From the controller: renew its lease (the pipeline sets the lease's end to its own clock + lease_us, so no clock
+ * is shared between switch and controller), or rearm a server's unsure report, answered by a PacketIn saying how
+ * long ago its latest coalescable unsure request passed (registers cannot be read over P4Runtime). Anything else
+ * from the CPU port is dropped. */
 @controller_header("packet_out")
 header packet_out_t {
-    bit<8> op;         /* 1: renew the lease */
-    bit<32> lease_us;  /* from now; 0 ends it */
+    bit<8> op;         /* 1: renew the lease; 2: rearm a server's unsure report and answer how quiet it is */
+    bit<32> lease_us;  /* op 1: from now; 0 ends it */
+    bit<32> server;    /* op 2 */
 }
 
 header ethernet_t {
@@ -195,6 +200,9 @@ struct metadata_t {
     @field_list(MB_COPY_FIELDS)
     bit<8> stream;           /* 1: the segment belongs to a connection read as a stream */
     bit<1> mid_stream;       /* a later segment of such a connection: unsure, whatever it looks like */
+    bit<1> coalesce;         /* unsure, and unreadable by the controller too: one copy per report is enough */
+    bit<1> report;           /* answer a rearm (op 2) to the controller */
+    bit<48> quiet_us;
     bit<32> closing_server;  /* the server whose memcached sent this FIN or RST */
     bit<1> to_controller;    /* to one of the controller's addresses */
     bit<32> checked_server;  /* closes_handled's key: the replica a get would go to */

@@ -12,6 +12,9 @@
  *   closes + closes_handled + closing   a server that closed a connection of the controller's (it may have
  *                restarted empty) gets no balanced get, and its hot keys are dirty, until the controller has checked
  *                it; the server's FIN that answers the controller's own close does not count
+ *   unsure_reported + unsure_last + blind_streams   what nobody can read (a connection the controller gave up on,
+ *                a datagram the pipeline cannot parse) is copied once per report, which the controller rearms with
+ *                a PacketOut (answered with how long ago the latest passed)
  *   streams (registers) + stream_resumes   after a TCP segment that was not exactly one whole command, every later
  *                segment of its connection is unsure and copied (with where its unread stretch began), until one
  *                starts where the controller proved a command starts (a `stream_resumes` entry); FIN/RST forget it
@@ -30,8 +33,8 @@
  *   to list every header of the parsed command line.
  * - Learned MACs and balanced gets live in hash-indexed registers: a newer entry takes an older one's place where
  *   eBPF's LRU maps evict the least recently used.
- * Not here: the eBPF program's hot-key sketch (monitor --source dataplane; the P4 switch is watched by the monitor's
- * packet capture), and its coalescing of what nobody can read (here every unsure request is copied). */
+ * Not here: the eBPF program's hot-key sketch (monitor --source dataplane); the P4 switch is watched by the monitor's
+ * packet capture. */
 #include <core.p4>
 #include <v1model.p4>
 
@@ -51,10 +54,12 @@ control MbIngress(inout headers_t hdr, inout metadata_t meta, inout standard_met
     register<bit<32>>(1 << MB_FLOW_BITS) flow_homes;
     register<bit<48>>(1 << MB_LEARN_BITS) learned_macs;
     register<bit<9>>(1 << MB_LEARN_BITS) learned_ports;
-    register<bit<64>>(MB_MAX_SERVERS) closes;      /* per server: its memcached closed a connection of the controller's */
+    register<bit<64>>(MB_MAX_SERVERS) closes;      /* per server: its memcached closed one of the controller's */
     register<bit<64>>(1 << MB_CLOSING_BITS) closing;  /* the controller's connections it closed first (their id) */
     register<bit<64>>(1 << MB_STREAM_BITS) stream_ids;     /* connections read as streams (their id) */
     register<bit<32>>(1 << MB_STREAM_BITS) stream_starts;  /* ... and where their unread stretch began */
+    register<bit<1>>(MB_MAX_SERVERS) unsure_reported;  /* a coalescable unsure request copied since the last rearm */
+    register<bit<48>>(MB_MAX_SERVERS) unsure_last;     /* when the latest coalescable one passed (us) */
 
     /* read by the controller (P4Runtime counters) */
     counter(C_COUNT, CounterType.packets) switch_counters;
@@ -124,6 +129,13 @@ control MbIngress(inout headers_t hdr, inout metadata_t meta, inout standard_met
         actions = { is_to_controller; NoAction; }
         const default_action = NoAction;
         size = 16;
+    }
+
+    table blind_streams {  /* connections the controller cannot follow: their segments' copies are coalesced */
+        key = { hdr.ipv4.src: exact; hdr.ports.src: exact; hdr.ipv4.dst: exact; hdr.ports.dst: exact; }
+        actions = { NoAction; }
+        const default_action = NoAction;
+        size = 1 << MB_STREAM_BITS;
     }
 
     table stream_resumes {  /* a command starts at this segment of this connection, as the controller proved */
@@ -218,11 +230,37 @@ control MbIngress(inout headers_t hdr, inout metadata_t meta, inout standard_met
         meta.clone_it = 1;
     }
 
+    /* As make_unsure, for a request the controller cannot read either: copied only if no copy of such a request to
+     * this server was made since the controller's last rearm (the check that copy starts covers this one). */
+    action make_unsure_coalesced() {
+        bit<64> n;
+        unsure.read(n, meta.dest_server);
+        unsure.write(meta.dest_server, n + 1);
+        server_unsure.count(meta.dest_server);
+        count(C_UNSURE);
+        unsure_last.write(meta.dest_server, std.ingress_global_timestamp);
+        bit<1> reported;
+        unsure_reported.read(reported, meta.dest_server);
+        unsure_reported.write(meta.dest_server, 1);
+        meta.clone_it = ~reported;
+        if (reported == 1) {
+            count(C_COALESCED);
+        }
+    }
+
     apply {
         if (hdr.packet_out.isValid()) {  /* from the controller */
             if (hdr.packet_out.op == 1) {
                 lease_until.write(0, std.ingress_global_timestamp + (bit<48>)hdr.packet_out.lease_us);
                 lease_renewals.count(0);  /* the controller waits for it: a lease it ends is over when it returns */
+            } else if (hdr.packet_out.op == 2 && hdr.packet_out.server < MB_MAX_SERVERS) {
+                unsure_reported.write(hdr.packet_out.server, 0);
+                bit<48> last;
+                unsure_last.read(last, hdr.packet_out.server);
+                meta.quiet_us = last == 0 ? 48w0xffffffffffff : std.ingress_global_timestamp - last;
+                meta.report = 1;
+                std.egress_spec = MB_CPU_PORT;  /* the answer: a PacketIn */
+                return;
             }
             mark_to_drop(std);
             return;
@@ -296,6 +334,9 @@ control MbIngress(inout headers_t hdr, inout metadata_t meta, inout standard_met
                             meta.mid_stream = 1;
                             meta.stream = 1;
                             stream_starts.read(meta.stream_start, stream_slot);
+                            if (blind_streams.apply().hit) {
+                                meta.coalesce = 1;
+                            }
                         }
                     }
                     if ((hdr.tcp.flags & (TCP_FIN | TCP_RST)) != 0) {
@@ -358,6 +399,7 @@ control MbIngress(inout headers_t hdr, inout metadata_t meta, inout standard_met
         if (unparsed == 1) {
             count(C_UNPARSED);
             unsure_it = 1;
+            meta.coalesce = (bit<1>)hdr.udp.isValid();  /* a TCP one starts a stream: its copy is needed */
         }
 
         if (server_closed == 1 && meta.to_controller == 1) {
@@ -392,7 +434,11 @@ control MbIngress(inout headers_t hdr, inout metadata_t meta, inout standard_met
             meta.clone_it = whole;  /* else make_unsure clones it (once) */
         }
         if (unsure_it == 1 && meta.dest_known == 1 && meta.trusted == 0) {
-            make_unsure();
+            if (meta.coalesce == 1) {
+                make_unsure_coalesced();
+            } else {
+                make_unsure();
+            }
             if (hdr.tcp.isValid() && meta.mid_stream == 0) {  /* it may end inside a command: a stream from here */
                 stream_at(stream_slot, stream_id);
                 stream_ids.write(stream_slot, stream_id);
@@ -548,7 +594,11 @@ control MbIngress(inout headers_t hdr, inout metadata_t meta, inout standard_met
 control MbEgress(inout headers_t hdr, inout metadata_t meta, inout standard_metadata_t std) {
     counter(1, CounterType.packets) cloned;
     apply {
-        if (std.instance_type == 1) {  /* the ingress clone: to the controller, as a PacketIn */
+        if (meta.report == 1) {  /* the answer to a rearm */
+            hdr.packet_in.setValid();
+            hdr.packet_in.report = 1;
+            hdr.packet_in.quiet_us = meta.quiet_us;
+        } else if (std.instance_type == 1) {  /* the ingress clone: to the controller, as a PacketIn */
             hdr.packet_in.setValid();
             hdr.packet_in.ingress_port = (bit<16>)std.ingress_port;
             hdr.packet_in.stream_start = meta.stream_start;

@@ -82,6 +82,9 @@ class CheckingServer(p4runtime_pb2_grpc.P4RuntimeServicer):
                 elif kind == "packet":
                     with self.lock:
                         self.packet_outs.append(request.packet)
+                        answer = self._rearm_answer(request.packet)
+                    if answer is not None:
+                        yield answer
         finally:
             with self.lock:  # a closed stream's controller is gone: the next highest is primary
                 self.elections.discard(mine)
@@ -131,8 +134,30 @@ class CheckingServer(p4runtime_pb2_grpc.P4RuntimeServicer):
                         found = reply.entities.add().counter_entry
                         found.counter_id, found.index.index = counter.preamble.id, index
                         renewals = counter.preamble.name.endswith(".lease_renewals")
-                        found.data.packet_count = len(self.packet_outs) if renewals else 0
+                        found.data.packet_count = self._ops(1) if renewals else 0
         yield reply
+
+    # --- PacketOuts, as the program takes them (p4src/headers.p4 packet_out) ---------------------------------
+    def _metadata(self, header: str) -> dict[str, int]:
+        return {m.name: m.id for h in self.p4info.controller_packet_metadata if h.preamble.name == header
+                for m in h.metadata} if self.p4info is not None else {}
+
+    def _op(self, packet) -> int | None:
+        op = self._metadata("packet_out").get("op")
+        return next((int.from_bytes(m.value, "big") for m in packet.metadata if m.metadata_id == op), None)
+
+    def _ops(self, op: int) -> int:
+        return sum(1 for packet in self.packet_outs if self._op(packet) == op)
+
+    def _rearm_answer(self, packet) -> p4runtime_pb2.StreamMessageResponse | None:
+        """A rearm (op 2) is answered as the switch does: a PacketIn, report 1, nothing unsure ever."""
+        if self._op(packet) != 2:
+            return None
+        fields = self._metadata("packet_in")
+        reply = p4runtime_pb2.StreamMessageResponse()
+        reply.packet.metadata.add(metadata_id=fields["report"], value=b"\x01")
+        reply.packet.metadata.add(metadata_id=fields["quiet_us"], value=b"\xff" * 6)
+        return reply
 
     # --- checks ---------------------------------------------------------------------------------------------
     def _primary(self, election_low: int, context) -> None:

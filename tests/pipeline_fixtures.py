@@ -270,8 +270,8 @@ STREAM_CASES = (
          before=(request(b"ms hot 9000 T0\r\n" + b"x" * 1000, to=1, udp=False, src=CONTROLLER),)),
 )
 
-# The eBPF program and the OpenFlow key classifier also coalesce what nobody can read: a connection the controller
-# cannot follow, and datagrams the pipeline cannot parse, are copied once per check of their server's keys.
+# Every data plane also coalesces what nobody can read: a connection the controller cannot follow, and datagrams the
+# pipeline cannot parse, are copied once per check of their server's keys. (A connection given up stays so: last.)
 CONNECTION_CASES = (
     Case("a datagram nobody can read is unsure and copied", request(BINARY_SET), unsure=0, dirty_after=True,
          counters=UNREADABLE),

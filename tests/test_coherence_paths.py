@@ -39,10 +39,15 @@ def rig(tmp_path, request):
         yield built
 
 
-@pytest.mark.parametrize("line", ["gat 1 {key}", "gats 1 {key}", "mg {key} v T1", "mg {key} T1"])
-def test_a_ttl_shortened_at_the_home_expires_every_copy_with_it(rig, tmp_path, line):
+@pytest.mark.parametrize("line, cut", [("gat 1 {key}", None), ("gats 1 {key}", None), ("mg {key} v T1", None),
+                                       ("mg {key} T1", None), ("mg {key} v T1", 4), ("mg {key} v T1", -4),
+                                       ("gat 1 {key}", -2)])
+def test_a_ttl_shortened_at_the_home_expires_every_copy_with_it(rig, tmp_path, line, cut):
+    """Whole, or cut in two TCP segments 0.1 s apart (inside the key, inside the flags, between the line's end)."""
     key = next(iter(rig.keys))
-    probes = [Probe(line, line.format(key=key).encode() + b"\r\n", seconds=3.0)]
+    request = line.format(key=key).encode() + b"\r\n"
+    whole = Probe(line, request, seconds=3.0)
+    probes = [whole if cut is None else Probe(f"{line} cut at {cut}", request[:cut], request[cut:], 0.1, 3.0)]
     results = run_probes(rig, key, probes, tmp_path)
     outcome = judge("ttl", probes, results)
     assert results[0]["reply"].startswith(("VALUE", "VA", "HD")), results[0]["reply"]

@@ -19,8 +19,8 @@ from dataplanes.driver import StreamId
 pytest.importorskip("scapy.all")
 from scapy.all import IP, Ether  # noqa: E402
 
-from tests.pipeline_fixtures import (CASES, CLIENT, CONTROLLER, REPLICAS, SERVERS, CONNECTION_CASES, STREAM_CASES, Case,  # noqa: E402
-                                     request)
+from tests.pipeline_fixtures import (CASES, CLIENT, CONNECTION_CASES, CONTROLLER, REPLICAS, SERVERS,  # noqa: E402
+                                     STREAM_CASES, Case, request)
 
 why_not = available() if os.geteuid() == 0 else "needs root (bpf syscall, bpffs)"
 pytestmark = pytest.mark.skipif(why_not is not None, reason=f"eBPF data plane cannot run here: {why_not}")

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 
-from controller.coherence import MIRRORS_LOST_AFTER, SYNC_ROUNDS
+from controller.coherence import MIRRORS_LOST_AFTER, SYNC_ROUNDS, UNREADABLE_WAIT
 from controller.execution import REFUSED_BACKOFF_MAX, Executor
 from controller.hot_keys import HotKeyState
 from controller.planner import Change, Placement
@@ -301,3 +301,20 @@ def test_copies_of_counted_writes_that_never_come_are_declared_lost(live):
     run_retries(live)
     assert live.mirrors_lost == 1 and not live.driver.dirty(KEY)
     assert any("never reached the controller" in why for _, _, why in live.test_decisions)
+
+
+def test_a_home_is_read_only_once_its_latest_unreadable_request_had_time_to_land(live):
+    """Two requests nobody could read, 3 ms apart: the check the first one scheduled comes 5 ms after it, only 2 ms
+    after the second, which the home may not have applied yet; the key stays dirty until 5 ms after the second."""
+    warm(live)
+    live.driver.unsure(0, b"")
+    live.sync_batch({}, {0: True})
+    live.test_clock.now += 0.003
+    live.driver.unsure(0, b"")
+    live.sync_batch({}, {0: True})
+    second = live.test_clock.now
+    live.test_clock.now += UNREADABLE_WAIT - 0.003  # the first one's check is due
+    live.run_due()
+    assert live.driver.dirty(KEY) and dict(live.hot_keys())[KEY].dirty  # not read at its home yet
+    run_retries(live)
+    assert live.test_clock.now >= second + UNREADABLE_WAIT and not live.driver.dirty(KEY)

@@ -18,7 +18,8 @@ from tests.test_ebpf_network import (  # noqa: F401  (collected here: pytest run
     client_gets, config_of, hits, make_hot, test_a_set_is_mirrored_and_gets_go_home_until_the_copies_are_fresh,
     test_cold_keys_and_multi_gets_reach_their_home,
     test_hot_gets_are_spread_by_weight_and_answered_from_the_home_address,
-    test_malformed_requests_and_long_keys_reach_the_server_untouched, test_the_dirty_bit_sends_gets_home)
+    test_malformed_requests_and_long_keys_reach_the_server_untouched, test_the_dirty_bit_sends_gets_home,
+    test_writes_nobody_can_read_cost_a_copy_per_check_and_are_never_served_stale)
 from topologies.netns import NamespaceNetwork
 
 why_not = registry.get("p4").available() if os.geteuid() == 0 else "needs root (namespaces, veths)"

@@ -108,7 +108,7 @@ def test_the_lease_is_a_packet_out_the_switch_adds_to_its_clock(server, driver):
         time.sleep(0.01)
     metadata = Pipeline().packet_metadata["packet_out"]
     values = {m.metadata_id: int.from_bytes(m.value, "big") for m in server.packet_outs[-1].metadata}
-    assert values[metadata["op"][0]] == 1 and set(values) == {metadata["op"][0], metadata["lease_us"][0]}
+    assert values[metadata["op"][0]] == 1 and set(values) == {metadata[f][0] for f in ("op", "lease_us", "server")}
     assert 2_500_000 - took_us <= values[metadata["lease_us"][0]] <= 2_500_000
 
 

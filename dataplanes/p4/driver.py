@@ -113,7 +113,8 @@ class P4RuntimeDriver(SlotBookDriver):
 
     def _client(self, address: str) -> P4RuntimeClient:
         client = P4RuntimeClient(address, self.settings.device_id, self.settings.timeout,
-                                 on_packet=self._packet_in, election_id=self.election_id)
+                                 on_packet=lambda payload, metadata: self._packet_in(address, payload, metadata),
+                                 election_id=self.election_id)
         client.connect()
         return client
 
@@ -222,7 +223,35 @@ class P4RuntimeDriver(SlotBookDriver):
     def stream_start(self, stream: StreamId) -> int | None:
         return self._stream_starts.get(stream)
 
-    def _packet_in(self, payload: bytes, metadata: dict[int, bytes]) -> None:
+    def blind_stream(self, stream: StreamId) -> None:
+        self._on_each(lambda t: t.blind_stream(stream), f"{stream} not followed")
+
+    def unsure_quiet(self, server: int) -> float | None:
+        """Rearms the server's report on every switch as it asks (a rearm is harmless: the next coalescable request
+        is copied, and the core checks the server's keys again)."""
+        quiet: list[float] = []
+        self._on_each(lambda t: quiet.append(t.unsure_report(server)), f"unsure requests of server {server}")
+        return min(quiet, default=None)
+
+    def rearm_unsure(self, server: int) -> None:
+        self.unsure_quiet(server)
+
+    def _on_each(self, call, what: str) -> None:
+        with self.book.lock:
+            try:
+                for tables in self.book.switches:
+                    call(tables)
+            except P4Error as err:
+                raise DriverError(f"{what}: {err}") from None
+
+    def _packet_in(self, address: str, payload: bytes, metadata: dict[int, bytes]) -> None:
+        fields = self.pipeline.packet_metadata.get("packet_in", {})
+        if "report" in fields and int.from_bytes(metadata.get(fields["report"][0], b""), "big") == 1:
+            quiet_us = int.from_bytes(metadata.get(fields["quiet_us"][0], b""), "big")
+            for tables in self.book.switches:
+                if tables.client.address == address:
+                    tables.answer(quiet_us)
+            return
         if self.on_mirror is not None and payload[12:14] == b"\x08\x00":
             self._note_stream_start(payload, metadata)  # before the core reads the copy
             self._deliver(payload)

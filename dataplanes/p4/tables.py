@@ -11,6 +11,7 @@ is a PacketOut the switch adds to its own clock.
 from __future__ import annotations
 
 import logging
+import queue
 import time
 from collections import OrderedDict
 
@@ -33,7 +34,9 @@ class P4Tables:
         self.mirrored_base: dict[int, int] = {}  # slot -> key_mirrored at its reset
         self.handled_servers: set[int] = set()  # servers with a `closes_handled` entry
         self.resumes: OrderedDict[StreamId, int] = OrderedDict()  # connection -> its `stream_resumes` entry's seq
-        self._op, self._lease = lease_fields(pipeline)
+        self.blind: OrderedDict[StreamId, None] = OrderedDict()  # connections with a `blind_streams` entry
+        self.reports: queue.Queue[int] = queue.Queue()  # answers to rearms, as the stream's thread receives them
+        lease_fields(pipeline)  # the program's packet_out is the one this speaks
 
     @property
     def up(self) -> bool:
@@ -97,10 +100,49 @@ class P4Tables:
 
     def set_closes_handled(self, server: int, count: int) -> None:
         kind = e.MODIFY if server in self.handled_servers else e.INSERT
-        self.client.write([e.update(kind, e.table_entry(self.pipeline, "closes_handled", {"meta.checked_server": server},
-                                                        "handled_closes", {"count": count}))],
-                          f"closes of server {server} handled")
+        entry = e.table_entry(self.pipeline, "closes_handled", {"meta.checked_server": server}, "handled_closes",
+                              {"count": count})
+        self.client.write([e.update(kind, entry)], f"closes of server {server} handled")
         self.handled_servers.add(server)
+
+    # --- requests nobody can read: copies coalesced per report ------------------------------------------------
+    def unsure_report(self, server: int) -> float:
+        """Rearm the server's report (its next coalescable unsure request is copied again); seconds since the latest
+        such request passed, as the switch answers."""
+        while not self.reports.empty():  # an answer that came after its caller gave up
+            self.reports.get_nowait()
+        self._packet_out(OP_REARM, server=server)
+        try:
+            return self.reports.get(timeout=self.client.timeout) / 1e6
+        except queue.Empty:
+            raise P4Error(f"{self.client.address}: no answer to the rearm of server {server} within "
+                          f"{self.client.timeout:g} s") from None
+
+    def answer(self, quiet_us: int) -> None:
+        """A rearm's answer, as its PacketIn brought it."""
+        self.reports.put(quiet_us)
+
+    def blind_stream(self, stream: StreamId) -> None:
+        """A `blind_streams` entry: the connection's segments are copied once per report; the oldest entry goes when
+        the table is full."""
+        if stream in self.blind:
+            return
+        updates = []
+        while len(self.blind) >= STREAM_RESUMES:
+            updates.append(e.update(e.DELETE, self._blind(self.blind.popitem(last=False)[0])))
+        updates.append(e.update(e.INSERT, self._blind(stream)))
+        self.client.write(updates, f"{stream} not followed")
+        self.blind[stream] = None
+
+    def _blind(self, stream: StreamId):
+        return e.table_entry(self.pipeline, "blind_streams", {
+            "hdr.ipv4.src": e.ip_value(stream.client_ip), "hdr.ports.src": stream.client_port,
+            "hdr.ipv4.dst": e.ip_value(stream.server_ip), "hdr.ports.dst": stream.server_port}, "NoAction")
+
+    def _packet_out(self, op: int, lease_us: int = 0, server: int = 0) -> None:
+        fields = self.pipeline.packet_metadata["packet_out"]
+        self.client.packet_out(b"", {fields[name][0]: encode(value, fields[name][1])
+                                     for name, value in (("op", op), ("lease_us", lease_us), ("server", server))})
 
     # --- TCP connections read as streams ----------------------------------------------------------------------
     def resume_stream(self, stream: StreamId, seq: int) -> None:
@@ -127,8 +169,7 @@ class P4Tables:
         on the stream without a reply: an ended lease must be over when this returns)."""
         lease_us = min(max(until_ns - time.monotonic_ns(), 0) // 1000, LEASE_US_MAX) if until_ns else 0
         before = self._count("lease_renewals", 0)
-        self.client.packet_out(b"", {self._op[0]: encode(1, self._op[1]),
-                                     self._lease[0]: encode(lease_us, self._lease[1])})
+        self._packet_out(OP_LEASE, lease_us=lease_us)
         deadline = time.monotonic() + self.client.timeout
         while self._count("lease_renewals", 0) == before:
             if time.monotonic() > deadline:
@@ -195,11 +236,15 @@ class P4Tables:
             log.info("%s: %s", what, err)
 
 
+PACKET_OUT = ("op", "lease_us", "server")  # the packet_out header's fields (p4src/headers.p4)
+OP_LEASE, OP_REARM = 1, 2
+
+
 def lease_fields(pipeline: Pipeline) -> tuple[tuple[int, int], tuple[int, int]]:
     """(id, bitwidth) of the packet_out's op and lease_us: the lease PacketOut's metadata."""
     packet_out = pipeline.packet_metadata.get("packet_out", {})
-    if set(packet_out) != {"op", "lease_us"}:
-        raise P4Error(f"the compiled program's packet_out has {sorted(packet_out)}, not op and lease_us")
+    if set(packet_out) != set(PACKET_OUT):
+        raise P4Error(f"the compiled program's packet_out has {sorted(packet_out)}, not {', '.join(PACKET_OUT)}")
     return packet_out["op"], packet_out["lease_us"]
 
 
