@@ -1,5 +1,5 @@
 """Paths by which a replica could serve what its home no longer holds, each driven through the real eBPF switch (and
-the P4 one on bmv2 for the split writes and a restarted home) with real memcached and the controller as its own
+the P4 and OpenFlow ones for the split writes and a restarted home) with real memcached and the controller as its own
 process (the fault runner's rig), and probed by a client sending gets of the key through the switch while it reads
 the home directly (experiments/faults/coherence.py, probe.py).
 Asserted: no get returns the home's earlier value once the home shows the change; never how fast."""
@@ -14,7 +14,7 @@ from dataplanes.bpf.program import available
 why_not = available() if os.geteuid() == 0 else "needs root (namespaces, bpf, tc)"
 pytestmark = pytest.mark.skipif(why_not is not None, reason=f"eBPF data plane cannot run here: {why_not}")
 
-from dataplanes.p4.pipeline import available as p4_available  # noqa: E402
+from dataplanes import registry  # noqa: E402
 from experiments.faults.coherence import (Probe, judge, run_probes, run_scenario,  # noqa: E402
                                           store_initial)
 from experiments.faults.rig import Rig  # noqa: E402
@@ -23,10 +23,10 @@ from experiments.faults.scenarios import FAULTED  # noqa: E402
 HOT = 2
 
 
-p4_missing = p4_available() if why_not is None else why_not
-on_every_data_plane = pytest.mark.parametrize("rig", [
-    "ebpf", pytest.param("p4", marks=pytest.mark.skipif(p4_missing is not None, reason=f"no P4: {p4_missing}"))],
-    indirect=True)
+missing = {kind: why_not or registry.get(kind).available() for kind in ("p4", "openflow")}
+on_every_data_plane = pytest.mark.parametrize("rig", ["ebpf", *(
+    pytest.param(kind, marks=pytest.mark.skipif(why is not None, reason=f"no {kind} data plane: {why}"))
+    for kind, why in missing.items())], indirect=True)
 
 
 @pytest.fixture

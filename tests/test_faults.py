@@ -16,6 +16,7 @@ from dataplanes.bpf.program import available
 why_not = available() if os.geteuid() == 0 else "needs root (namespaces, bpf, tc)"
 pytestmark = pytest.mark.skipif(why_not is not None, reason=f"eBPF data plane cannot run here: {why_not}")
 
+from dataplanes import registry  # noqa: E402
 from experiments.faults.rig import Rig  # noqa: E402
 from experiments.faults.run import Phases, run_fault  # noqa: E402
 from experiments.faults.scenarios import FAULTED, FAULTS  # noqa: E402
@@ -26,9 +27,14 @@ PHASES = Phases(warmup=1.5, fault=3.0, recovery=6.0)
 RATE, WRITE_RATE, HOT = 600.0, 30.0, 4  # gets/s, sets/s (every set is checked by later gets), hot keys
 
 
-def run(tmp_path, name: str):
-    with Rig(tmp_path, HOT, FAULTED, tag="mbt") as rig:
+def run(tmp_path, name: str, dataplane: str = "ebpf"):
+    with Rig(tmp_path, HOT, FAULTED, tag="mbt", dataplane=dataplane) as rig:
         return run_fault(rig, FAULTS[name], 1.0, RATE, WRITE_RATE, PHASES, tmp_path)
+
+
+missing = {kind: registry.get(kind).available() for kind in ("p4", "openflow")}
+EVERY_DATA_PLANE = ["ebpf", *(pytest.param(kind, marks=pytest.mark.skipif(why is not None, reason=f"no {kind}: {why}"))
+                              for kind, why in missing.items())]
 
 
 @pytest.mark.parametrize("name", ["crash", "hang", "udp_wedge"])
@@ -51,11 +57,12 @@ def test_a_replica_that_only_answers_late_keeps_its_weight(tmp_path):
     assert result.false_removals == 0 and result.removed_after_s is None, result.events
 
 
-def test_a_replica_restarted_in_milliseconds_serves_no_miss(tmp_path):
+@pytest.mark.parametrize("dataplane", EVERY_DATA_PLANE)
+def test_a_replica_restarted_in_milliseconds_serves_no_miss(tmp_path, dataplane):
     """Killed and started again at once (empty), three times: back before a health probe could notice. The switch
     sees it close the controller's connections and sends it no get from that moment until the controller has
     refilled it: no get misses a key its home holds."""
-    result = run(tmp_path, "fast_restart")
+    result = run(tmp_path, "fast_restart", dataplane)
     assert result.stale == 0 and result.misses == 0, result.events
     assert any(e["action"] in ("server-closed", "server-restarted") for e in result.events), result.events
 

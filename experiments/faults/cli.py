@@ -19,7 +19,7 @@ from mbalancer.outputs import output_problem
 from mbalancer.progress import end_progress, stderr_progress
 
 MAX_HOGS = 64
-DATAPLANES = ("ebpf", "p4")  # the data planes with a namespace switch and a controller process of their own
+DATAPLANES = ("ebpf", "p4", "openflow")  # with a namespace switch; OpenFlow's controller is the Ryu app
 
 
 def register(commands: argparse._SubParsersAction) -> None:
@@ -30,7 +30,8 @@ def register(commands: argparse._SubParsersAction) -> None:
                     "counts per 100 ms gets answered, timeouts, stale reads (versioned values) and misses. Writes a "
                     "CSV and a PNG per run, summary.csv/json, and prints the table.")
     parser.add_argument("--out", type=Path, required=True, help="folder for the CSVs, plots and summary")
-    parser.add_argument("--faults", default=",".join(FAULTS), help=f"comma-separated, of: {', '.join(FAULTS)}")
+    parser.add_argument("--faults", help=f"comma-separated, of: {', '.join(FAULTS)} (default: every one the data "
+                                         f"plane takes)")
     parser.add_argument("--loads", default="0.5,0.75,1", help="fractions of --rate, comma-separated")
     parser.add_argument("--rate", type=float, default=2000.0, help="gets/s at load 1 (about what one Python "
                                                                    "client sustains on a 2-core machine)")
@@ -41,7 +42,8 @@ def register(commands: argparse._SubParsersAction) -> None:
     parser.add_argument("--recovery", type=float, default=4.0,
                         help="seconds of load after the fault ends, to see the recovery (default 4)")
     parser.add_argument("--dataplane", choices=DATAPLANES, default="ebpf",
-                        help="the switch the rig is built on (default ebpf; p4: bmv2, much slower: use --rate 500)")
+                        help="the switch the rig is built on (default ebpf; p4: bmv2, much slower: use --rate 500; "
+                             "openflow: Open vSwitch and the key classifier, the controller under ryu-manager)")
     parser.add_argument("--hogs", type=int, default=0,
                         help="busy loops running for the whole of every run, as on a loaded machine (two on a 2-core "
                              "box: load average about 4-8); failure detection is judged under them")
@@ -52,10 +54,14 @@ def register(commands: argparse._SubParsersAction) -> None:
 
 
 def _run(args: argparse.Namespace, fail) -> int:
-    faults = [f.strip() for f in args.faults.split(",") if f.strip()]
+    names = args.faults if args.faults is not None else \
+        ",".join(f for f in FAULTS if args.dataplane in FAULTS[f].dataplanes)
+    faults = [f.strip() for f in names.split(",") if f.strip()]
     unknown = [f for f in faults if f not in FAULTS]
     if unknown:
         fail(f"--faults: unknown {', '.join(unknown)} (known: {', '.join(FAULTS)})")
+    if elsewhere := [f for f in faults if args.dataplane not in FAULTS[f].dataplanes]:
+        fail(f"--faults: {', '.join(elsewhere)} not on --dataplane {args.dataplane}")
     try:
         loads = [float(x) for x in args.loads.split(",")]
     except ValueError:

@@ -13,6 +13,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+from controller import ryu_manager
 from mbalancer.memcache.addresses import ServerAddress
 from mbalancer.memcache.hashing import make_hash
 from mbalancer.memcache.meta import MetaClient, MetaError
@@ -100,9 +101,16 @@ class Rig:
         return standby
 
     def _controller_process(self, log_name: str, *options: str) -> subprocess.Popen:
+        """`mbalancer controller`, or for OpenFlow the Ryu app under ryu-manager (the same HTTP interface)."""
         log_file = open(self.out / log_name, "a")
-        process = subprocess.Popen([self.python, "-m", "mbalancer.cli", "-v", "controller", "--config",
-                                    str(self.out / "config.toml"), *options], stdout=log_file, stderr=subprocess.STDOUT)
+        if self.dataplane == "openflow":
+            if options:
+                raise RigError(f"the Ryu app takes none of {' '.join(options)}")
+            process = ryu_manager.launch(self.out / "config.toml", log_file)
+        else:
+            process = subprocess.Popen([self.python, "-m", "mbalancer.cli", "-v", "controller", "--config",
+                                        str(self.out / "config.toml"), *options], stdout=log_file,
+                                       stderr=subprocess.STDOUT)
         log_file.close()
         return process
 

@@ -42,6 +42,7 @@ class Fault:
     recover: Callable[["Rig"], None]
     server: int | None = FAULTED  # the server it takes out (None: the control plane)
     healthy: bool = False  # the server only answers late: taking it out of rotation is a false removal
+    dataplanes: tuple[str, ...] = ("ebpf", "p4", "openflow")  # the rigs it can be injected on
 
 
 def _crash(rig: "Rig") -> None:
@@ -166,7 +167,7 @@ FAULTS = {f.name: f for f in (
     Fault("slow_link", _shape, _unshape),
     Fault("udp_wedge", _wedge, _restart),
     Fault("controller_kill", _kill_controller, _start_controller, server=None),
-    Fault("standby_takeover", _kill_controller_under_standby, _nothing, server=None),
-    Fault("switch_reload", _reload_switch, _nothing, server=None),
+    Fault("standby_takeover", _kill_controller_under_standby, _nothing, server=None, dataplanes=("ebpf",)),
+    Fault("switch_reload", _reload_switch, _nothing, server=None, dataplanes=("ebpf", "p4")),
 )}
 
