@@ -21,6 +21,7 @@ import time
 
 GET_EVERY = 0.002  # s between gets: ~500 gets/s, enough to see a stale window of a few ms
 REPLY_WAIT = 0.5  # s a get may take before it counts as a timeout
+ANSWER_WAIT = 5.0  # s the home may take to answer the probe's own request
 CAS_MARK = b"<cas>"  # in a probe's bytes: replaced by the key's CAS at its home when the probe starts
 
 
@@ -35,8 +36,8 @@ def probe(key: bytes, home: tuple[str, int], first: bytes, then: bytes | None, a
         if then is not None:
             time.sleep(after)
             tcp.sendall(then)
-        started = time.monotonic()
         reply = _read_reply(tcp)
+        started = time.monotonic()  # the home has answered: the change (if any) is there from now on
     at_home: socket.socket | None = None
     udp = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     udp.settimeout(REPLY_WAIT)
@@ -103,8 +104,9 @@ def _home_cas(tcp: socket.socket, key: bytes) -> bytes:
 
 
 def _read_reply(tcp: socket.socket) -> bytes:
-    """What the server answered within a short while (noreply requests answer nothing)."""
-    tcp.settimeout(0.3)
+    """What the server answered, up to the end of its first line (a busy switch may take a while: every probe's
+    request is answered; a request that is not is over after ANSWER_WAIT)."""
+    tcp.settimeout(ANSWER_WAIT)
     data = b""
     try:
         while not data.endswith(b"\r\n"):

@@ -93,6 +93,8 @@ class Rig:
     def start_controller(self) -> None:
         self.controller = self._controller_process("controller.log")
         self._wait(lambda: self.state() is not None, "the controller's HTTP API")
+        for host in self.net.server_hosts:  # through the switch as the controller drives it (an OpenFlow switch
+            self._wait(lambda: _answers(host.ip), f"memcached on {host.name} through the switch")  # is wiped first)
 
     def start_standby(self) -> subprocess.Popen:
         """A second controller on the same switches with --standby, once it says it waits (standby.log)."""
