@@ -16,7 +16,8 @@ system:
 
 # The virtualenv, reinstalled when the package definition or the pinned versions change (install/python.sh says
 # how pins reach pip, build environments included).
-$(VENV)/.installed: setup.py install/constraints.txt install/build-constraints.txt install/python.sh | system
+$(VENV)/.installed: setup.py install/constraints.txt install/build-constraints.txt install/python.sh \
+		install/p4runtime_bindings.py install/p4runtime-shell-constraints.txt | system
 	PYTHON=$(PYTHON) bash install/python.sh $(VENV)
 	@touch $@
 

@@ -28,10 +28,11 @@ export PIP_DISABLE_PIP_VERSION_CHECK=1
 say() { echo "install/python.sh: $*"; }
 
 # Run pip with its output in the log; on failure name the step and show pip's own error lines, not a wall of text.
+# PIP_PYTHON names another environment's interpreter (default: the virtualenv's).
 pip_step() {
     local what=$1; shift
     say "$what"
-    if ! "$venv/bin/python" -m pip "$@" >>"$log" 2>&1; then
+    if ! "${PIP_PYTHON:-$venv/bin/python}" -m pip "$@" >>"$log" 2>&1; then
         echo "install/python.sh: FAILED: $what; pip said:" >&2
         grep -E '^(ERROR|error|  [A-Za-z]*Error)|No matching distribution|Could not find a version' "$log" \
             | tail -n 15 | cut -c1-240 >&2 || tail -n 15 "$log" >&2
@@ -51,4 +52,21 @@ PIP_CONSTRAINT= pip_step "pip: ${MBALANCER_PIP:-$pinned_pip}" install -q --upgra
 say "pip $("$venv/bin/python" -m pip --version | cut -d' ' -f2)"
 pip_step "mbalancer and its pinned dependencies (a few minutes on a new machine)" \
     install -q -e "$root[test]"
+
+# The P4Runtime bindings from PyPI load only with protobuf 3.20: regenerated in place with grpcio-tools' protoc, which
+# is kept out of the virtualenv (it asks for setuptools >= 77; ryu's environment is pinned below 68).
+pip_step "grpcio-tools (protoc) for the P4Runtime bindings" \
+    install -q --upgrade --no-deps --target "$venv/protoc" grpcio-tools
+if ! "$venv/bin/python" "$here/p4runtime_bindings.py" --protoc "$venv/protoc" >>"$log" 2>&1; then
+    echo "install/python.sh: FAILED: regenerating the P4Runtime bindings: $(tail -n 1 "$log")" >&2
+    exit 1
+fi
+say "$(tail -n 1 "$log" | sed 's|^install/p4runtime_bindings.py: ||')"
+
+# p4runtime-shell, the way to look into a running P4 switch (docs/dataplanes/p4.md), in an environment of its own: its
+# pins (p4runtime 1.4.1, protobuf 3.20, ipython 7.31) clash with the virtualenv's.
+shell_env="$venv/p4runtime-shell"
+[ -x "$shell_env/bin/python" ] || "$python" -m venv "$shell_env"
+PIP_CONSTRAINT="$here/p4runtime-shell-constraints.txt" PIP_PYTHON="$shell_env/bin/python" \
+    pip_step "p4runtime-shell in $shell_env" install -q p4runtime-shell
 say "done"

@@ -7,8 +7,10 @@ P4Runtime messages are checked against the committed P4Info without a switch in 
 """
 from __future__ import annotations
 
+import json
 import os
 import shutil
+import subprocess
 import time
 
 import pytest
@@ -189,3 +191,49 @@ def test_a_second_controller_is_refused_by_the_switch_while_the_first_drives_it(
         second.attach([Server(f"s{i}", ip, mac, port) for i, (mac, ip, port) in enumerate(SERVERS)], lambda f: None)
     second.close()
     driver.renew_lease(3600)  # the first is still primary: its writes are taken
+
+
+# Run in p4runtime-shell's own environment: every hot-key entry and the switch's counters, read by name, as JSON.
+SHELL_READ = """
+import json, sys
+import p4runtime_sh.shell as sh
+sh.setup(device_id=1, grpc_addr=sys.argv[1], election_id=(0, 1), verbose=False)
+hot = []
+for entry in sh.TableEntry("MbIngress.hot_keys").read():
+    match = entry.match
+    hot.append({"key_len": int.from_bytes(match["meta.key_len"].exact.value, "big"),
+                "key": match["meta.key"].exact.value.hex(), "action": entry.action.action_name,
+                "params": {name: int.from_bytes(entry.action[name].value, "big") for name in ("slot", "home")}})
+counters = {e.index: e.packet_count for e in sh.CounterEntry("MbIngress.switch_counters").read()}
+sh.teardown()
+print(json.dumps({"hot": hot, "counters": counters}))
+"""
+
+
+@on_bmv2
+def test_p4runtime_shell_reads_the_hot_keys_by_name_as_the_controller_wrote_them(switch):
+    """p4runtime-shell (its own environment) as a second client beside the controller: it reads, writes nothing,
+    and the controller stays primary."""
+    from dataplanes.p4.shell import shell_python
+    driver, _, _ = switch
+    if not shell_python().exists():
+        pytest.skip(f"p4runtime-shell is not installed at {shell_python()} (install/python.sh puts it there)")
+    keys = {b"shell:first": 0, b"shell:second-key": 2}
+    for key, home in keys.items():
+        driver.install_hot_key(key, home, [ReplicaWeight(home, 0.5), ReplicaWeight(1, 0.5)])
+    try:
+        done = subprocess.run([str(shell_python()), "-c", SHELL_READ, driver.settings.switches[0]],
+                              capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0, done.stderr
+        assert "You are not the primary client" in done.stdout  # a backup: read access only
+        read = json.loads(done.stdout.strip().splitlines()[-1])
+        hot = {bytes.fromhex(h["key"]).rjust(h["key_len"], b"\0")[-h["key_len"]:]: h for h in read["hot"]}
+        assert set(hot) == set(keys)
+        for key, home in keys.items():
+            assert hot[key]["action"] == "MbIngress.hot"
+            assert hot[key]["params"] == {"slot": driver.book.slot_of(key), "home": home}
+        assert len(read["counters"]) == 13
+        driver.renew_lease(3600)  # still the primary: its writes are taken
+    finally:
+        for key in keys:
+            driver.remove_hot_key(key)
