@@ -10,9 +10,9 @@ import re
 
 import pytest
 
-from dataplanes.bpf.bpf_syscall import obj_get, prog_test_run
+from dataplanes.bpf.bpf_syscall import VERIFIER_LIMIT, obj_get, prog_test_run, prog_verified_insns
 from dataplanes.bpf.program import SOURCE, DataPlane, available
-from dataplanes.bpf.tables import STRUCT_SIZES, HotEntry, Tables, key_bucket
+from dataplanes.bpf.tables import HASH_MUL, STRUCT_SIZES, U64_MASK, HotEntry, Tables, key_bucket, key_hash
 from dataplanes.pipeline import COUNTERS, cumulative_weights
 from dataplanes.driver import StreamId
 
@@ -115,6 +115,16 @@ def test_struct_sizes_match_the_loaded_maps(plane):
         assert (info.key_size, info.value_size) == (key_size, value_size), name
 
 
+def test_the_verifier_accepts_the_program_well_under_its_limit(plane):
+    """Every branch added to the program multiplies what the verifier walks (706k of its 1M instructions after the
+    hot key's byte compare came in): past 85% the next feature would not load on some kernel."""
+    _, prog = plane
+    walked = prog_verified_insns(prog)
+    if walked == 0:
+        pytest.skip("this kernel does not report the verifier's count (before 5.16)")
+    assert walked <= 0.85 * VERIFIER_LIMIT, f"the verifier walked {walked:,} instructions"
+
+
 def test_counter_names_follow_the_c_enum():
     source = (SOURCE.parent / "structs.h").read_text()
     enum = source[source.index("enum mb_counter {"):].split("}")[0]
@@ -191,6 +201,41 @@ def test_the_filter_finds_hot_keys_of_every_length(plane, length):
     finally:
         tables.delete_hot(key)
     assert tables.filter_count(key) == 0 and balanced_destination(tables, prog, key) == SERVERS[0][1]
+
+
+def hash_twin(key: bytes) -> bytes:
+    """Another key of the same length and the same 64-bit hash: the hash is not keyed, so a client can make one.
+    Its first two words change so that the second xor the first times the multiplier stays the same."""
+    first, second = (int.from_bytes(key[at:at + 8], "little") for at in (0, 8))
+    mixed = (first * HASH_MUL ^ second) & U64_MASK
+    rng = random.Random(len(key))
+    for _ in range(1_000_000):  # ~3,000 tries expected: every byte of the new second word must be a key byte
+        other = int.from_bytes(bytes(rng.randrange(0x21, 0x7f) for _ in range(8)), "little")
+        partner = (mixed ^ (other * HASH_MUL)) & U64_MASK
+        if other != first and all(0x21 <= b < 0x7f for b in partner.to_bytes(8, "little")):
+            return other.to_bytes(8, "little") + partner.to_bytes(8, "little") + key[16:]
+    raise AssertionError(f"no twin found for a {len(key)}-byte key")
+
+
+@pytest.mark.parametrize("length", [16, 20, 250])
+def test_a_key_with_a_hot_keys_hash_is_told_apart_by_its_bytes(plane, length):
+    """hot_keys is keyed by the key's hash: a get whose key has a hot key's hash but other bytes goes home (the
+    program compares the bytes, the last word masked), and the control library refuses it as a second hot key."""
+    tables, prog = plane
+    hot = (b"hot-" + bytes(range(0x41, 0x5b)) * 10)[:length]
+    twin = hash_twin(hot)
+    assert twin != hot and len(twin) == len(hot) and key_hash(twin) == key_hash(hot)
+    tables.set_lease(time.monotonic_ns() + 3600 * 10**9)
+    install_clean(tables, hot, 0)
+    try:
+        assert balanced_destination(tables, prog, hot) == SERVERS[1][1]
+        assert balanced_destination(tables, prog, twin) == SERVERS[0][1]  # not the hot key: home, untouched
+        with pytest.raises(ValueError, match="has the hash of hot key"):
+            install_clean(tables, twin, 1)
+        assert tables.hot(twin) is None and not tables.delete_hot(twin)
+        assert tables.hot(hot) is not None and tables.filter_count(hot) == 1
+    finally:
+        tables.delete_hot(hot)
 
 
 def test_a_cold_key_in_a_hot_keys_bucket_still_goes_home(plane):

@@ -71,6 +71,19 @@ def map_info(fd: int) -> MapInfo:
     return MapInfo(kind, map_id, key_size, value_size, max_entries, name)
 
 
+VERIFIED_INSNS_AT = 216  # offset of verified_insns in struct bpf_prog_info (linux/bpf.h, kernel 5.16+)
+VERIFIER_LIMIT = 1_000_000  # BPF_COMPLEXITY_LIMIT_INSNS: instructions the verifier walks before it gives up
+
+
+def prog_verified_insns(fd: int) -> int:
+    """Instructions the verifier walked to accept the program (0 on a kernel older than 5.16)."""
+    info = _attr(VERIFIED_INSNS_AT + 8)
+    attr = _attr()
+    struct.pack_into("=IIQ", attr, 0, fd, len(info), _address(info))
+    _bpf(BPF_OBJ_GET_INFO_BY_FD, attr, "program info")
+    return struct.unpack_from("=I", info, VERIFIED_INSNS_AT)[0]
+
+
 def pinned_map_id(path: str) -> int | None:
     """The id of the map pinned at `path`, or None when nothing is pinned there (the switch is gone)."""
     try:

@@ -18,6 +18,7 @@ from dataplanes.driver import StreamId
 from dataplanes.slot_book import HotEntry, KeyCounts
 
 KEY_BYTES = 252
+KEY_WORDS = 32  # MB_KEY_WORDS: a hot key's copy of its bytes, in 8-byte words
 MAX_PORTS = 32
 HELD = 2 ** 64 - 1  # MB_HELD: a synced write count no slot reaches, so the key stays dirty
 FILTER_BITS = 16  # MB_FILTER_BITS: hot_filter's buckets
@@ -27,7 +28,7 @@ PORT_SET_BYTES = 65536 // 8  # struct mb_port_set: a bit per port
 SKETCH_ROWS, SKETCH_BITS, HEAVY_BITS = 4, 14, 10  # MB_SKETCH_ROWS, MB_SKETCH_BITS, MB_HEAVY_BITS
 
 KEY = struct.Struct(f"=I{KEY_BYTES}s")  # struct mb_key
-HOT = struct.Struct(f"=III{MAX_REPLICAS}I{MAX_REPLICAS}I")  # struct mb_hot
+HOT = struct.Struct(f"=III{MAX_REPLICAS}I{MAX_REPLICAS}II{KEY_WORDS * 8}s")  # struct mb_hot, its key last
 SERVER = struct.Struct("=6sH4s")  # struct mb_server (port and ip in network order)
 KEY_COUNTERS = struct.Struct(f"=QQQ{MAX_REPLICAS}Q")  # struct mb_key_counters
 SETTINGS = struct.Struct("=I")  # struct mb_settings
@@ -43,10 +44,10 @@ STREAM_RESUMES, STREAM_BLIND = 1, 2  # MB_STREAM_RESUMES, MB_STREAM_BLIND
 UNSURE_REPORT = struct.Struct("=QII")  # struct mb_unsure_report
 U32 = struct.Struct("=I")
 U64 = struct.Struct("=Q")
-STRUCT_SIZES = {"hot_keys": (KEY.size, HOT.size), "servers": (U32.size, SERVER.size), "writes": (4, 8),
+STRUCT_SIZES = {"hot_keys": (U64.size, HOT.size), "servers": (U32.size, SERVER.size), "writes": (4, 8),
                 "trusted_sources": (4, 4),
                 "unsure": (4, 8), "synced": (4, SYNCED.size), "lease": (4, 8), "server_index": (SERVER_ADDRESS.size, 4),
-                "forward": (8, 4), "ports": (4, 4), "flows": (8, 4), "key_counters": (4, KEY_COUNTERS.size),
+                "forward": (8, 4), "ports": (4, 4), "flows": (4, 32), "key_counters": (4, KEY_COUNTERS.size),
                 "counters": (4, 8), "settings": (4, SETTINGS.size), "memcached_ports": (4, PORT_SET_BYTES),
                 "hot_filter": (4, 4),
                 "sketch_control": (4, SKETCH_CONTROL.size), "sketch": (4, SKETCH_ROWS * 4 << SKETCH_BITS),
@@ -57,9 +58,10 @@ STRUCT_SIZES = {"hot_keys": (KEY.size, HOT.size), "servers": (U32.size, SERVER.s
 
 
 def key_entry(key: bytes) -> bytes:
+    """The key's hot_keys key: its hash (the program looks a key up by it, then compares the bytes)."""
     if not 1 <= len(key) <= MAX_KEY:
         raise ValueError(f"key of {len(key)} bytes: the data plane takes 1 to {MAX_KEY}")
-    return KEY.pack(len(key), key)
+    return U64.pack(key_hash(key))
 
 
 def key_hash(key: bytes) -> int:
@@ -79,6 +81,13 @@ def key_bucket(key: bytes) -> int:
 def stream_key(stream: StreamId) -> bytes:
     return STREAM_ID.pack(socket.inet_aton(stream.client_ip), socket.inet_aton(stream.server_ip),
                           socket.htons(stream.client_port), socket.htons(stream.server_port))
+
+
+def hot_value(raw: bytes) -> tuple[bytes, HotEntry]:
+    """A hot_keys value: the key it holds, and its entry."""
+    fields = HOT.unpack(raw)
+    n, length, key = fields[2], fields[-2], fields[-1]
+    return key[:length], HotEntry(fields[0], fields[1], fields[3:3 + n], fields[3 + MAX_REPLICAS:3 + MAX_REPLICAS + n])
 
 
 def mac_bytes(mac: str) -> bytes:
@@ -120,32 +129,32 @@ class Tables:
             raise ValueError(f"{len(entry.servers)} replicas (at most {MAX_REPLICAS}), slot {entry.slot}")
         pad = MAX_REPLICAS - len(entry.servers)
         value = HOT.pack(entry.slot, entry.home, len(entry.servers), *entry.servers, *([0] * pad),
-                         *entry.cumulative, *([WEIGHT_ONE] * pad))
-        if self.hot(key) is None:  # a new hot key: counted in its filter bucket first, so no get of it skips it
+                         *entry.cumulative, *([WEIGHT_ONE] * pad), len(key), key)
+        held = self._held(key)
+        if held is not None and held[0] != key:  # 2^-64 for two given keys; refused rather than confused
+            raise ValueError(f"{key!r} has the hash of hot key {held[0]!r}: one of them at a time")
+        if held is None:  # a new hot key: counted in its filter bucket first, so no get of it skips it
             self._count_in_filter(key, +1)
         self.maps["hot_keys"].update(key_entry(key), value)
 
     def hot(self, key: bytes) -> HotEntry | None:
+        held = self._held(key)
+        return held[1] if held is not None and held[0] == key else None
+
+    def _held(self, key: bytes) -> tuple[bytes, HotEntry] | None:
+        """The key that holds `key`'s hash in hot_keys, and its entry."""
         raw = self.maps["hot_keys"].lookup(key_entry(key))
-        if raw is None:
-            return None
-        fields = HOT.unpack(raw)
-        n = fields[2]
-        return HotEntry(fields[0], fields[1], fields[3:3 + n], fields[3 + MAX_REPLICAS:3 + MAX_REPLICAS + n])
+        return None if raw is None else hot_value(raw)
 
     def hot_entries(self) -> dict[bytes, HotEntry]:
         """Every hot key the switch holds (e.g. left by a controller that stopped)."""
-        entries = {}
-        for raw in self.maps["hot_keys"].keys():
-            length, padded = KEY.unpack(raw)
-            key = padded[:length]
-            entry = self.hot(key)
-            if entry is not None:
-                entries[key] = entry
-        return entries
+        values = (self.maps["hot_keys"].lookup(raw) for raw in self.maps["hot_keys"].keys())
+        return dict(hot_value(raw) for raw in values if raw is not None)
 
     def delete_hot(self, key: bytes, entry: HotEntry | None = None) -> bool:
         """Whether the key was there (the slot's other maps are per slot: nothing else to delete)."""
+        if self.hot(key) is None:
+            return False
         deleted = self.maps["hot_keys"].delete(key_entry(key))
         if deleted:  # out of hot_keys first: a get in between still finds its bucket counted, and goes on to miss
             self._count_in_filter(key, -1)

@@ -121,14 +121,52 @@ static __always_inline int mb_is_memcached_port(const struct mb_port_set *memcac
 	return memcached && (memcached->bits[port >> 6] >> (port & 63)) & 1;
 }
 
-static __always_inline __u32 mb_pick(__u16 request_id, __u32 client_ip, __u16 client_port)
+/* A get's hash: its low 16 bits pick the replica (the point on the key's weights), the high 16 its flow's bucket. */
+static __always_inline __u32 mb_flow_hash(const struct mb_flow *flow)
 {
-	__u32 h = ((__u32)request_id | ((__u32)client_port << 16)) ^ client_ip;
+	__u32 h = ((__u32)flow->request_id | ((__u32)flow->client_port << 16)) ^ flow->client_ip;
 	h *= 0x9E3779B1u;
 	h ^= h >> 15;
 	h *= 0x85EBCA77u;
 	h ^= h >> 13;
-	return h & (MB_WEIGHT_ONE - 1);
+	return h;
+}
+
+static __always_inline int mb_same_flow(const struct mb_flow *a, const struct mb_flow *b)
+{
+	return a->client_ip == b->client_ip && a->client_port == b->client_port && a->request_id == b->request_id;
+}
+
+/* Remember where a balanced get's reply must seem to come from (struct mb_flow_bucket). */
+static __always_inline void mb_remember_flow(const struct mb_flow *flow, __u32 hash, __u32 home)
+{
+	__u32 index = hash >> 16;
+	struct mb_flow_bucket *bucket = bpf_map_lookup_elem(&flows, &index);
+	if (!bucket)
+		return;
+	__u32 way = bucket->next & 1;
+	if (mb_same_flow(&bucket->way[0].flow, flow))
+		way = 0;
+	else if (mb_same_flow(&bucket->way[1].flow, flow))
+		way = 1;
+	else
+		bucket->next = way ^ 1;
+	bucket->way[way].flow = *flow;
+	bucket->way[way].home = home;
+}
+
+/* The home a reply to `flow` must seem to come from, if its get was balanced. */
+static __always_inline __u32 *mb_flow_home(const struct mb_flow *flow)
+{
+	__u32 index = mb_flow_hash(flow) >> 16;
+	struct mb_flow_bucket *bucket = bpf_map_lookup_elem(&flows, &index);
+	if (!bucket)
+		return 0;
+	if (mb_same_flow(&bucket->way[0].flow, flow))
+		return &bucket->way[0].home;
+	if (mb_same_flow(&bucket->way[1].flow, flow))
+		return &bucket->way[1].home;
+	return 0;
 }
 
 /* Dirty: gets go home. True unless the controller's lease runs and the slot's and home's counts still equal what
@@ -279,7 +317,8 @@ static __always_inline int mb_hot_get(struct __sk_buff *skb, struct mb_packet *p
 			kc->home_while_dirty++;
 		return mb_forward(skb);  /* clients address the home: unchanged is home */
 	}
-	__u32 point = mb_pick(pkt->request_id, pkt->saddr, pkt->sport);
+	struct mb_flow flow = {.client_ip = pkt->saddr, .client_port = pkt->sport, .request_id = pkt->request_id};
+	__u32 hash = mb_flow_hash(&flow), point = hash & (MB_WEIGHT_ONE - 1);
 #ifdef MB_CLASSIFIER
 	/* The switch's select group picks the replica, among all of the key's: if one may have lost its copy, home. */
 	for (__u32 i = 0; i < MB_MAX_REPLICAS; i++) {
@@ -290,9 +329,7 @@ static __always_inline int mb_hot_get(struct __sk_buff *skb, struct mb_packet *p
 	}
 	/* The switch's select group picks the replica (hashing the tag, entropy included); its reply may come from
 	 * any of them, so the flow is remembered whatever the choice. */
-	struct mb_flow tagged = {.client_ip = pkt->saddr, .client_port = pkt->sport, .request_id = pkt->request_id};
-	__u32 its_home = hot->home;
-	bpf_map_update_elem(&flows, &tagged, &its_home, BPF_ANY);
+	mb_remember_flow(&flow, hash, hot->home);
 	mb_tag(skb, 0, MB_TAG_GET, slot, point >> (16 - MB_TAG_ENTROPY_BITS));
 	mb_count(MB_C_BALANCED);
 	return TC_ACT_OK;
@@ -313,11 +350,8 @@ static __always_inline int mb_hot_get(struct __sk_buff *skb, struct mb_packet *p
 	struct mb_server *server = bpf_map_lookup_elem(&servers, &chosen);
 	if (!server)
 		return mb_forward(skb);
-	if (chosen != hot->home) {
-		struct mb_flow flow = {.client_ip = pkt->saddr, .client_port = pkt->sport, .request_id = pkt->request_id};
-		__u32 home = hot->home;
-		bpf_map_update_elem(&flows, &flow, &home, BPF_ANY);
-	}
+	if (chosen != hot->home)
+		mb_remember_flow(&flow, hash, hot->home);
 	if (mb_rewrite_destination(skb, pkt, server) < 0)
 		return TC_ACT_SHOT;  /* a half-rewritten packet must not leave */
 	mb_count(MB_C_BALANCED);
@@ -357,7 +391,7 @@ static __always_inline int mb_reply_source(struct __sk_buff *skb, struct mb_pack
 	if (pkt->payload_len < MB_FRAME_HEADER || mb_load(skb, pkt->payload_off, header, sizeof(header)) < 0)
 		return mb_forward(skb);
 	struct mb_flow flow = {.client_ip = pkt->daddr, .client_port = pkt->dport, .request_id = header[0]};
-	__u32 *home = bpf_map_lookup_elem(&flows, &flow);
+	__u32 *home = mb_flow_home(&flow);
 	if (!home)
 		return mb_forward(skb);
 	struct mb_server *server = bpf_map_lookup_elem(&servers, home);
@@ -443,7 +477,7 @@ int mbalancer(struct __sk_buff *skb)
 	if (command == MB_CMD_GET)  /* UDP or TCP; of a multi-key get, the first key */
 		mb_sketch_get(&pkt, key, hash);
 	__u32 key_end = key_off + key->len;
-	struct mb_hot *hot = maybe_hot ? bpf_map_lookup_elem(&hot_keys, key) : 0;  /* hot_filter: cold keys skip it */
+	struct mb_hot *hot = maybe_hot ? mb_hot_key(key, hash) : 0;  /* hot_filter: cold keys skip the lookup */
 	if (command == MB_CMD_GET && exact) {  /* a single-key get, and nothing else */
 		if (hot && pkt.proto == IPPROTO_UDP)
 			return mb_hot_get(skb, &pkt, hot);

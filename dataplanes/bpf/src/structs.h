@@ -7,11 +7,12 @@
 
 #define MB_MAX_KEY 250      /* memcached's key limit */
 #define MB_KEY_BYTES 252    /* key buffer: 250 bytes, zero padded to a multiple of 4 */
+#define MB_KEY_WORDS 32     /* 8-byte words that cover a key buffer (a hot key's copy has all 256 bytes) */
 #define MB_MAX_REPLICAS 8   /* servers one hot key can be spread over */
 #define MB_MAX_HOT 4096     /* hot keys (slots) */
 #define MB_MAX_SERVERS 256
 #define MB_MAX_PORTS 32     /* switch ports (flooding walks them) */
-#define MB_MAX_FLOWS 65536  /* balanced gets waiting for their reply */
+#define MB_FLOW_BUCKETS 65536  /* balanced gets waiting for their reply: buckets of two */
 #define MB_MAX_STREAMS 65536  /* TCP connections to a server stopped mid-command at once */
 #define MB_MAX_CLOSING 4096  /* the controller's connections closing at once */
 #define MB_WEIGHT_ONE 65536 /* weights are cumulative fractions of this */
@@ -60,6 +61,8 @@ struct mb_hot {
 	__u32 replicas;                        /* how many of the arrays below are used */
 	__u32 server[MB_MAX_REPLICAS];
 	__u32 cumulative[MB_MAX_REPLICAS];
+	__u32 key_len;                         /* the key itself: hot_keys is keyed by its hash, a get compares */
+	__u8 key[MB_KEY_WORDS * 8];            /* ... the bytes (zero padded to whole words) */
 };
 
 /* A memcached server as the data plane rewrites to it. */
@@ -82,6 +85,18 @@ struct mb_flow {
 	__u32 client_ip;
 	__u16 client_port;
 	__u16 request_id;
+};
+
+struct mb_flow_way {
+	struct mb_flow flow;
+	__u32 home;  /* the server its reply must seem to come from */
+};
+
+/* Two balanced gets whose flows hash to the bucket; a third replaces the older (`next`). */
+struct mb_flow_bucket {
+	struct mb_flow_way way[2];
+	__u32 next;
+	__u32 pad;
 };
 
 /* A TCP connection from a client to a server, addresses and ports in network order. */
