@@ -7,7 +7,8 @@ A thin shim (faucet's way): the core decides and the driver builds the messages;
 - The config's [dataplane] kind picks the driver: `openflow` drives the switches that connect to this ryu-manager
   (dataplanes/openflow/driver.py, through RyuChannel below); any other kind (ebpf, none) is made by the registry
   as `mbalancer controller` makes it, so one controller can run eBPF switches from inside Ryu too. A kind whose
-  driver cannot run under eventlet (p4: gRPC) is refused with the registry's reason.
+  driver cannot run under eventlet (p4: gRPC blocks in C) runs in a process of its own behind the same interface
+  (dataplanes/driver_process.py), started and stopped with the app.
 - Monitor reports in and the JSON state out through Ryu's own WSGI server, with the same endpoints, JSON and
   errors as `mbalancer controller` (controller/http_api.py: respond), at the config's controller.listen.
 - Decisions go to Ryu's log (the core logs them; ryu-manager's logging prints them).
@@ -37,6 +38,7 @@ from ryu.ofproto import ofproto_v1_5, ofproto_v1_5_parser  # noqa: E402
 
 from controller.core import ControllerCore  # noqa: E402
 from dataplanes.driver import DriverError  # noqa: E402
+from dataplanes.driver_process import DriverProcess  # noqa: E402
 from dataplanes.openflow.driver import OpenflowDriver  # noqa: E402
 from controller.http_api import ENDPOINTS, JSON, encode, respond  # noqa: E402
 from mbalancer.ownership import Ownership, OwnershipError  # noqa: E402
@@ -138,11 +140,12 @@ class MBalancerApp(app_manager.RyuApp):
 
     def _make_driver(self):
         dataplane = self.config.dataplane
-        if (why_not := registry.get(dataplane.kind).not_in_ryu) is not None:
-            raise SystemExit(f"mbalancer: data plane {dataplane.kind} cannot run inside ryu-manager: {why_not}")
         try:
             if dataplane.kind == "openflow":
                 return OpenflowDriver(dataplane.settings or OpenflowSettings(), self.channel)
+            if (why := registry.get(dataplane.kind).ryu_process) is not None:
+                log.info("mbalancer: the %s driver runs in a process of its own: %s", dataplane.kind, why)
+                return DriverProcess(dataplane.kind, dataplane.settings)
             return registry.get(dataplane.kind).make_driver(dataplane.settings)
         except (DriverError, ConfigError) as err:
             raise SystemExit(f"mbalancer: data plane {dataplane.kind}: {err}") from None

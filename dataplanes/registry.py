@@ -32,7 +32,8 @@ class DataPlaneKind:
     build: str | None = None  # run by `make install` (python -m dataplanes build)
     check: str | None = None  # () -> None if it can run on this machine, else why not
     missing: str | None = None  # not landed: why the name is refused
-    not_in_ryu: str | None = None  # why its driver cannot run inside ryu-manager (None: it can)
+    # why, inside ryu-manager, its driver runs in a process of its own (dataplanes/driver_process.py; None: in the app)
+    ryu_process: str | None = None
     leftovers: str | None = None  # (switch name) -> [what it removed]: what a killed run left, named after a switch
 
     def available(self) -> str | None:
@@ -94,9 +95,8 @@ KINDS: dict[str, DataPlaneKind] = {kind.name: kind for kind in (
         mininet_switch="dataplanes.p4.mininet_switch:P4Switch", namespace_switch="dataplanes.p4.netns_switch:Bmv2Ports",
         build="dataplanes.p4.pipeline:build", check="dataplanes.p4.pipeline:available",
         leftovers="dataplanes.p4.bmv2:remove_left_over",
-        not_in_ryu="its P4Runtime client (gRPC) blocks under ryu-manager's eventlet monkey-patching (measured: the "
-                   "app hung at its first P4Runtime call and ignored SIGTERM); run it with `mbalancer controller "
-                   "--driver p4`"),
+        ryu_process="its P4Runtime client (gRPC) blocks in C, which stalls ryu-manager's eventlet hub (measured: "
+                    "the app hung at its first P4Runtime call and ignored SIGTERM)"),
     DataPlaneKind(
         "openflow", "Open vSwitch (userspace datapath) driven by the Ryu app; an eBPF key classifier on its links",
         settings="dataplanes.openflow:Settings", driver="dataplanes.openflow.driver:driver_from_settings",

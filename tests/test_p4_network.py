@@ -59,3 +59,41 @@ def test_a_restarted_switch_gets_its_pipeline_and_hot_keys_back(network, core):
 
     assert eventually(balanced, timeout=20), core.state()["decisions"][-3:]
     assert b"hot:5" in core.driver.slots
+
+
+def test_the_ryu_app_balances_and_mirrors_writes_through_its_p4_driver_process(network, tmp_path):
+    """The core inside ryu-manager, the P4Runtime driver in the child process the app starts (gRPC cannot run on
+    eventlet's hub): a reported key is copied and its gets spread over the servers; a set to it reaches the core as
+    a PacketIn the child relays (the key is synced again), and no get reads the old value after the set's answer;
+    SIGTERM ends it all."""
+    from dataclasses import replace
+    from experiments.endtoend.stack import RyuController
+    from mbalancer.config import Controller, DataPlane
+    from mbalancer.memcache.hashing import make_hash
+    from mbalancer.memcache.server import free_port
+    settings = registry.get("p4").parse_settings(network.switch.driver_settings())
+    config = replace(config_of(network), controller=Controller(listen=f"127.0.0.1:{free_port()}", poll_interval=0),
+                     dataplane=DataPlane("p4", (("p4", settings),)))
+    key = b"ryu:1"
+    home = make_hash(config.balancing.hash, [s.address for s in config.servers]).server_of(key)
+    home_ip = network.server_hosts[home].ip
+    tcp_client(ServerAddress(home_ip)).set(key, b"old")
+    app = RyuController(config, None, tmp_path)
+    app.start()
+    try:
+        def synced(times: int) -> bool:
+            return any(h["key"] == key.decode() and not h["dirty"] and h["syncs"] >= times
+                       for h in app.state()["hot_keys"])
+
+        app.report([(key, 500.0)])
+        assert eventually(lambda: synced(0), timeout=20), app.state()["decisions"][-3:]
+        before = hits(network)
+        assert set(client_gets(network, home_ip, key, 90)["values"]) == {"VALUE ryu:1 0 3\r\nold\r\nEND\r\n"}
+        spread = [a - b for a, b in zip(hits(network), before)]
+        assert min(spread) > 10, (spread, app.state()["decisions"][-3:])
+        stored = client_gets(network, home_ip, key, 1, b"set ryu:1 0 0 3\r\nnew\r\n")
+        assert stored["values"] == {"STORED\r\n": 1}, stored
+        assert set(client_gets(network, home_ip, key, 60)["values"]) == {"VALUE ryu:1 0 3\r\nnew\r\nEND\r\n"}
+        assert eventually(lambda: synced(1), timeout=20), app.state()["decisions"][-3:]  # the mirrored copy came
+    finally:
+        assert app.stop() == 0, app.log()[-2000:]

@@ -4,6 +4,7 @@ those entries is for the bmv2 tests (tests/test_p4_program.py, the driver contra
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 import pytest
 
@@ -188,24 +189,47 @@ def test_bad_p4_settings_are_one_line_errors(run_cli, tmp_path, extra, args, mes
     assert "Traceback" not in result.stderr
 
 
-def test_the_ryu_app_refuses_the_p4_data_plane_at_once_saying_why(tmp_path):
-    """gRPC under ryu-manager's eventlet hung the app (measured); it must refuse, not hang."""
+def test_the_ryu_app_drives_a_p4_switch_through_a_driver_process_and_stops_on_sigterm(tmp_path, server):
+    """Under ryu-manager the P4Runtime driver runs in a process of its own (gRPC blocks in C, which stalled
+    eventlet's hub: the app hung and ignored SIGTERM): the app pushes the pipeline through it, answers its HTTP
+    API, and on SIGTERM ends its lease (a lease PacketOut of 0), and the driver's process ends with it."""
+    import json
+    import urllib.request
     from controller.ryu_manager import launch
+    from mbalancer.processes import stop_process
+    listen = f"127.0.0.1:{free_port()}"
     config = tmp_path / "c.toml"
-    config.write_text(CONFIG + f'[controller]\nlisten = "127.0.0.1:{free_port()}"\n[dataplane]\nkind = "p4"\n'
-                      f'[dataplane.p4]\nswitches = ["127.0.0.1:{free_port()}"]\n')
+    config.write_text(CONFIG + f'[controller]\nlisten = "{listen}"\n[dataplane]\nkind = "p4"\n'
+                      f'[dataplane.p4]\nswitches = ["{server.address}"]\nports = [1, 2]\n')
     log = tmp_path / "ryu.log"
     with open(log, "w") as out:
         process = launch(config, out)
-        try:
-            assert process.wait(timeout=60) != 0
-        finally:
-            if process.poll() is None:
-                process.kill()
-                process.wait()
+    try:
+        deadline = time.monotonic() + 60
+        state = None
+        while state is None and process.poll() is None and time.monotonic() < deadline:
+            try:
+                with urllib.request.urlopen(f"http://{listen}/state", timeout=2) as reply:
+                    state = json.load(reply)
+            except OSError:
+                time.sleep(0.2)
+        assert state is not None, log.read_text()
+        assert state["driver"] == "p4runtime" and server.cookie == Pipeline().cookie, state
+        assert len(entries(server, "servers")) == 1  # the config's one server, written through the child
+        children = children_of(process.pid)
+        assert children, "no driver process under ryu-manager"
+        leases_before = len(server.packet_outs)
+    finally:
+        stop_process(process, grace=20)
     text = log.read_text()
-    assert "data plane p4 cannot run inside ryu-manager" in text and "mbalancer controller --driver p4" in text, text
-    assert "Traceback" not in text, text
+    assert process.returncode == 0 and "Traceback" not in text, text
+    assert len(server.packet_outs) > leases_before  # the lease ended on the way out
+    assert not any(Path(f"/proc/{pid}").exists() for pid in children), "the driver process outlived ryu-manager"
+
+
+def children_of(pid: int) -> list[int]:
+    tasks = Path(f"/proc/{pid}/task")
+    return [int(c) for task in tasks.iterdir() for c in (task / "children").read_text().split()]
 
 
 def test_the_first_controller_stays_primary_and_the_next_is_primary_once_it_is_gone(server):

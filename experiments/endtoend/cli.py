@@ -20,7 +20,8 @@ from typing import Callable
 
 from experiments.endtoend.plot import plot_all
 from experiments.endtoend.report import demo_line, format_runs
-from experiments.endtoend.spec import AUTO_TARGET, DETECTIONS, PRESETS, SWEEP_FIGURES, ExperimentSpec, on_dataplane
+from experiments.endtoend.spec import (AUTO_TARGET, CONTROLLERS, DETECTIONS, PRESETS, SWEEP_FIGURES, ExperimentSpec,
+                                       on_dataplane)
 from experiments.endtoend.sweep import load_summary, run_sweep, spec_dict
 from mbalancer.config import REPLICA_MODES, Balancing, config_option
 from mbalancer.outputs import output_problem
@@ -58,6 +59,10 @@ def register(commands: argparse._SubParsersAction) -> None:
                         help="how the monitor finds the hot keys: sketch (the switch counts every get itself; the "
                              "default on ebpf and openflow with one switch) or capture (the client ports' packets "
                              "copied to the monitor; the default on p4 and leafspine)")
+    parser.add_argument("--controller", choices=CONTROLLERS[1:],
+                        help="where the controller core runs: ryu (the Ryu app inside ryu-manager; the default, and "
+                             "the only way, on openflow) or local (in this process, as `mbalancer controller`; the "
+                             "default on ebpf and p4)")
     parser.add_argument("--rerun", action="store_true", help="run even if OUT holds a sweep of these settings")
     parser.set_defaults(run=_run_experiment, fail=parser.error)
 
@@ -129,6 +134,8 @@ def _spec(args: argparse.Namespace, fail: Fail) -> ExperimentSpec:
         changes["warmup"] = args.warmup
     if args.detect is not None:
         changes["detection"] = args.detect
+    if args.controller is not None:
+        changes["controller"] = args.controller
     if args.measure is not None:
         changes["measure"] = args.measure
     spec = replace(spec, **changes)

@@ -82,7 +82,7 @@ def run_once(bed: Testbed, spec: ExperimentSpec, workload: Workload, mode: str, 
     bed.reload_dataplane()
     _fill(workload)
     stack = MBalancerStack(bed, balancing, workload.key_hash, spec.monitor_interval, out,
-                           spec.most_hot(), spec.detects_with()).start() \
+                           spec.most_hot(), spec.detects_with(), spec.runs_controller()).start() \
         if mode == "mbalancer" else None
     generators: list[subprocess.Popen] = []
     window_state = None

@@ -23,6 +23,7 @@ DATAGRAM_HEADERS = 8 + 20 + 14  # UDP, IPv4, Ethernet: what a capped link carrie
 REPLY_FRAMING = 40  # "VALUE <key> <flags> <bytes>\r\n" ... "\r\nEND\r\n" around the value
 CALIBRATION_ALPHA = 0.01  # near-uniform popularity: with the skewed hash at IF 1, every server is equally busy
 DETECTIONS = ("auto", "sketch", "capture")
+CONTROLLERS = ("auto", "local", "ryu")
 AUTO_TARGET = 0.97  # `--hot auto`'s target IF: a margin over the 0.95 of capacity it is meant to reach
 
 
@@ -43,6 +44,9 @@ class ExperimentSpec:
     # How the monitor finds the hot keys: "sketch" (the switch counts gets itself, `mbalancer monitor`'s default on
     # the data planes that can), "capture" (packets copied from the client ports to the monitor), "auto": the first
     detection: str = "auto"
+    # Where the controller core runs: "local" (in the experiment's process, as `mbalancer controller`), "ryu" (the
+    # Ryu app inside ryu-manager), "auto": ryu on openflow (its switches connect to Ryu), local elsewhere
+    controller: str = "auto"
     warmup: float = 4.0  # seconds of load before measuring: MBalancer finds and copies the hot keys then
     measure: float = 8.0  # seconds measured
     rounds: int = 1  # times the whole sweep runs, capacity run included; figures are the medians over rounds
@@ -69,6 +73,10 @@ class ExperimentSpec:
         if self.detects_with() == "sketch" and self.testbed.topology != "single":
             raise ValueError("the monitor reads one switch's sketch, and a leaf-spine's gets enter at every leaf: "
                              "detect by capture")
+        if self.controller not in CONTROLLERS:
+            raise ValueError(f"controller must be one of {', '.join(CONTROLLERS)} (got {self.controller!r})")
+        if self.testbed.dataplane == "openflow" and self.runs_controller() != "ryu":
+            raise ValueError("the openflow data plane's switches are driven by the Ryu app: controller ryu")
         if not self.hashes:
             raise ValueError("no point to run: give at least one hash")
         fake = tuple(ServerAddress(f"10.0.0.{i + 1}") for i in range(self.testbed.servers))
@@ -106,6 +114,12 @@ class ExperimentSpec:
             return self.detection
         one_switch = self.testbed.topology == "single"
         return "sketch" if one_switch and self.testbed.dataplane in SKETCH_KINDS else "capture"
+
+    def runs_controller(self) -> str:
+        """"local" or "ryu": where the core runs (the one asked for, or with "auto" the data plane's own way)."""
+        if self.controller != "auto":
+            return self.controller
+        return "ryu" if self.testbed.dataplane == "openflow" else "local"
 
     def most_hot(self) -> int:
         """Keys per monitor report: H, or with H "auto" the most the controller may choose."""

@@ -1,7 +1,7 @@
 """MBalancer's full loop on a running testbed: the controller core with the testbed's data-plane driver, its HTTP
 API, and the monitor (`mbalancer monitor`, a process) sniffing the switch ports where client requests arrive and
-pushing its reports to the controller. The core runs in this process (LocalController), or inside ryu-manager for
-the OpenFlow data plane (RyuController: the Ryu app, reached over its HTTP API)."""
+pushing its reports to the controller. The core runs in this process (LocalController), or inside ryu-manager
+(RyuController: the Ryu app, reached over its HTTP API; the OpenFlow data plane's way, and on P4 or eBPF when asked)."""
 from __future__ import annotations
 
 import json
@@ -88,8 +88,11 @@ class RyuController:
             time.sleep(0.1)
 
     def _ready(self) -> bool:
+        """The HTTP API answers, and on OpenFlow a switch has connected and been programmed (other data planes'
+        drivers reach their switches themselves, before the API starts)."""
         try:
-            return "hot keys installed" in self.log() and bool(self.state())
+            connected = self.config.dataplane.kind != "openflow" or "hot keys installed" in self.log()
+            return connected and bool(self.state())
         except OSError:
             return False
 
@@ -126,13 +129,13 @@ class RyuController:
 
 class MBalancerStack:
     def __init__(self, bed: Testbed, balancing: Balancing, key_hash: KeyHash, monitor_interval: float,
-                 out: Path, top: int, detection: str = "capture"):
+                 out: Path, top: int, detection: str = "capture", controller: str = "local"):
         self.bed, self.out, self.top, self.detection = bed, out, top, detection
         port = free_port()
         self.config = Config(servers=bed.servers, balancing=replace(balancing, hash=key_hash.spec),
                              monitor=Monitoring(interval=monitor_interval),
                              controller=Controller(listen=f"127.0.0.1:{port}"), dataplane=bed.dataplane())
-        kind = RyuController if self.config.dataplane.kind == "openflow" else LocalController
+        kind = RyuController if controller == "ryu" else LocalController
         self.controller = kind(self.config, key_hash, out)
         self.port = port
         self.monitor: subprocess.Popen | None = None

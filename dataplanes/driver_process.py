@@ -1,0 +1,251 @@
+"""A data plane's driver in a process of its own, behind the same driver interface (dataplanes/driver.py).
+
+Why: ryu-manager monkey-patches threads and sockets for eventlet, and a driver whose client blocks in C stalls its
+hub (the P4Runtime driver's gRPC: the Ryu app hung at its first call and ignored SIGTERM). The Ryu app makes such a
+driver here: a child process (`python -m dataplanes.driver_process FD`, nothing patched) runs the registry's driver
+of that kind, and DriverProcess forwards each call of the interface over a socket pair, one at a time: a pickled
+(method, arguments) in, the result or the DriverError's text out. What the driver delivers on its own (copies to
+on_mirror, on_reconnect) comes back as events on the same socket, read by one thread here that hands them to the
+core's callbacks (which only queue). The child ends when the socket does: with close(), or when this process dies.
+"""
+from __future__ import annotations
+
+import logging
+import pickle
+import queue
+import socket
+import struct
+import subprocess
+import sys
+import threading
+from typing import Any, Sequence
+
+from dataplanes.driver import (Counters, Driver, DriverError, ForwardingEntry, LeftoverKey, MirrorHandler,
+                               ReconnectHandler, ReplicaWeight, StreamId, WriteStamp)
+from mbalancer.settings import Server
+
+log = logging.getLogger(__name__)
+CALL_TIMEOUT = 30.0  # seconds a call may take in the child (the driver's own timeouts are shorter)
+START_TIMEOUT = 30.0  # seconds the child may take to import and make its driver
+LENGTH = struct.Struct("!I")
+MAX_MESSAGE = 64 << 20  # a frame, a counters snapshot: far less; a corrupt length is refused, not allocated
+# The interface's calls the child takes; anything else is refused there.
+CALLS = frozenset({"attach", "install_hot_key", "set_weights", "remove_hot_key", "set_dirty", "write_stamp",
+                   "clear_dirty", "renew_lease", "set_forwarding", "read_counters", "stream_start", "resume_stream",
+                   "blind_stream", "unsure_quiet", "rearm_unsure", "server_closes", "closes_handled", "owned_switches",
+                   "switches_gone", "switch_counters", "close"})
+
+
+def send(sock: socket.socket, message: tuple) -> None:
+    data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
+    sock.sendall(LENGTH.pack(len(data)) + data)
+
+
+def receive(sock: socket.socket) -> tuple | None:
+    """The next message, None when the other end closed (or sent a length no message has)."""
+    head = _exactly(sock, LENGTH.size)
+    if head is None or not 0 < (size := LENGTH.unpack(head)[0]) <= MAX_MESSAGE:
+        return None
+    data = _exactly(sock, size)
+    return None if data is None else pickle.loads(data)  # from our own child or parent, over a socket pair
+
+
+def _exactly(sock: socket.socket, size: int) -> bytes | None:
+    chunks, left = [], size
+    while left:
+        try:
+            chunk = sock.recv(min(left, 1 << 20))
+        except OSError:
+            return None
+        if not chunk:
+            return None
+        chunks.append(chunk)
+        left -= len(chunk)
+    return b"".join(chunks)
+
+
+class DriverProcess(Driver):
+    """The driver of data plane `kind`, with `settings`, running in a child process."""
+
+    def __init__(self, kind: str, settings: Any = None):
+        self.kind, self.settings = kind, settings
+        self.on_mirror: MirrorHandler | None = None
+        self.on_reconnect: ReconnectHandler | None = None
+        self._results: queue.Queue[tuple] = queue.Queue()
+        self._lock = threading.Lock()  # one call at a time: a result answers the call in flight
+        ours, theirs = socket.socketpair()
+        self._sock = ours
+        self.process = subprocess.Popen([sys.executable, "-m", "dataplanes.driver_process", str(theirs.fileno())],
+                                        pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL)
+        theirs.close()
+        self._reader = threading.Thread(target=self._read, name=f"mbalancer-{kind}-driver-process", daemon=True)
+        self._reader.start()
+        try:
+            made = self._call("make", (kind, settings), START_TIMEOUT)
+        except DriverError:
+            self.close()
+            raise
+        self.name, self.max_replicas = made["name"], made["max_replicas"]
+
+    # --- the interface: every call forwarded ------------------------------------------------------------------
+    def attach(self, servers: Sequence[Server], on_mirror: MirrorHandler,
+               on_reconnect: ReconnectHandler | None = None) -> list[LeftoverKey]:
+        self.on_mirror, self.on_reconnect = on_mirror, on_reconnect
+        return self._call("attach", (tuple(servers),))
+
+    def install_hot_key(self, key: bytes, home: int, replicas: Sequence[ReplicaWeight]) -> None:
+        self._call("install_hot_key", (key, home, tuple(replicas)))
+
+    def set_weights(self, key: bytes, replicas: Sequence[ReplicaWeight]) -> None:
+        self._call("set_weights", (key, tuple(replicas)))
+
+    def remove_hot_key(self, key: bytes) -> None:
+        self._call("remove_hot_key", (key,))
+
+    def set_dirty(self, key: bytes) -> None:
+        self._call("set_dirty", (key,))
+
+    def write_stamp(self, key: bytes) -> WriteStamp:
+        return self._call("write_stamp", (key,))
+
+    def clear_dirty(self, key: bytes, stamp: WriteStamp) -> None:
+        self._call("clear_dirty", (key, stamp))
+
+    def renew_lease(self, seconds: float) -> None:
+        self._call("renew_lease", (seconds,))
+
+    def set_forwarding(self, entries: Sequence[ForwardingEntry]) -> None:
+        self._call("set_forwarding", (tuple(entries),))
+
+    def read_counters(self) -> Counters:
+        return self._call("read_counters", ())
+
+    def stream_start(self, stream: StreamId) -> int | None:
+        return self._call("stream_start", (stream,))
+
+    def resume_stream(self, stream: StreamId, seq: int) -> None:
+        self._call("resume_stream", (stream, seq))
+
+    def blind_stream(self, stream: StreamId) -> None:
+        self._call("blind_stream", (stream,))
+
+    def unsure_quiet(self, server: int) -> float | None:
+        return self._call("unsure_quiet", (server,))
+
+    def rearm_unsure(self, server: int) -> None:
+        self._call("rearm_unsure", (server,))
+
+    def server_closes(self, server: int) -> tuple:
+        return self._call("server_closes", (server,))
+
+    def closes_handled(self, server: int, closes: tuple) -> None:
+        self._call("closes_handled", (server, closes))
+
+    def owned_switches(self) -> list[str]:
+        return self._call("owned_switches", ())
+
+    def switches_gone(self) -> list[str]:
+        return self._call("switches_gone", ())
+
+    def switch_counters(self) -> list[dict[str, int]]:
+        return self._call("switch_counters", ())
+
+    def close(self) -> None:
+        """The driver closes in the child (its lease ended there), then the child exits."""
+        if self.process.poll() is None:
+            try:
+                self._call("close", ())
+            except DriverError as err:
+                log.info("closing the %s driver process: %s", self.kind, err)
+        self._sock.close()
+        try:
+            self.process.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+
+    # --- inside ----------------------------------------------------------------------------------------------
+    def _call(self, method: str, args: tuple, timeout: float = CALL_TIMEOUT) -> Any:
+        with self._lock:
+            try:
+                send(self._sock, ("call", method, args))
+            except OSError as err:
+                raise DriverError(f"the {self.kind} driver process is gone ({err})") from None
+            try:
+                outcome, value = self._results.get(timeout=timeout)
+            except queue.Empty:
+                raise DriverError(f"the {self.kind} driver process did not answer {method} within "
+                                  f"{timeout:g} s") from None
+        if outcome == "error":
+            raise DriverError(value)
+        return value
+
+    def _read(self) -> None:
+        while (message := receive(self._sock)) is not None:
+            kind = message[0]
+            if kind in ("result", "error"):
+                self._results.put(message)
+            elif kind == "mirror" and self.on_mirror is not None:
+                self.on_mirror(message[1])
+            elif kind == "reconnect" and self.on_reconnect is not None:
+                self.on_reconnect()
+        self._results.put(("error", f"the {self.kind} driver process exited"))
+
+
+# --- the child -------------------------------------------------------------------------------------------------
+class _Child:
+    def __init__(self, sock: socket.socket):
+        self.sock = sock
+        self.send_lock = threading.Lock()  # the driver's threads send copies while the main loop answers
+        self.driver: Driver | None = None
+
+    def send(self, message: tuple) -> None:
+        with self.send_lock:
+            try:
+                send(self.sock, message)
+            except OSError:
+                pass  # the parent is gone: the main loop sees the socket end and stops
+
+    def serve(self) -> None:
+        method = None
+        while (message := receive(self.sock)) is not None:
+            _, method, args = message
+            try:
+                self.send(("result", self.answer(method, args)))
+            except (DriverError, ValueError) as err:  # ValueError: an unknown kind, bad settings
+                self.send(("error", str(err)))
+            except Exception as err:  # a bug in a driver: said in one line, the child goes on
+                log.exception("%s failed", method)
+                self.send(("error", f"{method}: {type(err).__name__}: {err}"))
+            if method == "close":
+                break
+        if self.driver is not None and method != "close":
+            self.driver.close()  # the parent died: end the lease as a stopped controller does
+
+    def answer(self, method: str, args: tuple) -> Any:
+        if method == "make":
+            from dataplanes import registry
+            kind, settings = args
+            self.driver = registry.get(kind).make_driver(settings)
+            return {"name": self.driver.name, "max_replicas": self.driver.max_replicas}
+        if self.driver is None or method not in CALLS:
+            raise DriverError(f"the driver process takes no {method!r} now")
+        if method == "attach":
+            return self.driver.attach(args[0], lambda frame: self.send(("mirror", frame)),
+                                      lambda: self.send(("reconnect",)))
+        return getattr(self.driver, method)(*args)
+
+
+def main() -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    sock = socket.socket(fileno=int(sys.argv[1]))
+    sock.setblocking(True)  # an eventlet parent made its end non-blocking; this end is the child's alone
+    try:
+        _Child(sock).serve()
+    except KeyboardInterrupt:
+        pass
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
