@@ -1,0 +1,75 @@
+"""A driver in a process of its own (dataplanes/driver_process.py), on the recording driver: calls and their errors
+cross the socket, bad requests are one-line errors, and the child never outlives its parent. The P4Runtime driver
+through it, inside ryu-manager, is tests/test_p4runtime_driver.py's and tests/test_p4_network.py's."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from dataplanes.driver import DriverError, ReplicaWeight
+from dataplanes.driver_process import DriverProcess
+from mbalancer.config import Server
+
+SERVERS = [Server(f"s{i}", f"10.0.0.{i + 1}", f"02:00:00:00:00:{i + 1:02x}") for i in range(3)]
+
+
+@pytest.fixture
+def driver():
+    made = DriverProcess("none")
+    yield made
+    made.close()
+
+
+def test_calls_results_and_errors_cross_to_the_child(driver):
+    assert driver.name == "none" and driver.attach(SERVERS, lambda frame: None) == []
+    driver.install_hot_key(b"k", 0, [ReplicaWeight(0, 0.5), ReplicaWeight(1, 0.5)])
+    stamp = driver.write_stamp(b"k")
+    driver.clear_dirty(b"k", stamp)
+    with pytest.raises(DriverError, match=r"b'k' is already installed"):
+        driver.install_hot_key(b"k", 0, [ReplicaWeight(0, 1.0)])
+    driver.remove_hot_key(b"k")
+    with pytest.raises(DriverError, match="not installed"):
+        driver.remove_hot_key(b"k")
+    assert driver.read_counters().unsure == 0
+
+
+def test_an_unknown_kind_is_one_line_and_no_child_is_left():
+    with pytest.raises(DriverError, match=r"^unknown data plane 'p5' \(choose from"):
+        DriverProcess("p5")
+
+
+def test_the_child_ends_when_its_parent_is_killed():
+    """kill -9 of the process that made it (ryu-manager): the child sees its socket end, closes its driver (the
+    lease ends on the switch) and exits, bounded."""
+    parent = subprocess.Popen([sys.executable, "-c", (
+        "import sys, time\n"
+        "from dataplanes.driver_process import DriverProcess\n"
+        "d = DriverProcess('none')\n"
+        "print(d.process.pid, flush=True)\n"
+        "time.sleep(60)\n")], stdout=subprocess.PIPE, text=True)
+    try:
+        child = int(parent.stdout.readline())
+        os.kill(parent.pid, signal.SIGKILL)
+        parent.wait(timeout=10)
+        deadline = time.monotonic() + 10
+        while _alive(child) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not _alive(child), "the driver process outlived its parent"
+    finally:
+        if parent.poll() is None:
+            parent.kill()
+            parent.wait()
+
+
+def _alive(pid: int) -> bool:
+    """Running (a zombie, reaped by init, counts as gone)."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
