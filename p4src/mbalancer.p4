@@ -431,7 +431,8 @@ control MbIngress(inout headers_t hdr, inout metadata_t meta, inout standard_met
             writes.write(meta.slot, n + 1);
             key_mirrored.count(meta.slot);
             count(C_MIRRORED);
-            meta.clone_it = whole;  /* else make_unsure clones it (once) */
+            meta.clone_it = whole | meta.trusted;  /* else make_unsure clones it (once); the controller's own never
+                                                    * make a server unsure, but are copied */
         }
         if (unsure_it == 1 && meta.dest_known == 1 && meta.trusted == 0) {
             if (meta.coalesce == 1) {

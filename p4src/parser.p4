@@ -1,14 +1,24 @@
 /* Parsing: Ethernet / IPv4 / UDP or TCP / memcached UDP frame header / ASCII command, key and the rest of its line.
  * The same reading as dataplanes/ebpf/bpf/parse.h, with v1model's mechanism:
  * - The eBPF program loads the key and scans it a word at a time; a P4 parser can only iterate by going from
- *   state to state, so the command word, the key and the line are read one byte per state (a lookahead decides
- *   before each byte is taken). The key is accumulated into one 2000-bit number for hot_keys' exact match.
- * - `remaining` (payload bytes not read yet, from the IPv4 total length) guards every lookahead, so a short or
- *   unpadded frame is never read past its end and Ethernet padding is never read as payload.
+ *   state to state. Where it may, a state takes 8 bytes: a lookahead of the next 8 finds none of the bytes that
+ *   would end or change the reading (a select entry per byte and position: ANY_BYTE_IS), else it takes one.
+ *   "get " and "set " are read in one step; the key 8 bytes at a time, its last few bytes one at a time; the line
+ *   after the key a byte at a time up to the end of the data length field (fields are counted, digits read), then 8
+ *   bytes at a time, then its last bytes to '\r' one at a time. Each part has its own header stack, so the
+ *   deparser emits them in the order they came. The key is accumulated into one 2000-bit number for hot_keys.
+ * - `remaining` (payload bytes not read yet, from the IPv4 total length) guards every lookahead (in a state of
+ *   its own: a select evaluates all its keys, lookahead included), so a short or unpadded frame is never read
+ *   past its end and Ethernet padding is never read as payload.
  * - A parser cannot branch on a comparison directly: the length checks are done in the ingress control from
  *   what the parser recorded (ip_end, payload_len, line state). */
 #ifndef MB_PARSER_P4
 #define MB_PARSER_P4
+
+/* Select entries on a 64-bit lookahead: byte value 0xV at any of the 8 positions goes to `to`. */
+#define AT(v, i) (64w0x##v << (8 * (7 - i))) &&& (64w0xff << (8 * (7 - i)))
+#define ANY_BYTE_IS(v, to) AT(v, 0): to; AT(v, 1): to; AT(v, 2): to; AT(v, 3): to; \
+                           AT(v, 4): to; AT(v, 5): to; AT(v, 6): to; AT(v, 7): to
 
 parser MbParser(packet_in pkt, out headers_t hdr, inout metadata_t meta, inout standard_metadata_t std) {
     state start {
@@ -132,20 +142,47 @@ parser MbParser(packet_in pkt, out headers_t hdr, inout metadata_t meta, inout s
         transition parse_command;
     }
 
-    /* The command word: up to 7 bytes, ended by ' ' or '\r'. */
+    /* The command word: up to 7 bytes, ended by ' ' or '\r'; "get " and "set " in one step. */
     state parse_command {
         transition select(meta.remaining) {
             0: accept;  /* nothing to read: a bare TCP ACK, an empty datagram */
+            1 &&& 0xfffc: word_byte;  /* 1 .. 3 */
+            default: command4;
+        }
+    }
+
+    state command4 {
+        transition select(pkt.lookahead<bit<32>>()) {
+            0x67657420: get4;  /* "get " */
+            0x73657420: set4;  /* "set " */
             default: word_byte;
         }
     }
 
+    state get4 {
+        pkt.extract(hdr.command4);
+        meta.remaining = meta.remaining - 4;
+        transition get;
+    }
+
+    state set4 {
+        pkt.extract(hdr.command4);
+        meta.remaining = meta.remaining - 4;
+        transition write_data_2;
+    }
+
     state word_byte {
-        transition select(meta.remaining, pkt.lookahead<bit<8>>(), meta.word_len) {
-            (0, _, _): command_other;       /* no end */
-            (_, 0x20, _): word_space;
-            (_, 0x0d, _): word_cr;
-            (_, _, 7): command_other;       /* too long for any command */
+        transition select(meta.remaining) {
+            0: command_other;  /* no end */
+            default: word_byte_look;
+        }
+    }
+
+    state word_byte_look {
+        transition select(pkt.lookahead<bit<8>>(), meta.word_len) {
+            (0x20, _): word_space;
+            (0x0d, _): word_cr;
+            (_, 7): command_other;          /* too long for any command */
             default: word_take;
         }
     }
@@ -200,27 +237,60 @@ parser MbParser(packet_in pkt, out headers_t hdr, inout metadata_t meta, inout s
         }
     }
 
-    state get { meta.command = CMD_GET; transition key_byte; }
-    state meta_get { meta.command = CMD_READ; transition key_byte; }
-    state write_data_2 { meta.command = CMD_WRITE; meta.data_field = 2; transition key_byte; }
-    state write_data_0 { meta.command = CMD_WRITE; meta.data_field = 0; transition key_byte; }
-    state write_no_data { meta.command = CMD_WRITE; transition key_byte; }
+    state get { meta.command = CMD_GET; transition key_step; }
+    state meta_get { meta.command = CMD_READ; transition key_step; }
+    state write_data_2 { meta.command = CMD_WRITE; meta.data_field = 2; transition key_step; }
+    state write_data_0 { meta.command = CMD_WRITE; meta.data_field = 0; transition key_step; }
+    state write_no_data { meta.command = CMD_WRITE; transition key_step; }
     state line_after_space { meta.command = CMD_LINE; meta.line_len = 1; transition line_byte; }
     state line_after_cr { meta.command = CMD_LINE; transition line_cr_found; }
     state noop { meta.command = CMD_NOOP; transition line_cr_found; }
 
     /* The key as memcached's text protocol reads it: 1..250 bytes, any but space, '\r', '\n' and NUL (control
-     * characters included), ended by ' ' or '\r'; anything else: no key (key_len 0). */
+     * characters included), ended by ' ' or '\r'; anything else: no key (key_len 0). 8 bytes at a time while none
+     * of the next 8 is one of those and the key stays within 250 bytes; then a byte at a time (the key ends within
+     * the next 8 bytes, or the packet does, or the 250 bytes are near). */
+    state key_step {
+        transition select(meta.remaining >= 8 && meta.key_len <= MB_MAX_KEY - 8) {
+            true: key_words_look;
+            false: key_byte;
+        }
+    }
+
+    state key_words_look {
+        transition select(pkt.lookahead<bit<64>>()) {
+            ANY_BYTE_IS(20, key_byte);
+            ANY_BYTE_IS(0d, key_byte);
+            ANY_BYTE_IS(0a, key_byte);
+            ANY_BYTE_IS(00, key_byte);
+            default: key_take_word;
+        }
+    }
+
+    state key_take_word {
+        pkt.extract(hdr.key_words.next);
+        meta.key = (meta.key << 64) | (bit<MB_KEY_BITS>)hdr.key_words.last.w;
+        meta.key_len = meta.key_len + 8;
+        meta.remaining = meta.remaining - 8;
+        transition key_step;
+    }
+
     state key_byte {
-        transition select(meta.remaining, pkt.lookahead<bit<8>>(), meta.key_len) {
-            (0, _, _): no_key;
-            (_, 0x20, 0): no_key;
-            (_, 0x0d, 0): no_key;
-            (_, 0x20, _): key_end_space;
-            (_, 0x0d, _): key_end_cr;
-            (_, 0x0a, _): no_key;         /* a line end with no '\r' */
-            (_, 0x00, _): no_key;         /* memcached refuses it */
-            (_, _, MB_MAX_KEY): no_key;   /* a 251st byte */
+        transition select(meta.remaining) {
+            0: no_key;
+            default: key_byte_look;
+        }
+    }
+
+    state key_byte_look {
+        transition select(pkt.lookahead<bit<8>>(), meta.key_len) {
+            (0x20, 0): no_key;
+            (0x0d, 0): no_key;
+            (0x20, _): key_end_space;
+            (0x0d, _): key_end_cr;
+            (0x0a, _): no_key;            /* a line end with no '\r' */
+            (0x00, _): no_key;            /* memcached refuses it */
+            (_, MB_MAX_KEY): no_key;      /* a 251st byte */
             default: key_take;
         }
     }
@@ -230,7 +300,7 @@ parser MbParser(packet_in pkt, out headers_t hdr, inout metadata_t meta, inout s
         meta.key = (meta.key << 8) | (bit<MB_KEY_BITS>)hdr.key.last.b;
         meta.key_len = meta.key_len + 1;
         meta.remaining = meta.remaining - 1;
-        transition key_byte;
+        transition key_byte;  /* no 8-byte step after a byte: the key's bytes stay in order, words then bytes */
     }
 
     state no_key {
@@ -242,7 +312,10 @@ parser MbParser(packet_in pkt, out headers_t hdr, inout metadata_t meta, inout s
         pkt.extract(hdr.line.next);
         meta.line_len = 1;
         meta.remaining = meta.remaining - 1;
-        transition line_byte;
+        transition select(meta.data_field) {
+            MB_NO_DATA: line_wide;  /* no data length to read: only where '\r' is matters (and mg's flags) */
+            default: line_byte;
+        }
     }
 
     state key_end_cr {
@@ -253,13 +326,20 @@ parser MbParser(packet_in pkt, out headers_t hdr, inout metadata_t meta, inout s
     }
 
     /* The rest of the line (the byte that ended the key counts as its first): fields, the data length, the flags
-     * that make a meta command change the item, and where '\r' is. */
+     * that make a meta command change the item, and where '\r' is. A byte at a time up to the data length's end
+     * (MB_LINE_HEAD bytes at most: past that the line is not proved whole), then 8 at a time (line_wide). */
     state line_byte {
-        transition select(meta.remaining, pkt.lookahead<bit<8>>(), meta.line_len) {
-            (0, _, _): accept;                   /* no '\r' */
-            (_, _, MB_LINE_BYTES): accept;       /* none within reach */
-            (_, 0x0d, _): line_cr;
-            (_, 0x20, _): line_space;
+        transition select(meta.remaining, meta.line_len) {
+            (0, _): accept;                      /* no '\r' */
+            (_, MB_LINE_HEAD): accept;           /* a head longer than any data length field needs */
+            default: line_byte_look;
+        }
+    }
+
+    state line_byte_look {
+        transition select(pkt.lookahead<bit<8>>()) {
+            0x0d: line_cr;
+            0x20: line_space;
             default: line_char;
         }
     }
@@ -268,8 +348,93 @@ parser MbParser(packet_in pkt, out headers_t hdr, inout metadata_t meta, inout s
         pkt.extract(hdr.line.next);
         meta.line_len = meta.line_len + 1;
         meta.remaining = meta.remaining - 1;
+        transition select(meta.in_field, meta.fields - meta.data_field) {
+            (1, 1): line_data_length_read;  /* the space after the data length */
+            default: line_out_of_field;
+        }
+    }
+
+    state line_out_of_field {
         meta.in_field = 0;
         transition line_byte;
+    }
+
+    state line_data_length_read {
+        meta.in_field = 0;
+        transition line_wide;
+    }
+
+    /* After the data length: 8 bytes at a time while none of the next 8 is '\r' (nor, for mg, T, N or I) and the
+     * line stays within MB_LINE_BYTES; then its last bytes one at a time. */
+    state line_wide {
+        transition select(meta.remaining >= 8 && meta.line_len <= MB_LINE_BYTES - 8, meta.command) {
+            (false, _): line_tail;
+            (true, CMD_READ): line_words_look_mg;
+            default: line_words_look;
+        }
+    }
+
+    state line_words_look {
+        transition select(pkt.lookahead<bit<64>>()) {
+            ANY_BYTE_IS(0d, line_tail);
+            default: line_take_word;
+        }
+    }
+
+    state line_words_look_mg {
+        transition select(pkt.lookahead<bit<64>>()) {
+            ANY_BYTE_IS(0d, line_tail);
+            ANY_BYTE_IS(54, line_tail);  /* T */
+            ANY_BYTE_IS(4e, line_tail);  /* N */
+            ANY_BYTE_IS(49, line_tail);  /* I */
+            default: line_take_word;
+        }
+    }
+
+    state line_take_word {
+        pkt.extract(hdr.line_words.next);
+        meta.line_len = meta.line_len + 8;
+        meta.remaining = meta.remaining - 8;
+        transition line_wide;
+    }
+
+    /* At most 8 bytes: '\r' (or the packet's end, or MB_LINE_BYTES) is within them, or for mg a T, N or I, which
+     * makes it change the item whatever follows (so it cannot be whole: nothing more to read). */
+    state line_tail {
+        transition select(meta.remaining, meta.line_len) {
+            (0, _): accept;
+            (_, MB_LINE_BYTES): accept;
+            default: line_tail_look;
+        }
+    }
+
+    state line_tail_look {
+        transition select(pkt.lookahead<bit<8>>(), meta.command) {
+            (0x0d, _): line_tail_cr;
+            (0x54, CMD_READ): line_tail_changes;  /* T */
+            (0x4e, CMD_READ): line_tail_changes;  /* N */
+            (0x49, CMD_READ): line_tail_changes;  /* I */
+            default: line_tail_take;
+        }
+    }
+
+    state line_tail_take {
+        pkt.extract(hdr.line_tail.next);
+        meta.line_len = meta.line_len + 1;
+        meta.remaining = meta.remaining - 1;
+        transition line_tail;
+    }
+
+    state line_tail_changes {
+        meta.changes = 1;
+        transition accept;
+    }
+
+    state line_tail_cr {
+        pkt.extract(hdr.line_tail.next);
+        meta.line_len = meta.line_len + 1;
+        meta.remaining = meta.remaining - 1;
+        transition line_cr_found;
     }
 
     state line_char {
@@ -359,10 +524,14 @@ control MbDeparser(packet_out pkt, in headers_t hdr) {
         pkt.emit(hdr.tcp);
         pkt.emit(hdr.tcp_options);
         pkt.emit(hdr.frame);
+        pkt.emit(hdr.command4);
         pkt.emit(hdr.word);
         pkt.emit(hdr.word_end);
+        pkt.emit(hdr.key_words);
         pkt.emit(hdr.key);
         pkt.emit(hdr.line);
+        pkt.emit(hdr.line_words);
+        pkt.emit(hdr.line_tail);
         pkt.emit(hdr.lf);
     }
 }

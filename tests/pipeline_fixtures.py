@@ -107,6 +107,11 @@ def _with_checksums(frame) -> bytes:
 
 
 LONGEST = b"k" * 250
+
+
+def key_of(length: int) -> bytes:
+    """A key of `length` bytes, no two 8-byte words alike."""
+    return bytes(0x41 + (i * 7 + i // 8) % 58 for i in range(length))
 MEMCASLAP_KEY = b"\x10" * 8 + b"joD9mL4Q\t\x7f"  # memcached reads every byte but space and the line end
 
 
@@ -146,6 +151,13 @@ CASES = (
     Case("a whole write to a cold key with control bytes leaves the hot key clean",
          request(b"set \x10\x10\x10\x10\x10\x10\x10\x10cold\x7f 0 0 1\r\nx\r\n", udp=False), dirty_after=False),
     Case("a zero UDP checksum (none) stays zero", zero_udp_checksum(GET), out=zero_udp_checksum(balanced_to(GET, 1))),
+    # keys of every length around the 8-byte steps a parser may take (P4 reads 8 at a time, then bytes)
+    *(Case(f"a {n}-byte hot key is balanced", request(b"get " + key_of(n) + b"\r\n"), hot=(HotKey(key_of(n)),),
+           out=balanced_to(request(b"get " + key_of(n) + b"\r\n"), 1)) for n in (7, 8, 9, 16, 17, 242, 243, 248, 249)),
+    Case("a key differing from the hot key in its last byte is not balanced", request(b"get " + key_of(17)[:-1] +
+         b"!\r\n"), hot=(HotKey(key_of(17)),)),
+    Case("a key differing from the hot key in its first 8 bytes is not balanced", request(b"get !" + key_of(17)[1:] +
+         b"\r\n"), hot=(HotKey(key_of(17)),)),
     # gets that are not hot_get's
     *(Case(f"not balanced: {payload!r}", request(payload)) for payload in (
         b"get cold\r\n", b"get hot other\r\n", b"get hot \r\n")),
@@ -157,7 +169,10 @@ CASES = (
     Case("a get over TCP is not balanced", request(b"get hot\r\n", udp=False)),
     *(Case(f"a whole read changes nothing: {payload!r}", request(payload, udp=False), dirty_after=False)
       for payload in (b"get a b hot\r\n", b"gets hot cold\r\n", b"mg hot v f t c\r\n", b"mn\r\n", b"stats\r\n",
-                      b"stats slabs\r\n", b"version\r\n")),
+                      b"stats slabs\r\n", b"version\r\n", b"mg hot v k s O" + b"x" * 60 + b" q\r\n")),
+    *(Case(f"a meta get that changes the item is not a whole read: {payload[:20]!r}", request(payload, udp=False),
+           unsure=0, dirty_after=True)
+      for payload in (b"mg hot v O" + b"x" * 40 + b" T30 q\r\n", b"mg hot v O" + b"x" * 40 + b"N30\r\n")),
     Case("an already balanced get is not balanced again", request(b"get hot\r\n", flags=IP_BALANCED),
          counters={"packets": 1, "memcached": 1, "already_balanced": 1}),
     # set_mirror
@@ -166,7 +181,12 @@ CASES = (
            counters={"packets": 1, "memcached": 1, "mirrored": 1}) for payload, udp in (
         (SET_HOT, True), (b"delete hot\r\n", True), (b"incr hot 1\r\n", False), (b"touch hot 10\r\n", True),
         (b"set hot 0 0 2 noreply\r\nxy\r\n", False), (b"cas hot 0 0 1 99\r\nx\r\n", False),
-        (b"ms hot 2 T0 F5\r\nxy\r\n", False), (b"delete hot noreply\r\n", False))),
+        (b"ms hot 2 T0 F5\r\nxy\r\n", False), (b"delete hot noreply\r\n", False),
+        (b"set hot 0 0 2 " + b"opaque-token-" * 8 + b"\r\nxy\r\n", False), (b"ms hot 2 T0 F5 I O" + b"x" * 60 +
+         b" q\r\nxy\r\n", False), (b"set hot 4294967295 2592000 2 noreply\r\nxy\r\n", True))),
+    Case("the controller's own write to a hot key's home that is not one whole command is counted and copied, its "
+         "server not unsure", request(b"set hot 0 0 5\r\nxy", udp=False, src=CONTROLLER), mirrored=True,
+         dirty_after=True, counters={"packets": 1, "memcached": 1, "mirrored": 1}),
     # writes the pipeline cannot read whole: the server is unsure, every hot key homed there dirty
     *(Case(f"unsure: {name}", request(payload, udp=udp), mirrored=mirrored, unsure=0, dirty_after=True)
       for name, payload, udp, mirrored in (

@@ -108,8 +108,18 @@ def unsure_counts(driver: P4RuntimeDriver) -> list[int]:
     return [tables.unsure(i) for i in range(len(SERVERS))]
 
 
+# Where P4 reads less than eBPF: the line after a key is read a byte at a time only up to the data length's end, at
+# most MB_LINE_HEAD (48) bytes (header instances cost bmv2 per packet); a longer head is not proved whole (eBPF reads
+# 256 bytes that way). The write still counts; its server is unsure too, so the controller checks it.
+P4_ONLY_CASES = (
+    Case("P4: a write whose data length ends past 48 bytes of its line is mirrored and its server unsure",
+         request(b"set hot" + b" " * 50 + b"0 0 2\r\nxy\r\n", udp=False), mirrored=True, unsure=0, dirty_after=True),
+)
+
+
 @on_bmv2
-@pytest.mark.parametrize("case", CASES + STREAM_CASES + CONNECTION_CASES, ids=lambda c: c.name)  # (blind: last)
+@pytest.mark.parametrize("case", CASES + STREAM_CASES + P4_ONLY_CASES + CONNECTION_CASES,  # (blind: last)
+                         ids=lambda c: c.name)
 def test_pipeline_fixture(switch, case):
     driver, ports, mirrors = switch
     load_state(driver, ports, case)

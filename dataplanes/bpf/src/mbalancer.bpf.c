@@ -377,11 +377,10 @@ static __always_inline int mb_set_mirror(struct __sk_buff *skb, struct mb_packet
 	if (kc)
 		kc->mirrored++;
 	mb_count(MB_C_MIRRORED);
-	if (whole) {
-		mb_clone_to_controller(skb, home);
-	} else {
+	if (whole || bpf_map_lookup_elem(&trusted_sources, &pkt->saddr))
+		mb_clone_to_controller(skb, home);  /* the controller's own never make a server unsure, but are copied */
+	else
 		mb_unsure(skb, pkt);  /* counts, and clones once */
-	}
 	return mb_forward(skb);
 }
 
