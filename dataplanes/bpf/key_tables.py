@@ -68,7 +68,7 @@ class KeyTables(SlotBook):
         """Seconds since the server's latest unreadable unsure request, on any switch (dataplanes/driver.py)."""
         with self.lock:
             try:
-                latest = max(t.unsure_report(server)[0] for t in self.switches)
+                latest = max(t.unsure_last_ns(server) for t in self.switches)
             except ERRORS as err:
                 raise DriverError(f"unsure requests of server {server}: {err}") from None
         return max(time.monotonic_ns() - latest, 0) / 1e9  # bpf_ktime_get_ns counts CLOCK_MONOTONIC

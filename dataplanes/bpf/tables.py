@@ -41,7 +41,6 @@ DESTINATION_SLOTS = 256  # MB_DESTINATION_SLOTS
 STREAM_ID = struct.Struct("=4s4sHH")  # struct mb_stream_id (addresses and ports in network order)
 STREAM = struct.Struct("=III")  # struct mb_stream
 STREAM_RESUMES, STREAM_BLIND = 1, 2  # MB_STREAM_RESUMES, MB_STREAM_BLIND
-UNSURE_REPORT = struct.Struct("=QII")  # struct mb_unsure_report
 U32 = struct.Struct("=I")
 U64 = struct.Struct("=Q")
 STRUCT_SIZES = {"hot_keys": (U64.size, HOT.size), "servers": (U32.size, SERVER.size), "writes": (4, 8),
@@ -53,7 +52,7 @@ STRUCT_SIZES = {"hot_keys": (U64.size, HOT.size), "servers": (U32.size, SERVER.s
                 "sketch_control": (4, SKETCH_CONTROL.size), "sketch": (4, SKETCH_ROWS * 4 << SKETCH_BITS),
                 "heavy": (4, HEAVY.size << HEAVY_BITS), "sketch_destinations": (4, DESTINATION_COUNT.size),
                 "streams": (STREAM_ID.size, STREAM.size), "closes": (4, 8), "closes_handled": (4, 8),
-                "unsure_reports": (4, UNSURE_REPORT.size),
+                "unsure_last": (4, 8), "unsure_reported": (4, 4),
                 "closing": (STREAM_ID.size, 1)}
 
 
@@ -176,18 +175,17 @@ class Tables:
         """Requests to the server the pipeline could not be sure held no write."""
         return U64.unpack(self.maps["unsure"].lookup(U32.pack(server)))[0]
 
-    def unsure_report(self, server: int) -> tuple[int, bool]:
-        """(bpf_ktime_get_ns of the server's latest unsure request the controller cannot read, whether one was
-        copied since the last rearm) (struct mb_unsure_report)."""
-        last_ns, reported, _ = UNSURE_REPORT.unpack(self.maps["unsure_reports"].lookup(U32.pack(server)))
-        return last_ns, bool(reported)
+    def unsure_last_ns(self, server: int) -> int:
+        """bpf_ktime_get_ns of the server's latest unsure request the controller cannot read (unsure_last)."""
+        return U64.unpack(self.maps["unsure_last"].lookup(U32.pack(server)))[0]
+
+    def unsure_reported(self, server: int) -> bool:
+        """Whether one was copied since the last rearm (unsure_reported)."""
+        return bool(U32.unpack(self.maps["unsure_reported"].lookup(U32.pack(server)))[0])
 
     def rearm_unsure_report(self, server: int) -> None:
-        """The next unreadable unsure request to the server is copied again. Only the flag is written (the program
-        stamps last_ns concurrently): a stale last_ns would shorten the wait before the home's keys are read."""
-        key = U32.pack(server)
-        last_ns, _, _ = UNSURE_REPORT.unpack(self.maps["unsure_reports"].lookup(key))
-        self.maps["unsure_reports"].update(key, UNSURE_REPORT.pack(last_ns, 0, 0))
+        """The next unreadable unsure request to the server is copied again."""
+        self.maps["unsure_reported"].update(U32.pack(server), U32.pack(0))
 
     def closes(self, server: int) -> int:
         """How often the server's memcached closed a connection of the controller's (struct closes, maps.h)."""

@@ -264,8 +264,7 @@ class P4RuntimeDriver(SlotBookDriver):
         segment = memcached_segment(frame, LINKTYPE_ETHERNET, to[1]) if to else "not IPv4"
         if isinstance(segment, str) or segment.transport != TCP:
             return
-        client_ip, _, client_port = segment.source.rpartition(":")
-        stream = StreamId(client_ip, int(client_port), to[0], to[1])
+        stream = StreamId.between(segment.source, segment.destination)
         self._stream_starts[stream] = int.from_bytes(metadata.get(fields["stream_start"][0], b""), "big")
         self._stream_starts.move_to_end(stream)
         while len(self._stream_starts) > STREAM_STARTS_KEPT:

@@ -36,7 +36,6 @@ class P4Tables:
         self.resumes: OrderedDict[StreamId, int] = OrderedDict()  # connection -> its `stream_resumes` entry's seq
         self.blind: OrderedDict[StreamId, None] = OrderedDict()  # connections with a `blind_streams` entry
         self.reports: queue.Queue[int] = queue.Queue()  # answers to rearms, as the stream's thread receives them
-        lease_fields(pipeline)  # the program's packet_out is the one this speaks
 
     @property
     def up(self) -> bool:
@@ -123,21 +122,28 @@ class P4Tables:
         self.reports.put(quiet_us)
 
     def blind_stream(self, stream: StreamId) -> None:
-        """A `blind_streams` entry: the connection's segments are copied once per report; the oldest entry goes when
-        the table is full."""
-        if stream in self.blind:
-            return
-        updates = []
-        while len(self.blind) >= STREAM_RESUMES:
-            updates.append(e.update(e.DELETE, self._blind(self.blind.popitem(last=False)[0])))
-        updates.append(e.update(e.INSERT, self._blind(stream)))
-        self.client.write(updates, f"{stream} not followed")
-        self.blind[stream] = None
+        """A `blind_streams` entry: the connection's segments are copied once per report."""
+        if stream not in self.blind:
+            self._connection_entry("blind_streams", self.blind, stream, None, f"{stream} not followed")
 
-    def _blind(self, stream: StreamId):
-        return e.table_entry(self.pipeline, "blind_streams", {
-            "hdr.ipv4.src": e.ip_value(stream.client_ip), "hdr.ports.src": stream.client_port,
-            "hdr.ipv4.dst": e.ip_value(stream.server_ip), "hdr.ports.dst": stream.server_port}, "NoAction")
+    def _connection_entry(self, table: str, held: OrderedDict, stream: StreamId, seq: int | None, what: str) -> None:
+        """`stream`'s entry in `table` (keyed by the connection, and by `seq` if given), in place of its earlier one;
+        `held` mirrors the table (connection -> seq), whose oldest entries go when it is full."""
+        updates = []
+        if stream in held:
+            updates.append(e.update(e.DELETE, self._connection(table, stream, held.pop(stream))))
+        while len(held) >= STREAM_RESUMES:
+            updates.append(e.update(e.DELETE, self._connection(table, *held.popitem(last=False))))
+        updates.append(e.update(e.INSERT, self._connection(table, stream, seq)))
+        self.client.write(updates, what)
+        held[stream] = seq
+
+    def _connection(self, table: str, stream: StreamId, seq: int | None):
+        match = {"hdr.ipv4.src": e.ip_value(stream.client_ip), "hdr.ports.src": stream.client_port,
+                 "hdr.ipv4.dst": e.ip_value(stream.server_ip), "hdr.ports.dst": stream.server_port}
+        if seq is not None:
+            match["hdr.tcp.seq"] = seq
+        return e.table_entry(self.pipeline, table, match, "NoAction")
 
     def _packet_out(self, op: int, lease_us: int = 0, server: int = 0) -> None:
         fields = self.pipeline.packet_metadata["packet_out"]
@@ -149,20 +155,7 @@ class P4Tables:
         """A `stream_resumes` entry for the segment at `seq`, in place of the connection's earlier one; the oldest
         goes when the table is full (that connection's next boundary is then not known: its segments stay
         unsure until it ends)."""
-        updates = []
-        if stream in self.resumes:
-            updates.append(e.update(e.DELETE, self._resume(stream, self.resumes.pop(stream))))
-        while len(self.resumes) >= STREAM_RESUMES:
-            updates.append(e.update(e.DELETE, self._resume(*self.resumes.popitem(last=False))))
-        updates.append(e.update(e.INSERT, self._resume(stream, seq & 0xFFFFFFFF)))
-        self.client.write(updates, f"command boundary of {stream}")
-        self.resumes[stream] = seq & 0xFFFFFFFF
-
-    def _resume(self, stream: StreamId, seq: int):
-        return e.table_entry(self.pipeline, "stream_resumes", {
-            "hdr.ipv4.src": e.ip_value(stream.client_ip), "hdr.ports.src": stream.client_port,
-            "hdr.ipv4.dst": e.ip_value(stream.server_ip), "hdr.ports.dst": stream.server_port, "hdr.tcp.seq": seq},
-            "NoAction")
+        self._connection_entry("stream_resumes", self.resumes, stream, seq & 0xFFFFFFFF, f"command boundary of {stream}")
 
     def set_lease(self, until_ns: int) -> None:
         """A PacketOut the switch adds to its own clock; returns once the switch has counted it (a PacketOut is sent

@@ -42,12 +42,24 @@ struct {
 	__type(value, __u64);
 } unsure SEC(".maps");
 
+/* Unsure requests the controller cannot read anyway (a blind connection, a datagram the pipeline could not parse)
+ * are copied once per report: the others are covered by the check that report starts, which rearms it first (cost
+ * per home and check, not per packet). unsure_last: per server, bpf_ktime_get_ns of its latest unsure request
+ * (written by the program only); unsure_reported: 1 once one was copied since the controller's last rearm (which
+ * writes 0). Two maps, so that a rearm never writes back a last_ns the program has moved on from. */
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
 	__uint(max_entries, MB_MAX_SERVERS);
 	__type(key, __u32);
-	__type(value, struct mb_unsure_report);
-} unsure_reports SEC(".maps");
+	__type(value, __u64);
+} unsure_last SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, MB_MAX_SERVERS);
+	__type(key, __u32);
+	__type(value, __u32);
+} unsure_reported SEC(".maps");
 
 /* closes: per server, the times its memcached closed (FIN or RST) one of the controller's connections, as when it
  * dies or restarts; closes_handled: per server, how many of those the controller has dealt with (written by it

@@ -213,7 +213,7 @@ static __always_inline struct mb_stream_id mb_stream_of(const struct mb_packet *
  * controller has checked them; the controller gets a copy. Requests to no known server are not ours. Over TCP the
  * segment may also end inside a command, which the connection's next segment would finish: from here on the
  * connection is read as a stream, by the controller (struct mb_stream). `coalesce`: the controller could not read
- * the copy either, so one copy per report is enough (struct mb_unsure_report). */
+ * the copy either, so one copy per report is enough (unsure_reported, maps.h). */
 static __always_inline void mb_unsure_copy(struct __sk_buff *skb, struct mb_packet *pkt, int coalesce)
 {
 	struct mb_server_address address = {.ip = pkt->daddr, .port = pkt->dport};
@@ -229,16 +229,15 @@ static __always_inline void mb_unsure_copy(struct __sk_buff *skb, struct mb_pack
 		struct mb_stream stream = {.start = pkt->seq};
 		bpf_map_update_elem(&streams, &id, &stream, BPF_ANY);
 	}
-	struct mb_unsure_report *report = bpf_map_lookup_elem(&unsure_reports, server);
-	if (report) {
-		if (coalesce) {
-			report->last_ns = bpf_ktime_get_ns();
-			if (report->reported) {
-				mb_count(MB_C_COALESCED);
-				return;  /* the check the copied one started has not rearmed yet: it covers this one */
-			}
-			report->reported = 1;  /* (two CPUs may both copy one: a spare copy, no harm) */
+	__u64 *last = bpf_map_lookup_elem(&unsure_last, server);
+	__u32 *reported = bpf_map_lookup_elem(&unsure_reported, server);
+	if (coalesce && last && reported) {
+		*last = bpf_ktime_get_ns();
+		if (*reported) {
+			mb_count(MB_C_COALESCED);
+			return;  /* the check the copied one started has not rearmed yet: it covers this one */
 		}
+		*reported = 1;  /* (two CPUs may both copy one: a spare copy, no harm) */
 	}
 	mb_clone_to_controller(skb, *server);
 }

@@ -117,17 +117,7 @@ struct mb_stream {
 #define MB_STREAM_UNREAD 0   /* every segment unsure and copied: the controller follows the bytes */
 #define MB_STREAM_RESUMES 1  /* as UNREAD, until the segment that starts at `resume`: read on its own again */
 #define MB_STREAM_BLIND 2    /* the controller cannot follow it (not the text protocol, or a copy was lost): every
-			      * segment unsure, copies coalesced per server (struct mb_unsure_report, maps.h) */
-
-/* Per server: when its last unsure request passed, and whether a copy has told the controller of unsure requests
- * it has not checked for yet. Unsure requests the controller cannot read anyway (a blind connection, a datagram
- * the pipeline could not parse) are copied once per report: the others are covered by the check that report
- * starts, which rearms it first (cost per home and check, not per packet). */
-struct mb_unsure_report {
-	__u64 last_ns;   /* bpf_ktime_get_ns of the latest unsure request */
-	__u32 reported;  /* 1: copied one since the controller's last rearm */
-	__u32 pad;
-};
+			      * segment unsure, copies coalesced per server (unsure_reported, maps.h) */
 
 /* Hot-key detection in the data plane (the count-min sketch and the heavy-key candidates, maps.h): one copy per
  * epoch. The program counts into `epoch` until `until_ns` (a reader renews it, as the controller its lease), so the
