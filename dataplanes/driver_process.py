@@ -18,6 +18,7 @@ import struct
 import subprocess
 import sys
 import threading
+import time
 from typing import Any, Sequence
 
 from dataplanes.driver import (Counters, Driver, DriverError, ForwardingEntry, LeftoverKey, MirrorHandler,
@@ -72,7 +73,8 @@ class DriverProcess(Driver):
         self.on_mirror: MirrorHandler | None = None
         self.on_reconnect: ReconnectHandler | None = None
         self._results: queue.Queue[tuple] = queue.Queue()
-        self._lock = threading.Lock()  # one call at a time: a result answers the call in flight
+        self._lock = threading.Lock()  # one call at a time
+        self._calls = 0  # numbers the calls: a result that comes after its call gave up answers no later one
         ours, theirs = socket.socketpair()
         self._sock = ours
         self.process = subprocess.Popen([sys.executable, "-m", "dataplanes.driver_process", str(theirs.fileno())],
@@ -167,15 +169,20 @@ class DriverProcess(Driver):
     # --- inside ----------------------------------------------------------------------------------------------
     def _call(self, method: str, args: tuple, timeout: float = CALL_TIMEOUT) -> Any:
         with self._lock:
+            self._calls += 1
             try:
-                send(self._sock, ("call", method, args))
+                send(self._sock, ("call", self._calls, method, args))
             except OSError as err:
                 raise DriverError(f"the {self.kind} driver process is gone ({err})") from None
-            try:
-                outcome, value = self._results.get(timeout=timeout)
-            except queue.Empty:
-                raise DriverError(f"the {self.kind} driver process did not answer {method} within "
-                                  f"{timeout:g} s") from None
+            deadline = time.monotonic() + timeout
+            while True:
+                try:
+                    outcome, number, value = self._results.get(timeout=max(deadline - time.monotonic(), 0))
+                except queue.Empty:
+                    raise DriverError(f"the {self.kind} driver process did not answer {method} within "
+                                      f"{timeout:g} s") from None
+                if number in (self._calls, None):  # None: the process ended
+                    break
         if outcome == "error":
             raise DriverError(value)
         return value
@@ -189,7 +196,7 @@ class DriverProcess(Driver):
                 self.on_mirror(message[1])
             elif kind == "reconnect" and self.on_reconnect is not None:
                 self.on_reconnect()
-        self._results.put(("error", f"the {self.kind} driver process exited"))
+        self._results.put(("error", None, f"the {self.kind} driver process exited"))
 
 
 # --- the child -------------------------------------------------------------------------------------------------
@@ -209,14 +216,14 @@ class _Child:
     def serve(self) -> None:
         method = None
         while (message := receive(self.sock)) is not None:
-            _, method, args = message
+            _, number, method, args = message
             try:
-                self.send(("result", self.answer(method, args)))
+                self.send(("result", number, self.answer(method, args)))
             except (DriverError, ValueError) as err:  # ValueError: an unknown kind, bad settings
-                self.send(("error", str(err)))
+                self.send(("error", number, str(err)))
             except Exception as err:  # a bug in a driver: said in one line, the child goes on
                 log.exception("%s failed", method)
-                self.send(("error", f"{method}: {type(err).__name__}: {err}"))
+                self.send(("error", number, f"{method}: {type(err).__name__}: {err}"))
             if method == "close":
                 break
         if self.driver is not None and method != "close":
