@@ -30,11 +30,6 @@ CALL_TIMEOUT = 30.0  # seconds a call may take in the child (the driver's own ti
 START_TIMEOUT = 30.0  # seconds the child may take to import and make its driver
 LENGTH = struct.Struct("!I")
 MAX_MESSAGE = 64 << 20  # a frame, a counters snapshot: far less; a corrupt length is refused, not allocated
-# The interface's calls the child takes; anything else is refused there.
-CALLS = frozenset({"attach", "install_hot_key", "set_weights", "remove_hot_key", "set_dirty", "write_stamp",
-                   "clear_dirty", "renew_lease", "set_forwarding", "read_counters", "stream_start", "resume_stream",
-                   "blind_stream", "unsure_quiet", "rearm_unsure", "server_closes", "closes_handled", "owned_switches",
-                   "switches_gone", "switch_counters", "close"})
 
 
 def send(sock: socket.socket, message: tuple) -> None:
@@ -197,6 +192,10 @@ class DriverProcess(Driver):
             elif kind == "reconnect" and self.on_reconnect is not None:
                 self.on_reconnect()
         self._results.put(("error", None, f"the {self.kind} driver process exited"))
+
+
+# The calls the child takes: those DriverProcess forwards; anything else is refused there.
+CALLS = frozenset(name for name, value in vars(DriverProcess).items() if callable(value) and not name.startswith("_"))
 
 
 # --- the child -------------------------------------------------------------------------------------------------

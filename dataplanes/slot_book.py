@@ -95,6 +95,9 @@ class SwitchTables(Protocol):
     def resume_stream(self, stream: StreamId, seq: int) -> None:
         """A command starts at `seq` of the connection read as a stream: that segment is read on its own again."""
 
+    def blind_stream(self, stream: StreamId) -> None:
+        """The controller cannot follow the connection: its segments are copied once per report."""
+
 
 class SlotBook:
     """The hot keys of one data plane's switches; thread-safe (the core's worker writes, HTTP threads and the
@@ -281,6 +284,10 @@ class SlotBook:
     def resume_stream(self, stream: StreamId, seq: int) -> None:
         with self.lock:
             self._each(lambda t: t.resume_stream(stream, seq), f"stream {stream}")
+
+    def blind_stream(self, stream: StreamId) -> None:
+        with self.lock:
+            self._each(lambda t: t.blind_stream(stream), f"stream {stream}")
 
     def _each(self, write: Callable[[SwitchTables], object], what: str, reachable_only: bool = False) -> None:
         if not reachable_only:

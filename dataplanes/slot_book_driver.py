@@ -81,6 +81,9 @@ class SlotBookDriver(Driver):
     def resume_stream(self, stream: StreamId, seq: int) -> None:
         self.book.resume_stream(stream, seq)
 
+    def blind_stream(self, stream: StreamId) -> None:
+        self.book.blind_stream(stream)
+
     def read_counters(self) -> Counters:
         return self.book.read_counters()
 

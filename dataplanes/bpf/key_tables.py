@@ -60,10 +60,6 @@ class KeyTables(SlotBook):
             except ERRORS as err:
                 raise DriverError(f"stream {stream}: {err}") from None
 
-    def blind_stream(self, stream: StreamId) -> None:
-        with self.lock:
-            self._each(lambda t: t.blind_stream(stream), f"stream {stream}")
-
     def unsure_quiet(self, server: int) -> float:
         """Seconds since the server's latest unreadable unsure request, on any switch (dataplanes/driver.py)."""
         with self.lock:

@@ -21,9 +21,6 @@ class BpfMapsDriver(SlotBookDriver):
     def stream_start(self, stream: StreamId) -> int | None:
         return self.book.stream_start(stream)
 
-    def blind_stream(self, stream: StreamId) -> None:
-        self.book.blind_stream(stream)
-
     def unsure_quiet(self, server: int) -> float | None:
         return self.book.unsure_quiet(server)
 

@@ -152,7 +152,7 @@ class Tables:
 
     def delete_hot(self, key: bytes, entry: HotEntry | None = None) -> bool:
         """Whether the key was there (the slot's other maps are per slot: nothing else to delete)."""
-        if self.hot(key) is None:
+        if self.hot(key) is None:  # another key may hold its hash: that one stays
             return False
         deleted = self.maps["hot_keys"].delete(key_entry(key))
         if deleted:  # out of hot_keys first: a get in between still finds its bucket counted, and goes on to miss
@@ -178,10 +178,6 @@ class Tables:
     def unsure_last_ns(self, server: int) -> int:
         """bpf_ktime_get_ns of the server's latest unsure request the controller cannot read (unsure_last)."""
         return U64.unpack(self.maps["unsure_last"].lookup(U32.pack(server)))[0]
-
-    def unsure_reported(self, server: int) -> bool:
-        """Whether one was copied since the last rearm (unsure_reported)."""
-        return bool(U32.unpack(self.maps["unsure_reported"].lookup(U32.pack(server)))[0])
 
     def rearm_unsure_report(self, server: int) -> None:
         """The next unreadable unsure request to the server is copied again."""

@@ -223,26 +223,17 @@ class P4RuntimeDriver(SlotBookDriver):
     def stream_start(self, stream: StreamId) -> int | None:
         return self._stream_starts.get(stream)
 
-    def blind_stream(self, stream: StreamId) -> None:
-        self._on_each(lambda t: t.blind_stream(stream), f"{stream} not followed")
-
     def unsure_quiet(self, server: int) -> float | None:
         """Rearms the server's report on every switch as it asks (a rearm is harmless: the next coalescable request
         is copied, and the core checks the server's keys again)."""
-        quiet: list[float] = []
-        self._on_each(lambda t: quiet.append(t.unsure_report(server)), f"unsure requests of server {server}")
-        return min(quiet, default=None)
+        with self.book.lock:
+            try:
+                return min((t.unsure_report(server) for t in self.book.switches), default=None)
+            except P4Error as err:
+                raise DriverError(f"unsure requests of server {server}: {err}") from None
 
     def rearm_unsure(self, server: int) -> None:
         self.unsure_quiet(server)
-
-    def _on_each(self, call, what: str) -> None:
-        with self.book.lock:
-            try:
-                for tables in self.book.switches:
-                    call(tables)
-            except P4Error as err:
-                raise DriverError(f"{what}: {err}") from None
 
     def _packet_in(self, address: str, payload: bytes, metadata: dict[int, bytes]) -> None:
         fields = self.pipeline.packet_metadata.get("packet_in", {})
