@@ -73,6 +73,7 @@ bench: install
 	$(PY) experiments/benchmarks/bench_dataplane_sketch.py
 	$(PY) experiments/benchmarks/bench_ebpf_switch.py --openflow
 	$(PY) experiments/benchmarks/bench_p4_switch.py
+	$(PY) experiments/benchmarks/bench_p4_sketch.py
 	$(PY) experiments/benchmarks/bench_memcaslap.py
 
 clean:

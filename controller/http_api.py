@@ -4,6 +4,10 @@ GET  /state       hot keys, groups, weights, replica health, counters, recent de
 GET  /decisions   every decision kept (the last 1000)
 GET  /metrics     the same figures for Prometheus (its text format; controller/metrics.py)
 POST /report      a monitor report (what `mbalancer monitor --push URL/report` sends): 202, or 400 with the reason
+POST /sketch      {"call": ..., "args": [...]}: one call of a sketch reader on the data plane's hot-key sketch, for a
+                  data plane only the controller can read it on (P4: digests reach the P4Runtime primary only);
+                  `mbalancer monitor` makes them (monitor/controller_sketch.py): 200 {"result": ...}, 400 for a bad
+                  call, 503 when the data plane refuses it (why, in one line)
 A known path with another method: 405 (with Allow); anything else: 404 with the list of endpoints. Replies other
 than /metrics are strict JSON: a figure that is not a number (NaN, infinity) goes out as null.
 
@@ -24,6 +28,7 @@ from typing import Any, Callable, Iterable
 from waitress.server import create_server
 
 from controller.core import ControllerCore
+from dataplanes.driver import DriverError
 from controller.metrics import CONTENT_TYPE as METRICS_TYPE, exposition
 
 log = logging.getLogger(__name__)
@@ -34,7 +39,7 @@ BACKLOG = 4096  # connections the kernel queues before the server accepts them (
 THREADS = 4  # requests answered at once (each answer is a short read of the core's state)
 CONNECTIONS = 10_000  # open connections at most
 ENDPOINTS = {"GET /state": "controller state", "GET /decisions": "decision log", "GET /metrics": "Prometheus metrics",
-             "POST /report": "monitor report"}
+             "POST /report": "monitor report", "POST /sketch": "the data plane's sketch, read through the controller"}
 JSON = "application/json"
 
 
@@ -108,16 +113,18 @@ def respond(core: ControllerCore, method: str, path: str, length: str, read: Cal
         return 200, core.decisions_made(), {}
     if method == "GET" and path == "/metrics":
         return 200, exposition(core), {"Content-Type": METRICS_TYPE}
-    if method != "POST" or path != "/report":
+    if method != "POST" or path not in ("/report", "/sketch"):
         return _wrong_method(method, path)
     if not length.isdigit() or not 0 < int(length) <= MAX_REPORT_BYTES:
-        return 400, {"error": f"Content-Length: give a JSON report of 1 to {MAX_REPORT_BYTES} bytes "
+        return 400, {"error": f"Content-Length: give a JSON body of 1 to {MAX_REPORT_BYTES} bytes "
                               f"(got {length[:20]!r})"}, {}
     try:
         body = read(int(length))
     except OSError as err:  # the body's sender stalled (BODY_TIMEOUT) or went away
-        log.warning("report from %s not received: %s", client, err)
+        log.warning("%s from %s not received: %s", path, client, err)
         return None
+    if path == "/sketch":
+        return _sketch(core, body)
     try:
         report = core.submit_report(json.loads(body))
     except (ValueError, RecursionError) as err:  # a ReportError, bad JSON, or JSON nested too deep
@@ -125,6 +132,25 @@ def respond(core: ControllerCore, method: str, path: str, length: str, read: Cal
         log.warning("report refused: %s", why)
         return 400, {"error": why}, {}
     return 202, {"accepted": True, "keys": len(report.top)}, {}
+
+
+def _sketch(core: ControllerCore, body: bytes) -> Reply:
+    """A sketch reader's call, passed to the driver; heavy keys go out with their keys in hex."""
+    try:
+        request = json.loads(body)
+        call, args = request["call"], request.get("args", [])
+        if not isinstance(call, str) or not isinstance(args, list) or \
+                not all(isinstance(a, int) and not isinstance(a, bool) for a in args):
+            raise ValueError
+    except (ValueError, RecursionError, TypeError, KeyError):
+        return 400, {"error": 'give {"call": NAME, "args": [whole numbers]}'}, {}
+    try:
+        result = core.driver.sketch_call(call, tuple(args))
+    except DriverError as err:
+        return 503, {"error": str(err)}, {}
+    if call == "heavy_keys":
+        result = [{"key": h.key.hex(), "count": h.count, "server": h.server} for h in result]
+    return 200, {"result": result}, {}
 
 
 def _wrong_method(method: str, path: str) -> Reply:

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import Callable, ClassVar, Sequence
+from typing import Any, Callable, ClassVar, Sequence
 
 from mbalancer.settings import Server
 
@@ -187,6 +187,14 @@ class Driver(ABC):
     def closes_handled(self, server: int, closes: tuple) -> None:
         """The core has dealt with the server's closes up to `closes` (read before it took the server's copies out
         of rotation and checked its hot keys): gets may be balanced to it again where it has weight."""
+
+    def sketch_call(self, call: str, args: tuple) -> Any:
+        """One call of a sketch reader (monitor/dataplane.py SketchReader: set_sketch_control, clear_sketch,
+        heavy_keys, take_sketch_destinations, counters) on the first switch's hot-key sketch, for a data plane whose
+        sketch only the controller can read (P4: its digests go to the P4Runtime primary). Elsewhere a reader opens
+        the switch itself."""
+        raise DriverError(f"the {self.name} data plane's sketch is read from the switch itself, not through the "
+                          f"controller")
 
     def owned_switches(self) -> list[str]:
         """Names of the switches this driver writes to, as one controller owns them (mbalancer/ownership.py):

@@ -138,6 +138,9 @@ class DriverProcess(Driver):
     def closes_handled(self, server: int, closes: tuple) -> None:
         self._call("closes_handled", (server, closes))
 
+    def sketch_call(self, call: str, args: tuple) -> Any:
+        return self._call("sketch_call", (call, tuple(args)))
+
     def owned_switches(self) -> list[str]:
         return self._call("owned_switches", ())
 

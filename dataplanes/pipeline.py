@@ -8,6 +8,7 @@ compiled tables against these.
 from __future__ import annotations
 
 import socket
+from dataclasses import dataclass
 from typing import Sequence
 
 from mbalancer.settings import Server
@@ -19,6 +20,15 @@ WEIGHT_ONE = 65536  # the request hash's range: a replica's weight is its share 
 # the switch counters, in the programs' order
 COUNTERS = ("packets", "memcached", "unparsed", "balanced", "already_balanced", "mirrored", "replies_rewritten",
             "flooded", "dropped", "unsure", "cloned", "lease_expired", "coalesced")
+
+
+
+@dataclass(frozen=True)
+class HeavyKey:
+    """A candidate of a data plane's hot-key detection: the sketch's estimate of its gets in one epoch."""
+    key: bytes
+    count: int
+    server: str  # ip:port its gets were sent to
 
 
 def cumulative_weights(weights: Sequence[float]) -> list[int]:

@@ -1,7 +1,8 @@
-"""`mbalancer monitor`: the hot keys of live traffic (--iface), of a capture file (--pcap) or of an eBPF switch's
-own sketch (--source dataplane, monitor/dataplane.py), per interval. With a --config whose data plane counts gets
-itself (an eBPF switch, or the OpenFlow data plane's key classifier), the sketch is the default: it sees every get
-at no cost to this process, where a capture must copy each one out of the kernel.
+"""`mbalancer monitor`: the hot keys of live traffic (--iface), of a capture file (--pcap) or of a switch's own
+sketch (--source dataplane, monitor/dataplane.py), per interval. With a --config whose data plane counts gets
+itself (an eBPF switch, the OpenFlow data plane's key classifier, a P4 switch), the sketch is the default: it sees
+every get at no cost to this process, where a capture must copy each one out of the kernel. A P4 switch's sketch is
+read through the controller ([controller] listen, POST /sketch): its digests reach only the P4Runtime primary.
 
 Output: with --json, one JSON object per interval on stdout, the report that mbalancer/monitor_report.py defines
 field by field (FIELDS there; `mbalancer monitor --help` lists them); --push URL POSTs the same object to the
@@ -21,6 +22,7 @@ from typing import Callable
 from dataplanes.bpf.program import CLASSIFIER, PIN_ROOT, bpffs_problem, loaded_switches
 from dataplanes.bpf.tables import Tables
 from monitor.capture import CaptureError, LiveCapture
+from monitor.controller_sketch import ControllerSketch, SketchUnavailable
 from monitor.dataplane import SKETCH_KINDS, SketchReader
 from monitor.sampling import AdaptiveSampling
 from mbalancer.config import AUTO_REPORT_KEYS, Balancing, Monitoring, config_option
@@ -48,9 +50,10 @@ def register(commands: argparse._SubParsersAction) -> None:
                                         "counted where it arrives; needs root)")
     source.add_argument("--pcap", help="read a pcap or pcapng file; intervals follow its timestamps")
     source.add_argument("--source", choices=("dataplane",),
-                        help="dataplane: read the hot keys the eBPF switch counts itself (count-min sketch in the "
-                             "kernel, no packet copied; needs root; --switch says which). The default with a --config "
-                             "whose dataplane.kind is ebpf or openflow")
+                        help="dataplane: read the hot keys the switch counts itself (count-min sketch in the "
+                             "kernel, no packet copied; needs root; --switch says which; a P4 switch's through the "
+                             "controller of --config, no root). The default with a --config whose dataplane.kind is "
+                             "ebpf, openflow or p4")
     parser.add_argument("--switch", help="--source dataplane: the eBPF switch's (or OpenFlow key classifier's) name "
                                          "(default: the config's first [dataplane.ebpf] switch or its "
                                          "dataplane.openflow.classifier, or the only one loaded)")
@@ -87,7 +90,8 @@ def _run_monitor(args: argparse.Namespace, fail: Fail) -> int:
         fail(f"--push: {problem}")
     if args.switch and not args.source:
         fail("--switch goes with --source dataplane")
-    view = None if args.json else TerminalView(source=args.iface or args.pcap or f"switch {args.switch}")
+    view = None if args.json else TerminalView(source=args.iface or args.pcap or
+                                                       (f"switch {args.switch}" if args.switch else "the switch"))
     push = HttpPush(args.push) if args.push else None
     report_to = Fanout(view or JsonLines(), *([push] if push else []))
     if args.source:
@@ -113,10 +117,22 @@ def _run_dataplane(args: argparse.Namespace, report_to: Fanout, view: TerminalVi
                    push: HttpPush | None, fail: Fail) -> int:
     if args.sample_given:
         fail("--sample applies to live capture only: the switch counts every get")
-    if os.geteuid() != 0:
+    if args.through_controller:
+        args.switch, tables = f"p4 (through the controller at {args.through_controller})", \
+            ControllerSketch(args.through_controller)
+    elif os.geteuid() != 0:
         fail("--source dataplane needs root (it reads the switch's BPF maps)")
-    args.switch, tables = _open_switch(args.switch, fail)
-    reader = SketchReader(tables, args.top, args.interval)
+    else:
+        args.switch, tables = _open_switch(args.switch, fail)
+    try:
+        return _read_sketch(args, SketchReader(tables, args.top, args.interval), tables, report_to, view, push)
+    except SketchUnavailable as err:
+        print(f"mbalancer monitor: {err}", file=sys.stderr)
+        return 1
+
+
+def _read_sketch(args: argparse.Namespace, reader: SketchReader, tables, report_to: Fanout, view: TerminalView | None,
+                 push: HttpPush | None) -> int:
     stopping = stop_on_signals()
     keys = KeyReader(view.key, stopping.set).start() if view else None
     until = time.monotonic() + (args.duration if args.duration else float("inf"))
@@ -130,7 +146,10 @@ def _run_dataplane(args: argparse.Namespace, report_to: Fanout, view: TerminalVi
             next_at += args.interval
         report_to(reader.read().to_json())  # the last, partial interval
     finally:
-        reader.stop()
+        try:
+            reader.stop()
+        except SketchUnavailable as err:  # the controller went first: the switch stops counting without it
+            log.warning("the sketch was not turned off: %s", err)
         tables.close()
         if keys:
             keys.close()
@@ -187,6 +206,9 @@ def _apply_config(args: argparse.Namespace, fail: Fail) -> None:
                  f"{' or '.join(SKETCH_KINDS)}, the switch's own sketch is the default)")
         args.source = "dataplane"
         log.info("source: the switch's own sketch (dataplane.kind = %s); --iface would capture instead", kind)
+    args.through_controller = f"http://{config.controller.listen}" if args.source and kind == "p4" else None
+    if args.through_controller and args.switch:
+        fail("--switch: a P4 switch's sketch is read through the controller of --config ([dataplane.p4] says which)")
     if args.source and config and not args.switch:
         settings = config.dataplane.settings
         if kind == "ebpf":

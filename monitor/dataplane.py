@@ -11,10 +11,11 @@ from __future__ import annotations
 import math
 import time
 
-from dataplanes.bpf.tables import SKETCH_BITS, Tables
+from dataplanes.bpf.tables import SKETCH_BITS
 from mbalancer.monitor_report import KeyRate, MonitorReport
 
-SKETCH_KINDS = ("ebpf", "openflow")  # data planes that count gets themselves (openflow: in its key classifier)
+# data planes that count gets themselves (openflow: in its key classifier; p4: read through the controller)
+SKETCH_KINDS = ("ebpf", "openflow", "p4")
 RENEW = 3  # intervals ahead the deadline is set at each read
 SETTLE = 0.002  # s after a flip before the finished epoch is read: a program run takes microseconds
 
@@ -28,7 +29,7 @@ def overstatement(total: int) -> int:
 class SketchReader:
     """Reports from one switch's sketch. start() turns counting on, read() ends an interval, stop() turns it off."""
 
-    def __init__(self, tables: Tables, top: int, interval: float):
+    def __init__(self, tables, top: int, interval: float):  # the eBPF Tables, a P4Sketch or a ControllerSketch
         if top < 1 or not interval > 0:
             raise ValueError("top >= 1 and interval > 0 are required")
         self.tables, self.top, self.interval = tables, top, interval

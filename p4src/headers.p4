@@ -20,6 +20,9 @@
 #define MB_CLOSING_BITS 12   /* the controller's connections closing at once (likewise) */
 #define MB_STREAM_BITS 14    /* TCP connections read as streams at once (likewise) */
 #define MB_COPY_FIELDS 1     /* the metadata a copy to the controller keeps (field list) */
+#define MB_SKETCH_ROWS 4     /* count-min sketch of get keys: rows (the eBPF program's: the same error bound) */
+#define MB_SKETCH_BITS 14    /* ... 2^14 cells per row */
+#define MB_SKETCH_DIGEST 1   /* the digest that reports a heavy key (v1model's receiver argument) */
 #define TCP_FIN 0x01
 #define TCP_RST 0x04
 #define MB_CPU_PORT 255      /* simple_switch_grpc --cpu-port: PacketIn / PacketOut */
@@ -169,6 +172,17 @@ struct headers_t {
     byte_t lf;                      /* the '\n' after it */
 }
 
+/* A get's key whose sketch estimate reached the reader's threshold (its latest estimate: the reader keeps the
+ * largest per key and epoch). */
+struct sketch_report_t {
+    bit<16> epoch;
+    bit<32> estimate;
+    bit<32> ip;            /* where the get was sent */
+    bit<16> port;
+    bit<8> key_len;
+    bit<MB_KEY_BITS> key;
+}
+
 struct metadata_t {
     /* parser */
     bit<16> ip_end;        /* bytes from the frame's start to the end of the IPv4 packet */
@@ -226,6 +240,9 @@ struct metadata_t {
     bit<1> to_controller;    /* to one of the controller's addresses */
     bit<32> checked_server;  /* closes_handled's key: the replica a get would go to */
     bit<64> handled;         /* closes_handled: the closes of it the controller has dealt with */
+    bit<1> sketch_on;        /* sketch_control: a reader counts gets, in this epoch, reporting from this estimate */
+    bit<16> sketch_epoch;
+    bit<32> report_from;
 }
 
 #endif

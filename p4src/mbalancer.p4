@@ -18,6 +18,8 @@
  *   streams (registers) + stream_resumes   after a TCP segment that was not exactly one whole command, every later
  *                segment of its connection is unsure and copied (with where its unread stretch began), until one
  *                starts where the controller proved a command starts (a `stream_resumes` entry); FIN/RST forget it
+ *   sketch (registers) + sketch_control   hot-key detection: while a reader turns it on, every get's key is counted
+ *                in a count-min sketch, and a get whose estimate reaches the reader's threshold sends a digest
  *   counters     per hot key and replica, per server (unsure, closes), switch-wide
  * Anything it cannot read is forwarded untouched.
  *
@@ -33,8 +35,10 @@
  *   to list every header of the parsed command line.
  * - Learned MACs and balanced gets live in hash-indexed registers: a newer entry takes an older one's place where
  *   eBPF's LRU maps evict the least recently used.
- * Not here: the eBPF program's hot-key sketch (monitor --source dataplane); the P4 switch is watched by the monitor's
- * packet capture. */
+ * - The hot-key sketch (the eBPF program's sketch.h: every get's key counted in a count-min sketch while a reader
+ *   turns it on) cannot be zeroed by the reader: each cell carries the epoch it counts for and starts again in a
+ *   new one. Its heavy keys are not kept in the switch: a get whose estimate reaches the reader's threshold sends
+ *   a digest (key, estimate, destination) to the P4Runtime primary, which keeps the largest per key. */
 #include <core.p4>
 #include <v1model.p4>
 
@@ -60,6 +64,7 @@ control MbIngress(inout headers_t hdr, inout metadata_t meta, inout standard_met
     register<bit<32>>(1 << MB_STREAM_BITS) stream_starts;  /* ... and where their unread stretch began */
     register<bit<1>>(MB_MAX_SERVERS) unsure_reported;  /* a coalescable unsure request copied since the last rearm */
     register<bit<48>>(MB_MAX_SERVERS) unsure_last;     /* when the latest coalescable one passed (us) */
+    register<bit<48>>(MB_SKETCH_ROWS << MB_SKETCH_BITS) sketch;  /* per cell: its epoch (16 bits), its count (32) */
 
     /* read by the controller (P4Runtime counters) */
     counter(C_COUNT, CounterType.packets) switch_counters;
@@ -70,6 +75,9 @@ control MbIngress(inout headers_t hdr, inout metadata_t meta, inout standard_met
     counter(MB_MAX_SERVERS, CounterType.packets) server_unsure;  /* the twin of `unsure` */
     counter(MB_MAX_SERVERS, CounterType.packets) server_closes;  /* the twin of `closes` */
     counter(1, CounterType.packets) lease_renewals;
+    /* gets the sketch counted, per epoch parity: one cell per server, then one for any other destination */
+    counter(2 * (MB_MAX_SERVERS + 1), CounterType.packets) sketch_destinations;
+    counter(2, CounterType.packets) sketch_digests;  /* digests sent, per epoch parity: the reader waits for them */
 
     action count(bit<32> which) {
         switch_counters.count(which);
@@ -152,6 +160,32 @@ control MbIngress(inout headers_t hdr, inout metadata_t meta, inout standard_met
         mix(h, hdr.ipv4.src ^ hdr.ipv4.dst ^ ((bit<32>)hdr.ports.src << 16 | (bit<32>)hdr.ports.dst));
         slot = h >> (32 - MB_STREAM_BITS);
         id = hdr.ipv4.src ++ hdr.ports.src ++ hdr.ports.dst;
+    }
+
+    action sketch_on(bit<16> epoch, bit<32> report_from) {
+        meta.sketch_on = 1;
+        meta.sketch_epoch = epoch;
+        meta.report_from = report_from;
+    }
+    table sketch_control {  /* the default action, set by the sketch's reader: NoAction is off */
+        key = { }
+        actions = { sketch_on; NoAction; }
+        default_action = NoAction;
+        size = 1;
+    }
+
+    /* One of the key's cells: counted in this epoch (a cell last counted in another starts again at 1). */
+    action sketch_cell(in bit<32> at, inout bit<32> estimate) {
+        bit<48> cell;
+        sketch.read(cell, at);
+        bit<32> n = 1;
+        if (cell[47:32] == meta.sketch_epoch) {
+            n = cell[31:0] + 1;
+        }
+        sketch.write(at, meta.sketch_epoch ++ n);
+        if (n < estimate) {
+            estimate = n;
+        }
     }
 
     action handled_closes(bit<64> count) { meta.handled = count; }
@@ -308,6 +342,7 @@ control MbIngress(inout headers_t hdr, inout metadata_t meta, inout standard_met
         bit<1> balance = 0;
         bit<1> mirror = 0;
         bit<1> whole = 0;
+        bit<1> sketch_it = 0;  /* a get (of a multi-key one, its first key) the sketch counts */
         if (hdr.ipv4.isValid() && meta.ip_end <= (bit<16>)std.packet_length && meta.first_fragment == 1 &&
                 meta.request == 1) {
             /* A request too big for one frame (a UDP set of a large value): the server applies it once every
@@ -378,6 +413,7 @@ control MbIngress(inout headers_t hdr, inout metadata_t meta, inout standard_met
                 } else if (meta.key_len == 0) {
                     unparsed = 1;
                 } else {
+                    sketch_it = (bit<1>)(command == CMD_GET);
                     hot_keys.apply();
                     if (command == CMD_GET && whole == 1 && meta.key_len != 0 && hdr.line[0].b == 0x0d) {
                         /* a single-key get, and nothing else (over TCP: to its home, untouched) */
@@ -394,6 +430,30 @@ control MbIngress(inout headers_t hdr, inout metadata_t meta, inout standard_met
                         unsure_it = ~whole;  /* a read, or a write to a cold key */
                     }
                 }
+            }
+        }
+        if (sketch_it == 1) {
+            sketch_control.apply();
+        }
+        if (meta.sketch_on == 1) {  /* hot-key detection: the key's cells in every row, the least is its estimate */
+            bit<32> first;
+            bit<16> second;
+            hash(first, HashAlgorithm.crc32, 32w0, {meta.key_len, meta.key}, 64w0x100000000);
+            hash(second, HashAlgorithm.crc16, 16w0, {meta.key_len, meta.key}, 32w0x10000);
+            bit<32> step = (bit<32>)second | 1;  /* odd: the rows' cells differ (double hashing) */
+            bit<32> mask = (1 << MB_SKETCH_BITS) - 1;
+            bit<32> estimate = 0xffffffff;
+            sketch_cell(first & mask, estimate);
+            sketch_cell((1 << MB_SKETCH_BITS) | ((first + step) & mask), estimate);
+            sketch_cell((2 << MB_SKETCH_BITS) | ((first + 2 * step) & mask), estimate);
+            sketch_cell((3 << MB_SKETCH_BITS) | ((first + 3 * step) & mask), estimate);
+            bit<32> parity = (bit<32>)(meta.sketch_epoch & 1);
+            sketch_destinations.count(parity * (MB_MAX_SERVERS + 1) +
+                                      (meta.dest_known == 1 ? meta.dest_server : MB_MAX_SERVERS));
+            if (estimate >= meta.report_from) {
+                sketch_digests.count(parity);
+                digest<sketch_report_t>(MB_SKETCH_DIGEST, {meta.sketch_epoch, estimate, hdr.ipv4.dst, hdr.ports.dst,
+                                                           meta.key_len, meta.key});
             }
         }
         if (unparsed == 1) {

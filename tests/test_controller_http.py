@@ -17,7 +17,7 @@ from controller.core import ControllerCore
 from dataplanes.recording.driver import RecordingDriver
 from controller.http_api import json_safe, serve, start_serving
 from experiments.workload.trace import get_frames, write_pcap, zipf_trace
-from mbalancer.config import parse_config
+from mbalancer.config import config_toml, parse_config
 from mbalancer.memcache.addresses import ServerAddress
 from mbalancer.memcache.hashing import KetamaHash
 from mbalancer.memcache.keys import key_to_text
@@ -133,6 +133,21 @@ def test_a_bad_report_gets_a_400_naming_the_problem(api, body, message):
     status, reply = call(url + "/report", body)
     assert status == 400 and message in reply["error"]
     assert core.counts["bad_reports"] >= (0 if message == "Expecting" else 1)
+
+
+@pytest.mark.parametrize("body, status, message", [
+    (b"{not json", 400, '{"call": NAME'),
+    (b"[1, 2]", 400, '{"call": NAME'),
+    (b'{"args": [0]}', 400, '{"call": NAME'),
+    (b'{"call": "heavy_keys", "args": ["0"]}', 400, "whole numbers"),
+    (b'{"call": "heavy_keys", "args": [true]}', 400, "whole numbers"),
+    (b'{"call": "heavy_keys", "args": [0, 10]}', 503, "read from the switch itself"),  # the recording driver's
+])
+def test_the_sketch_endpoint_refuses_bad_calls_and_data_planes_read_elsewhere(api, body, status, message):
+    """POST /sketch passes a sketch reader's call to the driver (the P4 switch's: tests/test_p4_sketch.py)."""
+    _, url = api
+    got, reply = call(url + "/sketch", body)
+    assert got == status and message in reply["error"], reply
 
 
 def test_unknown_paths_list_the_endpoints_and_wrong_methods_get_405(api):
@@ -317,3 +332,12 @@ def test_clients_that_reset_or_stall_print_no_traceback_and_starve_nobody(api, c
     assert not [r for r in caplog.records if r.exc_info or "Traceback" in r.getMessage()]
     assert "Traceback" not in capfd.readouterr().err
 
+
+def test_the_monitor_says_in_one_line_when_the_p4_switchs_controller_is_not_there(run_cli, tmp_path):
+    config = parse_config({"servers": [{"name": "s0", "ip": "127.0.0.1", "mac": "02:00:00:00:00:01", "port": 11211}],
+                           "controller": {"listen": f"127.0.0.1:{free_port()}"}, "dataplane": {"kind": "p4"}})
+    (tmp_path / "mbalancer.toml").write_text(config_toml(config))
+    done = run_cli("monitor", "--config", str(tmp_path / "mbalancer.toml"), "--json", "--duration", "1")
+    assert done.returncode == 1
+    assert done.stderr.strip().splitlines()[-1].startswith("mbalancer monitor: the controller at http://127.0.0.1:")
+    assert "Traceback" not in done.stderr

@@ -151,7 +151,7 @@ def p4_harness():
     from dataplanes.p4 import Settings
     from dataplanes.p4.bmv2 import Bmv2Switch
     from dataplanes.p4.pipeline import Pipeline
-    from tests.bmv2_ports import Ports
+    from dataplanes.p4.veth_ports import Ports
     from tests.pipeline_fixtures import request_to
 
     ports = Ports(f"p4c{os.getpid() % 10000}", 2)

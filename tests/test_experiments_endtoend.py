@@ -111,7 +111,6 @@ def test_rounds_are_summarised_by_medians_and_ranges(tmp_path):
     ({"testbed": TestbedSpec(topology="leafspine", dataplane="openflow")}, "single-switch topology"),
     ({"testbed": TestbedSpec(server_link=LinkSpec(rate_mbit=-1))}, "rate"),
     ({"detection": "psychic"}, "detection must be one of"),
-    ({"detection": "sketch", "testbed": TestbedSpec(dataplane="p4")}, "no sketch of its own"),
     ({"detection": "sketch", "testbed": TestbedSpec(topology="leafspine")}, "every leaf: detect by capture"),
 ])
 def test_impossible_settings_are_named(change, message):
@@ -166,7 +165,6 @@ def test_what_limited_a_run_is_named(rates, cores, busy, steal, limit):
     (["demo", "--out", "x", "--hot", "auto", "--target", "1.5"], "--target"),
     (["demo", "--out", "x", "--hot", "5", "--target", "0.9"], "--target goes with --hot auto"),
     (["demo", "--out", "x", "--rounds", "0"], "rounds"),
-    (["demo", "--out", "x", "--detect", "sketch", "--dataplane", "p4"], "no sketch of its own"),
 ])
 def test_bad_options_exit_2(run_cli, args, message):
     result = run_cli("experiment", *args)
@@ -295,7 +293,7 @@ def test_demo_end_to_end(run_cli, tmp_path, dataplane):
     # the 3 s warm-up or runs out of CPU first, and spreads less; it must still move well towards balance.
     settled = mb["limit"] == "servers" and run["hot_keys"] >= 10
     assert mb["max_server_share"] < (0.56 if settled else 0.64), (mb, run["hot_keys"])
-    assert summary["detection"] == line["detection"] == ("capture" if dataplane == "p4" else "sketch")
+    assert summary["detection"] == line["detection"] == "sketch"  # on p4 read through the controller
     capacity = next(r for r in summary["runs"] if r["mode"] == "calibration")
     for name, figures in (("baseline", base), ("mbalancer", mb)):
         if figures["limit"] != "servers" or capacity["limit"] != "servers":

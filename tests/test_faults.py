@@ -2,7 +2,8 @@
 the eBPF switch, the controller as its own process; a steady load of UDP gets and versioned TCP sets to hot keys
 spread over all three servers while a fault hits one replica or the control plane. Asserted: counts and the order
 of events, never throughput or times. No get ever returns a version older than an acknowledged set; a failed
-replica leaves rotation during the fault and nothing sent afterwards times out; a replica that comes back empty
+replica leaves rotation during the fault and nothing sent afterwards goes unanswered (a reply later than the
+timeout but within a second is a busy machine, not a get sent to the failed server); a replica that comes back empty
 gets weight only once refilled. How long removal and refill took depends on the machine's load: `mbalancer faults`
 prints those times (the 1 s removal target is judged there, not here)."""
 from __future__ import annotations
@@ -43,7 +44,7 @@ def test_a_failed_replica_leaves_rotation_in_time_and_returns_refilled(tmp_path,
     assert result.stale == 0, result.events
     assert result.writes > 0 and result.answered > 0.9 * result.gets - result.timeouts
     assert result.removed_after_s is not None, result.events  # taken out of rotation during the fault
-    assert result.timeouts_after_removal == 0, result.events
+    assert result.lost_after_removal == 0, result.events  # a late reply (a busy machine) was still answered
     assert result.restored_after_s is not None, result.events  # and given its weight back once refilled
     assert result.misses == 0  # an empty replica never got weight before its refill
     assert result.false_removals == 0, result.events  # the others kept answering, and kept their weight

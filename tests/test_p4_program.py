@@ -24,7 +24,7 @@ from dataplanes.p4 import Settings  # noqa: E402
 from dataplanes.p4.bmv2 import Bmv2Switch  # noqa: E402
 from dataplanes.p4.pipeline import COMPILER, PROGRAMS, Pipeline, available, compile_program, outputs  # noqa: E402
 from mbalancer.config import Server  # noqa: E402
-from tests.bmv2_ports import WAIT, Ports  # noqa: E402
+from dataplanes.p4.veth_ports import WAIT, Ports  # noqa: E402
 from tests.pipeline_fixtures import (CASES, CLIENT, CONNECTION_CASES, CONTROLLER, REPLICAS, SERVERS,  # noqa: E402
                                      STREAM_CASES, Case, request)
 

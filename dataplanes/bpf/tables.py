@@ -8,12 +8,12 @@ from __future__ import annotations
 import errno
 import socket
 import struct
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
 from dataplanes.bpf.bpf_syscall import BPF_EXIST, BpfError, BpfMap, pinned_map_id
-from dataplanes.pipeline import COUNTERS, MAX_HOT, MAX_KEY, MAX_REPLICAS, WEIGHT_ONE  # structs.h agrees (tests check)
+from dataplanes.pipeline import (COUNTERS, MAX_HOT, MAX_KEY, MAX_REPLICAS, WEIGHT_ONE,  # structs.h agrees (tests check)
+                                 HeavyKey)
 from dataplanes.driver import StreamId
 from dataplanes.slot_book import HotEntry, KeyCounts
 
@@ -93,14 +93,6 @@ def mac_bytes(mac: str) -> bytes:
     return bytes(int(part, 16) for part in mac.split(":"))
 
 
-
-
-@dataclass(frozen=True)
-class HeavyKey:
-    """A candidate of the data plane's hot-key detection: the sketch's estimate of its gets in one epoch."""
-    key: bytes
-    count: int
-    server: str  # ip:port its gets were sent to
 
 
 class Tables:

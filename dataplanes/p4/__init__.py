@@ -5,6 +5,7 @@ client.py    one P4Runtime connection: arbitration, pipeline push, writes, reads
 bmv2.py      run simple_switch_grpc on a set of interfaces (topologies and tests)
 entries.py   table entries and counters by name
 driver.py    the controller's driver over P4Runtime
+sketch.py    the switch's hot-key sketch (digests of heavy keys), as monitor/dataplane.py's SketchReader reads it
 netns_switch.py, mininet_switch.py  the switch of the namespace and Mininet topologies
 
 bmv2 and p4c come from p4lang (packages or your own build), not

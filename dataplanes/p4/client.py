@@ -20,6 +20,7 @@ from dataplanes.p4.pipeline import P4Error, Pipeline
 log = logging.getLogger(__name__)
 
 PacketHandler = Callable[[bytes, dict[int, bytes]], None]  # payload, metadata by id
+DigestHandler = Callable[[int, list[tuple[int, ...]]], None]  # digest id, its samples (struct members as numbers)
 
 
 class P4RuntimeError(P4Error):
@@ -53,9 +54,10 @@ def encode(value: int, bitwidth: int) -> bytes:
 
 class P4RuntimeClient:
     def __init__(self, address: str, device_id: int, timeout: float = 5.0,
-                 on_packet: PacketHandler | None = None, election_id: int | None = None):
+                 on_packet: PacketHandler | None = None, election_id: int | None = None,
+                 on_digest: DigestHandler | None = None):
         self.address, self.device_id, self.timeout = address, device_id, timeout
-        self.on_packet = on_packet
+        self.on_packet, self.on_digest = on_packet, on_digest
         # The controller that came first stays primary (first_come_election_id); it keeps its id when it reconnects.
         self.election_id = election_id or first_come_election_id()
         self._channel: grpc.Channel | None = None
@@ -115,6 +117,13 @@ class P4RuntimeClient:
                         self.on_packet(response.packet.payload, metadata)
                     except Exception:  # the handler's failure must not end the stream
                         log.exception("PacketIn handler failed")
+                elif kind == "digest" and self.on_digest is not None:
+                    samples = [tuple(int.from_bytes(m.bitstring, "big") for m in data.struct.members)
+                               for data in response.digest.data]
+                    try:
+                        self.on_digest(response.digest.digest_id, samples)
+                    except Exception:
+                        log.exception("digest handler failed")
                 elif kind == "error":
                     log.warning("%s: stream error %s", self.address, response.error.canonical_code)
         except grpc.RpcError as err:

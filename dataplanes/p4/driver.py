@@ -13,13 +13,14 @@ from __future__ import annotations
 
 import logging
 from collections import OrderedDict
-from typing import Sequence
+from typing import Any, Sequence
 
 from dataplanes.driver import DriverError, ForwardingEntry, LeftoverKey, StreamId
 from dataplanes.p4 import Settings
 from dataplanes.p4 import entries as e
 from dataplanes.p4.client import P4RuntimeClient, first_come_election_id
 from dataplanes.p4.pipeline import P4Error, Pipeline
+from dataplanes.p4.sketch import P4Sketch
 from dataplanes.p4.tables import P4Tables, lease_fields
 from dataplanes.pipeline import own_addresses
 from dataplanes.slot_book import SlotBook
@@ -30,6 +31,7 @@ from mbalancer.settings import Server
 log = logging.getLogger(__name__)
 RECONNECT_EVERY = 0.5  # seconds between tries to reach a switch whose stream broke
 STREAM_STARTS_KEPT = 65536  # connections whose start a copy told of (the controller follows as many)
+SKETCH_CALLS = ("set_sketch_control", "clear_sketch", "heavy_keys", "take_sketch_destinations", "counters")
 
 
 def driver_from_settings(settings: Settings) -> "P4RuntimeDriver":
@@ -56,6 +58,7 @@ class P4RuntimeDriver(SlotBookDriver):
         # connection -> where its unread stretch began, as the copies of its segments carry it (registers cannot be
         # read over P4Runtime)
         self._stream_starts: OrderedDict[StreamId, int] = OrderedDict()
+        self._sketch: P4Sketch | None = None  # the first switch's sketch, once a reader asks for it
         try:
             lease_fields(pipeline)  # checked now, not at attach
         except P4Error as err:
@@ -84,6 +87,28 @@ class P4RuntimeDriver(SlotBookDriver):
             entry = self.book.entry_of(key)
             return any(t.synced(entry.slot) != (t.writes(entry.slot), t.unsure(entry.home))
                        for t in self.book.switches)
+
+    def sketch_call(self, call: str, args: tuple) -> Any:
+        """The first switch's sketch, read through this connection: the primary, the only one its digests reach.
+        A reconnected switch gets a new P4Sketch (the digest turned on again; the epoch then under way is lost)."""
+        if call not in SKETCH_CALLS:
+            raise DriverError(f"no sketch call {call!r} (one of {', '.join(SKETCH_CALLS)})")
+        with self.book.lock:
+            if not self.clients or self.clients[0].down:
+                raise DriverError(f"the P4 switch {self.settings.switches[0]} is not connected now")
+            try:
+                if self._sketch is None or self._sketch.client is not self.clients[0]:
+                    servers = [f"{s.ip}:{s.port}" for s in self.book.servers]
+                    self._sketch = P4Sketch(self.clients[0], self.pipeline, servers)
+            except P4Error as err:
+                raise DriverError(f"the sketch of {self.settings.switches[0]}: {err}") from None
+            sketch = self._sketch
+        try:  # outside the book's lock: a read waits for the epoch's digests
+            return getattr(sketch, call)(*args)
+        except P4Error as err:
+            raise DriverError(f"the sketch of {self.settings.switches[0]}: {err}") from None
+        except TypeError as err:
+            raise DriverError(f"sketch call {call}: {err}") from None
 
     def read_synced(self, slot: int) -> list[tuple[int, int] | None]:
         """Each switch's `synced` entry of the slot: (writes, unsure), None where there is none."""

@@ -43,6 +43,26 @@ def table_entry(pipeline: Pipeline, table: str, match: Match, action: str | None
     return entity
 
 
+def default_action(pipeline: Pipeline, table: str, action: str, params: dict[str, int] | None = None
+                   ) -> p4runtime_pb2.Entity:
+    """The default action of `table` (written with MODIFY: a table always has one)."""
+    entity = table_entry(pipeline, table, {}, action, params)
+    entity.table_entry.is_default_action = True
+    return entity
+
+
+def digest_entry(pipeline: Pipeline, name: str, max_timeout_ns: int, max_list_size: int) -> p4runtime_pb2.Entity:
+    """The digest `name` turned on: its samples sent in lists of up to `max_list_size`, none held longer than
+    `max_timeout_ns`; never deduplicated (ack_timeout_ns 0: no acknowledgement is needed)."""
+    entity = p4runtime_pb2.Entity()
+    entry = entity.digest_entry
+    entry.digest_id = pipeline.digest(name)
+    entry.config.max_timeout_ns = max_timeout_ns
+    entry.config.max_list_size = max_list_size
+    entry.config.ack_timeout_ns = 0
+    return entity
+
+
 def update(kind: int, entity: p4runtime_pb2.Entity) -> p4runtime_pb2.Update:
     return p4runtime_pb2.Update(type=kind, entity=entity)
 

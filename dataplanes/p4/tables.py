@@ -68,13 +68,13 @@ class P4Tables:
         resets += [e.counter_write(self.pipeline, "key_per_replica", slot * MAX_REPLICAS + p)
                    for p in range(MAX_REPLICAS)]
         self.client.write([e.update(e.MODIFY, r) for r in resets], f"reset the counters of slot {slot}")
-        self.mirrored_base[slot] = self._count("key_mirrored", slot)
+        self.mirrored_base[slot] = self.count("key_mirrored", slot)
 
     def writes(self, slot: int) -> int:
-        return self._count("key_mirrored", slot)
+        return self.count("key_mirrored", slot)
 
     def unsure(self, server: int) -> int:
-        return self._count("server_unsure", server)
+        return self.count("server_unsure", server)
 
     def hold(self, slot: int) -> None:
         if slot in self.synced_slots:
@@ -95,7 +95,7 @@ class P4Tables:
 
     # --- servers that closed the controller's connections -----------------------------------------------------
     def closes(self, server: int) -> int:
-        return self._count("server_closes", server)
+        return self.count("server_closes", server)
 
     def set_closes_handled(self, server: int, count: int) -> None:
         kind = e.MODIFY if server in self.handled_servers else e.INSERT
@@ -161,10 +161,10 @@ class P4Tables:
         """A PacketOut the switch adds to its own clock; returns once the switch has counted it (a PacketOut is sent
         on the stream without a reply: an ended lease must be over when this returns)."""
         lease_us = min(max(until_ns - time.monotonic_ns(), 0) // 1000, LEASE_US_MAX) if until_ns else 0
-        before = self._count("lease_renewals", 0)
+        before = self.count("lease_renewals", 0)
         self._packet_out(OP_LEASE, lease_us=lease_us)
         deadline = time.monotonic() + self.client.timeout
-        while self._count("lease_renewals", 0) == before:
+        while self.count("lease_renewals", 0) == before:
             if time.monotonic() > deadline:
                 raise P4Error(f"{self.client.address}: the switch did not take the lease within "
                               f"{self.client.timeout:g} s")
@@ -218,7 +218,7 @@ class P4Tables:
         return e.table_entry(self.pipeline, "synced", {"meta.slot": slot}, "synced_to",
                              {"written": writes, "unsure_count": unsure})
 
-    def _count(self, counter: str, index: int) -> int:
+    def count(self, counter: str, index: int) -> int:
         read = self.client.read([e.counter_read(self.pipeline, counter, index)], counter)
         return read[0].counter_entry.data.packet_count if read else 0
 

@@ -22,6 +22,7 @@ from dataclasses import asdict, dataclass, field
 
 BUCKET = 0.1  # seconds per output row
 GET_TIMEOUT = 0.25  # a get unanswered after this counts as a timeout
+LOST_AFTER = 1.0  # a timed-out get answered within this is only late (a busy machine), not lost (a dead server)
 WRITE_TIMEOUT = 0.5
 VALUE_BYTES = 64
 
@@ -32,6 +33,7 @@ class Bucket:
     sent: int = 0
     answered: int = 0
     timeouts: int = 0
+    late: int = 0  # of the timeouts, those answered within LOST_AFTER after all
     stale: int = 0
     misses: int = 0
     writes: int = 0
@@ -74,6 +76,7 @@ class Load:
         self.udp = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         self.udp.setblocking(False)
         self.pending: dict[int, Pending] = {}
+        self.overdue: dict[int, Pending] = {}  # timed out, not yet answered: late while under LOST_AFTER
         self.buckets: list[Bucket] = []
         self.request_id = 0
         self.started = time.monotonic()
@@ -121,9 +124,11 @@ class Load:
                 datagram = self.udp.recv(65535)
             except BlockingIOError:
                 return
-            pending = self.pending.pop(struct.unpack("!H", datagram[:2])[0], None)
+            request_id = struct.unpack("!H", datagram[:2])[0]
+            pending = self.pending.pop(request_id, None)
             if pending is None:
-                continue  # a late reply: already counted as a timeout
+                self._answered_late(request_id)
+                continue
             bucket = self.bucket(pending.sent)
             bucket.answered += 1
             version = version_in(datagram[8:])
@@ -134,9 +139,16 @@ class Load:
                 self.stale.append({"t": round(pending.sent - self.started, 4), "key": pending.key.decode(),
                                    "got": version, "acked": pending.floor})
 
+    def _answered_late(self, request_id: int) -> None:
+        """A reply after its get timed out (already counted): late, or lost if it took LOST_AFTER or more."""
+        overdue = self.overdue.pop(request_id, None)
+        if overdue is not None and time.monotonic() - overdue.sent < LOST_AFTER:
+            self.bucket(overdue.sent).late += 1
+
     def expire(self, now: float) -> None:
         for rid in [r for r, p in self.pending.items() if now - p.sent > GET_TIMEOUT]:
-            self.bucket(self.pending.pop(rid).sent).timeouts += 1
+            self.overdue[rid] = self.pending.pop(rid)
+            self.bucket(self.overdue[rid].sent).timeouts += 1
 
     def write(self, key: bytes, now: float, count: bool = True) -> None:
         """A set of the next version over TCP to the key's home, waiting for STORED."""

@@ -16,10 +16,11 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from experiments.faults.busy import load_average
+from experiments.faults.load import LOST_AFTER
 from experiments.faults.rig import Rig, RigError
 from experiments.faults.scenarios import FAULTED, Fault
 
-BUCKET_FIELDS = ("t", "sent", "answered", "timeouts", "stale", "misses", "writes", "write_errors")
+BUCKET_FIELDS = ("t", "sent", "answered", "timeouts", "late", "stale", "misses", "writes", "write_errors")
 READY_TIMEOUT = 15.0
 
 
@@ -49,6 +50,7 @@ class Result:
     removed_after_s: float | None  # fault -> the controller's server-down (None: it never decided so)
     restored_after_s: float | None  # recovery -> the last refill that gave the server its weight back
     timeouts_after_removal: int  # from the server-down decision to the end of the fault phase
+    lost_after_removal: int  # of those, never answered (or after LOST_AFTER), sent early enough to tell
     misses_after_restore: int  # gets answered "not found" after the server got weight back
     false_removals: int  # server-down decisions about a server that was answering (another, or a busy one)
     load_average: float  # the machine's, at the end of the run (1 minute)
@@ -124,6 +126,8 @@ def _result(fault: Fault, load: float, rate: float, buckets: list[dict], events:
         None if down is None else round(down - fault_at, 3),
         None if restored is None else round(restored - recovered_at, 3),
         sum(b["timeouts"] for b in buckets if down is not None and down + 0.1 <= b["t"] < fault_end),
+        sum(b["timeouts"] - b["late"] for b in buckets
+            if down is not None and down + 0.1 <= b["t"] < fault_end - LOST_AFTER),  # a hung server answers at its end
         sum(b["misses"] for b in buckets if restored is not None and b["t"] >= restored),
         false_removals, load_average(), events)
 
@@ -141,7 +145,7 @@ def write_buckets_csv(out: Path, result: Result) -> Path:
 
 SUMMARY_FIELDS = ("fault", "load", "rate", "gets", "answered", "timeouts", "stale", "misses", "writes",
                   "write_errors", "removed_after_s", "restored_after_s", "timeouts_after_removal",
-                  "misses_after_restore", "false_removals", "load_average")
+                  "lost_after_removal", "misses_after_restore", "false_removals", "load_average")
 
 
 def write_summary(out: Path, results: list[Result]) -> tuple[Path, Path]:

@@ -1,14 +1,16 @@
-"""Raw frames into and out of a bmv2 switch's ports, for the P4 tests: veth pairs in the root namespace, the
-switch on one end, an AF_PACKET socket on the other. Everything is named after the caller's tag and removed by
-close()."""
+"""Raw frames into and out of a bmv2 switch's ports, for the P4 tests and benchmarks: veth pairs in the root
+namespace, the switch on one end, an AF_PACKET socket on the other. Everything is named after the caller's tag and
+removed by close()."""
 from __future__ import annotations
 
 import select
 import socket
 import subprocess
 import time
+from typing import Callable, Sequence
 
 WAIT = 5.0  # seconds a frame may take through bmv2 (far more than it does: the bound, not the expectation)
+BURST = 32  # frames sent at once by send_paced: well within bmv2's queue
 
 
 class Ports:
@@ -28,6 +30,22 @@ class Ports:
 
     def send(self, port: int, frame: bytes) -> None:
         self.sockets[port].send(frame)
+
+    def send_paced(self, port: int, frames: Sequence[bytes], packets: Callable[[], int]) -> bool:
+        """Every frame into `port`, BURST at a time, each burst once the switch has read the one before (`packets`:
+        the switch's count of frames read), so none is dropped for want of room; True once it has read them all
+        (within WAIT of the last burst)."""
+        start = packets()
+        for first in range(0, len(frames), BURST):
+            deadline = time.monotonic() + WAIT
+            while packets() < start + first and time.monotonic() < deadline:
+                time.sleep(0.002)
+            for frame in frames[first:first + BURST]:
+                self.sockets[port].send(frame)
+        deadline = time.monotonic() + WAIT
+        while packets() < start + len(frames) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        return packets() == start + len(frames)
 
     def drain(self) -> None:
         for sock in self.sockets.values():
