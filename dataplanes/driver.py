@@ -191,8 +191,8 @@ class Driver(ABC):
     def sketch_call(self, call: str, args: tuple) -> Any:
         """One call of a sketch reader (monitor/dataplane.py SketchReader: set_sketch_control, clear_sketch,
         heavy_keys, take_sketch_destinations, counters) on the first switch's hot-key sketch, for a data plane whose
-        sketch only the controller can read (P4: its digests go to the P4Runtime primary). Elsewhere a reader opens
-        the switch itself."""
+        sketch only the controller can read (P4: its digests go to the P4Runtime primary); set_sketch_control's
+        deadline as the nanoseconds left. Elsewhere a reader opens the switch itself."""
         raise DriverError(f"the {self.name} data plane's sketch is read from the switch itself, not through the "
                           f"controller")
 

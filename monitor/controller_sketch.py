@@ -4,6 +4,7 @@ maps do; each is one HTTP request the controller passes to its driver (dataplane
 from __future__ import annotations
 
 import json
+import time
 import urllib.error
 import urllib.request
 from typing import Any
@@ -22,7 +23,8 @@ class ControllerSketch:
         self.url = url.rstrip("/") + "/sketch"
 
     def set_sketch_control(self, until_ns: int, epoch: int) -> None:
-        self._call("set_sketch_control", until_ns, epoch)
+        """Sent as the nanoseconds left (the controller's clock is not this process's); 0 stops it."""
+        self._call("set_sketch_control", max(until_ns - time.monotonic_ns(), 1) if until_ns else 0, epoch)
 
     def clear_sketch(self, epoch: int) -> None:
         self._call("clear_sketch", epoch)

@@ -243,6 +243,8 @@ struct metadata_t {
     bit<1> sketch_on;        /* sketch_control: a reader counts gets, in this epoch, reporting from this estimate */
     bit<16> sketch_epoch;
     bit<32> report_from;
+    bit<32> sketch_estimate;
+    bit<32> report_mask;     /* sketch_report_step: an estimate is reported where these bits are 0 */
 }
 
 #endif

@@ -174,6 +174,41 @@ control MbIngress(inout headers_t hdr, inout metadata_t meta, inout standard_met
         size = 1;
     }
 
+    /* An estimate of 2^b or more (b >= 9) is reported only at multiples of 2^(b-8): 256 digests per doubling
+     * instead of one per get, the last one reported within 1/256 of the estimate (the reader keeps the largest). */
+    action report_every(bit<32> mask) { meta.report_mask = mask; }
+    table sketch_report_step {
+        key = { meta.sketch_estimate: ternary; }
+        actions = { report_every; }
+        const default_action = report_every(0);
+        const entries = {
+            32w0x00000200 &&& 32w0xfffffe00 : report_every(0x1);
+            32w0x00000400 &&& 32w0xfffffc00 : report_every(0x3);
+            32w0x00000800 &&& 32w0xfffff800 : report_every(0x7);
+            32w0x00001000 &&& 32w0xfffff000 : report_every(0xf);
+            32w0x00002000 &&& 32w0xffffe000 : report_every(0x1f);
+            32w0x00004000 &&& 32w0xffffc000 : report_every(0x3f);
+            32w0x00008000 &&& 32w0xffff8000 : report_every(0x7f);
+            32w0x00010000 &&& 32w0xffff0000 : report_every(0xff);
+            32w0x00020000 &&& 32w0xfffe0000 : report_every(0x1ff);
+            32w0x00040000 &&& 32w0xfffc0000 : report_every(0x3ff);
+            32w0x00080000 &&& 32w0xfff80000 : report_every(0x7ff);
+            32w0x00100000 &&& 32w0xfff00000 : report_every(0xfff);
+            32w0x00200000 &&& 32w0xffe00000 : report_every(0x1fff);
+            32w0x00400000 &&& 32w0xffc00000 : report_every(0x3fff);
+            32w0x00800000 &&& 32w0xff800000 : report_every(0x7fff);
+            32w0x01000000 &&& 32w0xff000000 : report_every(0xffff);
+            32w0x02000000 &&& 32w0xfe000000 : report_every(0x1ffff);
+            32w0x04000000 &&& 32w0xfc000000 : report_every(0x3ffff);
+            32w0x08000000 &&& 32w0xf8000000 : report_every(0x7ffff);
+            32w0x10000000 &&& 32w0xf0000000 : report_every(0xfffff);
+            32w0x20000000 &&& 32w0xe0000000 : report_every(0x1fffff);
+            32w0x40000000 &&& 32w0xc0000000 : report_every(0x3fffff);
+            32w0x80000000 &&& 32w0x80000000 : report_every(0x7fffff);
+        }
+        size = 32;
+    }
+
     /* One of the key's cells: counted in this epoch (a cell last counted in another starts again at 1). */
     action sketch_cell(in bit<32> at, inout bit<32> estimate) {
         bit<48> cell;
@@ -450,7 +485,9 @@ control MbIngress(inout headers_t hdr, inout metadata_t meta, inout standard_met
             bit<32> parity = (bit<32>)(meta.sketch_epoch & 1);
             sketch_destinations.count(parity * (MB_MAX_SERVERS + 1) +
                                       (meta.dest_known == 1 ? meta.dest_server : MB_MAX_SERVERS));
-            if (estimate >= meta.report_from) {
+            meta.sketch_estimate = estimate;
+            sketch_report_step.apply();
+            if (estimate >= meta.report_from && (estimate & meta.report_mask) == 0) {
                 sketch_digests.count(parity);
                 digest<sketch_report_t>(MB_SKETCH_DIGEST, {meta.sketch_epoch, estimate, hdr.ipv4.dst, hdr.ports.dst,
                                                            meta.key_len, meta.key});

@@ -12,6 +12,7 @@ forgets its slots and the core is asked to install everything again.
 from __future__ import annotations
 
 import logging
+import time
 from collections import OrderedDict
 from typing import Any, Sequence
 
@@ -90,6 +91,7 @@ class P4RuntimeDriver(SlotBookDriver):
 
     def sketch_call(self, call: str, args: tuple) -> Any:
         """The first switch's sketch, read through this connection: the primary, the only one its digests reach.
+        set_sketch_control takes the nanoseconds left before the deadline, not a time (the caller's clock is its own).
         A reconnected switch gets a new P4Sketch (the digest turned on again; the epoch then under way is lost)."""
         if call not in SKETCH_CALLS:
             raise DriverError(f"no sketch call {call!r} (one of {', '.join(SKETCH_CALLS)})")
@@ -103,6 +105,8 @@ class P4RuntimeDriver(SlotBookDriver):
             except P4Error as err:
                 raise DriverError(f"the sketch of {self.settings.switches[0]}: {err}") from None
             sketch = self._sketch
+        if call == "set_sketch_control" and args and args[0]:  # nanoseconds left: the caller's clock is not ours
+            args = (time.monotonic_ns() + args[0], *args[1:])
         try:  # outside the book's lock: a read waits for the epoch's digests
             return getattr(sketch, call)(*args)
         except P4Error as err:

@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import sys
 import time
 from pathlib import Path
@@ -36,11 +37,13 @@ from experiments.benchmarks.bench_dataplane_sketch import TOP, TRACES, frames_of
 from experiments.benchmarks.rows import write_csv
 from experiments.workload.trace import zipf_trace
 from mbalancer.config import Server
+from mbalancer.progress import end_progress, stderr_progress
 from monitor.dataplane import SketchReader
 
 SERVER = ("02:00:00:00:00:02", "10.0.0.2", 11211)  # where frames_of sends its gets
 CLIENT_PORT = 1
 BLOCK = 10_000
+PROGRESS_EVERY = 100_000  # gets between two progress lines
 
 
 class Rig:
@@ -82,7 +85,7 @@ def cost(rig: Rig, frames: list[bytes]) -> tuple[float, float]:
     spent, sent = {False: 0.0, True: 0.0}, {False: 0, True: 0}
     for block, start in enumerate(range(0, len(frames), BLOCK)):
         on = block % 2 == 1
-        rig.sketch.set_sketch_control(1 if on else 0, 0)
+        rig.sketch.set_sketch_control(time.monotonic_ns() + 3600 * 10**9 if on else 0, 0)
         chunk = frames[start:start + BLOCK]
         spent[on] += rig.send(chunk)
         sent[on] += len(chunk)
@@ -94,7 +97,11 @@ def accuracy(rig: Rig, trace, frames: list[bytes]) -> dict:
     reader = SketchReader(rig.sketch, top=TOP, interval=3600.0)  # one interval, however long the trace takes
     reader.start()
     samples = rig.sketch.samples
-    rig.send(frames)
+    for start in range(0, len(frames), PROGRESS_EVERY):
+        rig.send(frames[start:start + PROGRESS_EVERY])
+        stderr_progress(f"  {min(start + PROGRESS_EVERY, len(frames)):,}/{len(frames):,} gets sent, "
+                        f"{rig.sketch.samples - samples:,} digests")
+    end_progress()
     started = time.monotonic()
     report = reader.read()
     read_ms = (time.monotonic() - started) * 1000
@@ -116,6 +123,7 @@ def main() -> int:
         print(f"bench_p4_sketch: --gets from 1,000 to 10,000,000, --cost-gets from {2 * BLOCK:,} to --gets",
               file=sys.stderr)
         return 2
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # bmv2 and the veths are removed on the way out
     rows = []
     with Rig() as rig:
         for keys, alpha in TRACES:
