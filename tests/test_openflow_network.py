@@ -168,7 +168,9 @@ def test_the_http_api_through_ryus_wsgi_answers_as_the_controllers_does(network,
     assert status == 405 and headers["Allow"] == "GET" and "endpoints" in body
     status, _, body = ask("GET", "/nowhere")
     assert status == 404 and set(body["endpoints"]) == {"GET /state", "GET /decisions", "GET /metrics",
-                                                         "POST /report"}
+                                                         "POST /report", "POST /sketch"}
+    status, _, body = ask("POST", "/sketch", b'{"call": "counters", "args": []}')
+    assert status == 503 and "read from the switch itself" in body["error"]  # the key classifier's: bpf maps
     status, _, body = ask("POST", "/report", json.dumps({"time": 1.0, "interval": 1.0, "rate": -5.0,
                                                           "top": []}).encode())
     assert status == 400 and "rate" in body["error"]

@@ -79,7 +79,8 @@ def get_frames(indices: np.ndarray) -> list[bytes]:
     return [cache.setdefault(i, udp_frame(b"get " + key_name(i) + b"\r\n", dst=home_of(i))) for i in indices.tolist()]
 
 
-@pytest.mark.parametrize("keys,alpha", [(10**5, 0.9), (10**5, 1.2), (10**6, 0.9), (10**6, 1.2)])
+# two of the eBPF sketch tests' four traces (bench_p4_sketch.py runs all four at 10^6 gets)
+@pytest.mark.parametrize("keys,alpha", [(10**5, 0.9), (10**6, 1.2)])
 def test_the_top_keys_and_their_counts_come_from_the_p4_switch(switch, keys, alpha):
     driver, ports, sketch = switch
     reader = SketchReader(sketch, top=10, interval=600.0)
