@@ -28,8 +28,8 @@ from typing import Any, Callable, Iterable
 from waitress.server import create_server
 
 from controller.core import ControllerCore
-from dataplanes.driver import DriverError
 from controller.metrics import CONTENT_TYPE as METRICS_TYPE, exposition
+from dataplanes.driver import DriverError
 
 log = logging.getLogger(__name__)
 

@@ -22,7 +22,6 @@ COUNTERS = ("packets", "memcached", "unparsed", "balanced", "already_balanced", 
             "flooded", "dropped", "unsure", "cloned", "lease_expired", "coalesced")
 
 
-
 @dataclass(frozen=True)
 class HeavyKey:
     """A candidate of a data plane's hot-key detection: the sketch's estimate of its gets in one epoch."""

@@ -51,7 +51,7 @@ def register(commands: argparse._SubParsersAction) -> None:
     source.add_argument("--pcap", help="read a pcap or pcapng file; intervals follow its timestamps")
     source.add_argument("--source", choices=("dataplane",),
                         help="dataplane: read the hot keys the switch counts itself (count-min sketch in the "
-                             "kernel, no packet copied; needs root; --switch says which; a P4 switch's through the "
+                             "data plane, no packet copied; eBPF: needs root, --switch says which; P4: through the "
                              "controller of --config, no root). The default with a --config whose dataplane.kind is "
                              "ebpf, openflow or p4")
     parser.add_argument("--switch", help="--source dataplane: the eBPF switch's (or OpenFlow key classifier's) name "

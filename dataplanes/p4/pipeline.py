@@ -70,6 +70,7 @@ class Pipeline:
             t.preamble.id, {f.name: (f.id, f.bitwidth) for f in t.match_fields},
             {by_id[r.id]: r.id for r in t.action_refs}) for t in self.p4info.tables}
         self.counters = {c.preamble.name.split(".")[-1]: c.preamble.id for c in self.p4info.counters}
+        self.counter_sizes = {c.preamble.name.split(".")[-1]: c.size for c in self.p4info.counters}
         self.digests = {d.preamble.name: d.preamble.id for d in self.p4info.digests}  # named by their struct
         self.packet_metadata = {m.preamble.name: {f.name: (f.id, f.bitwidth) for f in m.metadata}
                                 for m in self.p4info.controller_packet_metadata}  # packet_in, packet_out
@@ -82,6 +83,10 @@ class Pipeline:
 
     def counter(self, name: str) -> int:
         return self._named(self.counters, name, "counter")
+
+    def counter_size(self, name: str) -> int:
+        """How many cells the counter array has."""
+        return self._named(self.counter_sizes, name, "counter")
 
     def digest(self, name: str) -> int:
         return self._named(self.digests, name, "digest")

@@ -4,13 +4,13 @@ says so, and a get whose estimate reaches the threshold sends a digest (key, est
 
 What the switch cannot do, this side does. The switch keeps no candidates (PI cannot read registers): the digests
 are its candidates, and the largest estimate of each key in an epoch is its count. To keep digests few, an estimate
-of 2^b or more is reported only at multiples of 2^(b-8) (the count is then within 1/256 of the estimate), and
-the threshold rises during an epoch to the RANK-th largest estimate reported so far: estimates only grow, so a key
-that ends among the RANK largest is reported at its end whatever the threshold was on its way (each epoch starts
-again at REPORT_FROM_LEAST). The sketch's cells cannot be
-zeroed either: each holds the epoch it counts for, so the reader's two alternating epochs (0 and 1) become a running
-16-bit epoch number here, a new one at every flip. Gets per destination are P4Runtime counters, one set per epoch
-parity, zeroed as they are read. Digests go only to the P4Runtime primary: this connection must be it.
+of 2^b or more is reported only at multiples of 2^(b-8) (the count is then within 1/256 of the estimate), and the
+threshold rises during an epoch to the RANK-th largest estimate reported so far: estimates only grow, so a key that
+ends among the RANK largest is reported at its end whatever the threshold was on its way (each epoch starts again at
+REPORT_FROM_LEAST). The sketch's cells cannot be zeroed either: each holds the epoch it counts for, so the reader's
+two alternating epochs (0 and 1) become a running 16-bit epoch number here, a new one at every flip. Gets per
+destination are P4Runtime counters, one set per epoch parity, zeroed as they are read. Digests go only to the
+P4Runtime primary: this connection must be it.
 """
 from __future__ import annotations
 
@@ -25,12 +25,11 @@ from dataplanes.p4 import entries as e
 from dataplanes.p4.client import P4RuntimeClient
 from dataplanes.p4.pipeline import P4Error, Pipeline
 from dataplanes.p4.tables import P4Tables
-from dataplanes.pipeline import HeavyKey
+from dataplanes.pipeline import MAX_KEY, HeavyKey
 
 log = logging.getLogger(__name__)
 
 DIGEST = "sketch_report_t"
-MAX_SERVERS = 256  # MB_MAX_SERVERS: sketch_destinations holds MAX_SERVERS + 1 cells per parity
 REPORT_FROM_LEAST = 2  # estimates below this send no digest (a key got once in an interval is never its hottest)
 RANK = 64  # the threshold follows the RANK-th largest estimate (a reader asking for more raises it: its limit)
 RAISE_EVERY = 2048  # digest samples between two looks at the threshold
@@ -47,6 +46,8 @@ class P4Sketch:
     def __init__(self, client: P4RuntimeClient, pipeline: Pipeline, servers: Sequence[str]):
         self.client, self.pipeline, self.servers = client, pipeline, list(servers)
         self.tables = P4Tables(client, pipeline)  # counters, read as the driver reads them
+        # sketch_destinations: per epoch parity, a cell per server (MB_MAX_SERVERS), then one for anywhere else
+        self.per_parity = pipeline.counter_size("sketch_destinations") // 2
         self.digest_id = pipeline.digest(DIGEST)
         # the running epoch number the switch tags cells with: from the clock, so that a later reader does not
         # take up an earlier one's numbers (whose cells still hold its counts) unless 2^16 flips have passed
@@ -114,8 +115,9 @@ class P4Sketch:
         self.client.write([e.update(e.MODIFY, entity)], "the sketch's control")
 
     def clear_sketch(self, parity: int) -> None:
-        """Forget the candidates of the epochs of this parity and zero its digest count; the cells need no zeroing: a new epoch starts them
-        again, so clearing the parity being counted moves it to a new epoch (the next set_sketch_control's)."""
+        """Forget the candidates of the epochs of this parity and zero its digest count. The cells need no zeroing: a
+        new epoch starts them again, so clearing the parity being counted moves it to a new epoch (the next
+        set_sketch_control's)."""
         if parity & 1 == self.epoch & 1:
             with self._control:
                 self.epoch = (self.epoch + 2) & 0xFFFF
@@ -145,14 +147,14 @@ class P4Sketch:
 
     def take_sketch_destinations(self, parity: int) -> tuple[dict[str, int], int]:
         """The epoch's gets per server ip:port, and those to any other destination; zeroed as they are read."""
-        base = (parity & 1) * (MAX_SERVERS + 1)
+        base = (parity & 1) * self.per_parity
         read = self.client.read([e.counter_read(self.pipeline, "sketch_destinations")], "the sketch's destinations")
         counts = {r.counter_entry.index.index - base: r.counter_entry.data.packet_count for r in read
-                  if base <= r.counter_entry.index.index <= base + MAX_SERVERS and r.counter_entry.data.packet_count}
+                  if base <= r.counter_entry.index.index < base + self.per_parity and r.counter_entry.data.packet_count}
         if counts:
             self.client.write([e.update(e.MODIFY, e.counter_write(self.pipeline, "sketch_destinations", base + i))
                                for i in counts], "zeroing the sketch's destinations")
-        elsewhere = counts.pop(MAX_SERVERS, 0)
+        elsewhere = counts.pop(self.per_parity - 1, 0)
         per_server: dict[str, int] = {}
         for index, gets in counts.items():
             where = self.servers[index] if index < len(self.servers) else f"server {index}"
@@ -180,7 +182,7 @@ class P4Sketch:
             for epoch, estimate, ip, port, key_len, key in samples:
                 self.received[epoch] = self.received.get(epoch, 0) + 1
                 kept = self.candidates.setdefault(epoch, {})
-                name = key.to_bytes(key_len, "big") if 0 < key_len <= 250 else None
+                name = key.to_bytes(key_len, "big") if 0 < key_len <= MAX_KEY else None
                 if name is None:
                     continue
                 known = kept.get(name)

@@ -155,7 +155,8 @@ class P4Tables:
         """A `stream_resumes` entry for the segment at `seq`, in place of the connection's earlier one; the oldest
         goes when the table is full (that connection's next boundary is then not known: its segments stay
         unsure until it ends)."""
-        self._connection_entry("stream_resumes", self.resumes, stream, seq & 0xFFFFFFFF, f"command boundary of {stream}")
+        self._connection_entry("stream_resumes", self.resumes, stream, seq & 0xFFFFFFFF,
+                               f"command boundary of {stream}")
 
     def set_lease(self, until_ns: int) -> None:
         """A PacketOut the switch adds to its own clock; returns once the switch has counted it (a PacketOut is sent
