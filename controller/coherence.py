@@ -226,17 +226,86 @@ class Coherence:
             for server, error in failed.items():
                 self._schedule(RetryKind.REFILL, key, server, error)
 
-    def _settle(self, key: bytes, hot: HotKey, attempt: int = 0) -> bool:
-        """Clear the key if the copies match the home; re-copy while writes keep landing. True if cleared. When it
-        cannot finish, the key stays dirty (gets go home) and the settle is retried."""
+    def _settle_together(self, keys: list[bytes]) -> set[bytes]:
+        """Settle keys just installed: one stamp read and one clear for all whose copies match their home as they are
+        (the usual case); every other key, or all if the stamps cannot be read, settles on its own (_settle), in the
+        same order of steps. Returns the keys cleared."""
+        ready, alone, checked = [], [], set()  # checked: the home's version was read (a sync round spent)
+        for key in keys:
+            if self._may_settle(key, self.hot[key]):
+                (alone if self.hot[key].placement.home in self.unarmed else ready).append(key)
+        try:
+            stamps = self.driver.write_stamps(ready) if ready else {}
+        except DriverError as err:
+            log.info("stamps of %d keys not read together (%s): each on its own", len(ready), err)
+            stamps, alone = {}, alone + ready
+        waits: dict[int, float] = {}  # home -> _unreadable_wait, read after the stamps as _settle does
+        matching: dict[bytes, WriteStamp] = {}
+        for key, stamp in stamps.items():
+            hot, home = self.hot[key], self.hot[key].placement.home
+            try:
+                if self._mirrors_in(key, hot, stamp):
+                    if home not in waits:
+                        waits[home] = self._unreadable_wait(home)
+                    if waits[home] == 0:
+                        checked.add(key)
+                        if self._matches(hot, self.replicator.version(home, key)) and not self._expiring(hot):
+                            matching[key] = stamp
+                            continue
+            except (MetaError, DriverError) as err:
+                log.info("%r settles on its own: %s", key, err)
+            alone.append(key)
+        refused = self.driver.clear_dirty_keys(matching) if matching else {}
+        cleared = set()
+        for key, stamp in matching.items():
+            hot = self.hot[key]
+            if key in refused:  # as a clear refused in _settle: retried later
+                self._settle_failed(key, hot, refused[key])
+                continue
+            hot.dirty, hot.cleared = False, stamp
+            try:
+                if self._still_clean(key, hot, stamp):
+                    cleared.add(key)
+                    continue
+                self._dirty(key, hot)
+                alone.append(key)
+            except (MetaError, DriverError) as err:
+                self._settle_failed(key, hot, err)
+        return cleared | {key for key in alone
+                          if self._settle(key, self.hot[key], rounds=SYNC_ROUNDS - (key in checked))}
+
+    def _may_settle(self, key: bytes, hot: HotKey, attempt: int = 0) -> bool:
+        """Whether the key can be cleared now; if not, its settle is retried when it may."""
         if not hot.installed:
             return False  # its reinstall settles it
-        home = hot.placement.home
-        if self.mid_command(home):  # the segment that ends it may complete a write to this key: not before it
+        if self.mid_command(hot.placement.home):  # the segment that ends it may complete a write to this key
             self._schedule(RetryKind.SETTLE, key, KEY_LEVEL, "a command to its home is cut between TCP segments",
                            attempt, delay=MIRROR_WAIT)
             return False
-        for _ in range(SYNC_ROUNDS):
+        return True
+
+    def _still_clean(self, key: bytes, hot: HotKey, stamp: WriteStamp) -> bool:
+        """Just cleared to `stamp`: whether it may stay so. Any change at the home since is a write the data plane
+        counted after the stamp (the key is dirty there, and that write's copy is on its way), unless the data plane
+        counted none: two writers' writes were then applied in the other order than they passed the switch, or one
+        went around it, and the key must be synced again. Raises MetaError, DriverError."""
+        return self._matches(hot, self.replicator.version(hot.placement.home, key)) or \
+            self.driver.write_stamp(key).counts != stamp.counts
+
+    def _settle_failed(self, key: bytes, hot: HotKey, err: Exception, attempt: int = 0) -> None:
+        if not hot.dirty:  # cleared, then the check or the hold failed: the copies may be stale
+            self._protect(key, hot, str(err))
+        self._schedule(RetryKind.SETTLE, key, KEY_LEVEL, str(err), attempt)
+        self.decide("error", key, f"left dirty (gets go home), retrying: {err}")
+
+    def _settle(self, key: bytes, hot: HotKey, attempt: int = 0, rounds: int = SYNC_ROUNDS) -> bool:
+        """Clear the key if the copies match the home; re-copy while writes keep landing (`rounds` checks of the
+        home at most). True if cleared. When it cannot finish, the key stays dirty (gets go home) and the settle is
+        retried."""
+        if not self._may_settle(key, hot, attempt):
+            return False
+        home = hot.placement.home
+        for _ in range(rounds):
             try:
                 if home in self.unarmed:  # from now on its requests nobody can read are copied again
                     self._rearm(home)
@@ -255,18 +324,12 @@ class Coherence:
                         return False
                     self.driver.clear_dirty(key, stamp)
                     hot.dirty, hot.cleared = False, stamp
-                    if self._matches(hot, self.replicator.version(home, key)) or \
-                            self.driver.write_stamp(key).counts != stamp.counts:
-                        return True  # any change since is a write the data plane counted after the stamp: the key
-                        # is dirty there, and that write's copy is on its way
-                    self._dirty(key, hot)  # the home changed with no write counted (two writers' writes applied
-                    # in the other order than they passed the switch, or one around it): sync it again
+                    if self._still_clean(key, hot, stamp):
+                        return True
+                    self._dirty(key, hot)  # and synced again
                 self._push(key, hot, self.replicator.read(home, key))
             except (MetaError, DriverError) as err:
-                if not hot.dirty:  # cleared, then the check or the hold failed: the copies may be stale
-                    self._protect(key, hot, str(err))
-                self._schedule(RetryKind.SETTLE, key, KEY_LEVEL, str(err), attempt)
-                self.decide("error", key, f"left dirty (gets go home), retrying: {err}")
+                self._settle_failed(key, hot, err, attempt)
                 return False
         self._schedule(RetryKind.SETTLE, key, KEY_LEVEL, "writes kept landing during the sync", attempt)
         return False

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Callable
+from typing import Callable, NamedTuple
 
 from controller.coherence import Coherence, _errors, digest
 from controller.hot_keys import Decide, HotKey
@@ -34,13 +34,21 @@ from controller.planner import Change, Placement
 from controller.replicator import Replicator
 from controller.sync_times import SyncTimes
 from controller.retries import BACKOFF_FIRST, KEY_LEVEL, KEY_RETRIES, Retry, RetryKind, RetryScheduler
-from dataplanes.driver import Driver, DriverError
+from dataplanes.driver import Driver, DriverError, HotKeyInstall
 from mbalancer.memcache.meta import MetaError
 
 log = logging.getLogger(__name__)
 
 REFUSED_BACKOFF_MAX = 60.0  # seconds at most between installs of a key the driver keeps refusing
 REFILL_DELAY = 0.05  # after a server comes back: what it had queued while hung lands before it is refilled
+
+
+class Copied(NamedTuple):
+    """A key warmed so far: copied to its replicas, not yet installed."""
+    hot: HotKey  # its record
+    failed: dict[int, str]  # replicas whose copy failed -> why
+    started: float
+    size: int  # bytes copied
 
 class Executor(Coherence):
     def __init__(self, driver: Driver, replicator: Replicator, decide: Decide,
@@ -87,17 +95,50 @@ class Executor(Coherence):
         return self.retries.all()
 
     def apply(self, changes: tuple[Change, ...]) -> None:
-        for change in changes:  # the planner lists cools first: they free room and load before warms
-            if change.action == "warm":
-                self.warm(change)
-            elif change.action == "cool":
-                self.cool(change)
-            elif change.action == "reweight":
-                self.reweight(change)
-            else:
+        """The planner lists cools first (they free room and load before warms), then warms, then reweights: the cools
+        go to the driver together, as do the warms (a hot-set change is a few requests, not a few per key)."""
+        for change in changes:
+            if change.action not in ("warm", "cool", "reweight"):
                 raise ValueError(f"unknown change {change.action!r} for {change.key!r}")
+        self.cool([c for c in changes if c.action == "cool"])
+        self.warm([c for c in changes if c.action == "warm"])
+        for change in changes:
+            if change.action == "reweight":
+                self.reweight(change)
 
-    def warm(self, change: Change) -> None:
+    def warm(self, changes: list[Change]) -> None:
+        """Copy each key to its replicas, install every key whose copies took in one driver call, then settle them
+        together (dirty until the copies are known to match)."""
+        copied: dict[bytes, Copied] = {}
+        for change in changes:
+            made = self._copy(change)
+            if made is not None:
+                copied[change.key] = made
+        if not copied:
+            return
+        refused = self.driver.install_hot_keys([HotKeyInstall(key, hot.placement.home, hot.weights())
+                                                for key, (hot, *_) in copied.items()])
+        for key, err in refused.items():
+            self._refused_install(key, copied.pop(key), err)
+        for key, made in copied.items():
+            self.refused.pop(key, None)
+            self.hot[key] = made.hot
+            for server, error in made.failed.items():
+                self._schedule(RetryKind.REFILL, key, server, error)
+        settled = self._settle_together(list(copied))
+        for change in changes:
+            if change.key not in copied:
+                continue
+            hot, failed, started, size = copied[change.key]
+            copies = ", ".join(str(s) for s in sorted(hot.holding - {hot.placement.home}))
+            left = "" if change.key in settled else "; left dirty (written during the copy)"
+            self.decide("warm", change.key, f"{change.reason}; {size} B copied from {hot.placement.home} to "
+                                            f"{copies} in {1000 * (self.clock() - started):.1f} ms{left}"
+                                            + (f"; copy failed on {_errors(failed)}, retrying" if failed else ""))
+
+    def _copy(self, change: Change) -> Copied | None:
+        """The key's value copied from its home to its replicas: its record (not yet installed), the copies that
+        failed and when it started; None (and why, decided) if it cannot be warmed now."""
         key, p = change.key, change.placement
         started = self.clock()
         refused = self.refused.get(key)
@@ -117,44 +158,37 @@ class Executor(Coherence):
             return self.decide("skip", key, f"no replica took the copy: {_errors(failed)}")
         self._cancel(key, RetryKind.DELETE)
         hot = HotKey(p, holding, item.cas, digest(item), since=started, synced_expiry=self._expiry(item.ttl))
-        try:
-            self.driver.install_hot_key(key, p.home, hot.weights())
-        except DriverError as err:
-            self.replicator.delete(key, holding - {p.home})
-            attempt = refused.attempt + 1 if refused else 1
-            wait = min(BACKOFF_FIRST * 2 ** attempt, REFUSED_BACKOFF_MAX)
-            self.refused[key] = Retry(RetryKind.INSTALL, key, KEY_LEVEL, attempt, started + wait, str(err))
-            return self.decide("skip", key, f"the driver refused the rules: {err}; copies deleted, next try in "
-                                            f"{wait:.1f} s at the earliest")
-        self.refused.pop(key, None)
-        self.hot[key] = hot
-        for server in failed:
-            self._schedule(RetryKind.REFILL, key, server, failed[server])
-        settled = self._settle(key, hot)
-        copied = ", ".join(str(s) for s in sorted(holding - {p.home}))
-        self.decide("warm", key, f"{change.reason}; {len(item.value)} B copied from {p.home} to {copied} in "
-                                 f"{1000 * (self.clock() - started):.1f} ms"
-                                 + ("" if settled else "; left dirty (written during the copy)")
-                                 + (f"; copy failed on {_errors(failed)}, retrying" if failed else ""))
+        return Copied(hot, failed, started, len(item.value))
 
-    def cool(self, change: Change, attempt: int = 0) -> None:
-        key = change.key
-        hot = self.hot.get(key)
-        if hot is None:
-            return
-        if hot.installed:
-            try:
-                self.driver.remove_hot_key(key)
-            except DriverError as err:
-                self._schedule(RetryKind.COOL, key, KEY_LEVEL, str(err), attempt)
-                return self.decide("error", key, f"cool-down postponed, the driver refused to remove the rules: "
-                                                 f"{err}; retrying")
-        del self.hot[key]
-        self._cancel(key, RetryKind.REFILL, RetryKind.RULES, RetryKind.SETTLE, RetryKind.INSTALL, RetryKind.COOL)
-        extras = [s for s in hot.placement.replicas if s != hot.placement.home]
-        for server, error in self.replicator.delete(key, extras).items():
-            self._schedule(RetryKind.DELETE, key, server, error)
-        self.decide("cool", key, f"{change.reason}; rules removed, then copies on {extras} deleted")
+    def _refused_install(self, key: bytes, made: Copied, err: DriverError) -> None:
+        """The driver refused a new key's rules: its copies go, and it is not tried again before its back-off."""
+        self.replicator.delete(key, made.hot.holding - {made.hot.placement.home})
+        refused = self.refused.get(key)
+        attempt = refused.attempt + 1 if refused else 1
+        wait = min(BACKOFF_FIRST * 2 ** attempt, REFUSED_BACKOFF_MAX)
+        self.refused[key] = Retry(RetryKind.INSTALL, key, KEY_LEVEL, attempt, made.started + wait, str(err))
+        self.decide("skip", key, f"the driver refused the rules: {err}; copies deleted, next try in {wait:.1f} s at "
+                                 f"the earliest")
+
+    def cool(self, changes: list[Change], attempt: int = 0) -> None:
+        """Remove the rules of every key in one driver call, then delete each one's extra copies."""
+        cooling = [c for c in changes if c.key in self.hot]
+        installed = [c.key for c in cooling if self.hot[c.key].installed]
+        refused = self.driver.remove_hot_keys(installed) if installed else {}
+        for change in cooling:
+            key = change.key
+            if key in refused:
+                self._schedule(RetryKind.COOL, key, KEY_LEVEL, str(refused[key]), attempt)
+                self.decide("error", key, f"cool-down postponed, the driver refused to remove the rules: "
+                                          f"{refused[key]}; retrying")
+                continue
+            hot = self.hot.pop(key)
+            self._cancel(key, RetryKind.REFILL, RetryKind.RULES, RetryKind.SETTLE, RetryKind.INSTALL,
+                         RetryKind.COOL)
+            extras = [s for s in hot.placement.replicas if s != hot.placement.home]
+            for server, error in self.replicator.delete(key, extras).items():
+                self._schedule(RetryKind.DELETE, key, server, error)
+            self.decide("cool", key, f"{change.reason}; rules removed, then copies on {extras} deleted")
 
     def reweight(self, change: Change) -> None:
         """New weights; if the driver refuses, the old ones stay (both are safe) and the next report asks again."""
@@ -173,11 +207,11 @@ class Executor(Coherence):
 
     def replay(self) -> None:
         """The switch came back empty: every hot key is installed again, dirty (its copies may have missed writes
-        while no rule mirrored them), then settled against the home's CAS."""
+        while no rule mirrored them), in one driver call, then settled against the home's CAS."""
         for key, hot in self.hot.items():
             hot.installed, hot.dirty = False, True
             self._cancel(key, RetryKind.RULES, RetryKind.SETTLE, RetryKind.INSTALL)
-            self._install(key, hot)
+        self._install(list(self.hot))
         self.decide("replay", None, f"the data plane came back empty: {len(self.hot)} hot keys installed again")
 
     # --- health -------------------------------------------------------------------------------------------------
@@ -233,23 +267,27 @@ class Executor(Coherence):
         self.check_home(retry.server, attempt)
 
     def _retry_install(self, retry: Retry, hot: HotKey, attempt: int) -> None:
-        self._install(retry.key, hot, attempt)
+        self._install([retry.key], attempt)
 
     def _retry_cool(self, retry: Retry, hot: HotKey, attempt: int) -> None:
-        self.cool(Change("cool", retry.key, None, "retried"), attempt)
+        self.cool([Change("cool", retry.key, None, "retried")], attempt)
 
     def next_due(self) -> float | None:
         return self.retries.next_due()
 
-    def _install(self, key: bytes, hot: HotKey, attempt: int = 0) -> None:
-        """The key's rules again (after a reconnect, or after they were removed to keep gets safe), then settle."""
-        try:
-            self.driver.install_hot_key(key, hot.placement.home, hot.weights())
-        except DriverError as err:
+    def _install(self, keys: list[bytes], attempt: int = 0) -> None:
+        """The keys' rules again (after a reconnect, or after they were removed to keep gets safe), then settle."""
+        if not keys:
+            return
+        refused = self.driver.install_hot_keys([HotKeyInstall(key, self.hot[key].placement.home,
+                                                              self.hot[key].weights()) for key in keys])
+        for key, err in refused.items():
             self._schedule(RetryKind.INSTALL, key, KEY_LEVEL, str(err), attempt)
-            return self.decide("error", key, f"rules not installed again ({err}); gets go home meanwhile; retrying")
-        hot.installed, hot.dirty = True, True
-        self._settle(key, hot)
+            self.decide("error", key, f"rules not installed again ({err}); gets go home meanwhile; retrying")
+        installed = [key for key in keys if key not in refused]
+        for key in installed:
+            self.hot[key].installed, self.hot[key].dirty = True, True
+        self._settle_together(installed)
 
     def _refill(self, retry: Retry) -> None:
         key, server = retry.key, retry.server

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import Any, Callable, ClassVar, Sequence
+from typing import Any, Callable, ClassVar, Mapping, Sequence
 
 from mbalancer.settings import Server
 
@@ -43,6 +43,14 @@ class DriverError(RuntimeError):
 class ReplicaWeight:
     server: int  # index into the config's servers
     weight: float  # share of the key's gets, 0..1; the weights of a key sum to 1
+
+
+@dataclass(frozen=True)
+class HotKeyInstall:
+    """One key of install_hot_keys: install_hot_key's arguments."""
+    key: bytes
+    home: int
+    replicas: tuple[ReplicaWeight, ...]
 
 
 @dataclass(frozen=True)
@@ -153,6 +161,23 @@ class Driver(ABC):
         """Counters since attach. Called from any thread (the HTTP server's), never under the core's lock: an
         implementation guards its own bookkeeping."""
 
+    # Many keys at once (a hot-set change): the same calls, in as few switch requests as the data plane can make
+    # them (P4Runtime: one WriteRequest per switch); here one by one. A key refused holds back no other: the refused
+    # ones are returned with why, and are as if not asked.
+    def install_hot_keys(self, installs: Sequence[HotKeyInstall]) -> dict[bytes, DriverError]:
+        return _each_key([i.key for i in installs], lambda i: self.install_hot_key(i.key, i.home, i.replicas),
+                         installs)
+
+    def remove_hot_keys(self, keys: Sequence[bytes]) -> dict[bytes, DriverError]:
+        return _each_key(keys, self.remove_hot_key, keys)
+
+    def write_stamps(self, keys: Sequence[bytes]) -> dict[bytes, WriteStamp]:
+        """Every key's stamp, or DriverError."""
+        return {key: self.write_stamp(key) for key in keys}
+
+    def clear_dirty_keys(self, stamps: Mapping[bytes, WriteStamp]) -> dict[bytes, DriverError]:
+        return _each_key(list(stamps), lambda key: self.clear_dirty(key, stamps[key]), list(stamps))
+
     def stream_start(self, stream: StreamId) -> int | None:
         """Where the data plane began reading a TCP connection as a stream: the sequence number of the segment that
         ended, or may have ended, inside a command (every later segment of it is unsure and copied here until
@@ -209,3 +234,14 @@ class Driver(ABC):
     def close(self) -> None:
         """Stop delivering mirrors, end the lease (gets go home: nobody keeps the copies fresh any more) and release
         the data plane (tables may stay: the switch keeps forwarding)."""
+
+
+def _each_key(keys: Sequence[bytes], call: Callable[[Any], None], args: Sequence[Any]) -> dict[bytes, DriverError]:
+    """`call` on each of `args` (the call for keys[i]); the keys whose call was refused, with why."""
+    refused = {}
+    for key, arg in zip(keys, args):
+        try:
+            call(arg)
+        except DriverError as err:
+            refused[key] = err
+    return refused

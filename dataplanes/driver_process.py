@@ -19,10 +19,10 @@ import subprocess
 import sys
 import threading
 import time
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
-from dataplanes.driver import (Counters, Driver, DriverError, ForwardingEntry, LeftoverKey, MirrorHandler,
-                               ReconnectHandler, ReplicaWeight, StreamId, WriteStamp)
+from dataplanes.driver import (Counters, Driver, DriverError, ForwardingEntry, HotKeyInstall, LeftoverKey,
+                               MirrorHandler, ReconnectHandler, ReplicaWeight, StreamId, WriteStamp)
 from mbalancer.settings import Server
 
 log = logging.getLogger(__name__)
@@ -93,11 +93,17 @@ class DriverProcess(Driver):
     def install_hot_key(self, key: bytes, home: int, replicas: Sequence[ReplicaWeight]) -> None:
         self._call("install_hot_key", (key, home, tuple(replicas)))
 
+    def install_hot_keys(self, installs: Sequence[HotKeyInstall]) -> dict[bytes, DriverError]:
+        return self._call("install_hot_keys", (tuple(installs),))
+
     def set_weights(self, key: bytes, replicas: Sequence[ReplicaWeight]) -> None:
         self._call("set_weights", (key, tuple(replicas)))
 
     def remove_hot_key(self, key: bytes) -> None:
         self._call("remove_hot_key", (key,))
+
+    def remove_hot_keys(self, keys: Sequence[bytes]) -> dict[bytes, DriverError]:
+        return self._call("remove_hot_keys", (tuple(keys),))
 
     def set_dirty(self, key: bytes) -> None:
         self._call("set_dirty", (key,))
@@ -105,8 +111,14 @@ class DriverProcess(Driver):
     def write_stamp(self, key: bytes) -> WriteStamp:
         return self._call("write_stamp", (key,))
 
+    def write_stamps(self, keys: Sequence[bytes]) -> dict[bytes, WriteStamp]:
+        return self._call("write_stamps", (tuple(keys),))
+
     def clear_dirty(self, key: bytes, stamp: WriteStamp) -> None:
         self._call("clear_dirty", (key, stamp))
+
+    def clear_dirty_keys(self, stamps: Mapping[bytes, WriteStamp]) -> dict[bytes, DriverError]:
+        return self._call("clear_dirty_keys", (dict(stamps),))
 
     def renew_lease(self, seconds: float) -> None:
         self._call("renew_lease", (seconds,))

@@ -22,9 +22,10 @@ import logging
 import threading
 import time
 from dataclasses import dataclass
-from typing import Callable, Protocol, Sequence
+from typing import Callable, Mapping, Protocol, Sequence
 
-from dataplanes.driver import Counters, DriverError, KeyCounters, ReplicaWeight, StreamId, WriteStamp
+from dataplanes.driver import (Counters, DriverError, HotKeyInstall, KeyCounters, ReplicaWeight, StreamId,
+                               WriteStamp)
 from dataplanes.pipeline import MAX_HOT, MAX_KEY, MAX_REPLICAS, cumulative_weights
 from mbalancer.settings import Server
 
@@ -98,6 +99,51 @@ class SwitchTables(Protocol):
     def blind_stream(self, stream: StreamId) -> None:
         """The controller cannot follow the connection: its segments are copied once per report."""
 
+    # Many keys at once: a switch reached over the network (P4Runtime) makes each one request; OneByOne below makes
+    # them of the calls above, for a switch whose every call is cheap (eBPF maps).
+    def install_keys(self, entries: Sequence[tuple[bytes, HotEntry]]) -> list[int]:
+        """Keys new to the switch, each in a fresh slot: the slot's counters reset, held dirty, then the key
+        installed. Returns each slot's write count before its key (its write base, read before the key goes in).
+        When it raises, some of the keys may be in: the book deletes them all."""
+
+    def delete_keys(self, entries: Sequence[tuple[bytes, HotEntry]]) -> None:
+        """delete_hot of each; when it raises, each key is either gone or still whole."""
+
+    def write_counts(self, slot_homes: Sequence[tuple[int, int]]) -> list[tuple[int, int]]:
+        """(writes of the slot, unsure requests to the home) for each (slot, home)."""
+
+    def set_synced_slots(self, synced: Sequence[tuple[int, int, int]]) -> None:
+        """set_synced of each (slot, writes, unsure); when it raises, each slot is synced or as it was."""
+
+
+class OneByOne:
+    """SwitchTables' calls on many keys, made of its calls on one: for a switch whose every call is cheap."""
+
+    def install_keys(self: SwitchTables, entries: Sequence[tuple[bytes, HotEntry]]) -> list[int]:
+        bases = []
+        for key, entry in entries:
+            self.reset_key_counts(entry.slot)
+            self.hold(entry.slot)  # before the entry exists: no get is balanced before the core says
+            bases.append(self.writes(entry.slot))  # the slot's count before this key
+            self.set_hot(key, entry, None)
+        return bases
+
+    def delete_keys(self: SwitchTables, entries: Sequence[tuple[bytes, HotEntry]]) -> None:
+        for key, entry in entries:
+            self.delete_hot(key, entry)
+
+    def write_counts(self: SwitchTables, slot_homes: Sequence[tuple[int, int]]) -> list[tuple[int, int]]:
+        return [(self.writes(slot), self.unsure(home)) for slot, home in slot_homes]
+
+    def set_synced_slots(self: SwitchTables, synced: Sequence[tuple[int, int, int]]) -> None:
+        for slot, writes, unsure in synced:
+            self.set_synced(slot, writes, unsure)
+
+
+def keys_named(keys: Sequence[bytes]) -> str:
+    """The key, or how many, for a message about a request on many keys."""
+    return repr(keys[0]) if len(keys) == 1 else f"{len(keys)} keys"
+
 
 class SlotBook:
     """The hot keys of one data plane's switches; thread-safe (the core's worker writes, HTTP threads and the
@@ -133,29 +179,28 @@ class SlotBook:
             self.reconnects += 1
 
     # --- the driver interface's hot-key calls --------------------------------------------------------------------
-    def install_hot_key(self, key: bytes, home: int, replicas: Sequence[ReplicaWeight]) -> None:
+    # Each call on many keys is one batch per switch; a batch a switch refuses is undone and its keys tried one by
+    # one, so one bad key holds back no other. The calls on one key are batches of one.
+    def install_hot_keys(self, installs: Sequence[HotKeyInstall]) -> dict[bytes, DriverError]:
         with self.lock:
-            if key in self.entries:
-                raise DriverError(f"{key!r} is already installed")
-            if not 1 <= len(key) <= MAX_KEY:
-                raise DriverError(f"key of {len(key)} bytes: the {self.what} takes 1 to {MAX_KEY}")
-            if not self.free_slots:
-                raise DriverError(f"all {MAX_HOT} hot-key slots are in use")
-            self._reachable()
-            entry = self._entry(self.free_slots[-1], home, replicas)  # refused here, nothing is taken
-            self.free_slots.pop()
+            refused: dict[bytes, DriverError] = {}
+            batch = self._take_slots(installs, refused)
+            if not batch:
+                return refused
             try:
-                bases = []
-                for switch in self.switches:
-                    switch.reset_key_counts(entry.slot)
-                    switch.hold(entry.slot)  # before the entry exists: no get is balanced before the core says
-                    bases.append(switch.writes(entry.slot))  # the slot's count before this key
-                    switch.set_hot(key, entry, None)
-            except self.errors as err:
-                self._undo_install(key, entry)
-                raise DriverError(f"install {key!r}: {err}") from None
-            self.entries[key] = entry
-            self.write_bases[key] = tuple(bases)
+                self._write_installs(batch)
+            except DriverError as err:
+                if len(batch) == 1:
+                    return {**refused, batch[0][0]: err}
+                log.info("%s; installing them one by one", err)
+                wanted = {i.key: i for i in installs}
+                for key, _ in batch:
+                    refused.update(self.install_hot_keys([wanted[key]]))
+            return refused
+
+    def install_hot_key(self, key: bytes, home: int, replicas: Sequence[ReplicaWeight]) -> None:
+        for err in self.install_hot_keys([HotKeyInstall(key, home, tuple(replicas))]).values():
+            raise err
 
     def set_weights(self, key: bytes, replicas: Sequence[ReplicaWeight]) -> None:
         with self.lock:
@@ -164,37 +209,89 @@ class SlotBook:
             self._each(lambda s: s.set_hot(key, entry, old), f"weights of {key!r}")
             self.entries[key] = entry
 
-    def remove_hot_key(self, key: bytes) -> None:
+    def remove_hot_keys(self, keys: Sequence[bytes]) -> dict[bytes, DriverError]:
         with self.lock:
-            entry = self.entry_of(key)
-            self._each(lambda s: s.delete_hot(key, entry), f"remove {key!r}")
-            del self.entries[key], self.write_bases[key]
-            self.free_slots.append(entry.slot)
+            refused: dict[bytes, DriverError] = {}
+            batch = []
+            for key in dict.fromkeys(keys):
+                try:
+                    batch.append((key, self.entry_of(key)))
+                except DriverError as err:
+                    refused[key] = err
+            if not batch:
+                return refused
+            what = f"remove {keys_named([k for k, _ in batch])}"
+            try:
+                self._each(lambda s: s.delete_keys(batch), what)
+            except DriverError as err:
+                if len(batch) == 1:
+                    return {**refused, batch[0][0]: err}
+                log.info("%s; removing them one by one", err)
+                for key, _ in batch:
+                    refused.update(self.remove_hot_keys([key]))
+                return refused
+            for key, entry in batch:
+                del self.entries[key], self.write_bases[key]
+                self.free_slots.append(entry.slot)
+            return refused
+
+    def remove_hot_key(self, key: bytes) -> None:
+        for err in self.remove_hot_keys([key]).values():
+            raise err
 
     def set_dirty(self, key: bytes) -> None:
         with self.lock:
             slot = self.entry_of(key).slot
             self._each(lambda s: s.hold(slot), f"hold {key!r} dirty")
 
-    def write_stamp(self, key: bytes) -> WriteStamp:
+    def write_stamps(self, keys: Sequence[bytes]) -> dict[bytes, WriteStamp]:
+        """Raises DriverError if a key is not installed or a switch cannot be read."""
         with self.lock:
-            entry = self.entry_of(key)
+            entries = [(key, self.entry_of(key)) for key in keys]
+            what = keys_named([k for k, _ in entries])
             try:
-                counts = tuple((s.writes(entry.slot), s.unsure(entry.home)) for s in self.switches)
+                counts = [s.write_counts([(e.slot, e.home) for _, e in entries]) for s in self.switches]
             except self.errors as err:
-                raise DriverError(f"write counts of {key!r}: {err}") from None
-            return WriteStamp(sum(w for w, _ in counts) - sum(self.write_bases[key]), counts)
+                raise DriverError(f"write counts of {what}: {err}") from None
+            stamps = {}
+            for i, (key, _) in enumerate(entries):
+                per_switch = tuple(c[i] for c in counts)
+                stamps[key] = WriteStamp(sum(w for w, _ in per_switch) - sum(self.write_bases[key]), per_switch)
+            return stamps
+
+    def write_stamp(self, key: bytes) -> WriteStamp:
+        return self.write_stamps([key])[key]
+
+    def clear_dirty_keys(self, stamps: Mapping[bytes, WriteStamp]) -> dict[bytes, DriverError]:
+        with self.lock:
+            refused: dict[bytes, DriverError] = {}
+            batch = []
+            for key, stamp in stamps.items():
+                try:
+                    slot = self.entry_of(key).slot
+                except DriverError as err:
+                    refused[key] = err
+                    continue
+                if len(stamp.counts) != len(self.switches):
+                    refused[key] = DriverError(f"clear {key!r}: the stamp is from before a switch came back")
+                else:
+                    batch.append((key, slot, stamp))
+            if not batch:
+                return refused
+            try:
+                for i, switch in enumerate(self.switches):
+                    switch.set_synced_slots([(slot, *stamp.counts[i]) for _, slot, stamp in batch])
+            except self.errors as err:
+                if len(batch) == 1:
+                    return {**refused, batch[0][0]: DriverError(f"clear {batch[0][0]!r}: {err}")}
+                log.info("clear %d keys: %s; clearing them one by one", len(batch), err)
+                for key, _, stamp in batch:
+                    refused.update(self.clear_dirty_keys({key: stamp}))
+            return refused
 
     def clear_dirty(self, key: bytes, stamp: WriteStamp) -> None:
-        with self.lock:
-            slot = self.entry_of(key).slot
-            if len(stamp.counts) != len(self.switches):
-                raise DriverError(f"clear {key!r}: the stamp is from before a switch came back")
-            try:
-                for switch, (writes, unsure) in zip(self.switches, stamp.counts):
-                    switch.set_synced(slot, writes, unsure)
-            except self.errors as err:
-                raise DriverError(f"clear {key!r}: {err}") from None
+        for err in self.clear_dirty_keys({key: stamp}).values():
+            raise err
 
     def renew_lease(self, seconds: float) -> None:
         until = time.monotonic_ns() + int(seconds * 1e9) if seconds > 0 else 0  # as bpf_ktime_get_ns counts
@@ -253,13 +350,43 @@ class SlotBook:
         return HotEntry(slot, home, tuple(r.server for r in replicas),
                         tuple(cumulative_weights([r.weight for r in replicas])))
 
-    def _undo_install(self, key: bytes, entry: HotEntry) -> None:
-        for switch in self.switches:
+    def _take_slots(self, installs: Sequence[HotKeyInstall], refused: dict[bytes, DriverError]
+                    ) -> list[tuple[bytes, HotEntry]]:
+        """A free slot and the entry for each install the book can take; the others in `refused`, with why."""
+        batch: list[tuple[bytes, HotEntry]] = []
+        for install in installs:
+            key = install.key
             try:
-                switch.delete_hot(key, entry)
-            except self.errors as err:
-                log.warning("could not remove the half-installed %r: %s", key, err)
-        self.free_slots.append(entry.slot)
+                if key in self.entries or any(key == k for k, _ in batch):
+                    raise DriverError(f"{key!r} is already installed")
+                if not 1 <= len(key) <= MAX_KEY:
+                    raise DriverError(f"key of {len(key)} bytes: the {self.what} takes 1 to {MAX_KEY}")
+                if not self.free_slots:
+                    raise DriverError(f"all {MAX_HOT} hot-key slots are in use")
+                self._reachable()
+                entry = self._entry(self.free_slots[-1], install.home, install.replicas)  # refused: nothing taken
+            except DriverError as err:
+                refused[key] = err
+                continue
+            self.free_slots.pop()
+            batch.append((key, entry))
+        return batch
+
+    def _write_installs(self, batch: list[tuple[bytes, HotEntry]]) -> None:
+        """`batch` into every switch, or (refused) out of every switch again and its slots freed."""
+        try:
+            bases = [switch.install_keys(batch) for switch in self.switches]
+        except self.errors as err:
+            for switch in self.switches:
+                try:
+                    switch.delete_keys(batch)
+                except self.errors as undo_err:
+                    log.warning("could not remove the half-installed keys: %s", undo_err)
+            self.free_slots.extend(entry.slot for _, entry in batch)
+            raise DriverError(f"install {keys_named([k for k, _ in batch])}: {err}") from None
+        for i, (key, entry) in enumerate(batch):
+            self.entries[key] = entry
+            self.write_bases[key] = tuple(b[i] for b in bases)
 
     def _reachable(self) -> None:
         """A request with no switch to write to would succeed and do nothing: refused instead."""

@@ -9,10 +9,10 @@ from __future__ import annotations
 import logging
 import threading
 from abc import abstractmethod
-from typing import Sequence
+from typing import Mapping, Sequence
 
-from dataplanes.driver import (Counters, Driver, LeftoverKey, MirrorHandler, ReconnectHandler, ReplicaWeight,
-                               StreamId, WriteStamp)
+from dataplanes.driver import (Counters, Driver, DriverError, HotKeyInstall, LeftoverKey, MirrorHandler,
+                               ReconnectHandler, ReplicaWeight, StreamId, WriteStamp)
 from dataplanes.pipeline import MAX_REPLICAS
 from dataplanes.slot_book import SlotBook
 from mbalancer.settings import Server
@@ -54,11 +54,17 @@ class SlotBookDriver(Driver):
     def install_hot_key(self, key: bytes, home: int, replicas: Sequence[ReplicaWeight]) -> None:
         self.book.install_hot_key(key, home, replicas)
 
+    def install_hot_keys(self, installs: Sequence[HotKeyInstall]) -> dict[bytes, DriverError]:
+        return self.book.install_hot_keys(installs)
+
     def set_weights(self, key: bytes, replicas: Sequence[ReplicaWeight]) -> None:
         self.book.set_weights(key, replicas)
 
     def remove_hot_key(self, key: bytes) -> None:
         self.book.remove_hot_key(key)
+
+    def remove_hot_keys(self, keys: Sequence[bytes]) -> dict[bytes, DriverError]:
+        return self.book.remove_hot_keys(keys)
 
     def set_dirty(self, key: bytes) -> None:
         self.book.set_dirty(key)
@@ -66,8 +72,14 @@ class SlotBookDriver(Driver):
     def write_stamp(self, key: bytes) -> WriteStamp:
         return self.book.write_stamp(key)
 
+    def write_stamps(self, keys: Sequence[bytes]) -> dict[bytes, WriteStamp]:
+        return self.book.write_stamps(keys)
+
     def clear_dirty(self, key: bytes, stamp: WriteStamp) -> None:
         self.book.clear_dirty(key, stamp)
+
+    def clear_dirty_keys(self, stamps: Mapping[bytes, WriteStamp]) -> dict[bytes, DriverError]:
+        return self.book.clear_dirty_keys(stamps)
 
     def renew_lease(self, seconds: float) -> None:
         self.book.renew_lease(seconds)

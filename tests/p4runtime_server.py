@@ -5,8 +5,9 @@ nothing and counts nothing; tests/test_p4_program.py and the driver contract run
 The one behaviour it plays: a PacketOut adds one to the counter `lease_renewals` (the driver waits for that count
 when it renews the lease). What it refuses, as bmv2's server does: unknown table, field, action or parameter ids;
 an action the table does not take; values wider than their field or not in canonical form; a range or exact match
-on the wrong kind of field; INSERT of an entry that exists, MODIFY or DELETE of one that does not; writes from a
-controller that is not primary (the primary: the highest election id among the open streams).
+on the wrong kind of field; INSERT of an entry that exists, MODIFY or DELETE of one that does not (a batch goes on
+past a refused update and names each, as bmv2's does); writes from a controller that is not primary (the primary:
+the highest election id among the open streams).
 """
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import threading
 from concurrent import futures
 
 import grpc
+from google.rpc import status_pb2
 from p4.config.v1 import p4info_pb2
 from p4.v1 import p4runtime_pb2, p4runtime_pb2_grpc
 
@@ -36,7 +38,10 @@ def canonical(value: bytes, bitwidth: int, what: str) -> None:
 
 
 class CheckingServer(p4runtime_pb2_grpc.P4RuntimeServicer):
-    def __init__(self):
+    def __init__(self, sizes: dict[str, int] | None = None):
+        """sizes: tables held smaller than the P4Info says, by name (an INSERT past it is RESOURCE_EXHAUSTED)."""
+        self.sizes = sizes or {}
+        self.requests = {"write": 0, "read": 0}  # Write and Read RPCs taken
         self.p4info: p4info_pb2.P4Info | None = None
         self.cookie: int | None = None
         self.entries: dict[tuple, p4runtime_pb2.TableEntry] = {}
@@ -107,17 +112,29 @@ class CheckingServer(p4runtime_pb2_grpc.P4RuntimeServicer):
         return reply
 
     def Write(self, request, context):
+        """Every update applied in order, past a refused one; if any was refused, the batch fails with one
+        p4.v1.Error per update in the status details (OK for those applied), as bmv2's server answers."""
         self._primary(request.election_id.low, context)
+        self.requests["write"] += 1
+        errors = []
         with self.lock:
-            try:
-                for update in request.updates:
+            for update in request.updates:
+                try:
                     self._apply(update)
-            except Refused as err:
-                context.abort(err.code, str(err))
+                    errors.append(p4runtime_pb2.Error(canonical_code=0))
+                except Refused as err:
+                    errors.append(p4runtime_pb2.Error(canonical_code=err.code.value[0], message=str(err)))
+        if any(error.canonical_code for error in errors):
+            status = status_pb2.Status(code=grpc.StatusCode.UNKNOWN.value[0])
+            for error in errors:
+                status.details.add().Pack(error)
+            context.set_trailing_metadata((("grpc-status-details-bin", status.SerializeToString()),))
+            context.abort(grpc.StatusCode.UNKNOWN, "")
         return p4runtime_pb2.WriteResponse()
 
     def Read(self, request, context):
         reply = p4runtime_pb2.ReadResponse()
+        self.requests["read"] += 1
         with self.lock:
             for entity in request.entities:
                 if entity.HasField("table_entry"):
@@ -168,6 +185,7 @@ class CheckingServer(p4runtime_pb2_grpc.P4RuntimeServicer):
         entity = update.entity
         if entity.HasField("table_entry"):
             self._check_entry(entity.table_entry, update.type != p4runtime_pb2.Update.DELETE)
+            self._room(entity.table_entry.table_id, update.type)
             self._store(self.entries, (entity.table_entry.table_id, self._key(entity.table_entry)),
                         entity.table_entry, update.type)
         elif entity.HasField("packet_replication_engine_entry"):
@@ -194,6 +212,12 @@ class CheckingServer(p4runtime_pb2_grpc.P4RuntimeServicer):
             del store[key]
         else:
             store[key] = value
+
+    def _room(self, table_id: int, kind: int) -> None:
+        table = self._table(table_id)
+        size = self.sizes.get(table.preamble.name.split(".")[-1], table.size)
+        if kind == p4runtime_pb2.Update.INSERT and size and sum(k[0] == table_id for k in self.entries) >= size:
+            raise Refused(grpc.StatusCode.RESOURCE_EXHAUSTED, f"table {table.preamble.name} is full ({size})")
 
     def _table(self, table_id: int) -> p4info_pb2.Table:
         for table in self.p4info.tables:

@@ -13,7 +13,7 @@ from typing import Callable
 
 import pytest
 
-from dataplanes.driver import Driver, DriverError, ReplicaWeight
+from dataplanes.driver import Driver, DriverError, HotKeyInstall, ReplicaWeight
 from dataplanes.recording.driver import RecordingDriver
 from dataplanes import registry
 from mbalancer.config import Server
@@ -317,6 +317,35 @@ def test_a_new_driver_removes_what_an_earlier_controller_left(harness):
         assert spread(harness, b"k", 0, 30) == {UNTOUCHED: 30}  # gets go home: no slot reused unchecked
     finally:
         after.close()
+
+
+def test_a_hot_set_change_goes_in_calls_on_many_keys_and_a_refused_key_holds_back_no_other(harness):
+    driver, limit = harness.driver, harness.driver.max_replicas
+    old = [b"old:%d" % i for i in range(4)]
+    assert driver.install_hot_keys([HotKeyInstall(key, 0, tuple(equal(0, 1))) for key in old]) == {}
+    assert driver.clear_dirty_keys(driver.write_stamps(old)) == {}
+    too_wide = tuple(equal(*range(limit + 1))) if limit else tuple(equal(0, 1, 99))  # 99: no such server
+    new = [HotKeyInstall(b"new:%d" % i, i % 3, tuple(equal(i % 3, 3))) for i in range(4)]
+    installs = new[:2] + [HotKeyInstall(b"refused", 0, too_wide), HotKeyInstall(b"x" * 251, 0, tuple(equal(0, 1)))] \
+        + new[2:] + [HotKeyInstall(b"new:0", 0, tuple(equal(0, 1)))]  # the last: already installed
+    removed = driver.remove_hot_keys(old + [b"never-installed"])
+    refused = driver.install_hot_keys(installs)
+    assert set(removed) == {b"never-installed"} and set(refused) == {b"refused", b"x" * 251, b"new:0"}
+    assert all(isinstance(err, DriverError) and str(err) for err in (*removed.values(), *refused.values()))
+    keys = [i.key for i in new]
+    for install in new:  # in, dirty: every get goes home
+        assert spread(harness, install.key, install.home, 30) == {UNTOUCHED: 30}
+    stamps = driver.write_stamps(keys)
+    assert set(stamps) == set(keys) and all(stamp.writes == 0 for stamp in stamps.values())
+    harness.send(b"set new:1 0 0 1\r\nx\r\n", 1)  # a write counted after the stamps: that key stays dirty
+    assert driver.clear_dirty_keys({**stamps, b"refused": stamps[b"new:0"]}).keys() == {b"refused"}
+    assert spread(harness, b"new:1", 1, 30) == {UNTOUCHED: 30}
+    for install in new[:1] + new[2:]:
+        assert set(spread(harness, install.key, install.home)) == {install.home, 3}
+    for key in old + [b"refused"]:
+        assert spread(harness, key, 0, 30) == {UNTOUCHED: 30}
+    with pytest.raises(DriverError):
+        driver.write_stamps(keys + [b"refused"])
 
 
 def test_a_refused_install_changes_nothing(harness):

@@ -8,11 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from dataplanes.driver import DriverError, ForwardingEntry, ReplicaWeight
+from dataplanes.driver import DriverError, ForwardingEntry, HotKeyInstall, ReplicaWeight
 from dataplanes.p4.driver import P4RuntimeDriver
 from dataplanes.p4 import Settings
 from dataplanes.p4.bmv2 import free_port
 from dataplanes.p4.pipeline import FLOOD_GROUP, MIRROR_SESSION, Pipeline
+from dataplanes.pipeline import MAX_HOT
 from mbalancer.config import Server
 from tests.p4runtime_server import CheckingServer
 
@@ -86,6 +87,32 @@ def test_a_hot_key_is_its_entry_and_one_range_per_weighted_replica(server, drive
     assert entries(server, "synced") == []
     driver.remove_hot_key(b"k" * 250)
     assert entries(server, "hot_keys") == entries(server, "replicas") == []
+
+
+def test_a_hot_set_change_is_five_requests_and_a_key_the_switch_refuses_holds_back_no_other():
+    server = CheckingServer(sizes={"hot_keys": 12}).start()  # a switch with room for 12 hot keys
+    driver = P4RuntimeDriver(Settings(switches=(server.address,), ports=(1, 2)), Pipeline())
+    try:
+        driver.attach(SERVERS, lambda frame: None)
+        weights = (ReplicaWeight(0, 0.5), ReplicaWeight(1, 0.5))
+        old, new = [b"old:%d" % i for i in range(10)], [b"new:%d" % i for i in range(10)]
+        assert driver.install_hot_keys([HotKeyInstall(key, 0, weights) for key in old]) == {}
+        before = dict(server.requests)
+        assert driver.remove_hot_keys(old) == {}  # held dirty: their `synced` entries are not there, no error
+        assert driver.install_hot_keys([HotKeyInstall(key, 0, weights) for key in new]) == {}
+        assert driver.clear_dirty_keys(driver.write_stamps(new)) == {}
+        # writes: the removal, the install, the clear; reads: the slots' write counts, the stamps
+        assert {k: server.requests[k] - before[k] for k in before} == {"write": 3, "read": 2}
+        assert len(entries(server, "hot_keys")) == len(entries(server, "synced")) == 10
+        more = [b"more:%d" % i for i in range(4)]  # 2 fit: the batch is refused, then each key tried alone
+        refused = driver.install_hot_keys([HotKeyInstall(key, 1, weights) for key in more])
+        assert set(refused) == set(more[2:])
+        assert all("RESOURCE_EXHAUSTED" in str(err) and "full" in str(err) for err in refused.values())
+        assert sorted(driver.slots) == sorted(new + more[:2]) and len(driver.free_slots) == MAX_HOT - 12
+        assert len(entries(server, "hot_keys")) == 12 and len(entries(server, "replicas")) == 24
+    finally:
+        driver.close()
+        server.stop()
 
 
 def test_a_reused_slot_starts_its_counters_again(server, driver):

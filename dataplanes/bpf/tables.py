@@ -15,7 +15,7 @@ from dataplanes.bpf.bpf_syscall import BPF_EXIST, BpfError, BpfMap, pinned_map_i
 from dataplanes.pipeline import (COUNTERS, MAX_HOT, MAX_KEY, MAX_REPLICAS, WEIGHT_ONE,  # structs.h agrees (tests check)
                                  HeavyKey)
 from dataplanes.driver import StreamId
-from dataplanes.slot_book import HotEntry, KeyCounts
+from dataplanes.slot_book import HotEntry, KeyCounts, OneByOne
 
 KEY_BYTES = 252
 KEY_WORDS = 32  # MB_KEY_WORDS: a hot key's copy of its bytes, in 8-byte words
@@ -95,7 +95,7 @@ def mac_bytes(mac: str) -> bytes:
 
 
 
-class Tables:
+class Tables(OneByOne):
     """The maps of one loaded program (one switch), opened from their pins; a slot book's tables adapter
     (dataplanes/slot_book.py SwitchTables)."""
 

@@ -30,7 +30,8 @@ from dataplanes.bpf.key_tables import KeyTables
 from dataplanes.bpf.maps_driver import BpfMapsDriver
 from dataplanes.slot_book_driver import WATCH_EVERY
 from dataplanes.bpf.program import CLASSIFIER, bpffs_problem
-from dataplanes.driver import Counters, DriverError, LeftoverKey, MirrorHandler, ReconnectHandler, ReplicaWeight
+from dataplanes.driver import (Counters, Driver, DriverError, LeftoverKey, MirrorHandler, ReconnectHandler,
+                               ReplicaWeight)
 from dataplanes.openflow import SELECTIONS, Settings, messages
 from dataplanes.openflow.weights import bucket_weights
 from mbalancer.settings import Server
@@ -124,6 +125,10 @@ class OpenflowDriver(BpfMapsDriver):
                 self.book.remove_hot_key(key)
                 raise
             self.buckets[slot] = buckets
+
+    # a key's group and flow go out per key: many keys are installed and removed one by one
+    install_hot_keys = Driver.install_hot_keys
+    remove_hot_keys = Driver.remove_hot_keys
 
     def set_weights(self, key: bytes, replicas: Sequence[ReplicaWeight]) -> None:
         buckets = self._buckets(replicas)

@@ -13,6 +13,8 @@ import time
 from typing import Callable, Iterable, Iterator
 
 import grpc
+from google.protobuf.message import DecodeError
+from google.rpc import status_pb2
 from p4.v1 import p4runtime_pb2, p4runtime_pb2_grpc
 
 from dataplanes.p4.pipeline import P4Error, Pipeline
@@ -24,7 +26,17 @@ DigestHandler = Callable[[int, list[tuple[int, ...]]], None]  # digest id, its s
 
 
 class P4RuntimeError(P4Error):
-    """The switch refused a request, or could not be reached; the message says which and why."""
+    """The switch refused a request, or could not be reached; the message says which and why. A refused batch says,
+    where the switch told, each refused update (by its index in the batch): its canonical code and reason; the
+    updates not named were applied (bmv2 goes on past a refused one)."""
+
+    def __init__(self, message: str, refused: dict[int, tuple[int, str]] | None = None):
+        super().__init__(message)
+        self.refused = refused or {}
+
+
+CODE_NAMES = {code.value[0]: code.name for code in grpc.StatusCode}  # canonical code -> its name
+NOT_FOUND = grpc.StatusCode.NOT_FOUND.value[0]
 
 
 ELECTION_BASE = 1 << 62  # election ids count down from here in µs: the earlier a controller started, the higher
@@ -166,8 +178,9 @@ class P4RuntimeClient:
         except grpc.RpcError as err:
             raise self._error("pushing the pipeline", err) from None
 
-    def write(self, updates: Iterable[p4runtime_pb2.Update], what: str) -> None:
-        """One batch; P4RuntimeError naming `what` and each refused update's reason."""
+    def write(self, updates: Iterable[p4runtime_pb2.Update], what: str, missing_ok: bool = False) -> None:
+        """One batch (one WriteRequest); P4RuntimeError naming `what`, the refused updates and why. missing_ok: a
+        delete of an entry that is not there is no error (the rest of the batch was applied)."""
         request = p4runtime_pb2.WriteRequest(device_id=self.device_id, updates=list(updates))
         if not request.updates:
             return
@@ -175,7 +188,11 @@ class P4RuntimeClient:
         try:
             self._stub.Write(request, timeout=self.timeout)
         except grpc.RpcError as err:
-            raise self._error(what, err) from None
+            refused = refused_updates(err)
+            deletes = {i for i, u in enumerate(request.updates) if u.type == p4runtime_pb2.Update.DELETE}
+            if missing_ok and refused and all(code == NOT_FOUND and i in deletes for i, (code, _) in refused.items()):
+                return
+            raise self._error(what, err, refused, len(request.updates)) from None
 
     def read(self, entities: Iterable[p4runtime_pb2.Entity], what: str) -> list[p4runtime_pb2.Entity]:
         request = p4runtime_pb2.ReadRequest(device_id=self.device_id, entities=list(entities))
@@ -191,6 +208,32 @@ class P4RuntimeClient:
             request.packet.metadata.add(metadata_id=metadata_id, value=value)
         self._requests.put(request)
 
-    def _error(self, what: str, err: grpc.RpcError) -> P4RuntimeError:
+    def _error(self, what: str, err: grpc.RpcError, refused: dict[int, tuple[int, str]] | None = None,
+               batch: int = 0) -> P4RuntimeError:
+        if refused:  # the first refused update says why; how many were refused, of how many
+            index, (code, message) = min(refused.items())
+            return P4RuntimeError(f"{self.address}: {what}: update {index + 1} of {batch}: "
+                                  f"{CODE_NAMES.get(code, code)}"
+                                  f"{': ' + message if message else ''}"
+                                  + (f" ({len(refused)} refused)" if len(refused) > 1 else ""), refused)
         detail = (err.details() or "").strip().splitlines()
         return P4RuntimeError(f"{self.address}: {what}: {err.code().name}{': ' + detail[0] if detail else ''}")
+
+
+def refused_updates(err: grpc.RpcError) -> dict[int, tuple[int, str]]:
+    """The updates of a batch the switch refused, by index: (canonical code, message), from the status details
+    P4Runtime puts in the trailers (one p4.v1.Error per update, OK for those applied); {} if it sent none."""
+    trailers = err.trailing_metadata() if hasattr(err, "trailing_metadata") else None
+    raw = next((v for k, v in trailers or () if k == "grpc-status-details-bin"), None)
+    if raw is None:
+        return {}
+    try:
+        status = status_pb2.Status.FromString(raw)
+    except DecodeError:
+        return {}
+    refused = {}
+    for index, detail in enumerate(status.details):
+        error = p4runtime_pb2.Error()
+        if detail.Unpack(error) and error.canonical_code != 0:
+            refused[index] = (error.canonical_code, error.message.strip().splitlines()[0] if error.message else "")
+    return refused

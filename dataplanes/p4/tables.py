@@ -5,7 +5,7 @@ How the P4 program (p4src/mbalancer.p4) holds what the book keeps: a hot key is 
 weights are `replicas` entries, a range of the request hash per replica; its synced counts a `synced` entry (none:
 held dirty). Writes per slot and unsure requests per server are counted in registers, which P4Runtime cannot read;
 each has a twin counter (key_mirrored, server_unsure) that is read instead, and that is never reset (it must stay
-equal to its register), so the slot's mirrored count is given relative to its value at `reset_key_counts`. The lease
+equal to its register), so the slot's mirrored count is given relative to its value at install. The lease
 is a PacketOut the switch adds to its own clock.
 """
 from __future__ import annotations
@@ -14,13 +14,14 @@ import logging
 import queue
 import time
 from collections import OrderedDict
+from typing import Sequence
 
 from dataplanes.p4 import entries as e
-from dataplanes.p4.client import P4RuntimeClient, encode
+from dataplanes.p4.client import P4RuntimeClient, P4RuntimeError, encode
 from dataplanes.p4.pipeline import STREAM_RESUMES, P4Error, Pipeline
 from dataplanes.driver import StreamId
 from dataplanes.pipeline import COUNTERS, MAX_REPLICAS
-from dataplanes.slot_book import HotEntry, KeyCounts
+from dataplanes.slot_book import HotEntry, KeyCounts, keys_named
 
 log = logging.getLogger(__name__)
 Range = tuple[int, int, int]  # (low, high, position) of the 16-bit request hash
@@ -43,9 +44,8 @@ class P4Tables:
 
     # --- hot_get ----------------------------------------------------------------------------------------------
     def set_hot(self, key: bytes, entry: HotEntry, old: HotEntry | None) -> None:
-        if old is None:  # the ranges first: hot_keys makes them live
-            ranges = self._range_updates(entry.slot, None, entry)
-            self.client.write([*ranges, e.update(e.INSERT, self._hot(key, entry))], f"install {key!r}")
+        if old is None:
+            self.client.write(self._install_updates(key, entry), f"install {key!r}")
             return
         try:
             self.client.write(self._range_updates(entry.slot, old, entry), f"weights of {key!r}")
@@ -54,22 +54,53 @@ class P4Tables:
             raise
 
     def delete_hot(self, key: bytes, entry: HotEntry) -> None:
-        """hot_keys first (its gets and writes go home untouched from then on), then the slot's other entries; bmv2
-        applies the rest of a batch when one update is refused (an entry a failed install never wrote)."""
-        updates = [e.update(e.DELETE, self._hot(key)), *self._range_updates(entry.slot, entry, None)]
-        if entry.slot in self.synced_slots:
+        self.delete_keys([(key, entry)])
+
+    # --- many keys, one request each (bmv2 applies a batch's updates in order, and goes on past a refused one) --
+    def install_keys(self, entries: Sequence[tuple[bytes, HotEntry]]) -> list[int]:
+        """One read (each slot's write count so far: the keys' bases), one write: the slots' counters reset and held
+        dirty, then each key's ranges and its hot_keys entry (which makes them live)."""
+        slots = [entry.slot for _, entry in entries]
+        bases = self._counts([("key_mirrored", slot) for slot in slots], "the slots' write counts")
+        updates = [e.update(e.MODIFY, r) for slot in slots for r in self._counter_resets(slot)]
+        updates += [e.update(e.DELETE, self._synced(slot)) for slot in slots if slot in self.synced_slots]
+        for key, entry in entries:
+            updates += self._install_updates(key, entry)
+        self.synced_slots.difference_update(slots)
+        self.client.write(updates, f"install {keys_named([k for k, _ in entries])}")
+        self.mirrored_base.update(zip(slots, bases))
+        return bases
+
+    def delete_keys(self, entries: Sequence[tuple[bytes, HotEntry]]) -> None:
+        """Every key out of hot_keys first (its gets and writes go home untouched from then on), then the slots' other
+        entries; an entry not there (a failed install never wrote it) is no error."""
+        updates = [e.update(e.DELETE, self._hot(key)) for key, _ in entries]
+        for _, entry in entries:
+            updates += self._range_updates(entry.slot, entry, None)
             updates.append(e.update(e.DELETE, self._synced(entry.slot)))
-        self.synced_slots.discard(entry.slot)
-        self.client.write(updates, f"remove {key!r}")
+            self.synced_slots.discard(entry.slot)
+        self.client.write(updates, f"remove {keys_named([k for k, _ in entries])}", missing_ok=True)
+
+    def write_counts(self, slot_homes: Sequence[tuple[int, int]]) -> list[tuple[int, int]]:
+        """One read of every slot's write count and every home's unsure count."""
+        homes = sorted({home for _, home in slot_homes})
+        values = self._counts([("key_mirrored", slot) for slot, _ in slot_homes]
+                              + [("server_unsure", home) for home in homes], "write counts")
+        unsure = dict(zip(homes, values[len(slot_homes):]))
+        return [(writes, unsure[home]) for writes, (_, home) in zip(values, slot_homes)]
+
+    def set_synced_slots(self, synced: Sequence[tuple[int, int, int]]) -> None:
+        updates = [e.update(e.MODIFY if slot in self.synced_slots else e.INSERT, self._synced(slot, writes, unsure))
+                   for slot, writes, unsure in synced]
+        try:
+            self.client.write(updates, f"clear slots {', '.join(str(slot) for slot, _, _ in synced)}")
+        except P4RuntimeError as err:  # those the switch did not name were applied
+            if err.refused:
+                self.synced_slots.update(slot for i, (slot, _, _) in enumerate(synced) if i not in err.refused)
+            raise
+        self.synced_slots.update(slot for slot, _, _ in synced)
 
     # --- dirty state ------------------------------------------------------------------------------------------
-    def reset_key_counts(self, slot: int) -> None:
-        resets = [e.counter_write(self.pipeline, name, slot) for name in ("key_gets", "key_home_while_dirty")]
-        resets += [e.counter_write(self.pipeline, "key_per_replica", slot * MAX_REPLICAS + p)
-                   for p in range(MAX_REPLICAS)]
-        self.client.write([e.update(e.MODIFY, r) for r in resets], f"reset the counters of slot {slot}")
-        self.mirrored_base[slot] = self.count("key_mirrored", slot)
-
     def writes(self, slot: int) -> int:
         return self.count("key_mirrored", slot)
 
@@ -82,9 +113,7 @@ class P4Tables:
             self.synced_slots.discard(slot)
 
     def set_synced(self, slot: int, writes: int, unsure: int) -> None:
-        kind = e.MODIFY if slot in self.synced_slots else e.INSERT
-        self.client.write([e.update(kind, self._synced(slot, writes, unsure))], f"clear slot {slot}")
-        self.synced_slots.add(slot)
+        self.set_synced_slots([(slot, writes, unsure)])
 
     def synced(self, slot: int) -> tuple[int, int] | None:
         """The slot's `synced` entry as the switch has it: (writes, unsure), None where there is none."""
@@ -220,8 +249,24 @@ class P4Tables:
                              {"written": writes, "unsure_count": unsure})
 
     def count(self, counter: str, index: int) -> int:
-        read = self.client.read([e.counter_read(self.pipeline, counter, index)], counter)
-        return read[0].counter_entry.data.packet_count if read else 0
+        return self._counts([(counter, index)], counter)[0]
+
+    def _counts(self, cells: Sequence[tuple[str, int]], what: str) -> list[int]:
+        """The packet counts of (counter, index) cells, read in one request."""
+        read = self.client.read([e.counter_read(self.pipeline, name, index) for name, index in cells], what)
+        found = {(r.counter_entry.counter_id, r.counter_entry.index.index): r.counter_entry.data.packet_count
+                 for r in read}
+        return [found.get((self.pipeline.counter(name), index), 0) for name, index in cells]
+
+    def _counter_resets(self, slot: int) -> list:
+        """The slot's counters written to zero (a reused slot's belong to its previous key)."""
+        resets = [e.counter_write(self.pipeline, name, slot) for name in ("key_gets", "key_home_while_dirty")]
+        return resets + [e.counter_write(self.pipeline, "key_per_replica", slot * MAX_REPLICAS + p)
+                         for p in range(MAX_REPLICAS)]
+
+    def _install_updates(self, key: bytes, entry: HotEntry) -> list:
+        """A new key's ranges, then its hot_keys entry (which makes them live)."""
+        return [*self._range_updates(entry.slot, None, entry), e.update(e.INSERT, self._hot(key, entry))]
 
     def _quietly(self, updates: list, what: str) -> None:
         try:

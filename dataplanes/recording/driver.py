@@ -18,6 +18,7 @@ from typing import Any, Sequence
 
 from dataplanes.driver import (Counters, Driver, DriverError, ForwardingEntry, KeyCounters, LeftoverKey,
                                MirrorHandler, ReconnectHandler, ReplicaWeight, WriteStamp)
+from dataplanes.pipeline import MAX_KEY
 from mbalancer.settings import Server
 
 CALLS_KEPT = 10_000  # a dry run may last days: the call log keeps the latest only
@@ -87,6 +88,8 @@ class RecordingDriver(Driver):
         self._record("install_hot_key", key, home, tuple(replicas))
         if key in self.table:
             raise DriverError(f"{key!r} is already installed")
+        if not 1 <= len(key) <= MAX_KEY:  # memcached's limit, as every data plane holds it
+            raise DriverError(f"key of {len(key)} bytes: a hot key has 1 to {MAX_KEY}")
         self.table[key] = TableEntry(home, tuple(replicas))
 
     def set_weights(self, key: bytes, replicas: Sequence[ReplicaWeight]) -> None:

@@ -7,12 +7,13 @@ sinks, traffic kinds (cold, hot: one hot key 50/50 over two servers, mixed: Zipf
 10 hottest hot) and windows are those of bench_ebpf_switch.py. bmv2 is a software switch that interprets the
 program per packet: these are its own limits at full offered load (no target, the ratio is the figure).
 Hot-set change: H keys leave and H new ones come (remove, install, stamp and clear: the driver calls the core makes
-once the copies are warm), timed per change, --changes times, for each driver; target: every change through
-P4Runtime within --target-ms (1 s, the eBPF driver's target).
+once the copies are warm), timed per change, --changes times: through P4Runtime with the calls on many keys (one
+request per switch each), the same one key at a time, and the eBPF driver's; target: the median change through
+P4Runtime, batched, within --target-ms (10 ms).
 Needs root, simple_switch_grpc and trafgen (netsniff-ng).
     python experiments/benchmarks/bench_p4_switch.py [--seconds 2] [--repeats 3] [--hot 10] [--changes 10]
-        [--target-ms 1000] [--out DIR]
-Prints a table and one JSON line (and with --out, p4_switch.csv); exit 1 if a change took longer than the target.
+        [--target-ms 10] [--out DIR]
+Prints a table and one JSON line (and with --out, p4_switch.csv); exit 1 if the batched change missed the target.
 """
 from __future__ import annotations
 
@@ -25,7 +26,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from dataplanes.driver import ForwardingEntry, ReplicaWeight
+from dataplanes.driver import Driver, ForwardingEntry, HotKeyInstall, ReplicaWeight
 from dataplanes.ebpf.driver import EbpfDriver
 from dataplanes.bpf.program import DataPlane, compile_bpf
 from dataplanes.p4 import entries as e
@@ -82,42 +83,57 @@ def measure(net: NamespaceNetwork, program: str, args: argparse.Namespace, tmp: 
     return rows
 
 
-def hot_set_changes(driver, servers: int, hot: int, changes: int, label: str) -> list[float]:
-    """ms per change of the whole hot set, through `driver` (attached, lease renewed)."""
-    weights = [ReplicaWeight(s, 1 / servers) for s in range(servers)]
+def hot_set_changes(driver: Driver, servers: int, hot: int, changes: int, label: str, batched: bool) -> list[float]:
+    """ms per change of the whole hot set, through `driver` (attached, lease renewed): the calls on many keys (one
+    request per switch each), or the same calls one key at a time."""
+    weights = tuple(ReplicaWeight(s, 1 / servers) for s in range(servers))
     sets = [[b"set%d:key:%d" % (which, i) for i in range(hot)] for which in (0, 1)]
-    for key in sets[0]:
-        driver.install_hot_key(key, 0, weights)
+    change_set = change_in_batches if batched else change_one_by_one
+    change_set(driver, [], sets[0], weights)
     timings = []
     for change in range(changes):
-        old, new = sets[change % 2], sets[(change + 1) % 2]
         started = time.perf_counter()
-        for key in old:
-            driver.remove_hot_key(key)
-        for key in new:
-            driver.install_hot_key(key, 0, weights)
-            driver.clear_dirty(key, driver.write_stamp(key))
+        change_set(driver, sets[change % 2], sets[(change + 1) % 2], weights)
         timings.append(1000 * (time.perf_counter() - started))
         stderr_progress(f"{label}: change {change + 1}/{changes}, {timings[-1]:.1f} ms")
     end_progress()
     return timings
 
 
+def change_in_batches(driver: Driver, old: list[bytes], new: list[bytes], weights: tuple[ReplicaWeight, ...]) -> None:
+    """What the core does for a hot-set change once the copies are warm: remove, install, stamp, clear."""
+    refused = driver.remove_hot_keys(old)
+    refused.update(driver.install_hot_keys([HotKeyInstall(key, 0, weights) for key in new]))
+    refused.update(driver.clear_dirty_keys(driver.write_stamps(new)))
+    if refused:
+        raise SystemExit(f"bench_p4_switch: the driver refused {len(refused)} keys: {next(iter(refused.values()))}")
+
+
+def change_one_by_one(driver: Driver, old: list[bytes], new: list[bytes], weights: tuple[ReplicaWeight, ...]) -> None:
+    for key in old:
+        driver.remove_hot_key(key)
+    for key in new:
+        driver.install_hot_key(key, 0, weights)
+        driver.clear_dirty(key, driver.write_stamp(key))
+
+
 def change_latency(args: argparse.Namespace) -> list[dict]:
     servers = [Server(f"s{i}", f"10.0.0.{i + 1}", f"02:00:00:00:00:{i + 1:02x}") for i in range(2)]
     rows = []
     with NamespaceNetwork(servers=2, clients=1, tag="mbbp4c", dataplane="p4") as net:
-        driver = net.driver()
-        driver.attach(servers, lambda frame: None)
-        driver.renew_lease(3600)
-        rows.append(("p4runtime", hot_set_changes(driver, 2, args.hot, args.changes, "p4runtime")))
-        driver.close()
+        for batched in (True, False):
+            driver = net.driver()
+            driver.attach(servers, lambda frame: None)
+            driver.renew_lease(3600)
+            label = "p4runtime" + ("" if batched else ", one by one")
+            rows.append((label, hot_set_changes(driver, 2, args.hot, args.changes, label, batched)))
+            driver.close()
     plane = DataPlane("mbbench").load()
     try:
         driver = EbpfDriver([plane.pin_dir])
         driver.attach(servers, lambda frame: None)
         driver.renew_lease(3600)
-        rows.append(("ebpf", hot_set_changes(driver, 2, args.hot, args.changes, "ebpf")))
+        rows.append(("ebpf", hot_set_changes(driver, 2, args.hot, args.changes, "ebpf", True)))
         driver.close()
     finally:
         plane.unload()
@@ -132,8 +148,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cpus", type=int, default=1, help="trafgen processes (default 1: bmv2 needs the rest)")
     parser.add_argument("--hot", type=int, default=10, help="hot keys per change (default 10)")
     parser.add_argument("--changes", type=int, default=10, help="hot-set changes timed per driver (default 10)")
-    parser.add_argument("--target-ms", type=float, default=1000.0,
-                        help="longest hot-set change through P4Runtime allowed (default 1000)")
+    parser.add_argument("--target-ms", type=float, default=10.0,
+                        help="median hot-set change through P4Runtime, batched, allowed (default 10)")
     parser.add_argument("--out", type=Path, help="also write p4_switch.csv here")
     args = parser.parse_args(argv)
     if not 0.1 <= args.seconds <= 60 or not 1 <= args.repeats <= 20 or not 1 <= args.cpus <= 64 \
@@ -160,7 +176,7 @@ def main(argv: list[str] | None = None) -> int:
               f"max {r['change_ms_max']:.1f} ms")
     if args.out:
         write_csv(args.out, "p4_switch.csv", rows)
-    met = all(r["change_ms_max"] <= args.target_ms for r in latency if r["driver"] == "p4runtime")
+    met = all(r["change_ms_median"] <= args.target_ms for r in latency if r["driver"] == "p4runtime")
     print(json.dumps({"met": met, "target_ms": args.target_ms, "rows": rows, "hot_set_change": latency}))
     return 0 if met else 1
 
