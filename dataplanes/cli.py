@@ -1,5 +1,6 @@
 """`mbalancer switch attach | detach | status`: the eBPF data plane on this machine's own interfaces, for a Linux
-box that forwards between memcached clients and servers (docs/deployment.md).
+box that forwards between memcached clients and servers (docs/deployment.md); `mbalancer switch serve`: the switch
+agent, this box's data plane driven by a controller on another (dataplanes/agent/).
 
 attach takes the ports from --ports or the config's [dataplane.ebpf] ports, the memcached ports from the config's
 servers (or --memcached-port), the name from --name, the config's first [dataplane.ebpf] switch, or mb0. Exit 2
@@ -24,9 +25,16 @@ DEFAULT_NAME = "mb0"
 
 def register(commands: argparse._SubParsersAction) -> None:
     parser = commands.add_parser(
-        "switch", help="the eBPF switch on this machine's interfaces: attach, detach, status",
-        description="Run MBalancer's eBPF data plane on interfaces of this machine, remove it, or show it (root).")
+        "switch", help="the eBPF switch on this machine's interfaces: attach, detach, status; serve: its agent",
+        description="Run MBalancer's eBPF data plane on interfaces of this machine, remove it, or show it (root); "
+                    "serve this machine's data plane to a controller elsewhere.")
     actions = parser.add_subparsers(dest="action", required=True, metavar="ACTION")
+    serve = actions.add_parser("serve", help="the switch agent: serve this machine's data plane ([dataplane] kind) "
+                                             "to controllers elsewhere, as [dataplane.agent] says")
+    serve.add_argument("--config", type=Path, required=True, help="MBalancer config (TOML)")
+    serve.add_argument("--listen", help="host:port to serve on (default: [dataplane.agent] listen)")
+    serve.add_argument("--duration", type=float, help="stop after this many seconds (default: until SIGTERM)")
+    serve.set_defaults(run=_serve, fail=serve.error)
     attach = actions.add_parser("attach", help="load the program and attach it to the ports")
     attach.add_argument("--ports", help="interfaces to switch between, comma-separated (default: the config's "
                                         "[dataplane.ebpf] ports)")
@@ -63,6 +71,44 @@ def _run(args: argparse.Namespace, fail: Fail) -> int:
     except (program.DataPlaneError, OSError, ValueError) as err:
         print(f"mbalancer switch {args.action}: {err}", file=sys.stderr)
         return 1
+
+
+def _serve(args: argparse.Namespace, fail: Fail) -> int:
+    """Serve [dataplane] kind's driver until SIGTERM or Ctrl-C; exit 2 for a bad config, 1 when it cannot serve."""
+    import logging
+    from dataclasses import replace
+    from dataplanes import registry
+    from dataplanes.agent.server import AgentError, SwitchAgent
+    from dataplanes.driver import DriverError
+    from mbalancer.processes import stop_on_signals
+    from mbalancer.settings import ConfigError
+    config = config_option(args.config, fail)
+    kind = config.dataplane.kind
+    if kind == "agent":
+        fail("--config: [dataplane] kind names the data plane this machine runs (ebpf, openflow, p4, none), not agent")
+    settings = dict(config.dataplane.sections).get("agent") or registry.get("agent").parse_settings(None)
+    if args.listen:
+        settings = replace(settings, listen=args.listen)
+    logging.getLogger("dataplanes.agent").setLevel(logging.INFO)
+    stop = stop_on_signals()
+    try:
+        agent = SwitchAgent(kind, config.dataplane.settings, settings)
+    except ConfigError as err:
+        fail(f"--config: {err}")
+    except (DriverError, registry.UnknownDataPlane) as err:
+        print(f"mbalancer switch serve: the {kind} data plane: {err}", file=sys.stderr)
+        return 1
+    try:
+        port = agent.start()
+    except AgentError as err:
+        agent.stop()
+        print(f"mbalancer switch serve: {err}", file=sys.stderr)
+        return 1
+    print(f"mbalancer switch serve: the {kind} data plane on {settings.listen.rpartition(':')[0]}:{port}; "
+          f"Ctrl-C stops", file=sys.stderr, flush=True)
+    stop.wait(args.duration)
+    agent.stop()
+    return 0
 
 
 def _from_config(args: argparse.Namespace, fail: Fail) -> tuple:

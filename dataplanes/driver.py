@@ -245,3 +245,9 @@ def _each_key(keys: Sequence[bytes], call: Callable[[Any], None], args: Sequence
         except DriverError as err:
             refused[key] = err
     return refused
+
+
+def raise_refused(refused: Mapping[bytes, DriverError]) -> None:
+    """A many-key call's answer for one key: its refusal raised (a one-key call has no other way to say no)."""
+    for err in refused.values():
+        raise err

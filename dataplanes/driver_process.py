@@ -19,11 +19,10 @@ import subprocess
 import sys
 import threading
 import time
-from typing import Any, Mapping, Sequence
+from typing import Any
 
-from dataplanes.driver import (Counters, Driver, DriverError, ForwardingEntry, HotKeyInstall, LeftoverKey,
-                               MirrorHandler, ReconnectHandler, ReplicaWeight, StreamId, WriteStamp)
-from mbalancer.settings import Server
+from dataplanes.driver import Driver, DriverError
+from dataplanes.forwarded_driver import ForwardedDriver, answer
 
 log = logging.getLogger(__name__)
 CALL_TIMEOUT = 30.0  # seconds a call may take in the child (the driver's own timeouts are shorter)
@@ -60,13 +59,11 @@ def _exactly(sock: socket.socket, size: int) -> bytes | None:
     return b"".join(chunks)
 
 
-class DriverProcess(Driver):
+class DriverProcess(ForwardedDriver):
     """The driver of data plane `kind`, with `settings`, running in a child process."""
 
     def __init__(self, kind: str, settings: Any = None):
         self.kind, self.settings = kind, settings
-        self.on_mirror: MirrorHandler | None = None
-        self.on_reconnect: ReconnectHandler | None = None
         self._results: queue.Queue[tuple] = queue.Queue()
         self._lock = threading.Lock()  # one call at a time
         self._calls = 0  # numbers the calls: a result that comes after its call gave up answers no later one
@@ -83,84 +80,6 @@ class DriverProcess(Driver):
             self.close()
             raise
         self.name, self.max_replicas = made["name"], made["max_replicas"]
-
-    # --- the interface: every call forwarded ------------------------------------------------------------------
-    def attach(self, servers: Sequence[Server], on_mirror: MirrorHandler,
-               on_reconnect: ReconnectHandler | None = None) -> list[LeftoverKey]:
-        self.on_mirror, self.on_reconnect = on_mirror, on_reconnect
-        return self._call("attach", (tuple(servers),))
-
-    def install_hot_key(self, key: bytes, home: int, replicas: Sequence[ReplicaWeight]) -> None:
-        self._call("install_hot_key", (key, home, tuple(replicas)))
-
-    def install_hot_keys(self, installs: Sequence[HotKeyInstall]) -> dict[bytes, DriverError]:
-        return self._call("install_hot_keys", (tuple(installs),))
-
-    def set_weights(self, key: bytes, replicas: Sequence[ReplicaWeight]) -> None:
-        self._call("set_weights", (key, tuple(replicas)))
-
-    def remove_hot_key(self, key: bytes) -> None:
-        self._call("remove_hot_key", (key,))
-
-    def remove_hot_keys(self, keys: Sequence[bytes]) -> dict[bytes, DriverError]:
-        return self._call("remove_hot_keys", (tuple(keys),))
-
-    def set_dirty(self, key: bytes) -> None:
-        self._call("set_dirty", (key,))
-
-    def write_stamp(self, key: bytes) -> WriteStamp:
-        return self._call("write_stamp", (key,))
-
-    def write_stamps(self, keys: Sequence[bytes]) -> dict[bytes, WriteStamp]:
-        return self._call("write_stamps", (tuple(keys),))
-
-    def clear_dirty(self, key: bytes, stamp: WriteStamp) -> None:
-        self._call("clear_dirty", (key, stamp))
-
-    def clear_dirty_keys(self, stamps: Mapping[bytes, WriteStamp]) -> dict[bytes, DriverError]:
-        return self._call("clear_dirty_keys", (dict(stamps),))
-
-    def renew_lease(self, seconds: float) -> None:
-        self._call("renew_lease", (seconds,))
-
-    def set_forwarding(self, entries: Sequence[ForwardingEntry]) -> None:
-        self._call("set_forwarding", (tuple(entries),))
-
-    def read_counters(self) -> Counters:
-        return self._call("read_counters", ())
-
-    def stream_start(self, stream: StreamId) -> int | None:
-        return self._call("stream_start", (stream,))
-
-    def resume_stream(self, stream: StreamId, seq: int) -> None:
-        self._call("resume_stream", (stream, seq))
-
-    def blind_stream(self, stream: StreamId) -> None:
-        self._call("blind_stream", (stream,))
-
-    def unsure_quiet(self, server: int) -> float | None:
-        return self._call("unsure_quiet", (server,))
-
-    def rearm_unsure(self, server: int) -> None:
-        self._call("rearm_unsure", (server,))
-
-    def server_closes(self, server: int) -> tuple:
-        return self._call("server_closes", (server,))
-
-    def closes_handled(self, server: int, closes: tuple) -> None:
-        self._call("closes_handled", (server, closes))
-
-    def sketch_call(self, call: str, args: tuple) -> Any:
-        return self._call("sketch_call", (call, tuple(args)))
-
-    def owned_switches(self) -> list[str]:
-        return self._call("owned_switches", ())
-
-    def switches_gone(self) -> list[str]:
-        return self._call("switches_gone", ())
-
-    def switch_counters(self) -> list[dict[str, int]]:
-        return self._call("switch_counters", ())
 
     def close(self) -> None:
         """The driver closes in the child (its lease ended there), then the child exits."""
@@ -209,10 +128,6 @@ class DriverProcess(Driver):
         self._results.put(("error", None, f"the {self.kind} driver process exited"))
 
 
-# The calls the child takes: those DriverProcess forwards; anything else is refused there.
-CALLS = frozenset(name for name, value in vars(DriverProcess).items() if callable(value) and not name.startswith("_"))
-
-
 # --- the child -------------------------------------------------------------------------------------------------
 class _Child:
     def __init__(self, sock: socket.socket):
@@ -249,12 +164,10 @@ class _Child:
             kind, settings = args
             self.driver = registry.get(kind).make_driver(settings)
             return {"name": self.driver.name, "max_replicas": self.driver.max_replicas}
-        if self.driver is None or method not in CALLS:
-            raise DriverError(f"the driver process takes no {method!r} now")
-        if method == "attach":
-            return self.driver.attach(args[0], lambda frame: self.send(("mirror", frame)),
-                                      lambda: self.send(("reconnect",)))
-        return getattr(self.driver, method)(*args)
+        if self.driver is None:
+            raise DriverError(f"the driver process takes no {method!r} before its driver is made")
+        return answer(self.driver, method, args, lambda frame: self.send(("mirror", frame)),
+                      lambda: self.send(("reconnect",)))
 
 
 def main() -> int:

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import Callable, Mapping, Protocol, Sequence
 
 from dataplanes.driver import (Counters, DriverError, HotKeyInstall, KeyCounters, ReplicaWeight, StreamId,
-                               WriteStamp)
+                               WriteStamp, raise_refused)
 from dataplanes.pipeline import MAX_HOT, MAX_KEY, MAX_REPLICAS, cumulative_weights
 from mbalancer.settings import Server
 
@@ -193,14 +193,13 @@ class SlotBook:
                 if len(batch) == 1:
                     return {**refused, batch[0][0]: err}
                 log.info("%s; installing them one by one", err)
-                wanted = {i.key: i for i in installs}
-                for key, _ in batch:
-                    refused.update(self.install_hot_keys([wanted[key]]))
+                for key, _ in batch:  # the first install of a key listed twice: the one the batch took
+                    install = next(i for i in installs if i.key == key)
+                    refused.update(self.install_hot_keys([install]))
             return refused
 
     def install_hot_key(self, key: bytes, home: int, replicas: Sequence[ReplicaWeight]) -> None:
-        for err in self.install_hot_keys([HotKeyInstall(key, home, tuple(replicas))]).values():
-            raise err
+        raise_refused(self.install_hot_keys([HotKeyInstall(key, home, tuple(replicas))]))
 
     def set_weights(self, key: bytes, replicas: Sequence[ReplicaWeight]) -> None:
         with self.lock:
@@ -236,8 +235,7 @@ class SlotBook:
             return refused
 
     def remove_hot_key(self, key: bytes) -> None:
-        for err in self.remove_hot_keys([key]).values():
-            raise err
+        raise_refused(self.remove_hot_keys([key]))
 
     def set_dirty(self, key: bytes) -> None:
         with self.lock:
@@ -290,8 +288,7 @@ class SlotBook:
             return refused
 
     def clear_dirty(self, key: bytes, stamp: WriteStamp) -> None:
-        for err in self.clear_dirty_keys({key: stamp}).values():
-            raise err
+        raise_refused(self.clear_dirty_keys({key: stamp}))
 
     def renew_lease(self, seconds: float) -> None:
         until = time.monotonic_ns() + int(seconds * 1e9) if seconds > 0 else 0  # as bpf_ktime_get_ns counts

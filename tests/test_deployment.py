@@ -30,13 +30,13 @@ WINDOW = 6  # seconds over which the servers' shares are measured
 prometheus_missing = prometheus_available()
 
 
-def write_config(net: NamespaceNetwork, path, listen: str) -> list[str]:
+def write_config(net: NamespaceNetwork, path, listen: str, tag: str = TAG) -> list[str]:
     """The one config file of the deployment, as docs/deployment.md writes it; returns the switch ports it names."""
-    ports = [h.port for h in net.hosts] + [f"{TAG}-rp"]  # the root namespace (the controller) is on a port too
+    ports = [h.port for h in net.hosts] + [f"{tag}-rp"]  # the root namespace (the controller) is on a port too
     servers = "".join(f'[[servers]]\nname = "{h.name}"\nip = "{h.ip}"\nmac = "{h.mac}"\nport = 11211\n'
                       for h in net.server_hosts)
     path.write_text(servers + f'[controller]\nlisten = "{listen}"\n[dataplane]\nkind = "ebpf"\n'
-                    f'[dataplane.ebpf]\nswitches = ["{TAG}"]\nports = {json.dumps(ports)}\n')
+                    f'[dataplane.ebpf]\nswitches = ["{tag}"]\nports = {json.dumps(ports)}\n')
     return ports
 
 
@@ -45,6 +45,17 @@ def load_command(net: NamespaceNetwork, seconds: float, out, clients: int = 4) -
     return [str(MBALANCER), "load", "--servers", servers, "--keys", str(KEYS), "--alpha", "1", "--clients",
             str(clients), "--duration", f"{seconds:g}", "--value-size", "100", "--no-records", "--out", str(out),
             "--json"]
+
+
+def serve_and_fill(net: NamespaceNetwork) -> None:
+    """memcached on every server host (UDP on), every key of the workload stored."""
+    for host in net.server_hosts:
+        net.popen(host, ["memcached", "-l", host.ip, "-p", "11211", "-U", "11211", "-u", "root", "-t", "1"])
+    assert eventually(lambda: all(memcached_answers(h.ip) for h in net.server_hosts), timeout=10)
+    populate = net.run(net.client_hosts[0], [str(MBALANCER), "load", "--servers", ",".join(
+        f"{h.ip}:11211" for h in net.server_hosts), "--keys", str(KEYS), "--value-size", "100", "--populate",
+        "--duration", "0"])
+    assert populate.returncode == 0, populate.stderr
 
 
 def load(net: NamespaceNetwork, seconds: float, out) -> dict:
@@ -74,16 +85,10 @@ def test_the_readme_on_a_bridging_box_balances_under_heavy_load_and_prometheus_s
     servers' own counts of gets served are even; Prometheus scrapes the controller and every query of every
     dashboard panel returns series; detach gives the box its bridge back."""
     with NamespaceNetwork(servers=3, clients=1, tag=TAG, dataplane="bridge") as net:
-        for host in net.server_hosts:
-            net.popen(host, ["memcached", "-l", host.ip, "-p", "11211", "-U", "11211", "-u", "root", "-t", "1"])
-        assert eventually(lambda: all(memcached_answers(h.ip) for h in net.server_hosts), timeout=10)
+        serve_and_fill(net)
         config = tmp_path / "mbalancer.toml"
         listen = f"127.0.0.1:{free_port()}"
         ports = write_config(net, config, listen)
-        populate = net.run(net.client_hosts[0], [str(MBALANCER), "load", "--servers", ",".join(
-            f"{h.ip}:11211" for h in net.server_hosts), "--keys", str(KEYS), "--value-size", "100", "--populate",
-            "--duration", "0"])
-        assert populate.returncode == 0, populate.stderr
         processes = []
         try:
             attached = switch("attach", "--config", str(config))
@@ -236,3 +241,73 @@ def test_a_switch_whose_namespace_is_gone_is_detached_from_its_pins():
     detached = switch("detach", "--name", box)
     assert detached.returncode == 0 and f"network namespace {box} is gone" in detached.stderr, detached.stderr
     assert not (PIN_ROOT / box).exists() and "nothing to remove" in switch("detach", "--name", box).stderr
+
+
+AGENT_TAG = "mbagt"
+
+
+def test_a_controller_elsewhere_drives_the_box_through_its_switch_agent(tmp_path):
+    """docs/deployment.md "Several boxes": the box attaches its switch and serves it (`mbalancer switch serve`, a
+    token); a controller with its own config (kind = "agent") drives it over gRPC, the box's monitor reports to that
+    controller. Under load with writes, the servers' own counts of gets are even, no get misses, and the controller
+    copied mirrored writes that crossed the agent; a second controller with the same election id is refused."""
+    with NamespaceNetwork(servers=3, clients=1, tag=AGENT_TAG, dataplane="bridge") as net:
+        serve_and_fill(net)
+        listen, agent_at = f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"
+        token = tmp_path / "token"
+        token.write_text("0123456789abcdef0123456789abcdef\n")
+        box, controller_config = tmp_path / "box.toml", tmp_path / "controller.toml"
+        write_config(net, box, listen, AGENT_TAG)
+        box.write_text(box.read_text() + f'[dataplane.agent]\nlisten = "{agent_at}"\ntoken_file = "{token}"\n')
+        servers = box.read_text().split("[controller]")[0]
+        controller_config.write_text(servers + f'[controller]\nlisten = "{listen}"\n[dataplane]\nkind = "agent"\n'
+                                     f'[dataplane.agent]\naddress = "{agent_at}"\nkind = "ebpf"\n'
+                                     f'token_file = "{token}"\n')
+        processes = []
+        try:
+            attached = switch("attach", "--config", str(box))
+            assert attached.returncode == 0, attached.stderr
+            processes.append(subprocess.Popen([str(MBALANCER), "switch", "serve", "--config", str(box)],
+                                              stderr=subprocess.PIPE, text=True))
+            wait_for_line(processes[-1], "switch agent: serving", timeout=30)  # its first line
+            processes.append(subprocess.Popen([str(MBALANCER), "controller", "--config", str(controller_config)],
+                                              stderr=subprocess.PIPE, text=True))
+            wait_for_line(processes[-1], "mbalancer controller:", timeout=30)
+            second = subprocess.run([str(MBALANCER), "controller", "--config", str(controller_config), "--listen",
+                                     f"127.0.0.1:{free_port()}", "--duration", "5"],
+                                    capture_output=True, text=True, timeout=60)
+            said = second.stderr.strip().splitlines()[-1]  # argparse's one error line, after the usage
+            assert second.returncode == 2 and "Traceback" not in second.stderr, second.stderr
+            assert said.startswith("mbalancer controller: error: --driver agent: switch agent") and \
+                "ALREADY_EXISTS" in said, second.stderr
+            processes.append(subprocess.Popen([str(MBALANCER), "monitor", "--config", str(box)],
+                                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True))
+            wait_for_line(processes[-1], READY, timeout=30)
+            generator = net.popen(net.client_hosts[0], load_command(net, LOAD_SECONDS, tmp_path, clients=16)
+                                  + ["--set-ratio", "0.002"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            assert eventually(lambda: switch_status(AGENT_TAG)["hot_keys"] == 10, timeout=30), \
+                switch_status(AGENT_TAG)
+            time.sleep(2)  # the weights settle on the measured loads
+            before = gets_served(net)
+            time.sleep(WINDOW)
+            state, after = controller_state(listen), gets_served(net)
+            served = [b - a for a, b in zip(before, after)]
+            shares = [n / sum(served) for n in served]
+            sent = [s["measured_gets_per_s"] for s in state["servers"]]
+            unbalanced = [x / sum(sent) for x in sent]
+            print(f"{sum(served) / WINDOW:.0f} gets/s served; shares {shares}, the clients' {unbalanced}; "
+                  f"counters {state['counters']}")
+            assert max(shares) < 0.40 < max(unbalanced), (shares, unbalanced)
+            assert state["counters"]["mirrors"] > 0 and state["counters"]["mirrors_lost"] == 0, state["counters"]
+            generator.terminate()
+            out, err = generator.communicate(timeout=60)
+            assert generator.returncode == 0, err[-2000:]
+            measured = json.loads(out)
+            assert measured["misses"] == 0 and measured["hits"] > 0, measured
+        finally:
+            for process in reversed(processes):
+                process.terminate()
+                process.wait(timeout=30)
+            switch("detach", "--config", str(box))
+        agent_log = processes[0].stderr.read() if processes else ""
+        assert "is the primary" in agent_log and "stopped: driver closed, lease ended" in agent_log, agent_log

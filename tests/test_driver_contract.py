@@ -16,6 +16,7 @@ import pytest
 from dataplanes.driver import Driver, DriverError, HotKeyInstall, ReplicaWeight
 from dataplanes.recording.driver import RecordingDriver
 from dataplanes import registry
+from tests.switch_agent import AgentProcess
 from mbalancer.config import Server
 
 SERVERS = [Server(f"s{i}", f"10.0.0.{i + 1}", f"02:00:00:00:00:{i + 1:02x}", 11211) for i in range(10)]
@@ -198,7 +199,36 @@ def p4_harness():
         ports.close()
 
 
-HARNESSES = {"none": recording_harness, "ebpf": ebpf_harness, "openflow": openflow_harness, "p4": p4_harness}
+def agent_harness(tmp_path_factory):
+    """The eBPF switch served by a switch agent (`mbalancer switch serve`, a process of its own) and driven
+    through it: the agent's driver over gRPC with a token; routes and requests through the real program."""
+    from dataplanes.agent import Settings
+    from dataplanes.agent.client import AgentDriver
+
+    made = ebpf_harness()
+    local = next(made)
+    local.driver.close()  # the agent drives the switch; the ebpf harness keeps the program and its test runs
+    agent = AgentProcess(tmp_path_factory.mktemp("agent"), "ebpf", {"switches": [local.driver.book.pin_dirs[0].name]})
+    settings = Settings(address=agent.address, token_file=str(agent.token_file), kind="ebpf")
+    driver = AgentDriver(settings)
+    drivers = [driver]
+
+    def successor() -> Driver:
+        drivers[-1].close()  # the controller that stopped: the agent takes the next one with the same election id
+        drivers.append(AgentDriver(settings))
+        return drivers[-1]
+
+    try:
+        yield Harness(driver, local.route, local.reload, local.send, successor)
+    finally:
+        for each in drivers:
+            each.close()
+        agent.stop()
+        next(made, None)
+
+
+HARNESSES = {"none": recording_harness, "ebpf": ebpf_harness, "openflow": openflow_harness, "p4": p4_harness,
+             "agent": agent_harness}
 
 
 def test_every_driver_of_the_registry_is_held_to_the_contract():
@@ -207,13 +237,15 @@ def test_every_driver_of_the_registry_is_held_to_the_contract():
 
 
 @pytest.fixture(params=sorted(HARNESSES))
-def harness(request):
+def harness(request, tmp_path_factory):
     why_not = registry.get(request.param).available()
-    if request.param in ("ebpf", "openflow", "p4") and os.geteuid() != 0:
+    if request.param in ("ebpf", "openflow", "p4", "agent") and os.geteuid() != 0:
         why_not = "needs root (bpf syscall, bpffs; veths)"
+    if request.param == "agent":
+        why_not = why_not or registry.get("ebpf").available()
     if why_not:
         pytest.skip(f"{request.param}: {why_not}")
-    made = HARNESSES[request.param]()
+    made = HARNESSES[request.param](*[tmp_path_factory] if request.param == "agent" else [])
     harness = next(made)
     reconnected = threading.Event()
     harness.driver.attach(SERVERS, lambda frame: None, reconnected.set)
