@@ -68,6 +68,7 @@ bench: install
 	$(PY) experiments/benchmarks/bench_load.py
 	$(PY) experiments/benchmarks/bench_monitor.py
 	$(PY) experiments/benchmarks/bench_controller.py
+	$(PY) experiments/benchmarks/bench_controller_scale.py
 	$(PY) experiments/benchmarks/bench_write_burst.py
 	$(PY) experiments/benchmarks/bench_ebpf_program.py
 	$(PY) experiments/benchmarks/bench_dataplane_sketch.py

@@ -35,6 +35,9 @@ setup(
         "waitress>=3.0",
         # /metrics (controller/metrics.py): Prometheus's own client library renders the text format.
         "prometheus-client>=0.17",
+        # Leader election among controllers (controller/election.py): etcd's v3 API over its HTTP gateway (no
+        # protobuf or gRPC of its own to clash with the P4Runtime bindings').
+        "etcd3gw>=2.4",
     ],
     extras_require={
         "test": [

@@ -8,6 +8,7 @@ that cannot be driven here, a switch another controller drives, or an address th
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from dataclasses import replace
@@ -55,20 +56,28 @@ def _run_controller(args: argparse.Namespace, fail: Fail) -> int:
             fail(f"--driver: {err}")
     if args.switch:
         config = replace(config, dataplane=_with_switches(config.dataplane, args.switch, fail))
-    try:
-        driver = registry.get(config.dataplane.kind).make_driver(config.dataplane.settings)
-    except (DriverError, ConfigError) as err:
-        fail(f"--driver {config.dataplane.kind}: {err}")
-    try:
-        core = ControllerCore(config, driver)
-    except ValueError as err:  # e.g. a skewed hash, which needs the workload's keys
-        fail(f"balancing.hash: {err}")
     listen = args.listen or config.controller.listen
     try:
         address = host_port("--listen", listen)
     except ConfigError as err:
         fail(str(err))
     stop = stop_on_signals()
+    election = None
+    if config.controller.etcd:
+        election = _elect(config, listen, stop, fail)
+        if election is None:
+            return 0  # stopped while a candidate
+        config = replace(config, dataplane=_with_election_id(config.dataplane, election.election_id))
+    try:
+        driver = registry.get(config.dataplane.kind).make_driver(config.dataplane.settings)
+    except (DriverError, ConfigError) as err:
+        _resign(election)
+        fail(f"--driver {config.dataplane.kind}: {err}")
+    try:
+        core = ControllerCore(config, driver)
+    except ValueError as err:  # e.g. a skewed hash, which needs the workload's keys
+        _resign(election)
+        fail(f"balancing.hash: {err}")
     ownership = Ownership(driver.owned_switches(), listen)
     if not _own(ownership, args.standby, stop, fail):
         return 0  # stopped while a standby
@@ -80,15 +89,68 @@ def _run_controller(args: argparse.Namespace, fail: Fail) -> int:
         core.start()
     except DriverError as err:
         http.shutdown()
+        _resign(election)
         fail(f"--driver {config.dataplane.kind}: {err}")
     start_serving(http)
     host, port = http.server_address[:2]
     print(f"mbalancer controller: http://{host}:{port}/state, reports to http://{host}:{port}/report "
           f"(driver {config.dataplane.kind}); Ctrl-C stops", file=sys.stderr, flush=True)
-    stop.wait(args.duration)
+    lost = _wait(stop, election, args.duration)
     http.shutdown()
     core.stop()
+    _resign(election)
+    if lost:
+        print("mbalancer controller: lost the lead (its etcd lease ran out): stopped; the switches refuse its "
+              "writes once the next leader reaches them", file=sys.stderr, flush=True)
+        return 1
     return 0
+
+
+def _elect(config, listen: str, stop, fail: Fail):
+    """Lead through etcd, waiting as a candidate while another leads; None if stopped first."""
+    from controller.election import Election, ElectionError
+    settings = config.controller
+    try:
+        election = Election(settings.etcd, settings.election_key, settings.election_ttl,
+                            f"controller pid {os.getpid()} (http://{listen})")
+        leader = election.leader()
+        if leader is not None:
+            print(f"mbalancer controller: standby: {leader} leads ({settings.election_key} in etcd); taking over "
+                  f"when it stops", file=sys.stderr, flush=True)
+        if election.campaign(stop) is None:
+            return None
+    except ElectionError as err:
+        fail(f"controller.etcd: {err}")
+    print(f"mbalancer controller: elected through etcd, election id {election.election_id}", file=sys.stderr,
+          flush=True)
+    return election
+
+
+def _with_election_id(dataplane, election_id: int):
+    """The data plane with the elected id where its switches check one (a switch agent's arbitration)."""
+    if dataplane.kind != "agent":
+        return dataplane
+    settings = dataplane.settings or registry.get("agent").parse_settings(None)
+    return dataplane.with_settings(replace(settings, election_id=election_id))
+
+
+def _wait(stop, election, duration: float | None) -> bool:
+    """Until stopped, the duration is over, or the lead is lost (True)."""
+    if election is None:
+        stop.wait(duration)
+        return False
+    deadline = None if duration is None else time.monotonic() + duration
+    while not stop.wait(0.05):
+        if election.lost.is_set():
+            return True
+        if deadline is not None and time.monotonic() >= deadline:
+            break
+    return False
+
+
+def _resign(election) -> None:
+    if election is not None:
+        election.resign()
 
 
 def _own(ownership: Ownership, standby: bool, stop, fail: Fail) -> bool:

@@ -233,7 +233,11 @@ class ControllerCore:
     def _note_gone_switches(self) -> None:
         """Warn once when a switch goes (e.g. `mbalancer switch detach` under this controller) and once when it is
         back; /state lists the gone ones."""
-        gone = set(self.driver.switches_gone())
+        try:
+            gone = set(self.driver.switches_gone())
+        except DriverError as err:  # a driver that could not ask (a switch agent unreachable, or deposed)
+            log.debug("switches gone not known now: %s", err)
+            return
         for name in sorted(gone - self._gone):
             log.warning("switch %s is gone (detached or unloaded): its gets are not balanced; waiting for it to be "
                         "loaded again", name)

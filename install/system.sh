@@ -46,7 +46,10 @@ if ! apt-get install -y -q --no-install-recommends "${missing[@]}"; then
     echo "install/system.sh: FAILED: apt-get install of ${missing[*]} (apt's error is above)" >&2
     exit 1
 fi
-# ... nor at the next boot: the tests run their own Prometheus on a loopback port.
-if [[ " ${missing[*]} " == *" prometheus "* ]] && [ -d /run/systemd/system ]; then
-    systemctl disable prometheus.service >/dev/null 2>&1 || true
-fi
+# ... nor at the next boot: the tests run their own Prometheus and etcd on loopback ports.
+for service in prometheus etcd; do
+    package=$service; [ "$service" = etcd ] && package=etcd-server
+    if [[ " ${missing[*]} " == *" $package "* ]] && [ -d /run/systemd/system ]; then
+        systemctl disable "$service.service" >/dev/null 2>&1 || true
+    fi
+done

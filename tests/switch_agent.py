@@ -1,19 +1,12 @@
-"""A switch agent for tests: `mbalancer switch serve` in a process of its own, on a free port of 127.0.0.1, with a
-config and a token of its own."""
+"""A switch agent for tests (dataplanes/agent/process.py) on a free port of 127.0.0.1, with a config and a token of
+its own; requests to it as any program may send them."""
 from __future__ import annotations
 
-import os
 import secrets
-import select
-import signal
-import subprocess
-import time
 from pathlib import Path
 
+from dataplanes.agent.process import AgentProcess as Process
 from mbalancer.memcache.server import free_port
-from tests.conftest import MBALANCER
-
-START_TIMEOUT = 30.0  # seconds the agent may take to import, make its driver and listen
 
 CONFIG = """[[servers]]
 name = "s1"
@@ -47,38 +40,29 @@ def _toml(value) -> str:
     return f'"{value}"' if isinstance(value, str) else str(value)
 
 
-class AgentProcess:
-    """`mbalancer switch serve` running `kind`; address, token_file, log (its stderr so far), stop()."""
+class AgentProcess(Process):
+    """`mbalancer switch serve` running `kind` on a free port of 127.0.0.1 (or `address`), with a config and a token
+    of its own in `folder`: address, token_file, config, log, stop()."""
 
     def __init__(self, folder: Path, kind: str, kind_settings: dict, extra: str = "", address: str = ""):
         self.address = address or f"127.0.0.1:{free_port()}"
-        self.config = agent_config(folder, kind, kind_settings, self.address, extra)
         self.token_file = folder / "token"
-        self.process = subprocess.Popen([str(MBALANCER), "switch", "serve", "--config", str(self.config)],
-                                        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-        self.log = ""
-        self._wait_for("Ctrl-C stops")
+        super().__init__(agent_config(folder, kind, kind_settings, self.address, extra))
 
-    def _wait_for(self, text: str) -> None:
-        deadline = time.monotonic() + START_TIMEOUT
-        while text not in self.log:
-            if time.monotonic() > deadline or self.process.poll() is not None:
-                self.stop()
-                raise RuntimeError(f"the switch agent did not start: {self.log.strip()[-800:]}")
-            if select.select([self.process.stderr], [], [], 0.2)[0]:  # unbuffered: select sees all there is
-                self.log += os.read(self.process.stderr.fileno(), 65536).decode(errors="replace")
 
-    def stop(self) -> str:
-        """SIGTERM, then its whole log (again if stopped already)."""
-        if self.process.stderr.closed:
-            return self.log
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
-        self.log += self.process.stderr.read().decode(errors="replace")
-        self.process.stderr.close()
-        return self.log
+def request(address: str, token_file: Path, path: str, body: bytes, **metadata: str) -> bytes:
+    """One request as any program may send it (election id 1, its own session, the token): the answer's bytes, or
+    grpc.RpcError when the agent refuses it. `metadata` overrides or adds keys."""
+    import grpc
+    from dataplanes.agent.wire import ELECTION_KEY, PROTOCOL, PROTOCOL_KEY, SESSION_KEY, TOKEN_KEY
+    sent = {PROTOCOL_KEY: str(PROTOCOL), ELECTION_KEY: "1", SESSION_KEY: "raw",
+            TOKEN_KEY: f"Bearer {token_file.read_text().strip()}", **metadata}
+    with grpc.insecure_channel(address) as channel:
+        return channel.unary_unary(path)(body, metadata=tuple(sent.items()), timeout=5)
+
+
+def hello(address: str, token_file: Path) -> dict:
+    """What the agent says of itself: its kind, the highest election id it has seen, its primary."""
+    from dataplanes.agent.codec import loads
+    from dataplanes.agent.wire import HELLO
+    return loads(request(address, token_file, HELLO, b"{}"))

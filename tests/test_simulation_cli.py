@@ -125,7 +125,10 @@ def test_ctrl_c_stops_politely(tmp_path):
     """SIGINT mid-run: exit 130 with one line saying so and what was written, no traceback."""
     from tests.conftest import MBALANCER
     command = [str(MBALANCER), "simulate", "figure", "all", "--trials", "2000", "--out", str(tmp_path)]
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    # SIGINT as a terminal's Ctrl-C finds it: a run started from a background job inherits it ignored (bash does
+    # that to `cmd &` without job control), and Python then never raises KeyboardInterrupt
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                               preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         process.stderr.readline()  # the first progress line: the run is under way
         process.send_signal(signal.SIGINT)

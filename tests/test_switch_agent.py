@@ -19,14 +19,14 @@ import pytest
 from dataplanes.agent import Settings
 from dataplanes.agent.client import AgentDriver
 from dataplanes.agent.codec import dumps, loads
-from dataplanes.agent.wire import CALL, ELECTION_KEY, HELLO, PROTOCOL, PROTOCOL_KEY, SESSION_KEY, TOKEN_KEY
+from dataplanes.agent.wire import CALL, HELLO, PROTOCOL_KEY
 from dataplanes.driver import (Counters, DriverError, HotKeyInstall, KeyCounters, LeftoverKey, ReplicaWeight,
                                StreamId, WriteStamp)
 from dataplanes.pipeline import HeavyKey
 from mbalancer.memcache.server import free_port
 from mbalancer.settings import Server
 from tests.conftest import MBALANCER
-from tests.switch_agent import AgentProcess, agent_config
+from tests.switch_agent import AgentProcess, agent_config, request
 
 SERVERS = [Server("s1", "10.0.0.1", "02:00:00:00:00:01"), Server("s2", "10.0.0.2", "02:00:00:00:00:02")]
 WAIT = 15.0  # seconds any one wait below may take
@@ -46,10 +46,7 @@ def driver_for(agent: AgentProcess, **changes) -> AgentDriver:
 
 def raw_call(agent: AgentProcess, body: bytes, path: str = CALL, **metadata) -> bytes:
     """A request as another program would send it; grpc.RpcError when the agent refuses it."""
-    sent = {PROTOCOL_KEY: str(PROTOCOL), ELECTION_KEY: "1", SESSION_KEY: "raw",
-            TOKEN_KEY: f"Bearer {agent.token_file.read_text().strip()}", **metadata}
-    with grpc.insecure_channel(agent.address) as channel:
-        return channel.unary_unary(path)(body, metadata=tuple(sent.items()), timeout=5)
+    return request(agent.address, agent.token_file, path, body, **metadata)
 
 
 def refusal(call) -> tuple[grpc.StatusCode, str]:

@@ -118,7 +118,9 @@ class SwitchAgent:
         if self.server is not None:
             self.server.stop(grace=1).wait(5)
         with self.lock:
-            self.driver.close()
+            if self.attached or not self.used:  # a driver closed already is not closed twice
+                self.driver.close()
+            self.attached = False
         self.ownership.release()
 
     # --- the three methods ---------------------------------------------------------------------------------------
@@ -128,6 +130,7 @@ class SwitchAgent:
             primary = self.primary
             return dumps({"protocol": PROTOCOL, "kind": self.kind.name, "name": self.driver.name,
                           "max_replicas": self.driver.max_replicas, "highest_election_id": self.highest,
+                          "primary_election_id": None if primary is None else primary.election_id,
                           "primary": None if primary is None else f"{primary.peer} (election id "
                                                                   f"{primary.election_id})"})
 

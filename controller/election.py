@@ -1,0 +1,123 @@
+"""Which of several controllers drives the switches: a leader elected through etcd (`[controller] etcd`).
+
+The leader holds one key (`election_key`) attached to a lease of `election_ttl` seconds that it keeps alive; the
+others wait for the key to go (the leader stopped, died, or lost etcd: its lease ran out) and the first to create it
+anew leads. The revision at which the key was created is the leader's election id: etcd's revisions only grow, so a
+later leader's id is always higher, and a switch agent that has seen it refuses every earlier leader's writes
+(dataplanes/agent/server.py) even while that one still believes it leads. A leader that cannot renew its lease in
+time has lost: it stops driving (the controller exits, saying so) rather than wait to learn it from the switches.
+etcd decides; nothing here is a consensus of its own.
+"""
+from __future__ import annotations
+
+import base64
+import logging
+import threading
+import time
+import warnings
+from urllib.parse import urlsplit
+
+log = logging.getLogger(__name__)
+POLL = 0.1  # seconds between a candidate's tries while another leads (the key's absence is checked, not watched)
+
+
+class ElectionError(RuntimeError):
+    """etcd cannot be used (unreachable, refused, a bad endpoint); the message says which and why."""
+
+
+class Election:
+    """A candidate for `key` on etcd `endpoints` ("http://host:port"), known to the others as `identity`."""
+
+    def __init__(self, endpoints: tuple[str, ...], key: str, ttl: int, identity: str):
+        with warnings.catch_warnings():  # its futurist imports eventlet, which warns it is deprecated
+            warnings.simplefilter("ignore")
+            import etcd3gw  # here: a controller without etcd does not import it
+        self._etcd3gw = etcd3gw
+        self.clients = [_client(etcd3gw, url) for url in endpoints]
+        self.key, self.ttl, self.identity = key, ttl, identity
+        self.lease_id: int | None = None
+        self.election_id: int | None = None
+        self.lost = threading.Event()  # set once the leader could not keep its lease
+
+    def leader(self) -> str | None:
+        """Who leads now (its identity), None if nobody does."""
+        found = self._ask(lambda client: client.get(self.key))
+        return found[0].decode(errors="replace") if found else None
+
+    def campaign(self, stop: threading.Event) -> int | None:
+        """Wait until this candidate leads: its election id; None if `stop` was set first."""
+        lease_id = self._ask(lambda client: client.lease(self.ttl)).id
+        while not stop.is_set():
+            if self._refresh(lease_id) <= 0:  # the candidate's own lease lives while it waits (etcd stalled: anew)
+                lease_id = self._ask(lambda client: client.lease(self.ttl)).id
+                continue
+            reply = self._ask(lambda client: client.transaction(self._create(lease_id)))
+            # a create that took longer than the lease (etcd stalled) leads nothing: the key went with the lease
+            if reply.get("succeeded") and self._refresh(lease_id) > 0:
+                self.lease_id, self.election_id = lease_id, int(reply["header"]["revision"])
+                threading.Thread(target=self._keep, name="mbalancer-election", daemon=True).start()
+                return self.election_id
+            stop.wait(POLL)
+        self._ask(lambda client: self._etcd3gw.Lease(lease_id, client).revoke())
+        return None
+
+    def _create(self, lease_id: int) -> dict:
+        """A transaction that puts the key, held by `lease_id`, only if nobody holds it."""
+        return {"compare": [{"key": _b64(self.key), "result": "EQUAL", "target": "CREATE", "create_revision": 0}],
+                "success": [{"request_put": {"key": _b64(self.key), "value": _b64(self.identity),
+                                             "lease": lease_id}}]}
+
+    def resign(self) -> None:
+        """Give up the lead at once (a controller that stops): the next candidate need not wait for the lease."""
+        if self.lease_id is not None and not self.lost.is_set():
+            self.lost.set()
+            try:
+                self._ask(lambda client: self._etcd3gw.Lease(self.lease_id, client).revoke())
+            except ElectionError as err:
+                log.warning("could not resign (the lease runs out by itself): %s", err)
+
+    def _keep(self) -> None:
+        """Renew the lease every third of its TTL. Lost when etcd says the lease is gone, or when no renewal got
+        through for a whole TTL (etcd has expired it by then, and another candidate may lead)."""
+        renewed = time.monotonic()
+        while not self.lost.wait(self.ttl / 3):
+            try:
+                if self._refresh(self.lease_id) > 0:
+                    renewed = time.monotonic()
+                    continue
+                why = "etcd says its lease ran out"
+            except ElectionError as err:
+                if time.monotonic() - renewed < self.ttl:
+                    continue
+                why = f"no renewal for {self.ttl} s ({err})"
+            log.error("lost the lead (election id %s): %s", self.election_id, why)
+            self.lost.set()
+
+    def _refresh(self, lease_id: int) -> int:
+        return self._ask(lambda client: self._etcd3gw.Lease(lease_id, client).refresh())
+
+    def _ask(self, request):
+        """`request(client)` on the first endpoint that answers; ElectionError naming every one that did not."""
+        errors = []
+        for client in self.clients:
+            try:
+                return request(client)
+            except (self._etcd3gw.exceptions.ConnectionFailedError,
+                    self._etcd3gw.exceptions.ConnectionTimeoutError) as err:
+                errors.append(f"{client.host}:{client.port}: unreachable ({type(err).__name__})")
+            except self._etcd3gw.exceptions.Etcd3Exception as err:
+                said = str(err).strip().splitlines()
+                errors.append(f"{client.host}:{client.port}: {said[0] if said else type(err).__name__}")
+        raise ElectionError(f"etcd: {'; '.join(errors)}")
+
+
+def _client(etcd3gw, url: str):
+    parts = urlsplit(url if "://" in url else f"http://{url}")
+    if parts.scheme not in ("http", "https") or not parts.hostname or not parts.port:
+        raise ElectionError(f"{url!r} is not http://HOST:PORT")
+    return etcd3gw.Etcd3Client(host=parts.hostname, port=parts.port, protocol=parts.scheme, timeout=2,
+                               api_path="/v3/")
+
+
+def _b64(text: str) -> str:
+    return base64.b64encode(text.encode()).decode()

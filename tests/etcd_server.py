@@ -1,0 +1,59 @@
+"""etcd for tests: Debian's etcd-server, one member on free loopback ports, its data in a folder of the test's, with
+a 500 ms election timeout so that a 1 s lease is honoured (etcd's minimum TTL is 1.5 election timeouts), its data
+in memory."""
+from __future__ import annotations
+
+import shutil
+import subprocess
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+from mbalancer.memcache.server import free_port
+from mbalancer.processes import stop_process
+
+START_TIMEOUT = 30.0
+
+
+def available() -> str | None:
+    return None if shutil.which("etcd") else "etcd is missing (apt package etcd-server: make install)"
+
+
+class EtcdServer:
+    def __init__(self, folder: Path):
+        client, peer = free_port(), free_port()
+        # its data in memory (/dev/shm): a disk busy with other tests stalls etcd's fsyncs past a 1 s lease
+        self.data = Path(tempfile.mkdtemp(prefix="mbalancer-etcd-", dir="/dev/shm"))
+        self.url = f"http://127.0.0.1:{client}"
+        self.log = folder / "etcd.log"
+        with open(self.log, "w") as log:
+            self.process = subprocess.Popen(
+                ["etcd", "--name", "test", "--data-dir", str(self.data), "--listen-client-urls", self.url,
+                 "--advertise-client-urls", self.url, "--listen-peer-urls", f"http://127.0.0.1:{peer}",
+                 "--initial-advertise-peer-urls", f"http://127.0.0.1:{peer}",
+                 "--initial-cluster", f"test=http://127.0.0.1:{peer}", "--heartbeat-interval", "50",
+                 "--election-timeout", "500"], stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        deadline = time.monotonic() + START_TIMEOUT
+        while not self._healthy():
+            if time.monotonic() > deadline or self.process.poll() is not None:
+                self.stop()
+                raise RuntimeError(f"etcd did not start: {self.log.read_text()[-1000:]}")
+            time.sleep(0.1)
+
+    def _healthy(self) -> bool:
+        try:
+            with urllib.request.urlopen(f"{self.url}/health", timeout=1) as reply:
+                return b'"true"' in reply.read()
+        except OSError:
+            return False
+
+    def stop(self) -> None:
+        stop_process(self.process, grace=15)
+        shutil.rmtree(self.data, ignore_errors=True)
+
+    def __enter__(self) -> "EtcdServer":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()

@@ -1,0 +1,109 @@
+"""Controllers that fail over through etcd (controller/election.py) onto a switch agent that fences the deposed
+one: real etcd, real `mbalancer controller` processes, a real `mbalancer switch serve`. The leader is killed with
+SIGKILL, and (what a partition from etcd does to it) frozen with SIGSTOP until its lease runs out and thawed: the
+next leader drives the agent with a higher election id, the old one's writes are refused by the agent, and the old
+one stops by itself, saying so."""
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import time
+
+import pytest
+
+from mbalancer.memcache.server import MemcachedServer, free_port
+from tests.conftest import MBALANCER, wait_for_line
+from tests.etcd_server import EtcdServer, available
+from tests.switch_agent import AgentProcess, hello
+
+pytestmark = pytest.mark.skipif(available() is not None, reason=str(available()))
+WAIT = 20.0  # seconds any one change below may take at most (it takes about 1-2 s: the lease, then attaching)
+
+
+def controller_config(folder, name: str, agent: AgentProcess, etcd: EtcdServer, memcached: MemcachedServer):
+    path = folder / f"{name}.toml"
+    path.write_text(f'[[servers]]\nname = "s1"\nip = "127.0.0.1"\nmac = "02:00:00:00:00:01"\nport = {memcached.port}\n'
+                    f'[controller]\nlisten = "127.0.0.1:{free_port()}"\netcd = ["{etcd.url}"]\nelection_ttl = 1\n'
+                    f'[dataplane]\nkind = "agent"\n[dataplane.agent]\naddress = "{agent.address}"\n'
+                    f'token_file = "{agent.token_file}"\n')
+    return path
+
+
+def start(config) -> subprocess.Popen:
+    return subprocess.Popen([str(MBALANCER), "controller", "--config", str(config)], stdin=subprocess.DEVNULL,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+
+
+def elected_id(process: subprocess.Popen) -> int:
+    said = wait_for_line(process, "elected through etcd", timeout=WAIT)
+    return int(re.search(r"election id (\d+)", said.splitlines()[-1]).group(1))
+
+
+def primary_becomes(agent: AgentProcess, election_id: int) -> float:
+    """Seconds until the agent's primary is `election_id`."""
+    started = time.monotonic()
+    while hello(agent.address, agent.token_file)["primary_election_id"] != election_id:
+        assert time.monotonic() - started < WAIT, hello(agent.address, agent.token_file)
+        time.sleep(0.05)
+    return time.monotonic() - started
+
+
+def test_the_next_leader_drives_the_agent_after_a_kill_and_a_frozen_leader_is_fenced(tmp_path):
+    with EtcdServer(tmp_path) as etcd, MemcachedServer() as memcached:
+        agent = AgentProcess(tmp_path, "none", {})
+        processes = []
+        try:
+            configs = [controller_config(tmp_path, f"c{i}", agent, etcd, memcached) for i in range(3)]
+            processes.append(start(configs[0]))
+            first = elected_id(processes[0])
+            primary_becomes(agent, first)
+            processes.append(start(configs[1]))
+            assert "standby: controller pid" in wait_for_line(processes[1], "standby", timeout=WAIT)
+
+            killed_at = time.monotonic()
+            os.kill(processes[0].pid, signal.SIGKILL)
+            second = elected_id(processes[1])
+            primary_becomes(agent, second)
+            took = time.monotonic() - killed_at
+            print(f"after kill -9: a new leader (election id {second}) drives the agent in {took:.2f} s")
+            assert second > first
+
+            processes.append(start(configs[2]))
+            wait_for_line(processes[2], "standby", timeout=WAIT)
+            os.kill(processes[1].pid, signal.SIGSTOP)  # frozen: it renews nothing, as if cut off from etcd
+            frozen_at = time.monotonic()
+            third = elected_id(processes[2])
+            primary_becomes(agent, third)
+            print(f"after SIGSTOP: a new leader (election id {third}) drives the agent in "
+                  f"{time.monotonic() - frozen_at:.2f} s")
+            os.kill(processes[1].pid, signal.SIGCONT)  # back: it still believes it leads, for a moment
+            assert processes[1].wait(timeout=WAIT) == 1
+            said = processes[1].stderr.read()
+            assert "lost the lead" in said and "Traceback" not in said, said
+            assert hello(agent.address, agent.token_file)["primary_election_id"] == third  # no split brain
+            etcd.stop()  # the leader cannot renew its lease: it stops driving by itself
+            assert processes[2].wait(timeout=WAIT) == 1
+            assert "lost the lead" in processes[2].stderr.read()
+        finally:
+            for process in processes:
+                if process.poll() is None:
+                    os.kill(process.pid, signal.SIGCONT)
+                    process.terminate()
+                    process.wait(timeout=30)
+            log = agent.stop()
+        assert f"(election id {third}) is the primary" in log or f"(election id {third}) deposes" in log, log
+
+
+def test_an_unreachable_etcd_is_said_in_one_line(tmp_path):
+    with MemcachedServer() as memcached:
+        config = tmp_path / "c.toml"
+        config.write_text(f'[[servers]]\nname = "s1"\nip = "127.0.0.1"\nmac = "02:00:00:00:00:01"\n'
+                          f'port = {memcached.port}\n[controller]\nlisten = "127.0.0.1:{free_port()}"\n'
+                          f'etcd = ["http://127.0.0.1:{free_port()}"]\n')
+        done = subprocess.run([str(MBALANCER), "controller", "--config", str(config), "--duration", "1"],
+                              capture_output=True, text=True, timeout=60)
+    said = done.stderr.strip().splitlines()[-1]
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+    assert said.startswith("mbalancer controller: error: controller.etcd: etcd: 127.0.0.1:"), said
