@@ -2,8 +2,10 @@
 
 The data plane is the config's [dataplane] section (kind and its settings), or --driver for the kind. One
 controller drives a switch (mbalancer/ownership.py): a second one is refused, naming the owner, or with --standby
-waits and takes over the moment the owner stops. Exit 2 for a bad config (the message names the field), a data plane
-that cannot be driven here, a switch another controller drives, or an address that cannot be bound.
+waits and takes over the moment the owner stops. With [controller] etcd, controllers on any machines elect one
+leader first (controller/election.py) and the others wait as candidates. Exit 2 for a bad config (the message names
+the field), a data plane that cannot be driven here, a switch another controller drives, an address that cannot be
+bound, or an etcd that cannot be reached; exit 1 for a leader that lost the lead.
 """
 from __future__ import annotations
 
