@@ -46,10 +46,10 @@ class Election:
 
     def campaign(self, stop: threading.Event) -> int | None:
         """Wait until this candidate leads: its election id; None if `stop` was set first."""
-        lease_id = self._ask(lambda client: client.lease(self.ttl)).id
+        lease_id = self._grant()
         while not stop.is_set():
             if self._refresh(lease_id) <= 0:  # the candidate's own lease lives while it waits (etcd stalled: anew)
-                lease_id = self._ask(lambda client: client.lease(self.ttl)).id
+                lease_id = self._grant()
                 continue
             reply = self._ask(lambda client: client.transaction(self._create(lease_id)))
             # a create that took longer than the lease (etcd stalled) leads nothing: the key went with the lease
@@ -58,7 +58,7 @@ class Election:
                 threading.Thread(target=self._keep, name="mbalancer-election", daemon=True).start()
                 return self.election_id
             stop.wait(POLL)
-        self._ask(lambda client: self._etcd3gw.Lease(lease_id, client).revoke())
+        self._revoke(lease_id)
         return None
 
     def _create(self, lease_id: int) -> dict:
@@ -72,7 +72,7 @@ class Election:
         if self.lease_id is not None and not self.lost.is_set():
             self.lost.set()
             try:
-                self._ask(lambda client: self._etcd3gw.Lease(self.lease_id, client).revoke())
+                self._revoke(self.lease_id)
             except ElectionError as err:
                 log.warning("could not resign (the lease runs out by itself): %s", err)
 
@@ -92,6 +92,12 @@ class Election:
                 why = f"no renewal for {self.ttl} s ({err})"
             log.error("lost the lead (election id %s): %s", self.election_id, why)
             self.lost.set()
+
+    def _grant(self) -> int:
+        return self._ask(lambda client: client.lease(self.ttl)).id
+
+    def _revoke(self, lease_id: int) -> None:
+        self._ask(lambda client: self._etcd3gw.Lease(lease_id, client).revoke())
 
     def _refresh(self, lease_id: int) -> int:
         return self._ask(lambda client: self._etcd3gw.Lease(lease_id, client).refresh())

@@ -85,7 +85,7 @@ def _serve(args: argparse.Namespace, fail: Fail) -> int:
     config = config_option(args.config, fail)
     kind = config.dataplane.kind
     if kind == "agent":
-        fail("--config: [dataplane] kind names the data plane this machine runs (ebpf, openflow, p4, none), not agent")
+        fail("--config: [dataplane] kind names the data plane this machine runs (ebpf, p4, none), not agent")
     settings = dict(config.dataplane.sections).get("agent") or registry.get("agent").parse_settings(None)
     if args.listen:
         settings = replace(settings, listen=args.listen)

@@ -193,9 +193,11 @@ class SlotBook:
                 if len(batch) == 1:
                     return {**refused, batch[0][0]: err}
                 log.info("%s; installing them one by one", err)
-                for key, _ in batch:  # the first install of a key listed twice: the one the batch took
-                    install = next(i for i in installs if i.key == key)
-                    refused.update(self.install_hot_keys([install]))
+                taken: dict[bytes, HotKeyInstall] = {}
+                for install in installs:  # the first install of a key listed twice: the one the batch took
+                    taken.setdefault(install.key, install)
+                for key, _ in batch:
+                    refused.update(self.install_hot_keys([taken[key]]))
             return refused
 
     def install_hot_key(self, key: bytes, home: int, replicas: Sequence[ReplicaWeight]) -> None:

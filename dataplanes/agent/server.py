@@ -205,15 +205,13 @@ class SwitchAgent:
                 context.abort(grpc.StatusCode.ALREADY_EXISTS,
                               f"{primary.peer} drives this switch with election id {primary.election_id}: a second "
                               f"controller needs a higher one (an election), or the first one stopped")
-            if primary is not None and primary.id == session.id:
-                log.info("controller %s (election id %d) opened its stream again", session.peer, session.election_id)
-                primary.put(("deposed", session.election_id))  # ends the old stream if the agent still serves it
-            elif primary is not None:
-                log.info("controller %s (election id %d) deposes %s (election id %d)", session.peer,
-                         session.election_id, primary.peer, primary.election_id)
-                primary.put(("deposed", session.election_id))
-            else:
+            if primary is None:
                 log.info("controller %s (election id %d) is the primary", session.peer, session.election_id)
+            else:  # a higher id, or the primary's own session again: the old stream ends (if still served)
+                log.info("controller %s (election id %d) %s", session.peer, session.election_id,
+                         "opened its stream again" if primary.id == session.id else
+                         f"deposes {primary.peer} (election id {primary.election_id})")
+                primary.put(("deposed", session.election_id))
             self.primary, self.highest = session, session.election_id
             return session
 
