@@ -129,10 +129,14 @@ def _elect(config, listen: str, stop, fail: Fail):
 
 
 def _with_election_id(dataplane, election_id: int):
-    """The data plane with the elected id where its switches check one (a switch agent's arbitration)."""
-    if dataplane.kind != "agent":
+    """The data plane with the elected id where its switches check one: a switch agent's arbitration, P4Runtime's
+    (above every id of a controller that ran no election)."""
+    if dataplane.kind not in ("agent", "p4"):
         return dataplane
-    settings = dataplane.settings or registry.get("agent").parse_settings(None)
+    settings = dataplane.settings or registry.get(dataplane.kind).parse_settings(None)
+    if dataplane.kind == "p4":
+        from dataplanes.p4.client import elected_election_id  # (grpc: only when driving P4)
+        election_id = elected_election_id(election_id)
     return dataplane.with_settings(replace(settings, election_id=election_id))
 
 

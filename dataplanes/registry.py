@@ -106,7 +106,7 @@ KINDS: dict[str, DataPlaneKind] = {kind.name: kind for kind in (
         check="dataplanes.openflow.classifier:available", leftovers="dataplanes.openflow.ovs:remove_left_over"),
     DataPlaneKind(
         "agent", "any of the above on another box, served by its switch agent (mbalancer switch serve) over gRPC",
-        settings="dataplanes.agent:Settings", driver="dataplanes.agent.client:driver_from_settings",
+        settings="dataplanes.agent:Settings", driver="dataplanes.agent.fabric:driver_from_settings",
         ryu_process="its gRPC client blocks in C, which stalls ryu-manager's eventlet hub (as the P4 driver's)"),
 )}
 

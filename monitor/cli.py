@@ -71,7 +71,9 @@ def register(commands: argparse._SubParsersAction) -> None:
                         help="keys the summary tracks: sets the memory, not the number of distinct keys (default 1024)")
     parser.add_argument("--duration", type=float, help="live: stop after this many seconds (default: until Ctrl-C)")
     parser.add_argument("--json", action="store_true", help="one JSON object per interval instead of the table")
-    parser.add_argument("--push", metavar="URL", help="POST each report as JSON to this URL (the controller)")
+    parser.add_argument("--push", metavar="URL", action="append",
+                        help="POST each report as JSON to this URL (the controller); again for each controller of a "
+                             "failover group: reports go to the one that leads (the others do not listen)")
     parser.set_defaults(run=_run_monitor, fail=parser.error)
 
 
@@ -86,8 +88,9 @@ def _run_monitor(args: argparse.Namespace, fail: Fail) -> int:
         fail("--sample applies to live capture only (the kernel samples); a pcap is read whole")
     if args.duration is not None and not args.duration > 0:
         fail(f"--duration must be positive (got {args.duration})")
-    if args.push and (problem := url_problem(args.push)):
-        fail(f"--push: {problem}")
+    for url in args.push or ():
+        if problem := url_problem(url):
+            fail(f"--push: {problem}")
     if args.switch and not args.source:
         fail("--switch goes with --source dataplane")
     view = None if args.json else TerminalView(source=args.iface or args.pcap or
@@ -227,7 +230,7 @@ def _apply_config(args: argparse.Namespace, fail: Fail) -> None:
         if getattr(args, name) is None:
             setattr(args, name, value)
     if args.push is None and config:
-        args.push = f"http://{config.controller.listen}/report"
+        args.push = [f"http://{config.controller.listen}/report"]
 
 
 def _read_pcap(monitor: Monitor, path: str) -> str:

@@ -12,7 +12,7 @@ import sys
 import urllib.error
 import urllib.parse
 import urllib.request
-from typing import TextIO
+from typing import Sequence, TextIO
 
 from monitor.monitor import Report
 
@@ -40,21 +40,34 @@ def url_problem(url: str) -> str | None:
 
 
 class HttpPush:
-    def __init__(self, url: str, timeout: float = 0.5):
-        self.url = url
+    """Each report POSTed to the controller. Several URLs: the controllers of a failover group (only the leader
+    listens); each report goes to the one that took the last, else to the next that takes it."""
+
+    def __init__(self, urls: Sequence[str], timeout: float = 0.5):
+        self.urls = list(urls)
         self.timeout = timeout
         self.sent = self.failed = 0
 
     def __call__(self, report: Report) -> None:
-        request = urllib.request.Request(self.url, data=json.dumps(report).encode(), method="POST",
-                                         headers={"Content-Type": "application/json"})
-        try:
-            with urllib.request.urlopen(request, timeout=self.timeout) as reply:
-                reply.read()
+        data = json.dumps(report).encode()
+        errors = []
+        for url in list(self.urls):
+            request = urllib.request.Request(url, data=data, method="POST",
+                                             headers={"Content-Type": "application/json"})
+            try:
+                with urllib.request.urlopen(request, timeout=self.timeout) as reply:
+                    reply.read()
+            except (urllib.error.URLError, OSError, ValueError) as err:
+                errors.append(f"{url}: {err}")
+                continue
+            if url != self.urls[0]:
+                log.warning("reports now go to %s (%s)", url, "; ".join(errors))
+                self.urls.remove(url)
+                self.urls.insert(0, url)
             self.sent += 1
-        except (urllib.error.URLError, OSError, ValueError) as err:
-            self.failed += 1
-            log.warning("push of the report to %s failed (%s); %d failed so far", self.url, err, self.failed)
+            return
+        self.failed += 1
+        log.warning("push of the report failed (%s); %d failed so far", "; ".join(errors), self.failed)
 
 
 class Fanout:

@@ -77,20 +77,33 @@ def reply(payload: bytes, by: int, request_id: int, dport: int = 40000, sequence
                  / Raw(struct.pack("!HHHH", request_id, sequence, total, 0) + payload))
 
 
-def balanced_to(packet: bytes, to: int) -> bytes:
-    """`packet` as hot_get sends it to replica `to`: destination MAC/IP/port rewritten, marked, checksums valid."""
+def balanced_to(packet: bytes, to: int, home: int = 0) -> bytes:
+    """`packet` as hot_get sends it to replica `to`: destination MAC/IP/port rewritten, marked, the home's index as
+    IP ID (for the replica's switch, FABRIC_CASES), checksums valid."""
     mac, ip, port = SERVERS[to]
     out = Ether(packet)
     out.dst, out[IP].dst, out[UDP].dport = mac, ip, port
     out[IP].flags = int(out[IP].flags) | IP_BALANCED
+    out[IP].id = home
     return _with_checksums(out)
 
 
-def from_home(packet: bytes, home: int) -> bytes:
-    """A reply as reply_source sends it on: source MAC/IP/port of the home server."""
-    mac, ip, port = SERVERS[home]
+def with_id(packet: bytes, ip_id: int) -> bytes:
+    """`packet` with another IP ID (which no UDP checksum covers: a zero one stays zero)."""
     out = Ether(packet)
-    out.src, out[IP].src, out[UDP].sport = mac, ip, port
+    out[IP].id = ip_id
+    del out[IP].chksum
+    return bytes(out)
+
+
+def from_home(packet: bytes, home: int, mac: bool = True) -> bytes:
+    """A reply as reply_source sends it on: source IP/port of the home server, and its MAC (unless the get was
+    balanced by another switch: the switches after this one must not learn the home's MAC where it is not)."""
+    home_mac, ip, port = SERVERS[home]
+    out = Ether(packet)
+    out[IP].src, out[UDP].sport = ip, port
+    if mac:
+        out.src = home_mac
     return _with_checksums(out)
 
 
@@ -143,7 +156,7 @@ CASES = (
     Case("a 1-byte key at the very end of an unpadded frame is balanced", request(b"get k\r\n"),
          hot=(HotKey(b"k"),), out=balanced_to(request(b"get k\r\n"), 1)),
     Case("a hot key homed on another port is balanced from there", request(b"get hot\r\n", to=2),
-         hot=(HotKey(b"hot", (1, 0, 0), home=2),), out=balanced_to(request(b"get hot\r\n", to=2), 0)),
+         hot=(HotKey(b"hot", (1, 0, 0), home=2),), out=balanced_to(request(b"get hot\r\n", to=2), 0, home=2)),
     Case("a key with control bytes, as memcaslap writes them, is balanced", request(b"get " + MEMCASLAP_KEY + b"\r\n"),
          hot=(HotKey(MEMCASLAP_KEY),), out=balanced_to(request(b"get " + MEMCASLAP_KEY + b"\r\n"), 1)),
     Case("a write to such a hot key is mirrored", request(b"set " + MEMCASLAP_KEY + b" 0 0 1\r\nx\r\n"),
@@ -252,6 +265,20 @@ CASES = (
     Case("a home that closed it has its hot keys dirty", GET, before=(closing(0),), dirty_after=True),
     Case("a server closing a client's connection changes nothing", GET, before=(closing(1, to=CLIENT),),
          out=balanced_to(GET, 1), dirty_after=False),
+)
+
+
+# A fabric that balances at the home's leaf (dataplanes/agent/fabric.py): the replica's reply leaves through the
+# replica's switch, which never balanced the get; the IP ID that balanced_to writes tells it the home. eBPF only: the
+# P4 program does not read it yet (it needs p4c to rebuild; docs/dataplanes/p4.md).
+UPSTREAM_GET = balanced_to(request(b"get hot\r\n", request_id=4444, sport=40003), 1)  # as the home's switch sent it
+FABRIC_CASES = (
+    Case("a reply to a get another switch balanced leaves from the home's IP and port, the replica's MAC",
+         reply(b"END\r\n", 1, 4444, 40003), hot=(HotKey(b"other"),), before=(UPSTREAM_GET,),
+         out=from_home(reply(b"END\r\n", 1, 4444, 40003), 0, mac=False)),
+    Case("a balanced get whose IP ID names no server leaves its reply untouched", reply(b"END\r\n", 1, 4545, 40004),
+         hot=(HotKey(b"other"),), before=(with_id(request(b"get hot\r\n", to=1, request_id=4545, sport=40004,
+                                                              flags=IP_BALANCED), 999),)),
 )
 
 

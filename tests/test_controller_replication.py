@@ -434,6 +434,72 @@ def test_a_switch_that_comes_back_empty_gets_every_hot_key_again(core):
     assert core.state()["counters"]["reconnects"] == 1
 
 
+def test_a_fabric_balances_each_key_at_its_homes_box_and_a_box_back_empty_gets_its_keys_again(servers):
+    """The core over a fabric (dataplanes/agent/fabric.py) of four boxes, recording drivers in place of their
+    agents: each server's box holds the rules of the keys homed on that server and no other's, the spine none; a
+    box that comes back empty gets its keys installed again, and the boxes that kept theirs take the install as
+    new weights, held dirty until the copies are checked."""
+    from dataplanes.agent import Settings
+    from dataplanes.agent.fabric import FabricDriver
+    boxes = [RecordingDriver() for _ in range(4)]
+    made = iter(boxes)
+    fabric = FabricDriver(Settings(boxes=("10.0.1.2:9600 s0", "10.0.1.6:9600 s1", "10.0.1.10:9600 s2",
+                                          "10.0.1.14:9600")), connect=lambda settings: next(made))
+    core, _ = make_core([s.port for s in servers], driver=fabric, hot=3)
+    try:
+        keys = {home: next(k for k in (b"fab%d" % i for i in range(300)) if core.key_hash.server_of(k) == home)
+                for home in range(SERVERS)}
+        for key in keys.values():
+            store(core, key, b"v")
+        warm(core, *keys.values())
+        assert [set(box.table) for box in boxes] == [{keys[0]}, {keys[1]}, {keys[2]}, set()]
+        assert all(box.lease_until > 0 for box in boxes)  # the spine's lease too: it forwards, and is asked
+        assert all(not boxes[home].dirty(key) for home, key in keys.items())
+        weights = {home: boxes[home].table[key].replicas for home, key in keys.items()}
+        boxes[1].reconnect()
+        assert core.wait_idle() and eventually(lambda: all(
+            key in boxes[home].table and not boxes[home].dirty(key) for home, key in keys.items()), timeout=5)
+        assert {home: boxes[home].table[key].replicas for home, key in keys.items()} == weights
+        assert [len(box.calls_of("install_hot_key")) for box in boxes] == [1, 2, 1, 0]
+        assert [len(box.calls_of("set_dirty")) for box in boxes[::2]] == [1, 1]  # the install, on the kept keys
+        counted = fabric.read_counters()
+        assert counted.keys == {} and counted.unsure == 0
+        boxes[2].unsure(2, b"x")
+        assert fabric.read_counters().unsure == 1
+    finally:
+        core.stop()
+
+
+@pytest.mark.parametrize("boxes, servers_named, message", [
+    (("10.0.1.2 s0",), ("s0",), "is not \"host:port"),
+    (("10.0.1.2:9600 s0", "10.0.1.6:9600 s0"), ("s0",), "s0 cabled to more than one box"),
+    (("10.0.1.2:9600 s0",), ("s0", "s1"), "s1 cabled to no box"),
+    (("10.0.1.2:9600 s0 s9",), ("s0",), "names s9, not a server of the config"),
+])
+def test_a_fabric_that_cannot_be_refuses_in_one_line(boxes, servers_named, message):
+    from dataplanes.agent import Settings
+    from dataplanes.agent.fabric import FabricDriver
+    from dataplanes.driver import DriverError
+    from mbalancer.settings import ConfigError, Server
+    with pytest.raises((ConfigError, DriverError), match=message) as raised:
+        fabric = FabricDriver(Settings(boxes=boxes), connect=lambda settings: RecordingDriver())
+        fabric.attach([Server(n, "127.0.0.1", "02:00:00:00:00:01", 11211) for n in servers_named], lambda f: None)
+    assert "\n" not in str(raised.value)
+
+
+def test_a_fabric_runs_only_data_planes_that_name_the_home_downstream():
+    from dataplanes.agent import Settings
+    from dataplanes.agent.fabric import FabricDriver
+    from dataplanes.driver import DriverError, ForwardingEntry
+    box = RecordingDriver()
+    box.kind = "p4"  # what an agent serving bmv2 says in its hello
+    with pytest.raises(DriverError, match="the p4 data plane cannot do yet"):
+        FabricDriver(Settings(boxes=("10.0.1.2:9600 s0",)), connect=lambda settings: box)
+    with pytest.raises(DriverError, match="learn where each MAC is"):
+        FabricDriver(Settings(boxes=("10.0.1.2:9600 s0",)), connect=lambda s: RecordingDriver()).set_forwarding(
+            [ForwardingEntry("02:00:00:00:00:01", "eth0")])
+
+
 class SlowCountersDriver(RecordingDriver):
     """read_counters takes as long as a slow switch's round trip."""
 

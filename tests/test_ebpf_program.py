@@ -19,8 +19,8 @@ from dataplanes.driver import StreamId
 pytest.importorskip("scapy.all")
 from scapy.all import IP, Ether  # noqa: E402
 
-from tests.pipeline_fixtures import (CASES, CLIENT, CONNECTION_CASES, CONTROLLER, REPLICAS, SERVERS,  # noqa: E402
-                                     STREAM_CASES, Case, request)
+from tests.pipeline_fixtures import (CASES, CLIENT, CONNECTION_CASES, CONTROLLER, FABRIC_CASES,  # noqa: E402
+                                     REPLICAS, SERVERS, STREAM_CASES, Case, request)
 
 why_not = available() if os.geteuid() == 0 else "needs root (bpf syscall, bpffs)"
 pytestmark = pytest.mark.skipif(why_not is not None, reason=f"eBPF data plane cannot run here: {why_not}")
@@ -73,7 +73,7 @@ def make_clean(tables: Tables, slot: int, home: int) -> None:
     tables.set_synced(slot, tables.writes(slot), tables.unsure(home))
 
 
-@pytest.mark.parametrize("case", CASES + STREAM_CASES + CONNECTION_CASES, ids=lambda c: c.name)
+@pytest.mark.parametrize("case", CASES + STREAM_CASES + CONNECTION_CASES + FABRIC_CASES, ids=lambda c: c.name)
 def test_pipeline_fixture(plane, case):
     tables, prog = plane
     load_state(tables, case)

@@ -96,6 +96,30 @@ def test_the_next_leader_drives_the_agent_after_a_kill_and_a_frozen_leader_is_fe
         assert f"(election id {third}) is the primary" in log or f"(election id {third}) deposes" in log, log
 
 
+def test_a_leader_drives_p4_switches_with_its_elected_id(tmp_path):
+    """[dataplane] kind = "p4" under an etcd election: the controller is the switch's primary with the id etcd gave
+    it, above every id of a controller that ran no election (a P4Runtime server of the test's own)."""
+    from dataplanes.p4.client import elected_election_id
+    from tests.p4runtime_server import CheckingServer
+    switch = CheckingServer().start()
+    with EtcdServer(tmp_path) as etcd, MemcachedServer() as memcached:
+        config = tmp_path / "p4.toml"
+        config.write_text(f'[[servers]]\nname = "s1"\nip = "127.0.0.1"\nmac = "02:00:00:00:00:01"\n'
+                          f'port = {memcached.port}\n[controller]\nlisten = "127.0.0.1:{free_port()}"\n'
+                          f'etcd = ["{etcd.url}"]\nelection_ttl = 1\n[dataplane]\nkind = "p4"\n'
+                          f'[dataplane.p4]\nswitches = ["{switch.address}"]\nports = [1]\n')
+        process = start(config)
+        try:
+            elected = elected_id(process)
+            wait_for_line(process, "Ctrl-C stops", timeout=WAIT)
+            assert switch.primary == elected_election_id(elected)
+        finally:
+            process.terminate()
+            process.wait(timeout=30)
+            switch.stop()
+    assert "Traceback" not in process.stderr.read()
+
+
 def test_an_unreachable_etcd_is_said_in_one_line(tmp_path):
     with MemcachedServer() as memcached:
         config = tmp_path / "c.toml"

@@ -24,7 +24,7 @@ from experiments.workload.populate import populate
 from experiments.workload.spec import Workload
 from experiments.workload.trace import get_frames
 from mbalancer.memcache.addresses import ServerAddress
-from mbalancer.memcache.server import MemcachedServer
+from mbalancer.memcache.server import MemcachedServer, free_port
 from monitor.cli import READY
 from monitor.monitor import MAX_EMPTY_REPORTS
 from monitor.sampling import MAX_SAMPLE, AdaptiveSampling
@@ -254,6 +254,24 @@ def test_reports_are_pushed_to_the_controller(run_cli, captured, server):
     assert [body for _, body in Collector.bodies] == reports
     assert {kind for kind, _ in Collector.bodies} == {"application/json"}
     assert f"{len(reports)} pushed, 0 failed" in stderr
+
+
+def test_reports_go_to_the_controller_of_a_failover_group_that_listens(run_cli, captured, server):
+    """Two --push URLs, the first a standby (a closed port: only the leader listens): every report reaches the
+    leader, none counts as failed."""
+    path, _ = captured
+    Collector.bodies.clear()
+    httpd = http.server.HTTPServer(("127.0.0.1", 0), Collector)
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    try:
+        leader = f"http://127.0.0.1:{httpd.server_address[1]}/report"
+        reports, stderr = monitor_json(run_cli, "--pcap", str(path), "--port", str(server.port),
+                                       "--push", f"http://127.0.0.1:{free_port()}/report", "--push", leader)
+    finally:
+        httpd.shutdown()
+    assert [body for _, body in Collector.bodies] == reports
+    assert f"{len(reports)} pushed, 0 failed" in stderr and "reports now go to " + leader in stderr
 
 
 def test_a_failing_push_is_not_fatal(run_cli, captured, server):

@@ -259,6 +259,33 @@ def children_of(pid: int) -> list[int]:
     return [int(c) for task in tasks.iterdir() for c in (task / "children").read_text().split()]
 
 
+def test_a_controller_elected_through_etcd_deposes_one_that_was_not_and_a_later_leader_an_earlier_one(server):
+    """The election id an etcd election gives (controller/cli.py passes it as [dataplane.p4] election_id) is above
+    every first-come id: the switch makes the elected controller primary and refuses the other's writes; a leader
+    elected later (a higher revision) deposes it in turn."""
+    from dataplanes.p4.client import elected_election_id
+
+    def made(election_id: int = 0) -> P4RuntimeDriver:
+        return P4RuntimeDriver(Settings(switches=(server.address,), ports=(1,), election_id=election_id), Pipeline())
+    unelected, earlier, later = made(), made(elected_election_id(7)), made(elected_election_id(9))
+    try:
+        unelected.attach(SERVERS, lambda frame: None)
+        earlier.attach(SERVERS, lambda frame: None)
+        with pytest.raises(DriverError, match="not primary"):
+            unelected.set_forwarding([ForwardingEntry("02:00:00:00:00:01", "1")])
+        later.attach(SERVERS, lambda frame: None)
+        with pytest.raises(DriverError, match="not primary"):
+            earlier.set_forwarding([ForwardingEntry("02:00:00:00:00:01", "1")])
+        later.set_forwarding([ForwardingEntry("02:00:00:00:00:01", "1")])
+        with pytest.raises(DriverError, match=r"election id \d+, a controller elected through etcd \(revision 9\)"):
+            made(elected_election_id(8)).attach(SERVERS, lambda frame: None)
+    finally:
+        for driver in (later, earlier, unelected):
+            driver.close()
+    with pytest.raises(DriverError, match="election_id: 0 to 2"):
+        made(-1)
+
+
 def test_the_first_controller_stays_primary_and_the_next_is_primary_once_it_is_gone(server):
     """First come: a controller started later is refused by the switch's arbitration (told when the primary
     started); once the first closes its stream, a new one is primary."""

@@ -12,8 +12,11 @@ start. A run killed with SIGKILL leaves its root-namespace links and pinned prog
 from __future__ import annotations
 
 import logging
+import shutil
 import subprocess
+import tempfile
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from dataplanes import registry
@@ -22,8 +25,10 @@ from mbalancer.config import DataPlane, Server
 from mbalancer.memcache.addresses import ServerAddress
 from mbalancer.memcache.server import MemcachedServer
 from mbalancer.processes import stop_process
+from topologies.agents import MAX_BOXES, SwitchAgents
 from topologies.claim import Made, NetworkClaim
-from topologies.shapes import (CONTROLLER_HOST, TOPOLOGIES, LeafSpineTopo, LinkSpec, SingleSwitchTopo, TopologyError)
+from topologies.shapes import (CONTROLLER_HOST, CONTROLLER_IP, TOPOLOGIES, LeafSpineTopo, LinkSpec, SingleSwitchTopo,
+                               TopologyError)
 
 log = logging.getLogger(__name__)
 
@@ -38,6 +43,7 @@ class TestbedSpec:
     leaves: int = 2
     spines: int = 2
     dataplane: str = "ebpf"  # a data plane of the registry with a Mininet switch
+    agents: bool = False  # every switch on a box of its own, driven through its switch agent (topologies/agents.py)
     server_link: LinkSpec = LinkSpec()
     client_link: LinkSpec = LinkSpec()
     fabric_link: LinkSpec = LinkSpec()
@@ -55,6 +61,13 @@ class TestbedSpec:
         if self.dataplane == "openflow" and self.topology != "single":
             raise TopologyError("the openflow data plane runs the single-switch topology (one key classifier, whose "
                                 "tags the first switch consumes)")
+        if self.topology == "leafspine" and not (1 <= self.leaves and 1 <= self.spines and
+                                                 self.leaves + self.spines <= MAX_BOXES):
+            raise TopologyError(f"a leaf-spine needs at least one leaf and one spine, {MAX_BOXES} switches at most "
+                                f"(got {self.leaves} and {self.spines})")
+        if self.agents and self.dataplane != "ebpf":
+            raise TopologyError(f"switch agents per switch node run the ebpf data plane (a fabric balances at the "
+                                f"home's leaf, which the {self.dataplane} program cannot do yet)")
         for name in ("server_link", "client_link", "fabric_link"):
             getattr(self, name).check(name.replace("_", " "))
         if self.memcached_threads < 1 or self.memcached_memory_mb < 8:
@@ -75,6 +88,7 @@ class Testbed:
     memcached: list[MemcachedServer] = field(default_factory=list)
     processes: list[subprocess.Popen] = field(default_factory=list)
     claim: NetworkClaim | None = None
+    agents: SwitchAgents | None = None
 
     # --- life cycle -------------------------------------------------------------------------------------------
     def start(self) -> "Testbed":
@@ -93,7 +107,13 @@ class Testbed:
         from mininet.net import Mininet
 
         topo = self.spec.topo()
-        self.claim.record(_root_namespace_made(topo))
+        made = _root_namespace_made(topo)
+        if self.spec.agents:
+            self.agents = SwitchAgents(Path(tempfile.mkdtemp(prefix="mbalancer-agents-")), topo.switches(),
+                                       CONTROLLER_IP)
+            made.interfaces += self.agents.made().interfaces
+            made.namespaces += self.agents.made().namespaces
+        self.claim.record(made)
         self.net = Mininet(topo=topo, switch=self.switch_class, link=TCLink, controller=None,
                            autoSetMacs=False, waitConnected=False)
         self.net.start()
@@ -104,6 +124,8 @@ class Testbed:
             for intf in switch.intfList():
                 subprocess.run(["sysctl", "-qw", f"net.ipv6.conf.{intf.name}.disable_ipv6=1"], capture_output=True)
         self._check_shaping()
+        if self.agents is not None:
+            self.agents.start()
         log.info("testbed: %s topology, %d servers, %d clients, %s data plane, server links %s",
                  self.spec.topology, self.spec.servers, self.spec.clients, self.spec.dataplane,
                  self.spec.server_link)
@@ -135,9 +157,15 @@ class Testbed:
         for process in self.processes:
             stop_process(process)
         self.processes.clear()
+        if self.agents is not None:
+            self.agents.stop_agents()
         if self.net is not None:
             net, self.net = self.net, None
             net.stop()
+        if self.agents is not None:
+            self.agents.close()
+            shutil.rmtree(self.agents.folder, ignore_errors=True)
+            self.agents = None
         if self.claim is not None:
             self.claim.release()
             self.claim = None
@@ -149,9 +177,14 @@ class Testbed:
         self.close()
 
     def reload_dataplane(self) -> None:
-        """Every switch gets a fresh program and empty tables: no hot key or learned state left from a run."""
+        """Every switch gets a fresh program and empty tables: no hot key or learned state left from a run (and a
+        fresh agent, which the new mirror link moves in for)."""
+        if self.agents is not None:
+            self.agents.stop_agents()
         for switch in self.net.switches:
             switch.reload()
+        if self.agents is not None:
+            self.agents.start_agents()
 
     # --- what experiments use ---------------------------------------------------------------------------------
     @property
@@ -160,6 +193,12 @@ class Testbed:
 
     def dataplane(self) -> DataPlane:
         """The config's [dataplane] for this network: its kind, with settings naming its switches."""
+        if self.agents is not None:
+            racks: dict[str, list[str]] = {}
+            for host in self.server_hosts:
+                racks.setdefault(peer_intf(host.defaultIntf()).node.name, []).append(host.name)
+            kind = registry.get("agent")
+            return DataPlane(kind.name, ((kind.name, kind.parse_settings(self.agents.settings(racks))),))
         kind = registry.get(self.spec.dataplane)
         return DataPlane(kind.name, ((kind.name, kind.parse_settings(self.switch_class.driver_settings(self.net))),))
 

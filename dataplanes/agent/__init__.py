@@ -12,6 +12,7 @@ what travels is what the core asks. bmv2 is reached through P4Runtime as before 
 codec.py   the driver interface's values as JSON, only the types it names (no pickle from the network)
 server.py  the agent: authenticates, arbitrates between controllers by election id, runs the local driver
 client.py  the controller's driver for an agent (`kind = "agent"`), reconnecting when the agent comes back
+fabric.py  a fabric of boxes (`boxes`), one agent each, driven as one data plane: each key at its home's leaf
 
 Wire: service mbalancer.agent.v1.SwitchAgent, methods Hello (what the agent runs), Call (one driver call) and Stream
 (the primary controller's events: mirrored writes, reconnects). Every request carries the protocol version, the
@@ -29,6 +30,9 @@ class Settings:
     """The config's [dataplane.agent] section: the controller's side (address, kind, election_id) and the agent's
     (listen); the token and TLS files on both."""
     address: str = f"127.0.0.1:{DEFAULT_PORT}"  # controller: the agent to drive, host:port
+    # controller, a fabric instead (dataplanes/agent/fabric.py): one agent per box, "host:port srv1 srv2", the
+    # servers cabled to that box named (none: a spine)
+    boxes: tuple[str, ...] = ()
     kind: str = ""  # controller: the data plane the agent must run (e.g. "ebpf"); empty: whichever it runs
     election_id: int = 1  # controller: the highest an agent has seen drives it; a lower one is refused
     listen: str = f"127.0.0.1:{DEFAULT_PORT}"  # agent: where it serves; off loopback only with a token or TLS

@@ -22,19 +22,11 @@ from dataplanes.agent.wire import (CALL, ELECTION_KEY, HELLO, PROTOCOL, PROTOCOL
                                    options, read_token, tls_files)
 from dataplanes.driver import DriverError, LeftoverKey, MirrorHandler, ReconnectHandler
 from dataplanes.forwarded_driver import ForwardedDriver
-from mbalancer.settings import ConfigError, Server
+from mbalancer.settings import Server
 
 log = logging.getLogger(__name__)
 REFUSED = (grpc.StatusCode.PERMISSION_DENIED, grpc.StatusCode.ALREADY_EXISTS)  # the agent's arbitration said no
 RETRY = 0.5  # seconds between tries to reach an agent that went away
-
-
-def driver_from_settings(settings: Settings) -> "AgentDriver":
-    """The registry's factory; DriverError (one line) if the agent cannot be reached or runs another kind."""
-    try:
-        return AgentDriver(settings)
-    except ConfigError as err:
-        raise DriverError(str(err)) from None
 
 
 class Refused(DriverError):

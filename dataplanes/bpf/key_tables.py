@@ -30,10 +30,12 @@ ERRORS = (BpfError, ValueError)  # what Tables raises
 class KeyTables(SlotBook):
     """The hot keys in every copy's maps."""
 
-    def __init__(self, pin_dirs: Sequence[Path | str], what: str = "eBPF data plane"):
-        """pin_dirs: one per copy of the program; `what` names them in errors."""
+    def __init__(self, pin_dirs: Sequence[Path | str], what: str = "eBPF data plane", trusted: Sequence[str] = ()):
+        """pin_dirs: one per copy of the program; `what` names them in errors; trusted: the controller's addresses
+        beside this machine's own."""
         super().__init__(what, ERRORS)
         self.pin_dirs = [Path(p) for p in pin_dirs]
+        self.trusted = tuple(trusted)
 
     def attach(self, servers: Sequence[Server]) -> list[LeftoverKey]:
         """Open every copy's maps, write the servers there, and remove the hot keys a previous controller left."""
@@ -123,7 +125,7 @@ class KeyTables(SlotBook):
                     # closes before this controller (its predecessor's connections ending): nothing of ours to check
                     tables.set_closes_handled(index, tables.closes(index))
                 tables.add_memcached_ports(sorted({s.port for s in self.servers}))
-                for ip in own_addresses(self.servers):
+                for ip in sorted(own_addresses(self.servers) | set(self.trusted)):
                     tables.trust(ip)
                 tables.set_lease(self.lease_until)
         except ERRORS as err:

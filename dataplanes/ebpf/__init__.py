@@ -18,3 +18,6 @@ class Settings:
     """The config's [dataplane.ebpf] section."""
     switches: tuple[str, ...] = ()  # names of the loaded switches to drive; empty: every one loaded on this machine
     ports: tuple[str, ...] = ()  # this machine's interfaces `mbalancer switch attach` puts the switch on
+    # the controller's addresses whose copies never make a server unsure, beside this machine's own (a controller on
+    # another box, reaching the switch through its agent: its address towards the servers)
+    trusted: tuple[str, ...] = ()

@@ -23,6 +23,7 @@ from dataplanes.bpf.program import PIN_ROOT, bpffs_problem, loaded_switches, mir
 from dataplanes.driver import DriverError
 from dataplanes.ebpf import Settings
 from mbalancer.interfaces import interface_exists
+from mbalancer.memcache.addresses import resolve_ipv4
 
 log = logging.getLogger(__name__)
 ETH_P_ALL = 0x0003
@@ -38,12 +39,16 @@ def driver_from_settings(settings: Settings) -> "EbpfDriver":
     if not names:
         raise DriverError(f"no eBPF switch is loaded (nothing under {PIN_ROOT}): start a topology, or load the "
                           f"data plane on your switch's ports first")
+    try:
+        trusted = [resolve_ipv4(ip, ip) for ip in settings.trusted]
+    except ValueError as err:
+        raise DriverError(f"dataplane.ebpf.trusted: {err}") from None
     missing = [n for n in names if not (PIN_ROOT / n / "prog").exists()]
     if missing:
         raise DriverError(f"no eBPF switch named {', '.join(missing)} is loaded (loaded: "
                           f"{', '.join(loaded_switches()) or 'none'})")
     mirrors = [mirror_link_of(n)[1] for n in names if interface_exists(mirror_link_of(n)[1])]
-    return EbpfDriver([PIN_ROOT / n for n in names], mirrors)
+    return EbpfDriver([PIN_ROOT / n for n in names], mirrors, trusted)
 
 
 def owned_name(switch: str) -> str:
@@ -55,10 +60,10 @@ class EbpfDriver(BpfMapsDriver):
     name = "ebpf"
     thread_name = "mbalancer-ebpf"
 
-    def __init__(self, pin_dirs: Sequence[Path | str], mirror_ifaces: Sequence[str] = ()):
+    def __init__(self, pin_dirs: Sequence[Path | str], mirror_ifaces: Sequence[str] = (), trusted: Sequence[str] = ()):
         """pin_dirs: one per switch; mirror_ifaces: the controller's ends of the switches' mirror links (none: no
         mirrored writes are read, e.g. in packet-fixture tests)."""
-        super().__init__(KeyTables(pin_dirs, "eBPF data plane"))
+        super().__init__(KeyTables(pin_dirs, "eBPF data plane", trusted))
         self.mirror_ifaces = list(mirror_ifaces)
 
     def owned_switches(self) -> list[str]:

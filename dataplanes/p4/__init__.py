@@ -28,3 +28,5 @@ class Settings:
     ports: tuple[int, ...] = ()
     timeout: float = 5.0  # seconds a P4Runtime call may take before the driver gives up on it
     trusted: tuple[str, ...] = field(default=())  # extra controller addresses whose copies never make a server unsure
+    # P4Runtime arbitration: 0, the first controller to come stays primary; an etcd election sets its own (above)
+    election_id: int = 0

@@ -48,8 +48,16 @@ def first_come_election_id() -> int:
     return ELECTION_BASE - time.time_ns() // 1000
 
 
+def elected_election_id(revision: int) -> int:
+    """The election id of a controller elected through etcd at `revision` (controller/election.py): above every
+    first-come id, so a leader deposes a controller that ran no election, and a later leader an earlier one."""
+    return ELECTION_BASE + revision
+
+
 def election_text(election_id: int) -> str:
     """Who holds an election id, for an error: when that controller started, if the id is one of ours."""
+    if election_id > ELECTION_BASE:
+        return f"election id {election_id}, a controller elected through etcd (revision {election_id - ELECTION_BASE})"
     started_us = ELECTION_BASE - election_id
     if not 0 < started_us <= time.time_ns() // 1000:
         return f"election id {election_id}"

@@ -50,11 +50,14 @@ class P4RuntimeDriver(SlotBookDriver):
     def __init__(self, settings: Settings, pipeline: Pipeline):
         if not settings.switches:
             raise DriverError("no P4Runtime switch given ([dataplane.p4] switches, or --switch HOST:PORT)")
+        if not 0 <= settings.election_id < 1 << 64:
+            raise DriverError(f"dataplane.p4.election_id: 0 to 2^64-1 (got {settings.election_id})")
         super().__init__(SlotBook("P4 data plane", (P4Error,)))
         self.settings, self.pipeline = settings, pipeline
         self.clients: list[P4RuntimeClient] = []
         self.forwarding: dict[str, int] = {}  # destination MAC -> port, as written
-        self.election_id = first_come_election_id()  # P4Runtime arbitration: the first controller stays primary
+        # P4Runtime arbitration: the first controller stays primary, unless elected through etcd (a higher id)
+        self.election_id = settings.election_id or first_come_election_id()
         self._restart_pending = False  # a switch broke: every switch starts afresh once all are reached
         # connection -> where its unread stretch began, as the copies of its segments carry it (registers cannot be
         # read over P4Runtime)

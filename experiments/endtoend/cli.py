@@ -21,11 +21,12 @@ from typing import Callable
 from experiments.endtoend.plot import plot_all
 from experiments.endtoend.report import demo_line, format_runs
 from experiments.endtoend.spec import (AUTO_TARGET, CONTROLLERS, DETECTIONS, PRESETS, SWEEP_FIGURES, ExperimentSpec,
-                                       on_dataplane)
+                                       on_dataplane, on_topology)
 from experiments.endtoend.sweep import load_summary, run_sweep, spec_dict
 from mbalancer.config import REPLICA_MODES, Balancing, config_option
 from mbalancer.outputs import output_problem
 from mbalancer.progress import end_progress, stderr_progress
+from topologies.shapes import TOPOLOGIES
 
 Fail = Callable[[str], None]
 
@@ -55,6 +56,12 @@ def register(commands: argparse._SubParsersAction) -> None:
     parser.add_argument("--dataplane", choices=("ebpf", "openflow", "p4"),
                         help="the switch: ebpf (default), openflow (Open vSwitch, the Ryu app in ryu-manager) or p4 "
                              "(bmv2 over P4Runtime, at the lower rates a software switch carries)")
+    parser.add_argument("--topology", choices=TOPOLOGIES,
+                        help="single (one switch, the default) or leafspine: two tiers, servers and clients dealt "
+                             "over the leaves; on ebpf every switch on a box of its own behind its switch agent, "
+                             "each get balanced at its home's leaf")
+    parser.add_argument("--leaves", type=int, help="leaves of the leaf-spine (default 2)")
+    parser.add_argument("--spines", type=int, help="spines of the leaf-spine (default 2)")
     parser.add_argument("--detect", choices=DETECTIONS[1:],
                         help="how the monitor finds the hot keys: sketch (the switch counts every get itself; the "
                              "default on ebpf and openflow with one switch) or capture (the client ports' packets "
@@ -141,6 +148,10 @@ def _spec(args: argparse.Namespace, fail: Fail) -> ExperimentSpec:
     spec = replace(spec, **changes)
     if args.dataplane is not None:
         spec = on_dataplane(spec, args.dataplane)
+    if (args.leaves is not None or args.spines is not None) and (args.topology or spec.testbed.topology) != "leafspine":
+        fail("--leaves and --spines go with --topology leafspine")
+    if args.topology is not None:
+        spec = on_topology(spec, args.topology, args.leaves, args.spines)
     try:
         spec.check()
     except ValueError as err:

@@ -171,3 +171,14 @@ def on_dataplane(spec: ExperimentSpec, dataplane: str) -> ExperimentSpec:
         testbed = replace(testbed, server_link=replace(link, rate_mbit=link.rate_mbit * factor))
         clients = max(4 * testbed.clients, round(spec.clients * factor))
     return replace(spec, testbed=testbed, clients=clients)
+
+
+def on_topology(spec: ExperimentSpec, topology: str, leaves: int | None = None,
+                spines: int | None = None) -> ExperimentSpec:
+    """The spec run on another topology. A leaf-spine on ebpf is a fabric of boxes, each switch behind its own
+    switch agent (topologies/agents.py); p4's switches are remote already (P4Runtime)."""
+    testbed = replace(spec.testbed, topology=topology,
+                      leaves=spec.testbed.leaves if leaves is None else leaves,
+                      spines=spec.testbed.spines if spines is None else spines,
+                      agents=topology == "leafspine" and spec.testbed.dataplane == "ebpf")
+    return replace(spec, testbed=testbed)

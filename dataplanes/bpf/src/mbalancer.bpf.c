@@ -85,7 +85,9 @@ static __always_inline void mb_learn(struct __sk_buff *skb)
 }
 
 /* forward: send to the destination's port, or flood. */
-static __always_inline int mb_forward(struct __sk_buff *skb)
+/* Out of the port the destination MAC was learned on, or flooded. `hairpin`: the switch rewrote the destination, so
+ * the port it came in by is a way out too (a fabric's home leaf sends a balanced get back up to a spine). */
+static __always_inline int mb_send(struct __sk_buff *skb, int hairpin)
 {
 #ifdef MB_CLASSIFIER
 	return TC_ACT_OK;  /* on to the wire: the OpenFlow switch forwards */
@@ -93,7 +95,7 @@ static __always_inline int mb_forward(struct __sk_buff *skb)
 	struct ethhdr *eth = mb_data(skb);  /* read in place (after any rewrite: pointers taken anew) */
 	if ((void *)(eth + 1) > mb_data_end(skb))
 		return TC_ACT_SHOT;
-	__u32 in = skb->ingress_ifindex;
+	__u32 in = hairpin ? 0 : skb->ingress_ifindex;
 	__u64 dst = mb_mac_key(eth->h_dest);
 	__u32 *out = (eth->h_dest[0] & 1) ? 0 : bpf_map_lookup_elem(&forward, &dst);
 	if (out && *out != in)
@@ -113,6 +115,11 @@ static __always_inline int mb_forward(struct __sk_buff *skb)
 			bpf_clone_redirect(skb, *port, 0);
 	}
 	return TC_ACT_SHOT;  /* every copy has been sent */
+}
+
+static __always_inline int mb_forward(struct __sk_buff *skb)
+{
+	return mb_send(skb, 0);
 }
 
 static __always_inline int mb_is_memcached_port(const struct mb_port_set *memcached, __u16 port_be)
@@ -351,10 +358,10 @@ static __always_inline int mb_hot_get(struct __sk_buff *skb, struct mb_packet *p
 		return mb_forward(skb);
 	if (chosen != hot->home)
 		mb_remember_flow(&flow, hash, hot->home);
-	if (mb_rewrite_destination(skb, pkt, server) < 0)
+	if (mb_rewrite_destination(skb, pkt, server, hot->home) < 0)
 		return TC_ACT_SHOT;  /* a half-rewritten packet must not leave */
 	mb_count(MB_C_BALANCED);
-	return mb_forward(skb);
+	return mb_send(skb, chosen != hot->home);
 }
 
 /* A write to a hot key: counted in its slot (which makes it dirty) before it leaves for the home, so no get
@@ -383,23 +390,39 @@ static __always_inline int mb_set_mirror(struct __sk_buff *skb, struct mb_packet
 	return mb_forward(skb);
 }
 
+/* A get another switch balanced (its IP ID names the home, mb_rewrite_destination): the reply leaves the replica
+ * through this switch first, maybe never through the one that balanced it, so this one remembers the home too. */
+static __always_inline void mb_balanced_upstream(struct __sk_buff *skb, struct mb_packet *pkt)
+{
+	__u16 id;
+	if (mb_parse_udp_frame(skb, pkt) < 0 || mb_load(skb, pkt->ip_off + 4, &id, sizeof(id)) < 0)
+		return;
+	__u32 home = bpf_ntohs(id);
+	struct mb_server *server = bpf_map_lookup_elem(&servers, &home);
+	if (!server || server->ip == pkt->daddr)
+		return;  /* not a server this switch knows, or the get went home after all */
+	struct mb_flow flow = {.client_ip = pkt->saddr, .client_port = pkt->sport, .request_id = pkt->request_id};
+	mb_remember_flow(&flow, mb_flow_hash(&flow), home | MB_FLOW_UPSTREAM);
+}
+
 static __always_inline int mb_reply_source(struct __sk_buff *skb, struct mb_packet *pkt)
 {
 	__u16 header[1];
 	if (pkt->payload_len < MB_FRAME_HEADER || mb_load(skb, pkt->payload_off, header, sizeof(header)) < 0)
 		return mb_forward(skb);
 	struct mb_flow flow = {.client_ip = pkt->daddr, .client_port = pkt->dport, .request_id = header[0]};
-	__u32 *home = mb_flow_home(&flow);
-	if (!home)
+	__u32 *remembered = mb_flow_home(&flow);
+	if (!remembered)
 		return mb_forward(skb);
-	struct mb_server *server = bpf_map_lookup_elem(&servers, home);
+	__u32 home = *remembered & ~MB_FLOW_UPSTREAM;
+	struct mb_server *server = bpf_map_lookup_elem(&servers, &home);
 	if (server && (server->ip != pkt->saddr || server->port != pkt->sport)) {
 #ifdef MB_CLASSIFIER
-		mb_tag(skb, 1, MB_TAG_REPLY, *home, 0);  /* the switch writes the home's MAC, IP and port */
+		mb_tag(skb, 1, MB_TAG_REPLY, home, 0);  /* the switch writes the home's MAC, IP and port */
 		mb_count(MB_C_REPLIES_REWRITTEN);
 		return TC_ACT_OK;
 #endif
-		if (mb_rewrite_source(skb, pkt, server) < 0)
+		if (mb_rewrite_source(skb, pkt, server, !(*remembered & MB_FLOW_UPSTREAM)) < 0)
 			return TC_ACT_SHOT;
 		mb_count(MB_C_REPLIES_REWRITTEN);
 	}
@@ -415,7 +438,8 @@ int mbalancer(struct __sk_buff *skb)
 	int parsed = mb_parse_headers(skb, &pkt);  /* first: it may pull the headers into the linear part */
 	if (parsed == MB_UNREADABLE)
 		return TC_ACT_SHOT;  /* a write among them could not be counted: dropped, as under any memory shortage */
-	mb_learn(skb);
+	if (!(pkt.frag_off & bpf_htons(MB_IP_BALANCED)))
+		mb_learn(skb);  /* a balanced get keeps its client's MAC but may come back the way it went: not learned */
 	struct mb_port_set *memcached = bpf_map_lookup_elem(&memcached_ports, &zero);
 	if (parsed == MB_FIRST_FRAGMENT && mb_is_memcached_port(memcached, pkt.dport)) {
 		/* A request too big for one frame (a UDP set of a large value): the server applies it once every
@@ -438,6 +462,8 @@ int mbalancer(struct __sk_buff *skb)
 	mb_count(MB_C_MEMCACHED);
 	if (pkt.frag_off & bpf_htons(MB_IP_BALANCED)) {
 		mb_count(MB_C_ALREADY_BALANCED);
+		if (pkt.proto == IPPROTO_UDP)
+			mb_balanced_upstream(skb, &pkt);
 		return mb_forward(skb);
 	}
 	if (pkt.proto == IPPROTO_TCP && (pkt.tcp_flags & (MB_TCP_FIN | MB_TCP_RST)) &&

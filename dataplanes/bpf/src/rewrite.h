@@ -49,30 +49,34 @@ static __always_inline void mb_udp_check_update(struct udphdr *udp, const __u16 
 	udp->check = check ? check : 0xffff;
 }
 
-/* hot_get's rewrite: to `server`, marked as balanced. Written in place (one pass fixes both checksums, where the
- * helpers took nine calls). */
+/* hot_get's rewrite: to `server`, marked as balanced, the home's index in the IP ID (a get is one unfragmented
+ * datagram, whose ID nothing reads), so that a switch further on, the replica's, can make the reply seem to come from
+ * the home when the reply does not pass this one (a fabric that balances at the home's leaf). Written in place (one
+ * pass fixes both checksums, where the helpers took nine calls). */
 static __always_inline int mb_rewrite_destination(struct __sk_buff *skb, struct mb_packet *pkt,
-						  const struct mb_server *server)
+						  const struct mb_server *server, __u32 home)
 {
 	struct ethhdr *eth;
 	struct iphdr *ip;
 	struct udphdr *udp;
 	if (!mb_headers(skb, pkt, &eth, &ip, &udp))
 		return -1;
-	__u16 marked = pkt->frag_off | bpf_htons(MB_IP_BALANCED);
-	__u16 old_ip[3] = {(__u16)ip->daddr, (__u16)(ip->daddr >> 16), ip->frag_off};
-	__u16 new_ip[3] = {(__u16)server->ip, (__u16)(server->ip >> 16), marked};
-	ip->check = mb_csum_update(ip->check, old_ip, new_ip, 3);
+	__u16 marked = pkt->frag_off | bpf_htons(MB_IP_BALANCED), home_id = bpf_htons((__u16)home);
+	__u16 old_ip[4] = {(__u16)ip->daddr, (__u16)(ip->daddr >> 16), ip->frag_off, ip->id};
+	__u16 new_ip[4] = {(__u16)server->ip, (__u16)(server->ip >> 16), marked, home_id};
+	ip->check = mb_csum_update(ip->check, old_ip, new_ip, 4);
 	mb_udp_check_update(udp, old_ip, new_ip, udp->dest, server->port);
 	ip->daddr = server->ip;
 	ip->frag_off = marked;
+	ip->id = home_id;
 	udp->dest = server->port;
 	__builtin_memcpy(eth->h_dest, server->mac, ETH_ALEN);
 	return 0;
 }
 
-/* reply_source's rewrite: the reply leaves as if from `home` (in place, as above). */
-static __always_inline int mb_rewrite_source(struct __sk_buff *skb, struct mb_packet *pkt, const struct mb_server *home)
+/* reply_source's rewrite: the reply leaves as if from `home` (in place, as above); its MAC too if `mac`. */
+static __always_inline int mb_rewrite_source(struct __sk_buff *skb, struct mb_packet *pkt, const struct mb_server *home,
+					     int mac)
 {
 	struct ethhdr *eth;
 	struct iphdr *ip;
@@ -85,7 +89,8 @@ static __always_inline int mb_rewrite_source(struct __sk_buff *skb, struct mb_pa
 	mb_udp_check_update(udp, old_ip, new_ip, udp->source, home->port);
 	ip->saddr = home->ip;
 	udp->source = home->port;
-	__builtin_memcpy(eth->h_source, home->mac, ETH_ALEN);
+	if (mac)
+		__builtin_memcpy(eth->h_source, home->mac, ETH_ALEN);
 	return 0;
 }
 

@@ -89,8 +89,12 @@ struct mb_flow {
 
 struct mb_flow_way {
 	struct mb_flow flow;
-	__u32 home;  /* the server its reply must seem to come from */
+	__u32 home;  /* the server its reply must seem to come from, | MB_FLOW_UPSTREAM */
 };
+
+/* The get was balanced by a switch before this one: its reply gets the home's IP and port here but keeps the
+ * replica's MAC, so the switches after this one learn no MAC at a port it is not behind. */
+#define MB_FLOW_UPSTREAM 0x80000000u
 
 /* Two balanced gets whose flows hash to the bucket; a third replaces the older (`next`). */
 struct mb_flow_bucket {

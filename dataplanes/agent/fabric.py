@@ -1,0 +1,268 @@
+"""A fabric of switch boxes driven as one data plane: `[dataplane.agent] boxes`, one switch agent per box.
+
+Where a hot key's gets are balanced: at its home's leaf, the one switch that every request to the home passes,
+writes included. That switch alone holds the key's rules, so it counts every write before the home sees it (the
+key's gets turn dirty at once, as on one switch: no get after a write can reach a copy the controller has not
+synced), and it mirrors each write exactly once. Balancing at the client's leaf instead would leave a leaf that a
+write never crossed balancing gets to copies that write made stale, until the controller heard of it. The balanced
+get carries the home's index in its IP ID (dataplanes/bpf/src/rewrite.h), so the replica's switch, which the reply
+leaves through first, makes the reply seem to come from the home. Spines hold no key: they forward.
+
+Every call of the driver interface goes to the box holding the key (or the server) it names; the lease, the
+counters and attach go to every box. A box that comes back empty (its agent restarted, its switch reloaded) has its
+keys forgotten here, and the core installs every key again: the boxes that kept theirs take the install as new
+weights with the key held dirty, which is what an install is.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+from dataclasses import replace
+from typing import Any, Callable, Mapping, Sequence
+
+from dataplanes.agent import Settings
+from dataplanes.agent.client import AgentDriver
+from dataplanes.driver import (Counters, Driver, DriverError, ForwardingEntry, HotKeyInstall, LeftoverKey,
+                               MirrorHandler, ReconnectHandler, ReplicaWeight, StreamId, WriteStamp, raise_refused)
+from mbalancer.settings import ConfigError, Server
+
+log = logging.getLogger(__name__)
+# data planes whose program names the home to the replica's switch (FABRIC_CASES); none: the recording driver
+FABRIC_KINDS = ("ebpf", "none")
+
+
+def driver_from_settings(settings: Settings) -> Driver:
+    """The registry's factory for `kind = "agent"`: one agent's driver (address), or a fabric's (boxes); DriverError
+    (one line) if an agent cannot be reached or runs another kind."""
+    try:
+        return FabricDriver(settings) if settings.boxes else AgentDriver(settings)
+    except ConfigError as err:
+        raise DriverError(str(err)) from None
+
+
+def parse_box(entry: str) -> tuple[str, tuple[str, ...]]:
+    """One entry of `boxes`: "host:port srv1 srv2" -> (address, the servers cabled to that box)."""
+    words = entry.split()
+    if not words or ":" not in words[0]:
+        raise ConfigError(f"dataplane.agent.boxes: {entry!r} is not \"host:port [server ...]\"")
+    return words[0], tuple(words[1:])
+
+
+class FabricDriver(Driver):
+    name = "fabric"
+
+    def __init__(self, settings: Settings, connect: Callable[[Settings], Driver] = AgentDriver):
+        boxes = [parse_box(entry) for entry in settings.boxes]
+        named = [name for _, names in boxes for name in names]
+        if twice := sorted({name for name in named if named.count(name) > 1}):
+            raise ConfigError(f"dataplane.agent.boxes: {', '.join(twice)} cabled to more than one box")
+        self.racks = [names for _, names in boxes]
+        self.boxes: list[Driver] = []
+        try:
+            for address, _ in boxes:
+                self.boxes.append(connect(replace(settings, address=address, boxes=())))
+        except DriverError:
+            self.close()
+            raise
+        kinds = {getattr(box, "kind", box.name) for box in self.boxes}  # an agent's: what it serves
+        if not kinds <= set(FABRIC_KINDS):
+            self.close()
+            raise DriverError(f"a fabric balances at the home's leaf, which the {', '.join(sorted(kinds))} data "
+                              f"plane cannot do yet (the replica's switch must learn the home from the get): run "
+                              f"{' or '.join(FABRIC_KINDS)} on every box")
+        limits = [box.max_replicas for box in self.boxes if box.max_replicas is not None]
+        self.max_replicas = min(limits) if limits else None
+        self.lock = threading.Lock()
+        self.held: dict[bytes, int] = {}  # hot key -> the box holding its rules
+        self.box_of: list[int] = []  # server index -> its box
+        self.servers: tuple[Server, ...] = ()
+        self.on_reconnect: ReconnectHandler | None = None
+
+    # --- routing ---------------------------------------------------------------------------------------------
+    def _home_box(self, home: int) -> int:
+        return self.box_of[home]
+
+    def _key_box(self, key: bytes) -> Driver:
+        with self.lock:
+            if key not in self.held:
+                raise DriverError(f"{key!r} is not installed")
+            return self.boxes[self.held[key]]
+
+    def _by_box(self, keys: Sequence[bytes], refused: dict[bytes, DriverError]) -> dict[int, list[bytes]]:
+        groups: dict[int, list[bytes]] = {}
+        with self.lock:
+            for key in keys:
+                if key in self.held:
+                    groups.setdefault(self.held[key], []).append(key)
+                else:
+                    refused[key] = DriverError(f"{key!r} is not installed")
+        return groups
+
+    def _server_box(self, server: int) -> Driver:
+        return self.boxes[self.box_of[server]]
+
+    def _stream_box(self, stream: StreamId) -> Driver | None:
+        for index, server in enumerate(self.servers):
+            if (server.ip, server.port) == (stream.server_ip, stream.server_port):
+                return self._server_box(index)
+        return None
+
+    # --- the driver interface --------------------------------------------------------------------------------
+    def attach(self, servers: Sequence[Server], on_mirror: MirrorHandler,
+               on_reconnect: ReconnectHandler | None = None) -> list[LeftoverKey]:
+        where = {name: box for box, names in enumerate(self.racks) for name in names}
+        unknown = sorted(set(where) - {s.name for s in servers})
+        if unknown:
+            raise DriverError(f"dataplane.agent.boxes names {', '.join(unknown)}, not a server of the config")
+        if nowhere := [s.name for s in servers if s.name not in where]:
+            raise DriverError(f"{', '.join(nowhere)} cabled to no box of dataplane.agent.boxes: its hot keys would "
+                              f"have no switch to balance them")
+        self.servers, self.box_of = tuple(servers), [where[s.name] for s in servers]
+        self.on_reconnect = on_reconnect
+        leftovers: list[LeftoverKey] = []
+        for index, box in enumerate(self.boxes):
+            leftovers += box.attach(servers, on_mirror, lambda index=index: self._came_back(index))
+        log.info("fabric: %d boxes, servers by box: %s", len(self.boxes),
+                 "; ".join(f"box {i + 1}: {' '.join(names) or 'none (spine)'}" for i, names in enumerate(self.racks)))
+        return leftovers
+
+    def _came_back(self, index: int) -> None:
+        with self.lock:
+            self.held = {key: box for key, box in self.held.items() if box != index}
+        if self.on_reconnect is not None:
+            self.on_reconnect()
+
+    def install_hot_keys(self, installs: Sequence[HotKeyInstall]) -> dict[bytes, DriverError]:
+        refused: dict[bytes, DriverError] = {}
+        fresh: dict[int, list[HotKeyInstall]] = {}
+        again: list[HotKeyInstall] = []
+        with self.lock:
+            for install in installs:
+                (again if install.key in self.held else fresh.setdefault(self._home_box(install.home), [])
+                 ).append(install)
+        for box, batch in fresh.items():
+            refused.update(self.boxes[box].install_hot_keys(batch))
+            with self.lock:
+                self.held.update({i.key: box for i in batch if i.key not in refused})
+        for install in again:  # a box that kept the key while another came back empty
+            try:
+                self.set_weights(install.key, install.replicas)
+                self.set_dirty(install.key)
+            except DriverError as err:
+                refused[install.key] = err
+        return refused
+
+    def install_hot_key(self, key: bytes, home: int, replicas: Sequence[ReplicaWeight]) -> None:
+        raise_refused(self.install_hot_keys([HotKeyInstall(key, home, tuple(replicas))]))
+
+    def set_weights(self, key: bytes, replicas: Sequence[ReplicaWeight]) -> None:
+        self._key_box(key).set_weights(key, replicas)
+
+    def remove_hot_keys(self, keys: Sequence[bytes]) -> dict[bytes, DriverError]:
+        refused: dict[bytes, DriverError] = {}
+        for box, batch in self._by_box(keys, refused).items():
+            refused_here = self.boxes[box].remove_hot_keys(batch)
+            refused.update(refused_here)
+            with self.lock:
+                for key in batch:
+                    if key not in refused_here:
+                        self.held.pop(key, None)
+        return refused
+
+    def remove_hot_key(self, key: bytes) -> None:
+        raise_refused(self.remove_hot_keys([key]))
+
+    def set_dirty(self, key: bytes) -> None:
+        self._key_box(key).set_dirty(key)
+
+    def write_stamp(self, key: bytes) -> WriteStamp:
+        return self._key_box(key).write_stamp(key)
+
+    def write_stamps(self, keys: Sequence[bytes]) -> dict[bytes, WriteStamp]:
+        refused: dict[bytes, DriverError] = {}
+        stamps: dict[bytes, WriteStamp] = {}
+        for box, batch in self._by_box(keys, refused).items():
+            stamps.update(self.boxes[box].write_stamps(batch))
+        raise_refused(refused)
+        return stamps
+
+    def clear_dirty(self, key: bytes, stamp: WriteStamp) -> None:
+        self._key_box(key).clear_dirty(key, stamp)
+
+    def clear_dirty_keys(self, stamps: Mapping[bytes, WriteStamp]) -> dict[bytes, DriverError]:
+        refused: dict[bytes, DriverError] = {}
+        for box, batch in self._by_box(list(stamps), refused).items():
+            refused.update(self.boxes[box].clear_dirty_keys({key: stamps[key] for key in batch}))
+        return refused
+
+    def renew_lease(self, seconds: float) -> None:
+        self._every(lambda box: box.renew_lease(seconds))
+
+    def set_forwarding(self, entries: Sequence[ForwardingEntry]) -> None:
+        if entries:
+            raise DriverError("a fabric's switches learn where each MAC is: [[forwarding]] names one switch's ports")
+
+    def read_counters(self) -> Counters:
+        total = Counters()
+        for box in self.boxes:
+            counters = box.read_counters()
+            total.keys.update(counters.keys)  # a key is on one box
+            total.unparsed += counters.unparsed
+            total.unsure += counters.unsure
+            for name, value in counters.switch.items():
+                total.switch[name] = total.switch.get(name, 0) + value
+        return total
+
+    def switch_counters(self) -> list[dict[str, int]]:
+        return [counts for box in self.boxes for counts in box.switch_counters()]
+
+    def stream_start(self, stream: StreamId) -> int | None:
+        box = self._stream_box(stream)
+        return box.stream_start(stream) if box else None
+
+    def resume_stream(self, stream: StreamId, seq: int) -> None:
+        if box := self._stream_box(stream):
+            box.resume_stream(stream, seq)
+
+    def blind_stream(self, stream: StreamId) -> None:
+        if box := self._stream_box(stream):
+            box.blind_stream(stream)
+
+    def unsure_quiet(self, server: int) -> float | None:
+        return self._server_box(server).unsure_quiet(server)
+
+    def rearm_unsure(self, server: int) -> None:
+        self._server_box(server).rearm_unsure(server)
+
+    def server_closes(self, server: int) -> tuple:
+        return self._server_box(server).server_closes(server)
+
+    def closes_handled(self, server: int, closes: tuple) -> None:
+        self._server_box(server).closes_handled(server, closes)
+
+    def sketch_call(self, call: str, args: tuple) -> Any:
+        raise DriverError("a fabric's gets enter at every leaf, and a sketch is one switch's: detect by capture")
+
+    def owned_switches(self) -> list[str]:
+        return [name for box in self.boxes for name in box.owned_switches()]
+
+    def switches_gone(self) -> list[str]:
+        return [name for box in self.boxes for name in box.switches_gone()]
+
+    def close(self) -> None:
+        for box in self.boxes:
+            try:
+                box.close()
+            except DriverError as err:
+                log.info("closing a box: %s", err)
+
+    def _every(self, call: Callable[[Driver], None]) -> None:
+        """`call` on every box; the first refusal raised once all were asked (one box down holds back no other)."""
+        errors = []
+        for box in self.boxes:
+            try:
+                call(box)
+            except DriverError as err:
+                errors.append(err)
+        if errors:
+            raise errors[0]
