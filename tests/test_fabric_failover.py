@@ -26,17 +26,18 @@ from tests.switch_agent import hello
 
 why_not = why_no_mininet() or available()
 pytestmark = pytest.mark.skipif(why_not is not None, reason=str(why_not))
-WAIT = 30.0  # seconds any one step below may take at most
+WAIT = 60.0  # seconds any one step below may take at most (two CPU hogs beside it all: still seconds)
 KEYS = [b"fo:%d" % i for i in range(4)]
-LOAD_SECONDS = 16
+PACE = 0.0002  # seconds each client waits between requests: load, not a flood that starves the controllers
 
-# Runs on a client host: for `seconds`, each key in turn is set to a new value over UDP at its home (the set
-# acknowledged: STORED), then got 30 times (the first go home while the key is dirty, the later ones are balanced
-# once the controller has synced the copies); every get must answer that value. With "reads" only gets, which must
+# Runs on a client host until the file `stop` exists: each key in turn is set to a new value over UDP at its home
+# (the set acknowledged: STORED), then got 30 times (the first go home while the key is dirty, the later ones are
+# balanced once the controller has synced the copies); every get must answer that value. With "reads" only gets, which must
 # find a value. Prints the counts as JSON.
 LOAD = r"""
-import json, socket, struct, sys, time
-writes, seconds, pairs = sys.argv[1] == "writes", float(sys.argv[2]), [p.split("=") for p in sys.argv[3:]]
+import json, os, socket, struct, sys, time
+writes, stop, pace = sys.argv[1] == "writes", sys.argv[2], float(sys.argv[3])
+pairs = [p.split("=") for p in sys.argv[4:]]
 socks = {}
 for ip, key in pairs:
     s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
@@ -44,10 +45,11 @@ for ip, key in pairs:
     s.settimeout(0.5)
     socks[key] = s
 counts = dict(sets=0, set_unanswered=0, gets=0, fresh=0, stale=0, miss=0, unanswered=0, unsure=0, found=0)
-rid, n, deadline = 0, 0, time.monotonic() + seconds
+rid, n, deadline = 0, 0, time.monotonic() + 300  # at most, if never told to stop
 
 def ask(sock, payload):
     global rid
+    time.sleep(pace)
     rid = (rid + 1) % 65536
     sock.send(struct.pack("!HHHH", rid, 0, 1, 0) + payload)
     while True:
@@ -55,7 +57,7 @@ def ask(sock, payload):
         if data[:2] == struct.pack("!H", rid):
             return data[8:]
 
-while time.monotonic() < deadline:
+while time.monotonic() < deadline and not os.path.exists(stop):
     for ip, key in pairs:
         n += 1
         value, acked = b"v%d" % n, False
@@ -128,6 +130,15 @@ def balanced(state: dict) -> int:
     return sum(n for key in state["counters"]["data_plane"]["keys"].values() for n in key["per_replica"].values())
 
 
+def balancing(config: Path) -> int:
+    """Once the controller has every key installed and the switches have balanced gets: how many."""
+    deadline = time.monotonic() + WAIT
+    while not (installed(now := state(config)) == len(KEYS) and balanced(now) > 0):
+        assert time.monotonic() < deadline, (now["hot_keys"], now["counters"])
+        time.sleep(0.1)
+    return balanced(now)
+
+
 def every_box_driven_by(boxes: list[str], token: Path, election_id: int) -> bool:
     return all(hello(box.split()[0], token)["primary_election_id"] == election_id for box in boxes)
 
@@ -161,14 +172,11 @@ def test_a_fabric_under_load_fails_over_with_no_stale_read_and_no_miss(tmp_path)
                 stderr=(tmp_path / "monitor.log").open("w")))
             pairs = [f"{bed.servers[key_hash.server_of(k)].ip}={k.decode()}" for k in KEYS]
             (tmp_path / "load.py").write_text(LOAD)
-            loads = [bed.popen(host, ["python3", str(tmp_path / "load.py"), mode, str(LOAD_SECONDS), *pairs],
+            stop = tmp_path / "stop"
+            loads = [bed.popen(host, ["python3", str(tmp_path / "load.py"), mode, str(stop), str(PACE), *pairs],
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
                      for host, mode in zip(bed.client_hosts, ("writes", "reads"))]
-            deadline = time.monotonic() + WAIT
-            while not (installed(state(configs[0])) == len(KEYS) and balanced(state(configs[0])) > 0):
-                assert time.monotonic() < deadline, state(configs[0])
-                time.sleep(0.1)
-            balanced_before = balanced(state(configs[0]))
+            balanced_before = balancing(configs[0])
             killed_at = time.monotonic()
             os.kill(controllers[0].pid, signal.SIGKILL)
             second = elected_id(logs[1])
@@ -176,8 +184,10 @@ def test_a_fabric_under_load_fails_over_with_no_stale_read_and_no_miss(tmp_path)
                 assert time.monotonic() - killed_at < WAIT
                 time.sleep(0.02)
             took = time.monotonic() - killed_at
-            counts, reads = (json.loads(load.communicate(timeout=LOAD_SECONDS + WAIT)[0].strip().splitlines()[-1])
-                             for load in loads)
+            balancing(configs[1])  # the new leader has installed every key again, and balances
+            time.sleep(3)
+            stop.touch()
+            counts, reads = (json.loads(load.communicate(timeout=WAIT)[0].strip().splitlines()[-1]) for load in loads)
             after = state(configs[1])
             print(f"kill -9 of the leader: the next one (election id {second} > {leader}) drives all "
                   f"{len(fabric.boxes)} boxes {took:.2f} s later; the writing client: {counts}; the reading one: "

@@ -73,8 +73,8 @@ def run_fault(rig: Rig, fault: Fault, load: float, full_rate: float, write_rate:
     fault_at = time.time() - started  # when the fault begins: injecting may take a while (a killed memcached's
     fault.inject(rig)  # exit waited for, wedge datagrams sent until it holds), and the controller may act meanwhile
     time.sleep(phases.fault)
-    fault.recover(rig)
-    recovered_at = time.time() - started
+    recovered_at = time.time() - started  # when recovery begins, likewise: a restarted memcached may take seconds
+    fault.recover(rig)  # to answer the rig's probe on a loaded machine, and the controller may refill it before
     client.wait(timeout=phases.total + 30)
     buckets = [json.loads(line) for line in buckets_file.read_text().splitlines()]
     decisions = _decisions(rig, started)
