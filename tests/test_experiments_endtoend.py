@@ -112,6 +112,9 @@ def test_rounds_are_summarised_by_medians_and_ranges(tmp_path):
     ({"testbed": TestbedSpec(server_link=LinkSpec(rate_mbit=-1))}, "rate"),
     ({"detection": "psychic"}, "detection must be one of"),
     ({"detection": "sketch", "testbed": TestbedSpec(topology="leafspine")}, "every leaf: detect by capture"),
+    ({"testbed": TestbedSpec(topology="leafspine", leaves=0)}, "at least one leaf and one spine"),
+    ({"testbed": TestbedSpec(topology="leafspine", leaves=60, spines=4)}, "63 switches at most"),
+    ({"testbed": TestbedSpec(topology="leafspine", dataplane="p4", agents=True)}, "switch agents per switch node run"),
 ])
 def test_impossible_settings_are_named(change, message):
     with pytest.raises((ValueError, TopologyError), match=message):
@@ -165,6 +168,8 @@ def test_what_limited_a_run_is_named(rates, cores, busy, steal, limit):
     (["demo", "--out", "x", "--hot", "auto", "--target", "1.5"], "--target"),
     (["demo", "--out", "x", "--hot", "5", "--target", "0.9"], "--target goes with --hot auto"),
     (["demo", "--out", "x", "--rounds", "0"], "rounds"),
+    (["demo", "--out", "x", "--leaves", "3"], "--leaves and --spines go with --topology leafspine"),
+    (["demo", "--out", "x", "--topology", "leafspine", "--spines", "0"], "at least one leaf and one spine"),
 ])
 def test_bad_options_exit_2(run_cli, args, message):
     result = run_cli("experiment", *args)
