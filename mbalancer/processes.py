@@ -20,13 +20,6 @@ def stop_process(process: subprocess.Popen, grace: float = 5.0, group: bool = Fa
             process.wait()
 
 
-def die_with_parent() -> None:
-    """A child's preexec_fn: SIGTERM when the process that started it dies, even by SIGKILL (Linux prctl
-    PR_SET_PDEATHSIG, kept across exec), so a killed run leaves no child of it serving on."""
-    import ctypes
-    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # 1: PR_SET_PDEATHSIG
-
-
 def _signal(process: subprocess.Popen, signum: int, group: bool) -> None:
     try:
         os.killpg(process.pid, signum) if group else process.send_signal(signum)

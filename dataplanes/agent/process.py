@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 from typing import Sequence
 
-from mbalancer.processes import die_with_parent, stop_process
+from mbalancer.processes import stop_process
 
 START_TIMEOUT = 30.0  # seconds the agent may take to import, make its driver and listen
 READY = "Ctrl-C stops"  # the line `mbalancer switch serve` prints once it serves
@@ -18,14 +18,13 @@ READY = "Ctrl-C stops"  # the line `mbalancer switch serve` prints once it serve
 
 class AgentProcess:
     """`mbalancer switch serve --config config` (under `prefix`, e.g. nsenter into a namespace); `log` is what it
-    said so far. Raises RuntimeError with its words if it does not start. It ends with the process that started it
-    (a testbed killed with SIGKILL leaves no agent serving)."""
+    said so far. Raises RuntimeError with its words if it does not start."""
 
     def __init__(self, config: Path, prefix: Sequence[str] = ()):
         self.config = config
         self.process = subprocess.Popen([*prefix, sys.executable, "-m", "mbalancer.cli", "switch", "serve",
                                          "--config", str(config)], stdin=subprocess.DEVNULL,
-                                        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, preexec_fn=die_with_parent)
+                                        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         self.log = ""
         deadline = time.monotonic() + START_TIMEOUT
         while READY not in self.log:
