@@ -111,8 +111,9 @@ class Testbed:
         if self.spec.agents:
             self.agents = SwitchAgents(Path(tempfile.mkdtemp(prefix="mbalancer-agents-")), topo.switches(),
                                        CONTROLLER_IP)
-            made.interfaces += self.agents.made().interfaces
-            made.namespaces += self.agents.made().namespaces
+            boxes = self.agents.made()
+            made.interfaces += boxes.interfaces
+            made.namespaces += boxes.namespaces
         self.claim.record(made)
         self.net = Mininet(topo=topo, switch=self.switch_class, link=TCLink, controller=None,
                            autoSetMacs=False, waitConnected=False)

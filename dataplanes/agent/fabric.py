@@ -75,13 +75,10 @@ class FabricDriver(Driver):
         self.lock = threading.Lock()
         self.held: dict[bytes, int] = {}  # hot key -> the box holding its rules
         self.box_of: list[int] = []  # server index -> its box
-        self.servers: tuple[Server, ...] = ()
+        self.box_at: dict[tuple[str, int], int] = {}  # a server's (ip, port) -> its box
         self.on_reconnect: ReconnectHandler | None = None
 
     # --- routing ---------------------------------------------------------------------------------------------
-    def _home_box(self, home: int) -> int:
-        return self.box_of[home]
-
     def _key_box(self, key: bytes) -> Driver:
         with self.lock:
             if key not in self.held:
@@ -102,10 +99,8 @@ class FabricDriver(Driver):
         return self.boxes[self.box_of[server]]
 
     def _stream_box(self, stream: StreamId) -> Driver | None:
-        for index, server in enumerate(self.servers):
-            if (server.ip, server.port) == (stream.server_ip, stream.server_port):
-                return self._server_box(index)
-        return None
+        box = self.box_at.get((stream.server_ip, stream.server_port))
+        return None if box is None else self.boxes[box]
 
     # --- the driver interface --------------------------------------------------------------------------------
     def attach(self, servers: Sequence[Server], on_mirror: MirrorHandler,
@@ -117,7 +112,8 @@ class FabricDriver(Driver):
         if nowhere := [s.name for s in servers if s.name not in where]:
             raise DriverError(f"{', '.join(nowhere)} cabled to no box of dataplane.agent.boxes: its hot keys would "
                               f"have no switch to balance them")
-        self.servers, self.box_of = tuple(servers), [where[s.name] for s in servers]
+        self.box_of = [where[s.name] for s in servers]
+        self.box_at = {(s.ip, s.port): where[s.name] for s in servers}
         self.on_reconnect = on_reconnect
         leftovers: list[LeftoverKey] = []
         for index, box in enumerate(self.boxes):
@@ -138,7 +134,7 @@ class FabricDriver(Driver):
         again: list[HotKeyInstall] = []
         with self.lock:
             for install in installs:
-                (again if install.key in self.held else fresh.setdefault(self._home_box(install.home), [])
+                (again if install.key in self.held else fresh.setdefault(self.box_of[install.home], [])
                  ).append(install)
         for box, batch in fresh.items():
             refused.update(self.boxes[box].install_hot_keys(batch))

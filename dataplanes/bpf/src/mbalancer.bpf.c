@@ -84,9 +84,9 @@ static __always_inline void mb_learn(struct __sk_buff *skb)
 		bpf_map_update_elem(&forward, &src, &in, BPF_ANY);
 }
 
-/* forward: send to the destination's port, or flood. */
-/* Out of the port the destination MAC was learned on, or flooded. `hairpin`: the switch rewrote the destination, so
- * the port it came in by is a way out too (a fabric's home leaf sends a balanced get back up to a spine). */
+/* forward: out of the port the destination MAC was learned on, or flooded. `hairpin`: the switch rewrote the
+ * destination, so the port it came in by is a way out too (a fabric's home leaf sends a balanced get back up to a
+ * spine). */
 static __always_inline int mb_send(struct __sk_buff *skb, int hairpin)
 {
 #ifdef MB_CLASSIFIER
