@@ -53,13 +53,24 @@ def launch(config: Path | str, log: IO | None = None, homes: Path | None = None)
 def main() -> int:
     patch_eventlet()
     register_options(cli=True)
-    signal.signal(signal.SIGTERM, _interrupt)  # as Ctrl-C: ryu-manager then stops every app (the core ends its lease)
+    signal.signal(signal.SIGTERM, _interrupt_main_greenlet())  # as Ctrl-C: ryu-manager stops every app
     from ryu.cmd import manager
     return manager.main() or 0
 
 
-def _interrupt(*_) -> None:
-    raise KeyboardInterrupt
+def _interrupt_main_greenlet():
+    """A SIGTERM handler that interrupts the greenlet calling it now (ryu-manager's, waiting on its apps).
+
+    A handler that raised KeyboardInterrupt itself would raise it in whichever greenlet runs when the signal lands
+    (an app's, the lease's) and end that one alone, leaving ryu-manager running; the hub throws it into the main
+    greenlet instead, where ryu-manager catches it and closes every app (the core ends its lease)."""
+    import greenlet
+    from eventlet import hubs
+    main_greenlet = greenlet.getcurrent()
+
+    def interrupt(*_) -> None:
+        hubs.get_hub().schedule_call_global(0, main_greenlet.throw, KeyboardInterrupt)
+    return interrupt
 
 
 if __name__ == "__main__":
