@@ -116,7 +116,7 @@ def _runs(args: argparse.Namespace, faults: list[str], loads: list[float], paths
         with Rig(args.out, args.hot, FAULTED, dataplane=args.dataplane) as rig:
             result = run_fault(rig, FAULTS[name], load, args.rate, args.write_rate, phases, args.out)
         write_buckets_csv(args.out, result)
-        plot_run(args.out, result, phases)
+        plot_run(args.out, result)
         results.append(result)
     return _coherence(args, paths)
 

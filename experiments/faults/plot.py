@@ -10,12 +10,12 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from experiments.faults.run import Phases, Result  # noqa: E402
+from experiments.faults.run import Result  # noqa: E402
 
 BUCKET_SECONDS = 0.1
 
 
-def plot_run(out: Path, result: Result, phases: Phases) -> Path:
+def plot_run(out: Path, result: Result) -> Path:
     source = out / f"{result.fault}-{int(result.load * 100)}.jsonl"
     buckets = [json.loads(line) for line in source.read_text().splitlines()]
     t = [b["t"] for b in buckets]
@@ -28,11 +28,11 @@ def plot_run(out: Path, result: Result, phases: Phases) -> Path:
     bottom.set_ylabel("per 100 ms")
     bottom.set_xlabel("seconds")
     for ax in (top, bottom):
-        ax.axvspan(phases.warmup, phases.warmup + phases.fault, color="0.9", zorder=0)
+        ax.axvspan(result.fault_at, result.recovered_at, color="0.9", zorder=0)
         if result.removed_after_s is not None:
-            ax.axvline(phases.warmup + result.removed_after_s, color="tab:red", ls="--", lw=1)
+            ax.axvline(result.fault_at + result.removed_after_s, color="tab:red", ls="--", lw=1)
         if result.restored_after_s is not None:
-            ax.axvline(phases.warmup + phases.fault + result.restored_after_s, color="tab:green", ls="--", lw=1)
+            ax.axvline(result.recovered_at + result.restored_after_s, color="tab:green", ls="--", lw=1)
         ax.legend(loc="upper right", fontsize=8)
     top.set_title(f"{result.fault} at {result.load:.0%} load: stale {result.stale}, timeouts {result.timeouts}, "
                   f"misses {result.misses} (shaded: fault; red: server out; green: back with weight)", fontsize=9)

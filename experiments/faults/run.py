@@ -22,6 +22,7 @@ from experiments.faults.scenarios import FAULTED, Fault
 
 BUCKET_FIELDS = ("t", "sent", "answered", "timeouts", "late", "stale", "misses", "writes", "write_errors")
 READY_TIMEOUT = 15.0
+INJECT_LIMIT = 120.0  # the load's own bound past the phases (the runner stops it after the recovery phase)
 
 
 @dataclass(frozen=True)
@@ -54,6 +55,8 @@ class Result:
     misses_after_restore: int  # gets answered "not found" after the server got weight back
     false_removals: int  # server-down decisions about a server that was answering (another, or a busy one)
     load_average: float  # the machine's, at the end of the run (1 minute)
+    fault_at: float  # when the fault began, seconds into the run (the warmup's length, once the runner woke)
+    recovered_at: float  # when the recovery began (later than warmup + fault when injecting took a while)
     events: list[dict]  # the controller's decisions about the faulted server, with t relative to the run
 
 
@@ -62,24 +65,29 @@ def run_fault(rig: Rig, fault: Fault, load: float, full_rate: float, write_rate:
     buckets_file = out / f"{fault.name}-{int(load * 100)}.jsonl"
     client = rig.net.popen(rig.net.client_hosts[0], [
         rig.python, "-m", "experiments.faults.load", "--keys", json.dumps(rig.keys), "--rate", f"{full_rate * load:g}",
-        "--write-rate", f"{write_rate:g}", "--duration", f"{phases.total:g}", "--out", str(buckets_file)],
+        "--write-rate", f"{write_rate:g}", "--duration", f"{phases.total + INJECT_LIMIT:g}", "--out", str(buckets_file)],
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     _wait_ready(client)  # every key written: now they can be copied
     rig.wait_balanced()
     started = time.time()
     client.stdin.write("go\n")
     client.stdin.flush()
+    # Each phase lasts its length from the moment it really begins: injecting may take seconds on a loaded machine (a
+    # killed memcached's exit waited for, wedge datagrams sent until it holds), and so may a restart; a load of fixed
+    # length would then end before the controller had refilled the server, and the run would miss the refill.
     time.sleep(phases.warmup)
-    fault_at = time.time() - started  # when the fault begins: injecting may take a while (a killed memcached's
-    fault.inject(rig)  # exit waited for, wedge datagrams sent until it holds), and the controller may act meanwhile
+    fault_at = time.time() - started
+    fault.inject(rig)
     time.sleep(phases.fault)
-    recovered_at = time.time() - started  # when recovery begins, likewise: a restarted memcached may take seconds
-    fault.recover(rig)  # to answer the rig's probe on a loaded machine, and the controller may refill it before
-    client.wait(timeout=phases.total + 30)
+    recovered_at = time.time() - started
+    fault.recover(rig)
+    time.sleep(max(0.0, started + recovered_at + phases.recovery - time.time()))
+    client.terminate()  # the load stops (SIGTERM) and writes its buckets
+    client.wait(timeout=30)
     buckets = [json.loads(line) for line in buckets_file.read_text().splitlines()]
     decisions = _decisions(rig, started)
     return _result(fault, load, full_rate * load, buckets, _events(decisions, fault), fault_at, recovered_at,
-                   phases, _false_removals(decisions, fault))
+                   _false_removals(decisions, fault))
 
 
 def _wait_ready(client: subprocess.Popen) -> None:
@@ -113,23 +121,22 @@ def _false_removals(decisions: list[dict], fault: Fault) -> int:
 
 
 def _result(fault: Fault, load: float, rate: float, buckets: list[dict], events: list[dict], fault_at: float,
-            recovered_at: float, phases: Phases, false_removals: int) -> Result:
+            recovered_at: float, false_removals: int) -> Result:
     total = {f: sum(b[f] for b in buckets) for f in BUCKET_FIELDS[1:]}
     down = None if fault.healthy else \
         next((e["t"] for e in events if e["action"] == "server-down" and e["t"] >= fault_at), None)
     refills = [e["t"] for e in events if e["action"] == "refill" and e["t"] >= recovered_at]
     restored = max(refills) if refills else None
-    fault_end = phases.warmup + phases.fault
     return Result(
         fault.name, load, rate, total["sent"], total["answered"], total["timeouts"], total["stale"], total["misses"],
         total["writes"], total["write_errors"],
         None if down is None else round(down - fault_at, 3),
         None if restored is None else round(restored - recovered_at, 3),
-        sum(b["timeouts"] for b in buckets if down is not None and down + 0.1 <= b["t"] < fault_end),
+        sum(b["timeouts"] for b in buckets if down is not None and down + 0.1 <= b["t"] < recovered_at),
         sum(b["timeouts"] - b["late"] for b in buckets
-            if down is not None and down + 0.1 <= b["t"] < fault_end - LOST_AFTER),  # a hung server answers at its end
+            if down is not None and down + 0.1 <= b["t"] < recovered_at - LOST_AFTER),  # a hung server answers at its end
         sum(b["misses"] for b in buckets if restored is not None and b["t"] >= restored),
-        false_removals, load_average(), events)
+        false_removals, load_average(), round(fault_at, 3), round(recovered_at, 3), events)
 
 
 def write_buckets_csv(out: Path, result: Result) -> Path:
