@@ -102,8 +102,8 @@ def _run_controller(args: argparse.Namespace, fail: Fail) -> int:
     core.stop()
     _resign(election)
     if lost:
-        print("mbalancer controller: lost the lead (its etcd lease ran out): stopped; the switches refuse its "
-              "writes once the next leader reaches them", file=sys.stderr, flush=True)
+        print(f"mbalancer controller: lost the lead ({election.why_lost}): stopped; the switches refuse its writes "
+              f"once the next leader reaches them", file=sys.stderr, flush=True)
         return 1
     return 0
 
@@ -113,8 +113,10 @@ def _elect(config, listen: str, stop, fail: Fail):
     from controller.election import Election, ElectionError
     settings = config.controller
     try:
+        kind = registry.get(config.dataplane.kind)
+        reach = kind.reach_probe(config.dataplane.settings or kind.parse_settings(None))
         election = Election(settings.etcd, settings.election_key, settings.election_ttl,
-                            f"controller pid {os.getpid()} (http://{listen})")
+                            f"controller pid {os.getpid()} (http://{listen})", reach)
         leader = election.leader()
         if leader is not None:
             print(f"mbalancer controller: standby: {leader} leads ({settings.election_key} in etcd); taking over "

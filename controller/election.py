@@ -7,6 +7,13 @@ later leader's id is always higher, and a switch agent that has seen it refuses 
 (dataplanes/agent/server.py) even while that one still believes it leads. A leader that cannot renew its lease in
 time has lost: it stops driving (the controller exits, saying so) rather than wait to learn it from the switches.
 etcd decides; nothing here is a consensus of its own.
+
+Which candidate should lead is the one that reaches the most switches (a controller cut off from one switch drives
+the others only). When its data plane can probe that (the registry's `reach`: the switch agents answering a Hello),
+every candidate and the leader publish how many switches they reach under `<key>/candidates/<identity>`, on their
+own lease; a candidate does not take a free key while another reaches more, and a leader that reaches fewer
+switches than some candidate at two renewals in a row resigns, so that one leads (the lead passes up, never down: with nobody
+better, a leader that reaches few switches keeps leading, better than none).
 """
 from __future__ import annotations
 
@@ -15,10 +22,13 @@ import logging
 import threading
 import time
 import warnings
+from typing import Callable
 from urllib.parse import urlsplit
 
 log = logging.getLogger(__name__)
 POLL = 0.1  # seconds between a candidate's tries while another leads (the key's absence is checked, not watched)
+HAND_OVER_AFTER = 2  # renewals in a row (a third of a TTL apart) that saw a candidate reach more: not one lost probe
+Reach = Callable[[float], "tuple[int, int]"]  # (timeout) -> (switches answering, switches)
 
 
 class ElectionError(RuntimeError):
@@ -28,7 +38,8 @@ class ElectionError(RuntimeError):
 class Election:
     """A candidate for `key` on etcd `endpoints` ("http://host:port"), known to the others as `identity`."""
 
-    def __init__(self, endpoints: tuple[str, ...], key: str, ttl: int, identity: str):
+    def __init__(self, endpoints: tuple[str, ...], key: str, ttl: int, identity: str, reach: Reach | None = None):
+        """reach: a probe of the switches this candidate could drive (the registry's), None: not compared."""
         with warnings.catch_warnings():  # its futurist imports eventlet, which warns it is deprecated
             warnings.simplefilter("ignore")
             import etcd3gw  # here: a controller without etcd does not import it
@@ -37,7 +48,12 @@ class Election:
         self.key, self.ttl, self.identity = key, ttl, identity
         self.lease_id: int | None = None
         self.election_id: int | None = None
-        self.lost = threading.Event()  # set once the leader could not keep its lease
+        self.lost = threading.Event()  # set once the leader could not keep its lease, or handed over
+        self.why_lost = ""
+        self.reach = reach
+        self.reached: tuple[int, int] | None = None  # the latest probe's answer
+        self._probed = threading.Event()  # set by each probe
+        self._published: tuple[int, tuple[int, int]] | None = None  # (lease, reached) in etcd now
 
     def leader(self) -> str | None:
         """Who leads now (its identity), None if nobody does."""
@@ -47,9 +63,20 @@ class Election:
     def campaign(self, stop: threading.Event) -> int | None:
         """Wait until this candidate leads: its election id; None if `stop` was set first."""
         lease_id = self._grant()
+        if self.reach is not None:
+            threading.Thread(target=self._probe, args=(stop,), name="mbalancer-reach", daemon=True).start()
+            self._probed.wait(self.ttl)  # its first answer, before it compares itself with the others
+        deferred_to = None
         while not stop.is_set():
             if self._refresh(lease_id) <= 0:  # the candidate's own lease lives while it waits (etcd stalled: anew)
                 lease_id = self._grant()
+                continue
+            self._publish(lease_id)
+            if (better := self._better_candidate()) is not None:
+                if better != deferred_to:
+                    log.info("candidate: %s; waiting while it is a candidate", better)
+                deferred_to = better
+                stop.wait(POLL)
                 continue
             reply = self._ask(lambda client: client.transaction(self._create(lease_id)))
             # a create that took longer than the lease (etcd stalled) leads nothing: the key went with the lease
@@ -60,6 +87,43 @@ class Election:
             stop.wait(POLL)
         self._revoke(lease_id)
         return None
+
+    # --- which candidate reaches the most switches ---------------------------------------------------------------
+    def _probe(self, stop: threading.Event) -> None:
+        """Probe the switches every third of the TTL while a candidate or the leader."""
+        while not stop.is_set() and not self.lost.is_set():
+            self.reached = self.reach(self.ttl / 3)
+            self._probed.set()
+            stop.wait(self.ttl / 3)
+
+    def _publish(self, lease_id: int) -> None:
+        """This candidate's latest reach in etcd, on its lease (gone with it), when it changed."""
+        if self.reached is None or self._published == (lease_id, self.reached):
+            return
+        reached = self.reached
+        self._ask(lambda client: client.put(self._candidate_key(self.identity), "%d/%d" % reached,
+                                            lease=self._etcd3gw.Lease(lease_id, client)))
+        self._published = (lease_id, reached)
+
+    def _candidate_key(self, identity: str) -> str:
+        return f"{self.key}/candidates/{identity}"
+
+    def _better_candidate(self) -> str | None:
+        """Another candidate that reaches more switches than this one ("<identity> reaches 4 of 4 switches, this
+        one 3"), or None."""
+        if self.reached is None:
+            return None
+        best, who = self.reached[0], None
+        prefix = self._candidate_key("")
+        for value, meta in self._ask(lambda client: client.get_prefix(prefix)):
+            identity = meta["key"].decode(errors="replace")[len(prefix):]
+            try:
+                count, total = (int(n) for n in value.decode().split("/"))
+            except ValueError:
+                continue  # not a candidate's entry
+            if identity != self.identity and count > best:
+                best, who = count, f"{identity} reaches {count} of {total} switches, this one {self.reached[0]}"
+        return who
 
     def _create(self, lease_id: int) -> dict:
         """A transaction that puts the key, held by `lease_id`, only if nobody holds it."""
@@ -78,20 +142,36 @@ class Election:
 
     def _keep(self) -> None:
         """Renew the lease every third of its TTL. Lost when etcd says the lease is gone, or when no renewal got
-        through for a whole TTL (etcd has expired it by then, and another candidate may lead)."""
+        through for a whole TTL (etcd has expired it by then, and another candidate may lead). Handed over when
+        another candidate reached more switches at HAND_OVER_AFTER renewals in a row."""
         renewed = time.monotonic()
+        outreached = 0  # renewals in a row at which a candidate reached more switches
         while not self.lost.wait(self.ttl / 3):
             try:
-                if self._refresh(self.lease_id) > 0:
-                    renewed = time.monotonic()
-                    continue
-                why = "etcd says its lease ran out"
+                if self._refresh(self.lease_id) <= 0:
+                    self._give_up("etcd says its lease ran out")
+                    return
+                renewed = time.monotonic()
+                self._publish(self.lease_id)
+                better = self._better_candidate()
             except ElectionError as err:
-                if time.monotonic() - renewed < self.ttl:
-                    continue
-                why = f"no renewal for {self.ttl} s ({err})"
-            log.error("lost the lead (election id %s): %s", self.election_id, why)
-            self.lost.set()
+                if time.monotonic() - renewed >= self.ttl:
+                    self._give_up(f"no renewal for {self.ttl} s ({err})")
+                    return
+                continue
+            outreached = 0 if better is None else outreached + 1
+            if outreached == HAND_OVER_AFTER:
+                try:  # at once: the better candidate need not wait for the lease to run out
+                    self._revoke(self.lease_id)
+                except ElectionError as err:
+                    log.warning("could not resign (the lease runs out by itself): %s", err)
+                self._give_up(f"handed over to a candidate that reaches more switches: {better}")
+                return
+
+    def _give_up(self, why: str) -> None:
+        log.error("lost the lead (election id %s): %s", self.election_id, why)
+        self.why_lost = why
+        self.lost.set()
 
     def _grant(self) -> int:
         return self._ask(lambda client: client.lease(self.ttl)).id

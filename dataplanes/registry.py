@@ -35,6 +35,9 @@ class DataPlaneKind:
     # why, inside ryu-manager, its driver runs in a process of its own (dataplanes/driver_process.py; None: in the app)
     ryu_process: str | None = None
     leftovers: str | None = None  # (switch name) -> [what it removed]: what a killed run left, named after a switch
+    # (settings, timeout) -> (switches answering, switches): what a candidate controller could drive now (its election
+    # prefers the one that reaches most: controller/election.py); None: the kind's switches are not told apart
+    reach: str | None = None
 
     def available(self) -> str | None:
         """None if this kind can run here, else why not."""
@@ -59,6 +62,13 @@ class DataPlaneKind:
         """The controller's driver for this kind, with its settings (None: the defaults)."""
         self._require(self.driver, "drive it from the controller")
         return load(self.driver)(self.parse_settings(None) if settings is None else settings)
+
+    def reach_probe(self, settings: Any):
+        """() -> (switches answering, switches) for these settings, or None if this kind has no probe."""
+        if not self.reach:
+            return None
+        probe = load(self.reach)
+        return lambda timeout: probe(settings, timeout)
 
     def mininet_switch_class(self) -> type:
         self._require(self.mininet_switch, "run as a Mininet switch")
@@ -107,6 +117,7 @@ KINDS: dict[str, DataPlaneKind] = {kind.name: kind for kind in (
     DataPlaneKind(
         "agent", "any of the above on another box, served by its switch agent (mbalancer switch serve) over gRPC",
         settings="dataplanes.agent:Settings", driver="dataplanes.agent.fabric:driver_from_settings",
+        reach="dataplanes.agent.fabric:boxes_reached",
         ryu_process="its gRPC client blocks in C, which stalls ryu-manager's eventlet hub (as the P4 driver's)"),
 )}
 

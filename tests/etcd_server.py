@@ -1,4 +1,5 @@
-"""etcd for tests: Debian's etcd-server, one member on free loopback ports, its data in a folder of the test's, with
+"""etcd for tests: Debian's etcd-server, one member on free loopback ports (or in a namespace of the testbed's
+management LAN, at its address), its data in a folder of the test's, with
 a 500 ms election timeout so that a 1 s lease is honoured (etcd's minimum TTL is 1.5 election timeouts), its data
 in memory."""
 from __future__ import annotations
@@ -21,18 +22,21 @@ def available() -> str | None:
 
 
 class EtcdServer:
-    def __init__(self, folder: Path):
+    def __init__(self, folder: Path, host=None):
+        """host: a topologies.management.LanHost to run in, reached at its address (default: 127.0.0.1)."""
         client, peer = free_port(), free_port()
+        ip = host.ip if host is not None else "127.0.0.1"
+        inside = host.command() if host is not None else []
         # its data in memory (/dev/shm): a disk busy with other tests stalls etcd's fsyncs past a 1 s lease
         self.data = Path(tempfile.mkdtemp(prefix="mbalancer-etcd-", dir="/dev/shm"))
-        self.url = f"http://127.0.0.1:{client}"
+        self.url = f"http://{ip}:{client}"
         self.log = folder / "etcd.log"
         with open(self.log, "w") as log:
             self.process = subprocess.Popen(
-                ["etcd", "--name", "test", "--data-dir", str(self.data), "--listen-client-urls", self.url,
-                 "--advertise-client-urls", self.url, "--listen-peer-urls", f"http://127.0.0.1:{peer}",
-                 "--initial-advertise-peer-urls", f"http://127.0.0.1:{peer}",
-                 "--initial-cluster", f"test=http://127.0.0.1:{peer}", "--heartbeat-interval", "50",
+                [*inside, "etcd", "--name", "test", "--data-dir", str(self.data), "--listen-client-urls", self.url,
+                 "--advertise-client-urls", self.url, "--listen-peer-urls", f"http://{ip}:{peer}",
+                 "--initial-advertise-peer-urls", f"http://{ip}:{peer}",
+                 "--initial-cluster", f"test=http://{ip}:{peer}", "--heartbeat-interval", "50",
                  "--election-timeout", "500"], stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
         deadline = time.monotonic() + START_TIMEOUT
         while not self._healthy():

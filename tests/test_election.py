@@ -131,3 +131,46 @@ def test_an_unreachable_etcd_is_said_in_one_line(tmp_path):
     said = done.stderr.strip().splitlines()[-1]
     assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
     assert said.startswith("mbalancer controller: error: controller.etcd: etcd: 127.0.0.1:"), said
+
+
+def test_the_candidate_that_reaches_more_switches_leads_and_a_leader_that_reaches_fewer_hands_over(tmp_path):
+    """Candidates in this process on a real etcd, each told by its probe how many of two switches it reaches. While
+    c leads, a (one switch) and b (two) wait; c resigns: a does not take the free key, b does; then b's reach falls
+    below a's: b revokes its lease and a leads, with a higher election id."""
+    import threading
+
+    from controller.election import Election
+    reach = {"a": (1, 2), "b": (2, 2), "c": (2, 2)}
+    with EtcdServer(tmp_path) as etcd:
+        a, b, c = (Election((etcd.url,), "/mbalancer/test-leader", 1, name, lambda timeout, name=name: reach[name])
+                   for name in ("a", "b", "c"))
+        stop = threading.Event()
+        won: dict[str, int | None] = {}
+
+        def campaign(name: str, election: Election) -> threading.Thread:
+            thread = threading.Thread(target=lambda: won.update({name: election.campaign(stop)}), daemon=True)
+            thread.start()
+            return thread
+
+        threads = [campaign("c", c)]
+        try:
+            threads[0].join(WAIT)
+            assert won.get("c") is not None and c.leader() == "c", won
+            threads += [campaign("a", a), campaign("b", b)]
+            deadline = time.monotonic() + WAIT
+            while len(c._ask(lambda client: client.get_prefix("/mbalancer/test-leader/candidates/"))) < 3:
+                assert time.monotonic() < deadline, "a and b never said what they reach"
+                time.sleep(0.05)
+            c.resign()
+            threads[2].join(WAIT)
+            assert won.get("b") is not None and b.leader() == "b" and "a" not in won, won  # a waited
+            reach["b"] = (0, 2)  # b loses both switches: a reaches more now
+            assert b.lost.wait(WAIT) and "handed over" in b.why_lost, b.why_lost
+            threads[1].join(WAIT)
+            assert won.get("a") is not None and won["a"] > won["b"] and a.leader() == "a", won
+        finally:
+            stop.set()
+            for election in (a, b, c):
+                election.resign()
+            for thread in threads:
+                thread.join(WAIT)

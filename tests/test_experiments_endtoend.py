@@ -115,6 +115,8 @@ def test_rounds_are_summarised_by_medians_and_ranges(tmp_path):
     ({"testbed": TestbedSpec(topology="leafspine", leaves=0)}, "at least one leaf and one spine"),
     ({"testbed": TestbedSpec(topology="leafspine", leaves=60, spines=4)}, "63 switches at most"),
     ({"testbed": TestbedSpec(topology="leafspine", dataplane="p4", agents=True)}, "switch agents per switch node run"),
+    ({"testbed": TestbedSpec(topology="leafspine", controllers=2)}, "controller hosts reach the switches over the"),
+    ({"testbed": TestbedSpec(topology="leafspine", agents=True, controllers=4)}, "at most 3 controller hosts"),
 ])
 def test_impossible_settings_are_named(change, message):
     with pytest.raises((ValueError, TopologyError), match=message):

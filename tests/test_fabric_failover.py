@@ -1,8 +1,10 @@
 """Controllers failing over on a fabric under load: the testbed's leaf-spine of four eBPF switches, each behind its
-switch agent on a box of its own, two `mbalancer controller` processes elected through a real etcd, memcached on
-the server hosts, and clients writing and reading hot keys the whole time. The leader is killed with SIGKILL: the
-next one drives every box, and no client read a value older than its own last acknowledged write (a stale read) or
-found no value (a miss), before, during or after."""
+switch agent on a box of its own, three `mbalancer controller` processes on hosts of their own elected through a real
+etcd (in a namespace of the management LAN), memcached on the server hosts, and clients writing and reading hot keys
+the whole time. Three faults in turn, each ending with another controller driving every box: the leader killed with
+SIGKILL; the next leader cut off from etcd (a partition on the LAN: it stops, its lease gone); the next cut off from
+one switch (it hands the lead to the candidate that reaches every switch). No client read a value older than its
+own last acknowledged write (a stale read) or found no value (a miss), before, during or after."""
 from __future__ import annotations
 
 import json
@@ -12,6 +14,7 @@ import signal
 import subprocess
 import time
 import urllib.request
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -19,7 +22,6 @@ import pytest
 from mbalancer.config import load_config
 from mbalancer.memcache.hashing import make_hash
 from mbalancer.memcache.meta import MetaClient, StoredItem
-from mbalancer.memcache.server import free_port
 from tests.conftest import MBALANCER, why_no_mininet
 from tests.etcd_server import EtcdServer, available
 from tests.switch_agent import hello
@@ -28,6 +30,7 @@ why_not = why_no_mininet() or available()
 pytestmark = pytest.mark.skipif(why_not is not None, reason=str(why_not))
 WAIT = 60.0  # seconds any one step below may take at most (two CPU hogs beside it all: still seconds)
 KEYS = [b"fo:%d" % i for i in range(4)]
+HTTP_PORT = 9700  # each controller's API, on its host's address on the management LAN
 PACE = 0.0002  # seconds each client waits between requests: load, not a flood that starves the controllers
 
 # Runs on a client host until the file `stop` exists: each key in turn is set to a new value over UDP at its home
@@ -97,10 +100,42 @@ def controller_config(folder: Path, name: str, bed, etcd: EtcdServer) -> Path:
     boxes = ", ".join(f'"{box}"' for box in fabric.boxes)
     path = folder / f"{name}.toml"
     path.write_text(f'{servers}[balancing]\nhot = {len(KEYS)}\nhysteresis = 1\nmode = "equal"\n'
-                    f'[controller]\nlisten = "127.0.0.1:{free_port()}"\netcd = ["{etcd.url}"]\nelection_ttl = 1\n'
-                    f'[dataplane]\nkind = "agent"\n[dataplane.agent]\nkind = "ebpf"\nboxes = [{boxes}]\n'
-                    f'token_file = "{fabric.token_file}"\n')
+                    f'[controller]\nlisten = "{bed.lan_host(name).ip}:{HTTP_PORT}"\netcd = ["{etcd.url}"]\n'
+                    f'election_ttl = 1\n[dataplane]\nkind = "agent"\n[dataplane.agent]\nkind = "ebpf"\n'
+                    f'boxes = [{boxes}]\ntoken_file = "{fabric.token_file}"\n')
     return path
+
+
+@dataclass
+class Controller:
+    """One controller of the group: its host, config and the process now running there (with its log)."""
+    host: object
+    config: Path
+    folder: Path
+    process: subprocess.Popen | None = None
+    log: Path | None = None
+    runs: int = 0
+
+    @property
+    def name(self) -> str:
+        return self.host.name
+
+    def start(self, bed) -> None:
+        """Started (again, as systemd would after a lost lead): a candidate, or the leader if none leads."""
+        self.runs += 1
+        self.log = self.folder / f"{self.name}-{self.runs}.log"
+        self.process = bed.popen(self.host, [str(MBALANCER), "-v", "controller", "--config", str(self.config)],
+                                 stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=self.log.open("w"))
+
+    def waits(self) -> None:
+        """Until it is a candidate, waiting while another leads."""
+        deadline = time.monotonic() + WAIT
+        while "standby: " not in said(self.log):
+            assert time.monotonic() < deadline and self.process.poll() is None, said(self.log)[-2000:]
+            time.sleep(0.05)
+
+    def leads(self) -> bool:
+        return re.search(r"elected through etcd(?s:.*)Ctrl-C stops", said(self.log)) is not None
 
 
 def said(log: Path) -> str:
@@ -114,6 +149,15 @@ def elected_id(log: Path) -> int:
         assert time.monotonic() < deadline, said(log)[-2000:]
         time.sleep(0.05)
     return int(found.group(1))
+
+
+def next_leader(candidates: list[Controller]) -> Controller:
+    deadline = time.monotonic() + WAIT
+    while not (leading := [c for c in candidates if c.leads()]):
+        assert time.monotonic() < deadline, [said(c.log)[-1000:] for c in candidates]
+        time.sleep(0.02)
+    assert len(leading) == 1, [said(c.log) for c in leading]
+    return leading[0]
 
 
 def state(config: Path) -> dict:
@@ -143,29 +187,48 @@ def every_box_driven_by(boxes: list[str], token: Path, election_id: int) -> bool
     return all(hello(box.split()[0], token)["primary_election_id"] == election_id for box in boxes)
 
 
+def taken_over(fault: str, old: Controller, candidates: list[Controller], boxes: list[str], token: Path,
+               since: float) -> Controller:
+    """The candidate that leads after `fault`, once it drives every box and balances; prints how long it took."""
+    new = next_leader(candidates)
+    election_id = elected_id(new.log)
+    while not every_box_driven_by(boxes, token, election_id):
+        assert time.monotonic() - since < WAIT, said(new.log)[-2000:]
+        time.sleep(0.02)
+    took = time.monotonic() - since
+    balancing(new.config)
+    print(f"{fault}: {new.name} (election id {election_id}) drives all {len(boxes)} boxes {took:.2f} s after "
+          f"{old.name}'s fault")
+    return new
+
+
+def ended_saying(controller: Controller, words: str) -> None:
+    """The controller stopped by itself (exit 1) and said why."""
+    assert controller.process.wait(timeout=WAIT) == 1, said(controller.log)[-2000:]
+    assert words in said(controller.log) and "Traceback" not in said(controller.log), said(controller.log)[-2000:]
+
+
 def test_a_fabric_under_load_fails_over_with_no_stale_read_and_no_miss(tmp_path):
     from topologies.testbed import Testbed, TestbedSpec
-    spec = TestbedSpec(topology="leafspine", servers=2, clients=2, leaves=2, spines=2, agents=True)
-    with EtcdServer(tmp_path) as etcd, Testbed(spec) as bed:
+    spec = TestbedSpec(topology="leafspine", servers=2, clients=2, leaves=2, spines=2, agents=True, controllers=3)
+    with Testbed(spec) as bed, EtcdServer(tmp_path, bed.lan_namespace("etcd")) as etcd:
         fabric = bed.dataplane().settings
-        token = Path(fabric.token_file)
-        configs = [controller_config(tmp_path, f"c{i}", bed, etcd) for i in range(2)]
-        key_hash = make_hash(load_config(configs[0]).balancing.hash, bed.addresses)
+        boxes, token = list(fabric.boxes), Path(fabric.token_file)
+        group = [Controller(host, controller_config(tmp_path, host.name, bed, etcd), tmp_path)
+                 for host in bed.controller_hosts]
+        key_hash = make_hash(load_config(group[0].config).balancing.hash, bed.addresses)
         for key in KEYS:
             MetaClient(bed.addresses[key_hash.server_of(key)]).set(key, StoredItem(b"v0", 0, -1, 0))
         assert {key_hash.server_of(k) for k in KEYS} == {0, 1}  # keys homed on both leaves
-        logs = [tmp_path / f"c{i}.log" for i in range(2)]
-        controllers: list[subprocess.Popen] = []
         loads: list[subprocess.Popen] = []
         try:
-            for config, log in zip(configs, logs):
-                controllers.append(subprocess.Popen([str(MBALANCER), "controller", "--config", str(config)],
-                                                    stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                                    stderr=log.open("w")))
-                if len(controllers) == 1:
-                    leader = elected_id(logs[0])  # c0 leads before c1 starts: c1 waits
-            pushes = [arg for config in configs
-                      for arg in ("--push", f"http://{load_config(config).controller.listen}/report")]
+            group[0].start(bed)
+            first = elected_id(group[0].log)  # ctl1 leads before the others start: they wait
+            for controller in group[1:]:
+                controller.start(bed)
+                controller.waits()
+            pushes = [arg for c in group
+                      for arg in ("--push", f"http://{load_config(c.config).controller.listen}/report")]
             bed.processes.append(subprocess.Popen(  # reports go to whichever controller leads
                 [str(MBALANCER), "monitor", "--iface", ",".join(bed.monitor_ports), "--json", "--interval", "0.5",
                  "--top", str(len(KEYS)), *pushes], stdout=subprocess.DEVNULL,
@@ -176,32 +239,45 @@ def test_a_fabric_under_load_fails_over_with_no_stale_read_and_no_miss(tmp_path)
             loads = [bed.popen(host, ["python3", str(tmp_path / "load.py"), mode, str(stop), str(PACE), *pairs],
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
                      for host, mode in zip(bed.client_hosts, ("writes", "reads"))]
-            balanced_before = balancing(configs[0])
-            killed_at = time.monotonic()
-            os.kill(controllers[0].pid, signal.SIGKILL)
-            second = elected_id(logs[1])
-            while not every_box_driven_by(list(fabric.boxes), token, second):
-                assert time.monotonic() - killed_at < WAIT
-                time.sleep(0.02)
-            took = time.monotonic() - killed_at
-            balancing(configs[1])  # the new leader has installed every key again, and balances
+            balanced_before = balancing(group[0].config)
+
+            leader, since = group[0], time.monotonic()  # 1. kill -9 of the leader
+            os.kill(leader.process.pid, signal.SIGKILL)
+            leader = taken_over("kill -9", leader, group[1:], boxes, token, since)
+
+            etcd_host = bed.lan_host("etcd")  # 2. the leader cut off from etcd
+            old, since = leader, time.monotonic()
+            bed.lan.cut(bed.lan_host(old.name), etcd_host)
+            leader = taken_over("cut off from etcd", old, [c for c in group[1:] if c is not old], boxes, token, since)
+            ended_saying(old, "lost the lead")
+            bed.lan.heal(bed.lan_host(old.name), etcd_host)
+            old.start(bed)  # as systemd would: a candidate again
+            old.waits()
+
+            leaf = bed.lan_host("leaf1")  # 3. the leader cut off from one switch, the one homing srv1's keys
+            cut_off, since = leader, time.monotonic()
+            bed.lan.cut(bed.lan_host(cut_off.name), leaf)
+            leader = taken_over("cut off from leaf1", cut_off, [old], boxes, token, since)
+            ended_saying(cut_off, "handed over to a candidate that reaches more switches")
+            bed.lan.heal(bed.lan_host(cut_off.name), leaf)
+
             time.sleep(3)
             stop.touch()
             counts, reads = (json.loads(load.communicate(timeout=WAIT)[0].strip().splitlines()[-1]) for load in loads)
-            after = state(configs[1])
-            print(f"kill -9 of the leader: the next one (election id {second} > {leader}) drives all "
-                  f"{len(fabric.boxes)} boxes {took:.2f} s later; the writing client: {counts}; the reading one: "
-                  f"{reads}; gets balanced before the kill {balanced_before}, by the next leader {balanced(after)}")
-            assert second > leader
+            after = state(leader.config)
+            print(f"the writing client: {counts}; the reading one: {reads}; gets balanced before the first fault "
+                  f"{balanced_before}, by the last leader {balanced(after)}")
+            assert elected_id(leader.log) > first
             assert counts["stale"] == 0 and counts["miss"] == 0 and reads["miss"] == 0, (counts, reads)
             assert counts["fresh"] > 0 and counts["unsure"] == 0 and reads["found"] > 0
-            assert installed(after) == len(KEYS) and balanced(after) > 0, after  # the new leader balances again
+            assert installed(after) == len(KEYS) and balanced(after) > 0, after  # the last leader balances again
         finally:
-            for process in controllers:
-                if process.poll() is None:
-                    process.terminate()
-                    process.wait(timeout=30)
+            for controller in group:
+                if controller.process is not None and controller.process.poll() is None:
+                    controller.process.terminate()
+                    controller.process.wait(timeout=30)
             for load in loads:
                 if load.poll() is None:
                     load.kill()
-        assert "Traceback" not in said(logs[1]), said(logs[1])[-3000:]
+        for controller in group:
+            assert "Traceback" not in said(controller.log), said(controller.log)[-3000:]

@@ -2,7 +2,8 @@
 
 Every topology has the same address plan, so the controller's config and the load generator do not care which
 one runs: servers srv1..srvN at 10.0.0.1..N, clients cli1..cliM after them, MACs 02:00:00:00:00:xx, and a port
-for the controller (`mbctl`, root namespace, 10.0.0.254) through which it reaches the servers to copy hot keys.
+for the controller (`mbctl`, root namespace, 10.0.0.254) through which it reaches the servers to copy hot keys, and,
+for a failover group, hosts in namespaces for more controllers (`ctl1`.. at 10.0.0.253 down, on the same switch).
 
 Links: the servers' links carry the cap that makes the servers the bottleneck (LinkSpec: rate in Mbit/s, delay);
 clients' links and the links between switches are uncapped unless asked.
@@ -18,6 +19,7 @@ PREFIX = 24
 CONTROLLER_HOST = "mbctl"
 CONTROLLER_IP = f"{SUBNET}.254"
 MAX_HOSTS = 250  # host numbers 1..250; .254 is the controller's port
+MAX_CONTROLLER_HOSTS = 3  # ctl1..ctl3 at .253, .252, .251
 
 
 class TopologyError(ValueError):
@@ -75,23 +77,33 @@ class _PlannedTopo(Topo):
     def _host(self, host: HostAddress) -> str:
         return self.addHost(host.name, ip=f"{host.ip}/{PREFIX}", mac=host.mac)
 
-    def _controller_port(self, switch: str) -> None:
+    def _controller_ports(self, switch: str, controllers: int) -> None:
+        """The root namespace's port, and `controllers` hosts of a failover group's controllers."""
+        if not 0 <= controllers <= MAX_CONTROLLER_HOSTS:
+            raise TopologyError(f"at most {MAX_CONTROLLER_HOSTS} controller hosts (got {controllers})")
         self.addHost(CONTROLLER_HOST, ip=f"{CONTROLLER_IP}/{PREFIX}", mac="02:00:00:00:00:fe", inNamespace=False)
         self.addLink(CONTROLLER_HOST, switch)
+        for host in controller_hosts(controllers):
+            self.addLink(self._host(host), switch)
+
+
+def controller_hosts(count: int) -> list[HostAddress]:
+    """The failover group's controller hosts, ctl1 at .253 down."""
+    return [HostAddress(f"ctl{i + 1}", f"{SUBNET}.{253 - i}", f"02:00:00:00:00:{253 - i:02x}") for i in range(count)]
 
 
 class SingleSwitchTopo(_PlannedTopo):
     """n servers and m clients on one switch `sw1`."""
 
     def build(self, servers: int = 2, clients: int = 2, server_link: LinkSpec = LinkSpec(),
-              client_link: LinkSpec = LinkSpec()) -> None:
+              client_link: LinkSpec = LinkSpec(), controllers: int = 0) -> None:
         server_hosts, client_hosts = host_plan(servers, clients)
         switch = self.addSwitch("sw1", dpid="1")
         for host in server_hosts:
             self.addLink(self._host(host), switch, **server_link.link_options())
         for host in client_hosts:
             self.addLink(self._host(host), switch, **client_link.link_options())
-        self._controller_port(switch)
+        self._controller_ports(switch, controllers)
 
 
 class LeafSpineTopo(_PlannedTopo):
@@ -103,7 +115,7 @@ class LeafSpineTopo(_PlannedTopo):
 
     def build(self, servers: int = 2, clients: int = 2, leaves: int = 2, spines: int = 2,
               server_link: LinkSpec = LinkSpec(), client_link: LinkSpec = LinkSpec(),
-              fabric_link: LinkSpec = LinkSpec()) -> None:
+              fabric_link: LinkSpec = LinkSpec(), controllers: int = 0) -> None:
         if leaves < 1 or spines < 1:
             raise TopologyError(f"a leaf-spine needs at least one leaf and one spine (got {leaves} and {spines})")
         server_hosts, client_hosts = host_plan(servers, clients)
@@ -117,7 +129,7 @@ class LeafSpineTopo(_PlannedTopo):
             self.addLink(self._host(host), leaf_names[i % leaves], **server_link.link_options())
         for i, host in enumerate(client_hosts):
             self.addLink(self._host(host), leaf_names[-1 - i % leaves], **client_link.link_options())
-        self._controller_port(leaf_names[0])
+        self._controller_ports(leaf_names[0], controllers)
 
 
 TOPOLOGIES = ("single", "leafspine")

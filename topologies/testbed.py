@@ -25,10 +25,11 @@ from mbalancer.config import DataPlane, Server
 from mbalancer.memcache.addresses import ServerAddress
 from mbalancer.memcache.server import MemcachedServer
 from mbalancer.processes import stop_process
-from topologies.agents import MAX_BOXES, SwitchAgents
+from topologies.agents import SwitchAgents
+from topologies.management import MAX_BOXES, LanHost, ManagementLan, host_ip
 from topologies.claim import Made, NetworkClaim
-from topologies.shapes import (CONTROLLER_HOST, CONTROLLER_IP, TOPOLOGIES, LeafSpineTopo, LinkSpec, SingleSwitchTopo,
-                               TopologyError)
+from topologies.shapes import (CONTROLLER_HOST, CONTROLLER_IP, MAX_CONTROLLER_HOSTS, TOPOLOGIES, LeafSpineTopo,
+                               LinkSpec, SingleSwitchTopo, TopologyError, controller_hosts)
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +45,8 @@ class TestbedSpec:
     spines: int = 2
     dataplane: str = "ebpf"  # a data plane of the registry with a Mininet switch
     agents: bool = False  # every switch on a box of its own, driven through its switch agent (topologies/agents.py)
+    # hosts for a failover group's controllers (ctl1..), each on the data network and the management LAN: with agents
+    controllers: int = 0
     server_link: LinkSpec = LinkSpec()
     client_link: LinkSpec = LinkSpec()
     fabric_link: LinkSpec = LinkSpec()
@@ -68,13 +71,17 @@ class TestbedSpec:
         if self.agents and self.dataplane != "ebpf":
             raise TopologyError(f"switch agents per switch node run the ebpf data plane (a fabric balances at the "
                                 f"home's leaf, which the {self.dataplane} program cannot do yet)")
+        if self.controllers and not self.agents:
+            raise TopologyError("controller hosts reach the switches over the management LAN: they need agents")
+        if not 0 <= self.controllers <= MAX_CONTROLLER_HOSTS:
+            raise TopologyError(f"at most {MAX_CONTROLLER_HOSTS} controller hosts (got {self.controllers})")
         for name in ("server_link", "client_link", "fabric_link"):
             getattr(self, name).check(name.replace("_", " "))
         if self.memcached_threads < 1 or self.memcached_memory_mb < 8:
             raise TopologyError("memcached needs at least 1 thread and 8 MB")
 
     def topo(self):
-        links = {"server_link": self.server_link, "client_link": self.client_link}
+        links = {"server_link": self.server_link, "client_link": self.client_link, "controllers": self.controllers}
         if self.topology == "single":
             return SingleSwitchTopo(servers=self.servers, clients=self.clients, **links)
         return LeafSpineTopo(servers=self.servers, clients=self.clients, leaves=self.leaves, spines=self.spines,
@@ -89,6 +96,8 @@ class Testbed:
     processes: list[subprocess.Popen] = field(default_factory=list)
     claim: NetworkClaim | None = None
     agents: SwitchAgents | None = None
+    lan: ManagementLan | None = None  # with agents: the management network (topologies/management.py)
+    made: Made = field(default_factory=Made)  # what the claim records
 
     # --- life cycle -------------------------------------------------------------------------------------------
     def start(self) -> "Testbed":
@@ -107,14 +116,15 @@ class Testbed:
         from mininet.net import Mininet
 
         topo = self.spec.topo()
-        made = _root_namespace_made(topo)
+        self.made = _root_namespace_made(topo)
         if self.spec.agents:
-            self.agents = SwitchAgents(Path(tempfile.mkdtemp(prefix="mbalancer-agents-")), topo.switches(),
-                                       CONTROLLER_IP)
+            self.lan = ManagementLan()
+            self.agents = SwitchAgents(Path(tempfile.mkdtemp(prefix="mbalancer-agents-")), self.lan, topo.switches(),
+                                       [CONTROLLER_IP, *(h.ip for h in controller_hosts(self.spec.controllers))])
             boxes = self.agents.made()
-            made.interfaces += boxes.interfaces
-            made.namespaces += boxes.namespaces
-        self.claim.record(made)
+            self.made.interfaces += boxes.interfaces
+            self.made.namespaces += boxes.namespaces
+        self.claim.record(self.made)
         self.net = Mininet(topo=topo, switch=self.switch_class, link=TCLink, controller=None,
                            autoSetMacs=False, waitConnected=False)
         self.net.start()
@@ -126,7 +136,10 @@ class Testbed:
                 subprocess.run(["sysctl", "-qw", f"net.ipv6.conf.{intf.name}.disable_ipv6=1"], capture_output=True)
         self._check_shaping()
         if self.agents is not None:
+            self.lan.start()
             self.agents.start()
+            for number, host in enumerate(self.controller_hosts):
+                self.lan.join(host.name, f"/proc/{host.pid}/ns/net", host_ip(number))
         log.info("testbed: %s topology, %d servers, %d clients, %s data plane, server links %s",
                  self.spec.topology, self.spec.servers, self.spec.clients, self.spec.dataplane,
                  self.spec.server_link)
@@ -167,6 +180,9 @@ class Testbed:
             self.agents.close()
             shutil.rmtree(self.agents.folder, ignore_errors=True)
             self.agents = None
+        if self.lan is not None:
+            self.lan.close()
+            self.lan = None
         if self.claim is not None:
             self.claim.release()
             self.claim = None
@@ -188,6 +204,21 @@ class Testbed:
             self.agents.start_agents()
 
     # --- what experiments use ---------------------------------------------------------------------------------
+    def lan_namespace(self, name: str) -> LanHost:
+        """A namespace of its own on the management LAN (`mb<name>`, e.g. etcd's), removed when the testbed closes,
+        or by the next testbed's claim if this one is killed."""
+        taken = {h.ip for h in self.lan.hosts}
+        ip = next(ip for ip in map(host_ip, range(MAX_CONTROLLER_HOSTS, 50)) if ip not in taken)
+        host = LanHost(name, f"mb{name}", ip)
+        self.made.interfaces.append(host.link)
+        self.made.namespaces.append(host.netns)
+        self.claim.record(self.made)
+        return self.lan.add_namespace(host.name, host.netns, host.ip)
+
+    def lan_host(self, name: str) -> LanHost:
+        """A host on the management LAN by name: a switch's box, a controller host (ctl1..), or a lan_namespace."""
+        return next(h for h in self.lan.hosts if h.name == name)
+
     @property
     def switch_class(self) -> type:
         return registry.get(self.spec.dataplane).mininet_switch_class()
@@ -206,6 +237,11 @@ class Testbed:
     @property
     def server_hosts(self) -> list:
         return [h for h in self.net.hosts if h.name.startswith("srv")]
+
+    @property
+    def controller_hosts(self) -> list:
+        """The failover group's controller hosts (TestbedSpec.controllers), in namespaces."""
+        return [h for h in self.net.hosts if h.name.startswith("ctl")]
 
     @property
     def client_hosts(self) -> list:

@@ -37,15 +37,7 @@ class AgentDriver(ForwardedDriver):
     def __init__(self, settings: Settings):
         self.settings = settings
         self.where = f"switch agent {settings.address}"
-        token = read_token(settings)
-        cert, key, ca = tls_files(settings)
-        self.metadata = ((PROTOCOL_KEY, str(PROTOCOL)), (ELECTION_KEY, str(settings.election_id)),
-                         (SESSION_KEY, uuid.uuid4().hex)) + (((TOKEN_KEY, f"Bearer {token}"),) if token else ())
-        if ca is not None or cert is not None:
-            credentials = grpc.ssl_channel_credentials(root_certificates=ca, private_key=key, certificate_chain=cert)
-            self.channel = grpc.secure_channel(settings.address, credentials, options=options(settings))
-        else:
-            self.channel = grpc.insecure_channel(settings.address, options=options(settings))
+        self.channel, self.metadata = _connect(settings, settings.election_id)
         self._closing = threading.Event()
         self._deposed: str | None = None
         self._stream: Any = None
@@ -166,6 +158,32 @@ class AgentDriver(ForwardedDriver):
                 self.on_reconnect()
             return events
         return None
+
+
+def _connect(settings: Settings, election_id: int) -> tuple[grpc.Channel, tuple]:
+    """A channel to settings.address (TLS when configured) and the metadata every request carries."""
+    token = read_token(settings)
+    cert, key, ca = tls_files(settings)
+    metadata = ((PROTOCOL_KEY, str(PROTOCOL)), (ELECTION_KEY, str(election_id)),
+                (SESSION_KEY, uuid.uuid4().hex)) + (((TOKEN_KEY, f"Bearer {token}"),) if token else ())
+    if ca is not None or cert is not None:
+        credentials = grpc.ssl_channel_credentials(root_certificates=ca, private_key=key, certificate_chain=cert)
+        return grpc.secure_channel(settings.address, credentials, options=options(settings)), metadata
+    return grpc.insecure_channel(settings.address, options=options(settings)), metadata
+
+
+def answers(settings: Settings, timeout: float) -> bool:
+    """Whether the agent at settings.address answers a Hello within `timeout` s (a candidate controller's probe of
+    the switches it could drive; a fresh channel each time, so a healed network is seen at once, not after gRPC's
+    reconnect backoff)."""
+    channel, metadata = _connect(settings, 0)
+    try:
+        loads(channel.unary_unary(HELLO)(b"{}", metadata=metadata, timeout=timeout))
+        return True
+    except (grpc.RpcError, CodecError):
+        return False
+    finally:
+        channel.close()
 
 
 def _said(err: grpc.RpcError) -> str:

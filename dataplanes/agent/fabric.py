@@ -17,11 +17,12 @@ from __future__ import annotations
 
 import logging
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from typing import Any, Callable, Mapping, Sequence
 
 from dataplanes.agent import Settings
-from dataplanes.agent.client import AgentDriver
+from dataplanes.agent.client import AgentDriver, answers
 from dataplanes.driver import (Counters, Driver, DriverError, ForwardingEntry, HotKeyInstall, LeftoverKey,
                                MirrorHandler, ReconnectHandler, ReplicaWeight, StreamId, WriteStamp, raise_refused)
 from mbalancer.settings import ConfigError, Server
@@ -38,6 +39,14 @@ def driver_from_settings(settings: Settings) -> Driver:
         return FabricDriver(settings) if settings.boxes else AgentDriver(settings)
     except ConfigError as err:
         raise DriverError(str(err)) from None
+
+
+def boxes_reached(settings: Settings, timeout: float) -> tuple[int, int]:
+    """The registry's reach probe for `kind = "agent"`: (agents that answer within `timeout`, agents), asked at once."""
+    addresses = [parse_box(entry)[0] for entry in settings.boxes] if settings.boxes else [settings.address]
+    with ThreadPoolExecutor(len(addresses)) as pool:
+        answered = pool.map(lambda address: answers(replace(settings, address=address), timeout), addresses)
+        return sum(answered), len(addresses)
 
 
 def parse_box(entry: str) -> tuple[str, tuple[str, ...]]:
