@@ -34,6 +34,9 @@ def register(commands: argparse._SubParsersAction) -> None:
     serve.add_argument("--config", type=Path, required=True, help="MBalancer config (TOML)")
     serve.add_argument("--listen", help="host:port to serve on (default: [dataplane.agent] listen)")
     serve.add_argument("--duration", type=float, help="stop after this many seconds (default: until SIGTERM)")
+    serve.add_argument("--stop-with", type=int, metavar="PID",
+                       help="stop when process PID, which started this one, ends (tests and testbeds that start "
+                            "their agents: killed, they leave none behind); not for systemd")
     serve.set_defaults(run=_serve, fail=serve.error)
     attach = actions.add_parser("attach", help="load the program and attach it to the ports")
     attach.add_argument("--ports", help="interfaces to switch between, comma-separated (default: the config's "
@@ -80,7 +83,7 @@ def _serve(args: argparse.Namespace, fail: Fail) -> int:
     from dataplanes import registry
     from dataplanes.agent.server import AgentError, SwitchAgent
     from dataplanes.driver import DriverError
-    from mbalancer.processes import stop_on_signals
+    from mbalancer.processes import stop_on_signals, stop_with_parent
     from mbalancer.settings import ConfigError
     config = config_option(args.config, fail)
     kind = config.dataplane.kind
@@ -91,6 +94,8 @@ def _serve(args: argparse.Namespace, fail: Fail) -> int:
         settings = replace(settings, listen=args.listen)
     logging.getLogger("dataplanes.agent").setLevel(logging.INFO)
     stop = stop_on_signals()
+    if args.stop_with is not None:
+        stop_with_parent(args.stop_with, stop)
     try:
         agent = SwitchAgent(kind, config.dataplane.settings, settings)
     except ConfigError as err:

@@ -279,3 +279,43 @@ def test_the_ryu_app_reaches_an_agent_through_a_driver_process(agent):
     finally:
         driver.close()
     assert "stopped: driver closed" in agent.stop()
+
+
+def test_an_agent_started_with_stop_with_ends_when_its_starter_is_killed(tmp_path):
+    """A starter (a testbed, a test) killed with SIGKILL cleans nothing up: its agents stop by themselves."""
+    import json
+    import os
+    import signal
+    import sys
+    import time
+    starter = subprocess.Popen([sys.executable, "-c", (
+        "import json, sys, time\n"
+        "from pathlib import Path\n"
+        "from tests.switch_agent import AgentProcess\n"
+        f"agent = AgentProcess(Path({str(tmp_path)!r}), 'none', {{}})\n"
+        "print(json.dumps(agent.process.pid), flush=True)\n"
+        "time.sleep(120)\n")], stdout=subprocess.PIPE, text=True, cwd=Path(__file__).parent.parent)
+    agent_pid = None
+    try:
+        agent_pid = json.loads(starter.stdout.readline())
+        assert running(agent_pid)
+        os.kill(starter.pid, signal.SIGKILL)
+        starter.wait(timeout=30)
+        deadline = time.monotonic() + 30
+        while running(agent_pid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not running(agent_pid), "the agent outlived its starter"
+    finally:
+        if starter.poll() is None:
+            starter.kill()
+            starter.wait()
+        if agent_pid is not None and running(agent_pid):
+            os.kill(agent_pid, 9)
+
+
+def running(pid: int) -> bool:
+    """Whether process `pid` runs (not gone, not a zombie waiting to be reaped)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False

@@ -17,13 +17,15 @@ READY = "Ctrl-C stops"  # the line `mbalancer switch serve` prints once it serve
 
 
 class AgentProcess:
-    """`mbalancer switch serve --config config` (under `prefix`, e.g. nsenter into a namespace); `log` is what it
-    said so far. Raises RuntimeError with its words if it does not start."""
+    """`mbalancer switch serve --config config` (under `prefix`, e.g. nsenter into a namespace, which execs it: this
+    process stays its parent), stopping when this process ends (--stop-with: killed, it leaves no agent behind);
+    `log` is what it said so far. Raises RuntimeError with its words if it does not start."""
 
     def __init__(self, config: Path, prefix: Sequence[str] = ()):
         self.config = config
         self.process = subprocess.Popen([*prefix, sys.executable, "-m", "mbalancer.cli", "switch", "serve",
-                                         "--config", str(config)], stdin=subprocess.DEVNULL,
+                                         "--config", str(config), "--stop-with", str(os.getpid())],
+                                        stdin=subprocess.DEVNULL,
                                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         self.log = ""
         deadline = time.monotonic() + START_TIMEOUT
