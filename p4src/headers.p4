@@ -56,6 +56,9 @@
 #define C_COUNT 13
 
 const bit<16> IP_BALANCED = 0x8000;  /* IPv4 reserved flag bit: "already balanced by a switch on the path" */
+/* flow_homes: the get was balanced by a switch before this one, so its reply gets the home's IP and port here but
+ * keeps the replica's MAC (the switches after this one learn no MAC at a port it is not behind) */
+const bit<32> FLOW_UPSTREAM = 0x80000000;
 
 /* To the controller: a copy of a write (or of a request it must check) and the port it came in on. */
 @controller_header("packet_in")
@@ -235,6 +238,7 @@ struct metadata_t {
     bit<1> mid_stream;       /* a later segment of such a connection: unsure, whatever it looks like */
     bit<1> coalesce;         /* unsure, and unreadable by the controller too: one copy per report is enough */
     bit<1> report;           /* answer a rearm (op 2) to the controller */
+    bit<1> hairpin;          /* a get this switch balanced: it may leave by the port it came in by, flooded too */
     bit<48> quiet_us;
     bit<32> closing_server;  /* the server whose memcached sent this FIN or RST */
     bit<1> to_controller;    /* to one of the controller's addresses */

@@ -337,7 +337,9 @@ control MbIngress(inout headers_t hdr, inout metadata_t meta, inout standard_met
         count(C_PACKETS);
         /* forward, learning half: before any rewrite (a reply leaving with the home's MAC must not teach the
          * switch that the home sits behind the replica's port) */
-        if (hdr.ethernet.isValid() && hdr.ethernet.src[40:40] == 0) {
+        /* a balanced get keeps its client's MAC but may come back the way it went (a fabric): not learned */
+        bit<1> balanced_frame = (bit<1>)(hdr.ipv4.isValid() && (hdr.ipv4.flags_frag & IP_BALANCED) != 0);
+        if (hdr.ethernet.isValid() && hdr.ethernet.src[40:40] == 0 && balanced_frame == 0) {
             bit<32> h;
             mix(h, hdr.ethernet.src[47:16] ^ (bit<32>)hdr.ethernet.src[15:0]);
             bit<32> at = h >> (32 - MB_LEARN_BITS);
@@ -378,6 +380,7 @@ control MbIngress(inout headers_t hdr, inout metadata_t meta, inout standard_met
         bit<1> mirror = 0;
         bit<1> whole = 0;
         bit<1> sketch_it = 0;  /* a get (of a multi-key one, its first key) the sketch counts */
+        bit<1> upstream = 0;  /* a get another switch balanced: its IP ID names the home (a fabric) */
         if (hdr.ipv4.isValid() && meta.ip_end <= (bit<16>)std.packet_length && meta.first_fragment == 1 &&
                 meta.request == 1) {
             /* A request too big for one frame (a UDP set of a large value): the server applies it once every
@@ -416,6 +419,7 @@ control MbIngress(inout headers_t hdr, inout metadata_t meta, inout standard_met
             }
             if ((hdr.ipv4.flags_frag & IP_BALANCED) != 0) {
                 count(C_ALREADY_BALANCED);
+                upstream = (bit<1>)(hdr.udp.isValid() && hdr.frame.isValid());
             } else if (meta.mid_stream == 1) {
                 unsure_it = 1;  /* `mn\r\n` may be the last bytes of a value */
             } else if (meta.payload_len == 0 && meta.command == CMD_NONE) {
@@ -522,6 +526,10 @@ control MbIngress(inout headers_t hdr, inout metadata_t meta, inout standard_met
 
         meta.server_wanted = 0xffffffff;  /* no server lookup */
         bit<1> rewrite_source = 0;
+        bit<1> keep_mac = 0;  /* the reply to a get balanced upstream keeps the replica's MAC */
+        if (upstream == 1) {
+            meta.server_wanted = (bit<32>)hdr.ipv4.identification;
+        }
         if (mirror == 1) {  /* set_mirror: counted in the slot (dirty) before it leaves for the home */
             bit<64> n;
             writes.read(n, meta.slot);
@@ -590,14 +598,26 @@ control MbIngress(inout headers_t hdr, inout metadata_t meta, inout standard_met
             flow_ids.read(stored, at);
             if (stored == id) {
                 flow_homes.read(meta.server_wanted, at);
+                keep_mac = meta.server_wanted[31:31];
+                meta.server_wanted = meta.server_wanted & ~FLOW_UPSTREAM;
                 rewrite_source = 1;
             }
         }
         if (meta.server_wanted != 0xffffffff) {
             servers.apply();
         }
+        if (upstream == 1 && meta.server_hit == 1 && meta.server_ip != hdr.ipv4.dst) {
+            /* the reply leaves the replica through this switch first, maybe never through the one that balanced
+             * the get: remember the home here too, marked, so the reply gets the home's IP and port here */
+            bit<32> h;
+            mix(h, hdr.ipv4.src ^ ((bit<32>)hdr.ports.src << 16 | (bit<32>)hdr.frame.request_id));
+            bit<32> at = h >> (32 - MB_FLOW_BITS);
+            flow_ids.write(at, hdr.ipv4.src ++ hdr.ports.src ++ hdr.frame.request_id);
+            flow_homes.write(at, (bit<32>)hdr.ipv4.identification | FLOW_UPSTREAM);
+        }
         if (balance == 1 && meta.server_hit == 1) {
             bit<32> chosen = meta.server_wanted;
+            meta.hairpin = (bit<1>)(chosen != meta.home);
             if (meta.replica_hit == 1) {
                 key_per_replica.count(meta.slot * MB_MAX_REPLICAS + meta.replica_position);
             }
@@ -608,12 +628,17 @@ control MbIngress(inout headers_t hdr, inout metadata_t meta, inout standard_met
                 flow_ids.write(at, hdr.ipv4.src ++ hdr.ports.src ++ hdr.frame.request_id);
                 flow_homes.write(at, meta.home);
             }
-            /* destination rewrite, checksums updated for the words that change (RFC 1624: HC' = ~(~HC + ~m + m')) */
+            /* destination rewrite, checksums updated for the words that change (RFC 1624: HC' = ~(~HC + ~m + m')).
+             * The home's index goes in the IP ID (a get is one unfragmented datagram, whose ID nothing reads), so
+             * that a switch further on, the replica's, can make the reply seem to come from the home when the reply
+             * does not pass this one (a fabric that balances at the home's leaf). */
             bit<16> marked = hdr.ipv4.flags_frag | IP_BALANCED;
+            bit<16> home_id = meta.home[15:0];
             bit<32> sum = (bit<32>)(~hdr.ipv4.checksum)
                 + (bit<32>)(~hdr.ipv4.dst[31:16]) + (bit<32>)meta.server_ip[31:16]
                 + (bit<32>)(~hdr.ipv4.dst[15:0]) + (bit<32>)meta.server_ip[15:0]
-                + (bit<32>)(~hdr.ipv4.flags_frag) + (bit<32>)marked;
+                + (bit<32>)(~hdr.ipv4.flags_frag) + (bit<32>)marked
+                + (bit<32>)(~hdr.ipv4.identification) + (bit<32>)home_id;
             sum = (sum & 0xffff) + (sum >> 16);
             sum = (sum & 0xffff) + (sum >> 16);
             hdr.ipv4.checksum = ~sum[15:0];
@@ -628,6 +653,7 @@ control MbIngress(inout headers_t hdr, inout metadata_t meta, inout standard_met
             }
             hdr.ipv4.dst = meta.server_ip;
             hdr.ipv4.flags_frag = marked;
+            hdr.ipv4.identification = home_id;
             hdr.ports.dst = meta.server_port;
             hdr.ethernet.dst = meta.server_mac;
             count(C_BALANCED);
@@ -651,7 +677,9 @@ control MbIngress(inout headers_t hdr, inout metadata_t meta, inout standard_met
             }
             hdr.ipv4.src = meta.server_ip;
             hdr.ports.src = meta.server_port;
-            hdr.ethernet.src = meta.server_mac;
+            if (keep_mac == 0) {
+                hdr.ethernet.src = meta.server_mac;
+            }
             count(C_REPLIES_REWRITTEN);
         }
         if (meta.clone_it == 1) {
@@ -679,7 +707,8 @@ control MbIngress(inout headers_t hdr, inout metadata_t meta, inout standard_met
                 }
             }
         }
-        if (known == 1 && std.egress_spec == std.ingress_port) {
+        if (known == 1 && std.egress_spec == std.ingress_port && meta.hairpin == 0) {
+            /* (a rewritten get may go back the way it came: a fabric's home leaf sends it up to a spine again) */
             count(C_DROPPED);  /* the destination is behind the port it came from */
             mark_to_drop(std);
         } else if (known == 0) {
@@ -702,8 +731,9 @@ control MbEgress(inout headers_t hdr, inout metadata_t meta, inout standard_meta
             hdr.packet_in.stream_start = meta.stream_start;
             hdr.packet_in.stream = meta.stream;
             cloned.count(0);
-        } else if (std.mcast_grp != 0 && std.egress_port == std.ingress_port) {
-            mark_to_drop(std);  /* flooding: not back out of the port it came in on */
+        } else if (std.mcast_grp != 0 && std.egress_port == std.ingress_port && meta.hairpin == 0) {
+            mark_to_drop(std);  /* flooding: not back out of the port it came in on (but a balanced get may go back:
+                                 * its new destination can be behind that port, as a fabric's replica is) */
         }
     }
 }

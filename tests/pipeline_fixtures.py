@@ -269,8 +269,7 @@ CASES = (
 
 
 # A fabric that balances at the home's leaf (dataplanes/agent/fabric.py): the replica's reply leaves through the
-# replica's switch, which never balanced the get; the IP ID that balanced_to writes tells it the home. eBPF only: the
-# P4 program does not read it yet (it needs p4c to rebuild; docs/dataplanes/p4.md).
+# replica's switch, which never balanced the get; the IP ID that balanced_to writes tells it the home.
 UPSTREAM_GET = balanced_to(request(b"get hot\r\n", request_id=4444, sport=40003), 1)  # as the home's switch sent it
 FABRIC_CASES = (
     Case("a reply to a get another switch balanced leaves from the home's IP and port, the replica's MAC",

@@ -16,7 +16,7 @@ import time
 import pytest
 
 pytest.importorskip("scapy.all")
-from scapy.all import IP, Ether  # noqa: E402
+from scapy.all import Ether  # noqa: E402
 
 from dataplanes.driver import DriverError, ForwardingEntry, ReplicaWeight, StreamId  # noqa: E402
 from dataplanes.p4.driver import P4RuntimeDriver  # noqa: E402
@@ -25,8 +25,8 @@ from dataplanes.p4.bmv2 import Bmv2Switch  # noqa: E402
 from dataplanes.p4.pipeline import COMPILER, PROGRAMS, Pipeline, available, compile_program, outputs  # noqa: E402
 from mbalancer.config import Server  # noqa: E402
 from dataplanes.p4.veth_ports import WAIT, Ports  # noqa: E402
-from tests.pipeline_fixtures import (CASES, CLIENT, CONNECTION_CASES, CONTROLLER, REPLICAS, SERVERS,  # noqa: E402
-                                     STREAM_CASES, Case, request, with_id)
+from tests.pipeline_fixtures import (CASES, CLIENT, CONNECTION_CASES, CONTROLLER, FABRIC_CASES, REPLICAS,  # noqa: E402
+                                     SERVERS, STREAM_CASES, Case, request)
 
 why_not = available() if os.geteuid() == 0 else "needs root (veths, bmv2 on them)"
 on_bmv2 = pytest.mark.skipif(why_not is not None, reason=f"P4 data plane cannot run here: {why_not}")
@@ -117,15 +117,9 @@ P4_ONLY_CASES = (
 )
 
 
-def without_home_id(out: bytes, sent: bytes) -> bytes:
-    """The P4 program rewrites a balanced get as eBPF does but keeps its IP ID (it does not carry the home's index for
-    a fabric balanced at the home's leaf yet: FABRIC_CASES)."""
-    return with_id(out, Ether(sent)[IP].id) if Ether(out)[IP].id != Ether(sent)[IP].id else out
-
-
 @on_bmv2
-@pytest.mark.parametrize("case", CASES + STREAM_CASES + P4_ONLY_CASES + CONNECTION_CASES,  # (blind: last)
-                         ids=lambda c: c.name)
+@pytest.mark.parametrize("case", CASES + STREAM_CASES + P4_ONLY_CASES + FABRIC_CASES + CONNECTION_CASES,
+                         ids=lambda c: c.name)  # (blind: last)
 def test_pipeline_fixture(switch, case):
     driver, ports, mirrors = switch
     load_state(driver, ports, case)
@@ -148,7 +142,7 @@ def test_pipeline_fixture(switch, case):
         mirrored_before = driver.read_counters().keys[key].mirrored
         copies_before = len(mirrors.frames)
         ports.send(in_port, case.packet)
-        expected = without_home_id(case.out, case.packet) if case.out else case.packet
+        expected = case.out or case.packet
         out_port = HOST_PORTS[Ether(expected).dst]
         got = ports.receive(out_port)
         assert got == expected, Ether(got).show(dump=True) if got else "nothing came out"

@@ -1,14 +1,16 @@
 """One switch agent per switch node of a testbed, each on a box of its own, as a fabric has them.
 
-A box is a network namespace `mbbox-<switch>`: its agent (`mbalancer switch serve`) runs there, holds the controller's
-end of its switch's mirror link (moved in from the root namespace) and listens on the box's address on the management
-LAN (topologies/management.py: box k at 10.0.1.(2 + k)). Controllers reach every agent over that LAN with a shared
-token, never through the local bpffs; the agent reaches its switch's pinned maps (one mount namespace, as on a real
-box the agent and its switch share a kernel).
+A box is a network namespace `mbbox-<switch>`: its agent (`mbalancer switch serve`) runs there, holds what its switch
+sends the controller on a link of its own (an eBPF switch's mirror link end, moved in from the root namespace; bmv2
+sends PacketIns over P4Runtime, which it serves on the LAN's root address) and listens on the box's address on the
+management LAN (topologies/management.py: box k at 10.0.1.(2 + k)). Controllers reach every agent over that LAN with
+a shared token, never through the local bpffs; the agent reaches its switch's pinned maps (one mount namespace, as
+on a real box the agent and its switch share a kernel).
 Every get is balanced at its home's leaf (dataplanes/agent/fabric.py), so each box is told which servers hang off it.
 """
 from __future__ import annotations
 
+import json
 import logging
 import secrets
 from dataclasses import dataclass
@@ -17,7 +19,7 @@ from typing import Sequence
 
 from dataplanes.agent import DEFAULT_PORT
 from dataplanes.agent.process import AgentProcess
-from dataplanes.bpf.program import in_netns, mirror_link_of
+from dataplanes.bpf.program import in_netns
 from dataplanes.switch_nodes import sh
 from topologies.claim import Made
 from topologies.management import BRIDGE, LanHost, ManagementLan, box_ip
@@ -31,11 +33,10 @@ ip = "127.0.0.1"
 mac = "02:00:00:00:00:00"
 
 [dataplane]
-kind = "ebpf"
+kind = "{kind}"
 
-[dataplane.ebpf]
-switches = ["{name}"]
-trusted = [{controllers}]
+[dataplane.{kind}]
+{section}trusted = [{controllers}]
 
 [dataplane.agent]
 listen = "{listen}"
@@ -65,9 +66,11 @@ class SwitchAgents:
     """agents = SwitchAgents(folder, lan, ["leaf1", "spine1"], ["10.0.0.254"]); agents.start(); agents.settings(racks);
     agents.close()."""
 
-    def __init__(self, folder: Path, lan: ManagementLan, switches: Sequence[str], controller_ips: Sequence[str]):
-        """controller_ips: the controllers' addresses on the data network, whose copies the switches trust."""
-        self.folder, self.lan, self.controller_ips = folder, lan, tuple(controller_ips)
+    def __init__(self, folder: Path, lan: ManagementLan, switches: Sequence[str], controller_ips: Sequence[str],
+                 kind: str = "ebpf"):
+        """controller_ips: the controllers' addresses on the data network, whose copies the switches trust; kind: the
+        switches' data plane (their Mininet switch class gives each agent its section: box_settings, box_links)."""
+        self.folder, self.lan, self.controller_ips, self.kind = folder, lan, tuple(controller_ips), kind
         self.boxes = [Box(name, number) for number, name in enumerate(switches)]
         self.token_file = folder / "agents.token"
         self.agents: list[AgentProcess] = []
@@ -78,23 +81,26 @@ class SwitchAgents:
         return Made(interfaces=[BRIDGE, *(f"{box.switch}-mg" for box in self.boxes)],
                     namespaces=[box.namespace for box in self.boxes])
 
-    def start(self) -> "SwitchAgents":
+    def start(self, net) -> "SwitchAgents":
         self.folder.mkdir(parents=True, exist_ok=True)
         self.token_file.write_text(secrets.token_hex(16) + "\n")
         self.token_file.chmod(0o600)
         for box in self.boxes:
             self.hosts[box.switch] = self.lan.add_namespace(box.switch, box.namespace, box.agent_ip)
-        self.start_agents()
+        self.start_agents(net)
         return self
 
-    def start_agents(self) -> None:
-        """Each box's mirror link end moved in (the switch makes it anew when it reloads), then its agent."""
+    def start_agents(self, net) -> None:
+        """Each box's links moved in (an eBPF switch makes its mirror link anew when it reloads), then its agent."""
         for box in self.boxes:
-            mirror = mirror_link_of(box.switch)[1]
-            sh("ip", "link", "set", mirror, "netns", box.namespace)
-            sh(*in_netns(box.namespace), "ip", "link", "set", mirror, "up")
+            switch = net.get(box.switch)
+            for link in switch.box_links:
+                sh("ip", "link", "set", link, "netns", box.namespace)
+                sh(*in_netns(box.namespace), "ip", "link", "set", link, "up")
+            section = "".join(f"{name} = {json.dumps(value)}\n" for name, value in switch.box_settings().items())
             config = self.folder / f"agent-{box.switch}.toml"
-            config.write_text(CONFIG.format(name=box.switch, listen=box.address, token_file=self.token_file,
+            config.write_text(CONFIG.format(name=box.switch, kind=self.kind, section=section, listen=box.address,
+                                            token_file=self.token_file,
                                             controllers=", ".join(f'"{ip}"' for ip in self.controller_ips)))
             self.agents.append(AgentProcess(config, prefix=in_netns(box.namespace)))
         log.info("switch agents: %s", ", ".join(f"{box.switch} at {box.address}" for box in self.boxes))
@@ -107,7 +113,7 @@ class SwitchAgents:
     def settings(self, racks: dict[str, list[str]]) -> dict:
         """The controller's [dataplane.agent] for this fabric: each box with the servers cabled to its switch."""
         return {"boxes": [" ".join([box.address, *racks.get(box.switch, [])]) for box in self.boxes],
-                "token_file": str(self.token_file), "kind": "ebpf"}
+                "token_file": str(self.token_file), "kind": self.kind}
 
     def close(self) -> None:
         """The agents stop; their boxes go with the LAN (ManagementLan.close)."""

@@ -16,17 +16,19 @@ import shutil
 import subprocess
 import tempfile
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 from dataplanes import registry
+from dataplanes.agent.fabric import FABRIC_KINDS
 from dataplanes.switch_nodes import peer_intf
 from mbalancer.config import DataPlane, Server
 from mbalancer.memcache.addresses import ServerAddress
 from mbalancer.memcache.server import MemcachedServer
 from mbalancer.processes import stop_process
 from topologies.agents import SwitchAgents
-from topologies.management import MAX_BOXES, LanHost, ManagementLan, host_ip
+from topologies.management import MAX_BOXES, ROOT_IP, LanHost, ManagementLan, host_ip
 from topologies.claim import Made, NetworkClaim
 from topologies.shapes import (CONTROLLER_HOST, CONTROLLER_IP, MAX_CONTROLLER_HOSTS, TOPOLOGIES, LeafSpineTopo,
                                LinkSpec, SingleSwitchTopo, TopologyError, controller_hosts)
@@ -68,9 +70,9 @@ class TestbedSpec:
                                                  self.leaves + self.spines <= MAX_BOXES):
             raise TopologyError(f"a leaf-spine needs at least one leaf and one spine, {MAX_BOXES} switches at most "
                                 f"(got {self.leaves} and {self.spines})")
-        if self.agents and self.dataplane != "ebpf":
-            raise TopologyError(f"switch agents per switch node run the ebpf data plane (a fabric balances at the "
-                                f"home's leaf, which the {self.dataplane} program cannot do yet)")
+        if self.agents and self.dataplane not in FABRIC_KINDS:
+            raise TopologyError(f"switch agents per switch node run the ebpf or p4 data plane (a fabric balances at "
+                                f"the home's leaf, which the {self.dataplane} one cannot do yet)")
         if self.controllers and not self.agents:
             raise TopologyError("controller hosts reach the switches over the management LAN: they need agents")
         if not 0 <= self.controllers <= MAX_CONTROLLER_HOSTS:
@@ -117,15 +119,21 @@ class Testbed:
 
         topo = self.spec.topo()
         self.made = _root_namespace_made(topo)
+        switch = self.switch_class
         if self.spec.agents:
             self.lan = ManagementLan()
             self.agents = SwitchAgents(Path(tempfile.mkdtemp(prefix="mbalancer-agents-")), self.lan, topo.switches(),
-                                       [CONTROLLER_IP, *(h.ip for h in controller_hosts(self.spec.controllers))])
+                                       [CONTROLLER_IP, *(h.ip for h in controller_hosts(self.spec.controllers))],
+                                       self.spec.dataplane)
             boxes = self.agents.made()
             self.made.interfaces += boxes.interfaces
             self.made.namespaces += boxes.namespaces
         self.claim.record(self.made)
-        self.net = Mininet(topo=topo, switch=self.switch_class, link=TCLink, controller=None,
+        if self.lan is not None:
+            self.lan.start()  # before the switches: bmv2 serves P4Runtime on the LAN's root address, for its agent
+            if self.spec.dataplane == "p4":
+                switch = partial(switch, grpc_host=ROOT_IP)
+        self.net = Mininet(topo=topo, switch=switch, link=TCLink, controller=None,
                            autoSetMacs=False, waitConnected=False)
         self.net.start()
         for node in self.net.hosts:
@@ -136,8 +144,7 @@ class Testbed:
                 subprocess.run(["sysctl", "-qw", f"net.ipv6.conf.{intf.name}.disable_ipv6=1"], capture_output=True)
         self._check_shaping()
         if self.agents is not None:
-            self.lan.start()
-            self.agents.start()
+            self.agents.start(self.net)
             for number, host in enumerate(self.controller_hosts):
                 self.lan.join(host.name, f"/proc/{host.pid}/ns/net", host_ip(number))
         log.info("testbed: %s topology, %d servers, %d clients, %s data plane, server links %s",
@@ -201,7 +208,7 @@ class Testbed:
         for switch in self.net.switches:
             switch.reload()
         if self.agents is not None:
-            self.agents.start_agents()
+            self.agents.start_agents(self.net)
 
     # --- what experiments use ---------------------------------------------------------------------------------
     def lan_namespace(self, name: str) -> LanHost:

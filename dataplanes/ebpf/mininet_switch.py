@@ -54,6 +54,15 @@ class EbpfSwitch(Switch):
             self.plane = None
         super().stop(deleteIntfs)
 
+    def box_settings(self) -> dict[str, Any]:
+        """The [dataplane.ebpf] section of the agent that drives this switch from its box (topologies/agents.py)."""
+        return {"switches": [self.name]}
+
+    @property
+    def box_links(self) -> tuple[str, ...]:
+        """What goes into the box with its agent: the controller's end of the mirror link."""
+        return (self.mirror_iface,)
+
     @staticmethod
     def driver_settings(net) -> dict[str, Any]:
         """The [dataplane.ebpf] section that drives this network's eBPF switches."""

@@ -36,8 +36,9 @@ class Bmv2Switch:
 
     def __init__(self, name: str, interfaces: Sequence[str], device_id: int = 1, cpu_port: int = 255,
                  grpc_port: int | None = None, port_numbers: Sequence[int] | None = None, log_level: str = "warn",
-                 flood_ports: Sequence[int] | None = None):
-        self.name, self.interfaces = name, list(interfaces)
+                 flood_ports: Sequence[int] | None = None, grpc_host: str = "127.0.0.1"):
+        """grpc_host: the address P4Runtime listens on (another than loopback: its switch agent runs elsewhere)."""
+        self.name, self.interfaces, self.grpc_host = name, list(interfaces), grpc_host
         self.device_id, self.cpu_port = device_id, cpu_port
         self.grpc_port = grpc_port or free_port()
         self.port_numbers = list(port_numbers or range(1, len(self.interfaces) + 1))
@@ -48,7 +49,7 @@ class Bmv2Switch:
 
     @property
     def address(self) -> str:
-        return f"127.0.0.1:{self.grpc_port}"
+        return f"{self.grpc_host}:{self.grpc_port}"
 
     def start(self) -> "Bmv2Switch":
         RUN_DIR.mkdir(parents=True, exist_ok=True)
@@ -69,7 +70,7 @@ class Bmv2Switch:
                 self.process = None
                 raise P4Error(f"{SWITCH} {self.name} exited: {error[-1] if error else 'no message'}")
             try:
-                socket.create_connection(("127.0.0.1", self.grpc_port), timeout=0.5).close()
+                socket.create_connection((self.grpc_host, self.grpc_port), timeout=0.5).close()
                 return self
             except OSError:
                 time.sleep(0.1)

@@ -13,10 +13,12 @@ from dataplanes.switch_nodes import peer_intf
 
 
 class P4Switch(Switch):
-    def __init__(self, name: str, flood_exclude: tuple[str, ...] = (), **params):
-        """flood_exclude: names of neighbour switches this one never floods to (a loop-free flood tree)."""
+    def __init__(self, name: str, flood_exclude: tuple[str, ...] = (), grpc_host: str = "127.0.0.1", **params):
+        """flood_exclude: names of neighbour switches this one never floods to (a loop-free flood tree); grpc_host:
+        where P4Runtime listens (a box's agent reaches it there)."""
         super().__init__(name, **params)
         self.flood_exclude = set(flood_exclude)
+        self.grpc_host = grpc_host
         self.bmv2 = None
 
     def start(self, controllers) -> None:
@@ -28,7 +30,8 @@ class P4Switch(Switch):
             if not isinstance(peer.node, Switch):
                 peer.node.cmd(f"ethtool -K {peer.name} tx off")
         flood = [n for n, intf in enumerate(intfs, 1) if peer_intf(intf).node.name not in self.flood_exclude]
-        self.bmv2 = Bmv2Switch(self.name, [intf.name for intf in intfs], flood_ports=flood).start().bootstrap()
+        self.bmv2 = Bmv2Switch(self.name, [intf.name for intf in intfs], flood_ports=flood,
+                               grpc_host=self.grpc_host).start().bootstrap()
 
     def reload(self) -> None:
         """An empty switch on the same ports and address, forwarding L2 until the driver takes over again."""
@@ -40,6 +43,12 @@ class P4Switch(Switch):
             self.bmv2.stop()
             self.bmv2 = None
         super().stop(deleteIntfs)
+
+    def box_settings(self) -> dict[str, Any]:
+        """The [dataplane.p4] section of the agent that drives this switch from its box (topologies/agents.py)."""
+        return {"switches": [self.bmv2.address]}
+
+    box_links: tuple[str, ...] = ()  # PacketIns carry its copies: no link of its own goes to the box
 
     @staticmethod
     def driver_settings(net) -> dict[str, Any]:

@@ -58,8 +58,8 @@ def register(commands: argparse._SubParsersAction) -> None:
                              "(bmv2 over P4Runtime, at the lower rates a software switch carries)")
     parser.add_argument("--topology", choices=TOPOLOGIES,
                         help="single (one switch, the default) or leafspine: two tiers, servers and clients dealt "
-                             "over the leaves; on ebpf every switch on a box of its own behind its switch agent, "
-                             "each get balanced at its home's leaf")
+                             "over the leaves; on ebpf and p4 every switch on a box of its own behind its switch "
+                             "agent, each get balanced at its home's leaf")
     parser.add_argument("--leaves", type=int, help="leaves of the leaf-spine (default 2)")
     parser.add_argument("--spines", type=int, help="spines of the leaf-spine (default 2)")
     parser.add_argument("--detect", choices=DETECTIONS[1:],

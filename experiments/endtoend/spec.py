@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from experiments.workload.spec import Workload, WorkloadError
+from dataplanes.agent.fabric import FABRIC_KINDS
 from mbalancer.config import AUTO_REPORT_KEYS, REPLICA_MODES, Balancing
 from mbalancer.memcache.addresses import ServerAddress
 from monitor.dataplane import SKETCH_KINDS
@@ -175,10 +176,10 @@ def on_dataplane(spec: ExperimentSpec, dataplane: str) -> ExperimentSpec:
 
 def on_topology(spec: ExperimentSpec, topology: str, leaves: int | None = None,
                 spines: int | None = None) -> ExperimentSpec:
-    """The spec run on another topology. A leaf-spine on ebpf is a fabric of boxes, each switch behind its own
-    switch agent (topologies/agents.py); p4's switches are remote already (P4Runtime)."""
+    """The spec run on another topology. A leaf-spine on ebpf or p4 is a fabric of boxes, each switch behind its own
+    switch agent (topologies/agents.py), each hot key balanced at its home's leaf."""
     testbed = replace(spec.testbed, topology=topology,
                       leaves=spec.testbed.leaves if leaves is None else leaves,
                       spines=spec.testbed.spines if spines is None else spines,
-                      agents=topology == "leafspine" and spec.testbed.dataplane == "ebpf")
+                      agents=topology == "leafspine" and spec.testbed.dataplane in FABRIC_KINDS)
     return replace(spec, testbed=testbed)
