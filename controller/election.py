@@ -9,11 +9,12 @@ time has lost: it stops driving (the controller exits, saying so) rather than wa
 etcd decides; nothing here is a consensus of its own.
 
 Which candidate should lead is the one that reaches the most switches (a controller cut off from one switch drives
-the others only). When its data plane can probe that (the registry's `reach`: the switch agents answering a Hello),
-every candidate and the leader publish how many switches they reach under `<key>/candidates/<identity>`, on their
-own lease; a candidate does not take a free key while another reaches more, and a leader that reaches fewer
-switches than some candidate at two renewals in a row resigns, so that one leads (the lead passes up, never down: with nobody
-better, a leader that reaches few switches keeps leading, better than none).
+the others only). When its data plane can probe that (the registry's `reach`: switch agents answering a Hello,
+P4Runtime servers accepting a connection), every candidate and the leader publish how many switches they reach under
+`<key>/candidates/<identity>`, on their own lease; a candidate does not take a free key while another reaches more,
+and a leader that reaches fewer switches than some candidate at two renewals in a row resigns, so that one leads
+(the lead passes up, never down: with nobody better, a leader that reaches few switches keeps leading, better than
+none).
 """
 from __future__ import annotations
 

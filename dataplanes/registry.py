@@ -104,7 +104,7 @@ KINDS: dict[str, DataPlaneKind] = {kind.name: kind for kind in (
         settings="dataplanes.p4:Settings", driver="dataplanes.p4.driver:driver_from_settings",
         mininet_switch="dataplanes.p4.mininet_switch:P4Switch", namespace_switch="dataplanes.p4.netns_switch:Bmv2Ports",
         build="dataplanes.p4.pipeline:build", check="dataplanes.p4.pipeline:available",
-        leftovers="dataplanes.p4.bmv2:remove_left_over",
+        leftovers="dataplanes.p4.bmv2:remove_left_over", reach="dataplanes.p4.client:switches_reached",
         ryu_process="its P4Runtime client (gRPC) blocks in C, which stalls ryu-manager's eventlet hub (measured: "
                     "the app hung at its first P4Runtime call and ignored SIGTERM)"),
     DataPlaneKind(

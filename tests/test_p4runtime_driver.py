@@ -304,3 +304,12 @@ def test_the_first_controller_stays_primary_and_the_next_is_primary_once_it_is_g
     third = made()
     third.attach(SERVERS, lambda frame: None)
     third.close()
+
+
+def test_the_reach_probe_counts_the_p4runtime_servers_that_accept_a_connection(server):
+    """What a candidate controller of P4 switches publishes (controller/election.py): a closed port is not reached."""
+    from dataplanes import registry
+    from mbalancer.memcache.server import free_port
+    closed = f"127.0.0.1:{free_port()}"
+    probe = registry.get("p4").reach_probe(Settings(switches=(server.address, closed)))
+    assert probe(2.0) == (1, 2)

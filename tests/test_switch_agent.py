@@ -319,3 +319,16 @@ def running(pid: int) -> bool:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
     except FileNotFoundError:
         return False
+
+
+def test_the_reach_probe_counts_the_agents_that_answer_with_the_token(agent, tmp_path):
+    """What a candidate controller publishes (controller/election.py): agents answering a Hello; a closed port and an
+    agent that refuses the token are not reached."""
+    from dataplanes import registry
+    probe = registry.get("agent").reach_probe
+    token = str(agent.token_file)
+    closed = f"127.0.0.1:{free_port()}"
+    assert probe(Settings(boxes=(f"{agent.address} s1", f"{closed}"), token_file=token))(2.0) == (1, 2)
+    wrong = tmp_path / "wrong-token"
+    wrong.write_text("not-the-agents-token-at-all\n")
+    assert probe(Settings(address=agent.address, token_file=str(wrong)))(2.0) == (0, 1)

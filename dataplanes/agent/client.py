@@ -22,7 +22,7 @@ from dataplanes.agent.wire import (CALL, ELECTION_KEY, HELLO, PROTOCOL, PROTOCOL
                                    options, read_token, tls_files)
 from dataplanes.driver import DriverError, LeftoverKey, MirrorHandler, ReconnectHandler
 from dataplanes.forwarded_driver import ForwardedDriver
-from mbalancer.settings import Server
+from mbalancer.settings import ConfigError, Server
 
 log = logging.getLogger(__name__)
 REFUSED = (grpc.StatusCode.PERMISSION_DENIED, grpc.StatusCode.ALREADY_EXISTS)  # the agent's arbitration said no
@@ -175,8 +175,11 @@ def _connect(settings: Settings, election_id: int) -> tuple[grpc.Channel, tuple]
 def answers(settings: Settings, timeout: float) -> bool:
     """Whether the agent at settings.address answers a Hello within `timeout` s (a candidate controller's probe of
     the switches it could drive; a fresh channel each time, so a healed network is seen at once, not after gRPC's
-    reconnect backoff)."""
-    channel, metadata = _connect(settings, 0)
+    reconnect backoff). A token file that cannot be read answers False here; the driver says why when it starts."""
+    try:
+        channel, metadata = _connect(settings, 0)
+    except ConfigError:
+        return False
     try:
         loads(channel.unary_unary(HELLO)(b"{}", metadata=metadata, timeout=timeout))
         return True

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import logging
 import threading
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from typing import Any, Callable, Mapping, Sequence
 
@@ -25,6 +24,7 @@ from dataplanes.agent import Settings
 from dataplanes.agent.client import AgentDriver, answers
 from dataplanes.driver import (Counters, Driver, DriverError, ForwardingEntry, HotKeyInstall, LeftoverKey,
                                MirrorHandler, ReconnectHandler, ReplicaWeight, StreamId, WriteStamp, raise_refused)
+from dataplanes.reach import count_answering
 from mbalancer.settings import ConfigError, Server
 
 log = logging.getLogger(__name__)
@@ -44,9 +44,7 @@ def driver_from_settings(settings: Settings) -> Driver:
 def boxes_reached(settings: Settings, timeout: float) -> tuple[int, int]:
     """The registry's reach probe for `kind = "agent"`: (agents that answer within `timeout`, agents), asked at once."""
     addresses = [parse_box(entry)[0] for entry in settings.boxes] if settings.boxes else [settings.address]
-    with ThreadPoolExecutor(len(addresses)) as pool:
-        answered = pool.map(lambda address: answers(replace(settings, address=address), timeout), addresses)
-        return sum(answered), len(addresses)
+    return count_answering(addresses, lambda address: answers(replace(settings, address=address), timeout))
 
 
 def parse_box(entry: str) -> tuple[str, tuple[str, ...]]:

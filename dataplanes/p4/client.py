@@ -18,6 +18,7 @@ from google.rpc import status_pb2
 from p4.v1 import p4runtime_pb2, p4runtime_pb2_grpc
 
 from dataplanes.p4.pipeline import P4Error, Pipeline
+from dataplanes.reach import count_answering
 
 log = logging.getLogger(__name__)
 
@@ -63,6 +64,21 @@ def election_text(election_id: int) -> str:
         return f"election id {election_id}"
     started = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(started_us / 1e6))
     return f"election id {election_id}, a controller started {started}"
+
+
+def switches_reached(settings, timeout: float) -> tuple[int, int]:
+    """The registry's reach probe for `kind = "p4"`: (P4Runtime servers of settings.switches that accept a connection
+    within `timeout`, servers); a fresh channel each, so a healed network is seen at once."""
+    def answers(address: str) -> bool:
+        channel = grpc.insecure_channel(address)
+        try:
+            grpc.channel_ready_future(channel).result(timeout=timeout)
+            return True
+        except grpc.FutureTimeoutError:
+            return False
+        finally:
+            channel.close()
+    return count_answering(settings.switches, answers)
 
 
 def encode(value: int, bitwidth: int) -> bytes:
