@@ -214,6 +214,8 @@ class Testbed:
     def lan_namespace(self, name: str) -> LanHost:
         """A namespace of its own on the management LAN (`mb<name>`, e.g. etcd's), removed when the testbed closes,
         or by the next testbed's claim if this one is killed."""
+        if self.lan is None:
+            raise TopologyError("the management LAN comes with agents=True")
         taken = {h.ip for h in self.lan.hosts}
         ip = next(ip for ip in map(host_ip, range(MAX_CONTROLLER_HOSTS, 50)) if ip not in taken)
         host = LanHost(name, f"mb{name}", ip)
@@ -224,7 +226,10 @@ class Testbed:
 
     def lan_host(self, name: str) -> LanHost:
         """A host on the management LAN by name: a switch's box, a controller host (ctl1..), or a lan_namespace."""
-        return next(h for h in self.lan.hosts if h.name == name)
+        found = [h for h in (self.lan.hosts if self.lan else []) if h.name == name]
+        if not found:
+            raise TopologyError(f"no host {name!r} on the management LAN")
+        return found[0]
 
     @property
     def switch_class(self) -> type:
