@@ -3,6 +3,7 @@ import csv
 import json
 import signal
 import subprocess
+import sys
 
 import pytest
 
@@ -126,9 +127,13 @@ def test_ctrl_c_stops_politely(tmp_path):
     from tests.conftest import MBALANCER
     command = [str(MBALANCER), "simulate", "figure", "all", "--trials", "2000", "--out", str(tmp_path)]
     # SIGINT as a terminal's Ctrl-C finds it: a run started from a background job inherits it ignored (bash does
-    # that to `cmd &` without job control), and Python then never raises KeyboardInterrupt
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                               preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    # that to `cmd &` without job control), and Python then never raises KeyboardInterrupt. A small Python of its own
+    # restores it and execs the command (same PID): not a preexec_fn, which runs Python in a fork of this process,
+    # whose other threads (gRPC's, from earlier tests) make that unsafe (in CI once it left SIGINT ignored).
+    restore = ("import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); "
+               "os.execv(sys.argv[1], sys.argv[1:])")
+    process = subprocess.Popen([sys.executable, "-c", restore, *command], stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True)
     try:
         process.stderr.readline()  # the first progress line: the run is under way
         process.send_signal(signal.SIGINT)
