@@ -30,8 +30,15 @@ def _signal(process: subprocess.Popen, signum: int, group: bool) -> None:
 def stop_on_signals() -> threading.Event:
     """An event that Ctrl-C (SIGINT) and SIGTERM set from now on: a long command polls it and ends cleanly."""
     stop = threading.Event()
+
+    def on_signal(*_) -> None:
+        # From another thread: the handler runs in the main thread between two of its bytecodes, which may be inside
+        # stop.wait() while it holds the event's lock (not reentrant): setting the event here would wait for that
+        # lock forever. (Seen: an agent SIGTERMed as it began to wait never stopped.)
+        threading.Thread(target=stop.set, name="mbalancer-stop", daemon=True).start()
+
     for signum in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(signum, lambda *_: stop.set())
+        signal.signal(signum, on_signal)
     return stop
 
 
