@@ -83,3 +83,12 @@ def why_no_mininet() -> str | None:
     if os.geteuid() != 0:
         return "needs root"
     return available() or (None if shutil.which("mnexec") else "mnexec missing (apt package mininet)")
+
+
+def process_running(pid: int) -> bool:
+    """Whether process `pid` runs: not gone, and not a zombie waiting to be reaped (init reaps it: gone)."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False

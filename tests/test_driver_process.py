@@ -14,6 +14,7 @@ import pytest
 from dataplanes.driver import DriverError, ReplicaWeight
 from dataplanes.driver_process import DriverProcess
 from mbalancer.config import Server
+from tests.conftest import process_running
 
 SERVERS = [Server(f"s{i}", f"10.0.0.{i + 1}", f"02:00:00:00:00:{i + 1:02x}") for i in range(3)]
 
@@ -57,22 +58,13 @@ def test_the_child_ends_when_its_parent_is_killed():
         os.kill(parent.pid, signal.SIGKILL)
         parent.wait(timeout=10)
         deadline = time.monotonic() + 10
-        while _alive(child) and time.monotonic() < deadline:
+        while process_running(child) and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert not _alive(child), "the driver process outlived its parent"
+        assert not process_running(child), "the driver process outlived its parent"
     finally:
         if parent.poll() is None:
             parent.kill()
             parent.wait()
-
-
-def _alive(pid: int) -> bool:
-    """Running (a zombie, reaped by init, counts as gone)."""
-    try:
-        with open(f"/proc/{pid}/stat") as stat:
-            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
 
 
 def test_an_answer_that_comes_after_its_call_gave_up_answers_no_later_call(driver):

@@ -25,7 +25,7 @@ from dataplanes.driver import (Counters, DriverError, HotKeyInstall, KeyCounters
 from dataplanes.pipeline import HeavyKey
 from mbalancer.memcache.server import free_port
 from mbalancer.settings import Server
-from tests.conftest import MBALANCER
+from tests.conftest import MBALANCER, process_running
 from tests.switch_agent import AgentProcess, agent_config, request
 
 SERVERS = [Server("s1", "10.0.0.1", "02:00:00:00:00:01"), Server("s2", "10.0.0.2", "02:00:00:00:00:02")]
@@ -298,27 +298,19 @@ def test_an_agent_started_with_stop_with_ends_when_its_starter_is_killed(tmp_pat
     agent_pid = None
     try:
         agent_pid = json.loads(starter.stdout.readline())
-        assert running(agent_pid)
+        assert process_running(agent_pid)
         os.kill(starter.pid, signal.SIGKILL)
         starter.wait(timeout=30)
         deadline = time.monotonic() + 30
-        while running(agent_pid) and time.monotonic() < deadline:
+        while process_running(agent_pid) and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert not running(agent_pid), "the agent outlived its starter"
+        assert not process_running(agent_pid), "the agent outlived its starter"
     finally:
         if starter.poll() is None:
             starter.kill()
             starter.wait()
-        if agent_pid is not None and running(agent_pid):
+        if agent_pid is not None and process_running(agent_pid):
             os.kill(agent_pid, 9)
-
-
-def running(pid: int) -> bool:
-    """Whether process `pid` runs (not gone, not a zombie waiting to be reaped)."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
 
 
 def test_the_reach_probe_counts_the_agents_that_answer_with_the_token(agent, tmp_path):
