@@ -30,6 +30,7 @@ why_not = why_no_mininet() or available()
 pytestmark = pytest.mark.skipif(why_not is not None, reason=str(why_not))
 WAIT = 60.0  # seconds any one step below may take at most (two CPU hogs beside it all: still seconds)
 KEYS = [b"fo:%d" % i for i in range(4)]
+LEADS = re.compile(r"elected through etcd, election id (\d+)(?s:.*)Ctrl-C stops")  # what a leader says, in order
 HTTP_PORT = 9700  # each controller's API, on its host's address on the management LAN
 PACE = 0.0002  # seconds each client waits between requests: load, not a flood that starves the controllers
 
@@ -135,7 +136,7 @@ class Controller:
             time.sleep(0.05)
 
     def leads(self) -> bool:
-        return re.search(r"elected through etcd(?s:.*)Ctrl-C stops", said(self.log)) is not None
+        return LEADS.search(said(self.log)) is not None
 
 
 def said(log: Path) -> str:
@@ -145,7 +146,7 @@ def said(log: Path) -> str:
 def elected_id(log: Path) -> int:
     """The controller's election id, once it leads and serves its HTTP API."""
     deadline = time.monotonic() + WAIT
-    while (found := re.search(r"elected through etcd, election id (\d+)(?s:.*)Ctrl-C stops", said(log))) is None:
+    while (found := LEADS.search(said(log))) is None:
         assert time.monotonic() < deadline, said(log)[-2000:]
         time.sleep(0.05)
     return int(found.group(1))
