@@ -28,7 +28,7 @@ patch_eventlet()
 
 import eventlet  # noqa: E402
 from ryu import cfg  # noqa: E402  (after the patch: ryu imports eventlet.wsgi.ALREADY_HANDLED)
-from ryu import exception as ryu_exception  # noqa: E402
+from ryu.app.ofctl import exception as ofctl_errors  # noqa: E402  (the errors its api raises)
 from ryu.app.ofctl import api as ofctl  # noqa: E402
 from ryu.app.wsgi import ControllerBase, Response, WSGIApplication  # noqa: E402
 from ryu.base import app_manager  # noqa: E402
@@ -73,6 +73,9 @@ class RyuChannel:
     def ask(self, dp, request) -> list:
         return self._call(dp, request, _reply_class(request), True, "stats request") or []
 
+    def close(self) -> None:
+        """The connections are Ryu's: they stay with ryu-manager."""
+
     def _call(self, dp, message, reply_cls, multi: bool, what: str):
         deadline = time.monotonic() + REPLY_TIMEOUT
         while True:
@@ -82,9 +85,9 @@ class RyuChannel:
             except eventlet.Timeout:
                 raise DriverError(f"switch {dp.id:016x} did not answer a {what} within {REPLY_TIMEOUT:.0f} s") \
                     from None
-            except ryu_exception.OFError as err:
+            except ofctl_errors.OFError as err:
                 raise DriverError(f"switch {dp.id:016x} refused a {what}: {_error_text(err)}") from None
-            except ryu_exception.InvalidDatapath:
+            except ofctl_errors.InvalidDatapath:
                 # just connected: Ryu's ofctl service may see the connection a moment after this app does
                 if dp.id not in self.datapaths or time.monotonic() > deadline:
                     raise DriverError(f"switch {dp.id:016x} is not connected") from None

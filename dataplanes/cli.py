@@ -88,11 +88,12 @@ def _serve(args: argparse.Namespace, fail: Fail) -> int:
     config = config_option(args.config, fail)
     kind = config.dataplane.kind
     if kind == "agent":
-        fail("--config: [dataplane] kind names the data plane this machine runs (ebpf, p4, none), not agent")
+        fail("--config: [dataplane] kind names the data plane this machine runs (ebpf, p4, openflow, none), not "
+             "agent")
     settings = dict(config.dataplane.sections).get("agent") or registry.get("agent").parse_settings(None)
     if args.listen:
         settings = replace(settings, listen=args.listen)
-    logging.getLogger("dataplanes.agent").setLevel(logging.INFO)
+    logging.getLogger("dataplanes").setLevel(logging.INFO)  # what the agent and its driver did, in its log
     stop = stop_on_signals()
     if args.stop_with is not None:
         stop_with_parent(args.stop_with, stop)

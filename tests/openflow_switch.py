@@ -42,6 +42,9 @@ class RecordedSwitch:
             self.sent.append(message)
             self.apply(message)
 
+    def close(self) -> None:
+        """Nothing held."""
+
     def ask(self, dp, request) -> list:
         body = [parser.OFPGroupStats(group_id=g, bucket_stats=[parser.OFPBucketCounter(n, 0) for n in counts])
                 for g, counts in self.bucket_packets.items()]

@@ -175,7 +175,8 @@ def test_every_message_decodes_with_open_vswitchs_own_parser():
                      "set_field:10.0.0.1->ip_src,set_field:11211->udp_src",
                      "group_id=4,type=select,selection_method=hash,fields=eth_dst,bucket=bucket_id:0,weight:100",
                      "bucket=bucket_id:2,weight:200,actions=set_field:02:00:00:00:00:03->eth_dst,"
-                     "set_field:10.0.0.3->ip_dst,set_field:11311->udp_dst,resubmit(,2)",
+                     "set_field:10.0.0.3->ip_dst,set_field:11311->udp_dst,set_field:0e:04:00:00:00:00->eth_src,"
+                     "set_field:0->in_port,resubmit(,2)",
                      "MOD group_id=4,type=select,selection_method=dp_hash",
                      "priority=200,dl_dst=0e:01:00:03:00:00/ff:ff:ff:ff:00:00 cookie:0x4d42 out_port:0 actions=group:4",
                      "DEL_STRICT table:1 priority=200,dl_dst=0e:01:00:03:00:00/ff:ff:ff:ff:00:00"):

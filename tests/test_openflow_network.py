@@ -1,5 +1,6 @@
 """End to end on the OpenFlow data plane: real Open vSwitch (userspace datapath), real ryu-manager running the
-MBalancer app, the real key classifier on every link, real memcached servers and UDP clients in namespaces. Which
+MBalancer app (or, instead, a switch agent on the bridge's management socket driven by a controller core: no
+ryu-manager), the real key classifier on every link, real memcached servers and UDP clients in namespaces. Which
 server answered is read from each memcached's own counters; what the controller did, from its HTTP state."""
 from __future__ import annotations
 
@@ -13,15 +14,17 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from controller.ryu_manager import launch
-from experiments.endtoend.stack import RyuController
-from mbalancer.config import Config, parse_config
+from experiments.endtoend.stack import LocalController, RyuController
+from mbalancer.config import Config, config_toml, parse_config
 from mbalancer.memcache.addresses import ServerAddress
 from mbalancer.memcache.client import tcp_client
 from mbalancer.memcache.hashing import make_hash
 from mbalancer.memcache.meta import MetaClient, StoredItem
+from mbalancer.memcache.server import free_port
 from dataplanes import registry
 from dataplanes.bpf.tables import Tables
 from tests.conftest import eventually, memcached_answers
+from tests.switch_agent import AgentProcess
 from tests.test_ebpf_network import (client_gets, cold_and_multi_gets_reach_their_home,
                                      hot_gets_spread_evenly_and_answered_from_home, hits)
 from topologies.netns import NamespaceNetwork
@@ -42,24 +45,54 @@ def network():
         yield net
 
 
-def config_of(net: NamespaceNetwork) -> Config:
+def config_of(net: NamespaceNetwork, dataplane: dict | None = None) -> Config:
     # equal weights whatever the load; no CAS polling and health probes rarely (their gets would count as hits)
     return parse_config({"servers": [{"name": h.name, "ip": h.ip, "mac": h.mac} for h in net.server_hosts],
                          "balancing": {"hot": 2, "hysteresis": 1, "mode": "equal"},
                          "controller": {"listen": HTTP, "poll_interval": 0, "health_interval": 60, "lease": 150},
-                         "dataplane": {"kind": "openflow", "openflow": {"classifier": TAG, "listen": OPENFLOW}}})
+                         "dataplane": dataplane or {"kind": "openflow",
+                                                    "openflow": {"classifier": TAG, "listen": OPENFLOW}}})
 
 
-class App(RyuController):
-    """ryu-manager with the MBalancer app (as the experiments start it), and what a test asks of it."""
+class App:
+    """MBalancer driving the network's Open vSwitch `via` ryu-manager (the Ryu app, the switch connecting to it), or
+    via a switch agent on the switch's box (`mbalancer switch serve`, connected to the bridge's management socket:
+    no ryu-manager) driven by a controller core over its wire; and what a test asks of either."""
 
-    def __init__(self, net: NamespaceNetwork, tmp_path):
-        config = config_of(net)
-        self.key_hash = make_hash(config.balancing.hash, [s.address for s in config.servers])
-        super().__init__(config, self.key_hash, tmp_path)
-        self.start()
+    def __init__(self, net: NamespaceNetwork, tmp_path, via: str):
+        self.config = config_of(net)
+        self.key_hash = make_hash(self.config.balancing.hash, [s.address for s in self.config.servers])
+        self.agent: AgentProcess | None = None
+        if via == "agent":
+            self.agent = AgentProcess(tmp_path, "openflow", {
+                "classifier": TAG, "connect": f"unix:{net.switch.ovs.rundir}/{net.switch.bridge}.mgmt"})
+            self.controller = LocalController(config_of(net, {"kind": "agent", "agent": {
+                "address": self.agent.address, "kind": "openflow", "token_file": str(self.agent.token_file)}}),
+                self.key_hash, tmp_path)
+        else:
+            self.controller = RyuController(self.config, self.key_hash, tmp_path)
+        try:
+            self.controller.start()
+        except BaseException:
+            self.stop()
+            raise
         for host in net.server_hosts:
             assert eventually(lambda: memcached_answers(host.ip), timeout=10), f"{host.name} unreachable: {self.log()}"
+
+    def state(self) -> dict:
+        return self.controller.state()
+
+    def log(self) -> str:
+        """What the process that drives the switch said: ryu-manager, or the agent."""
+        return self.agent.read_log() if self.agent is not None else self.controller.log()
+
+    def stop(self) -> int | None:
+        """ryu-manager's exit status; or the controller stopped, then the agent, and the agent's."""
+        if self.agent is None:
+            return self.controller.stop()
+        self.controller.stop()
+        self.agent.stop()
+        return self.agent.process.returncode
 
     def hot(self, key: bytes) -> dict | None:
         return next((k for k in self.state()["hot_keys"] if k["key"] == key.decode()), None)
@@ -67,14 +100,14 @@ class App(RyuController):
     def make_hot(self, key: bytes, value: bytes) -> int:
         home = self.key_hash.server_of(key)
         MetaClient(self.config.servers[home].address).set(key, StoredItem(value, 0, -1, 0))
-        self.report([(key, 500.0)])
+        self.controller.report([(key, 500.0)])
         assert eventually(lambda: (self.hot(key) or {}).get("dirty") is False, timeout=10), self.state()["decisions"]
         return home
 
 
-@pytest.fixture
-def app(network, tmp_path):
-    running = App(network, tmp_path)
+@pytest.fixture(params=["ryu", "agent"])
+def app(network, tmp_path, request):
+    running = App(network, tmp_path, request.param)
     yield running
     running.stop()
     for host in network.server_hosts:
@@ -82,9 +115,12 @@ def app(network, tmp_path):
 
 
 def test_hot_gets_are_spread_by_weight_and_answered_from_the_home_address(network, app):
-    hot_gets_spread_evenly_and_answered_from_home(network, app.make_hot(b"hot:1", b"v1"))
+    home = app.make_hot(b"hot:1", b"v1")
+    before = app.state()["counters"]["data_plane"]["switch"]  # the classifier's, since the module began
+    hot_gets_spread_evenly_and_answered_from_home(network, home)
     counters = app.state()["counters"]["data_plane"]
-    assert counters["switch"]["balanced"] == 900 and counters["switch"]["replies_rewritten"] > 0
+    assert counters["switch"]["balanced"] - before["balanced"] == 900, (before, counters["switch"])
+    assert counters["switch"]["replies_rewritten"] > before["replies_rewritten"]
     groups = network.switch.ovs.ofctl("dump-groups", network.switch.bridge)
     assert "selection_method=hash,fields=eth_dst" in groups and groups.count("bucket=") == 3, groups
 
@@ -152,6 +188,7 @@ def test_the_app_stops_cleanly_and_ends_its_lease(network, app):
         tables.close()
 
 
+@pytest.mark.parametrize("app", ["ryu"], indirect=True)
 def test_the_http_api_through_ryus_wsgi_answers_as_the_controllers_does(network, app):
     def ask(method: str, path: str, body: bytes | None = None):
         request = urllib.request.Request(f"http://{HTTP}{path}", body, method=method,
@@ -203,3 +240,33 @@ def test_a_bad_config_is_one_line_and_exit_status(network, tmp_path):
     assert process.wait(timeout=30) != 0
     text = log.read_text()
     assert "mbalancer: --mbalancer-config:" in text and "Traceback" not in text, text
+
+
+def test_the_bridge_is_reached_over_tcp_too_and_an_unreachable_one_is_one_line(network, tmp_path, run_cli):
+    """`mbalancer controller` on the switch's box drives the bridge itself (dataplane.openflow.connect, here a ptcp:
+    target of the bridge), no ryu-manager; a bridge that does not answer, or an address that is none, is one line,
+    from the controller and from the agent."""
+    ovs, bridge = network.switch.ovs, network.switch.bridge
+    port = free_port()
+    ovs.vsctl("set-controller", bridge, f"tcp:{OPENFLOW}", f"ptcp:{port}:127.0.0.1")
+    try:
+        ovs.ofctl("del-flows", bridge)
+        config = tmp_path / "direct.toml"
+        config.write_text(config_toml(config_of(network, {"kind": "openflow", "openflow": {
+            "classifier": TAG, "connect": f"tcp:127.0.0.1:{port}"}})))
+        result = run_cli("-v", "controller", "--config", str(config), "--duration", "1", timeout=60)
+        assert result.returncode == 0 and "Traceback" not in result.stderr, result.stderr[-2000:]
+        assert "connected to the bridge at tcp:127.0.0.1" in result.stderr
+        assert "cookie=0x4d42" in ovs.ofctl("dump-flows", bridge)  # the pipeline, installed over that connection
+    finally:
+        ovs.vsctl("set-controller", bridge, f"tcp:{OPENFLOW}")
+    for connect, said in ((f"unix:{tmp_path}/none.mgmt", "no Open vSwitch bridge answers at unix:"),
+                          (f"tcp:127.0.0.1:{port}", "no Open vSwitch bridge answers at tcp:127.0.0.1"),
+                          ("ftp:x", 'is not "unix:PATH"')):
+        config.write_text(config_toml(config_of(network, {"kind": "openflow", "openflow": {
+            "classifier": TAG, "connect": connect}})))
+        result = run_cli("controller", "--config", str(config), "--duration", "1", timeout=60)
+        assert result.returncode != 0 and said in result.stderr and "Traceback" not in result.stderr, result.stderr
+        with pytest.raises(RuntimeError, match=said) as refused:
+            AgentProcess(tmp_path, "openflow", {"classifier": TAG, "connect": connect})
+        assert "Traceback" not in str(refused.value)

@@ -21,7 +21,6 @@ from pathlib import Path
 from typing import Any
 
 from dataplanes import registry
-from dataplanes.agent.fabric import FABRIC_KINDS
 from dataplanes.switch_nodes import peer_intf
 from mbalancer.config import DataPlane, Server
 from mbalancer.memcache.addresses import ServerAddress
@@ -63,16 +62,13 @@ class TestbedSpec:
         except registry.UnknownDataPlane as err:
             raise TopologyError(f"{err}; the testbed runs on {', '.join(registry.names('mininet_switch'))}") \
                 from None
-        if self.dataplane == "openflow" and self.topology != "single":
-            raise TopologyError("the openflow data plane runs the single-switch topology (one key classifier, whose "
-                                "tags the first switch consumes)")
+        if self.dataplane == "openflow" and self.topology != "single" and not self.agents:
+            raise TopologyError("a leaf-spine of OpenFlow switches runs with a switch agent per switch (agents): "
+                                "one ryu-manager would balance a hot key's gets at every switch they cross")
         if self.topology == "leafspine" and not (1 <= self.leaves and 1 <= self.spines and
                                                  self.leaves + self.spines <= MAX_BOXES):
             raise TopologyError(f"a leaf-spine needs at least one leaf and one spine, {MAX_BOXES} switches at most "
                                 f"(got {self.leaves} and {self.spines})")
-        if self.agents and self.dataplane not in FABRIC_KINDS:
-            raise TopologyError(f"switch agents per switch node run the ebpf or p4 data plane (a fabric balances at "
-                                f"the home's leaf, which the {self.dataplane} one cannot do yet)")
         if self.controllers and not self.agents:
             raise TopologyError("controller hosts reach the switches over the management LAN: they need agents")
         if not 0 <= self.controllers <= MAX_CONTROLLER_HOSTS:

@@ -29,7 +29,7 @@ from mbalancer.settings import ConfigError, Server
 
 log = logging.getLogger(__name__)
 # data planes whose program names the home to the replica's switch (FABRIC_CASES); none: the recording driver
-FABRIC_KINDS = ("ebpf", "p4", "none")
+FABRIC_KINDS = ("ebpf", "p4", "openflow", "none")
 
 
 def driver_from_settings(settings: Settings) -> Driver:

@@ -33,8 +33,21 @@ class AgentProcess:
             if time.monotonic() > deadline or self.process.poll() is not None:
                 self.stop()
                 raise RuntimeError(f"the switch agent did not start: {self.log.strip()[-800:]}")
-            if select.select([self.process.stderr], [], [], 0.2)[0]:  # unbuffered: select sees all there is
-                self.log += os.read(self.process.stderr.fileno(), 65536).decode(errors="replace")
+            self._read(0.2)
+
+    def read_log(self) -> str:
+        """What it said so far (without waiting)."""
+        while not self.process.stderr.closed and self._read(0):
+            pass
+        return self.log
+
+    def _read(self, wait: float) -> bool:
+        """Add what it wrote within `wait` seconds to the log; False if it wrote nothing."""
+        if not select.select([self.process.stderr], [], [], wait)[0]:  # unbuffered: select sees all there is
+            return False
+        chunk = os.read(self.process.stderr.fileno(), 65536)
+        self.log += chunk.decode(errors="replace")
+        return bool(chunk)
 
     def stop(self) -> str:
         """SIGTERM, then its whole log (again if stopped already)."""

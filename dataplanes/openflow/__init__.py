@@ -1,4 +1,4 @@
-"""The OpenFlow data plane: Open vSwitch (userspace datapath) driven by the Ryu app, plus a key classifier.
+"""The OpenFlow data plane: Open vSwitch (userspace datapath) driven by the Ryu app or directly, plus a key classifier.
 
 A plain OpenFlow switch cannot read a memcached key, so the key match is its own, swappable step: the classifier
 (the eBPF program built with -DMB_CLASSIFIER: the same parser, dirty state, lease and counters) runs at tc egress
@@ -11,7 +11,8 @@ ovs.py       a private Open vSwitch (its own ovsdb-server and ovs-vswitchd, netd
 messages.py  every OpenFlow message the driver sends (Ryu's OpenFlow 1.5 parser), faucet's valve_of.py way
 weights.py   bucket weights that make OVS's hash selection give the core's shares
 classifier.py load the classifier (dataplanes/bpf/, shared with the eBPF switch) on the wire side of a switch's ports
-driver.py    the controller's driver, run inside ryu-manager by controller/ryu_app.py
+driver.py    the controller's driver, run inside ryu-manager by controller/ryu_app.py, or on the switch's box
+bridge_connection.py  the driver's direct OpenFlow connection to a bridge on its box (no ryu-manager between)
 netns_switch.py, mininet_switch.py  the switch of the namespace and Mininet topologies
 """
 from __future__ import annotations
@@ -30,3 +31,9 @@ class Settings:
     # datapath's 5-tuple hash (per client socket); default = OVS's own (IP addresses: per client host).
     selection: str = "hash"
     listen: str = "127.0.0.1:6653"  # where ryu-manager takes switch connections (its --ofp-listen-host/port)
+    # The bridge driven directly, without ryu-manager (the switch agent, or `mbalancer controller` on the switch's
+    # box): "unix:<OVS rundir>/<bridge>.mgmt" (the bridge's management socket) or "tcp:HOST:PORT" (a ptcp: target).
+    connect: str = ""
+    # the controller's addresses whose copies never make a server unsure, beside this machine's own (a controller on
+    # another box, reaching the switch through its agent: its address towards the servers)
+    trusted: tuple[str, ...] = ()

@@ -34,6 +34,7 @@ from dataplanes.driver import (Counters, Driver, DriverError, LeftoverKey, Mirro
                                ReplicaWeight)
 from dataplanes.openflow import SELECTIONS, Settings, messages
 from dataplanes.openflow.weights import bucket_weights
+from mbalancer.memcache.addresses import resolve_ipv4
 from mbalancer.settings import Server
 
 log = logging.getLogger(__name__)
@@ -52,11 +53,22 @@ class Channel(Protocol):
     def ask(self, dp: Any, request: Any) -> list[Any]:
         """A multipart request's replies (DriverError if none came)."""
 
+    def close(self) -> None:
+        """The driver is done with the switches."""
+
 
 def driver_from_settings(settings: Settings) -> "OpenflowDriver":
-    """The registry's factory. The driver needs Ryu's switch connections, so it runs inside ryu-manager only."""
-    raise DriverError("the OpenFlow data plane is driven from inside ryu-manager: run `mbalancer-ryu-manager "
-                      "--mbalancer-config FILE controller/ryu_app.py` (docs/dataplanes/openflow.md)")
+    """The registry's factory: the bridge at `connect`, driven directly (dataplanes/openflow/bridge_connection.py).
+    Without `connect` the switches connect to ryu-manager, so the driver runs inside it (controller/ryu_app.py)."""
+    if not settings.connect:
+        raise DriverError("the OpenFlow data plane is driven from inside ryu-manager (`mbalancer-ryu-manager "
+                          "--mbalancer-config FILE controller/ryu_app.py`), or directly on the switch's box with "
+                          "dataplane.openflow.connect (docs/dataplanes/openflow.md)")
+    from dataplanes.openflow.bridge_connection import BridgeConnection
+    bridge = BridgeConnection(settings.connect)
+    driver = OpenflowDriver(settings, bridge)
+    bridge.start(on_connect=driver.switch_connected, on_packet_in=driver.packet_in)
+    return driver
 
 
 class OpenflowDriver(BpfMapsDriver):
@@ -73,7 +85,11 @@ class OpenflowDriver(BpfMapsDriver):
         if not (pin / "prog").exists():
             raise DriverError(f"no key classifier named {settings.classifier} is loaded (nothing at {pin}): start "
                               f"the OpenFlow topology, or load the classifier on your switch's links first")
-        super().__init__(KeyTables([pin], "OpenFlow key classifier"))
+        try:
+            trusted = [resolve_ipv4(ip, ip) for ip in settings.trusted]
+        except ValueError as err:
+            raise DriverError(f"dataplane.openflow.trusted: {err}") from None
+        super().__init__(KeyTables([pin], "OpenFlow key classifier", trusted))
         self.settings = settings
         self.channel = channel
         self.buckets: dict[int, list[tuple[int, int, int]]] = {}  # slot -> (position, server, OVS weight): the record
@@ -185,6 +201,10 @@ class OpenflowDriver(BpfMapsDriver):
                     for (_, server, _), bucket in zip(buckets.get(slot, []), group.bucket_stats):
                         per_replica[server] = per_replica.get(server, 0) + bucket.packet_count
         return counters
+
+    def close(self) -> None:
+        super().close()  # the lease ends in the classifier first: every get goes home, whatever the rules say
+        self.channel.close()
 
     # --- the classifier half, as BpfMapsDriver has it, but for its reloads ------------------------------------
     def _watch(self) -> None:

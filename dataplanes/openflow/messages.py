@@ -8,7 +8,8 @@ The pipeline, three tables:
              REPLY(home) -> home's MAC, IP and UDP port as the source, on to L2; anything else -> L2
   L2    (2)  destination MAC -> port (learned); unknown -> flood
 A hot key's group has one bucket per replica with a positive weight (bucket id = the replica's position, so
-bucket counters map back), each rewriting destination MAC, IP and UDP port and resubmitting to L2.
+bucket counters map back), each rewriting destination MAC, IP and UDP port (and the source MAC to the BALANCED
+tag, the in_port to none: a fabric's home leaf may send the get back the way it came) and resubmitting to L2.
 """
 from __future__ import annotations
 
@@ -26,6 +27,10 @@ COOKIE = 0x4d42  # "MB": every flow this driver installs
 L2_IDLE = 300  # seconds a learned MAC stays without traffic
 NTR_VENDOR_ID = 0x0000154d  # OVS's group selection-method property (an experimenter property of OF1.5 groups)
 NTR_SELECTION_METHOD = 1
+BALANCED_SOURCE = tags.tag(tags.BALANCED, 0)  # a balanced get's source MAC: learned by no switch on its way
+# A balanced get's in_port set to none (OVS's NXM in_port, 16 bits: OVS refuses 0 in the OXM one) in its group: OpenFlow
+# drops output to the ingress port, by which a fabric's home leaf may send a get from a spine up to the replica's leaf.
+NO_INGRESS = parser.OFPActionSetField(in_port_nxm=0)
 ETH_DST_ALL_BITS = bytes.fromhex("80000606") + b"\xff" * 6  # OXM ETH_DST (class 0x8000, field 3, 6 bytes): all bits
 
 
@@ -86,7 +91,8 @@ def hot_group(dp, slot: int, buckets: Sequence[tuple[int, Server, int]], selecti
     built = [parser.OFPBucket(bucket_id=position, properties=[
                                   parser.OFPGroupBucketPropWeight(type_=ofp.OFPGBPT_WEIGHT, weight=weight)],
                               actions=[set_field(eth_dst=server.mac), set_field(ipv4_dst=server.ip),
-                                       set_field(udp_dst=server.port), parser.NXActionResubmitTable(table_id=L2)])
+                                       set_field(udp_dst=server.port), set_field(eth_src=BALANCED_SOURCE),
+                                       NO_INGRESS, parser.NXActionResubmitTable(table_id=L2)])
              for position, server, weight in buckets]
     command = ofp.OFPGC_ADD if add else ofp.OFPGC_MODIFY
     return [parser.OFPGroupMod(dp, command, ofp.OFPGT_SELECT, group_id(slot), buckets=built,

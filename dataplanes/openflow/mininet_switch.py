@@ -1,7 +1,8 @@
 """Open vSwitch as a Mininet switch: a private instance per switch, userspace datapath (dataplanes/openflow/ovs.py),
 with the key classifier on the far end of each of its links, and ryu-manager running the MBalancer app (started by
-the experiment's stack, not by Mininet) as its controller at `controller`. Until the app connects, a lone NORMAL
-rule forwards L2, so the testbed can fill its servers first."""
+the experiment's stack, not by Mininet) as its controller at `controller`, or a switch agent on its box connected to
+its bridge's management socket (a testbed with agents: topologies/agents.py). Until either programs it, a lone
+NORMAL rule forwards L2, so the testbed can fill its servers first."""
 from __future__ import annotations
 
 import subprocess
@@ -15,10 +16,19 @@ from mbalancer.memcache.server import free_port
 
 
 class OpenflowSwitch(Switch):
+    # One Open vSwitch for every OpenFlow switch node of this process: an instance's netdev datapath makes a tap named
+    # ovs-netdev in the root namespace, so a second instance on the same kernel cannot open its own. Each node is a
+    # bridge of it (tables, management socket and controller of its own); the instance is named after the node that
+    # started it, by which name a killed run's successor removes it (the registry's leftovers hook).
+    shared: Any = None
+    users: set[str] = set()
+
     def __init__(self, name: str, controller: str | None = None, memcached_ports: tuple[int, ...] = (11211,),
-                 **params):
+                 flood_exclude: tuple[str, ...] = (), **params):
+        """flood_exclude: names of neighbour switches this one never floods to (a loop-free flood tree)."""
         super().__init__(name, **params)
         self.controller = controller or f"127.0.0.1:{free_port()}"
+        self.flood_exclude = set(flood_exclude)
         self.memcached_ports = memcached_ports
         self.ovs = None
         self.classifier: DataPlane | None = None
@@ -38,11 +48,17 @@ class OpenflowSwitch(Switch):
         self.classifier = classifier.load(self.name, ends, self.memcached_ports)
         for intf in intfs:
             subprocess.run(["ip", "link", "set", intf.name, "up"], check=True)
-        self.ovs = OpenVSwitch(self.name).start()
+        if OpenflowSwitch.shared is None:
+            OpenflowSwitch.shared = OpenVSwitch(self.name).start()
+        OpenflowSwitch.users.add(self.name)
+        self.ovs = OpenflowSwitch.shared
         self.ovs.add_bridge(self.bridge, [intf.name for intf in intfs], f"tcp:{self.controller}")
+        for intf in intfs:
+            if peer_intf(intf).node.name in self.flood_exclude:
+                self.ovs.no_flood(self.bridge, intf.name)
 
     def reload(self) -> None:
-        """Empty tables: a fresh classifier and Open vSwitch on the same ports."""
+        """Empty tables: a fresh classifier and bridge on the same ports."""
         self._unload()
         self.start([])
 
@@ -52,11 +68,26 @@ class OpenflowSwitch(Switch):
 
     def _unload(self) -> None:
         if self.ovs is not None:
-            self.ovs.stop()
+            OpenflowSwitch.users.discard(self.name)
+            if OpenflowSwitch.users:
+                self.ovs.remove_bridge(self.bridge)
+            else:
+                self.ovs.stop()
+                OpenflowSwitch.shared = None
             self.ovs = None
         if self.classifier is not None:
             self.classifier.unload()
             self.classifier = None
+
+    def box_settings(self) -> dict[str, Any]:
+        """The [dataplane.openflow] section of the agent that drives this switch from its box (topologies/agents.py):
+        its classifier, and its bridge through the management socket (the box shares this machine's file system)."""
+        return {"classifier": self.name, "connect": f"unix:{self.ovs.rundir}/{self.bridge}.mgmt"}
+
+    @property
+    def box_links(self) -> tuple[str, ...]:
+        """Nothing: the switch's copies come to the agent as PacketIns over its OpenFlow connection."""
+        return ()
 
     @staticmethod
     def driver_settings(net) -> dict[str, Any]:

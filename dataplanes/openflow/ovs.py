@@ -113,7 +113,7 @@ class OpenVSwitch:
         with open(self.rundir / BRIDGES, "a") as made:
             made.write(bridge + "\n")
         self.vsctl("add-br", bridge, "--", "set", "bridge", bridge, "datapath_type=netdev", "fail_mode=secure",
-                   "protocols=OpenFlow13,OpenFlow15", "other_config:disable-in-band=true")
+                   "protocols=OpenFlow10,OpenFlow13,OpenFlow15", "other_config:disable-in-band=true")
         for port in ports:  # QoS linux-noop: OVS leaves the port's qdisc alone (a testbed's rate caps stay)
             self.vsctl("add-port", bridge, port, "--", "set", "port", port, "qos=@noop", "--",
                        "--id=@noop", "create", "qos", "type=linux-noop")
@@ -121,12 +121,23 @@ class OpenVSwitch:
         self._wait_for_bridge(bridge)
         self.ofctl("add-flow", bridge, "priority=0,actions=NORMAL")  # L2 until the controller replaces every rule
 
+    def remove_bridge(self, bridge: str) -> None:
+        """The bridge and its interface go; its ports are free again."""
+        self.vsctl("--if-exists", "del-br", bridge)
+
+    def no_flood(self, bridge: str, port: str) -> None:
+        """Floods (OFPP_FLOOD) leave out `port`, until ovs-vswitchd restarts. Only OpenFlow 1.0 has the port flag:
+        hence that version among the bridge's protocols (a controller still speaks the highest both have)."""
+        self._run("ovs-ofctl", "-O", "OpenFlow10", "mod-port", bridge, port, "no-flood")
+
     def _wait_for_bridge(self, bridge: str) -> None:
         """Until the bridge's management socket (ovs-ofctl's way in) exists: made a moment after the bridge."""
         deadline = time.monotonic() + START_TIMEOUT
         while not (self.rundir / f"{bridge}.mgmt").exists():
             if time.monotonic() > deadline:
-                raise OvsError(f"bridge {bridge} has no management socket after {START_TIMEOUT:.0f} s")
+                said = (self.rundir / "ovs-vswitchd.log").read_text(errors="replace").strip().splitlines()
+                raise OvsError(f"bridge {bridge} has no management socket after {START_TIMEOUT:.0f} s (ovs-vswitchd's "
+                               f"last words: {said[-1] if said else 'none'})")
             time.sleep(0.02)
 
     def vsctl(self, *args: str) -> str:

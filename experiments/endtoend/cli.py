@@ -58,8 +58,8 @@ def register(commands: argparse._SubParsersAction) -> None:
                              "(bmv2 over P4Runtime, at the lower rates a software switch carries)")
     parser.add_argument("--topology", choices=TOPOLOGIES,
                         help="single (one switch, the default) or leafspine: two tiers, servers and clients dealt "
-                             "over the leaves; on ebpf and p4 every switch on a box of its own behind its switch "
-                             "agent, each get balanced at its home's leaf")
+                             "over the leaves; every switch on a box of its own behind its switch agent, each get "
+                             "balanced at its home's leaf")
     parser.add_argument("--leaves", type=int, help="leaves of the leaf-spine (default 2)")
     parser.add_argument("--spines", type=int, help="spines of the leaf-spine (default 2)")
     parser.add_argument("--detect", choices=DETECTIONS[1:],
@@ -68,8 +68,8 @@ def register(commands: argparse._SubParsersAction) -> None:
                              "copied to the monitor; the default on p4 and leafspine)")
     parser.add_argument("--controller", choices=CONTROLLERS[1:],
                         help="where the controller core runs: ryu (the Ryu app inside ryu-manager; the default, and "
-                             "the only way, on openflow) or local (in this process, as `mbalancer controller`; the "
-                             "default on ebpf and p4)")
+                             "the only way, on one openflow switch) or local (in this process, as `mbalancer "
+                             "controller`; the default elsewhere)")
     parser.add_argument("--rerun", action="store_true", help="run even if OUT holds a sweep of these settings")
     parser.set_defaults(run=_run_experiment, fail=parser.error)
 

@@ -46,7 +46,7 @@ class ExperimentSpec:
     # the data planes that can), "capture" (packets copied from the client ports to the monitor), "auto": the first
     detection: str = "auto"
     # Where the controller core runs: "local" (in the experiment's process, as `mbalancer controller`), "ryu" (the
-    # Ryu app inside ryu-manager), "auto": ryu on openflow (its switches connect to Ryu), local elsewhere
+    # Ryu app inside ryu-manager), "auto": ryu on openflow with one switch (it connects to Ryu), local elsewhere
     controller: str = "auto"
     warmup: float = 4.0  # seconds of load before measuring: MBalancer finds and copies the hot keys then
     measure: float = 8.0  # seconds measured
@@ -76,8 +76,9 @@ class ExperimentSpec:
                              "detect by capture")
         if self.controller not in CONTROLLERS:
             raise ValueError(f"controller must be one of {', '.join(CONTROLLERS)} (got {self.controller!r})")
-        if self.testbed.dataplane == "openflow" and self.runs_controller() != "ryu":
-            raise ValueError("the openflow data plane's switches are driven by the Ryu app: controller ryu")
+        if self.testbed.dataplane == "openflow" and not self.testbed.agents and self.runs_controller() != "ryu":
+            raise ValueError("the openflow data plane's switches are driven by the Ryu app (or by switch agents, on a "
+                             "leaf-spine): controller ryu")
         if not self.hashes:
             raise ValueError("no point to run: give at least one hash")
         fake = tuple(ServerAddress(f"10.0.0.{i + 1}") for i in range(self.testbed.servers))
@@ -120,7 +121,7 @@ class ExperimentSpec:
         """"local" or "ryu": where the core runs (the one asked for, or with "auto" the data plane's own way)."""
         if self.controller != "auto":
             return self.controller
-        return "ryu" if self.testbed.dataplane == "openflow" else "local"
+        return "ryu" if self.testbed.dataplane == "openflow" and not self.testbed.agents else "local"
 
     def most_hot(self) -> int:
         """Keys per monitor report: H, or with H "auto" the most the controller may choose."""
@@ -176,8 +177,8 @@ def on_dataplane(spec: ExperimentSpec, dataplane: str) -> ExperimentSpec:
 
 def on_topology(spec: ExperimentSpec, topology: str, leaves: int | None = None,
                 spines: int | None = None) -> ExperimentSpec:
-    """The spec run on another topology. A leaf-spine on ebpf or p4 is a fabric of boxes, each switch behind its own
-    switch agent (topologies/agents.py), each hot key balanced at its home's leaf."""
+    """The spec run on another topology. A leaf-spine (ebpf, p4, openflow) is a fabric of boxes, each switch behind
+    its own switch agent (topologies/agents.py), each hot key balanced at its home's leaf."""
     testbed = replace(spec.testbed, topology=topology,
                       leaves=spec.testbed.leaves if leaves is None else leaves,
                       spines=spec.testbed.spines if spines is None else spines,

@@ -31,6 +31,15 @@ log = logging.getLogger(__name__)
 RYU_START = 30.0  # seconds ryu-manager may take to serve its HTTP API with the switches connected
 
 
+def post_report(url: str, top: list[tuple[bytes, float]]) -> None:
+    """POST a monitor report of these (key, gets/s) to the controller's HTTP API at `url`, as `mbalancer monitor
+    --push` would."""
+    body = {"time": time.time(), "interval": 1.0, "rate": 1000.0,
+            "top": [{"key": key.decode("latin-1"), "rate": rate} for key, rate in top]}
+    request = urllib.request.Request(f"{url}/report", json.dumps(body).encode(), {"Content-Type": "application/json"})
+    urllib.request.urlopen(request, timeout=5).close()  # anything but 2xx raises HTTPError
+
+
 class LocalController:
     """The core and its HTTP API in this process."""
 
@@ -46,6 +55,9 @@ class LocalController:
 
     def state(self) -> dict:
         return self.core.state()
+
+    def report(self, top: list[tuple[bytes, float]]) -> None:
+        post_report(f"http://{self.core.config.controller.listen}", top)
 
     def reports(self) -> int:
         return self.core.counts["reports"]
@@ -104,12 +116,7 @@ class RyuController:
             return json.load(reply)
 
     def report(self, top: list[tuple[bytes, float]]) -> None:
-        """POST a monitor report of these (key, gets/s), as `mbalancer monitor --push` would."""
-        body = {"time": time.time(), "interval": 1.0, "rate": 1000.0,
-                "top": [{"key": key.decode("latin-1"), "rate": rate} for key, rate in top]}
-        request = urllib.request.Request(f"{self.url}/report", json.dumps(body).encode(),
-                                         {"Content-Type": "application/json"})
-        urllib.request.urlopen(request, timeout=5).close()  # anything but 2xx raises HTTPError
+        post_report(self.url, top)
 
     def reports(self) -> int:
         return self.state()["counters"].get("reports", 0)

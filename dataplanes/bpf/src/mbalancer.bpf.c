@@ -18,8 +18,9 @@
  * parser, dirty state, lease and counters, on the wire side of each port of an OpenFlow switch (tc egress of the
  * link's far end), where it neither forwards nor rewrites: it marks the packets the switch's rules act on by
  * writing a tag in place of a MAC address (dataplanes/openflow/tags.py has the layout), and passes every packet on.
- * A clean hot get gets GET(slot, entropy) as destination MAC, a packet the controller must see COPY(server), a reply
- * to a get that may have been balanced REPLY(home) as source MAC. */
+ * A clean hot get gets GET(slot, entropy) as destination MAC (and the balanced mark, for the replica's switch in a
+ * fabric), a packet the controller must see COPY(server), a reply to a get it may have balanced REPLY(home) as
+ * source MAC; a reply to a get another switch balanced is rewritten here, as the eBPF switch does. */
 #include <linux/bpf.h>
 #include <linux/pkt_cls.h>
 #include <bpf/bpf_helpers.h>
@@ -336,6 +337,8 @@ static __always_inline int mb_hot_get(struct __sk_buff *skb, struct mb_packet *p
 	/* The switch's select group picks the replica (hashing the tag, entropy included); its reply may come from
 	 * any of them, so the flow is remembered whatever the choice. */
 	mb_remember_flow(&flow, hash, hot->home);
+	if (mb_mark_balanced(skb, pkt, hot->home) < 0)  /* for a replica behind another switch (a fabric) */
+		return TC_ACT_SHOT;
 	mb_tag(skb, 0, MB_TAG_GET, slot, point >> (16 - MB_TAG_ENTROPY_BITS));
 	mb_count(MB_C_BALANCED);
 	return TC_ACT_OK;
@@ -418,7 +421,14 @@ static __always_inline int mb_reply_source(struct __sk_buff *skb, struct mb_pack
 	struct mb_server *server = bpf_map_lookup_elem(&servers, &home);
 	if (server && (server->ip != pkt->saddr || server->port != pkt->sport)) {
 #ifdef MB_CLASSIFIER
-		mb_tag(skb, 1, MB_TAG_REPLY, home, 0);  /* the switch writes the home's MAC, IP and port */
+		/* Balanced here: the switch writes the home's MAC, IP and port. Balanced by the home's switch, upstream:
+		 * rewritten here, the replica's MAC kept, so that no switch on the way learns the home behind this one. */
+		if (*remembered & MB_FLOW_UPSTREAM) {
+			if (mb_rewrite_source(skb, pkt, server, 0) < 0)
+				return TC_ACT_SHOT;
+		} else {
+			mb_tag(skb, 1, MB_TAG_REPLY, home, 0);
+		}
 		mb_count(MB_C_REPLIES_REWRITTEN);
 		return TC_ACT_OK;
 #endif

@@ -74,6 +74,24 @@ static __always_inline int mb_rewrite_destination(struct __sk_buff *skb, struct 
 	return 0;
 }
 
+/* The key classifier's half of that rewrite: marked as balanced, the home's index in the IP ID, the destination
+ * left for the OpenFlow switch to choose (its select group may pick any replica, the home included). */
+static __always_inline int mb_mark_balanced(struct __sk_buff *skb, struct mb_packet *pkt, __u32 home)
+{
+	struct ethhdr *eth;
+	struct iphdr *ip;
+	struct udphdr *udp;
+	if (!mb_headers(skb, pkt, &eth, &ip, &udp))
+		return -1;
+	__u16 marked = pkt->frag_off | bpf_htons(MB_IP_BALANCED), home_id = bpf_htons((__u16)home);
+	__u16 old_ip[2] = {ip->frag_off, ip->id};
+	__u16 new_ip[2] = {marked, home_id};
+	ip->check = mb_csum_update(ip->check, old_ip, new_ip, 2);
+	ip->frag_off = marked;
+	ip->id = home_id;
+	return 0;
+}
+
 /* reply_source's rewrite: the reply leaves as if from `home` (in place, as above); its MAC too if `mac`. */
 static __always_inline int mb_rewrite_source(struct __sk_buff *skb, struct mb_packet *pkt, const struct mb_server *home,
 					     int mac)
