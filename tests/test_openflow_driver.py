@@ -229,3 +229,35 @@ def test_the_controller_command_points_to_the_ryu_app_for_openflow(run_cli, tmp_
     config.write_text('[[servers]]\nname = "a"\nip = "127.0.0.1"\nmac = "02:00:00:00:00:01"\n')
     result = run_cli("controller", "--config", str(config), "--driver", "openflow", "--duration", "1")
     assert result.returncode == 2 and "mbalancer-ryu-manager" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_the_classifier_marks_the_gets_it_tags_and_rewrites_replies_to_gets_another_switch_balanced(driver,
+                                                                                                      classifier):
+    """A fabric's two halves in the classifier: a clean hot get leaves tagged GET(slot) and marked balanced with its
+    home's index as IP ID (for the replica's switch); a reply to a get that another switch balanced (seen marked on
+    its way to the replica) leaves with the home's source IP and port, the replica's MAC kept, and no tag."""
+    from scapy.all import IP, Ether
+    from dataplanes.bpf.bpf_syscall import obj_get, prog_test_run
+    from tests.pipeline_fixtures import IP_BALANCED, balanced_to, from_home, reply, request
+
+    def run(packet: bytes) -> bytes:
+        prog = obj_get(str(classifier.program_pin))
+        try:
+            return prog_test_run(prog, packet).packet
+        finally:
+            os.close(prog)
+
+    driver.install_hot_key(b"hot", 2, replicas(0.5, 0.0, 0.5))
+    driver.renew_lease(60)
+    driver.clear_dirty(b"hot", driver.write_stamp(b"hot"))
+    out = Ether(run(request(b"get hot\r\n", to=2, request_id=9)))
+    assert tags.parse_tag(out.dst)[:2] == (tags.GET, driver.slots[b"hot"])
+    assert int(out[IP].flags) & IP_BALANCED and out[IP].id == 2
+    sent = out[IP].chksum
+    del out[IP].chksum
+    assert Ether(bytes(out))[IP].chksum == sent  # the IP checksum fixed for the mark
+
+    get = request(b"get cold\r\n", to=2, request_id=11)  # balanced by the home's switch, on its way to server 1
+    assert run(balanced_to(get, 1, home=2)) == balanced_to(get, 1, home=2)  # not ours: passed on untouched
+    answer = reply(b"VALUE cold 0 1\r\nv\r\nEND\r\n", by=1, request_id=11)
+    assert run(answer) == from_home(answer, 2, mac=False)
