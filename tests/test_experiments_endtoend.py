@@ -4,6 +4,7 @@ eBPF data plane) against real memcached servers, including an interrupted one.""
 from __future__ import annotations
 
 import json
+import math
 import signal
 import subprocess
 import time
@@ -362,10 +363,12 @@ def test_demo_end_to_end(run_cli, tmp_path, dataplane):
     assert result.returncode == 0, result.stderr[-2000:]
     line = json.loads(result.stdout.strip().splitlines()[-1])
     base, mb = line["baseline"], line["mbalancer"]
-    # the share is measured over the window's gets: on bmv2 (about 700 in 3 s) one standard deviation is 0.017, and
-    # a run at 0.668 was seen (with two CPU hogs): 3 of them there, 0.03 elsewhere
-    tolerance = 0.05 if dataplane == "p4" else 0.03
-    assert line["gain"] > 0 and base["max_server_share"] == pytest.approx(0.714, abs=tolerance)
+    # The share is measured over the window's gets, each sent to the busier server with probability 0.714: four
+    # standard deviations of that count's share, at least 0.03. bmv2 under two CPU hogs answered few enough gets in
+    # 3 s for 0.668 and 0.658 to be seen (a fixed 0.05 failed on the second).
+    gets = base["throughput"] * 3
+    tolerance = max(0.03, 4 * math.sqrt(0.714 * 0.286 / max(gets, 1)))
+    assert line["gain"] > 0 and base["max_server_share"] == pytest.approx(0.714, abs=tolerance), (gets, base)
     summary = json.loads((tmp_path / "summary.json").read_text())
     run = next(r for r in summary["runs"] if r["mode"] == "mbalancer")
     # About a half once the ten hot keys are in and the servers limit the run. A busy machine (two CPU hogs beside

@@ -102,7 +102,7 @@ def controller_config(folder: Path, name: str, bed, etcd: EtcdServer) -> Path:
     path = folder / f"{name}.toml"
     path.write_text(f'{servers}[balancing]\nhot = {len(KEYS)}\nhysteresis = 1\nmode = "equal"\n'
                     f'[controller]\nlisten = "{bed.lan_host(name).ip}:{HTTP_PORT}"\netcd = ["{etcd.url}"]\n'
-                    f'election_ttl = 1\n[dataplane]\nkind = "agent"\n[dataplane.agent]\nkind = "ebpf"\n'
+                    f'election_ttl = 1\n[dataplane]\nkind = "agent"\n[dataplane.agent]\nkind = "{fabric.kind}"\n'
                     f'boxes = [{boxes}]\ntoken_file = "{fabric.token_file}"\n')
     return path
 
@@ -209,9 +209,11 @@ def ended_saying(controller: Controller, words: str) -> None:
     assert words in said(controller.log) and "Traceback" not in said(controller.log), said(controller.log)[-2000:]
 
 
-def test_a_fabric_under_load_fails_over_with_no_stale_read_and_no_miss(tmp_path):
+@pytest.mark.parametrize("dataplane", ["ebpf", "openflow"])
+def test_a_fabric_under_load_fails_over_with_no_stale_read_and_no_miss(tmp_path, dataplane):
     from topologies.testbed import Testbed, TestbedSpec
-    spec = TestbedSpec(topology="leafspine", servers=2, clients=2, leaves=2, spines=2, agents=True, controllers=3)
+    spec = TestbedSpec(topology="leafspine", servers=2, clients=2, leaves=2, spines=2, agents=True, controllers=3,
+                       dataplane=dataplane)
     with Testbed(spec) as bed, EtcdServer(tmp_path, bed.lan_namespace("etcd")) as etcd:
         fabric = bed.dataplane().settings
         boxes, token = list(fabric.boxes), Path(fabric.token_file)
