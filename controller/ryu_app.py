@@ -40,6 +40,7 @@ from controller.core import ControllerCore  # noqa: E402
 from dataplanes.driver import DriverError  # noqa: E402
 from dataplanes.driver_process import DriverProcess  # noqa: E402
 from dataplanes.openflow.driver import OpenflowDriver  # noqa: E402
+from dataplanes.openflow.messages import refusals  # noqa: E402
 from controller.http_api import ENDPOINTS, JSON, encode, respond  # noqa: E402
 from mbalancer.ownership import Ownership, OwnershipError  # noqa: E402
 from dataplanes import registry  # noqa: E402
@@ -224,8 +225,7 @@ def _route(path: str, name: str):
 
 
 def _error_text(err) -> str:
-    errors = [m for m in (err.result or []) if hasattr(m, "code")]
-    return ", ".join(f"type {m.type} code {m.code}" for m in errors) or str(err)
+    return refusals([m for m in (err.result or []) if hasattr(m, "code")]) or str(err)
 
 
 def _reply_class(request):

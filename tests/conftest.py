@@ -1,6 +1,7 @@
 """Shared test helpers: run the installed `mbalancer` command as a user would."""
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -76,13 +77,22 @@ def wait_for_line(process, text: str, timeout: float = 30.0) -> str:
 
 def why_no_mininet() -> str | None:
     """None if Mininet with the eBPF switch can run here, else why not (for skipif)."""
-    import os
     import shutil
 
     from dataplanes.bpf.program import available
     if os.geteuid() != 0:
         return "needs root"
     return available() or (None if shutil.which("mnexec") else "mnexec missing (apt package mininet)")
+
+
+def run_program(pin: Path, frame: bytes) -> bytes:
+    """The frame as a pinned BPF program leaves it (BPF_PROG_TEST_RUN)."""
+    from dataplanes.bpf.bpf_syscall import obj_get, prog_test_run
+    prog = obj_get(str(pin))
+    try:
+        return prog_test_run(prog, frame).packet
+    finally:
+        os.close(prog)
 
 
 def process_running(pid: int) -> bool:

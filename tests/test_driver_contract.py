@@ -61,7 +61,7 @@ def recording_harness():
 
 
 def ebpf_harness():
-    from dataplanes.bpf.bpf_syscall import obj_get, prog_test_run
+    from tests.conftest import run_program
     from dataplanes.bpf.program import DataPlane
     from tests.pipeline_fixtures import request_to
 
@@ -72,11 +72,7 @@ def ebpf_harness():
 
     def route(key: bytes, home: int, request_id: int) -> int:
         packet = request_to(SERVERS[home], b"get " + key + b"\r\n", request_id)
-        prog = obj_get(str(plane.program_pin))
-        try:
-            out = prog_test_run(prog, packet).packet
-        finally:
-            os.close(prog)
+        out = run_program(plane.program_pin, packet)
         return UNTOUCHED if out == packet else by_ip[".".join(str(b) for b in out[30:34])]
 
     def reload() -> None:
@@ -85,11 +81,7 @@ def ebpf_harness():
         plane.serve([])
 
     def send(payload: bytes, server: int) -> None:
-        prog = obj_get(str(plane.program_pin))
-        try:
-            prog_test_run(prog, request_to(SERVERS[server], payload, udp=False))
-        finally:
-            os.close(prog)
+        run_program(plane.program_pin, request_to(SERVERS[server], payload, udp=False))
 
     def successor() -> Driver:
         return registry.get("ebpf").make_driver(registry.get("ebpf").parse_settings({"switches": [plane.name]}))
@@ -104,7 +96,7 @@ def ebpf_harness():
 def openflow_harness():
     """The OpenFlow driver: the real key classifier in the kernel, the switch a recorded flow table."""
     from dataplanes.openflow.driver import OpenflowDriver
-    from dataplanes.bpf.bpf_syscall import obj_get, prog_test_run
+    from tests.conftest import run_program
     from dataplanes.bpf.program import CLASSIFIER, DataPlane
     from dataplanes.openflow import Settings
     from tests.openflow_switch import RecordedSwitch
@@ -116,11 +108,7 @@ def openflow_harness():
     by_ip = {s.ip: i for i, s in enumerate(SERVERS)}
 
     def run(packet: bytes) -> bytes:
-        prog = obj_get(str(plane.program_pin))
-        try:
-            return prog_test_run(prog, packet).packet
-        finally:
-            os.close(prog)
+        return run_program(plane.program_pin, packet)
 
     def route(key: bytes, home: int, request_id: int) -> int:
         packet = request_to(SERVERS[home], b"get " + key + b"\r\n", request_id)

@@ -7,14 +7,13 @@ import os
 import signal
 import subprocess
 import sys
-import time
 
 import pytest
 
 from dataplanes.driver import DriverError, ReplicaWeight
 from dataplanes.driver_process import DriverProcess
 from mbalancer.config import Server
-from tests.conftest import process_running
+from tests.conftest import eventually, process_running
 
 SERVERS = [Server(f"s{i}", f"10.0.0.{i + 1}", f"02:00:00:00:00:{i + 1:02x}") for i in range(3)]
 
@@ -57,10 +56,7 @@ def test_the_child_ends_when_its_parent_is_killed():
         child = int(parent.stdout.readline())
         os.kill(parent.pid, signal.SIGKILL)
         parent.wait(timeout=10)
-        deadline = time.monotonic() + 10
-        while process_running(child) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert not process_running(child), "the driver process outlived its parent"
+        assert eventually(lambda: not process_running(child), every=0.05), "the driver process outlived its parent"
     finally:
         if parent.poll() is None:
             parent.kill()

@@ -237,15 +237,11 @@ def test_the_classifier_marks_the_gets_it_tags_and_rewrites_replies_to_gets_anot
     home's index as IP ID (for the replica's switch); a reply to a get that another switch balanced (seen marked on
     its way to the replica) leaves with the home's source IP and port, the replica's MAC kept, and no tag."""
     from scapy.all import IP, Ether
-    from dataplanes.bpf.bpf_syscall import obj_get, prog_test_run
+    from tests.conftest import run_program
     from tests.pipeline_fixtures import IP_BALANCED, balanced_to, from_home, reply, request
 
     def run(packet: bytes) -> bytes:
-        prog = obj_get(str(classifier.program_pin))
-        try:
-            return prog_test_run(prog, packet).packet
-        finally:
-            os.close(prog)
+        return run_program(classifier.program_pin, packet)
 
     driver.install_hot_key(b"hot", 2, replicas(0.5, 0.0, 0.5))
     driver.renew_lease(60)

@@ -25,7 +25,7 @@ from dataplanes.driver import (Counters, DriverError, HotKeyInstall, KeyCounters
 from dataplanes.pipeline import HeavyKey
 from mbalancer.memcache.server import free_port
 from mbalancer.settings import Server
-from tests.conftest import MBALANCER, process_running
+from tests.conftest import MBALANCER, eventually, process_running
 from tests.switch_agent import AgentProcess, agent_config, request
 
 SERVERS = [Server("s1", "10.0.0.1", "02:00:00:00:00:01"), Server("s2", "10.0.0.2", "02:00:00:00:00:02")]
@@ -287,7 +287,6 @@ def test_an_agent_started_with_stop_with_ends_when_its_starter_is_killed(tmp_pat
     import os
     import signal
     import sys
-    import time
     starter = subprocess.Popen([sys.executable, "-c", (
         "import json, sys, time\n"
         "from pathlib import Path\n"
@@ -301,10 +300,8 @@ def test_an_agent_started_with_stop_with_ends_when_its_starter_is_killed(tmp_pat
         assert process_running(agent_pid)
         os.kill(starter.pid, signal.SIGKILL)
         starter.wait(timeout=30)
-        deadline = time.monotonic() + 30
-        while process_running(agent_pid) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert not process_running(agent_pid), "the agent outlived its starter"
+        assert eventually(lambda: not process_running(agent_pid), timeout=30, every=0.05), \
+            "the agent outlived its starter"
     finally:
         if starter.poll() is None:
             starter.kill()

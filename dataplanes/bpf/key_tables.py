@@ -21,10 +21,19 @@ from dataplanes.bpf.tables import Tables
 from dataplanes.driver import DriverError, ForwardingEntry, LeftoverKey, StreamId
 from dataplanes.pipeline import own_addresses
 from dataplanes.slot_book import SlotBook
+from mbalancer.memcache.addresses import resolve_ipv4
 from mbalancer.settings import Server
 
 log = logging.getLogger(__name__)
 ERRORS = (BpfError, ValueError)  # what Tables raises
+
+
+def resolve_trusted(addresses: Sequence[str], setting: str) -> list[str]:
+    """The config's trusted controller addresses as IPv4 literals (names resolved); DriverError naming `setting`."""
+    try:
+        return [resolve_ipv4(ip, ip) for ip in addresses]
+    except ValueError as err:
+        raise DriverError(f"{setting}: {err}") from None
 
 
 class KeyTables(SlotBook):

@@ -16,14 +16,13 @@ import time
 from pathlib import Path
 from typing import Sequence
 
-from dataplanes.bpf.key_tables import KeyTables
+from dataplanes.bpf.key_tables import KeyTables, resolve_trusted
 from dataplanes.bpf.maps_driver import BpfMapsDriver
 from dataplanes.slot_book_driver import WATCH_EVERY
 from dataplanes.bpf.program import PIN_ROOT, bpffs_problem, loaded_switches, mirror_link_of
 from dataplanes.driver import DriverError
 from dataplanes.ebpf import Settings
 from mbalancer.interfaces import interface_exists
-from mbalancer.memcache.addresses import resolve_ipv4
 
 log = logging.getLogger(__name__)
 ETH_P_ALL = 0x0003
@@ -39,10 +38,7 @@ def driver_from_settings(settings: Settings) -> "EbpfDriver":
     if not names:
         raise DriverError(f"no eBPF switch is loaded (nothing under {PIN_ROOT}): start a topology, or load the "
                           f"data plane on your switch's ports first")
-    try:
-        trusted = [resolve_ipv4(ip, ip) for ip in settings.trusted]
-    except ValueError as err:
-        raise DriverError(f"dataplane.ebpf.trusted: {err}") from None
+    trusted = resolve_trusted(settings.trusted, "dataplane.ebpf.trusted")
     missing = [n for n in names if not (PIN_ROOT / n / "prog").exists()]
     if missing:
         raise DriverError(f"no eBPF switch named {', '.join(missing)} is loaded (loaded: "

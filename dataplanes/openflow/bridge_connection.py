@@ -25,6 +25,7 @@ from ryu.ofproto import ofproto_v1_5 as ofp
 from ryu.ofproto import ofproto_v1_5_parser as parser
 
 from dataplanes.driver import DriverError
+from dataplanes.openflow.messages import refusals
 
 log = logging.getLogger(__name__)
 REPLY_TIMEOUT = 5.0  # seconds the bridge may take to answer a barrier or a stats request (as under ryu-manager)
@@ -95,16 +96,14 @@ class BridgeConnection:
             self._wait(self._put(parser.OFPBarrierRequest(dp)), "message")
             refused = [m for xid in xids for m in self._take(xid)]
             if refused:
-                raise DriverError(f"switch {dp.id:016x} refused a message: "
-                                  + ", ".join(f"type {m.type} code {m.code}" for m in refused))
+                raise DriverError(f"switch {dp.id:016x} refused a message: {refusals(refused)}")
 
     def ask(self, dp: Any, request: Any) -> list[Any]:
         with self._request_lock:
             replies = self._wait(self._put(request), "stats request")
             errors = [m for m in replies if isinstance(m, parser.OFPErrorMsg)]
             if errors:
-                raise DriverError(f"switch {dp.id:016x} refused a stats request: type {errors[0].type} code "
-                                  f"{errors[0].code}")
+                raise DriverError(f"switch {dp.id:016x} refused a stats request: {refusals(errors[:1])}")
             return replies
 
     # --- inside -------------------------------------------------------------------------------------------------
@@ -115,15 +114,15 @@ class BridgeConnection:
         try:
             sock.connect(self.target)
             self._sock = sock
-            _write(sock, parser.OFPHello(Datapath(0)), 1)
+            self._write(sock, parser.OFPHello(Datapath(0)), 1)
             hello = self._read_one(sock)
             if hello.version != ofp.OFP_VERSION or hello.msg_type != ofp.OFPT_HELLO:
                 raise DriverError(f"the bridge at {self.address} does not speak OpenFlow 1.5 (give it "
                                   f"protocols=OpenFlow15)")
-            _write(sock, parser.OFPFeaturesRequest(Datapath(0)), 2)
+            self._write(sock, parser.OFPFeaturesRequest(Datapath(0)), 2)
             features = self._read_until(sock, ofp.OFPT_FEATURES_REPLY)
             dp = Datapath(features.datapath_id)
-            _write(sock, parser.OFPSetConfig(dp, 0, NO_BUFFER_ALL_BYTES), 3)
+            self._write(sock, parser.OFPSetConfig(dp, 0, NO_BUFFER_ALL_BYTES), 3)
         except OSError as err:
             sock.close()
             self._sock = None
@@ -172,7 +171,7 @@ class BridgeConnection:
     def _dispatch(self, sock: socket.socket, message: Any) -> None:
         if message.msg_type == ofp.OFPT_ECHO_REQUEST:
             try:
-                _write(sock, parser.OFPEchoReply(self.dp, data=message.data), message.xid, self._send_lock)
+                self._write(sock, parser.OFPEchoReply(self.dp, data=message.data), message.xid)
             except OSError:
                 pass  # the reader sees the end next
         elif message.msg_type == ofp.OFPT_PACKET_IN:
@@ -191,10 +190,19 @@ class BridgeConnection:
             xid = self._xid
             self._replies[xid] = []
         try:
-            _write(sock, message, xid, self._send_lock)
+            self._write(sock, message, xid)
         except OSError as err:
             raise DriverError(f"the bridge at {self.address} went away: {err.strerror or err}") from None
         return xid
+
+    def _write(self, sock: socket.socket, message: Any, xid: int) -> None:
+        """One whole message on the wire (the reader answers echoes while requests are sent)."""
+        message.set_xid(xid)
+        message.serialize()
+        if len(message.buf) > MAX_MESSAGE:
+            raise DriverError(f"an OpenFlow message of {len(message.buf)} bytes does not fit in one")
+        with self._send_lock:
+            sock.sendall(bytes(message.buf))
 
     def _wait(self, xid: int, what: str) -> list:
         """The bridge's answers to request `xid`: up to a barrier reply, or the last part of a multipart reply."""
@@ -242,8 +250,7 @@ class BridgeConnection:
             if message.msg_type == msg_type:
                 return message
             if message.msg_type == ofp.OFPT_ERROR:
-                raise DriverError(f"the bridge at {self.address} refused the handshake: type {message.type} code "
-                                  f"{message.code}")
+                raise DriverError(f"the bridge at {self.address} refused the handshake: {refusals([message])}")
         raise DriverError(f"the bridge at {self.address} did not answer the handshake")
 
 
@@ -258,18 +265,6 @@ def _complete(replies: list) -> bool:
     last = replies[-1] if replies else None
     return last is not None and (last.msg_type == ofp.OFPT_ERROR or (
         last.msg_type == ofp.OFPT_MULTIPART_REPLY and not last.flags & ofp.OFPMPF_REPLY_MORE))
-
-
-def _write(sock: socket.socket, message: Any, xid: int, lock: threading.Lock | None = None) -> None:
-    message.set_xid(xid)
-    message.serialize()
-    if len(message.buf) > MAX_MESSAGE:
-        raise DriverError(f"an OpenFlow message of {len(message.buf)} bytes does not fit in one")
-    if lock is None:
-        sock.sendall(bytes(message.buf))
-        return
-    with lock:
-        sock.sendall(bytes(message.buf))
 
 
 def _read_exactly(sock: socket.socket, n: int) -> bytes:

@@ -26,7 +26,7 @@ import time
 from contextlib import contextmanager
 from typing import Any, Protocol, Sequence
 
-from dataplanes.bpf.key_tables import KeyTables
+from dataplanes.bpf.key_tables import KeyTables, resolve_trusted
 from dataplanes.bpf.maps_driver import BpfMapsDriver
 from dataplanes.slot_book_driver import WATCH_EVERY
 from dataplanes.bpf.program import CLASSIFIER, bpffs_problem
@@ -34,7 +34,6 @@ from dataplanes.driver import (Counters, Driver, DriverError, LeftoverKey, Mirro
                                ReplicaWeight)
 from dataplanes.openflow import SELECTIONS, Settings, messages
 from dataplanes.openflow.weights import bucket_weights
-from mbalancer.memcache.addresses import resolve_ipv4
 from mbalancer.settings import Server
 
 log = logging.getLogger(__name__)
@@ -85,10 +84,7 @@ class OpenflowDriver(BpfMapsDriver):
         if not (pin / "prog").exists():
             raise DriverError(f"no key classifier named {settings.classifier} is loaded (nothing at {pin}): start "
                               f"the OpenFlow topology, or load the classifier on your switch's links first")
-        try:
-            trusted = [resolve_ipv4(ip, ip) for ip in settings.trusted]
-        except ValueError as err:
-            raise DriverError(f"dataplane.openflow.trusted: {err}") from None
+        trusted = resolve_trusted(settings.trusted, "dataplane.openflow.trusted")
         super().__init__(KeyTables([pin], "OpenFlow key classifier", trusted))
         self.settings = settings
         self.channel = channel

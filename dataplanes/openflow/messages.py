@@ -134,6 +134,11 @@ def remove_hot(dp, slot: int) -> list:
             parser.OFPGroupMod(dp, ofp.OFPGC_DELETE, ofp.OFPGT_SELECT, group_id(slot))]
 
 
+def refusals(errors: Sequence) -> str:
+    """The switch's error messages, as the driver's one-line refusals quote them: "type 2 code 3, ..."."""
+    return ", ".join(f"type {m.type} code {m.code}" for m in errors)
+
+
 def barrier(dp) -> parser.OFPBarrierRequest:
     return parser.OFPBarrierRequest(dp)
 
