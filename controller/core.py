@@ -157,11 +157,11 @@ class ControllerCore:
     # --- the worker -----------------------------------------------------------------------------------------
     def _work(self) -> None:
         while not self._stop.is_set():
-            due = self.executor.next_due()
+            due = self.executor.next_wake()
             try:
                 batch = [self._events.get(timeout=None if due is None else max(due - self.clock(), 0.0))]
             except queue.Empty:
-                batch = []  # a retry is due
+                batch = []  # a retry or the poll of the homes is due
             batch += self._drain()
             try:
                 self._handle(batch)
@@ -402,11 +402,19 @@ class ControllerCore:
         """Everything an operator or a test wants to see, as JSON-ready data; from any thread, without waiting."""
         snapshot = self.published()
         return {"uptime": round(self.clock() - self.started, 3), "driver": self.driver.name,
-                "switches_gone": self.driver.switches_gone(),
+                **self._switches_gone_state(),
                 "config": snapshot["config"], "servers": self._servers_state(snapshot["loads"], snapshot["measured"]),
                 **{k: snapshot[k] for k in ("hot_keys", "plan", "retries")},
                 "counters": {**snapshot["counters"], "data_plane": self._data_plane_counters()},
                 "decisions": self.decisions_made()[-100:]}
+
+    def _switches_gone_state(self) -> dict[str, Any]:
+        """The switches the driver finds gone; null, and why, when it cannot ask now (a switch agent out of reach is
+        exactly when an operator looks)."""
+        try:
+            return {"switches_gone": self.driver.switches_gone(), "switches_unknown": None}
+        except DriverError as err:
+            return {"switches_gone": None, "switches_unknown": str(err)}
 
     def published(self) -> dict[str, Any]:
         """The worker's state as it last published it (see _publish); from any thread, never waits."""

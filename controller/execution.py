@@ -273,7 +273,16 @@ class Executor(Coherence):
         self.cool([Change("cool", retry.key, None, "retried")], attempt)
 
     def next_due(self) -> float | None:
+        """When the next retry is due."""
         return self.retries.next_due()
+
+    def next_wake(self) -> float | None:
+        """When the core's worker must run even if no event comes: the next retry, or the next poll of the homes
+        while some key is clean (nothing else finds a write that went around the switch)."""
+        due = self.retries.next_due()
+        if self.poll_every and any(hot.installed and not hot.dirty for hot in self.hot.values()):
+            due = self.next_poll if due is None else min(due, self.next_poll)
+        return due
 
     def _install(self, keys: list[bytes], attempt: int = 0) -> None:
         """The keys' rules again (after a reconnect, or after they were removed to keep gets safe), then settle."""

@@ -8,7 +8,9 @@ the same everywhere, whatever the switch:
   removed or its install refused, and its counters start from zero when it is reused;
 - a key is installed held dirty, with the write count its slot had before it (its write base), so the stamp says
   how many writes to this key were counted since, summed over every switch;
-- a refused request leaves the switches and the book as they were (a half-done install is undone);
+- a refused request leaves the switches and the book as they were: a half-done install, weight change or clear is
+  undone on the switches written before the one that refused (a clear is held dirty again); a refused remove or
+  hold may leave earlier switches with the key out or held, which is the safe side, and which a retry finishes;
 - counters are summed over the switches, per key and per replica;
 - the lease is kept as an absolute time (CLOCK_MONOTONIC ns) and written again to a switch that comes back.
 
@@ -57,7 +59,7 @@ class SwitchTables(Protocol):
     up: bool  # False while the switch cannot be reached (the lease and counters skip it)
 
     def set_hot(self, key: bytes, entry: HotEntry, old: HotEntry | None) -> None:
-        """Install the key, or (old given) change its replicas or weights in place."""
+        """Install the key, or (old given) change its replicas or weights in place; refused, the switch keeps `old`."""
 
     def delete_hot(self, key: bytes, entry: HotEntry) -> None:
         """The key out of hot_get first (its gets and writes go home untouched), then the rest of its slot's entries;
@@ -204,10 +206,14 @@ class SlotBook:
         raise_refused(self.install_hot_keys([HotKeyInstall(key, home, tuple(replicas))]))
 
     def set_weights(self, key: bytes, replicas: Sequence[ReplicaWeight]) -> None:
+        """Every switch or none: a switch that refuses puts back the old entry itself (SwitchTables.set_hot), and
+        those written before it get it back here, so the book's entry is what every switch holds."""
         with self.lock:
             old = self.entry_of(key)
             entry = self._entry(old.slot, old.home, replicas)
-            self._each(lambda s: s.set_hot(key, entry, old), f"weights of {key!r}")
+            self._reachable()
+            self._each_or_undo(lambda _, s: s.set_hot(key, entry, old), lambda s: s.set_hot(key, old, entry),
+                               f"weights of {key!r}")
             self.entries[key] = entry
 
     def remove_hot_keys(self, keys: Sequence[bytes]) -> dict[bytes, DriverError]:
@@ -278,13 +284,15 @@ class SlotBook:
                     batch.append((key, slot, stamp))
             if not batch:
                 return refused
-            try:
-                for i, switch in enumerate(self.switches):
-                    switch.set_synced_slots([(slot, *stamp.counts[i]) for _, slot, stamp in batch])
-            except self.errors as err:
+            counts = {slot: stamp.counts for _, slot, stamp in batch}
+            what = f"clear {keys_named([key for key, _, _ in batch])}"
+            try:  # a switch that refuses may have cleared some slots: it is held again too (dirty is always safe)
+                self._each_or_undo(lambda i, s: s.set_synced_slots([(slot, *counts[slot][i]) for slot in counts]),
+                                   lambda s: [s.hold(slot) for slot in counts], what, undo_refusing=True)
+            except DriverError as err:
                 if len(batch) == 1:
-                    return {**refused, batch[0][0]: DriverError(f"clear {batch[0][0]!r}: {err}")}
-                log.info("clear %d keys: %s; clearing them one by one", len(batch), err)
+                    return {**refused, batch[0][0]: err}
+                log.info("%s; clearing them one by one", err)
                 for key, _, stamp in batch:
                     refused.update(self.clear_dirty_keys({key: stamp}))
             return refused
@@ -414,6 +422,27 @@ class SlotBook:
     def blind_stream(self, stream: StreamId) -> None:
         with self.lock:
             self._each(lambda t: t.blind_stream(stream), f"stream {stream}")
+
+    def _each_or_undo(self, write: Callable[[int, SwitchTables], object], undo: Callable[[SwitchTables], object],
+                      what: str, undo_refusing: bool = False) -> None:
+        """`write(index, switch)` to every switch in turn; if one refuses, `undo` on those written before it (and on
+        the refusing one too with `undo_refusing`: a write it may have applied in part), so the switches are as they
+        were."""
+        done: list[SwitchTables] = []
+        try:
+            for i, switch in enumerate(self.switches):
+                if undo_refusing:
+                    done.append(switch)
+                write(i, switch)
+                if not undo_refusing:
+                    done.append(switch)
+        except self.errors as err:
+            for switch in reversed(done):
+                try:
+                    undo(switch)
+                except self.errors as undo_err:  # the next request on the key finds it as this one left it
+                    log.warning("%s: refused (%s), and not undone on a switch: %s", what, err, undo_err)
+            raise DriverError(f"{what}: {err}") from None
 
     def _each(self, write: Callable[[SwitchTables], object], what: str, reachable_only: bool = False) -> None:
         if not reachable_only:

@@ -126,7 +126,12 @@ class Tables(OneByOne):
             raise ValueError(f"{key!r} has the hash of hot key {held[0]!r}: one of them at a time")
         if held is None:  # a new hot key: counted in its filter bucket first, so no get of it skips it
             self._count_in_filter(key, +1)
-        self.maps["hot_keys"].update(key_entry(key), value)
+        try:
+            self.maps["hot_keys"].update(key_entry(key), value)
+        except BpfError:
+            if held is None:  # not in hot_keys: its bucket must not count it (its gets would pay the lookup)
+                self._count_in_filter(key, -1)
+            raise
 
     def hot(self, key: bytes) -> HotEntry | None:
         held = self._held(key)
