@@ -25,6 +25,7 @@ from dataplanes.driver import Driver, DriverError
 from controller.execution import Executor
 from controller.hot_keys import HotKey
 from controller.health import RESTARTED, HealthTracker, Prober
+from controller.mac_check import MAC_WRONG, MacWatch
 from controller.mirrors import read_mirror
 from controller.streams import TcpStreams
 from controller.planner import Plan, Planner
@@ -39,7 +40,7 @@ log = logging.getLogger(__name__)
 
 DECISIONS_KEPT = 1000
 # Decisions an operator must hear about without -v: a server lost or back, and what the controller could not do.
-WARNED = {"server-down", "server-up", "server-restarted", "error"}
+WARNED = {"server-down", "server-up", "server-restarted", "server-mac", "error"}
 COPY_TIMEOUT = 0.5  # seconds a copy to or read from one server may take
 COUNT_EVERY = 1.0  # seconds between reads of the switch's per-key counters (the rates the planner trusts)
 BATCH_MAX = 1_000  # events handled in one batch at most (health changes wait at most for one batch's parsing)
@@ -56,6 +57,7 @@ class ControllerCore:
         self.planner = Planner(config.balancing, len(addresses), self.key_hash.server_of,
                                [f"{s.ip}:{s.port}" for s in config.servers], driver.max_replicas)
         self.health = HealthTracker(len(addresses), config.controller.health_failures, config.controller.health_hold)
+        self.macs = MacWatch(config.servers)  # each server's MAC against what the switch saw (mac_check.py)
         self.replicator = Replicator(addresses, COPY_TIMEOUT, self.health.unavailable)
         self.streams = TcpStreams(driver, clock)  # connections the data plane reads as streams
         self.executor = Executor(driver, self.replicator, self._decide, clock,
@@ -87,6 +89,7 @@ class ControllerCore:
     def start(self) -> "ControllerCore":
         leftovers = self.driver.attach(self.config.servers, self.submit_mirror, self.submit_reconnect)
         self._remove_leftovers(leftovers)
+        self._check_macs()  # (then every COUNT_EVERY: /state says at once where the data plane cannot tell)
         for server in range(len(self.config.servers)):  # the closes the driver acknowledged at attach
             self._closes_handled[server] = self.driver.server_closes(server)
             self._rearm(server)
@@ -208,8 +211,7 @@ class ControllerCore:
     def _on_report(self, report: MonitorReport) -> None:
         self.counts["reports"] += 1
         self.last_report = report
-        plan = self.planner.plan(report, self.executor.placements(), self.health.down(),
-                                 self.switch_counts.snapshot.rates)
+        plan = self.planner.plan(report, self.executor.placements(), self._out(), self.switch_counts.snapshot.rates)
         self.last_plan = plan
         for key, why in plan.home_notes:
             self._decide("home", key, why)
@@ -223,12 +225,27 @@ class ControllerCore:
         may be empty or late)."""
         while not self._stop.wait(COUNT_EVERY):
             self._note_gone_switches()
+            self._check_macs()
             try:
                 counters = self.driver.read_counters()
             except DriverError as err:
                 log.warning("switch counters not read (reports alone decide meanwhile): %s", err)
                 continue
             self.switch_counts.update(counters, self.clock())
+
+    def _check_macs(self) -> None:
+        """Every server's configured MAC against what the switch saw (controller/mac_check.py): a wrong one is
+        queued to the worker as urgently as a server that went down."""
+        try:
+            sightings = self.driver.server_macs()
+        except DriverError as err:
+            return log.debug("server MACs not read now: %s", err)
+        for server, found in self.macs.update(sightings).items():
+            self.submit_health(server, MAC_WRONG, found.describe(server, self.config.servers[server].name))
+
+    def _out(self) -> set[int]:
+        """Servers that get no weight: down, or with a wrong MAC."""
+        return self.health.down() | set(self.macs.wrong)
 
     def _note_gone_switches(self) -> None:
         """Warn once when a switch goes (e.g. `mbalancer switch detach` under this controller) and once when it is
@@ -316,7 +333,7 @@ class ControllerCore:
         """The server may have lost what it held: out of rotation until refilled, and its own hot keys checked at it
         (a home that restarted empty makes its keys absent everywhere)."""
         self.executor.server_down(server)
-        if server not in self.health.down():
+        if server not in self._out():
             self.executor.server_up(server)  # refills it (a server still down is refilled once it is up)
         self.executor.sync_batch({}, {server: True})
 
@@ -326,17 +343,23 @@ class ControllerCore:
             self.executor.server_down(server)
             self._decide("server-down", None, f"server {server} ({name}) failed its probes for "
                                               f"{self.config.controller.health_hold:g} s: {error}; weight 0")
+        elif change == "up" and server in self.macs.wrong:
+            self._decide("server-up", None, f"server {server} ({name}) answers again, but its configured mac is "
+                                            f"wrong: it stays at weight 0")
         elif change == "up":
             self.executor.server_up(server)
             self._decide("server-up", None, f"server {server} ({name}) answers again; its copies are refilled, "
                                             f"then it gets weight")
+        elif change == MAC_WRONG:
+            self.executor.server_down(server)
+            self._decide("server-mac", None, error)
         elif change == RESTARTED:
             self._take_out_and_check(server)
             self._decide("server-restarted", None, f"server {server} ({name}) {error}: weight 0 until its copies "
                                                    f"are refilled")
         if self.last_report is not None:  # the weights now, not at the next report (a replica gets weight only
             placements = self.executor.placements()  # once it holds the value)
-            self.executor.apply(self.planner.reweigh(self.last_report, placements, self.health.down()))
+            self.executor.apply(self.planner.reweigh(self.last_report, placements, self._out()))
 
     def _probe(self, server: int) -> None:
         interval = self.config.controller.health_interval
@@ -440,7 +463,7 @@ class ControllerCore:
         the clients sent it in the last report (null when the monitor does not say)."""
         return [{"index": i, "name": s.name, "ip": s.ip, "mac": s.mac, "port": s.port, "up": h.up,
                  "failed_probes": h.failures, "last_error": h.last_error, "estimated_gets_per_s": round(load, 1),
-                 "measured_gets_per_s": round(measured[i], 1) if measured else None}
+                 "measured_gets_per_s": round(measured[i], 1) if measured else None, "mac_check": self.macs.state(i)}
                 for i, (s, h, load) in enumerate(zip(self.config.servers, self.health.servers, loads))]
 
     def _hot_key_state(self, key: bytes, hot: HotKey) -> dict[str, Any]:

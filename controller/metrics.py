@@ -16,6 +16,7 @@ from prometheus_client.process_collector import ProcessCollector
 from prometheus_client.registry import Collector, CollectorRegistry
 
 from controller.core import ControllerCore
+from controller.mac_check import MacStatus
 from mbalancer.memcache.keys import key_from_text
 
 CONTENT_TYPE = CONTENT_TYPE_PLAIN_0_0_4  # what Prometheus 2 (Debian 12 has 2.42) asks for; our names fit it
@@ -111,17 +112,27 @@ class CoreCollector(Collector):
                                  labels=[*SERVER_LABELS, "spread"])
         share = GaugeMetricFamily("mbalancer_server_share", "the server's share of all gets as spread now",
                                   labels=SERVER_LABELS)
+        mac_wrong = GaugeMetricFamily("mbalancer_server_mac_wrong", "1 while the server is out of every replica set "
+                                      "because its configured MAC is not the one the switch saw (or its balanced gets "
+                                      "were flooded); absent where the data plane cannot tell", labels=SERVER_LABELS)
+        flooded = CounterMetricFamily("mbalancer_server_flooded_gets", "gets balanced to the server that the switch "
+                                      "flooded: it did not know where the server's configured MAC is",
+                                      labels=SERVER_LABELS)
         total = sum(plan.loads) if plan else 0.0
         for index, (server, health) in enumerate(zip(core.config.servers, core.health.servers)):
             labels = [str(index), server.name, f"{server.ip}:{server.port}"]
             up.add_metric(labels, float(health.up))
             failed.add_metric(labels, health.failures)
+            mac = core.macs.latest[index]
+            if mac.status is not MacStatus.UNSUPPORTED:
+                mac_wrong.add_metric(labels, float(index in core.macs.wrong))
+                flooded.add_metric(labels, mac.flooded)
             if plan is not None:
                 gets.add_metric([*labels, "now"], plan.loads[index])
                 if plan.loads_without:
                     gets.add_metric([*labels, "without"], plan.loads_without[index])
                 share.add_metric(labels, plan.loads[index] / total if total else 0.0)
-        yield from (up, failed, gets, share)
+        yield from (up, failed, gets, share, mac_wrong, flooded)
 
     def _data_plane(self) -> Iterator[Metric]:
         snapshot = self.core.switch_counts.snapshot

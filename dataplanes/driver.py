@@ -91,6 +91,19 @@ class ForwardingEntry:
     port: str  # switch port (interface name or port number as text)
 
 
+@dataclass(frozen=True)
+class MacSighting:
+    """What the switches saw of one server's MAC (Driver.server_macs)."""
+    seen: tuple[str, ...] = ()  # the source MACs its packets came from (one per switch that saw any), lower case
+    flooded: int = 0  # gets balanced to it that were flooded: no switch knew where its configured MAC is
+
+
+def merge_sightings(per_switch: Sequence[Sequence[MacSighting]]) -> list[MacSighting]:
+    """Each server's sightings on every switch as one: the MACs seen anywhere, the floods summed."""
+    return [MacSighting(tuple(sorted({mac for s in column for mac in s.seen})), sum(s.flooded for s in column))
+            for column in zip(*per_switch)]
+
+
 @dataclass
 class KeyCounters:
     gets: int = 0  # gets for the key that the hot_get table matched
@@ -212,6 +225,12 @@ class Driver(ABC):
     def closes_handled(self, server: int, closes: tuple) -> None:
         """The core has dealt with the server's closes up to `closes` (read before it took the server's copies out
         of rotation and checked its hot keys): gets may be balanced to it again where it has weight."""
+
+    def server_macs(self) -> list[MacSighting] | None:
+        """Per server (the index of attach's list), the MACs the switches saw its packets come from and its balanced
+        gets they flooded, for the core to compare with the configured MAC (controller/mac_check.py); None where the
+        data plane cannot tell."""
+        return None
 
     def sketch_call(self, call: str, args: tuple) -> Any:
         """One call of a sketch reader (monitor/dataplane.py SketchReader: set_sketch_control, clear_sketch,

@@ -9,7 +9,7 @@ from abc import abstractmethod
 from typing import Any, Mapping, Sequence
 
 from dataplanes.driver import (Counters, Driver, DriverError, ForwardingEntry, HotKeyInstall, LeftoverKey,
-                               MirrorHandler, ReconnectHandler, ReplicaWeight, StreamId, WriteStamp)
+                               MacSighting, MirrorHandler, ReconnectHandler, ReplicaWeight, StreamId, WriteStamp)
 from mbalancer.settings import Server
 
 
@@ -85,6 +85,9 @@ class ForwardedDriver(Driver):
 
     def closes_handled(self, server: int, closes: tuple) -> None:
         self._call("closes_handled", (server, closes))
+
+    def server_macs(self) -> list[MacSighting] | None:
+        return self._call("server_macs", ())
 
     def sketch_call(self, call: str, args: tuple) -> Any:
         return self._call("sketch_call", (call, tuple(args)))

@@ -66,6 +66,7 @@ def test_a_posted_report_makes_a_key_hot_and_the_state_shows_it(api):
     assert hot["home"] == home and not hot["dirty"]
     assert sorted(r["server"] for r in hot["replicas"]) == [0, 1]
     assert state["servers"][home]["estimated_gets_per_s"] > 0
+    assert state["servers"][home]["mac_check"]["status"] == "not supported by this data plane"  # no switch
     assert state["plan"]["imbalance_predicted"] >= state["plan"]["imbalance_now"]
     assert {"uptime", "driver", "config", "retries", "counters", "decisions"} <= set(state)
     status, decisions = call(url + "/decisions")

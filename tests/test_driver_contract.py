@@ -13,7 +13,7 @@ from typing import Callable
 
 import pytest
 
-from dataplanes.driver import Driver, DriverError, HotKeyInstall, ReplicaWeight
+from dataplanes.driver import Driver, DriverError, HotKeyInstall, MacSighting, ReplicaWeight
 from dataplanes.recording.driver import RecordingDriver
 from dataplanes import registry
 from tests.switch_agent import AgentProcess
@@ -239,6 +239,7 @@ def harness(request, tmp_path_factory):
     harness.driver.attach(SERVERS, lambda frame: None, reconnected.set)
     harness.driver.renew_lease(3600)
     harness.reconnected = reconnected
+    harness.kind = request.param
     yield harness
     next(made, None)
 
@@ -392,6 +393,16 @@ def test_a_switch_that_comes_back_empty_is_reported_and_takes_the_keys_again(har
     harness.driver.install_hot_key(b"k", 0, equal(0, 1))  # what the core's replay does
     clean(harness, b"k")
     assert set(spread(harness, b"k", 0)) == {0, 1}
+
+
+def test_a_data_plane_reports_what_it_saw_of_each_servers_mac_or_says_it_cannot(harness):
+    """controller/mac_check.py compares these with the configured MACs: per server, the MACs its packets came from
+    and its balanced gets flooded (nothing yet on a switch just attached); None where the data plane cannot tell."""
+    macs = harness.driver.server_macs()
+    if harness.kind in ("ebpf", "agent"):  # (the agent's box runs the eBPF switch)
+        assert macs == [MacSighting()] * len(SERVERS)
+    else:
+        assert macs is None
 
 
 def test_counters_count_gets_per_replica(harness):

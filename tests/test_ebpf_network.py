@@ -70,6 +70,11 @@ def config_of(net: NamespaceNetwork):
 def core(network):
     core = ControllerCore(config_of(network), network.driver(), probe_health=False).start()
     yield core
+    stop_and_empty(network, core)
+
+
+def stop_and_empty(network, core) -> None:
+    """Stop the core; no hot key left in the switch, no copy on a server."""
     core.stop()
     tables = Tables(network.switch.plane.pin_dir)
     for key in tables.maps["hot_keys"].keys():
@@ -307,3 +312,56 @@ def test_writes_nobody_can_read_cost_a_copy_per_check_and_are_never_served_stale
     assert eventually(lambda: not core.state()["hot_keys"][0]["dirty"], timeout=10)  # one check once they stop
     reply = client_gets(network, home_ip, b"hot:7", 300)
     assert reply["values"] == {"VALUE hot:7 0 7\r\nb001999\r\nEND\r\n": 300}  # fresh, from every replica
+
+
+WRONG_MAC = "02:00:00:00:99:99"  # valid-looking, and no host's
+
+
+def test_a_wrong_server_mac_takes_the_server_out_and_the_others_stay_balanced(network):
+    """Issue 50: a server configured with a valid-looking but wrong MAC. Its health probes pass (they find it
+    through the kernel's ARP), but every get the switch balances to it is rewritten to that MAC and lost. The switch
+    records the MAC the server's TCP segments come from (the controller's copies to it bring some); the controller
+    compares, takes the server out of every replica set, and says so with both MACs in one line, in /state and in
+    /metrics. From then on every get is answered, none is balanced to it, and the gets are spread evenly over the
+    other two. The gets lost before that are exactly the switch's floods to it (counted per server)."""
+    from dataclasses import replace
+
+    from controller.metrics import exposition
+    from mbalancer.memcache.hashing import make_hash
+
+    key = b"hot:mac"
+    config = config_of(network)
+    home = make_hash(config.balancing.hash, [s.address for s in config.servers]).server_of(key)
+    bad = (home + 1) % 3
+    config = replace(config, servers=tuple(replace(s, mac=WRONG_MAC) if i == bad else s
+                                           for i, s in enumerate(config.servers)))
+    core = ControllerCore(config, network.driver(), probe_health=False).start()
+    try:
+        assert make_hot(core, key, b"vm") == home
+        home_ip = network.server_hosts[home].ip
+        early = client_gets(network, home_ip, key, 20)  # balanced at once: those sent to `bad` may be lost
+        assert eventually(lambda: any(d["action"] == "server-mac" for d in core.decisions_made()), timeout=10)
+        assert core.wait_idle()
+        line = next(d["reason"] for d in core.decisions_made() if d["action"] == "server-mac")
+        real = network.server_hosts[bad].mac
+        assert f"configured mac {WRONG_MAC}, seen {real}" in line and line.startswith(f"server {bad} "), line
+        lost = core.driver.server_macs()[bad].flooded
+        assert 20 - early["answered"] <= lost  # every get lost was one flooded to the wrong MAC
+        before = hits(network)
+        reply = client_gets(network, home_ip, key, 600)
+        spread = [a - b for a, b in zip(hits(network), before)]
+        assert reply["answered"] == 600 and spread[bad] == 0 and sum(spread) == 600, (reply, spread)
+        assert core.driver.server_macs()[bad].flooded == lost  # none balanced to it since
+        assert chi_square(spread, [0.0 if i == bad else 0.5 for i in range(3)]) < 23.9, spread  # 1 dof, p = 1e-6
+        state = core.state()["servers"][bad]["mac_check"]
+        assert state["out_of_rotation"] == {"status": "mismatch", "configured": WRONG_MAC, "seen": [real],
+                                            "flooded_gets": state["out_of_rotation"]["flooded_gets"]}
+        assert [s["mac_check"]["status"] for s in core.state()["servers"]] == [
+            "mismatch" if i == bad else "ok" for i in range(3)]
+        metrics = exposition(core).decode()
+        assert f'mbalancer_server_mac_wrong{{address="{network.server_hosts[bad].ip}:11211",name=' in metrics
+        assert {line.split("} ")[1] for line in metrics.splitlines()
+                if line.startswith("mbalancer_server_mac_wrong{")} == {"0.0", "1.0"}
+        assert 'mbalancer_decisions_total{kind="server-mac"} 1.0' in metrics
+    finally:
+        stop_and_empty(network, core)

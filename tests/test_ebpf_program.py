@@ -12,7 +12,8 @@ import pytest
 
 from dataplanes.bpf.bpf_syscall import VERIFIER_LIMIT, obj_get, prog_test_run, prog_verified_insns
 from dataplanes.bpf.program import SOURCE, DataPlane, available
-from dataplanes.bpf.tables import HASH_MUL, STRUCT_SIZES, U64_MASK, HotEntry, Tables, key_bucket, key_hash
+from dataplanes.bpf.tables import (HASH_MUL, STRUCT_SIZES, U64_MASK, HotEntry, Tables, key_bucket, key_hash,
+                                   mac_bytes)
 from dataplanes.pipeline import COUNTERS, cumulative_weights
 from dataplanes.driver import StreamId
 
@@ -20,7 +21,7 @@ pytest.importorskip("scapy.all")
 from scapy.all import IP, Ether  # noqa: E402
 
 from tests.pipeline_fixtures import (CASES, CLIENT, CONNECTION_CASES, CONTROLLER, FABRIC_CASES,  # noqa: E402
-                                     REPLICAS, SERVERS, STREAM_CASES, Case, request)
+                                     GET, REPLICAS, SERVERS, STREAM_CASES, Case, closing, reply, request)
 
 why_not = available() if os.geteuid() == 0 else "needs root (bpf syscall, bpffs)"
 pytestmark = pytest.mark.skipif(why_not is not None, reason=f"eBPF data plane cannot run here: {why_not}")
@@ -262,3 +263,37 @@ def test_a_cold_key_in_a_hot_keys_bucket_still_goes_home(plane):
     finally:
         tables.delete_hot(hot)
         tables.delete_hot(cold)
+
+
+def with_source_mac(frame: bytes, mac: str) -> bytes:
+    out = Ether(frame)
+    out.src = mac
+    return bytes(out)
+
+
+def test_a_servers_mac_is_recorded_from_its_tcp_segments_and_its_flooded_gets_counted(plane):
+    """What the controller compares with each configured server MAC (controller/mac_check.py): the source MAC of the
+    server's TCP segments (a UDP reply's is not taken: in a fabric one may carry another server's MAC), and the
+    gets balanced to the server that the switch flooded because it did not know where its configured MAC is."""
+    tables, prog = plane
+    for index, (mac, ip, port) in enumerate(SERVERS):  # a controller's attach: what was seen is forgotten
+        tables.set_server(index, mac, ip, port)
+    assert [tables.server_seen(i) for i in range(len(SERVERS))] == [(None, 0)] * len(SERVERS)
+    real = "02:00:00:00:00:b2"  # server 1's NIC, where the config says 02:00:00:00:00:02
+    prog_test_run(prog, with_source_mac(reply(b"END\r\n", 1, request_id=9), "02:00:00:00:00:c2"))
+    assert tables.server_seen(1) == (None, 0)
+    prog_test_run(prog, with_source_mac(closing(1, flags="A"), real))  # a segment of a controller's connection
+    assert tables.server_seen(1) == (real, 0)
+    tables.set_hot(b"hot", HotEntry(0, 0, REPLICAS, tuple(cumulative_weights((0.0, 1.0, 0.0)))))
+    make_clean(tables, 0, 0)
+    tables.set_lease(time.monotonic_ns() + 3600 * 10**9)
+    try:
+        place_hosts(tables)  # every configured MAC at its port: the get is sent there
+        assert VERDICTS[prog_test_run(prog, GET).verdict] == "forward"
+        tables.maps["forward"].delete(mac_bytes(SERVERS[1][0]).ljust(8, b"\0"))  # nobody has the configured MAC
+        prog_test_run(prog, GET)
+    finally:
+        tables.delete_hot(b"hot")
+    assert [tables.server_seen(i) for i in range(len(SERVERS))] == [(None, 0), (real, 1), (None, 0)]
+    tables.set_server(1, *SERVERS[1])
+    assert tables.server_seen(1) == (None, 0)

@@ -23,7 +23,8 @@ from typing import Any, Callable, Mapping, Sequence
 from dataplanes.agent import Settings
 from dataplanes.agent.client import AgentDriver, answers
 from dataplanes.driver import (Counters, Driver, DriverError, ForwardingEntry, HotKeyInstall, LeftoverKey,
-                               MirrorHandler, ReconnectHandler, ReplicaWeight, StreamId, WriteStamp, raise_refused)
+                               MacSighting, MirrorHandler, ReconnectHandler, ReplicaWeight, StreamId, WriteStamp,
+                               merge_sightings, raise_refused)
 from dataplanes.reach import count_answering
 from mbalancer.settings import ConfigError, Server
 
@@ -242,6 +243,11 @@ class FabricDriver(Driver):
 
     def closes_handled(self, server: int, closes: tuple) -> None:
         self._server_box(server).closes_handled(server, closes)
+
+    def server_macs(self) -> list[MacSighting] | None:
+        """Merged over the boxes (each server's own leaf sees its TCP segments); None if a box cannot tell."""
+        per_box = [box.server_macs() for box in self.boxes]
+        return None if any(s is None for s in per_box) else merge_sightings(per_box)
 
     def sketch_call(self, call: str, args: tuple) -> Any:
         raise DriverError("a fabric's gets enter at every leaf, and a sketch is one switch's: detect by capture")

@@ -18,7 +18,7 @@ from typing import Sequence
 
 from dataplanes.bpf.bpf_syscall import BpfError
 from dataplanes.bpf.tables import Tables
-from dataplanes.driver import DriverError, ForwardingEntry, LeftoverKey, StreamId
+from dataplanes.driver import DriverError, ForwardingEntry, LeftoverKey, MacSighting, StreamId, merge_sightings
 from dataplanes.pipeline import own_addresses
 from dataplanes.slot_book import SlotBook
 from mbalancer.memcache.addresses import resolve_ipv4
@@ -79,6 +79,16 @@ class KeyTables(SlotBook):
             except ERRORS as err:
                 raise DriverError(f"unsure requests of server {server}: {err}") from None
         return max(time.monotonic_ns() - latest, 0) / 1e9  # bpf_ktime_get_ns counts CLOCK_MONOTONIC
+
+    def server_macs(self) -> list[MacSighting]:
+        """Each server's MAC as every copy saw it (struct mb_server_seen), merged."""
+        with self.lock:
+            try:
+                seen = [[t.server_seen(index) for index in range(len(self.servers))] for t in self.switches]
+            except ERRORS as err:
+                raise DriverError(f"server MACs seen: {err}") from None
+        return merge_sightings([[MacSighting((mac,) if mac else (), flooded) for mac, flooded in row]
+                                for row in seen])
 
     def rearm_unsure(self, server: int) -> None:
         with self.lock:

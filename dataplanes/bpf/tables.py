@@ -34,6 +34,7 @@ KEY_COUNTERS = struct.Struct(f"=QQQ{MAX_REPLICAS}Q")  # struct mb_key_counters
 SETTINGS = struct.Struct("=I")  # struct mb_settings
 SYNCED = struct.Struct("=QQ")  # struct mb_synced
 SERVER_ADDRESS = struct.Struct("=4sHH")  # struct mb_server_address (network order)
+SERVER_SEEN = struct.Struct("=6sHQ")  # struct mb_server_seen
 SKETCH_CONTROL = struct.Struct("=QII")  # struct mb_sketch_control
 HEAVY = struct.Struct(f"=QI4sH6x{KEY.size}s")  # struct mb_heavy (ip and port in network order)
 DESTINATION_COUNT = struct.Struct("=4sH2xQ")  # struct mb_destination_count (ip and port in network order)
@@ -53,7 +54,7 @@ STRUCT_SIZES = {"hot_keys": (U64.size, HOT.size), "servers": (U32.size, SERVER.s
                 "heavy": (4, HEAVY.size << HEAVY_BITS), "sketch_destinations": (4, DESTINATION_COUNT.size),
                 "streams": (STREAM_ID.size, STREAM.size), "closes": (4, 8), "closes_handled": (4, 8),
                 "unsure_last": (4, 8), "unsure_reported": (4, 4),
-                "closing": (STREAM_ID.size, 1)}
+                "closing": (STREAM_ID.size, 1), "server_macs_seen": (4, SERVER_SEEN.size)}
 
 
 def key_entry(key: bytes) -> bytes:
@@ -91,6 +92,10 @@ def hot_value(raw: bytes) -> tuple[bytes, HotEntry]:
 
 def mac_bytes(mac: str) -> bytes:
     return bytes(int(part, 16) for part in mac.split(":"))
+
+
+def mac_text(mac: bytes) -> str:
+    return ":".join(f"{b:02x}" for b in mac[:6])
 
 
 
@@ -219,10 +224,17 @@ class Tables(OneByOne):
 
     # servers, settings, forwarding
     def set_server(self, index: int, mac: str, ip: str, port: int) -> None:
+        """The server at `index`; what the switch saw of the MAC of the index's previous server is forgotten."""
         self.maps["servers"].update(U32.pack(index), SERVER.pack(mac_bytes(mac), socket.htons(port),
                                                                  socket.inet_aton(ip)))
         self.maps["server_index"].update(SERVER_ADDRESS.pack(socket.inet_aton(ip), socket.htons(port), 0),
                                          U32.pack(index))
+        self.maps["server_macs_seen"].update(U32.pack(index), bytes(SERVER_SEEN.size))
+
+    def server_seen(self, index: int) -> tuple[str | None, int]:
+        """The MAC the server's TCP segments came from (None before one passed), and its balanced gets flooded."""
+        mac, seen, flooded = SERVER_SEEN.unpack(self.maps["server_macs_seen"].lookup(U32.pack(index)))
+        return (mac_text(mac) if seen else None), flooded
 
     def set_settings(self, controller_ifindex: int) -> None:
         self.maps["settings"].update(U32.pack(0), SETTINGS.pack(controller_ifindex))
@@ -256,7 +268,7 @@ class Tables(OneByOne):
 
     def forward(self) -> dict[str, int]:
         table = self.maps["forward"]
-        return {":".join(f"{b:02x}" for b in key[:6]): U32.unpack(table.lookup(key))[0] for key in table.keys()}
+        return {mac_text(key): U32.unpack(table.lookup(key))[0] for key in table.keys()}
 
     def counter(self, name: str) -> int:
         """One switch counter (summed over CPUs)."""

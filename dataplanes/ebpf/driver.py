@@ -20,7 +20,7 @@ from dataplanes.bpf.key_tables import KeyTables, resolve_trusted
 from dataplanes.bpf.maps_driver import BpfMapsDriver
 from dataplanes.slot_book_driver import WATCH_EVERY
 from dataplanes.bpf.program import PIN_ROOT, bpffs_problem, loaded_switches, mirror_link_of
-from dataplanes.driver import DriverError
+from dataplanes.driver import DriverError, MacSighting
 from dataplanes.ebpf import Settings
 from mbalancer.interfaces import interface_exists
 
@@ -64,6 +64,9 @@ class EbpfDriver(BpfMapsDriver):
 
     def owned_switches(self) -> list[str]:
         return [owned_name(p.name) for p in self.book.pin_dirs]
+
+    def server_macs(self) -> list[MacSighting]:
+        return self.book.server_macs()
 
     # --- the driver's thread: mirrored writes in, reloads noticed -------------------------------------------
     def _watch(self) -> None:

@@ -5,7 +5,7 @@ For unit tests of the core (ask `route` where a get would go, as faucet's tests 
 dirty state the way a data plane does (write counts per key, unsure counts per server, what the core synced each
 key to, a lease). Mirrored writes come in through `mirror(frame, key)`, the way a data plane counts and copies
 them; `unsure(server)` plays a request the data plane could not read; `reconnect()` plays a switch that came back
-empty; `refuse(...)` makes chosen calls fail as a network driver's would; `leftover(...)` plays keys a previous
+empty; `macs` is what it reports of the servers' MACs; `refuse(...)` makes chosen calls fail as a network driver's would; `leftover(...)` plays keys a previous
 controller left behind.
 """
 from __future__ import annotations
@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any, Sequence
 
 from dataplanes.driver import (Counters, Driver, DriverError, ForwardingEntry, KeyCounters, LeftoverKey,
-                               MirrorHandler, ReconnectHandler, ReplicaWeight, WriteStamp)
+                               MacSighting, MirrorHandler, ReconnectHandler, ReplicaWeight, WriteStamp)
 from dataplanes.pipeline import MAX_KEY
 from mbalancer.settings import Server
 
@@ -61,6 +61,7 @@ class RecordingDriver(Driver):
         self.unsure_counts: dict[int, int] = {}  # server -> requests the data plane could not read
         self.lease_until = 0.0  # time.monotonic() until which the core vouches for the copies
         self.leftovers: list[LeftoverKey] = []
+        self.macs: list[MacSighting] | None = None  # what server_macs reports (a test plays a switch's sightings)
         self.refusals: list[list] = []  # [method, key or None, calls left]: see refuse()
         self._on_mirror: MirrorHandler | None = None
         self._on_reconnect: ReconnectHandler | None = None
@@ -135,6 +136,9 @@ class RecordingDriver(Driver):
 
     def read_counters(self) -> Counters:
         return self.counters
+
+    def server_macs(self) -> list[MacSighting] | None:
+        return self.macs
 
     # What a test (or a real data plane) does from the switch side.
     def reconnect(self) -> None:

@@ -121,6 +121,14 @@ struct {
 	__type(value, __u32);
 } server_index SEC(".maps");
 
+/* Server index -> the MAC its TCP segments came from, and its balanced gets flooded (struct mb_server_seen). */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, MB_MAX_SERVERS);
+	__type(key, __u32);
+	__type(value, struct mb_server_seen);
+} server_macs_seen SEC(".maps");
+
 /* The controller's own addresses (IPv4, network order -> 1): its copies to replicas and its reads never change a
  * key at its home, so its requests never make a server unsure (a copy larger than a segment would otherwise make
  * every hot key homed on the replica dirty, for nothing). */

@@ -10,6 +10,7 @@
  *                dirty) and cloned too
  *   reply_source UDP replies to balanced gets leave with the home server's source MAC/IP/port
  *   forward      destination MAC -> port (learned from source MACs, or set by the controller); flood otherwise
+ *                (a balanced get flooded is counted against its server); a server's TCP source MAC recorded
  *   counters     per hot key and replica, and switch-wide
  *   sketch       every get's key counted (count-min sketch, heavy-key candidates) while a reader asks for it
  * Anything it cannot read is forwarded untouched.
@@ -85,10 +86,33 @@ static __always_inline void mb_learn(struct __sk_buff *skb)
 		bpf_map_update_elem(&forward, &src, &in, BPF_ANY);
 }
 
+/* server_macs_seen: the source MAC of a TCP segment from a server's address (every health probe of the controller
+ * brings some). UDP replies are not used: in a fabric, a reply rewritten upstream carries a replica's MAC with the
+ * home's address. Written only when it changes. */
+static __always_inline void mb_note_server_mac(struct __sk_buff *skb, const struct mb_packet *pkt)
+{
+#ifdef MB_CLASSIFIER
+	return;  /* the OpenFlow switch rewrites and forwards: the controller does not compare its MACs */
+#endif
+	struct mb_server_address address = {.ip = pkt->saddr, .port = pkt->sport};
+	__u32 *server = bpf_map_lookup_elem(&server_index, &address);
+	struct ethhdr *eth = mb_data(skb);
+	if (!server || (void *)(eth + 1) > mb_data_end(skb))
+		return;
+	struct mb_server_seen *seen = bpf_map_lookup_elem(&server_macs_seen, server);
+	__u64 mac = mb_mac_key(eth->h_source);
+	if (!seen || (seen->seen && mb_mac_key(seen->mac) == mac))
+		return;
+	__builtin_memcpy(seen->mac, eth->h_source, ETH_ALEN);
+	seen->seen = 1;
+}
+
+#define MB_NO_SERVER 0xffffffffu  /* mb_send: not a get balanced to a server */
+
 /* forward: out of the port the destination MAC was learned on, or flooded. `hairpin`: the switch rewrote the
  * destination, so the port it came in by is a way out too (a fabric's home leaf sends a balanced get back up to a
- * spine). */
-static __always_inline int mb_send(struct __sk_buff *skb, int hairpin)
+ * spine). `server`: the server a balanced get was rewritten to; flooded, it is counted against that server's MAC. */
+static __always_inline int mb_send(struct __sk_buff *skb, int hairpin, __u32 server)
 {
 #ifdef MB_CLASSIFIER
 	return TC_ACT_OK;  /* on to the wire: the OpenFlow switch forwards */
@@ -106,6 +130,9 @@ static __always_inline int mb_send(struct __sk_buff *skb, int hairpin)
 		return TC_ACT_SHOT;
 	}
 	mb_count(MB_C_FLOODED);
+	struct mb_server_seen *seen = server == MB_NO_SERVER ? 0 : bpf_map_lookup_elem(&server_macs_seen, &server);
+	if (seen)
+		__sync_fetch_and_add(&seen->flooded, 1);
 #pragma unroll  /* the verifier sees each copy once; a rolled loop around a helper call looks infinite to it */
 	for (__u32 i = 0; i < MB_MAX_PORTS; i++) {
 		__u32 index = i;
@@ -120,7 +147,7 @@ static __always_inline int mb_send(struct __sk_buff *skb, int hairpin)
 
 static __always_inline int mb_forward(struct __sk_buff *skb)
 {
-	return mb_send(skb, 0);
+	return mb_send(skb, 0, MB_NO_SERVER);
 }
 
 static __always_inline int mb_is_memcached_port(const struct mb_port_set *memcached, __u16 port_be)
@@ -364,7 +391,7 @@ static __always_inline int mb_hot_get(struct __sk_buff *skb, struct mb_packet *p
 	if (mb_rewrite_destination(skb, pkt, server, hot->home) < 0)
 		return TC_ACT_SHOT;  /* a half-rewritten packet must not leave */
 	mb_count(MB_C_BALANCED);
-	return mb_send(skb, chosen != hot->home);
+	return mb_send(skb, chosen != hot->home, chosen);
 }
 
 /* A write to a hot key: counted in its slot (which makes it dirty) before it leaves for the home, so no get
@@ -464,9 +491,11 @@ int mbalancer(struct __sk_buff *skb)
 	int request = mb_is_memcached_port(memcached, pkt.dport);
 	if (pkt.proto == IPPROTO_UDP && !request && mb_is_memcached_port(memcached, pkt.sport))
 		return mb_reply_source(skb, &pkt);
-	if (pkt.proto == IPPROTO_TCP && !request && (pkt.tcp_flags & (MB_TCP_FIN | MB_TCP_RST)) &&
-	    mb_is_memcached_port(memcached, pkt.sport))
-		mb_server_closed(skb, &pkt);
+	if (pkt.proto == IPPROTO_TCP && !request && mb_is_memcached_port(memcached, pkt.sport)) {
+		mb_note_server_mac(skb, &pkt);
+		if (pkt.tcp_flags & (MB_TCP_FIN | MB_TCP_RST))
+			mb_server_closed(skb, &pkt);
+	}
 	if (!request)
 		return mb_forward(skb);
 	mb_count(MB_C_MEMCACHED);

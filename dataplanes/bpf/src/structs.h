@@ -72,6 +72,14 @@ struct mb_server {
 	__u32 ip;     /* network order */
 };
 
+/* server_macs_seen: what the switch saw of one server's MAC, for the controller to compare with the configured one
+ * (the destination MAC a balanced get is rewritten to). */
+struct mb_server_seen {
+	__u8 mac[6];     /* source MAC of the server's latest TCP segment (never rewritten by any switch) */
+	__u16 seen;      /* 1 once `mac` holds one */
+	__u64 flooded;   /* gets balanced to the server and flooded: its configured MAC was not in `forward` */
+};
+
 /* Per hot key (per CPU): what the pipeline did with its packets. */
 struct mb_key_counters {
 	__u64 gets;              /* single-key gets matched by hot_get */

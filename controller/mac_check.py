@@ -1,0 +1,102 @@
+"""Does every server have the MAC its config entry gives it? (issue 50)
+
+A get the switch balances leaves with the configured MAC of the server it was balanced to: a wrong one, however
+valid it looks, sends the get nowhere (the switch floods it, every host drops it), while the health probes, which
+find the server through the kernel's ARP, still pass. The driver reports what its switches saw of each server
+(dataplanes/driver.py MacSighting): the MACs the server's TCP segments came from, and the gets balanced to it that
+were flooded because no switch knew where its configured MAC is. `verdict` compares that with the config, a pure
+function; `MacWatch` keeps the latest verdicts and the servers found wrong, which the core takes out of every
+replica set (weight 0, as a down server) for as long as it runs: the entry must be fixed and the controller
+restarted (the switch forgets what it saw of a server whenever a controller writes its entry).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+from typing import Any, Sequence
+
+from dataplanes.driver import MacSighting
+from mbalancer.settings import Server
+
+MAC_WRONG = "mac-wrong"  # the core's server change (beside health's "down", "up", "restarted")
+
+
+class MacStatus(Enum):
+    UNSEEN = "not seen yet"  # no TCP segment of it passed a switch, no get to it was flooded
+    OK = "ok"  # seen with the configured MAC
+    MISMATCH = "mismatch"  # seen with another MAC: gets rewritten to the configured one are lost
+    FLOODED = "flooded"  # gets to it flooded, and no switch saw the configured MAC: they are likely lost
+    UNSUPPORTED = "not supported by this data plane"  # P4, OpenFlow: the switch does not say
+
+
+WRONG = frozenset({MacStatus.MISMATCH, MacStatus.FLOODED})
+
+
+@dataclass(frozen=True)
+class MacVerdict:
+    status: MacStatus
+    configured: str
+    seen: tuple[str, ...] = ()
+    flooded: int = 0
+
+    @property
+    def wrong(self) -> bool:
+        return self.status in WRONG
+
+    def describe(self, index: int, name: str) -> str:
+        """One line naming both MACs, for the decision log."""
+        seen = ", ".join(self.seen) or "none"
+        why = ("the switch saw its packets come from another MAC" if self.status is MacStatus.MISMATCH
+               else f"{self.flooded} gets balanced to it were flooded: no switch knows where that MAC is")
+        return (f"server {index} ({name}): configured mac {self.configured}, seen {seen}: {why}; weight 0 in every "
+                f"replica set until its [[servers]] mac is fixed and the controller restarted")
+
+    def as_state(self) -> dict[str, Any]:
+        return {"status": self.status.value, "configured": self.configured, "seen": list(self.seen),
+                "flooded_gets": self.flooded}
+
+
+def verdict(configured: str, sighting: MacSighting | None) -> MacVerdict:
+    """Compare a server's configured MAC with what the switches saw (None: the data plane cannot tell)."""
+    configured = configured.lower()
+    if sighting is None:
+        return MacVerdict(MacStatus.UNSUPPORTED, configured)
+    seen = tuple(mac.lower() for mac in sighting.seen)
+    if any(mac != configured for mac in seen):
+        status = MacStatus.MISMATCH
+    elif seen:
+        status = MacStatus.OK  # the floods reached it anyway: flooding delivers to its port too
+    else:
+        status = MacStatus.FLOODED if sighting.flooded else MacStatus.UNSEEN
+    return MacVerdict(status, configured, seen, sighting.flooded)
+
+
+def verdicts(servers: Sequence[Server], sightings: Sequence[MacSighting] | None) -> list[MacVerdict]:
+    if sightings is not None and len(sightings) != len(servers):
+        raise ValueError(f"{len(sightings)} servers' MACs reported for {len(servers)} servers")
+    return [verdict(server.mac, None if sightings is None else sightings[i]) for i, server in enumerate(servers)]
+
+
+class MacWatch:
+    """The latest verdicts and the servers found wrong (kept for good). Updated by one thread (the core's counters
+    thread), read by any: both are replaced whole, never changed in place."""
+
+    def __init__(self, servers: Sequence[Server]):
+        self.servers = tuple(servers)
+        self.latest: list[MacVerdict] = [MacVerdict(MacStatus.UNSEEN, s.mac.lower()) for s in servers]
+        self.wrong: dict[int, MacVerdict] = {}  # server -> the verdict that took it out
+
+    def update(self, sightings: Sequence[MacSighting] | None) -> dict[int, MacVerdict]:
+        """Take the driver's report; returns the servers newly found wrong, with their verdicts."""
+        self.latest = verdicts(self.servers, sightings)
+        new = {i: v for i, v in enumerate(self.latest) if v.wrong and i not in self.wrong}
+        if new:
+            self.wrong = {**self.wrong, **new}
+        return new
+
+    def state(self, server: int) -> dict[str, Any]:
+        """What /state shows of the server's MAC: the latest verdict, and whether it is out for its MAC (with the
+        verdict that took it out)."""
+        taken_out = self.wrong.get(server)
+        return {**self.latest[server].as_state(),
+                "out_of_rotation": None if taken_out is None else taken_out.as_state()}
