@@ -24,9 +24,9 @@ $(VENV)/.installed: setup.py install/constraints.txt install/build-constraints.t
 venv: $(VENV)/.installed
 
 # Every data plane with a build step (dataplanes/registry.py) is built here, never at run time: today the eBPF
-# program (clang, from apt). The stamp follows the sources of every data plane.
+# program (clang, from apt) and its TCP splitter (gcc, libbpf). The stamp follows the sources of every data plane.
 DATAPLANES_BUILT := $(VENV)/.dataplanes-built
-$(DATAPLANES_BUILT): $(wildcard dataplanes/bpf/src/*) $(wildcard p4src/*.p4) dataplanes/registry.py | $(VENV)/.installed
+$(DATAPLANES_BUILT): $(wildcard dataplanes/bpf/src/*) $(wildcard dataplanes/ebpf/tcp/src/*) $(wildcard p4src/*.p4) dataplanes/registry.py | $(VENV)/.installed
 	$(PY) -m dataplanes build
 	@touch $@
 

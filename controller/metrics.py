@@ -21,6 +21,12 @@ from mbalancer.memcache.keys import key_from_text
 
 CONTENT_TYPE = CONTENT_TYPE_PLAIN_0_0_4  # what Prometheus 2 (Debian 12 has 2.42) asks for; our names fit it
 SERVER_LABELS = ["server", "name", "address"]
+TCP_METRICS = {  # the eBPF switch's TCP path's counters (dataplanes/bpf/tables.py TCP_COUNTERS) -> help
+    "tcp_connections": "clients' TCP connections to servers taken by the switch's TCP splitter",
+    "tcp_gets": "single-key TCP gets the splitter asked the pipeline about",
+    "tcp_balanced": "of those, sent to another server than the one the client addressed",
+    "tcp_home_while_dirty": "of those, of a hot key that was dirty (or its lease out, or its replica suspect): home",
+}
 CORE_COUNTERS = {  # the core's counts exported as counters: name -> help
     "reports": "monitor reports handled",
     "mirrors": "copied packets (mirrored writes) handled",
@@ -149,6 +155,9 @@ class CoreCollector(Collector):
                 ("unparsed_packets", counters.unparsed if counters else 0,
                  "memcached-port packets forwarded untouched because the pipeline could not parse them")):
             yield CounterMetricFamily(f"mbalancer_dataplane_{name}", text, value=value)
+        switch = counters.switch if counters else {}
+        for name, text in TCP_METRICS.items():  # the eBPF switch's TCP path (0 elsewhere)
+            yield CounterMetricFamily(f"mbalancer_dataplane_{name}", text, value=switch.get(name, 0))
 
     def _work_done(self, counts: dict, retries: int) -> Iterator[Metric]:
         for name, text in CORE_COUNTERS.items():

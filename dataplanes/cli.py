@@ -43,6 +43,9 @@ def register(commands: argparse._SubParsersAction) -> None:
                                         "[dataplane.ebpf] ports)")
     attach.add_argument("--memcached-port", type=int, action="append",
                         help="memcached port to balance (repeatable; default: the config's servers' ports, or 11211)")
+    attach.add_argument("--tcp", action="store_true",
+                        help="balance clients' TCP gets too: the TCP path's splitter runs on this machine (default: "
+                             "the config's [dataplane.ebpf] tcp; docs/dataplanes/tcp.md)")
     detach = actions.add_parser("detach", help="remove the program, its mirror link and its pins")
     detach.add_argument("--all", action="store_true", help="every switch loaded on this machine")
     status = actions.add_parser("status", help="ports, hot keys, lease and counters of each switch")
@@ -133,9 +136,10 @@ def _attach(args: argparse.Namespace, name: str, settings, servers, fail: Fail) 
     memcached_ports = args.memcached_port or sorted({s.port for s in servers}) or [11211]
     if not all(0 < p < 65536 for p in memcached_ports):
         fail(f"--memcached-port: 1-65535 (got {memcached_ports})")
-    record = standalone.attach(name, ports, memcached_ports)
+    record = standalone.attach(name, ports, memcached_ports, args.tcp or bool(settings and settings.tcp))
+    tcp = f"; TCP gets balanced by splitter {record.splitter_pid}" if record.tcp else ""
     print(f"mbalancer switch: {name} attached to {', '.join(record.ports)}; memcached port(s) "
-          f"{', '.join(map(str, record.memcached_ports))}; the controller drives it with --driver ebpf "
+          f"{', '.join(map(str, record.memcached_ports))}{tcp}; the controller drives it with --driver ebpf "
           f"(undo: mbalancer switch detach --name {name})", file=sys.stderr)
     return 0
 
@@ -171,6 +175,13 @@ def _status(names: list[str], as_json: bool) -> int:
     return 0
 
 
+def _splitter_text(splitter: dict | None) -> str:
+    if splitter is None:
+        return ""
+    return f"; TCP splitter {splitter['pid']} " + ("running" if splitter["running"] else
+                                                  f"NOT running (its log: {splitter['log']})")
+
+
 def _format(report: dict) -> str:
     counters = report["counters"]
     busy = ", ".join(f"{k} {v:,}" for k, v in counters.items() if v)
@@ -179,5 +190,6 @@ def _format(report: dict) -> str:
         ports += f" (in network namespace {report['netns']})"
     return (f"{report['name']}: ports {ports}; memcached port(s) {', '.join(map(str, report['memcached_ports']))}; "
             f"{report['hot_keys']} hot keys; lease {report['lease_left_s']:g} s left; {report['learned_macs']} MACs "
-            f"learned; hot-key sketch {'read by a monitor' if report['sketch_read'] else 'off'}\n"
+            f"learned; hot-key sketch {'read by a monitor' if report['sketch_read'] else 'off'}"
+            f"{_splitter_text(report['tcp_splitter'])}\n"
             f"  counters: {busy or 'all zero'}")

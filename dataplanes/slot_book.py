@@ -84,7 +84,7 @@ class SwitchTables(Protocol):
         """The slot's counters, `replicas` of them per replica."""
 
     def counters(self) -> dict[str, int]:
-        """The switch's own counters, by the names in dataplanes/pipeline.py COUNTERS."""
+        """The switch's own counters, by the names in dataplanes/pipeline.py COUNTERS (a data plane may add its own)."""
 
     def set_lease(self, until_ns: int) -> None:
         """Until when (CLOCK_MONOTONIC ns) the controller vouches for the copies; 0 or past: every key acts dirty."""

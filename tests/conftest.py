@@ -50,12 +50,8 @@ def eventually(check, timeout: float = 10.0, every: float = 0.02) -> bool:
 def memcached_answers(ip: str, port: int = 11211) -> bool:
     """True if a memcached answers at ip:port (for waiting until one has started)."""
     from mbalancer.memcache.addresses import ServerAddress
-    from mbalancer.memcache.meta import MetaClient, MetaError
-    try:
-        MetaClient(ServerAddress(ip, port), timeout=0.5).ping()
-        return True
-    except MetaError:
-        return False
+    from mbalancer.memcache.meta import answers
+    return answers(ServerAddress(ip, port))
 
 
 def wait_for_line(process, text: str, timeout: float = 30.0) -> str:

@@ -157,6 +157,55 @@ def switch_status(name: str = TAG) -> dict:
     return json.loads(switch("status", "--name", name, "--json").stdout)
 
 
+def test_attach_with_tcp_balances_the_clients_tcp_gets_and_detach_stops_the_splitter(tmp_path):
+    """The own-servers path with `tcp = true` in [dataplane.ebpf] (docs/dataplanes/tcp.md): attach starts the TCP
+    splitter, which outlives the command; with the controller told the top keys, TCP clients' gets reach every
+    server, none missed; detach stops the splitter and removes its link and routes, and TCP goes through the bridge
+    again."""
+    with NamespaceNetwork(servers=3, clients=1, tag=TAG, dataplane="bridge") as net:
+        serve_and_fill(net)
+        config = tmp_path / "mbalancer.toml"
+        listen = f"127.0.0.1:{free_port()}"
+        write_config(net, config, listen)
+        config.write_text(config.read_text() + "tcp = true\n")  # [dataplane.ebpf] is the last section
+        controller = None
+        try:
+            attached = switch("attach", "--config", str(config))
+            assert attached.returncode == 0 and "TCP gets balanced by splitter" in attached.stderr, attached.stderr
+            splitter = switch_status()["tcp_splitter"]
+            assert splitter["running"], splitter
+            controller = subprocess.Popen([str(MBALANCER), "controller", "--config", str(config)],
+                                          stderr=subprocess.PIPE, text=True)
+            wait_for_line(controller, "mbalancer controller:", timeout=30)
+            top = [{"key": f"key:{rank}", "rate": 1000.0 / rank} for rank in range(1, 11)]
+            for second in range(2):  # hysteresis: hot for two reports
+                request = urllib.request.Request(f"http://{listen}/report", method="POST", data=json.dumps(
+                    {"time": time.time() + second, "interval": 1.0, "rate": 7500.0, "top": top}).encode())
+                urllib.request.urlopen(request, timeout=10).close()
+            assert eventually(lambda: sum(k["state"] == "clean" for k in controller_state(listen)["hot_keys"]) == 10,
+                              timeout=30), controller_state(listen)["hot_keys"]
+            before = gets_served(net)
+            result = net.run(net.client_hosts[0], load_command(net, 3, tmp_path) + ["--protocol", "tcp"])
+            assert result.returncode == 0, result.stderr[-2000:]
+            measured, served = json.loads(result.stdout), [b - a for a, b in zip(before, gets_served(net))]
+            assert measured["misses"] == 0 and measured["timeouts"] == 0 and measured["hits"] > 0, measured
+            assert all(n > 0 for n in served), served
+            assert switch_status()["counters"]["tcp_balanced"] > 0
+        finally:
+            if controller is not None:
+                controller.terminate()
+                controller.wait(timeout=30)
+            detached = switch("detach", "--config", str(config))
+        assert detached.returncode == 0 and f"the TCP splitter (pid {splitter['pid']})" in detached.stderr, \
+            detached.stderr
+        assert eventually(lambda: not os.path.exists(f"/proc/{splitter['pid']}"), timeout=10)
+        assert not os.path.exists(f"/sys/class/net/{TAG}-t")
+        assert "lookup" not in subprocess.run(["ip", "rule", "show", "pref", "1000"], capture_output=True,
+                                              text=True).stdout
+        after = net.run(net.client_hosts[0], load_command(net, 1.0, tmp_path) + ["--protocol", "tcp"])
+        assert after.returncode == 0 and json.loads(after.stdout)["timeouts"] == 0, after.stderr[-2000:]
+
+
 @pytest.mark.parametrize("args, message", [
     (["attach", "--ports", "no-such-if0"], "no such interface"),
     (["attach"], "--ports"),

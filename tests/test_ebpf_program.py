@@ -12,8 +12,8 @@ import pytest
 
 from dataplanes.bpf.bpf_syscall import VERIFIER_LIMIT, obj_get, prog_test_run, prog_verified_insns
 from dataplanes.bpf.program import SOURCE, DataPlane, available
-from dataplanes.bpf.tables import (HASH_MUL, STRUCT_SIZES, U64_MASK, HotEntry, Tables, key_bucket, key_hash,
-                                   mac_bytes)
+from dataplanes.bpf.tables import (HASH_MUL, STRUCT_SIZES, TCP_COUNTERS, U64_MASK, HotEntry, Tables, key_bucket,
+                                   key_hash, mac_bytes)
 from dataplanes.pipeline import COUNTERS, cumulative_weights
 from dataplanes.driver import StreamId
 
@@ -131,6 +131,8 @@ def test_counter_names_follow_the_c_enum():
     enum = source[source.index("enum mb_counter {"):].split("}")[0]
     names = [name.lower() for name in re.findall(r"MB_C_(\w+)", enum) if name != "COUNT"]
     assert tuple(names) == COUNTERS
+    enum = source[source.index("enum mb_tcp_counter {"):].split("}")[0]
+    assert tuple(f"tcp_{n.lower()}" for n in re.findall(r"MB_TCP_(\w+)", enum) if n != "COUNT") == TCP_COUNTERS
 
 
 def test_every_server_port_is_a_memcached_port(plane):

@@ -53,6 +53,7 @@ class TestbedSpec:
     fabric_link: LinkSpec = LinkSpec()
     memcached_threads: int = 1
     memcached_memory_mb: int = 64
+    tcp: bool = False  # the switch's TCP path: clients' TCP gets balanced too (eBPF, one switch: docs/dataplanes/tcp.md)
 
     def check(self) -> None:
         if self.topology not in TOPOLOGIES:
@@ -69,6 +70,9 @@ class TestbedSpec:
                                                  self.leaves + self.spines <= MAX_BOXES):
             raise TopologyError(f"a leaf-spine needs at least one leaf and one spine, {MAX_BOXES} switches at most "
                                 f"(got {self.leaves} and {self.spines})")
+        if self.tcp and (self.dataplane != "ebpf" or self.topology != "single"):
+            raise TopologyError("TCP gets are balanced by the eBPF switch's TCP path, on one switch (a fabric's and "
+                                "the other data planes' TCP gets go home: docs/dataplanes/tcp.md)")
         if self.controllers and not self.agents:
             raise TopologyError("controller hosts reach the switches over the management LAN: they need agents")
         if not 0 <= self.controllers <= MAX_CONTROLLER_HOSTS:
@@ -129,6 +133,8 @@ class Testbed:
             self.lan.start()  # before the switches: bmv2 serves P4Runtime on the LAN's root address, for its agent
             if self.spec.dataplane == "p4":
                 switch = partial(switch, grpc_host=ROOT_IP)
+        if self.spec.tcp:
+            switch = partial(switch, tcp=True)
         self.net = Mininet(topo=topo, switch=switch, link=TCLink, controller=None,
                            autoSetMacs=False, waitConnected=False)
         self.net.start()

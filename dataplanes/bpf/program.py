@@ -44,6 +44,9 @@ class Program:
 
 
 SWITCH = Program(OBJECT, PIN_ROOT, "ingress")
+# The object's programs (C function names) and their pins in a switch's pin directory: the pipeline on the ports, and
+# decide, which the TCP splitter asks where a get goes (dataplanes/ebpf/tcp/; not in the classifier's build).
+PROGRAM_PINS = {"mbalancer": "prog", "mbalancer_decide": "decide"}
 CLASSIFIER = Program(HERE / "build" / "classifier.bpf.o", BPFFS / "mbalancer-classifier", "egress", ("MB_CLASSIFIER",))
 
 
@@ -191,12 +194,19 @@ class DataPlane:
             raise DataPlaneError(f"{self.pin_dir} exists: another switch named {self.name} is loaded "
                                  f"(remove the directory if it is left over)")
         self.pin_dir.mkdir(parents=True)
+        loaded = self.pin_dir / "loaded"  # every program of the object, by function name, before their own pins
         try:
-            _run(["bpftool", "prog", "load", str(build(program=self.program)), str(self.program_pin),
+            _run(["bpftool", "prog", "loadall", str(build(program=self.program)), str(loaded),
                   "type", "classifier", "pinmaps", str(self.pin_dir)], f"loading the program for {self.name}")
+            for function, pin in PROGRAM_PINS.items():
+                if (loaded / function).exists():
+                    _run(["bpftool", "prog", "pin", "pinned", str(loaded / function), str(self.pin_dir / pin)],
+                         f"pinning {function} of {self.name}")
         except DataPlaneError:
             shutil.rmtree(self.pin_dir, ignore_errors=True)
             raise
+        finally:
+            shutil.rmtree(loaded, ignore_errors=True)
         return self
 
     def attach(self, iface: str, netns: str | None = None) -> None:

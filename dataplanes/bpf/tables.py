@@ -42,6 +42,10 @@ DESTINATION_SLOTS = 256  # MB_DESTINATION_SLOTS
 STREAM_ID = struct.Struct("=4s4sHH")  # struct mb_stream_id (addresses and ports in network order)
 STREAM = struct.Struct("=III")  # struct mb_stream
 STREAM_RESUMES, STREAM_BLIND = 1, 2  # MB_STREAM_RESUMES, MB_STREAM_BLIND
+TCP_PATH = struct.Struct("=I6s2x")  # struct mb_tcp_path
+# enum mb_tcp_counter: the TCP path's counters (clients' connections and segments steered to the splitter, the gets
+# it asked about, of them balanced, of them sent home while dirty), as counters() names them
+TCP_COUNTERS = ("tcp_connections", "tcp_steered", "tcp_gets", "tcp_balanced", "tcp_home_while_dirty")
 U32 = struct.Struct("=I")
 U64 = struct.Struct("=Q")
 STRUCT_SIZES = {"hot_keys": (U64.size, HOT.size), "servers": (U32.size, SERVER.size), "writes": (4, 8),
@@ -54,7 +58,8 @@ STRUCT_SIZES = {"hot_keys": (U64.size, HOT.size), "servers": (U32.size, SERVER.s
                 "heavy": (4, HEAVY.size << HEAVY_BITS), "sketch_destinations": (4, DESTINATION_COUNT.size),
                 "streams": (STREAM_ID.size, STREAM.size), "closes": (4, 8), "closes_handled": (4, 8),
                 "unsure_last": (4, 8), "unsure_reported": (4, 4),
-                "closing": (STREAM_ID.size, 1), "server_macs_seen": (4, SERVER_SEEN.size)}
+                "closing": (STREAM_ID.size, 1), "server_macs_seen": (4, SERVER_SEEN.size),
+                "tcp_path": (4, TCP_PATH.size), "tcp_neighbors": (4, 8), "tcp_counters": (4, 8)}
 
 
 def key_entry(key: bytes) -> bytes:
@@ -239,6 +244,14 @@ class Tables(OneByOne):
     def set_settings(self, controller_ifindex: int) -> None:
         self.maps["settings"].update(U32.pack(0), SETTINGS.pack(controller_ifindex))
 
+    def set_tcp_path(self, ifindex: int, mac: str) -> None:
+        """The TCP splitter is behind port `ifindex`, its side's MAC `mac` (dataplanes/ebpf/tcp/); ifindex 0: none."""
+        self.maps["tcp_path"].update(U32.pack(0), TCP_PATH.pack(ifindex, mac_bytes(mac)))
+
+    def tcp_counter(self, index: int) -> int:
+        """One of the TCP path's counters (enum mb_tcp_counter), summed over CPUs."""
+        return sum(U64.unpack(v)[0] for v in self.maps["tcp_counters"].lookup(U32.pack(index)))
+
     def trust(self, ip: str) -> None:
         """Requests from `ip` (the controller's own address) never make a server unsure."""
         self.maps["trusted_sources"].update(socket.inet_aton(ip), U32.pack(1))
@@ -276,8 +289,10 @@ class Tables(OneByOne):
         return sum(U64.unpack(v)[0] for v in values)
 
     def counters(self) -> dict[str, int]:
+        """The switch's counters, its TCP path's after them (0 where it has none)."""
         table = self.maps["counters"]
-        return {name: sum(U64.unpack(v)[0] for v in table.lookup(U32.pack(i))) for i, name in enumerate(COUNTERS)}
+        return {**{name: sum(U64.unpack(v)[0] for v in table.lookup(U32.pack(i))) for i, name in enumerate(COUNTERS)},
+                **{name: self.tcp_counter(i) for i, name in enumerate(TCP_COUNTERS)}}
 
     # TCP connections read as streams (struct mb_stream)
     def stream_start(self, stream: StreamId) -> int | None:

@@ -21,3 +21,5 @@ class Settings:
     # the controller's addresses whose copies never make a server unsure, beside this machine's own (a controller on
     # another box, reaching the switch through its agent: its address towards the servers)
     trusted: tuple[str, ...] = ()
+    # `mbalancer switch attach` also runs the TCP path: clients' TCP gets balanced too (docs/dataplanes/tcp.md)
+    tcp: bool = False

@@ -13,15 +13,19 @@ from typing import Any
 from mininet.node import Switch
 
 from dataplanes.bpf.program import DataPlane, mirror_link_of
+from dataplanes.ebpf.tcp.path import TcpPath
 from dataplanes.switch_nodes import peer_intf
 
 
 class EbpfSwitch(Switch):
     def __init__(self, name: str, mirror: bool = True, memcached_ports: tuple[int, ...] = (11211,),
-                 flood_exclude: tuple[str, ...] = (), **params):
-        """flood_exclude: names of neighbour switches this one never floods to (a loop-free flood tree)."""
+                 flood_exclude: tuple[str, ...] = (), tcp: bool = False, **params):
+        """flood_exclude: names of neighbour switches this one never floods to (a loop-free flood tree); tcp: with
+        its TCP path (clients' TCP gets balanced too: dataplanes/ebpf/tcp/)."""
         super().__init__(name, **params)
         self.mirror = mirror
+        self.tcp = tcp
+        self.tcp_path: TcpPath | None = None
         self.flood_exclude = set(flood_exclude)
         self.memcached_ports = memcached_ports
         self.plane: DataPlane | None = None
@@ -40,19 +44,25 @@ class EbpfSwitch(Switch):
         for port in ports:
             subprocess.run(["ip", "link", "set", port, "up"], check=True)
         self.plane.serve(ports, mirror_ifindex, self.memcached_ports, flood)
+        if self.tcp:
+            self.tcp_path = TcpPath(self.plane, self.memcached_ports).start()
 
     def reload(self) -> None:
         """A fresh program and empty tables on the same ports (experiments start every run from a clean switch)."""
-        if self.plane is not None:
-            self.plane.unload()
-            self.plane = None
+        self._stop_plane()
         self.start([])
 
     def stop(self, deleteIntfs: bool = True) -> None:
+        self._stop_plane()
+        super().stop(deleteIntfs)
+
+    def _stop_plane(self) -> None:
+        if self.tcp_path is not None:
+            self.tcp_path.stop()
+            self.tcp_path = None
         if self.plane is not None:
             self.plane.unload()  # the mirror link with it
             self.plane = None
-        super().stop(deleteIntfs)
 
     def box_settings(self) -> dict[str, Any]:
         """The [dataplane.ebpf] section of the agent that drives this switch from its box (topologies/agents.py)."""

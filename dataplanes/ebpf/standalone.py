@@ -9,13 +9,17 @@ frame), so ports that are members of a Linux bridge are taken over while attache
 from __future__ import annotations
 
 import json
+import os
+import signal
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Sequence
 
 from mbalancer.interfaces import IFNAMSIZ, NETNS_NAMES, interface_exists, namespace_name, network_namespace
 from dataplanes.bpf.program import PIN_ROOT, DataPlane, DataPlaneError, loaded_switches, mirror_link_of
+from dataplanes.ebpf.tcp.path import SPLITTER, TcpPath
+from dataplanes.ebpf.tcp.path import remove as remove_tcp_path
 
 RECORDS = Path("/run/mbalancer/switches")  # /run: gone after a reboot, as the program and its pins are
 
@@ -29,13 +33,17 @@ class SwitchRecord:
     # the network namespace the ports are in (pins are machine-wide, ports are not): its inode, its /run/netns name
     netns_inode: int = 0
     netns: str = ""
+    tcp: bool = False  # with its TCP path (dataplanes/ebpf/tcp/): the splitter's pid and routing table once made
+    splitter_pid: int = 0
+    tcp_table: int = 0
 
     @staticmethod
     def read(name: str) -> "SwitchRecord | None":
         try:
             raw = json.loads(_record_path(name).read_text())
             return SwitchRecord(raw["name"], tuple(raw["ports"]), tuple(raw["memcached_ports"]), raw["attached_unix"],
-                                int(raw.get("netns_inode", 0)), str(raw.get("netns", "")))
+                                int(raw.get("netns_inode", 0)), str(raw.get("netns", "")), bool(raw.get("tcp", False)),
+                                int(raw.get("splitter_pid", 0)), int(raw.get("tcp_table", 0)))
         except (OSError, ValueError, KeyError, TypeError):
             return None
 
@@ -51,9 +59,10 @@ def _record_path(name: str) -> Path:
     return RECORDS / f"{name}.json"
 
 
-def attach(name: str, ports: Sequence[str], memcached_ports: Sequence[int]) -> SwitchRecord:
-    """Load the program as switch `name`, attach it to every port, make its mirror link; DataPlaneError (with
-    nothing left behind) if any step fails."""
+def attach(name: str, ports: Sequence[str], memcached_ports: Sequence[int], tcp: bool = False) -> SwitchRecord:
+    """Load the program as switch `name`, attach it to every port, make its mirror link, and with `tcp` its TCP path
+    (the splitter runs on after this process, logging to RECORDS/<name>.splitter.log); DataPlaneError (with nothing
+    left behind) if any step fails."""
     DataPlane(name)  # checks the name
     if len(mirror_link_of(name)[1]) > IFNAMSIZ:
         raise DataPlaneError(f"switch name {name!r} too long: at most {IFNAMSIZ - 3} characters (its mirror link "
@@ -71,12 +80,17 @@ def attach(name: str, ports: Sequence[str], memcached_ports: Sequence[int]) -> S
     if clash := [f"{port} (switch {taken[port]})" for port in ports if port in taken]:
         raise DataPlaneError(f"ports belong to another switch: {', '.join(clash)}")
     record = SwitchRecord(name, tuple(ports), tuple(sorted(set(memcached_ports))), round(time.time(), 3), inode,
-                          netns)
+                          netns, tcp)
     record.write()
     plane = DataPlane(name)
     try:
         plane.load()
         plane.serve(list(ports), plane.add_mirror_link(), record.memcached_ports)
+        if tcp:
+            path = TcpPath(plane, record.memcached_ports)
+            path.start(RECORDS / f"{name}.splitter.log")
+            record = replace(record, splitter_pid=path.process.pid, tcp_table=path.table)
+            record.write()
     except (DataPlaneError, OSError) as err:
         detach(name)
         raise DataPlaneError(str(err)) from None
@@ -103,6 +117,8 @@ def detach(name: str) -> list[str]:
         if interface_exists(mirror_link_of(name)[0]):
             plane.mirror_link = True
             removed.append(f"the mirror link {'/'.join(mirror_link_of(name))}")
+    if record and record.tcp and where != GONE:
+        removed += _remove_tcp_path(record, where)
     if (PIN_ROOT / name).exists():
         removed.append(f"the pins under {PIN_ROOT / name}")
     plane.unload()
@@ -110,6 +126,30 @@ def detach(name: str) -> list[str]:
         _record_path(name).unlink()
         removed.append("its record")
     return removed
+
+
+def _splitter_state(record: SwitchRecord | None) -> dict | None:
+    """The TCP path's splitter as the record names it (None: the switch has no TCP path)."""
+    if record is None or not record.tcp:
+        return None
+    return {"pid": record.splitter_pid, "running": _is_splitter(record.splitter_pid),
+            "log": str(RECORDS / f"{record.name}.splitter.log")}
+
+
+def _is_splitter(pid: int) -> bool:
+    try:
+        return pid > 0 and Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0].endswith(SPLITTER.name.encode())
+    except OSError:
+        return False
+
+
+def _remove_tcp_path(record: SwitchRecord, where: str | None) -> list[str]:
+    """Stop the splitter (by its pid, if that is still the splitter) and undo its routes and link."""
+    removed = []
+    if _is_splitter(record.splitter_pid):
+        os.kill(record.splitter_pid, signal.SIGTERM)
+        removed.append(f"the TCP splitter (pid {record.splitter_pid})")
+    return removed + remove_tcp_path(record.name, record.tcp_table, where)
 
 
 GONE = "gone"  # _where_attached: the namespace the switch was attached in no longer exists
@@ -145,7 +185,8 @@ def status(name: str) -> dict:
                   "lease_left_s": round(max(lease_ns - time.monotonic_ns(), 0) / 1e9, 3),
                   "learned_macs": len(tables.forward()), "counters": tables.counters(),
                   "sketch_read": sketch_until_ns > time.monotonic_ns(),  # a `monitor --source dataplane` renews it
-                  "attached_unix": record.attached_unix if record else None}
+                  "attached_unix": record.attached_unix if record else None,
+                  "tcp_splitter": _splitter_state(record)}
     finally:
         tables.close()
     return report

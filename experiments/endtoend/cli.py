@@ -21,8 +21,9 @@ from typing import Callable
 from experiments.endtoend.plot import plot_all
 from experiments.endtoend.report import demo_line, format_runs
 from experiments.endtoend.spec import (AUTO_TARGET, CONTROLLERS, DETECTIONS, PRESETS, SWEEP_FIGURES, ExperimentSpec,
-                                       on_dataplane, on_topology)
+                                       on_dataplane, on_protocol, on_topology)
 from experiments.endtoend.sweep import load_summary, run_sweep, spec_dict
+from experiments.workload.spec import PROTOCOLS
 from mbalancer.config import REPLICA_MODES, Balancing, config_option
 from mbalancer.outputs import output_problem
 from mbalancer.progress import end_progress, stderr_progress
@@ -70,6 +71,9 @@ def register(commands: argparse._SubParsersAction) -> None:
                         help="where the controller core runs: ryu (the Ryu app inside ryu-manager; the default, and "
                              "the only way, on one openflow switch) or local (in this process, as `mbalancer "
                              "controller`; the default elsewhere)")
+    parser.add_argument("--protocol", choices=PROTOCOLS,
+                        help="the clients' gets over udp (the default) or tcp (the eBPF switch balances them through "
+                             "its TCP path: docs/dataplanes/tcp.md)")
     parser.add_argument("--rerun", action="store_true", help="run even if OUT holds a sweep of these settings")
     parser.set_defaults(run=_run_experiment, fail=parser.error)
 
@@ -152,6 +156,8 @@ def _spec(args: argparse.Namespace, fail: Fail) -> ExperimentSpec:
         fail("--leaves and --spines go with --topology leafspine")
     if args.topology is not None:
         spec = on_topology(spec, args.topology, args.leaves, args.spines)
+    if args.protocol is not None:
+        spec = on_protocol(spec, args.protocol)
     try:
         spec.check()
     except ValueError as err:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from experiments.workload.spec import Workload, WorkloadError
+from experiments.workload.spec import PROTOCOLS, Workload, WorkloadError
 from dataplanes.agent.fabric import FABRIC_KINDS
 from mbalancer.config import AUTO_REPORT_KEYS, REPLICA_MODES, Balancing
 from mbalancer.memcache.addresses import ServerAddress
@@ -22,6 +22,8 @@ from topologies.testbed import TestbedSpec
 MEMCACHED_DATAGRAM = 1400  # memcached sends a UDP reply in datagrams of at most this payload (its 8-byte frame incl.)
 DATAGRAM_HEADERS = 8 + 20 + 14  # UDP, IPv4, Ethernet: what a capped link carries on top of each datagram
 REPLY_FRAMING = 40  # "VALUE <key> <flags> <bytes>\r\n" ... "\r\nEND\r\n" around the value
+TCP_SEGMENT = 1448  # a TCP reply's payload per segment (MSS 1460 less the timestamp option) ...
+SEGMENT_HEADERS = 32 + 20 + 14  # ... and TCP (with options), IPv4, Ethernet on top of each
 CALIBRATION_ALPHA = 0.01  # near-uniform popularity: with the skewed hash at IF 1, every server is equally busy
 DETECTIONS = ("auto", "sketch", "capture")
 CONTROLLERS = ("auto", "local", "ryu")
@@ -51,6 +53,7 @@ class ExperimentSpec:
     warmup: float = 4.0  # seconds of load before measuring: MBalancer finds and copies the hot keys then
     measure: float = 8.0  # seconds measured
     rounds: int = 1  # times the whole sweep runs, capacity run included; figures are the medians over rounds
+    protocol: str = "udp"  # the clients' gets: "udp", or "tcp" (the eBPF switch's TCP path balances them)
 
     def check(self) -> None:
         """Raise ValueError naming the first impossible setting (before any network is built)."""
@@ -81,6 +84,9 @@ class ExperimentSpec:
                              "leaf-spine): controller ryu")
         if not self.hashes:
             raise ValueError("no point to run: give at least one hash")
+        if self.protocol not in PROTOCOLS or self.testbed.tcp != (self.protocol == "tcp"):
+            raise ValueError(f"protocol must be one of {', '.join(PROTOCOLS)}, tcp with the switch's TCP path (got "
+                             f"{self.protocol!r})")
         fake = tuple(ServerAddress(f"10.0.0.{i + 1}") for i in range(self.testbed.servers))
         try:
             for spec in self.hashes:
@@ -93,7 +99,7 @@ class ExperimentSpec:
         """The whole workload (host=0), or the share one client host runs (its clients, its own key sequence)."""
         whole = Workload(servers=servers, keys=self.keys, alpha=self.alpha, clients=self.clients,
                          duration=self.warmup + self.measure, value_size=self.value_size, hash=hash_spec,
-                         timeout=self.timeout)
+                         timeout=self.timeout, protocol=self.protocol)
         return whole if not host else replace(whole, clients=self.clients_of(host), seed=host)
 
     def calibration(self, servers: tuple[ServerAddress, ...]) -> Workload:
@@ -107,6 +113,8 @@ class ExperimentSpec:
         if rate is None:
             return None
         payload = self.value_size + REPLY_FRAMING
+        if self.protocol == "tcp":
+            return rate * 1e6 / 8 / (payload + -(-payload // TCP_SEGMENT) * SEGMENT_HEADERS)
         datagrams = -(-payload // (MEMCACHED_DATAGRAM - 8))
         return rate * 1e6 / 8 / (payload + datagrams * (8 + DATAGRAM_HEADERS))
 
@@ -173,6 +181,11 @@ def on_dataplane(spec: ExperimentSpec, dataplane: str) -> ExperimentSpec:
         testbed = replace(testbed, server_link=replace(link, rate_mbit=link.rate_mbit * factor))
         clients = max(4 * testbed.clients, round(spec.clients * factor))
     return replace(spec, testbed=testbed, clients=clients)
+
+
+def on_protocol(spec: ExperimentSpec, protocol: str) -> ExperimentSpec:
+    """The spec with the clients' gets over `protocol`: over TCP, the switch runs its TCP path."""
+    return replace(spec, protocol=protocol, testbed=replace(spec.testbed, tcp=protocol == "tcp"))
 
 
 def on_topology(spec: ExperimentSpec, topology: str, leaves: int | None = None,

@@ -16,7 +16,7 @@ from pathlib import Path
 from controller import ryu_manager
 from mbalancer.memcache.addresses import ServerAddress
 from mbalancer.memcache.hashing import make_hash
-from mbalancer.memcache.meta import MetaClient, MetaError
+from mbalancer.memcache.meta import answers
 from mbalancer.memcache.server import free_port
 from mbalancer.processes import stop_process
 from topologies.netns import NamespaceNetwork
@@ -179,11 +179,4 @@ class Rig:
 
 
 def _answers(ip: str) -> bool:
-    client = MetaClient(ServerAddress(ip, MEMCACHED_PORT), timeout=0.5)
-    try:
-        client.ping()
-        return True
-    except MetaError:
-        return False
-    finally:
-        client.close()
+    return answers(ServerAddress(ip, MEMCACHED_PORT))

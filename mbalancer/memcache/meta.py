@@ -199,3 +199,15 @@ def _checked(key: bytes) -> bytes:
 def _flag_values(flags: tuple[bytes, ...]) -> dict[bytes, bytes]:
     """Meta reply flags such as (b"f0", b"t-1", b"c42") as {b"f": b"0", ...}."""
     return {flag[:1]: flag[1:] for flag in flags if flag}
+
+
+def answers(server: ServerAddress, timeout: float = 0.5) -> bool:
+    """True if a memcached answers at `server` (for waiting until one has started)."""
+    client = MetaClient(server, timeout=timeout)
+    try:
+        client.ping()
+        return True
+    except MetaError:
+        return False
+    finally:
+        client.close()

@@ -246,4 +246,29 @@ struct {
 	__type(value, struct mb_scratch);
 } scratch SEC(".maps");
 
+/* The TCP path (steer.h): one entry, written where the splitter is started (dataplanes/ebpf/tcp/path.py). */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct mb_tcp_path);
+} tcp_path SEC(".maps");
+
+/* The TCP path's neighbours: a client's IPv4 address -> its MAC (8 bytes, last 2 zero), learned from the client's
+ * segments steered to the splitter, whose side does no ARP. LRU: a client gone long ages out. */
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 65536);
+	__type(key, __u32);
+	__type(value, __u64);
+} tcp_neighbors SEC(".maps");
+
+/* The TCP path's counters (enum mb_tcp_counter). */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, MB_TCP_COUNT);
+	__type(key, __u32);
+	__type(value, __u64);
+} tcp_counters SEC(".maps");
+
 #endif

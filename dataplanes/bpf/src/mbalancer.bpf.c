@@ -31,6 +31,7 @@
 #include "parse.h"
 #include "rewrite.h"
 #include "sketch.h"
+#include "steer.h"
 
 static __always_inline void mb_count(__u32 which)
 {
@@ -340,17 +341,44 @@ static __always_inline void mb_server_closed(struct __sk_buff *skb, struct mb_pa
 #endif
 }
 
-static __always_inline int mb_hot_get(struct __sk_buff *skb, struct mb_packet *pkt, struct mb_hot *hot)
+/* hot_get's first step, for the UDP path and the TCP splitter's questions alike: the get counted for its key; the
+ * key's counters, and in `dirty` whether it is dirty (then counted as sent home). */
+static __always_inline struct mb_key_counters *mb_count_hot_get(const struct mb_hot *hot, int *dirty)
 {
 	__u32 slot = hot->slot;
 	struct mb_key_counters *kc = bpf_map_lookup_elem(&key_counters, &slot);
 	if (kc)
 		kc->gets++;
-	if (mb_dirty(hot)) {
-		if (kc)
-			kc->home_while_dirty++;
-		return mb_forward(skb);  /* clients address the home: unchanged is home */
+	*dirty = mb_dirty(hot);
+	if (*dirty && kc)
+		kc->home_while_dirty++;
+	return kc;
+}
+
+/* hot_get's choice for a clean key: the server at the get's point on the key's weights, counted per replica;
+ * MB_NO_SERVER if that is a replica that may have lost its copy (the get goes on untouched, home). */
+static __always_inline __u32 mb_choose(const struct mb_hot *hot, struct mb_key_counters *kc, __u32 point)
+{
+	__u32 chosen = hot->home;
+	for (__u32 i = 0; i < MB_MAX_REPLICAS; i++) {
+		if (i >= hot->replicas)
+			break;
+		if (point < hot->cumulative[i]) {
+			chosen = hot->server[i];
+			if (kc)
+				kc->per_replica[i]++;
+			break;
+		}
 	}
+	return chosen != hot->home && mb_server_suspect(chosen) ? MB_NO_SERVER : chosen;
+}
+
+static __always_inline int mb_hot_get(struct __sk_buff *skb, struct mb_packet *pkt, struct mb_hot *hot)
+{
+	int dirty;
+	struct mb_key_counters *kc = mb_count_hot_get(hot, &dirty);
+	if (dirty)
+		return mb_forward(skb);  /* clients address the home: unchanged is home */
 	struct mb_flow flow = {.client_ip = pkt->saddr, .client_port = pkt->sport, .request_id = pkt->request_id};
 	__u32 hash = mb_flow_hash(&flow), point = hash & (MB_WEIGHT_ONE - 1);
 #ifdef MB_CLASSIFIER
@@ -366,22 +394,12 @@ static __always_inline int mb_hot_get(struct __sk_buff *skb, struct mb_packet *p
 	mb_remember_flow(&flow, hash, hot->home);
 	if (mb_mark_balanced(skb, pkt, hot->home) < 0)  /* for a replica behind another switch (a fabric) */
 		return TC_ACT_SHOT;
-	mb_tag(skb, 0, MB_TAG_GET, slot, point >> (16 - MB_TAG_ENTROPY_BITS));
+	mb_tag(skb, 0, MB_TAG_GET, hot->slot, point >> (16 - MB_TAG_ENTROPY_BITS));
 	mb_count(MB_C_BALANCED);
 	return TC_ACT_OK;
 #endif
-	__u32 chosen = hot->home;
-	for (__u32 i = 0; i < MB_MAX_REPLICAS; i++) {
-		if (i >= hot->replicas)
-			break;
-		if (point < hot->cumulative[i]) {
-			chosen = hot->server[i];
-			if (kc)
-				kc->per_replica[i]++;
-			break;
-		}
-	}
-	if (chosen != hot->home && mb_server_suspect(chosen))
+	__u32 chosen = mb_choose(hot, kc, point);
+	if (chosen == MB_NO_SERVER)
 		return mb_forward(skb);  /* it may have lost its copy since the controller last looked: home */
 	struct mb_server *server = bpf_map_lookup_elem(&servers, &chosen);
 	if (!server)
@@ -489,9 +507,13 @@ int mbalancer(struct __sk_buff *skb)
 	if (parsed < 0)
 		return mb_forward(skb);
 	int request = mb_is_memcached_port(memcached, pkt.dport);
+	int steered = mb_steer_tcp(skb, &pkt, request, mb_is_memcached_port(memcached, pkt.sport));
+	if (steered >= 0)
+		return steered;  /* the TCP splitter's (steer.h): what it sends on comes back through a port */
+	int from_splitter = mb_from_splitter(skb, &pkt);
 	if (pkt.proto == IPPROTO_UDP && !request && mb_is_memcached_port(memcached, pkt.sport))
 		return mb_reply_source(skb, &pkt);
-	if (pkt.proto == IPPROTO_TCP && !request && mb_is_memcached_port(memcached, pkt.sport)) {
+	if (pkt.proto == IPPROTO_TCP && !request && !from_splitter && mb_is_memcached_port(memcached, pkt.sport)) {
 		mb_note_server_mac(skb, &pkt);
 		if (pkt.tcp_flags & (MB_TCP_FIN | MB_TCP_RST))
 			mb_server_closed(skb, &pkt);
@@ -558,5 +580,51 @@ unparsed:
 	mb_unsure_copy(skb, &pkt, pkt.proto == IPPROTO_UDP);  /* a TCP one starts a stream: its copy is needed */
 	return mb_forward(skb);
 }
+
+#ifndef MB_CLASSIFIER
+/* decide: the TCP splitter asks where a get goes (dataplanes/ebpf/tcp/src/decide.c), through BPF_PROG_TEST_RUN: a UDP
+ * get of the key from its client to the server the client addressed, marked MB_DECIDE_MARK (a port's packet has an
+ * ingress_ifindex, a question none). The answer is hot_get's: cb[1] the server (the addressed one when the key is
+ * cold, dirty, or its replica suspect), cb[0] MB_DECIDED. Counted as hot_get counts; nothing else is done: no flow
+ * remembered, no rewrite, no sketch (the splitter's own get to the chosen server passes a port and is seen there). */
+SEC("tc")
+int mbalancer_decide(struct __sk_buff *skb)
+{
+	struct mb_packet pkt = {};
+	__u32 zero = 0, key_off = 0;
+	__u8 data_field = MB_NO_DATA;
+	if (skb->mark != MB_DECIDE_MARK || skb->ingress_ifindex || mb_parse_headers(skb, &pkt) < 0 ||
+	    pkt.proto != IPPROTO_UDP || mb_parse_udp_frame(skb, &pkt) < 0 ||
+	    mb_parse_command(skb, &pkt, &key_off, &data_field) != MB_CMD_GET)
+		return TC_ACT_SHOT;
+	__u32 *addressed = mb_server_at(pkt.daddr, pkt.dport);
+	struct mb_scratch *scratched = bpf_map_lookup_elem(&scratch, &zero);
+	if (!addressed || !scratched)
+		return TC_ACT_SHOT;
+	struct mb_key *key = &scratched->key;
+	int exact = 0, maybe_hot = 0, dirty = 1;
+	__u64 hash = 0;
+	if (!mb_read_key(skb, &pkt, key_off, key, &exact, &maybe_hot, &hash))
+		return TC_ACT_SHOT;
+	mb_count_tcp(MB_TCP_GETS);
+	struct mb_hot *hot = maybe_hot && exact ? mb_hot_key(key, hash) : 0;
+	__u32 chosen = MB_NO_SERVER;
+	if (hot) {
+		struct mb_key_counters *kc = mb_count_hot_get(hot, &dirty);
+		struct mb_flow flow = {.client_ip = pkt.saddr, .client_port = pkt.sport, .request_id = pkt.request_id};
+		if (!dirty)
+			chosen = mb_choose(hot, kc, mb_flow_hash(&flow) & (MB_WEIGHT_ONE - 1));
+		if (chosen == MB_NO_SERVER)
+			mb_count_tcp(MB_TCP_HOME_WHILE_DIRTY);
+	}
+	if (chosen == MB_NO_SERVER)
+		chosen = *addressed;
+	if (chosen != *addressed)
+		mb_count_tcp(MB_TCP_BALANCED);
+	skb->cb[0] = MB_DECIDED;
+	skb->cb[1] = chosen;
+	return TC_ACT_OK;
+}
+#endif
 
 char LICENSE[] SEC("license") = "GPL";

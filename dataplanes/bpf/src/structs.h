@@ -200,4 +200,27 @@ enum mb_counter {
 	MB_C_COUNT,
 };
 
+/* The TCP path (steer.h): the switch's port the TCP splitter is behind, and the MAC of the splitter's side of it
+ * (a steered segment's new destination). ifindex 0: no splitter. */
+struct mb_tcp_path {
+	__u32 ifindex;
+	__u8 mac[6];
+	__u16 pad;
+};
+
+/* The TCP path's counters (per CPU), index by enum mb_tcp_counter (dataplanes/ebpf/tcp/path.py TCP_COUNTERS names them). */
+enum mb_tcp_counter {
+	MB_TCP_CONNECTIONS,   /* SYNs of clients' connections steered to the splitter */
+	MB_TCP_STEERED,       /* segments steered to the splitter, either way */
+	MB_TCP_GETS,          /* gets the splitter asked about (decide) */
+	MB_TCP_BALANCED,      /* of them, sent to another server than the one the client addressed */
+	MB_TCP_HOME_WHILE_DIRTY,  /* of them, of a hot key held dirty (or the lease out, or a replica suspect): home */
+	MB_TCP_COUNT,
+};
+
+/* decide (mbalancer.bpf.c): the splitter's question is marked so (skb->mark, in BPF_PROG_TEST_RUN's context), the
+ * answer is cb[0] = MB_DECIDED and cb[1] = the server. */
+#define MB_DECIDE_MARK 0x6d624463u
+#define MB_DECIDED 0x6d62u
+
 #endif

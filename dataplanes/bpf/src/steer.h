@@ -1,0 +1,113 @@
+/* The TCP path (dataplanes/ebpf/tcp/, docs/dataplanes/tcp.md): clients' TCP connections to memcached servers are taken
+ * by the TCP splitter, a process on the switch's own machine behind one more port of the switch (tcp_path, maps.h).
+ * Its sockets are in the switch's network namespace, so the kernel's socket table says which segments are its:
+ * - a SYN to a configured server, while the splitter listens on the port: it takes the connection;
+ * - any other segment between a client and a server whose connection the splitter holds, either way: the client's
+ *   (the splitter accepted it) or the server's answer to one of the splitter's own connections (made from the
+ *   client's address and port).
+ * Those go to the splitter's port, destination MAC rewritten to the splitter's, and nothing else is done to them:
+ * what the splitter then sends on passes the pipeline as any client's request (counted, copied, balanced). The
+ * controller's own connections (trusted_sources) and connections that began before the splitter pass as before.
+ * The splitter's side does no ARP: its frames get their destination's MAC here (tcp_neighbors, or a server's). */
+#ifndef MB_STEER_H
+#define MB_STEER_H
+
+#include <linux/bpf.h>
+#include <bpf/bpf_helpers.h>
+#include <bpf/bpf_endian.h>
+#include "structs.h"
+#include "maps.h"
+#include "parse.h"
+
+#define MB_TCP_SYN 0x02
+#define MB_TCP_ACK 0x10
+#define MB_TCP_LISTEN 10  /* BPF_TCP_LISTEN */
+
+static __always_inline void mb_count_tcp(__u32 which)
+{
+	__u64 *n = bpf_map_lookup_elem(&tcp_counters, &which);
+	if (n)
+		*n += 1;  /* per-CPU */
+}
+
+static __always_inline struct mb_tcp_path *mb_tcp_path(void)
+{
+	__u32 zero = 0;
+	struct mb_tcp_path *path = bpf_map_lookup_elem(&tcp_path, &zero);
+	return path && path->ifindex ? path : 0;
+}
+
+/* Whether (ip, port) is a configured server. */
+static __always_inline __u32 *mb_server_at(__u32 ip, __u16 port)
+{
+	struct mb_server_address address = {.ip = ip, .port = port};
+	return bpf_map_lookup_elem(&server_index, &address);
+}
+
+/* 1 if the splitter holds the segment's connection (or, `syn`, listens for it). */
+static __always_inline int mb_splitter_holds(struct __sk_buff *skb, const struct mb_packet *pkt, int syn)
+{
+	struct bpf_sock_tuple tuple = {.ipv4 = {.saddr = pkt->saddr, .daddr = pkt->daddr, .sport = pkt->sport,
+						.dport = pkt->dport}};
+	struct bpf_sock *sk = bpf_skc_lookup_tcp(skb, &tuple, sizeof(tuple.ipv4), BPF_F_CURRENT_NETNS, 0);
+	if (!sk)
+		return 0;
+	int listening = sk->state == MB_TCP_LISTEN;
+	bpf_sk_release(sk);
+	return !listening || syn;
+}
+
+/* The segment is for the splitter: to its port, or -1 if it is not. `to_port`, `from_port`: its destination's
+ * and its source's port are memcached ports. */
+static __always_inline int mb_steer_tcp(struct __sk_buff *skb, const struct mb_packet *pkt, int to_port,
+					int from_port)
+{
+	struct mb_tcp_path *path = mb_tcp_path();
+	if (!path || pkt->proto != IPPROTO_TCP || skb->ingress_ifindex == path->ifindex)
+		return -1;
+	int request = to_port && mb_server_at(pkt->daddr, pkt->dport);
+	int reply = !request && from_port && mb_server_at(pkt->saddr, pkt->sport);
+	if ((!request && !reply) ||
+	    bpf_map_lookup_elem(&trusted_sources, request ? &pkt->saddr : &pkt->daddr))
+		return -1;
+	int syn = request && (pkt->tcp_flags & (MB_TCP_SYN | MB_TCP_ACK)) == MB_TCP_SYN;
+	if (!mb_splitter_holds(skb, pkt, syn))
+		return -1;
+	struct ethhdr *eth = mb_data(skb);
+	if ((void *)(eth + 1) > mb_data_end(skb))
+		return -1;
+	if (request) {  /* the client's MAC, for the splitter's answers */
+		__u64 mac = 0;
+		__builtin_memcpy(&mac, eth->h_source, ETH_ALEN);
+		__u64 *known = bpf_map_lookup_elem(&tcp_neighbors, &pkt->saddr);
+		if (!known || *known != mac)
+			bpf_map_update_elem(&tcp_neighbors, &pkt->saddr, &mac, BPF_ANY);
+	}
+	__builtin_memcpy(eth->h_dest, path->mac, ETH_ALEN);
+	mb_count_tcp(MB_TCP_STEERED);
+	if (syn)
+		mb_count_tcp(MB_TCP_CONNECTIONS);
+	return bpf_redirect(path->ifindex, 0);
+}
+
+/* 1 if the frame comes from the splitter; a TCP one gets its destination's MAC (the splitter's side does no ARP):
+ * a configured server's, or a client's as its segments taught it. */
+static __always_inline int mb_from_splitter(struct __sk_buff *skb, const struct mb_packet *pkt)
+{
+	struct mb_tcp_path *path = mb_tcp_path();
+	if (!path || skb->ingress_ifindex != path->ifindex)
+		return 0;
+	struct ethhdr *eth = mb_data(skb);
+	if (pkt->proto != IPPROTO_TCP || (void *)(eth + 1) > mb_data_end(skb))
+		return 1;
+	__u32 *server = mb_server_at(pkt->daddr, pkt->dport);
+	struct mb_server *to = server ? bpf_map_lookup_elem(&servers, server) : 0;
+	__u64 *mac = to ? 0 : bpf_map_lookup_elem(&tcp_neighbors, &pkt->daddr);
+	if (to)
+		__builtin_memcpy(eth->h_dest, to->mac, ETH_ALEN);
+	else if (mac)
+		__builtin_memcpy(eth->h_dest, mac, ETH_ALEN);
+	return 1;
+}
+
+#endif

@@ -1,0 +1,331 @@
+"""The eBPF switch's TCP path end to end (dataplanes/ebpf/tcp/): real memcached servers (TCP only, as memcached
+ships), real TCP clients in network namespaces (pymemcache, and raw sockets that pipeline), the TCP splitter behind
+the switch, the controller core with the eBPF driver. Which server answered is read from each memcached's own
+counters; what a client got is compared byte for byte with what its server says when asked directly."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from dataclasses import replace
+
+import pytest
+
+from controller.core import ControllerCore
+from dataplanes.bpf.program import available
+from dataplanes.bpf.tables import Tables
+from dataplanes.ebpf.tcp.path import TcpPath
+from mbalancer.memcache.addresses import ServerAddress
+from mbalancer.memcache.client import tcp_client
+from tests.conftest import eventually, memcached_answers
+from tests.test_ebpf_network import chi_square, config_of, make_hot, stop_and_empty
+from topologies.netns import NamespaceNetwork
+
+why_not = available() if os.geteuid() == 0 else "needs root (namespaces, bpf)"
+pytestmark = pytest.mark.skipif(why_not is not None, reason=f"eBPF data plane cannot run here: {why_not}")
+
+TCP_GETS, TCP_BALANCED = 2, 3  # enum mb_tcp_counter
+
+# Runs in the client's namespace: pymemcache's gets of one key, on one connection; prints the values seen.
+GETS = r"""
+import json, sys
+from pymemcache.client.base import Client
+host, key, count = sys.argv[1], sys.argv[2], int(sys.argv[3])
+client = Client((host, 11211), connect_timeout=2, timeout=2)
+values = {}
+for _ in range(count):
+    value = client.get(key)
+    values[repr(value)] = values.get(repr(value), 0) + 1
+print(json.dumps(values))
+"""
+
+# Runs in the client's namespace: one connection, the given bytes sent in one write, every byte read back until the
+# server has been quiet for `quiet` seconds (or it closed); prints them in hex.
+RAW = r"""
+import socket, sys, time
+host, payload, quiet = sys.argv[1], bytes.fromhex(sys.argv[2]), float(sys.argv[3])
+sock = socket.create_connection((host, 11211), timeout=5)
+sock.sendall(payload)
+sock.settimeout(quiet)
+got = b""
+deadline = time.monotonic() + 20
+while time.monotonic() < deadline:
+    try:
+        data = sock.recv(65536)
+    except socket.timeout:
+        break
+    if not data:
+        break
+    got += data
+print(got.hex())
+"""
+
+# Runs in the client's namespace: writes through one connection, each followed by a get on another; prints how many
+# gets did not return the value just written.
+WRITE_THEN_READ = r"""
+import sys
+from pymemcache.client.base import Client
+host, key, count = sys.argv[1], sys.argv[2], int(sys.argv[3])
+writer = Client((host, 11211), timeout=2)
+reader = Client((host, 11211), timeout=2)
+stale = 0
+for i in range(count):
+    value = b"w%d" % i
+    assert writer.set(key, value, noreply=False)
+    if reader.get(key) != value:
+        stale += 1
+print(stale)
+"""
+
+
+MEMCACHED = ["memcached", "-p", "11211", "-u", "root", "-t", "1"]  # TCP only, as memcached ships
+
+
+def start_memcached(net: NamespaceNetwork, host) -> subprocess.Popen:
+    server = net.popen(host, MEMCACHED + ["-l", host.ip])
+    assert eventually(lambda: memcached_answers(host.ip), timeout=10), f"memcached on {host.name} did not start"
+    return server
+
+
+@pytest.fixture(scope="module")
+def network():
+    with NamespaceNetwork(servers=3, clients=1, tag=f"mbt{os.getpid() % 1000}") as net:
+        net.memcached = {host.name: start_memcached(net, host) for host in net.server_hosts}
+        net.splitter = TcpPath(net.switch.plane, [11211]).start()
+        try:
+            yield net
+        finally:
+            net.splitter.stop()
+
+
+@pytest.fixture
+def core(network):
+    core = ControllerCore(config_of(network), network.driver(), probe_health=False).start()
+    yield core
+    stop_and_empty(network, core)
+
+
+def gets_served(net: NamespaceNetwork) -> list[int]:
+    """Each server's gets so far (its own count, over every connection)."""
+    return [int(tcp_client(ServerAddress(h.ip)).stats()[b"cmd_get"]) for h in net.server_hosts]
+
+
+def tcp_counter(net: NamespaceNetwork, which: int) -> int:
+    tables = Tables(net.switch.plane.pin_dir)
+    try:
+        return tables.tcp_counter(which)
+    finally:
+        tables.close()
+
+
+def in_client(net: NamespaceNetwork, script: str, *args: str) -> str:
+    result = net.run(net.client_hosts[0], [sys.executable, "-c", script, *args])
+    assert result.returncode == 0, result.stderr
+    return result.stdout
+
+
+def raw_through(net: NamespaceNetwork, host_ip: str, payload: bytes) -> bytes:
+    """What a client gets for `payload`, sent in one write through the switch."""
+    return bytes.fromhex(in_client(net, RAW, host_ip, payload.hex(), "1.0").strip())
+
+
+def direct(host_ip: str, payload: bytes, quiet: float = 0.5) -> bytes:
+    """What the server itself answers, asked from the root namespace (the controller's address: never steered)."""
+    result = subprocess.run([sys.executable, "-c", RAW, host_ip, payload.hex(), str(quiet)], capture_output=True,
+                            text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    return bytes.fromhex(result.stdout.strip())
+
+
+def test_tcp_gets_of_a_hot_key_are_spread_over_its_replicas_and_cold_ones_go_home(network, core):
+    home = make_hot(core, b"tcp:hot", b"v" * 1000)
+    before, asked = gets_served(network), tcp_counter(network, TCP_GETS)
+    values = json.loads(in_client(network, GETS, network.server_hosts[home].ip, "tcp:hot", "900"))
+    spread = [a - b for a, b in zip(gets_served(network), before)]
+    assert values == {repr(b"v" * 1000): 900}
+    assert chi_square(spread, [1 / 3] * 3) < 27.6, spread  # p = 1e-6 for an even spread
+    assert tcp_counter(network, TCP_GETS) - asked == 900
+    counted = core.driver.read_counters().keys[b"tcp:hot"]
+    assert counted.gets == 900 and sum(counted.per_replica.values()) == 900
+    cold_home = core.key_hash.server_of(b"tcp:cold")
+    tcp_client(ServerAddress(network.server_hosts[cold_home].ip)).set(b"tcp:cold", b"c")
+    before = gets_served(network)
+    assert json.loads(in_client(network, GETS, network.server_hosts[cold_home].ip, "tcp:cold", "100")) == \
+        {repr(b"c"): 100}
+    spread = [a - b for a, b in zip(gets_served(network), before)]
+    assert spread == [100 if i == cold_home else 0 for i in range(3)], spread
+
+
+def test_pipelined_requests_of_every_kind_are_answered_in_order_as_the_home_answers_them(network, core):
+    home = make_hot(core, b"tcp:p", b"hot value")
+    ip = network.server_hosts[home].ip
+    tcp_client(ServerAddress(ip)).set(b"tcp:c", b"cold value")
+    pipeline = (b"get tcp:p\r\nget tcp:c\r\nmg tcp:p v f\r\nset tcp:w 0 0 5\r\nwrite\r\nget tcp:p tcp:c\r\n"
+                b"mg tcp:p v\r\nversion\r\nget tcp:p\r\nmn\r\nget tcp:missing\r\nmg tcp:p s v\r\nget tcp:p\r\n") * 20
+    balanced = tcp_counter(network, TCP_BALANCED)
+    through = raw_through(network, ip, pipeline)
+    assert tcp_counter(network, TCP_BALANCED) > balanced, "no get of the hot key was balanced"
+    assert through == direct(ip, pipeline)
+
+
+@pytest.mark.parametrize("payload", [
+    b"\x80\x0b\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00",  # binary
+    b"get " + b"k" * 251 + b"\r\nget tcp:p\r\n",  # a key over 250 bytes, then a get
+    b"get tcp:p\r\nstats settings\r\nget tcp:p\r\n",  # a reply the splitter does not frame
+    b"set tcp:q 0 0 1 noreply\r\nx\r\nget tcp:q\r\n",  # no reply to wait for
+    b"get tcp:p\r\n" + b"x" * 3000 + b"\r\nget tcp:p\r\n",  # a line over 2 KB
+    b"garbage\r\nget tcp:p\r\n",
+], ids=["binary", "long-key", "stats", "noreply", "long-line", "garbage"])
+def test_what_the_splitter_cannot_frame_reaches_the_home_untouched(network, core, payload):
+    home = make_hot(core, b"tcp:p", b"hot value")
+    ip = network.server_hosts[home].ip
+    through = raw_through(network, ip, payload)
+    answer = direct(ip, payload, 1.0)
+    if b"stats" in payload:  # counts move between the two asks: the shape must match
+        assert through.split(b"STAT ")[0] == answer.split(b"STAT ")[0] and through.endswith(b"VALUE tcp:p 0 9\r\n"
+                                                                                             b"hot value\r\nEND\r\n")
+    else:
+        assert through == answer
+
+
+def test_no_get_after_an_acknowledged_write_is_answered_stale(network, core):
+    home = make_hot(core, b"tcp:w", b"w")
+    stale = int(in_client(network, WRITE_THEN_READ, network.server_hosts[home].ip, "tcp:w", "200"))
+    assert stale == 0
+    assert eventually(lambda: [k["state"] for k in core.state()["hot_keys"]] == ["clean"], 10)
+    for host in network.server_hosts:  # every copy caught up
+        assert tcp_client(ServerAddress(host.ip)).get(b"tcp:w") == b"w199"
+
+
+# Runs in the client's namespace: a request sent in part and never finished, a connection that asks for 20 MB of
+# replies and reads none, then 2,000 connections opened and dropped, then pymemcache's gets; prints how many of those
+# were answered with the value, and keeps the first two connections open until told to stop (stdin closes).
+HOSTILE = r"""
+import socket, sys
+from pymemcache.client.base import Client
+host, key, count = sys.argv[1], sys.argv[2], int(sys.argv[3])
+half = socket.create_connection((host, 11211), timeout=5)
+half.sendall(b"get " + key.encode())
+greedy = socket.create_connection((host, 11211), timeout=5)
+greedy.setblocking(False)
+request, sent = b"get tcp:big\r\n" * 2000, 0
+for _ in range(100000):
+    try:
+        sent += greedy.send(request[sent:])
+    except BlockingIOError:
+        break
+    if sent == len(request):
+        break
+for _ in range(2000):
+    socket.create_connection((host, 11211), timeout=5).close()
+client = Client((host, 11211), connect_timeout=2, timeout=5)
+print(sum(client.get(key) == b"hot value" for _ in range(count)), flush=True)
+sys.stdin.read()
+"""
+
+
+def splitter_fds(net: NamespaceNetwork) -> int:
+    return len(os.listdir(f"/proc/{net.splitter.process.pid}/fd"))
+
+
+def test_a_half_sent_request_a_client_that_never_reads_and_dropped_connections_hold_up_no_one(network, core):
+    home = make_hot(core, b"tcp:h", b"hot value")
+    ip = network.server_hosts[home].ip
+    tcp_client(ServerAddress(ip)).set(b"tcp:big", b"b" * 10_000)
+    idle = splitter_fds(network)
+    hostile = network.popen(network.client_hosts[0], [sys.executable, "-c", HOSTILE, ip, "tcp:h", "200"],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert hostile.stdout.readline().strip() == "200"
+        assert network.splitter.process.poll() is None
+    finally:
+        hostile.stdin.close()
+        hostile.wait(timeout=30)
+    assert eventually(lambda: splitter_fds(network) <= idle, 15), (splitter_fds(network), idle)
+
+
+# Runs in the client's namespace: pymemcache's gets, each with a 2 s timeout; prints the values seen and the errors.
+GETS_THROUGH_FAULTS = r"""
+import json, sys
+from pymemcache.client.base import Client
+host, key, count = sys.argv[1], sys.argv[2], int(sys.argv[3])
+client = Client((host, 11211), connect_timeout=2, timeout=2)
+seen = {}
+for i in range(count):
+    try:
+        value = repr(client.get(key))
+    except Exception as err:
+        value = type(err).__name__
+        client.close()
+    seen[value] = seen.get(value, 0) + 1
+    if i == count // 3:
+        print("started", flush=True)  # (the gets go on while the replica is killed and started again)
+print(json.dumps(seen), flush=True)
+"""
+
+
+def test_a_replica_that_dies_with_gets_in_flight_costs_no_wrong_value_and_no_hung_connection(network):
+    config = replace(config_of(network), controller=replace(config_of(network).controller, health_udp=False))
+    core = ControllerCore(config, network.driver()).start()  # probes on (over TCP): a restart is noticed
+    try:
+        home = make_hot(core, b"tcp:r", b"hot value")
+        ip = network.server_hosts[home].ip
+        replica = network.server_hosts[(home + 1) % 3]
+        client = network.popen(network.client_hosts[0], [sys.executable, "-c", GETS_THROUGH_FAULTS, ip, "tcp:r",
+                                                         "3000"], stdout=subprocess.PIPE, text=True)
+        assert client.stdout.readline().strip() == "started"
+        network.memcached[replica.name].kill()
+        network.memcached[replica.name].wait()
+        network.memcached[replica.name] = start_memcached(network, replica)  # back, empty
+        seen = json.loads(client.stdout.readline())
+        client.wait(timeout=30)
+        assert set(seen) <= {repr(b"hot value"), "MemcacheUnexpectedCloseError", "TimeoutError", "timeout"}, seen
+        assert seen[repr(b"hot value")] >= 2990, seen
+    finally:
+        stop_and_empty(network, core)
+
+
+# Runs in the client's namespace: each payload on a connection of its own, its reply read until quiet; then a get
+# on a fresh connection, whose answer it prints.
+FUZZ = r"""
+import random, socket, sys
+host, seed, count = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+rng = random.Random(seed)
+pieces = [b"get tcp:f\r\n", b"get tcp:f tcp:g\r\n", b"gets tcp:f\r\n", b"mg tcp:f v\r\n", b"mg tcp:f q v\r\n",
+          b"set tcp:g 0 0 3\r\nabc\r\n", b"set tcp:g 0 0 9\r\nabc", b"delete tcp:g\r\n", b"incr tcp:n 1\r\n",
+          b"mn\r\n", b"version\r\n", b"stats\r\n", b"\r\n", b"\n", b"get \r\n", b"get " + b"k" * 300 + b"\r\n",
+          b"\x80\x00\x00\x05", b"\x00\xff\x13", b"VALUE x 0 1\r\n", b"END\r\n", b"ms tcp:g 2\r\nhi\r\n", b"quit\r\n"]
+for _ in range(count):
+    payload = b"".join(rng.choice(pieces) for _ in range(rng.randrange(1, 12)))
+    if rng.random() < 0.3:
+        payload = bytes(b ^ rng.randrange(256) if rng.random() < 0.05 else b for b in payload)
+    sock = socket.create_connection((host, 11211), timeout=2)
+    sock.sendall(payload)
+    if rng.random() < 0.5:
+        sock.shutdown(socket.SHUT_WR)
+    sock.settimeout(0.05)
+    try:
+        while sock.recv(65536):
+            pass
+    except OSError:
+        pass
+    sock.close()
+sock = socket.create_connection((host, 11211), timeout=5)
+sock.sendall(b"get tcp:f\r\n")
+got = b""
+while not got.endswith(b"END\r\n"):
+    data = sock.recv(65536)
+    if not data:
+        break
+    got += data
+print(got.hex())
+"""
+
+
+def test_random_requests_never_stop_the_splitter_nor_change_what_a_clean_client_gets(network, core):
+    home = make_hot(core, b"tcp:f", b"fuzzed")
+    out = in_client(network, FUZZ, network.server_hosts[home].ip, "7", "300")
+    assert bytes.fromhex(out.strip()) == b"VALUE tcp:f 0 6\r\nfuzzed\r\nEND\r\n"
+    assert network.splitter.process.poll() is None
