@@ -329,3 +329,23 @@ def test_random_requests_never_stop_the_splitter_nor_change_what_a_clean_client_
     out = in_client(network, FUZZ, network.server_hosts[home].ip, "7", "300")
     assert bytes.fromhex(out.strip()) == b"VALUE tcp:f 0 6\r\nfuzzed\r\nEND\r\n"
     assert network.splitter.process.poll() is None
+
+
+def test_a_multi_key_get_is_split_by_server_and_joined_in_the_clients_order(network, core):
+    """Two hot keys with homes of their own, cold keys, a missing key and a key asked twice, in one get: split into a
+    get per server the pipeline picks, answered as the server the client addressed answers it (every server holds
+    a copy of each hot key: three servers, one group)."""
+    keys = [b"tcp:m1", b"tcp:m2"]
+    for key in keys:
+        tcp_client(ServerAddress(network.server_hosts[core.key_hash.server_of(key)].ip)).set(key, key + b" value")
+    core.submit_report({"time": time.time(), "interval": 1.0, "rate": 1000.0,
+                        "top": [{"key": k.decode(), "rate": 400.0} for k in keys]})
+    assert eventually(lambda: sorted(k["state"] for k in core.state()["hot_keys"]) == ["clean", "clean"], 15)
+    ip = network.server_hosts[0].ip
+    tcp_client(ServerAddress(ip)).set(b"tcp:c1", b"cold one")
+    tcp_client(ServerAddress(ip)).set(b"tcp:c2", b"cold two")
+    line = b"get tcp:c1 tcp:m1 tcp:nothing tcp:m2 tcp:c2 tcp:m1 tcp:m2\r\n"
+    balanced = tcp_counter(network, TCP_BALANCED)
+    through = raw_through(network, ip, line * 30 + b"get tcp:m1 tcp:m2\r\n" * 30)
+    assert through == direct(ip, line * 30 + b"get tcp:m1 tcp:m2\r\n" * 30)
+    assert tcp_counter(network, TCP_BALANCED) - balanced > 30, "the keys were never split"

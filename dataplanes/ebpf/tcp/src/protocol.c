@@ -4,7 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define MB_TOKENS_MAX 24
+#define MB_TOKENS_MAX (MB_SPLIT_MAX + 1)
 
 struct mb_line {
 	size_t length;                      /* up to and including \r\n */
@@ -110,16 +110,25 @@ static struct mb_request mb_meta_set(const struct mb_line *line, size_t len)
 	return len < total ? MB_INCOMPLETE : mb_request_of(MB_REQ_HOME, MB_REPLY_META, total);
 }
 
-/* get/gets <key>*: one key may be balanced (`get` only: a replica's CAS is its own, so `gets` goes home). */
+/* The request's keys: the line's tokens from `first` on. */
+static void mb_take_keys(struct mb_request *request, const struct mb_line *line, int first)
+{
+	request->keys = line->tokens - first;
+	for (int i = 0; i < request->keys; i++) {
+		request->key[i] = line->token[first + i];
+		request->key_length[i] = line->token_length[first + i];
+	}
+}
+
+/* get/gets <key>*: `get` may be balanced, key by key (`gets` goes home: a replica's CAS is its own). */
 static struct mb_request mb_get(const struct mb_line *line, int plain)
 {
 	if (line->tokens < 2 || line->longest > MB_KEY_MAX)
 		return MB_UNFRAMED;  /* a key over 250 bytes: memcached answers CLIENT_ERROR and may close, the home's to say */
 	struct mb_request request = mb_request_of(MB_REQ_HOME, MB_REPLY_GET, line->length);
-	if (plain && line->tokens == 2) {
-		request.kind = MB_REQ_BALANCEABLE;
-		request.key = line->token[1];
-		request.key_length = line->token_length[1];
+	if (plain && line->tokens <= MB_TOKENS_MAX) {
+		request.kind = line->tokens == 2 ? MB_REQ_BALANCEABLE : MB_REQ_MULTI;
+		mb_take_keys(&request, line, 1);
 	}
 	return request;
 }
@@ -133,8 +142,9 @@ static struct mb_request mb_meta_get(const struct mb_line *line)
 	struct mb_request request = mb_request_of(MB_REQ_HOME, MB_REPLY_META, line->length);
 	if (!mb_meta_flag(line, 2, "TNIEbcOk")) {
 		request.kind = MB_REQ_BALANCEABLE;
-		request.key = line->token[1];
-		request.key_length = line->token_length[1];
+		request.keys = 1;
+		request.key[0] = line->token[1];
+		request.key_length[0] = line->token_length[1];
 	}
 	return request;
 }
@@ -213,4 +223,22 @@ size_t mb_reply_length(enum mb_reply_kind kind, const char *buf, size_t len)
 		return bytes < 0 || len < total ? 0 : total;
 	}
 	return line.length;
+}
+
+int mb_next_value(const char *buf, size_t len, size_t *at, const char **key, size_t *key_length, size_t *start,
+		  size_t *block)
+{
+	struct mb_line line;
+	if (*at >= len || mb_split_line(buf + *at, len - *at, &line) <= 0 || !mb_is(&line, 0, "VALUE"))
+		return 0;
+	long long bytes = mb_number(&line, 3);
+	size_t total = line.length + (size_t)(bytes < 0 ? 0 : bytes) + 2;
+	if (bytes < 0 || len - *at < total)
+		return 0;
+	*key = line.token[1];
+	*key_length = line.token_length[1];
+	*start = *at;
+	*block = total;
+	*at += total;
+	return 1;
 }

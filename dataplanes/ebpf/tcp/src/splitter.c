@@ -5,8 +5,9 @@
  * (IP_TRANSPARENT; the switch steers the servers' segments back here too), so every server sees the client it
  * always saw. Requests are framed (protocol.c): a single-key get or read-only mg goes where the switch's pipeline
  * says (decide.c: hot and clean, a replica by weight; else home); every other request goes to the home, the
- * switch counting and copying its writes on the way as for any client. Replies go back in request order. What it
- * cannot frame is tunnelled to the home untouched from there on.
+ * switch counting and copying its writes on the way as for any client. A multi-key get whose keys go to several
+ * servers is split into one get per server, and their replies joined in the client's key order. Replies go back
+ * in request order. What it cannot frame is tunnelled to the home untouched from there on.
  *
  *   mb-splitter PINS MARK PORT...    PINS: the switch's pin directory; MARK: the SO_MARK of its sockets (their
  *                                    route out through the switch); PORT: memcached ports to listen on
@@ -42,6 +43,13 @@ enum mb_kind { MB_LISTENER, MB_CLIENT, MB_UPSTREAM };
 
 struct mb_entry;
 
+/* A multi-key get split by server: its parts, and which part each of its keys (in the client's order) went in. */
+struct mb_split {
+	int parts, waiting;            /* parts made; parts whose replies are not in yet */
+	struct mb_entry *part[MB_SPLIT_MAX];
+	unsigned char part_of[MB_SPLIT_MAX];
+};
+
 /* One connection of the splitter's own to a server, for one client connection. */
 struct mb_upstream {
 	enum mb_kind kind;
@@ -61,7 +69,10 @@ struct mb_entry {
 	int tunnel;                    /* the home's bytes from here on, unframed */
 	int complete;
 	struct mb_buffer answer;       /* its reply, once whole (or, tunnel, as it comes) */
-	struct mb_buffer request;      /* a balanced get's own bytes: sent home again if its replica fails */
+	struct mb_buffer request;      /* a balanced get's own bytes: sent home again if its replica fails (a split
+					* get's: the client's line, to join the parts in its order) */
+	struct mb_split *split;        /* a split get: its parts (which are in no client's order) */
+	struct mb_entry *whole;        /* a part: the split get it joins into */
 	struct mb_entry *next;         /* in the client's order */
 	struct mb_entry *next_waiting; /* in its upstream's order */
 };
@@ -236,9 +247,42 @@ static void mb_deliver(struct mb_client *client);
 
 static void mb_free_entry(struct mb_entry *entry)
 {
+	for (int i = 0; entry->split && i < entry->split->parts; i++)
+		mb_free_entry(entry->split->part[i]);
+	free(entry->split);
 	mb_buffer_free(&entry->answer);
 	mb_buffer_free(&entry->request);
 	free(entry);
+}
+
+/* Every part of a split get answered: its answer is theirs, VALUE blocks in the client's key order, then END (a
+ * part that answered an error answers for the whole). */
+static void mb_join(struct mb_entry *whole)
+{
+	struct mb_split *split = whole->split;
+	size_t at[MB_SPLIT_MAX] = {0};
+	for (int p = 0; p < split->parts; p++) {
+		struct mb_buffer *answer = &split->part[p]->answer;
+		if (answer->length < 5 || memcmp(answer->data + answer->length - 5, "END\r\n", 5) != 0) {
+			mb_buffer_append(&whole->answer, answer->data, answer->length);
+			whole->complete = 1;
+			return;
+		}
+	}
+	struct mb_request line = mb_read_request(whole->request.data, whole->request.length);
+	for (int k = 0; k < line.keys; k++) {
+		struct mb_buffer *answer = &split->part[split->part_of[k]]->answer;
+		size_t *cursor = &at[split->part_of[k]], was = *cursor, start, block, length;
+		const char *key;
+		if (!mb_next_value(answer->data, answer->length, cursor, &key, &length, &start, &block))
+			continue;
+		if (length == line.key_length[k] && memcmp(key, line.key[k], length) == 0)
+			mb_buffer_append(&whole->answer, answer->data + start, block);
+		else
+			*cursor = was;  /* a miss: that block is a later key's */
+	}
+	mb_buffer_append(&whole->answer, "END\r\n", 5);
+	whole->complete = 1;
 }
 
 static void mb_drop_upstream(struct mb_upstream *up)
@@ -321,6 +365,8 @@ static void mb_take_replies(struct mb_upstream *up)
 		up->waiting = entry->next_waiting;
 		if (!up->waiting)
 			up->waiting_tail = 0;
+		if (entry->whole && --entry->whole->split->waiting == 0)
+			mb_join(entry->whole);
 	}
 }
 
@@ -385,6 +431,83 @@ static void mb_start_tunnel(struct mb_client *client, struct mb_upstream *home)
 	mb.tunnels++;
 }
 
+/* The server a key goes to, as the pipeline says (home if it cannot be asked). */
+static uint32_t mb_server_for(struct mb_client *client, const char *key, size_t length)
+{
+	int server = mb_decide(&mb.decider, client->home, client->local, client->peer, client->entropy++, key, length);
+	return server < 0 ? client->home : (uint32_t)server;
+}
+
+/* Send `bytes` for `entry` to `server` (home if that cannot be reached); a copy kept for a replica's failure. */
+static void mb_send_request(struct mb_client *client, struct mb_entry *entry, uint32_t server, const char *bytes,
+			    size_t length)
+{
+	struct mb_upstream *up = mb_upstream_of(client, server);
+	if (!up)
+		up = mb_upstream_of(client, client->home);
+	if (!up) {
+		mb_close_client(client, "the home cannot be reached");
+		return;
+	}
+	entry->server = up->server;
+	if (up->server != client->home) {
+		mb_buffer_append(&entry->request, bytes, length);
+		mb.balanced++;
+	} else {
+		mb.home++;
+	}
+	mb_send_to(up, entry, bytes, length);
+	mb_flush_upstream(up);
+}
+
+/* A multi-key get: each key to its server; one get per server, joined in the client's order (one server: as is). */
+static void mb_dispatch_split(struct mb_client *client, const struct mb_request *request, const char *bytes)
+{
+	uint32_t server[MB_SPLIT_MAX];
+	int spread = 0;
+	for (int k = 0; k < request->keys; k++) {
+		server[k] = mb_server_for(client, request->key[k], request->key_length[k]);
+		spread |= server[k] != server[0];
+	}
+	struct mb_entry *whole = mb_new_entry(client, client->home, MB_REPLY_GET);
+	if (!spread) {
+		mb_send_request(client, whole, server[0], bytes, request->length);
+		return;
+	}
+	whole->split = calloc(1, sizeof(*whole->split));
+	mb_buffer_append(&whole->request, bytes, request->length);
+	struct mb_split *split = whole->split;
+	for (int k = 0; k < request->keys; k++) {
+		int p = 0;
+		while (p < split->parts && split->part[p]->server != server[k])
+			p++;
+		if (p == split->parts) {
+			split->part[p] = calloc(1, sizeof(struct mb_entry));
+			split->part[p]->server = server[k];
+			split->part[p]->reply = MB_REPLY_GET;
+			split->part[p]->whole = whole;
+			split->parts++;
+		}
+		split->part_of[k] = (unsigned char)p;
+	}
+	split->waiting = split->parts;
+	for (int p = 0; p < split->parts; p++) {
+		struct mb_buffer line = {0};
+		mb_buffer_append(&line, "get", 3);
+		for (int k = 0; k < request->keys; k++) {
+			if (split->part_of[k] == p) {
+				mb_buffer_append(&line, " ", 1);
+				mb_buffer_append(&line, request->key[k], request->key_length[k]);
+			}
+		}
+		mb_buffer_append(&line, "\r\n", 2);
+		mb_send_request(client, split->part[p], split->part[p]->server, line.data, line.length);
+		mb_buffer_free(&line);
+		if (client->fd < 0)
+			return;
+	}
+}
+
 /* The requests read so far, each to its server. */
 static void mb_dispatch(struct mb_client *client)
 {
@@ -401,26 +524,17 @@ static void mb_dispatch(struct mb_client *client)
 			mb_start_tunnel(client, home);
 			break;
 		}
-		int server = (int)client->home;
-		if (request.kind == MB_REQ_BALANCEABLE) {
-			server = mb_decide(&mb.decider, client->home, client->local, client->peer, client->entropy++,
-					   request.key, request.key_length);
-			if (server < 0)
-				server = (int)client->home;
-		}
-		struct mb_upstream *up = server == (int)client->home ? home : mb_upstream_of(client, (uint32_t)server);
-		if (!up)
-			up = home;
-		struct mb_entry *entry = mb_new_entry(client, up->server, request.reply);
-		if (up != home) {
-			mb_buffer_append(&entry->request, client->in.data, request.length);
-			mb.balanced++;
+		if (request.kind == MB_REQ_MULTI) {
+			mb_dispatch_split(client, &request, client->in.data);
 		} else {
-			mb.home++;
+			uint32_t server = request.kind == MB_REQ_BALANCEABLE ?
+				mb_server_for(client, request.key[0], request.key_length[0]) : client->home;
+			mb_send_request(client, mb_new_entry(client, server, request.reply), server, client->in.data,
+					request.length);
 		}
-		mb_send_to(up, entry, client->in.data, request.length);
+		if (client->fd < 0)
+			return;
 		mb_buffer_consume(&client->in, request.length);
-		mb_flush_upstream(up);
 	}
 	if (client->tunnel && client->in.length) {
 		mb_send_to(home, 0, client->in.data, client->in.length);
