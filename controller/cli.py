@@ -74,7 +74,7 @@ def _run_controller(args: argparse.Namespace, fail: Fail) -> int:
         driver = registry.get(config.dataplane.kind).make_driver(config.dataplane.settings)
     except (DriverError, ConfigError) as err:
         _resign(election)
-        fail(f"--driver {config.dataplane.kind}: {err}")
+        fail(f"{_driver_source(args, config)}: {err}")
     try:
         core = ControllerCore(config, driver)
     except ValueError as err:  # e.g. a skewed hash, which needs the workload's keys
@@ -92,12 +92,15 @@ def _run_controller(args: argparse.Namespace, fail: Fail) -> int:
     except DriverError as err:
         http.shutdown()
         _resign(election)
-        fail(f"--driver {config.dataplane.kind}: {err}")
+        fail(f"{_driver_source(args, config)}: {err}")
     start_serving(http)
     host, port = http.server_address[:2]
     print(f"mbalancer controller: http://{host}:{port}/state, reports to http://{host}:{port}/report "
           f"(driver {config.dataplane.kind}); Ctrl-C stops", file=sys.stderr, flush=True)
     lost = _wait(stop, election, args.duration)
+    if stop.is_set():
+        print("mbalancer controller: stopping on a signal: the switches' lease ends, every get goes home",
+              file=sys.stderr, flush=True)
     http.shutdown()
     core.stop()
     _resign(election)
@@ -106,6 +109,12 @@ def _run_controller(args: argparse.Namespace, fail: Fail) -> int:
               f"once the next leader reaches them", file=sys.stderr, flush=True)
         return 1
     return 0
+
+
+def _driver_source(args: argparse.Namespace, config) -> str:
+    """Where the data plane was named: the option, or the config's [dataplane] kind."""
+    kind = config.dataplane.kind
+    return f"--driver {kind}" if args.driver else f'[dataplane] kind = "{kind}" ({args.config})'
 
 
 def _elect(config, listen: str, stop, fail: Fail):

@@ -325,6 +325,8 @@ class ControllerCore:
         except DriverError as err:
             log.warning("server %d: the data plane did not take the handled closes (it stays out of rotation): %s",
                         server, err)
+        if server in self.health.down():  # each probe of a server that is down is refused: said once, when it went
+            return log.debug("server %d refused a probe while down: it stays out of rotation", server)
         self._decide("server-closed", None, f"server {server} ({self.config.servers[server].name}) closed the "
                                             f"controller's connection (it may have restarted): weight 0 until its "
                                             f"copies are refilled; its hot keys checked at it")

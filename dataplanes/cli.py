@@ -140,8 +140,13 @@ def _attach(args: argparse.Namespace, name: str, settings, servers, fail: Fail) 
     tcp = f"; TCP gets balanced by splitter {record.splitter_pid}" if record.tcp else ""
     print(f"mbalancer switch: {name} attached to {', '.join(record.ports)}; memcached port(s) "
           f"{', '.join(map(str, record.memcached_ports))}{tcp}; the controller drives it with --driver ebpf "
-          f"(undo: mbalancer switch detach --name {name})", file=sys.stderr)
+          f"(undo: mbalancer switch detach {_same_switch(args, name)})", file=sys.stderr)
     return 0
+
+
+def _same_switch(args: argparse.Namespace, name: str) -> str:
+    """The options that name this switch again, as they were given (the config, or the name)."""
+    return f"--config {args.config}" + (f" --name {name}" if args.name else "") if args.config else f"--name {name}"
 
 
 def _detach(names: list[str]) -> int:

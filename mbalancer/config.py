@@ -120,8 +120,12 @@ def parse_config(raw: dict[str, Any]) -> Config:
         raise ConfigError("servers: give at least one [[servers]] entry (name, ip, mac, port)")
     for what, values in (("name", [s.name for s in servers]), ("ip and port", [s.address for s in servers]),
                          ("mac", [s.mac.lower() for s in servers])):
-        if len(set(values)) != len(values):
-            raise ConfigError(f"servers: two servers share the same {what}")
+        first: dict = {}
+        for index, value in enumerate(values):
+            if value in first:
+                raise ConfigError(f"servers: {servers[first[value]].name} (servers[{first[value]}]) and "
+                                  f"{servers[index].name} (servers[{index}]) share the same {what} ({value})")
+            first[value] = index
     balancing = _balancing(raw.get("balancing", {}), len(servers))
     monitor = _section(raw, "monitor", Monitoring)
     if not (monitor.interval > 0 and math.isfinite(monitor.interval)):

@@ -30,6 +30,7 @@ log = logging.getLogger(__name__)
 
 OWNERS_DIR = Path(os.environ.get("MBALANCER_OWNERS_DIR", "/run/mbalancer/owners"))
 STANDBY_POLL = 0.05  # seconds between a standby's tries for the lock: it takes over this soon after the owner ends
+TAKE_TRIES = 10  # opens of a switch's owner file at most, when it is removed (released) between open and lock
 
 
 class OwnershipError(OSError):
@@ -55,7 +56,7 @@ class Ownership:
         self.switches = sorted(set(switches))  # always taken in the same order: two standbys never deadlock
         self.listen = listen
         self.owners_dir = owners_dir
-        self._files: list[int] = []
+        self._files: list[tuple[int, Path]] = []
 
     def take(self) -> Owner | None:
         """Take every switch's lock; None if taken, else the owner of the first switch held by another (none kept)."""
@@ -66,21 +67,34 @@ class Ownership:
         except OSError as err:
             raise OwnershipError(f"cannot keep the switches' owner files in {self.owners_dir}: {err}") from None
         for switch in self.switches:
-            try:
-                fd = os.open(self._path(switch), os.O_RDWR | os.O_CREAT, 0o644)
-            except OSError as err:
+            for _ in range(TAKE_TRIES):
+                try:
+                    fd = os.open(self._path(switch), os.O_RDWR | os.O_CREAT, 0o644)
+                except OSError as err:
+                    self.release()
+                    raise OwnershipError(f"cannot open the owner file of {switch}: {err}") from None
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    owner = self._read(fd, switch)
+                    os.close(fd)
+                    self.release()
+                    return owner
+                if self._still_there(fd, switch):
+                    break
+                os.close(fd)  # its owner removed it as it released it: the lock is on the file now at the path
+            else:
                 self.release()
-                raise OwnershipError(f"cannot open the owner file of {switch}: {err}") from None
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                owner = self._read(fd, switch)
-                os.close(fd)
-                self.release()
-                return owner
-            self._files.append(fd)
+                raise OwnershipError(f"the owner file of {switch} kept being replaced")
+            self._files.append((fd, self._path(switch)))
             self._write(fd)
         return None
+
+    def _still_there(self, fd: int, switch: str) -> bool:
+        try:
+            return os.fstat(fd).st_ino == os.stat(self._path(switch)).st_ino
+        except FileNotFoundError:
+            return False
 
     def wait_take(self, stop: threading.Event) -> Owner | None:
         """As a standby: wait until every switch is ours (None), or `stop` is set (the owner we waited for)."""
@@ -94,8 +108,14 @@ class Ownership:
                 return waited_for
 
     def release(self) -> None:
-        for fd in self._files:
-            os.close(fd)  # the lock goes with the file
+        """The locks go with the files, which are removed first (held, so nobody takes a lock on one meanwhile; a
+        taker that opened it before checks that it is still the file at the path)."""
+        for fd, path in self._files:
+            try:
+                path.unlink()
+            except OSError:
+                pass
+            os.close(fd)
         self._files = []
 
     def _path(self, switch: str) -> Path:

@@ -24,6 +24,13 @@ def test_only_servers_are_required():
     assert config.balancing.hot == 10 and config.balancing.mode == "weighted"  # the one that never lowers the IF
 
 
+def test_two_servers_sharing_an_address_are_both_named():
+    with pytest.raises(ConfigError) as refused:
+        parse_config({"servers": [TWO[0], TWO[1], {**TWO[0], "name": "s9", "mac": "02:00:00:00:00:09"}]})
+    assert str(refused.value) == ("servers: s1 (servers[0]) and s9 (servers[2]) share the same ip and port "
+                                  "(10.0.0.1:11211)")
+
+
 def test_auto_hot_with_a_target():
     config = parse_config({"servers": TWO, "balancing": {"hot": "auto", "target": 0.9, "mode": "weighted"}})
     assert config.balancing.hot is None and config.balancing.target == 0.9

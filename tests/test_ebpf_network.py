@@ -236,6 +236,24 @@ def test_a_close_counted_without_a_copy_is_handled_from_the_counts(network, core
     assert [a - b for a, b in zip(hits(network), before)][replica] > 0
 
 
+def test_closes_of_a_server_that_is_down_are_handled_without_a_decision_each(network, core):
+    """Every probe of a server that is down is refused, and the switch counts each refusal as a close: they are
+    handled as they come, but the decision (and its log line) was said once, when the server went down."""
+    replica = next(server for server in range(3) if server != make_hot(core, b"hot:7", b"v7"))
+    core.submit_health(replica, "down", "a test says so")
+    assert core.wait_idle()
+    tables = Tables(network.switch.plane.pin_dir)
+    said = [d for d in core.state()["decisions"] if d["action"] == "server-closed"]
+    for _ in range(5):
+        closes = tables.closes(replica) + 1
+        tables.maps["closes"].update(U32.pack(replica), U64.pack(closes))  # as the data plane counts a refusal
+        core.watch_closes(replica)
+        assert core.wait_idle()
+        assert U64.unpack(tables.maps["closes_handled"].lookup(U32.pack(replica)))[0] == closes
+    tables.close()
+    assert [d for d in core.state()["decisions"] if d["action"] == "server-closed"] == said
+
+
 # Runs in the client's namespace: binary-protocol sets of one key over one TCP connection (neither the switch nor
 # the controller reads that protocol). One set, "ready", then on a line from stdin `count` sets sent one segment
 # each, as fast as the socket takes them; prints every answer's status.

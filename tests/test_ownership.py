@@ -37,3 +37,30 @@ def test_one_process_owns_a_switch_until_it_ends_however_it_ends(tmp_path):
     finally:
         holder.kill()
         holder.wait()
+
+
+def test_a_released_switch_leaves_no_owner_file_and_many_takers_never_share_it(tmp_path):
+    """Files no longer pile up: release removes each switch's file (held, so no taker locks the removed one
+    unnoticed). Two threads take and release the same switch 200 times each: never both at once."""
+    first = Ownership(["ebpf:a", "ebpf:b"], "127.0.0.1:1", tmp_path)
+    assert first.take() is None and sorted(p.name for p in tmp_path.iterdir()) == ["ebpf_a.lock", "ebpf_b.lock"]
+    first.release()
+    assert list(tmp_path.iterdir()) == []
+    inside, overlaps = [0], []
+
+    def contend() -> None:
+        mine = Ownership(["ebpf:a"], "127.0.0.1:2", tmp_path)
+        for _ in range(200):
+            if mine.take() is None:
+                inside[0] += 1
+                overlaps.append(inside[0] > 1)
+                inside[0] -= 1
+                mine.release()
+
+    threads = [threading.Thread(target=contend) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    assert overlaps and not any(overlaps)
+    assert list(tmp_path.iterdir()) == []

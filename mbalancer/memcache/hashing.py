@@ -131,5 +131,6 @@ def make_hash(spec: str, servers: Sequence[ServerAddress], keys: Sequence[bytes]
     if kind == "modulo":
         return ModuloHash(servers)
     if not keys:
-        raise ValueError("a skewed hash needs the workload's keys and their weights")
+        raise ValueError(f"{spec} places an experiment's own keys (mbalancer load, mbalancer experiment): a controller "
+                         f"of real clients takes the hash they use, ketama or modulo")
     return SkewedHash(servers, keys, weights, target)
