@@ -43,6 +43,7 @@ DECISIONS_KEPT = 1000
 WARNED = {"server-down", "server-up", "server-restarted", "server-mac", "error"}
 COPY_TIMEOUT = 0.5  # seconds a copy to or read from one server may take
 COUNT_EVERY = 1.0  # seconds between reads of the switch's per-key counters (the rates the planner trusts)
+STALE_AFTER = 3  # intervals (monitor reports, counter reads) without a new one: the figures from them are stale
 BATCH_MAX = 1_000  # events handled in one batch at most (health changes wait at most for one batch's parsing)
 
 
@@ -75,6 +76,7 @@ class ControllerCore:
         self.counts: Counter = Counter()
         self.last_plan: Plan | None = None
         self.last_report: MonitorReport | None = None
+        self.last_report_at: float | None = None  # when it came (the core's clock)
         self.started = clock()
         self.lock = threading.Lock()  # guards `decisions` (appended by the worker, read by HTTP threads)
         self._snapshot: dict[str, Any] = {}
@@ -197,7 +199,7 @@ class ControllerCore:
                 self.executor.replay()
         for event in batch:
             if event[0] == "report":
-                self._on_report(event[1])
+                self._on_report(event[1], event[2])
         mirrors = [event for event in batch if event[0] == "mirror"]
         if mirrors:
             self._on_mirrors(mirrors)
@@ -208,9 +210,9 @@ class ControllerCore:
         while self._urgent:
             self._on_health(*self._urgent.popleft())
 
-    def _on_report(self, report: MonitorReport) -> None:
+    def _on_report(self, report: MonitorReport, received: float) -> None:
         self.counts["reports"] += 1
-        self.last_report = report
+        self.last_report, self.last_report_at = report, received
         plan = self.planner.plan(report, self.executor.placements(), self._out(), self.switch_counts.snapshot.rates)
         self.last_plan = plan
         for key, why in plan.home_notes:
@@ -431,6 +433,7 @@ class ControllerCore:
                 "config": snapshot["config"], "servers": self._servers_state(snapshot["loads"], snapshot["measured"]),
                 **{k: snapshot[k] for k in ("hot_keys", "plan", "retries")},
                 "counters": {**snapshot["counters"], "data_plane": self._data_plane_counters()},
+                "freshness": self.freshness(),
                 "decisions": self.decisions_made()[-100:]}
 
     def _switches_gone_state(self) -> dict[str, Any]:
@@ -440,6 +443,22 @@ class ControllerCore:
             return {"switches_gone": self.driver.switches_gone(), "switches_unknown": None}
         except DriverError as err:
             return {"switches_gone": None, "switches_unknown": str(err)}
+
+    def freshness(self) -> dict[str, Any]:
+        """How old the figures are: the last monitor report (its loads, rates, imbalance) and the last read of the
+        switch's counters, in seconds (since the start when none came yet), and what is stale: no new one for
+        STALE_AFTER of their intervals (the monitor stopped, the switch cannot be read)."""
+        now = self.clock()
+        report_age = now - (self.last_report_at if self.last_report_at is not None else self.started)
+        read_at = self.switch_counts.snapshot.read_at
+        counters_age = now - (read_at if read_at is not None else self.started)
+        stale = []
+        if report_age > STALE_AFTER * self.config.monitor.interval:
+            stale.append(f"no monitor report for {report_age:.1f} s: the loads, rates and imbalance shown are from "
+                         f"{'the last one' if self.last_report_at is not None else 'none (no monitor has reported)'}")
+        if counters_age > STALE_AFTER * COUNT_EVERY:
+            stale.append(f"the switch's counters not read for {counters_age:.1f} s")
+        return {"last_report_age_s": round(report_age, 3), "counters_age_s": round(counters_age, 3), "stale": stale}
 
     def published(self) -> dict[str, Any]:
         """The worker's state as it last published it (see _publish); from any thread, never waits."""

@@ -67,6 +67,12 @@ class CoreCollector(Collector):
         yield info
         yield GaugeMetricFamily("mbalancer_uptime_seconds", "seconds since the controller started",
                                 value=core.clock() - core.started)
+        freshness = core.freshness()
+        yield GaugeMetricFamily("mbalancer_report_age_seconds", "seconds since the last monitor report came (since the "
+                                "start if none has): the loads and imbalance are that old", value=freshness[
+                                    "last_report_age_s"])
+        yield GaugeMetricFamily("mbalancer_switch_counters_age_seconds", "seconds since the switch's counters were "
+                                "last read", value=freshness["counters_age_s"])
         plan, report = core.last_plan, core.last_report
         factors = GaugeMetricFamily("mbalancer_imbalance_factor", "mean server load over the maximum (1 = even), "
                                     "from the last report", labels=["spread"])

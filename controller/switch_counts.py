@@ -17,6 +17,7 @@ class Snapshot:
     counters: Counters | None = None  # the last read (None before the first)
     totals: dict[str, int] = field(default_factory=lambda: dict.fromkeys(TOTALS, 0))  # summed over every key ever
     rates: dict[bytes, float] = field(default_factory=dict)  # installed key -> gets/s since the previous read
+    read_at: float | None = None  # when it was read (the core's clock)
 
 
 class SwitchCounts:
@@ -40,5 +41,5 @@ class SwitchCounts:
                 rates[key] = (values[0] - previous[0]) / (now - when)
             seen[key] = (values, now)
         self._seen = seen
-        self.snapshot = Snapshot(counters, totals, rates)
+        self.snapshot = Snapshot(counters, totals, rates, now)
         return rates

@@ -71,3 +71,40 @@ def test_state_answers_while_the_switch_agent_cannot_be_reached(memcached_pair, 
     finally:
         http.shutdown()
         core.stop()
+
+
+class SteppedClock:
+    """The core's clock, moved by the test."""
+
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_state_and_metrics_say_how_old_the_report_and_the_counters_are(memcached_pair):
+    """issue 50: a stopped monitor left stale numbers with nothing to tell; now /state and /metrics give the last
+    report's age and the counters', and /state names what is stale."""
+    clock = SteppedClock()
+    config = parse_config({"servers": servers_of(memcached_pair), "monitor": {"interval": 1.0}})
+    core = ControllerCore(config, RecordingDriver(), clock=clock, probe_health=False).start()
+    http = start_serving(serve(core, ("127.0.0.1", 0)))
+    try:
+        assert core.state()["freshness"]["stale"] == []  # just started
+        clock.now += 5.0
+        assert "no monitor has reported" in " ".join(core.state()["freshness"]["stale"])
+        core.submit_report({"time": 1.0, "interval": 1.0, "rate": 100.0, "top": []})
+        assert core.wait_idle()
+        clock.now += 1.0
+        fresh = core.state()["freshness"]
+        assert fresh["last_report_age_s"] == 1.0 and not any("report" in why for why in fresh["stale"]), fresh
+        clock.now += 9.0  # the monitor stopped
+        stale = core.state()["freshness"]
+        assert stale["last_report_age_s"] == 10.0 and "no monitor report for 10.0 s" in stale["stale"][0], stale
+        with urllib.request.urlopen(f"http://127.0.0.1:{http.server_address[1]}/metrics", timeout=10) as reply:
+            text = reply.read().decode()
+        assert "mbalancer_report_age_seconds 10.0" in text and "mbalancer_switch_counters_age_seconds" in text
+    finally:
+        http.shutdown()
+        core.stop()
