@@ -148,3 +148,16 @@ def test_memcaslap_benchmark_prints_the_three_phases_side_by_side():
     report = run_benchmark("bench_memcaslap.py", "--seconds", "1", "--rounds", "1", timeout=300)
     assert [r["phase"] for r in report["rows"]] == ["switch alone", "controller, none hot", "controller, 10 hot"]
     assert all(r["TPS"] > 0 and r["verify_failed"] == 0 for r in report["rows"])
+
+
+def test_tcp_benchmark_compares_the_bridge_twemproxy_and_mbalancer():
+    import shutil
+    import pytest
+    skip_without_ebpf()
+    if shutil.which("nutcracker") is None:
+        pytest.skip("nutcracker is not installed (install/apt-packages.txt)")
+    report = run_benchmark("bench_tcp.py", "--seconds", "1", "--light-seconds", "0.5", "--idle", "300", timeout=300)
+    assert set(report["phases"]) == {"bridge", "twemproxy", "mbalancer"}
+    assert all(row["gets_per_s"] > 0 and row["timeouts"] == 0 for row in report["phases"].values()), report
+    assert report["phases"]["twemproxy"]["box_us_per_get"] > 0 and report["phases"]["mbalancer"]["box_us_per_get"] > 0
+    assert report["idle"]["connections"] == 300

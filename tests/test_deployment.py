@@ -327,8 +327,8 @@ def test_a_controller_elsewhere_drives_the_box_through_its_switch_agent(tmp_path
                                     capture_output=True, text=True, timeout=60)
             said = second.stderr.strip().splitlines()[-1]  # argparse's one error line, after the usage
             assert second.returncode == 2 and "Traceback" not in second.stderr, second.stderr
-            assert said.startswith("mbalancer controller: error: --driver agent: switch agent") and \
-                "ALREADY_EXISTS" in said, second.stderr
+            assert said.startswith('mbalancer controller: error: [dataplane] kind = "agent" (') and \
+                "switch agent" in said and "ALREADY_EXISTS" in said, second.stderr
             processes.append(subprocess.Popen([str(MBALANCER), "monitor", "--config", str(box)],
                                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True))
             wait_for_line(processes[-1], READY, timeout=30)

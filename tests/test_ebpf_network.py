@@ -240,7 +240,10 @@ def test_closes_of_a_server_that_is_down_are_handled_without_a_decision_each(net
     """Every probe of a server that is down is refused, and the switch counts each refusal as a close: they are
     handled as they come, but the decision (and its log line) was said once, when the server went down."""
     replica = next(server for server in range(3) if server != make_hot(core, b"hot:7", b"v7"))
-    core.submit_health(replica, "down", "a test says so")
+    sent = time.monotonic()
+    changes = [core.health.record(replica, "refused (the test's probe)", sent + i) for i in range(3)]
+    assert "down" in changes  # what the prober records, then says
+    core.submit_health(replica, "down", "refused (the test's probe)")
     assert core.wait_idle()
     tables = Tables(network.switch.plane.pin_dir)
     said = [d for d in core.state()["decisions"] if d["action"] == "server-closed"]

@@ -349,3 +349,37 @@ def test_a_multi_key_get_is_split_by_server_and_joined_in_the_clients_order(netw
     through = raw_through(network, ip, line * 30 + b"get tcp:m1 tcp:m2\r\n" * 30)
     assert through == direct(ip, line * 30 + b"get tcp:m1 tcp:m2\r\n" * 30)
     assert tcp_counter(network, TCP_BALANCED) - balanced > 30, "the keys were never split"
+
+
+# Runs in the client's namespace: gets on connections from one fixed local port, each reset by the client before
+# the next is opened (as a client that reuses its ports soon does, without TIME_WAIT of its own); prints the answers.
+SAME_PORT = r"""
+import socket, struct, sys
+host, key, rounds = sys.argv[1], sys.argv[2].encode(), int(sys.argv[3])
+answers = []
+for _ in range(rounds):
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("0.0.0.0", 45678))
+    sock.settimeout(5)
+    sock.connect((host, 11211))
+    sock.sendall(b"get " + key + b"\r\n")
+    got = b""
+    while not got.endswith(b"END\r\n"):
+        data = sock.recv(65536)
+        if not data:
+            break
+        got += data
+    answers.append(got.hex())
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))  # reset: no TIME_WAIT here
+    sock.close()
+print("|".join(answers))
+"""
+
+
+def test_a_client_that_reconnects_from_the_same_port_at_once_is_served_each_time(network, core):
+    """The splitter's own connections to servers are made from the client's address and port: closed the usual way
+    they would wait a minute in TIME_WAIT, and the client's next connection from that port could not be made."""
+    home = make_hot(core, b"tcp:port", b"again")
+    answers = in_client(network, SAME_PORT, network.server_hosts[home].ip, "tcp:port", "5").strip().split("|")
+    assert [bytes.fromhex(a) for a in answers] == [b"VALUE tcp:port 0 5\r\nagain\r\nEND\r\n"] * 5

@@ -15,9 +15,10 @@ demo --protocol tcp` does that: docs/experiments.md). Per phase:
                     time cannot be told apart; the ratio between phases is what holds
   p50 light         the median get at light load (1 client, keys nobody made hot), in ms
 Then 10,000 idle connections through the TCP path: the splitter's memory (RSS) and the kernel's TCP memory per
-connection. Needs root, nutcracker (install/apt-packages.txt) and `make install`.
-    python experiments/benchmarks/bench_tcp.py [--seconds 6] [--out DIR]
-Prints a table and one JSON line (and with --out, tcp.csv).
+connection. Targets (issue 45): the box's CPU per get at most 1/5 of twemproxy's, and at most 0.05 ms added to the
+light-load p50 over the bridge. Needs root, nutcracker (install/apt-packages.txt) and `make install`.
+    python experiments/benchmarks/bench_tcp.py [--seconds 6] [--light-seconds 3] [--idle 10000] [--out DIR]
+Prints a table and one JSON line (and with --out, tcp.csv); exit 1 if a target is missed.
 """
 from __future__ import annotations
 
@@ -45,7 +46,7 @@ from topologies.netns import ROOT_IP, NamespaceNetwork
 
 KEYS, CLIENTS, VALUE, HOT = 1000, 64, 1000, 10
 PROXY_PORT = 22122
-IDLE_CONNECTIONS = 10_000
+TARGETS = {"box_cpu_ratio_to_twemproxy": 0.2, "p50_light_added_ms": 0.05}  # at most
 MBALANCER = str(Path(sys.executable).with_name("mbalancer"))
 TICK = os.sysconf("SC_CLK_TCK")
 NUTCRACKER = """mb:
@@ -114,8 +115,8 @@ def measure(net: NamespaceNetwork, servers: str, seconds: float, box_pid: int | 
             "timeouts": summary.get("timeouts", 0)}
 
 
-def light_p50(net: NamespaceNetwork, servers: str) -> float:
-    return round(load(net, servers, 3, 1, prefix="cold:")["p50_ms"], 3)
+def light_p50(net: NamespaceNetwork, servers: str, seconds: float) -> float:
+    return round(load(net, servers, seconds, 1, prefix="cold:")["p50_ms"], 3)
 
 
 def start_servers(net: NamespaceNetwork) -> str:
@@ -129,11 +130,11 @@ def start_servers(net: NamespaceNetwork) -> str:
     return servers
 
 
-def bridge_phases(seconds: float, tag: str) -> dict[str, dict]:
+def bridge_phases(seconds: float, light: float, tag: str) -> dict[str, dict]:
     """bridge, then twemproxy on the same network."""
     with NamespaceNetwork(servers=2, clients=1, tag=tag, dataplane="bridge") as net:
         servers = start_servers(net)
-        bridge = {**measure(net, servers, seconds, None), "p50_light_ms": light_p50(net, servers)}
+        bridge = {**measure(net, servers, seconds, None), "p50_light_ms": light_p50(net, servers, light)}
         folder = Path(tempfile.mkdtemp(prefix="bench-nutcracker-"))
         listen = f"{ROOT_IP}:{PROXY_PORT}"
         (folder / "nutcracker.yml").write_text(NUTCRACKER.format(listen=listen, servers="\n".join(
@@ -143,14 +144,14 @@ def bridge_phases(seconds: float, tag: str) -> dict[str, dict]:
             until(lambda: listening(ROOT_IP, PROXY_PORT), "nutcracker")  # (it does not know meta commands)
             for prefix in ("key:", "cold:"):  # its ring may place keys elsewhere than the clients' ketama
                 load(net, listen, 0, 1, prefix=prefix, populate=True)
-            twemproxy = {**measure(net, listen, seconds, proxy.pid), "p50_light_ms": light_p50(net, listen)}
+            twemproxy = {**measure(net, listen, seconds, proxy.pid), "p50_light_ms": light_p50(net, listen, light)}
         finally:
             stop_process(proxy)
             shutil.rmtree(folder, ignore_errors=True)
     return {"bridge": bridge, "twemproxy": twemproxy}
 
 
-def mbalancer_phase(seconds: float, tag: str) -> tuple[dict, dict]:
+def mbalancer_phase(seconds: float, light: float, idle: int, tag: str) -> tuple[dict, dict]:
     """MBalancer over TCP; then the idle connections held by its splitter."""
     with NamespaceNetwork(servers=2, clients=1, tag=tag) as net:
         servers = start_servers(net)
@@ -163,8 +164,9 @@ def mbalancer_phase(seconds: float, tag: str) -> tuple[dict, dict]:
             rates = [{"key": f"key:{rank}", "rate": 1000.0 / rank} for rank in range(1, HOT + 1)]
             core.submit_report({"time": time.time(), "interval": 1.0, "rate": 7500.0, "top": rates})
             until(lambda: sum(k["state"] == "clean" for k in core.state()["hot_keys"]) == HOT, "the hot keys")
-            result = {**measure(net, servers, seconds, path.process.pid), "p50_light_ms": light_p50(net, servers)}
-            idle = idle_connections(net, path)
+            result = {**measure(net, servers, seconds, path.process.pid),
+                      "p50_light_ms": light_p50(net, servers, light)}
+            idle = idle_connections(net, path, idle)
         finally:
             core.stop()
             path.stop()
@@ -194,11 +196,10 @@ def rss_kib(pid: int) -> int:
         return next(int(line.split()[1]) for line in status if line.startswith("VmRSS:"))
 
 
-def idle_connections(net: NamespaceNetwork, path: TcpPath) -> dict:
+def idle_connections(net: NamespaceNetwork, path: TcpPath, count: int) -> dict:
     rss, pages = rss_kib(path.process.pid), kernel_tcp_pages()
-    holder = net.popen(net.client_hosts[0], [sys.executable, "-c", IDLE, net.server_hosts[0].ip,
-                                             str(IDLE_CONNECTIONS)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                       text=True)
+    holder = net.popen(net.client_hosts[0], [sys.executable, "-c", IDLE, net.server_hosts[0].ip, str(count)],
+                       stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
         held = int(holder.stdout.readline())
         time.sleep(1.0)  # the splitter accepts in rounds of 64
@@ -213,14 +214,16 @@ def idle_connections(net: NamespaceNetwork, path: TcpPath) -> dict:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--seconds", type=float, default=6.0, help="seconds of load per phase")
+    parser.add_argument("--light-seconds", type=float, default=3.0, help="seconds of the light load per phase")
+    parser.add_argument("--idle", type=int, default=10_000, help="idle connections held through the splitter")
     parser.add_argument("--out", type=Path, help="folder for tcp.csv")
     args = parser.parse_args(argv)
     if os.geteuid() != 0 or shutil.which("nutcracker") is None:
         print("bench_tcp: needs root and nutcracker (install/apt-packages.txt)", file=sys.stderr)
         return 2
     tag = f"bt{os.getpid() % 1000}"
-    phases = bridge_phases(args.seconds, tag)
-    phases["mbalancer"], idle = mbalancer_phase(args.seconds, tag)
+    phases = bridge_phases(args.seconds, args.light_seconds, tag)
+    phases["mbalancer"], idle = mbalancer_phase(args.seconds, args.light_seconds, args.idle, tag)
     print(f"{'phase':10} {'gets/s':>9} {'busiest':>8} {'box us/get':>11} {'machine us/get':>15} {'p50 light ms':>13}")
     for name, row in phases.items():
         print(f"{name:10} {row['gets_per_s']:9,.0f} {row['busiest_share']:8.3f} {row['box_us_per_get']:11.2f} "
@@ -231,13 +234,16 @@ def main(argv: list[str] | None = None) -> int:
                "machine_cpu_ratio_to_twemproxy": round(mbalancer["machine_us_per_get"] /
                                                        twemproxy["machine_us_per_get"], 3),
                "p50_light_added_ms": round(mbalancer["p50_light_ms"] - phases["bridge"]["p50_light_ms"], 3)}
-    print(f"10,000 idle connections: {idle['splitter_bytes_per_connection']:.0f} B of the splitter's memory and "
-          f"{idle['kernel_tcp_bytes_per_connection']:.0f} B of the kernel's TCP memory each")
+    figures["met"] = all(figures[name] <= limit for name, limit in TARGETS.items())
+    print(f"{idle['connections']:,} idle connections: {idle['splitter_bytes_per_connection']:.0f} B of the splitter's "
+          f"memory and {idle['kernel_tcp_bytes_per_connection']:.0f} B of the kernel's TCP memory each")
+    for name, limit in TARGETS.items():
+        print(f"target {name} <= {limit}: {figures[name]} ({'met' if figures[name] <= limit else 'MISSED'})")
     print(json.dumps(figures))
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)
         write_csv(args.out, "tcp.csv", [{"phase": name, **row} for name, row in phases.items()])
-    return 0
+    return 0 if figures["met"] else 1
 
 
 if __name__ == "__main__":

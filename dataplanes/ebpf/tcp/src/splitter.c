@@ -177,6 +177,27 @@ static void mb_update_watch(struct mb_client *client)
 	}
 }
 
+enum mb_read { MB_READ_MORE, MB_READ_EOF, MB_READ_ERROR };
+
+/* Read what the socket holds into `into`, while it holds less than `limit` bytes: MB_READ_MORE (more may come),
+ * MB_READ_EOF or MB_READ_ERROR (errno says why). A short read means the socket is empty for now: epoll is
+ * level-triggered and reports what comes later, so the read that would only say EAGAIN is saved. */
+static enum mb_read mb_read_into(int fd, struct mb_buffer *into, size_t limit)
+{
+	while (into->length < limit) {
+		char chunk[65536];
+		ssize_t got = recv(fd, chunk, sizeof(chunk), 0);
+		if (got == 0)
+			return MB_READ_EOF;
+		if (got < 0)
+			return errno == EAGAIN || errno == EWOULDBLOCK ? MB_READ_MORE : MB_READ_ERROR;
+		mb_buffer_append(into, chunk, (size_t)got);
+		if ((size_t)got < sizeof(chunk))
+			break;
+	}
+	return MB_READ_MORE;
+}
+
 /* --- upstreams ------------------------------------------------------------------------------------------- */
 
 static struct mb_upstream *mb_find_upstream(struct mb_client *client, uint32_t server)
@@ -292,6 +313,11 @@ static void mb_drop_upstream(struct mb_upstream *up)
 		if (client->upstreams[i] == up)
 			client->upstreams[i] = client->upstreams[--client->upstream_count];
 	epoll_ctl(mb.epoll, EPOLL_CTL_DEL, up->fd, 0);
+	/* Reset, not closed: a closed one waits in TIME_WAIT on the client's own address and port, and the client's
+	 * next connection from that port (ephemeral ports come round) could not be made for a minute. The server had
+	 * answered everything it was sent (a client's connection ends once its replies are in). */
+	struct linger reset = {.l_onoff = 1, .l_linger = 0};
+	setsockopt(up->fd, SOL_SOCKET, SO_LINGER, &reset, sizeof(reset));
 	close(up->fd);
 	up->fd = -1;
 	mb_buffer_free(&up->out);
@@ -384,22 +410,14 @@ static void mb_upstream_event(struct mb_upstream *up, uint32_t events)
 		up->connected = 1;
 	}
 	if (events & (EPOLLIN | EPOLLRDHUP | EPOLLHUP | EPOLLERR)) {
-		while (client->out.length < MB_OUT_LIMIT) {
-			char chunk[65536];
-			ssize_t got = recv(up->fd, chunk, sizeof(chunk), 0);
-			if (got > 0) {
-				mb_buffer_append(&up->in, chunk, (size_t)got);
-				continue;
-			}
-			if (got == 0 || (errno != EAGAIN && errno != EWOULDBLOCK)) {
-				mb_take_replies(up);
-				mb_deliver(client);
-				mb_upstream_failed(up, got == 0 ? "closed" : strerror(errno));
-				return;
-			}
-			break;
-		}
+		size_t room = client->out.length < MB_OUT_LIMIT ? MB_OUT_LIMIT - client->out.length : 0;
+		enum mb_read read = mb_read_into(up->fd, &up->in, up->in.length + room);
 		mb_take_replies(up);
+		if (read != MB_READ_MORE) {
+			mb_deliver(client);
+			mb_upstream_failed(up, read == MB_READ_EOF ? "closed" : strerror(errno));
+			return;
+		}
 	}
 	mb_flush_upstream(up);
 	if (client->fd >= 0)
@@ -602,21 +620,13 @@ static void mb_close_client(struct mb_client *client, const char *why)
 static void mb_client_event(struct mb_client *client, uint32_t events)
 {
 	if (events & (EPOLLIN | EPOLLRDHUP)) {
-		while (client->in.length < MB_REQUEST_LIMIT) {
-			char chunk[65536];
-			ssize_t got = recv(client->fd, chunk, sizeof(chunk), 0);
-			if (got > 0) {
-				mb_buffer_append(&client->in, chunk, (size_t)got);
-				continue;
-			}
-			if (got == 0) {
-				client->eof = 1;
-			} else if (errno != EAGAIN && errno != EWOULDBLOCK) {
-				mb_close_client(client, strerror(errno));
-				return;
-			}
-			break;
+		enum mb_read read = mb_read_into(client->fd, &client->in, MB_REQUEST_LIMIT);
+		if (read == MB_READ_ERROR) {
+			mb_close_client(client, strerror(errno));
+			return;
 		}
+		if (read == MB_READ_EOF)
+			client->eof = 1;
 		mb_dispatch(client);
 		if (client->fd < 0)
 			return;
