@@ -92,7 +92,7 @@ KINDS: dict[str, DataPlaneKind] = {kind.name: kind for kind in (
         mininet_switch="dataplanes.ebpf.mininet_switch:EbpfSwitch",
         namespace_switch="dataplanes.ebpf.netns_switch:EbpfPorts",
         build="dataplanes.ebpf.build:build", check="dataplanes.bpf.program:available",
-        leftovers="dataplanes.bpf.program:remove_left_over"),
+        leftovers="dataplanes.ebpf.leftovers:remove_left_over"),
     DataPlaneKind(
         "none", "no switch: the recording driver keeps the tables a switch would (dry runs, tests)",
         driver="dataplanes.recording.driver:driver_from_settings"),

@@ -383,3 +383,21 @@ def test_a_client_that_reconnects_from_the_same_port_at_once_is_served_each_time
     home = make_hot(core, b"tcp:port", b"again")
     answers = in_client(network, SAME_PORT, network.server_hosts[home].ip, "tcp:port", "5").strip().split("|")
     assert [bytes.fromhex(a) for a in answers] == [b"VALUE tcp:port 0 5\r\nagain\r\nEND\r\n"] * 5
+
+
+def test_what_a_killed_run_left_of_the_tcp_path_is_removed_by_the_leftovers_hook():
+    """A run killed with its TCP path up leaves the link and two policy rules; the registry's leftovers hook for the
+    switch's name removes them (the claim calls it for a killed run's switches)."""
+    from dataplanes import registry
+    from dataplanes.bpf.program import DataPlane
+    name = f"tl{os.getpid() % 100000}"
+    plane = DataPlane(name).load()
+    path = TcpPath(plane, [11211]).start()
+    path.process.kill()  # the run is killed: nothing is undone
+    path.process.wait()
+    assert subprocess.run(["ip", "rule", "show", "iif", f"{name}-ts"], capture_output=True, text=True).stdout
+    removed = registry.remove_left_over(name)
+    assert any("TCP path's routes" in what for what in removed) and any("TCP path's link" in what for what in removed)
+    assert not os.path.exists(f"/sys/class/net/{name}-t") and not os.path.exists(f"/sys/fs/bpf/mbalancer/{name}")
+    assert subprocess.run(["ip", "rule", "show", "iif", f"{name}-ts"], capture_output=True, text=True).stdout == ""
+    assert f"{path.table + 1}" not in subprocess.run(["ip", "rule", "show"], capture_output=True, text=True).stdout

@@ -150,12 +150,16 @@ class TcpPath:
         self.table = 0
 
 
-def remove(switch: str, table: int, netns: str | None = None) -> list[str]:
-    """Undo what a TCP path made for `switch` (its routing `table`, 0 if not known; the splitter is stopped by its
-    starter): what was there, in words."""
+def remove(switch: str, table: int = 0, netns: str | None = None) -> list[str]:
+    """Undo what a TCP path made for `switch` (its routing `table`; 0: found from its rule, as after a killed run;
+    the splitter is stopped by its starter): what was there, in words."""
     removed = []
     port, side = link_of(switch)
     prefix = in_netns(netns)
+    if not table:
+        rules = subprocess.run(prefix + ["ip", "rule", "show", "iif", side], capture_output=True, text=True).stdout
+        found = rules.split("lookup ")[1].split()[0] if "lookup " in rules else ""
+        table = int(found) if found.isdigit() else 0
     if table:
         for rule in (["iif", side, "lookup", str(table)], ["fwmark", str(table), "lookup", str(table + 1)]):
             subprocess.run(prefix + ["ip", "rule", "del", *rule], capture_output=True)
