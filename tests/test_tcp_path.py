@@ -287,9 +287,22 @@ def test_a_replica_that_dies_with_gets_in_flight_costs_no_wrong_value_and_no_hun
         stop_and_empty(network, core)
 
 
+# For the scripts below: a get's whole reply, read from a connection.
+GET_REPLY = r"""
+def get_reply(sock, key):
+    sock.sendall(b"get " + key + b"\r\n")
+    got = b""
+    while not got.endswith(b"END\r\n"):
+        data = sock.recv(65536)
+        if not data:
+            break
+        got += data
+    return got
+"""
+
 # Runs in the client's namespace: each payload on a connection of its own, its reply read until quiet; then a get
 # on a fresh connection, whose answer it prints.
-FUZZ = r"""
+FUZZ = GET_REPLY + r"""
 import random, socket, sys
 host, seed, count = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 rng = random.Random(seed)
@@ -313,14 +326,7 @@ for _ in range(count):
         pass
     sock.close()
 sock = socket.create_connection((host, 11211), timeout=5)
-sock.sendall(b"get tcp:f\r\n")
-got = b""
-while not got.endswith(b"END\r\n"):
-    data = sock.recv(65536)
-    if not data:
-        break
-    got += data
-print(got.hex())
+print(get_reply(sock, b"tcp:f").hex())
 """
 
 
@@ -353,7 +359,7 @@ def test_a_multi_key_get_is_split_by_server_and_joined_in_the_clients_order(netw
 
 # Runs in the client's namespace: gets on connections from one fixed local port, each reset by the client before
 # the next is opened (as a client that reuses its ports soon does, without TIME_WAIT of its own); prints the answers.
-SAME_PORT = r"""
+SAME_PORT = GET_REPLY + r"""
 import socket, struct, sys
 host, key, rounds = sys.argv[1], sys.argv[2].encode(), int(sys.argv[3])
 answers = []
@@ -363,14 +369,7 @@ for _ in range(rounds):
     sock.bind(("0.0.0.0", 45678))
     sock.settimeout(5)
     sock.connect((host, 11211))
-    sock.sendall(b"get " + key + b"\r\n")
-    got = b""
-    while not got.endswith(b"END\r\n"):
-        data = sock.recv(65536)
-        if not data:
-            break
-        got += data
-    answers.append(got.hex())
+    answers.append(get_reply(sock, key).hex())
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))  # reset: no TIME_WAIT here
     sock.close()
 print("|".join(answers))
@@ -392,7 +391,7 @@ def test_what_a_killed_run_left_of_the_tcp_path_is_removed_by_the_leftovers_hook
     from dataplanes.bpf.program import DataPlane
     name = f"tl{os.getpid() % 100000}"
     plane = DataPlane(name).load()
-    path = TcpPath(plane, [11211]).start()
+    path = TcpPath(plane, [11311]).start()  # (one path per namespace listens on a port: the module's has 11211)
     path.process.kill()  # the run is killed: nothing is undone
     path.process.wait()
     assert subprocess.run(["ip", "rule", "show", "iif", f"{name}-ts"], capture_output=True, text=True).stdout

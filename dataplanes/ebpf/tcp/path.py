@@ -126,6 +126,10 @@ class TcpPath:
                 errors.close()
         ready = select.select([self.process.stdout], [], [], STARTED_WITHIN)[0]
         if not ready or self.process.stdout.readline().strip() != "ready":
+            try:
+                self.process.wait(timeout=1 if ready else 0.01)  # its stdout closed: it is ending
+            except subprocess.TimeoutExpired:
+                pass
             why = self.process.stderr.read() if log_file is None and self.process.poll() is not None else ""
             raise DataPlaneError(f"TCP path of {self.plane.name}: the splitter did not start: "
                                  f"{why.strip().splitlines()[-1] if why.strip() else 'no word from it'}"
