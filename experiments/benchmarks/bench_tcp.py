@@ -139,7 +139,8 @@ def bridge_phases(seconds: float, light: float, tag: str) -> dict[str, dict]:
         listen = f"{ROOT_IP}:{PROXY_PORT}"
         (folder / "nutcracker.yml").write_text(NUTCRACKER.format(listen=listen, servers="\n".join(
             f"   - {h.ip}:11211:1 {h.name}" for h in net.server_hosts)))
-        proxy = subprocess.Popen(["nutcracker", "-c", str(folder / "nutcracker.yml"), "-o", str(folder / "log")])
+        proxy = subprocess.Popen(["nutcracker", "-c", str(folder / "nutcracker.yml"), "-o", str(folder / "log")],
+                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # its words go to its log
         try:
             until(lambda: listening(ROOT_IP, PROXY_PORT), "nutcracker")  # (it does not know meta commands)
             for prefix in ("key:", "cold:"):  # its ring may place keys elsewhere than the clients' ketama
