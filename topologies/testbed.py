@@ -53,7 +53,8 @@ class TestbedSpec:
     fabric_link: LinkSpec = LinkSpec()
     memcached_threads: int = 1
     memcached_memory_mb: int = 64
-    tcp: bool = False  # the switch's TCP path: clients' TCP gets balanced too (eBPF, one switch: docs/dataplanes/tcp.md)
+    # the switch's TCP path: clients' TCP gets balanced too (eBPF, one switch: docs/dataplanes/tcp.md)
+    tcp: bool = False
 
     def check(self) -> None:
         if self.topology not in TOPOLOGIES:

@@ -250,7 +250,7 @@ class Tables(OneByOne):
 
     def tcp_counter(self, index: int) -> int:
         """One of the TCP path's counters (enum mb_tcp_counter), summed over CPUs."""
-        return sum(U64.unpack(v)[0] for v in self.maps["tcp_counters"].lookup(U32.pack(index)))
+        return self._summed("tcp_counters", index)
 
     def trust(self, ip: str) -> None:
         """Requests from `ip` (the controller's own address) never make a server unsure."""
@@ -285,14 +285,16 @@ class Tables(OneByOne):
 
     def counter(self, name: str) -> int:
         """One switch counter (summed over CPUs)."""
-        values = self.maps["counters"].lookup(U32.pack(COUNTERS.index(name)))
-        return sum(U64.unpack(v)[0] for v in values)
+        return self._summed("counters", COUNTERS.index(name))
 
     def counters(self) -> dict[str, int]:
         """The switch's counters, its TCP path's after them (0 where it has none)."""
-        table = self.maps["counters"]
-        return {**{name: sum(U64.unpack(v)[0] for v in table.lookup(U32.pack(i))) for i, name in enumerate(COUNTERS)},
-                **{name: self.tcp_counter(i) for i, name in enumerate(TCP_COUNTERS)}}
+        return {**{name: self._summed("counters", i) for i, name in enumerate(COUNTERS)},
+                **{name: self._summed("tcp_counters", i) for i, name in enumerate(TCP_COUNTERS)}}
+
+    def _summed(self, table: str, index: int) -> int:
+        """A per-CPU u64 counter of `table`, summed over the CPUs."""
+        return sum(U64.unpack(v)[0] for v in self.maps[table].lookup(U32.pack(index)))
 
     # TCP connections read as streams (struct mb_stream)
     def stream_start(self, stream: StreamId) -> int | None:

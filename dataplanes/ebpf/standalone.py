@@ -88,7 +88,7 @@ def attach(name: str, ports: Sequence[str], memcached_ports: Sequence[int], tcp:
         plane.serve(list(ports), plane.add_mirror_link(), record.memcached_ports)
         if tcp:
             path = TcpPath(plane, record.memcached_ports)
-            path.start(RECORDS / f"{name}.splitter.log")
+            path.start(_splitter_log(name))
             record = replace(record, splitter_pid=path.process.pid, tcp_table=path.table)
             record.write()
     except (DataPlaneError, OSError) as err:
@@ -133,7 +133,11 @@ def _splitter_state(record: SwitchRecord | None) -> dict | None:
     if record is None or not record.tcp:
         return None
     return {"pid": record.splitter_pid, "running": _is_splitter(record.splitter_pid),
-            "log": str(RECORDS / f"{record.name}.splitter.log")}
+            "log": str(_splitter_log(record.name))}
+
+
+def _splitter_log(name: str) -> Path:
+    return RECORDS / f"{name}.splitter.log"
 
 
 def _is_splitter(pid: int) -> bool:

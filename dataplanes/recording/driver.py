@@ -5,8 +5,8 @@ For unit tests of the core (ask `route` where a get would go, as faucet's tests 
 dirty state the way a data plane does (write counts per key, unsure counts per server, what the core synced each
 key to, a lease). Mirrored writes come in through `mirror(frame, key)`, the way a data plane counts and copies
 them; `unsure(server)` plays a request the data plane could not read; `reconnect()` plays a switch that came back
-empty; `macs` is what it reports of the servers' MACs; `refuse(...)` makes chosen calls fail as a network driver's would; `leftover(...)` plays keys a previous
-controller left behind.
+empty; `macs` is what it reports of the servers' MACs; `refuse(...)` makes chosen calls fail as a network driver's
+would; `leftover(...)` plays keys a previous controller left behind.
 """
 from __future__ import annotations
 

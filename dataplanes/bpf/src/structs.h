@@ -208,7 +208,8 @@ struct mb_tcp_path {
 	__u16 pad;
 };
 
-/* The TCP path's counters (per CPU), index by enum mb_tcp_counter (dataplanes/ebpf/tcp/path.py TCP_COUNTERS names them). */
+/* The TCP path's counters (per CPU), index by enum mb_tcp_counter (dataplanes/bpf/tables.py TCP_COUNTERS names
+ * them). */
 enum mb_tcp_counter {
 	MB_TCP_CONNECTIONS,   /* SYNs of clients' connections steered to the splitter */
 	MB_TCP_STEERED,       /* segments steered to the splitter, either way */

@@ -73,9 +73,9 @@ class TcpPath:
             raise
         return self
 
-    def _ip(self, *args: str, what: str, check: bool = True) -> None:
+    def _ip(self, *args: str, what: str) -> None:
         result = subprocess.run(in_netns(self.netns) + ["ip", *args], capture_output=True, text=True)
-        if check and result.returncode:
+        if result.returncode:
             raise DataPlaneError(f"TCP path of {self.plane.name}: {what}: {result.stderr.strip()}")
 
     def _link(self) -> None:

@@ -107,7 +107,7 @@ static struct {
 	int epoll;
 	int mark;
 	struct mb_decider decider;
-	unsigned long clients, balanced, home, tunnels, replica_failures;
+	unsigned long balanced, home, tunnels, replica_failures;
 	struct mb_grave *graves;
 	volatile sig_atomic_t stop;
 } mb;
@@ -196,6 +196,18 @@ static enum mb_read mb_read_into(int fd, struct mb_buffer *into, size_t limit)
 			break;
 	}
 	return MB_READ_MORE;
+}
+
+/* Send what `from` holds until it is empty or the socket is full: 0, or -1 if the socket failed (errno says why). */
+static int mb_write_from(int fd, struct mb_buffer *from)
+{
+	while (from->length) {
+		ssize_t sent = send(fd, from->data, from->length, MSG_NOSIGNAL);
+		if (sent < 0)
+			return errno == EAGAIN || errno == EWOULDBLOCK ? 0 : -1;
+		mb_buffer_consume(from, (size_t)sent);
+	}
+	return 0;
 }
 
 /* --- upstreams ------------------------------------------------------------------------------------------- */
@@ -359,16 +371,11 @@ static void mb_flush_upstream(struct mb_upstream *up)
 {
 	if (!up->connected || up->fd < 0)
 		return;
-	while (up->out.length) {
-		ssize_t sent = send(up->fd, up->out.data, up->out.length, MSG_NOSIGNAL);
-		if (sent < 0) {
-			if (errno != EAGAIN && errno != EWOULDBLOCK)
-				mb_upstream_failed(up, strerror(errno));
-			return;
-		}
-		mb_buffer_consume(&up->out, (size_t)sent);
+	if (mb_write_from(up->fd, &up->out) < 0) {
+		mb_upstream_failed(up, strerror(errno));
+		return;
 	}
-	if (up->client->eof && up->client->tunnel && up->server == up->client->home)
+	if (!up->out.length && up->client->eof && up->client->tunnel && up->server == up->client->home)
 		shutdown(up->fd, SHUT_WR);  /* the client's half close, passed on once its bytes are */
 }
 
@@ -575,15 +582,8 @@ static void mb_deliver(struct mb_client *client)
 			client->last = 0;
 		mb_free_entry(entry);
 	}
-	while (client->out.length) {
-		ssize_t sent = send(client->fd, client->out.data, client->out.length, MSG_NOSIGNAL);
-		if (sent < 0) {
-			if (errno != EAGAIN && errno != EWOULDBLOCK)
-				mb_close_client(client, strerror(errno));
-			break;
-		}
-		mb_buffer_consume(&client->out, (size_t)sent);
-	}
+	if (mb_write_from(client->fd, &client->out) < 0)
+		mb_close_client(client, strerror(errno));
 	if (client->fd < 0)
 		return;
 	if (client->eof && !client->first && !client->out.length)
@@ -613,7 +613,6 @@ static void mb_close_client(struct mb_client *client, const char *why)
 	client->fd = -1;
 	mb_buffer_free(&client->in);
 	mb_buffer_free(&client->out);
-	mb.clients--;
 	mb_bury(client);
 }
 
@@ -664,7 +663,6 @@ static void mb_accept(struct mb_listener *listener)
 		client->home = (uint32_t)server;
 		client->mask = EPOLLIN | EPOLLRDHUP;
 		client->entropy = (uint16_t)(peer.sin_port ^ (peer.sin_addr.s_addr >> 16) ^ random());
-		mb.clients++;
 		mb_watch(EPOLL_CTL_ADD, fd, client, EPOLLIN | EPOLLRDHUP);
 	}
 }
