@@ -43,6 +43,7 @@ class NamespaceNetwork:
     clients: int = 1
     tag: str = "mb"
     dataplane: str = "ebpf"  # a registry name with a namespace switch: ebpf, openflow, or bridge (benchmark baseline)
+    tcp_ports: tuple[int, ...] = ()  # memcached ports whose TCP gets the switch balances (eBPF only: its TCP path)
     hosts: list[Host] = field(default_factory=list)
     processes: list[subprocess.Popen] = field(default_factory=list)
     switch: Any = None  # the data plane's namespace switch, once started
@@ -65,6 +66,9 @@ class NamespaceNetwork:
         if len(self.tag) > 8:
             raise ValueError("tag: at most 8 characters (interface names are short)")
         switch_class = registry.get(self.dataplane).namespace_switch_class()  # refuses a name without one
+        if self.tcp_ports and self.dataplane != "ebpf":
+            raise ValueError(f"tcp_ports: only the eBPF switch balances TCP gets, not {self.dataplane} "
+                             f"(docs/dataplanes/tcp.md)")
         self.claim = NetworkClaim(f"namespace network {self.tag}").take()
         try:
             self.claim.record(self._made())
@@ -101,7 +105,7 @@ class NamespaceNetwork:
         for iface in ports + [root]:
             sh("sysctl", "-qw", f"net.ipv6.conf.{iface}.disable_ipv6=1", check=False)  # no IPv6 chatter
             sh("ip", "link", "set", iface, "up")
-        self.switch = switch_class(self.tag)
+        self.switch = switch_class(self.tag, tcp_ports=self.tcp_ports) if self.tcp_ports else switch_class(self.tag)
         self.switch.start(ports, [(h.netns, "eth0") for h in self.hosts] + [(None, root)])
 
     def popen(self, host: Host, command: list[str], **kwargs) -> subprocess.Popen:

@@ -43,9 +43,9 @@ class EbpfSwitch(Switch):
         mirror_ifindex = self.plane.add_mirror_link() if self.mirror else 0
         for port in ports:
             subprocess.run(["ip", "link", "set", port, "up"], check=True)
-        self.plane.serve(ports, mirror_ifindex, self.memcached_ports, flood)
-        if self.tcp:
+        if self.tcp:  # before the ports: a connection opened in between would bypass the splitter for good
             self.tcp_path = TcpPath(self.plane, self.memcached_ports).start()
+        self.plane.serve(ports, mirror_ifindex, self.memcached_ports, flood)
 
     def reload(self) -> None:
         """A fresh program and empty tables on the same ports (experiments start every run from a clean switch)."""

@@ -85,12 +85,12 @@ def attach(name: str, ports: Sequence[str], memcached_ports: Sequence[int], tcp:
     plane = DataPlane(name)
     try:
         plane.load()
-        plane.serve(list(ports), plane.add_mirror_link(), record.memcached_ports)
-        if tcp:
+        if tcp:  # before the ports: a connection opened in between would bypass the splitter for its whole life
             path = TcpPath(plane, record.memcached_ports)
             path.start(_splitter_log(name))
             record = replace(record, splitter_pid=path.process.pid, tcp_table=path.table)
             record.write()
+        plane.serve(list(ports), plane.add_mirror_link(), record.memcached_ports)
     except (DataPlaneError, OSError) as err:
         detach(name)
         raise DataPlaneError(str(err)) from None

@@ -12,7 +12,7 @@ from pathlib import Path
 from experiments.faults.busy import CpuHogs
 from experiments.faults.coherence import SCENARIOS, Outcome, format_outcomes, run_scenario, store_initial
 from experiments.faults.plot import plot_run
-from experiments.faults.rig import Rig, RigError
+from experiments.faults.rig import PROTOCOLS, Rig, RigError
 from experiments.faults.run import Phases, format_table, run_fault, write_buckets_csv, write_summary
 from experiments.faults.scenarios import FAULTED, FAULTS
 from mbalancer.outputs import output_problem
@@ -44,6 +44,9 @@ def register(commands: argparse._SubParsersAction) -> None:
     parser.add_argument("--dataplane", choices=DATAPLANES, default="ebpf",
                         help="the switch the rig is built on (default ebpf; p4: bmv2, much slower: use --rate 500; "
                              "openflow: Open vSwitch and the key classifier, the controller under ryu-manager)")
+    parser.add_argument("--protocol", choices=PROTOCOLS, default="udp",
+                        help="what the clients' gets go over (default udp; tcp: through the eBPF switch's TCP path, "
+                             "docs/dataplanes/tcp.md; the sets are TCP either way)")
     parser.add_argument("--hogs", type=int, default=0,
                         help="busy loops running for the whole of every run, as on a loaded machine (two on a 2-core "
                              "box: load average about 4-8); failure detection is judged under them")
@@ -72,6 +75,8 @@ def _run(args: argparse.Namespace, fail) -> int:
     paths = [p.strip() for p in args.coherence.split(",") if p.strip()]
     if unknown := [p for p in paths if p not in SCENARIOS]:
         fail(f"--coherence: unknown {', '.join(unknown)} (known: {', '.join(SCENARIOS)})")
+    if args.protocol == "tcp" and args.dataplane != "ebpf":
+        fail(f"--protocol tcp: only the eBPF switch balances TCP gets (--dataplane {args.dataplane} sends them home)")
     if os.geteuid() != 0:
         fail("needs root (network namespaces, tc, eBPF)")
     if problem := output_problem(args.out):
@@ -113,7 +118,7 @@ def _runs(args: argparse.Namespace, faults: list[str], loads: list[float], paths
     runs = [(f, load) for f in faults for load in loads]
     for done, (name, load) in enumerate(runs):
         stderr_progress(f"{name} at {load:.0%} load ({done + 1}/{len(runs)}, {phases.total:g} s each)")
-        with Rig(args.out, args.hot, FAULTED, dataplane=args.dataplane) as rig:
+        with Rig(args.out, args.hot, FAULTED, dataplane=args.dataplane, protocol=args.protocol) as rig:
             result = run_fault(rig, FAULTS[name], load, args.rate, args.write_rate, phases, args.out)
         write_buckets_csv(args.out, result)
         plot_run(args.out, result)
@@ -126,7 +131,7 @@ def _coherence(args: argparse.Namespace, paths: list[str]) -> list[Outcome]:
     outcomes = []
     for done, name in enumerate(paths):
         stderr_progress(f"coherence path {name} ({done + 1}/{len(paths)})")
-        with Rig(args.out, args.hot, FAULTED, dataplane=args.dataplane) as rig:
+        with Rig(args.out, args.hot, FAULTED, dataplane=args.dataplane, protocol=args.protocol) as rig:
             store_initial(rig)
             rig.wait_balanced()
             outcomes.append(run_scenario(rig, name, args.out))

@@ -63,7 +63,8 @@ def run_probes(rig: "Rig", key: str, probes: list[Probe], out: Path) -> list[dic
     jobs.write_text(json.dumps([{"send": p.send.hex(), "then": p.then.hex() if p.then else None, "after": p.after,
                                  "seconds": p.seconds} for p in probes]))
     run = rig.net.run(rig.net.client_hosts[0], [rig.python, "-m", "experiments.faults.probe", "--key", key,
-                                                "--home", f"{ip}:{port}", "--jobs", str(jobs)], timeout=PROBE_TIMEOUT)
+                                                "--home", f"{ip}:{port}", "--jobs", str(jobs),
+                                                "--gets", rig.protocol], timeout=PROBE_TIMEOUT)
     if run.returncode != 0:
         raise RuntimeError(f"the probe failed: {run.stderr.strip()[-400:]}")
     return json.loads(run.stdout.strip().splitlines()[-1])

@@ -1,9 +1,9 @@
 """A coherence probe, run in the client's namespace: one request over TCP to a hot key's home (a TTL change, a write
-split across segments, ...), then, for a while, in turn: what the home holds (`mg <key> v` over TCP, which the
-switch never balances) and a get of the key over UDP through the switch (which it may send to a replica), each
-recorded with its time since the request. Prints one JSON object: {"reply": the TCP reply, "home": [[t, value or
-null]], "gets": [[t, value or null]], "timeouts": n}; a get that returns a value after the home answered a miss
-was served by a stale copy.
+split across segments, ...), then, for a while, in turn: what the home holds (`gets` over TCP, which the switch always
+sends home) and a get of the key through the switch, over UDP or (--gets tcp) over a TCP connection (which it may
+send to a replica), each recorded with its time since the request. Prints one JSON object: {"reply": the TCP reply,
+"home": [[t, value or null]], "gets": [[t, value or null]], "timeouts": n}; a get that returns a value after the home
+answered a miss was served by a stale copy.
     python -m experiments.faults.probe --key K --home IP:PORT --send HEX [--then HEX --after S] [--seconds S]
     python -m experiments.faults.probe --key K --home IP:PORT --jobs FILE
 --send is written first, --then (if given) --after seconds later on the same connection; t counts from the last.
@@ -19,6 +19,8 @@ import struct
 import sys
 import time
 
+from experiments.faults.load import reply_complete
+
 GET_EVERY = 0.002  # s between gets: ~500 gets/s, enough to see a stale window of a few ms
 REPLY_WAIT = 0.5  # s a get may take before it counts as a timeout
 ANSWER_WAIT = 5.0  # s the home may take to answer the probe's own request
@@ -26,7 +28,7 @@ CAS_MARK = b"<cas>"  # in a probe's bytes: replaced by the key's CAS at its home
 
 
 def probe(key: bytes, home: tuple[str, int], first: bytes, then: bytes | None, after: float,
-          seconds: float) -> dict:
+          seconds: float, gets: str = "udp") -> dict:
     with socket.create_connection(home, timeout=5) as tcp:
         tcp.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         if CAS_MARK in first + (then or b""):  # a cas command: the item's CAS as it is now
@@ -39,10 +41,8 @@ def probe(key: bytes, home: tuple[str, int], first: bytes, then: bytes | None, a
         reply = _read_reply(tcp)
         started = time.monotonic()  # the home has answered: the change (if any) is there from now on
     at_home: socket.socket | None = None
-    udp = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    udp.settimeout(REPLY_WAIT)
-    udp.connect(home)
-    gets, homes, timeouts, request_id = [], [], 0, 0
+    through = TcpGet(home) if gets == "tcp" else UdpGet(home)
+    got, homes, timeouts = [], [], 0
     while time.monotonic() - started < seconds:
         try:  # the home may restart under the probe: its reading is skipped until it answers again
             at_home = at_home or socket.create_connection(home, timeout=REPLY_WAIT)
@@ -51,41 +51,86 @@ def probe(key: bytes, home: tuple[str, int], first: bytes, then: bytes | None, a
             if at_home is not None:
                 at_home.close()
             at_home = None
-        request_id = (request_id + 1) % 65536
         sent = time.monotonic() - started
         try:
-            udp.send(struct.pack("!HHHH", request_id, 0, 1, 0) + b"get " + key + b"\r\n")
-            while True:
-                datagram = udp.recv(65536)
-                if struct.unpack("!H", datagram[:2])[0] == request_id:
-                    break
+            answer = through.get(key)
         except OSError:  # unanswered in time, or refused (nothing listening while a server restarts)
             timeouts += 1
             time.sleep(GET_EVERY)
             continue
-        gets.append([round(sent, 4), _value(datagram[8:], key)])
+        got.append([round(sent, 4), _value(answer, key)])
         time.sleep(GET_EVERY)
     if at_home is not None:
         at_home.close()
-    return {"reply": reply.decode("latin-1"), "home": homes, "gets": gets, "timeouts": timeouts}
+    through.close()
+    return {"reply": reply.decode("latin-1"), "home": homes, "gets": got, "timeouts": timeouts}
+
+
+class UdpGet:
+    """Gets through the switch as memcached UDP datagrams."""
+
+    def __init__(self, home: tuple[str, int]):
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        self.sock.settimeout(REPLY_WAIT)
+        self.sock.connect(home)
+        self.request_id = 0
+
+    def get(self, key: bytes) -> bytes:
+        """The reply (without the frame header); OSError when unanswered in time."""
+        self.request_id = (self.request_id + 1) % 65536
+        self.sock.send(struct.pack("!HHHH", self.request_id, 0, 1, 0) + b"get " + key + b"\r\n")
+        while True:
+            datagram = self.sock.recv(65536)
+            if struct.unpack("!H", datagram[:2])[0] == self.request_id:
+                return datagram[8:]
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+class TcpGet:
+    """Gets through the switch over one TCP connection, made again after a reply that did not come (reset)."""
+
+    def __init__(self, home: tuple[str, int]):
+        self.home = home
+        self.sock: socket.socket | None = None
+
+    def get(self, key: bytes) -> bytes:
+        """The reply; OSError when unanswered in time (the connection is then reset)."""
+        try:
+            if self.sock is None:
+                self.sock = socket.create_connection(self.home, timeout=REPLY_WAIT)
+                self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            self.sock.sendall(b"get " + key + b"\r\n")
+            data = b""
+            while not reply_complete(data):
+                chunk = self.sock.recv(65536)
+                if not chunk:
+                    raise ConnectionError("closed")
+                data += chunk
+            return data
+        except OSError:
+            self.close()
+            raise
+
+    def close(self) -> None:
+        if self.sock is not None:
+            self.sock.close()
+            self.sock = None
 
 
 def _home_value(tcp: socket.socket, key: bytes) -> str | None:
-    """The key's value at its home (mg over TCP: the switch forwards it home untouched), or None for a miss."""
-    tcp.sendall(b"mg " + key + b" v\r\n")
+    """The key's value at its home, or None for a miss: `gets` over TCP, which the switch always sends home (a
+    replica's CAS is its own) and reads as it reads any get, so the probe's reading changes nothing it watches."""
+    tcp.sendall(b"gets " + key + b"\r\n")
     data = b""
-    while True:
-        if data.startswith(b"EN\r\n"):
-            return None
-        header, found, rest = data.partition(b"\r\n")
-        if found and header.startswith(b"VA "):
-            size = int(header.split(b" ")[1])
-            if len(rest) >= size + 2:
-                return rest[:size].decode("latin-1")
+    while not reply_complete(data):
         chunk = tcp.recv(65536)
         if not chunk:
             raise ConnectionError("the home closed the connection")
         data += chunk
+    return _value(data, key)
 
 
 def _home_cas(tcp: socket.socket, key: bytes) -> bytes:
@@ -120,7 +165,7 @@ def _read_reply(tcp: socket.socket) -> bytes:
 
 
 def _value(reply: bytes, key: bytes) -> str | None:
-    """The value of a single-datagram get reply, or None for a miss."""
+    """The value in a single-key get reply (get or gets, as a datagram or over TCP), or None for a miss."""
     if not reply.startswith(b"VALUE " + key + b" "):
         return None
     header, _, rest = reply.partition(b"\r\n")
@@ -137,6 +182,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--then", help="bytes sent --after seconds later on the same connection, in hex")
     parser.add_argument("--after", type=float, default=0.1)
     parser.add_argument("--seconds", type=float, default=3.0, help="how long to send gets after the request")
+    parser.add_argument("--gets", choices=("udp", "tcp"), default="udp", help="what the gets through the switch go "
+                                                                              "over")
     args = parser.parse_args(argv)
     ip, _, port = args.home.rpartition(":")
     home = (ip, int(port))
@@ -144,12 +191,12 @@ def main(argv: list[str] | None = None) -> int:
         with open(args.jobs) as jobs:
             print(json.dumps([probe(args.key.encode(), home, bytes.fromhex(job["send"]),
                                     bytes.fromhex(job["then"]) if job.get("then") else None, job.get("after", 0.0),
-                                    job.get("seconds", 1.0)) for job in json.load(jobs)]))
+                                    job.get("seconds", 1.0), args.gets) for job in json.load(jobs)]))
         return 0
     if not args.send:
         parser.error("--send or --jobs is needed")
     print(json.dumps(probe(args.key.encode(), home, bytes.fromhex(args.send),
-                           bytes.fromhex(args.then) if args.then else None, args.after, args.seconds)))
+                           bytes.fromhex(args.then) if args.then else None, args.after, args.seconds, args.gets)))
     return 0
 
 

@@ -1,6 +1,7 @@
 """What a fault run stands on: three memcached servers and a client in namespaces behind the eBPF switch, and
 MBalancer's controller as its own process (`mbalancer controller`, so it can be killed like a real one), fed the
-same monitor report every half second (the hot keys are fixed: the run is about faults, not about finding them)."""
+same monitor report every half second (the hot keys are fixed: the run is about faults, not about finding them).
+With protocol "tcp" the eBPF switch runs its TCP path, and the load and probes send their gets over TCP."""
 from __future__ import annotations
 
 import json
@@ -25,6 +26,7 @@ log = logging.getLogger(__name__)
 
 SERVERS = 3
 MEMCACHED_PORT = 11211
+PROTOCOLS = ("udp", "tcp")  # what the clients' gets go over
 REPORT_EVERY = 0.5  # seconds between reports, as a monitor with a short interval would push them
 START_TIMEOUT = 10.0
 
@@ -34,12 +36,17 @@ class RigError(RuntimeError):
 
 
 class Rig:
-    def __init__(self, out: Path, hot: int, avoid: int, tag: str = "mbf", dataplane: str = "ebpf"):
+    def __init__(self, out: Path, hot: int, avoid: int, tag: str = "mbf", dataplane: str = "ebpf",
+                 protocol: str = "udp"):
         """hot: how many hot keys; avoid: the server none of them may be homed on (the one faults hit); dataplane: a
-        registry name with a namespace switch (ebpf, p4, openflow)."""
+        registry name with a namespace switch (ebpf, p4, openflow); protocol: of the clients' gets (tcp: eBPF only)."""
+        if protocol not in PROTOCOLS or (protocol == "tcp" and dataplane != "ebpf"):
+            raise RigError(f"protocol {protocol!r}: udp, or tcp on the eBPF switch (the others send TCP gets home)")
         self.out, self.hot, self.avoid, self.tag, self.dataplane = out, hot, avoid, tag, dataplane
+        self.protocol = protocol
         self.python = sys.executable
-        self.net = NamespaceNetwork(servers=SERVERS, clients=1, tag=tag, dataplane=dataplane)
+        self.net = NamespaceNetwork(servers=SERVERS, clients=1, tag=tag, dataplane=dataplane,
+                                    tcp_ports=(MEMCACHED_PORT,) if protocol == "tcp" else ())
         self.memcached: list[subprocess.Popen] = []
         self.controller: subprocess.Popen | None = None
         self.hogs: list[subprocess.Popen] = []

@@ -65,7 +65,8 @@ def run_fault(rig: Rig, fault: Fault, load: float, full_rate: float, write_rate:
     buckets_file = out / f"{fault.name}-{int(load * 100)}.jsonl"
     client = rig.net.popen(rig.net.client_hosts[0], [
         rig.python, "-m", "experiments.faults.load", "--keys", json.dumps(rig.keys), "--rate", f"{full_rate * load:g}",
-        "--write-rate", f"{write_rate:g}", "--duration", f"{phases.total + INJECT_LIMIT:g}", "--out", str(buckets_file)],
+        "--write-rate", f"{write_rate:g}", "--duration", f"{phases.total + INJECT_LIMIT:g}", "--out", str(buckets_file),
+        "--protocol", rig.protocol],
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     _wait_ready(client)  # every key written: now they can be copied
     rig.wait_balanced()
