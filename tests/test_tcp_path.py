@@ -19,6 +19,7 @@ from dataplanes.bpf.tables import Tables
 from dataplanes.ebpf.tcp.path import TcpPath
 from mbalancer.memcache.addresses import ServerAddress
 from mbalancer.memcache.client import tcp_client
+from mbalancer.memcache.hashing import make_hash
 from tests.conftest import eventually, memcached_answers
 from tests.test_ebpf_network import chi_square, config_of, make_hot, stop_and_empty
 from topologies.netns import NamespaceNetwork
@@ -26,7 +27,7 @@ from topologies.netns import NamespaceNetwork
 why_not = available() if os.geteuid() == 0 else "needs root (namespaces, bpf)"
 pytestmark = pytest.mark.skipif(why_not is not None, reason=f"eBPF data plane cannot run here: {why_not}")
 
-TCP_GETS, TCP_BALANCED = 2, 3  # enum mb_tcp_counter
+TCP_CONNECTIONS, TCP_GETS, TCP_BALANCED = 0, 2, 3  # enum mb_tcp_counter
 
 # Runs in the client's namespace: pymemcache's gets of one key, on one connection; prints the values seen.
 GETS = r"""
@@ -39,6 +40,23 @@ for _ in range(count):
     value = client.get(key)
     values[repr(value)] = values.get(repr(value), 0) + 1
 print(json.dumps(values))
+"""
+
+# Runs in the client's namespace: a pymemcache connection made at once (its first request sent); once told on stdin,
+# its gets of one key, as GETS prints them.
+GETS_LATER = r"""
+import json, sys
+from pymemcache.client.base import Client
+host, key, count = sys.argv[1], sys.argv[2], int(sys.argv[3])
+client = Client((host, 11211), connect_timeout=2, timeout=2)
+client.version()
+print("connected", flush=True)
+sys.stdin.readline()
+values = {}
+for _ in range(count):
+    value = client.get(key)
+    values[repr(value)] = values.get(repr(value), 0) + 1
+print(json.dumps(values), flush=True)
 """
 
 # Runs in the client's namespace: one connection, the given bytes sent in one write, every byte read back until the
@@ -91,13 +109,9 @@ def start_memcached(net: NamespaceNetwork, host) -> subprocess.Popen:
 
 @pytest.fixture(scope="module")
 def network():
-    with NamespaceNetwork(servers=3, clients=1, tag=f"mbt{os.getpid() % 1000}") as net:
+    with NamespaceNetwork(servers=3, clients=1, tag=f"mbt{os.getpid() % 1000}", tcp_ports=(11211,)) as net:
         net.memcached = {host.name: start_memcached(net, host) for host in net.server_hosts}
-        net.splitter = TcpPath(net.switch.plane, [11211]).start()
-        try:
-            yield net
-        finally:
-            net.splitter.stop()
+        yield net
 
 
 @pytest.fixture
@@ -227,7 +241,7 @@ sys.stdin.read()
 
 
 def splitter_fds(net: NamespaceNetwork) -> int:
-    return len(os.listdir(f"/proc/{net.splitter.process.pid}/fd"))
+    return len(os.listdir(f"/proc/{net.switch.tcp_path.process.pid}/fd"))
 
 
 def test_a_half_sent_request_a_client_that_never_reads_and_dropped_connections_hold_up_no_one(network, core):
@@ -239,7 +253,7 @@ def test_a_half_sent_request_a_client_that_never_reads_and_dropped_connections_h
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
         assert hostile.stdout.readline().strip() == "200"
-        assert network.splitter.process.poll() is None
+        assert network.switch.tcp_path.process.poll() is None
     finally:
         hostile.stdin.close()
         hostile.wait(timeout=30)
@@ -334,7 +348,7 @@ def test_random_requests_never_stop_the_splitter_nor_change_what_a_clean_client_
     home = make_hot(core, b"tcp:f", b"fuzzed")
     out = in_client(network, FUZZ, network.server_hosts[home].ip, "7", "300")
     assert bytes.fromhex(out.strip()) == b"VALUE tcp:f 0 6\r\nfuzzed\r\nEND\r\n"
-    assert network.splitter.process.poll() is None
+    assert network.switch.tcp_path.process.poll() is None
 
 
 def test_a_multi_key_get_is_split_by_server_and_joined_in_the_clients_order(network, core):
@@ -366,7 +380,7 @@ answers = []
 for _ in range(rounds):
     sock = socket.socket()
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind(("0.0.0.0", 45678))
+    sock.bind(("0.0.0.0", 61999))  # above the ephemeral ports: no earlier test's connection holds it
     sock.settimeout(5)
     sock.connect((host, 11211))
     answers.append(get_reply(sock, key).hex())
@@ -400,3 +414,32 @@ def test_what_a_killed_run_left_of_the_tcp_path_is_removed_by_the_leftovers_hook
     assert not os.path.exists(f"/sys/class/net/{name}-t") and not os.path.exists(f"/sys/fs/bpf/mbalancer/{name}")
     assert subprocess.run(["ip", "rule", "show", "iif", f"{name}-ts"], capture_output=True, text=True).stdout == ""
     assert f"{path.table + 1}" not in subprocess.run(["ip", "rule", "show"], capture_output=True, text=True).stdout
+
+
+def test_a_connection_made_before_the_controller_named_the_servers_is_balanced_once_it_has(network):
+    """A switch just loaded (or reloaded) knows no server until the controller names them: the splitter takes the
+    connections made meanwhile all the same, sends them home, and balances their gets once their home is named."""
+    network.switch.reload()  # a fresh program, and its TCP path again: no server named
+    config = config_of(network)
+    key = b"tcp:early"
+    home = make_hash(config.balancing.hash, [s.address for s in config.servers]).server_of(key)
+    client = network.popen(network.client_hosts[0], [sys.executable, "-c", GETS_LATER, network.server_hosts[home].ip,
+                                                     key.decode(), "600"],
+                           stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert client.stdout.readline().strip() == "connected"
+        assert tcp_counter(network, TCP_CONNECTIONS) == 1  # taken, though no server was named
+        core = ControllerCore(config, network.driver(), probe_health=False).start()
+        try:
+            assert make_hot(core, key, b"early") == home
+            before = gets_served(network)
+            client.stdin.write("go\n")
+            client.stdin.flush()
+            values = json.loads(client.stdout.readline())
+            spread = [a - b for a, b in zip(gets_served(network), before)]
+        finally:
+            stop_and_empty(network, core)
+    finally:
+        client.wait(timeout=30)
+    assert values == {repr(b"early"): 600}
+    assert chi_square(spread, [1 / 3] * 3) < 27.6, spread  # the same connection, balanced now

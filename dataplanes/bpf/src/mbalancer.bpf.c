@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: GPL-2.0
 /* MBalancer's data plane as a tc (clsact ingress) program, attached to every port of one switch.
- * It implements the pipeline (README.md, "The pipeline") table for table:
+ * It implements the pipeline (docs/architecture.md, "The pipeline") table for table:
  *   hot_get      single-key UDP get/gets of a hot key: dirty (or the controller's lease out) -> home unchanged;
  *                else a replica chosen by weight from a hash of the request id and client, dst MAC/IP/port
  *                rewritten, marked balanced
@@ -585,8 +585,9 @@ unparsed:
 /* decide: the TCP splitter asks where a get goes (dataplanes/ebpf/tcp/src/decide.c), through BPF_PROG_TEST_RUN: a UDP
  * get of the key from its client to the server the client addressed, marked MB_DECIDE_MARK (a port's packet has an
  * ingress_ifindex, a question none). The answer is hot_get's: cb[1] the server (the addressed one when the key is
- * cold, dirty, or its replica suspect), cb[0] MB_DECIDED. Counted as hot_get counts; nothing else is done: no flow
- * remembered, no rewrite, no sketch (the splitter's own get to the chosen server passes a port and is seen there). */
+ * cold, dirty, its replica suspect, or asked for by the controller), cb[0] MB_DECIDED. Counted as hot_get counts;
+ * nothing else is done: no flow remembered, no rewrite, no sketch (the splitter's own get to the chosen server passes
+ * a port and is seen there). */
 SEC("tc")
 int mbalancer_decide(struct __sk_buff *skb)
 {
@@ -607,7 +608,9 @@ int mbalancer_decide(struct __sk_buff *skb)
 	if (!mb_read_key(skb, &pkt, key_off, key, &exact, &maybe_hot, &hash))
 		return TC_ACT_SHOT;
 	mb_count_tcp(MB_TCP_GETS);
-	struct mb_hot *hot = maybe_hot && exact ? mb_hot_key(key, hash) : 0;
+	/* the controller's own reads go home, even on a connection the splitter took before it was trusted */
+	int trusted = bpf_map_lookup_elem(&trusted_sources, &pkt.saddr) != 0;
+	struct mb_hot *hot = maybe_hot && exact && !trusted ? mb_hot_key(key, hash) : 0;
 	__u32 chosen = MB_NO_SERVER;
 	if (hot) {
 		struct mb_key_counters *kc = mb_count_hot_get(hot, &dirty);

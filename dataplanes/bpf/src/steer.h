@@ -1,14 +1,18 @@
 /* The TCP path (dataplanes/ebpf/tcp/, docs/dataplanes/tcp.md): clients' TCP connections to memcached servers are taken
  * by the TCP splitter, a process on the switch's own machine behind one more port of the switch (tcp_path, maps.h).
  * Its sockets are in the switch's network namespace, so the kernel's socket table says which segments are its:
- * - a SYN to a configured server, while the splitter listens on the port: it takes the connection;
+ * - a SYN to a memcached port, while the splitter listens on it: it takes the connection, whether or not the
+ *   controller has named the server yet (a switch just loaded or reloaded knows no server for a moment, and a
+ *   connection that passed it then would stay unbalanced for its whole life; the splitter learns the home later);
  * - any other segment between a client and a server whose connection the splitter holds, either way: the client's
  *   (the splitter accepted it) or the server's answer to one of the splitter's own connections (made from the
  *   client's address and port).
  * Those go to the splitter's port, destination MAC rewritten to the splitter's, and nothing else is done to them:
  * what the splitter then sends on passes the pipeline as any client's request (counted, copied, balanced). The
- * controller's own connections (trusted_sources) and connections that began before the splitter pass as before.
- * The splitter's side does no ARP: its frames get their destination's MAC here (tcp_neighbors, or a server's). */
+ * controller's own connections (trusted_sources, and any made from the switch's own namespace) and connections
+ * that began before the splitter pass as before.
+ * The splitter's side does no ARP: its frames get their destination's MAC here (a configured server's, or as the
+ * clients' SYNs taught it in tcp_neighbors: a client's own, and the MAC the client sent its server's SYN to). */
 #ifndef MB_STEER_H
 #define MB_STEER_H
 
@@ -21,6 +25,7 @@
 
 #define MB_TCP_SYN 0x02
 #define MB_TCP_ACK 0x10
+#define MB_TCP_SYN_SENT 2  /* BPF_TCP_SYN_SENT */
 #define MB_TCP_LISTEN 10  /* BPF_TCP_LISTEN */
 
 static __always_inline void mb_count_tcp(__u32 which)
@@ -44,6 +49,15 @@ static __always_inline __u32 *mb_server_at(__u32 ip, __u16 port)
 	return bpf_map_lookup_elem(&server_index, &address);
 }
 
+static __always_inline void mb_learn_neighbor(__u32 ip, const unsigned char *mac_bytes)
+{
+	__u64 mac = 0;
+	__builtin_memcpy(&mac, mac_bytes, ETH_ALEN);
+	__u64 *known = bpf_map_lookup_elem(&tcp_neighbors, &ip);
+	if (!known || *known != mac)
+		bpf_map_update_elem(&tcp_neighbors, &ip, &mac, BPF_ANY);
+}
+
 /* 1 if the splitter holds the segment's connection (or, `syn`, listens for it). */
 static __always_inline int mb_splitter_holds(struct __sk_buff *skb, const struct mb_packet *pkt, int syn)
 {
@@ -57,6 +71,20 @@ static __always_inline int mb_splitter_holds(struct __sk_buff *skb, const struct
 	return !listening || syn;
 }
 
+/* 1 if the SYN is this namespace's own connect (the box itself, the controller on it): its socket is here, waiting
+ * for the answer. The splitter, which lives here too, could not connect on from the same address and port. */
+static __always_inline int mb_own_connect(struct __sk_buff *skb, const struct mb_packet *pkt)
+{
+	struct bpf_sock_tuple tuple = {.ipv4 = {.saddr = pkt->daddr, .daddr = pkt->saddr, .sport = pkt->dport,
+						.dport = pkt->sport}};
+	struct bpf_sock *sk = bpf_skc_lookup_tcp(skb, &tuple, sizeof(tuple.ipv4), BPF_F_CURRENT_NETNS, 0);
+	if (!sk)
+		return 0;
+	int connecting = sk->state == MB_TCP_SYN_SENT;
+	bpf_sk_release(sk);
+	return connecting;
+}
+
 /* The segment is for the splitter: to its port, or -1 if it is not. `to_port`, `from_port`: its destination's
  * and its source's port are memcached ports. */
 static __always_inline int mb_steer_tcp(struct __sk_buff *skb, const struct mb_packet *pkt, int to_port,
@@ -65,23 +93,20 @@ static __always_inline int mb_steer_tcp(struct __sk_buff *skb, const struct mb_p
 	struct mb_tcp_path *path = mb_tcp_path();
 	if (!path || pkt->proto != IPPROTO_TCP || skb->ingress_ifindex == path->ifindex)
 		return -1;
-	int request = to_port && mb_server_at(pkt->daddr, pkt->dport);
-	int reply = !request && from_port && mb_server_at(pkt->saddr, pkt->sport);
+	int request = to_port, reply = !request && from_port;  /* the socket table says whether they are its */
 	if ((!request && !reply) ||
 	    bpf_map_lookup_elem(&trusted_sources, request ? &pkt->saddr : &pkt->daddr))
 		return -1;
 	int syn = request && (pkt->tcp_flags & (MB_TCP_SYN | MB_TCP_ACK)) == MB_TCP_SYN;
-	if (!mb_splitter_holds(skb, pkt, syn))
+	if ((syn && mb_own_connect(skb, pkt)) || !mb_splitter_holds(skb, pkt, syn))
 		return -1;
 	struct ethhdr *eth = mb_data(skb);
 	if ((void *)(eth + 1) > mb_data_end(skb))
 		return -1;
 	if (request) {  /* the client's MAC, for the splitter's answers */
-		__u64 mac = 0;
-		__builtin_memcpy(&mac, eth->h_source, ETH_ALEN);
-		__u64 *known = bpf_map_lookup_elem(&tcp_neighbors, &pkt->saddr);
-		if (!known || *known != mac)
-			bpf_map_update_elem(&tcp_neighbors, &pkt->saddr, &mac, BPF_ANY);
+		mb_learn_neighbor(pkt->saddr, eth->h_source);
+		if (syn)  /* and where the client sends its server's segments, for a server not configured (yet) */
+			mb_learn_neighbor(pkt->daddr, eth->h_dest);
 	}
 	__builtin_memcpy(eth->h_dest, path->mac, ETH_ALEN);
 	mb_count_tcp(MB_TCP_STEERED);

@@ -41,6 +41,10 @@
 
 enum mb_kind { MB_LISTENER, MB_CLIENT, MB_UPSTREAM };
 
+/* A client's home before the controller has named its server (a switch just loaded): the address the client
+ * connected to, and nothing balanced until it is named (mb_learn_home). */
+#define MB_HOME_UNKNOWN UINT32_MAX
+
 struct mb_entry;
 
 /* A multi-key get split by server: its parts, and which part each of its keys (in the client's order) went in. */
@@ -226,8 +230,8 @@ static struct mb_upstream *mb_upstream_of(struct mb_client *client, uint32_t ser
 	struct mb_upstream *found = mb_find_upstream(client, server);
 	if (found)
 		return found;
-	struct mb_server_addr address;
-	if (mb_server_address(&mb.decider, server, &address) < 0)
+	struct mb_server_addr address = client->local;  /* the home: where the client connected */
+	if (server != client->home && mb_server_address(&mb.decider, server, &address) < 0)
 		return 0;
 	int fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0), one = 1;
 	if (fd < 0)
@@ -456,9 +460,33 @@ static void mb_start_tunnel(struct mb_client *client, struct mb_upstream *home)
 	mb.tunnels++;
 }
 
-/* The server a key goes to, as the pipeline says (home if it cannot be asked). */
+/* 1 once the client's home is a server the controller named: its index from now on, for the client, its
+ * connection there and the requests out on it. */
+static int mb_learn_home(struct mb_client *client)
+{
+	if (client->home != MB_HOME_UNKNOWN)
+		return 1;
+	int server = mb_server_of(&mb.decider, client->local);
+	if (server < 0)
+		return 0;
+	struct mb_upstream *home = mb_find_upstream(client, MB_HOME_UNKNOWN);
+	if (home) {
+		home->server = (uint32_t)server;
+		for (struct mb_entry *entry = home->waiting; entry; entry = entry->next_waiting)
+			entry->server = (uint32_t)server;
+	}
+	for (struct mb_entry *entry = client->first; entry; entry = entry->next)
+		if (entry->server == MB_HOME_UNKNOWN)
+			entry->server = (uint32_t)server;
+	client->home = (uint32_t)server;
+	return 1;
+}
+
+/* The server a key goes to, as the pipeline says (home if it cannot be asked, or its home is not named yet). */
 static uint32_t mb_server_for(struct mb_client *client, const char *key, size_t length)
 {
+	if (!mb_learn_home(client))
+		return client->home;
 	int server = mb_decide(&mb.decider, client->home, client->local, client->peer, client->entropy++, key, length);
 	return server < 0 ? client->home : (uint32_t)server;
 }
@@ -648,11 +676,7 @@ static void mb_accept(struct mb_listener *listener)
 		size = sizeof(local);
 		getsockname(fd, (struct sockaddr *)&local, &size);
 		struct mb_server_addr home = {.ip = local.sin_addr.s_addr, .port = local.sin_port};
-		int server = mb_server_of(&mb.decider, home);
-		if (server < 0) {  /* steered here, then taken out of the config: nothing to balance it to */
-			close(fd);
-			continue;
-		}
+		int server = mb_server_of(&mb.decider, home);  /* < 0: not named yet, or taken out of the config */
 		int one = 1;
 		setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
 		struct mb_client *client = calloc(1, sizeof(*client));
@@ -660,7 +684,7 @@ static void mb_accept(struct mb_listener *listener)
 		client->fd = fd;
 		client->peer = (struct mb_server_addr){.ip = peer.sin_addr.s_addr, .port = peer.sin_port};
 		client->local = home;
-		client->home = (uint32_t)server;
+		client->home = server < 0 ? MB_HOME_UNKNOWN : (uint32_t)server;
 		client->mask = EPOLLIN | EPOLLRDHUP;
 		client->entropy = (uint16_t)(peer.sin_port ^ (peer.sin_addr.s_addr >> 16) ^ random());
 		mb_watch(EPOLL_CTL_ADD, fd, client, EPOLLIN | EPOLLRDHUP);
