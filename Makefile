@@ -6,7 +6,7 @@ PY     := $(VENV)/bin/python
 OUT    ?= results
 TRIALS ?=
 
-.PHONY: all demo experiments faults simulation test install system venv bench clean p4 p4c
+.PHONY: all demo experiments faults simulation test test-unit install system venv bench clean p4 p4c
 
 all: demo
 
@@ -32,9 +32,10 @@ $(DATAPLANES_BUILT): $(wildcard dataplanes/bpf/src/*) $(wildcard dataplanes/ebpf
 
 install: system venv $(DATAPLANES_BUILT)
 
-# The P4 toolchain, which no package registry has: PI + bmv2's simple_switch_grpc (about 15 minutes), and p4c (slower),
-# built from pinned upstream sources into P4_PREFIX (default /usr/local); P4_SOURCES=DIR builds from sources already
-# downloaded. Neither is needed by `make test` (the P4 tests skip without bmv2) nor by the other data planes.
+# The P4 toolchain, which no package registry has: PI + bmv2's simple_switch_grpc (how long: docs/install.md), and
+# p4c (slower), built from pinned upstream sources into P4_PREFIX (default /usr/local); P4_SOURCES=DIR builds from
+# sources already downloaded. Neither is needed by `make test` (the P4 tests skip without bmv2) nor by the other data
+# planes.
 p4: system
 	bash install/p4.sh bmv2
 
@@ -60,8 +61,13 @@ faults: install
 simulation: install
 	$(VENV)/bin/mbalancer demo --out $(OUT)
 
+# Every tier of tests (root for most); test-unit: the unit tier only, no root needed, under a minute
+# (tiers: tests/conftest.py, docs/testing.md).
 test: install
 	$(VENV)/bin/python -m pytest
+
+test-unit: install
+	$(VENV)/bin/python -m pytest -m unit
 
 bench: install
 	$(PY) experiments/benchmarks/bench_simulation.py $(if $(TRIALS),--trials $(TRIALS))

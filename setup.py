@@ -15,12 +15,7 @@ setup(
     package_data={"experiments": ["notebooks/*.ipynb"], "mbalancer": ["*.toml"], "dataplanes": ["bpf/src/*"]},
     install_requires=[
         "numpy>=1.24",
-        "matplotlib>=3.7",
         "pymemcache>=4.0",
-        "mininet==2.3.0.dev6",  # the topologies; uses Debian's mnexec (apt package mininet)
-        # The Ryu app and the OpenFlow driver (controller/ryu_app.py). Ryu 4.34 builds only with setuptools<68 (pinned
-        # in install/constraints.txt); its Python 3.11 patch is in controller/ryu_manager.py.
-        "ryu==4.34",
         # The P4Runtime driver (dataplanes/p4/driver.py): P4Runtime's Python bindings with a current protobuf. The
         # modules in the p4runtime wheel were written by an old protoc that no protobuf since 4.21 loads, so the install
         # regenerates them with the protoc of grpcio-tools 1.85 (install/p4runtime_bindings.py), whose code asks for
@@ -39,7 +34,14 @@ setup(
         # protobuf or gRPC of its own to clash with the P4Runtime bindings').
         "etcd3gw>=2.4",
     ],
+    # What a switch box, a controller or a monitor does not need is in extras; `make install` (install/python.sh)
+    # installs every one of them. A command that needs a missing one names it (mbalancer/cli.py, EXTRAS).
     extras_require={
+        "testbed": ["mininet==2.3.0.dev6"],  # the Mininet topologies; uses Debian's mnexec (apt package mininet)
+        "plots": ["matplotlib>=3.7"],  # the experiments' and the load generator's figures
+        # The Ryu app and the OpenFlow driver (controller/ryu_app.py, dataplanes/openflow/). Ryu 4.34 builds only with
+        # setuptools<68 (pinned in install/constraints.txt); its Python 3.11 patch is in controller/ryu_manager.py.
+        "ryu": ["ryu==4.34"],
         "test": [
             "pytest>=7",
             "nbclient>=0.8",

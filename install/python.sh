@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Build the project's virtualenv: Debian's python3, pip at the pinned version, then this package with its test
-# extras, every version held by install/constraints.txt. Usage: install/python.sh VENV_DIR
+# Build the project's virtualenv: Debian's python3, pip at the pinned version, then this package with every
+# extra, every version held by install/constraints.txt. Usage: install/python.sh VENV_DIR
 #
 # Environment:
 #   PYTHON          interpreter for the virtualenv (default /usr/bin/python3: Mininet and the tests use it too)
@@ -50,8 +50,11 @@ fi
 # pip itself is installed without the constraints, so that MBALANCER_PIP may name another version than the pin.
 PIP_CONSTRAINT= pip_step "pip: ${MBALANCER_PIP:-$pinned_pip}" install -q --upgrade "${MBALANCER_PIP:-$pinned_pip}"
 say "pip $("$venv/bin/python" -m pip --version | cut -d' ' -f2)"
-pip_step "mbalancer and its pinned dependencies (a few minutes on a new machine)" \
-    install -q -e "$root[test]"
+# Every extra of setup.py (tests/test_install.py checks this list against it): this machine runs the testbed, the
+# plots, the Ryu app and the tests, where a switch box's `pip install .` takes none of them.
+extras="testbed,plots,ryu,test"
+pip_step "mbalancer, its extras ($extras) and their pinned dependencies (a few minutes on a new machine)" \
+    install -q -e "$root[$extras]"
 
 # The P4Runtime bindings from PyPI load only with protobuf 3.20: regenerated in place with grpcio-tools' protoc, which
 # is kept out of the virtualenv (it asks for setuptools >= 77; ryu's environment is pinned below 68).

@@ -30,7 +30,7 @@
 #define MB_FLOOD_GROUP 1     /* multicast group of every switch port, written by the controller */
 #define MB_NO_DATA 0xff      /* the command has no data block */
 
-/* Commands (mb_command in dataplanes/ebpf/bpf/parse.h: the same classes) */
+/* Commands (mb_command in dataplanes/bpf/src/parse.h: the same classes) */
 #define CMD_NONE 0   /* nothing read yet (empty payload) */
 #define CMD_OTHER 1  /* not a command the pipeline reads: unsure */
 #define CMD_GET 2    /* get, gets */

@@ -1,5 +1,5 @@
 /* MBalancer's data plane in P4_16 for v1model (bmv2 simple_switch_grpc), table for table the pipeline of the
- * eBPF switch (dataplanes/ebpf/bpf/mbalancer.bpf.c; README.md, "The pipeline"):
+ * eBPF switch (dataplanes/bpf/src/mbalancer.bpf.c; docs/architecture.md, "The pipeline"):
  *   hot_keys + synced + replicas + servers   hot_get: a single-key UDP get/gets of a hot key goes home untouched
  *                if the key is dirty or the controller's lease ran out; else to a replica chosen by weight from a
  *                hash of the request id and client (the eBPF program's hash: the same packet picks the same

@@ -1,5 +1,5 @@
 /* Parsing: Ethernet / IPv4 / UDP or TCP / memcached UDP frame header / ASCII command, key and the rest of its line.
- * The same reading as dataplanes/ebpf/bpf/parse.h, with v1model's mechanism:
+ * The same reading as dataplanes/bpf/src/parse.h, with v1model's mechanism:
  * - The eBPF program loads the key and scans it a word at a time; a P4 parser can only iterate by going from
  *   state to state. Where it may, a state takes 8 bytes: a lookahead of the next 8 finds none of the bytes that
  *   would end or change the reading (a select entry per byte and position: ANY_BYTE_IS), else it takes one.

@@ -1,14 +1,65 @@
-"""Shared test helpers: run the installed `mbalancer` command as a user would."""
+"""Shared test helpers: run the installed `mbalancer` command as a user would; each test module's tier."""
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
 
 MBALANCER = Path(sys.executable).parent / "mbalancer"
+
+# --- tiers: what each test module needs (docs/testing.md) ------------------------------------------------------------
+# One explicit table, not a guess from names: a module's tier is the most a test of it needs (a module with pure tests
+# and Mininet tests is mininet), and a module missing here fails tests/test_tiers.py. The markers are registered in
+# setup.cfg; `make test-unit` runs `pytest -m unit`, `make test` every tier.
+TIER_NAMES = ("unit", "slow", "root", "etcd", "bmv2", "mininet")
+TIERS: dict[str, str] = {
+    # unit: no root, nothing but what `make install` installs (memcached on loopback), the whole tier in a minute
+    "test_cli": "unit", "test_config": "unit", "test_controller_decisions": "unit", "test_core_defects": "unit",
+    "test_docs": "unit", "test_driver_process": "unit", "test_executor": "unit", "test_install": "unit",
+    "test_key_hashes": "unit", "test_layout": "unit", "test_mac_check": "unit", "test_measured_balance": "unit",
+    "test_memcache_client": "unit", "test_memcache_fuzz": "unit", "test_memcache_protocol": "unit",
+    "test_memcache_real_server": "unit", "test_monitor_follow": "unit", "test_monitor_hot_keys": "unit",
+    "test_monitor_parsing": "unit", "test_notebooks": "unit", "test_ownership": "unit", "test_simulation_cli": "unit",
+    "test_simulation_model": "unit", "test_tiers": "unit", "test_water_filling": "unit",
+    # slow: no root either, but 10-30 s a module (load runs, servers killed and restarted, ryu-manager, agents, HTTP
+    # servers' timeouts): together they would take the unit tier past its minute
+    "test_controller_http": "slow", "test_controller_replication": "slow", "test_p4runtime_driver": "slow",
+    "test_switch_agent": "slow", "test_workload": "slow",
+    # root: network namespaces, tc, eBPF, Open vSwitch, tcpdump
+    "test_benchmarks": "root", "test_claim": "root", "test_coherence_paths": "root", "test_dataplane_sketch": "root",
+    "test_deployment": "root", "test_driver_contract": "root", "test_ebpf_network": "root",
+    "test_ebpf_program": "root", "test_faults": "root", "test_libmemcached_tools": "root",
+    "test_measured_balance_network": "root", "test_monitor_capture": "root", "test_monitor_follows_switch": "root",
+    "test_openflow_driver": "root", "test_openflow_network": "root", "test_slot_book_refusals": "root",
+    "test_tcp_path": "root",
+    # etcd: Debian's etcd-server, started by the test
+    "test_election": "etcd",
+    # bmv2: simple_switch_grpc (`make p4`), root
+    "test_p4_network": "bmv2", "test_p4_program": "bmv2", "test_p4_sketch": "bmv2",
+    # mininet: the Mininet testbed, root (test_fabric_failover needs etcd too)
+    "test_experiments_endtoend": "mininet", "test_fabric_failover": "mininet", "test_mininet_switch": "mininet",
+}
+
+
+@pytest.hookimpl(tryfirst=True)  # before `-m` deselects by marker
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        tier = TIERS.get(item.path.stem)
+        if tier is not None:
+            item.add_marker(tier)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # Not root: the controllers the tests start keep their switches' owner files (mbalancer/ownership.py) in a folder
+    # of this run's, since /run/mbalancer/ is root's.
+    if os.geteuid() != 0 and "MBALANCER_OWNERS_DIR" not in os.environ:
+        os.environ["MBALANCER_OWNERS_DIR"] = tempfile.mkdtemp(prefix="mbalancer-owners-")
+        config.add_cleanup(lambda: shutil.rmtree(os.environ.pop("MBALANCER_OWNERS_DIR"), ignore_errors=True))
 
 
 @pytest.fixture

@@ -2,7 +2,9 @@
 installed toolchain does no work. (The full builds are `make p4` / `make p4c`, far too slow for the suite.)"""
 from __future__ import annotations
 
+import ast
 import os
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -12,6 +14,7 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 P4_SH = ROOT / "install" / "p4.sh"
 SYSTEM_SH = ROOT / "install" / "system.sh"
+PYTHON_SH = ROOT / "install" / "python.sh"
 
 
 def run(script: Path, *args: str, **env: str) -> subprocess.CompletedProcess:
@@ -92,3 +95,20 @@ def test_a_units_command_runs_mbalancer_from_the_environment_file(unit, tmp_path
     done = subprocess.run(["/bin/sh", "-c", shell], capture_output=True, text=True, timeout=60,
                           env={**os.environ, **settings, "MBALANCER_HOME": str(ROOT), "MBALANCER_CONFIG": str(missing)})
     assert done.returncode == 2 and str(missing) in done.stderr and "Traceback" not in done.stderr, done.stderr
+
+
+def setup_arguments() -> dict[str, ast.expr]:
+    """The keyword arguments of setup.py's setup() call, unevaluated."""
+    call = next(node for node in ast.walk(ast.parse((ROOT / "setup.py").read_text()))
+                if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "setup")
+    return {keyword.arg: keyword.value for keyword in call.keywords}
+
+
+def test_make_install_installs_every_extra_and_a_plain_install_none_of_the_testbeds_libraries():
+    arguments = setup_arguments()
+    extras = ast.literal_eval(arguments["extras_require"])
+    installed = re.search(r'^extras="([^"]*)"$', PYTHON_SH.read_text(), re.MULTILINE).group(1).split(",")
+    assert sorted(installed) == sorted(extras)  # install/python.sh names every extra of setup.py
+    required = {re.split(r"[=<>!~ ]", spec)[0].lower() for spec in ast.literal_eval(arguments["install_requires"])}
+    assert required.isdisjoint({"mininet", "matplotlib", "ryu"}), required  # a switch box's `pip install .`
+    assert {"testbed", "plots", "ryu"} <= set(extras)

@@ -1,0 +1,57 @@
+"""Every test module is in exactly one tier (tests/conftest.py's TIERS, the markers in setup.cfg), so a new module
+cannot be left out of `make test-unit` or run there by accident (docs/testing.md)."""
+from __future__ import annotations
+
+import ast
+import configparser
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import TIER_NAMES, TIERS
+
+TESTS = Path(__file__).resolve().parent
+
+
+def module_names() -> set[str]:
+    return {path.stem for path in TESTS.glob("test_*.py")}
+
+
+def registered_markers() -> set[str]:
+    config = configparser.ConfigParser()
+    config.read(TESTS.parent / "setup.cfg")
+    lines = config["tool:pytest"]["markers"].strip().splitlines()
+    return {line.split(":")[0].strip() for line in lines}
+
+
+def tiers_declared_in(path: Path) -> list[str]:
+    """Tier markers a module names itself (`pytest.mark.root` anywhere in it): the table is the one place."""
+    return [node.attr for node in ast.walk(ast.parse(path.read_text()))
+            if isinstance(node, ast.Attribute) and node.attr in TIER_NAMES
+            and isinstance(node.value, ast.Attribute) and node.value.attr == "mark"]
+
+
+def test_every_test_module_has_a_tier_and_the_table_names_no_other():
+    modules = module_names()
+    assert sorted(modules - set(TIERS)) == [], "add these to TIERS in tests/conftest.py"
+    assert sorted(set(TIERS) - modules) == [], "TIERS names modules that are gone"
+    assert set(TIERS.values()) <= set(TIER_NAMES)
+
+
+def test_the_tiers_are_the_registered_markers():
+    assert set(TIER_NAMES) == registered_markers()
+
+
+def test_no_module_marks_its_own_tier(tmp_path: Path):
+    sample = tmp_path / "test_sample.py"
+    sample.write_text("import pytest\npytestmark = [pytest.mark.root, pytest.mark.skipif(True, reason='x')]\n")
+    assert tiers_declared_in(sample) == ["root"]  # the check sees what it forbids
+    marked = {name: tiers for name in module_names() if (tiers := tiers_declared_in(TESTS / f"{name}.py"))}
+    assert marked == {}, "give a module's tier in TIERS only, so it has exactly one"
+
+
+def test_every_collected_test_carries_exactly_one_tier(request: pytest.FixtureRequest):
+    """Of the tests this run collected (all of them under `make test`, the unit tier under `make test-unit`)."""
+    wrong = {item.nodeid: tiers for item in request.session.items
+             if len(tiers := [mark.name for mark in item.iter_markers() if mark.name in TIER_NAMES]) != 1}
+    assert wrong == {}
