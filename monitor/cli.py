@@ -24,6 +24,7 @@ from dataplanes.bpf.tables import Tables
 from monitor.capture import CaptureError, LiveCapture
 from monitor.controller_sketch import ControllerSketch, SketchUnavailable
 from monitor.dataplane import SKETCH_KINDS, SketchReader
+from monitor.follow import GRACE, SwitchFollower, SwitchState
 from monitor.sampling import AdaptiveSampling
 from mbalancer.config import AUTO_REPORT_KEYS, Balancing, Monitoring, config_option
 from mbalancer.monitor_report import FIELDS
@@ -70,6 +71,10 @@ def register(commands: argparse._SubParsersAction) -> None:
     parser.add_argument("--capacity", type=int,
                         help="keys the summary tracks: sets the memory, not the number of distinct keys (default 1024)")
     parser.add_argument("--duration", type=float, help="live: stop after this many seconds (default: until Ctrl-C)")
+    parser.add_argument("--switch-grace", type=float, default=GRACE, metavar="SECONDS",
+                        help="--source dataplane, eBPF: how long the switch may stay detached (a restart, detach then "
+                             "attach) before the monitor exits 1 for its supervisor to start it again (default "
+                             f"{GRACE:g}); a switch back in time is read again (monitor/follow.py)")
     parser.add_argument("--json", action="store_true", help="one JSON object per interval instead of the table")
     parser.add_argument("--push", metavar="URL", action="append",
                         help="POST each report as JSON to this URL (the controller); again for each controller of a "
@@ -88,6 +93,8 @@ def _run_monitor(args: argparse.Namespace, fail: Fail) -> int:
         fail("--sample applies to live capture only (the kernel samples); a pcap is read whole")
     if args.duration is not None and not args.duration > 0:
         fail(f"--duration must be positive (got {args.duration})")
+    if not args.switch_grace > 0:
+        fail(f"--switch-grace must be positive (got {args.switch_grace:g})")
     for url in args.push or ():
         if problem := url_problem(url):
             fail(f"--push: {problem}")
@@ -120,6 +127,7 @@ def _run_dataplane(args: argparse.Namespace, report_to: Fanout, view: TerminalVi
                    push: HttpPush | None, fail: Fail) -> int:
     if args.sample_given:
         fail("--sample applies to live capture only: the switch counts every get")
+    follower = None  # a P4 switch read through its controller: the controller follows the switch
     if args.through_controller:
         args.switch, tables = f"p4 (through the controller at {args.through_controller})", \
             ControllerSketch(args.through_controller)
@@ -127,35 +135,41 @@ def _run_dataplane(args: argparse.Namespace, report_to: Fanout, view: TerminalVi
         fail("--source dataplane needs root (it reads the switch's BPF maps)")
     else:
         args.switch, tables = _open_switch(args.switch, fail)
+        follower = SwitchFollower(args.switch, tables, args.switch_grace)
     try:
-        return _read_sketch(args, SketchReader(tables, args.top, args.interval), tables, report_to, view, push)
+        return _read_sketch(args, SketchReader(tables, args.top, args.interval), follower, report_to, view, push)
     except SketchUnavailable as err:
         print(f"mbalancer monitor: {err}", file=sys.stderr)
         return 1
 
 
-def _read_sketch(args: argparse.Namespace, reader: SketchReader, tables, report_to: Fanout, view: TerminalView | None,
-                 push: HttpPush | None) -> int:
+def _read_sketch(args: argparse.Namespace, reader: SketchReader, follower: SwitchFollower | None, report_to: Fanout,
+                 view: TerminalView | None, push: HttpPush | None) -> int:
     stopping = stop_on_signals()
     keys = KeyReader(view.key, stopping.set).start() if view else None
     until = time.monotonic() + (args.duration if args.duration else float("inf"))
     reader.start()
     print(f"mbalancer monitor: {READY} switch {args.switch} (its data plane counts the gets)", file=sys.stderr,
           flush=True)
+    state = SwitchState.ATTACHED
     try:
         next_at = time.monotonic() + args.interval
-        while not stopping.wait(max(min(next_at, until) - time.monotonic(), 0)) and time.monotonic() < until:
-            report_to(reader.read().to_json())
+        while state is not SwitchState.LOST and not stopping.wait(max(min(next_at, until) - time.monotonic(), 0)) \
+                and time.monotonic() < until:
+            state = _end_interval(reader, follower, report_to)
             next_at += args.interval
-        report_to(reader.read().to_json())  # the last, partial interval
+        if state is not SwitchState.LOST:
+            state = _end_interval(reader, follower, report_to)  # the last, partial interval
     finally:
         try:
             reader.stop()
         except SketchUnavailable as err:  # the controller went first: the switch stops counting without it
             log.warning("the sketch was not turned off: %s", err)
-        tables.close()
+        reader.tables.close()
         if keys:
             keys.close()
+    if state is SwitchState.LOST:
+        return 1  # its one line said why
     totals = reader.totals
     print(f"mbalancer monitor: switch {args.switch}: {totals['gets']} gets counted in the data plane, "
           f"{totals['reports']} reports" + (f", {push.sent} pushed, {push.failed} failed pushes" if push else ""),
@@ -164,6 +178,21 @@ def _read_sketch(args: argparse.Namespace, reader: SketchReader, tables, report_
         print(f"mbalancer monitor: no get was counted: do the clients' gets pass through switch {args.switch}, to a "
               f"port it knows as memcached's (mbalancer switch status)?", file=sys.stderr)
     return 0
+
+
+def _end_interval(reader: SketchReader, follower: SwitchFollower | None, report_to: Fanout) -> SwitchState:
+    """Look at the switch first (the maps held open may be a detached program's), then report what its sketch
+    counted: nothing while it is gone, so the controller keeps its hot keys for its return instead of cooling them on
+    zeros; after a reattach the sketch is turned on in the new maps and counts from now."""
+    state = follower.look() if follower else SwitchState.ATTACHED
+    if follower and follower.said:
+        print(f"mbalancer monitor: {follower.said}", file=sys.stderr, flush=True)
+    if state is SwitchState.REATTACHED:
+        reader.tables = follower.tables
+        reader.start()
+    elif state is SwitchState.ATTACHED:
+        report_to(reader.read().to_json())
+    return state
 
 
 def _open_switch(name: str | None, fail: Fail) -> tuple[str, Tables]:

@@ -232,19 +232,19 @@ class DataPlane:
 
     def serve(self, ports: Sequence[str], mirror_ifindex: int = 0, memcached_ports: Sequence[int] = (11211,),
               flood_ports: Sequence[str] | None = None) -> None:
-        """Attach to every port (root namespace) and fill the ports, settings and memcached ports tables (the
-        driver adds each configured server's port); floods go out of `flood_ports` (default: every port; fewer keep
+        """Fill the ports, settings and memcached ports tables (the driver adds each configured server's port), then
+        attach to every port (root namespace); floods go out of `flood_ports` (default: every port; fewer keep
         a topology with cycles loop-free)."""
         from dataplanes.bpf.tables import Tables  # here: tables needs the bpf syscall, building does not
-        for port in ports:
-            self.attach(port)
         tables = Tables(self.pin_dir)
-        try:
+        try:  # before the first port: a frame for an unknown MAC, flooded to an empty ports table, would be lost
             tables.set_ports([socket.if_nametoindex(p) for p in (ports if flood_ports is None else flood_ports)])
             tables.set_settings(mirror_ifindex)
             tables.add_memcached_ports(memcached_ports)
         finally:
             tables.close()
+        for port in ports:
+            self.attach(port)
 
     def unload(self) -> None:
         if self.mirror_link:
