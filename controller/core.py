@@ -26,10 +26,12 @@ from controller.execution import Executor
 from controller.hot_keys import HotKey
 from controller.health import RESTARTED, HealthTracker, Prober
 from controller.mac_check import MAC_WRONG, MacWatch
+from controller.measured_balance import SERVERS, Spread, balance_state, plan_spread, switch_spread
 from controller.mirrors import read_mirror
 from controller.streams import TcpStreams
 from controller.planner import Plan, Planner
 from controller.replicator import Replicator
+from controller.server_gets import ServerGets
 from controller.switch_counts import SwitchCounts
 from mbalancer.config import Config
 from mbalancer.memcache.hashing import KeyHash, make_hash
@@ -68,6 +70,9 @@ class ControllerCore:
                                                                                      config.servers[server].port))
         self.server_of_address = {(s.ip, s.port): i for i, s in enumerate(config.servers)}
         self.switch_counts = SwitchCounts()  # the data plane's counters, read every COUNT_EVERY s
+        # the servers' own counts of gets, read every COUNT_EVERY s: only where this core may talk to its servers
+        # for its own checks (tests that give it unreachable addresses turn the probes off)
+        self.server_gets = ServerGets(addresses, clock) if probe_health else None
         self._gone: set[str] = set()  # switches the driver found gone at the last count (warned once)
         self.server_ports = [s.port for s in config.servers]
         self._closes_handled: dict[int, tuple] = {}  # per server, the data plane's closes the worker dealt with
@@ -100,6 +105,8 @@ class ControllerCore:
         self._worker = self._spawn(self._work, "mbalancer-core")
         self._spawn(self._renew_lease, "mbalancer-lease")
         self._spawn(self._count_gets, "mbalancer-counters")
+        if self.server_gets is not None:
+            self._spawn(self._read_server_gets, "mbalancer-server-gets")
         if self._probe_health:
             for server in range(len(self.config.servers)):
                 self._spawn(lambda server=server: self._probe(server), f"mbalancer-health-{server}")
@@ -116,6 +123,8 @@ class ControllerCore:
             thread.join(timeout=5)
         self.driver.close()
         self.replicator.close()
+        if self.server_gets is not None:
+            self.server_gets.close()
 
     def wait_idle(self, timeout: float = 10.0) -> bool:
         """Block until every queued event has been handled (tests and benchmarks)."""
@@ -232,8 +241,14 @@ class ControllerCore:
                 counters = self.driver.read_counters()
             except DriverError as err:
                 log.warning("switch counters not read (reports alone decide meanwhile): %s", err)
+                self.switch_counts.failed(str(err))
                 continue
             self.switch_counts.update(counters, self.clock())
+
+    def _read_server_gets(self) -> None:
+        """Its own thread (a hung server never delays the switch's counters): each server's cmd_get."""
+        while not self._stop.wait(COUNT_EVERY):
+            self.server_gets.read()
 
     def _check_macs(self) -> None:
         """Every server's configured MAC against what the switch saw (controller/mac_check.py): a wrong one is
@@ -433,7 +448,7 @@ class ControllerCore:
                 "config": snapshot["config"], "servers": self._servers_state(snapshot["loads"], snapshot["measured"]),
                 **{k: snapshot[k] for k in ("hot_keys", "plan", "retries")},
                 "counters": {**snapshot["counters"], "data_plane": self._data_plane_counters()},
-                "freshness": self.freshness(),
+                "freshness": self.freshness(), "balance": balance_state(self.spreads()),
                 "decisions": self.decisions_made()[-100:]}
 
     def _switches_gone_state(self) -> dict[str, Any]:
@@ -460,6 +475,20 @@ class ControllerCore:
             stale.append(f"the switch's counters not read for {counters_age:.1f} s")
         return {"last_report_age_s": round(report_age, 3), "counters_age_s": round(counters_age, 3), "stale": stale}
 
+    def spreads(self) -> list[Spread]:
+        """gets/s per server as the plan estimates them, as the switch's counters and as the servers' own counts
+        measure them, each with its age (controller/measured_balance.py); from any thread, never waits."""
+        freshness, snapshot, counts = self.freshness(), self.published(), self.switch_counts.snapshot
+        report_age, placements = freshness["last_report_age_s"], snapshot["placements"]
+        rates = {key: max(counts.rates.get(key, 0.0), snapshot["key_rates"].get(key, 0.0))  # as the planner ranks
+                 for key in placements}  # installed keys (planner.with_switch_rates)
+        plan_loads = snapshot["loads"] if snapshot["plan"] is not None else None
+        return [plan_spread(plan_loads, report_age, placements, rates),
+                switch_spread(snapshot["measured"], placements, counts, max(report_age, freshness["counters_age_s"]),
+                              self.driver.counts_gets),
+                self.server_gets.spread() if self.server_gets is not None else
+                Spread(SERVERS, None, unavailable="not read: this controller does not probe its servers")]
+
     def published(self) -> dict[str, Any]:
         """The worker's state as it last published it (see _publish); from any thread, never waits."""
         return self._snapshot
@@ -472,6 +501,8 @@ class ControllerCore:
                        "hysteresis": self.config.balancing.hysteresis, "hash": self.config.balancing.hash},
             "loads": list(self.last_plan.loads) if self.last_plan else [0.0] * len(self.config.servers),
             "measured": self.planner.homes.measured_loads(self.last_report) if self.last_report else None,
+            "placements": self.executor.placements(),
+            "key_rates": {entry.key: entry.rate for entry in self.last_report.top} if self.last_report else {},
             "hot_keys": [self._hot_key_state(k, hot) for k, hot in self.executor.hot_keys()],
             "plan": self._plan_state(),
             "retries": [{"action": r.action, "key": key_to_text(r.key), "server": r.server,

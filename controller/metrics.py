@@ -2,7 +2,9 @@
 published (its last snapshot, the data plane's counters as the counters thread last read them, the servers' health),
 so a scrape never waits for the worker and never reads the switch itself.
 
-Names: mbalancer_* (docs/deployment.md lists them with the dashboard in install/grafana/). Counters only grow: the
+Names: mbalancer_* (docs/deployment.md lists them with the dashboard in install/grafana/). The plan's estimates keep
+their older names (spread label); mbalancer_load_* put them next to what the switch and the servers measured, one
+`source` label each (controller/measured_balance.py). Counters only grow: the
 data plane's per-key counters start again from zero when a key is installed anew, so the totals are kept by
 controller/switch_counts.py; a key's own series ends when it cools (and starts anew if it warms again).
 """
@@ -17,6 +19,7 @@ from prometheus_client.registry import Collector, CollectorRegistry
 
 from controller.core import ControllerCore
 from controller.mac_check import MacStatus
+from controller.measured_balance import Spread
 from mbalancer.memcache.keys import key_from_text
 
 CONTENT_TYPE = CONTENT_TYPE_PLAIN_0_0_4  # what Prometheus 2 (Debian 12 has 2.42) asks for; our names fit it
@@ -56,6 +59,7 @@ class CoreCollector(Collector):
         yield from self._controller()
         yield from self._hot_keys(published["hot_keys"])
         yield from self._servers()
+        yield from self._spreads(self.core.spreads())
         yield from self._data_plane()
         yield from self._work_done(published["counters"], len(published["retries"]))
 
@@ -75,7 +79,8 @@ class CoreCollector(Collector):
                                 "last read", value=freshness["counters_age_s"])
         plan, report = core.last_plan, core.last_report
         factors = GaugeMetricFamily("mbalancer_imbalance_factor", "mean server load over the maximum (1 = even), "
-                                    "from the last report", labels=["spread"])
+                                    "the plan's estimates from the last report (measured: "
+                                    "mbalancer_load_imbalance_factor)", labels=["spread"])
         if plan is not None:
             factors.add_metric(["now"], plan.imbalance_now)  # as the switch spreads gets now
             factors.add_metric(["without"], plan.imbalance_without)  # where the clients' hash sends them
@@ -119,11 +124,11 @@ class CoreCollector(Collector):
                                labels=SERVER_LABELS)
         failed = GaugeMetricFamily("mbalancer_server_failed_probes", "health probes failed in a row",
                                    labels=SERVER_LABELS)
-        gets = GaugeMetricFamily("mbalancer_server_gets_per_second", "gets/s per server from the last report: as "
-                                 "the switch spreads them now, or as the clients' hash sends them (without)",
-                                 labels=[*SERVER_LABELS, "spread"])
-        share = GaugeMetricFamily("mbalancer_server_share", "the server's share of all gets as spread now",
-                                  labels=SERVER_LABELS)
+        gets = GaugeMetricFamily("mbalancer_server_gets_per_second", "the plan's estimate of gets/s per server from "
+                                 "the last report: as its weights spread them now, or as the clients' hash sends them "
+                                 "(without); measured: mbalancer_load_gets_per_second", labels=[*SERVER_LABELS, "spread"])
+        share = GaugeMetricFamily("mbalancer_server_share", "the server's share of all gets as the plan estimates them "
+                                  "spread now", labels=SERVER_LABELS)
         mac_wrong = GaugeMetricFamily("mbalancer_server_mac_wrong", "1 while the server is out of every replica set "
                                       "because its configured MAC is not the one the switch saw (or its balanced gets "
                                       "were flooded); absent where the data plane cannot tell", labels=SERVER_LABELS)
@@ -145,6 +150,45 @@ class CoreCollector(Collector):
                     gets.add_metric([*labels, "without"], plan.loads_without[index])
                 share.add_metric(labels, plan.loads[index] / total if total else 0.0)
         yield from (up, failed, gets, share, mac_wrong, flooded)
+
+    def _spreads(self, spreads: list[Spread]) -> Iterator[Metric]:
+        """The plan's estimate and the switch's and servers' measurements side by side, one `source` label each
+        (controller/measured_balance.py); a source that cannot be had has available 0 and no figures (never a 0)."""
+        families = {
+            "available": GaugeMetricFamily("mbalancer_load_available", "1 while the source's per-server loads can be "
+                                           "had (plan, switch, servers); 0: /state's balance says why",
+                                           labels=["source"]),
+            "age": GaugeMetricFamily("mbalancer_load_age_seconds", "how old the oldest figure the source's loads were "
+                                     "made from is", labels=["source"]),
+            "imbalance": GaugeMetricFamily("mbalancer_load_imbalance_factor", "mean server load over the maximum "
+                                           "(1 = even), by source", labels=["source"]),
+            "balanced": GaugeMetricFamily("mbalancer_load_balanced_gets_per_second", "gets/s sent to another server "
+                                          "than the clients addressed (plan: by its weights; switch: as counted)",
+                                          labels=["source"]),
+            "gets": GaugeMetricFamily("mbalancer_load_gets_per_second", "gets/s per server, by source",
+                                      labels=[*SERVER_LABELS, "source"]),
+            "share": GaugeMetricFamily("mbalancer_load_share", "the server's share of all gets, by source",
+                                       labels=[*SERVER_LABELS, "source"])}
+        for spread in spreads:
+            self._add_spread(families, spread)
+        yield from families.values()
+
+    def _add_spread(self, families: dict[str, GaugeMetricFamily], spread: Spread) -> None:
+        source = [spread.source]
+        families["available"].add_metric(source, float(spread.loads is not None))
+        if spread.age_s is not None:
+            families["age"].add_metric(source, spread.age_s)
+        if spread.balanced is not None:
+            families["balanced"].add_metric(source, spread.balanced)
+        if spread.loads is None:
+            return
+        families["imbalance"].add_metric(source, spread.imbalance)
+        shares = spread.shares
+        for index, (server, load) in enumerate(zip(self.core.config.servers, spread.loads)):
+            labels = [str(index), server.name, f"{server.ip}:{server.port}", spread.source]
+            families["gets"].add_metric(labels, load)
+            if shares is not None:
+                families["share"].add_metric(labels, shares[index])
 
     def _data_plane(self) -> Iterator[Metric]:
         snapshot = self.core.switch_counts.snapshot

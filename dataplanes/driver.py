@@ -126,6 +126,9 @@ class Driver(ABC):
 
     name = "abstract"
     max_replicas: ClassVar[int | None] = None  # servers one hot key can be spread over (home included); None: any
+    # read_counters gives each hot key's gets per replica as a switch counted them; False: no switch counts any (the
+    # controller then says its measured balance is not supported, never shows a 0: controller/measured_balance.py)
+    counts_gets: ClassVar[bool] = True
 
     @abstractmethod
     def attach(self, servers: Sequence[Server], on_mirror: MirrorHandler,
@@ -173,6 +176,11 @@ class Driver(ABC):
     def read_counters(self) -> Counters:
         """Counters since attach. Called from any thread (the HTTP server's), never under the core's lock: an
         implementation guards its own bookkeeping."""
+
+    def set_tcp_homes(self, servers: Sequence[int]) -> None:
+        """The servers (indexes) whose clients' TCP connections this data plane's TCP path takes, where it has one
+        (the eBPF switch: docs/dataplanes/tcp.md): those whose hot keys it balances. Until called, every server's; a
+        fabric names each leaf's own. A data plane without a TCP path has nothing to do."""
 
     # Many keys at once (a hot-set change): the same calls, in as few switch requests as the data plane can make
     # them (P4Runtime: one WriteRequest per switch); here one by one. A key refused holds back no other: the refused

@@ -50,6 +50,7 @@ class TableEntry:
 
 class RecordingDriver(Driver):
     name = "none"
+    counts_gets = False  # no switch counts gets here (a test that plays one sets True and fills `counters`)
 
     def __init__(self, max_replicas: int | None = None) -> None:
         self.max_replicas = max_replicas
