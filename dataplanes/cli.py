@@ -43,9 +43,11 @@ def register(commands: argparse._SubParsersAction) -> None:
                                         "[dataplane.ebpf] ports)")
     attach.add_argument("--memcached-port", type=int, action="append",
                         help="memcached port to balance (repeatable; default: the config's servers' ports, or 11211)")
-    attach.add_argument("--tcp", action="store_true",
-                        help="balance clients' TCP gets too: the TCP path's splitter runs on this machine (default: "
-                             "the config's [dataplane.ebpf] tcp; docs/dataplanes/tcp.md)")
+    tcp = attach.add_mutually_exclusive_group()
+    tcp.add_argument("--tcp", action="store_true", default=None,
+                     help="balance clients' TCP gets, or fail: the TCP path's splitter runs on this machine (default: "
+                          "the config's [dataplane.ebpf] tcp, or wherever it can; docs/dataplanes/tcp.md)")
+    tcp.add_argument("--no-tcp", dest="tcp", action="store_false", help="no TCP path: clients' TCP gets go home")
     detach = actions.add_parser("detach", help="remove the program, its mirror link and its pins")
     detach.add_argument("--all", action="store_true", help="every switch loaded on this machine")
     status = actions.add_parser("status", help="ports, hot keys, lease and counters of each switch")
@@ -136,8 +138,11 @@ def _attach(args: argparse.Namespace, name: str, settings, servers, fail: Fail) 
     memcached_ports = args.memcached_port or sorted({s.port for s in servers}) or [11211]
     if not all(0 < p < 65536 for p in memcached_ports):
         fail(f"--memcached-port: 1-65535 (got {memcached_ports})")
-    record = standalone.attach(name, ports, memcached_ports, args.tcp or bool(settings and settings.tcp))
-    tcp = f"; TCP gets balanced by splitter {record.splitter_pid}" if record.tcp else ""
+    record = standalone.attach(name, ports, memcached_ports, args.tcp if args.tcp is not None else
+                               settings.tcp if settings else None)
+    tcp = f"; TCP gets balanced by splitter {record.splitter_pid}" if record.tcp else \
+        f"; TCP gets go home, no TCP path ({record.tcp_missing}; --no-tcp says so on purpose)" if record.tcp_missing \
+        else ""
     print(f"mbalancer switch: {name} attached to {', '.join(record.ports)}; memcached port(s) "
           f"{', '.join(map(str, record.memcached_ports))}{tcp}; the controller drives it with --driver ebpf "
           f"(undo: mbalancer switch detach {_same_switch(args, name)})", file=sys.stderr)
@@ -183,6 +188,8 @@ def _status(names: list[str], as_json: bool) -> int:
 def _splitter_text(splitter: dict | None) -> str:
     if splitter is None:
         return ""
+    if splitter.get("missing"):
+        return f"; no TCP path: {splitter['missing']}"
     return f"; TCP splitter {splitter['pid']} " + ("running" if splitter["running"] else
                                                   f"NOT running (its log: {splitter['log']})")
 

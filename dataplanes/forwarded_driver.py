@@ -80,6 +80,9 @@ class ForwardedDriver(Driver):
     def rearm_unsure(self, server: int) -> None:
         self._call("rearm_unsure", (server,))
 
+    def set_tcp_homes(self, servers: Sequence[int]) -> None:
+        self._call("set_tcp_homes", (tuple(servers),))
+
     def server_closes(self, server: int) -> tuple:
         return self._call("server_closes", (server,))
 

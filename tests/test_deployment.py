@@ -5,6 +5,7 @@ Prometheus scraping the controller; `mbalancer switch detach` gives the box its 
 from __future__ import annotations
 
 import json
+import socket
 import os
 import subprocess
 import time
@@ -157,17 +158,17 @@ def switch_status(name: str = TAG) -> dict:
     return json.loads(switch("status", "--name", name, "--json").stdout)
 
 
-def test_attach_with_tcp_balances_the_clients_tcp_gets_and_detach_stops_the_splitter(tmp_path):
-    """The own-servers path with `tcp = true` in [dataplane.ebpf] (docs/dataplanes/tcp.md): attach starts the TCP
+def test_attach_balances_the_clients_tcp_gets_with_nothing_to_configure_and_detach_stops_the_splitter(tmp_path):
+    """The own-servers path as the README gives it, no TCP setting (docs/dataplanes/tcp.md): attach starts the TCP
     splitter, which outlives the command; with the controller told the top keys, TCP clients' gets reach every
     server, none missed; detach stops the splitter and removes its link and routes, and TCP goes through the bridge
-    again."""
+    again. Where the TCP path cannot run (the port taken on the box), attach goes on without it and says why, unless
+    --tcp asks for it; --no-tcp makes none."""
     with NamespaceNetwork(servers=3, clients=1, tag=TAG, dataplane="bridge") as net:
         serve_and_fill(net)
         config = tmp_path / "mbalancer.toml"
         listen = f"127.0.0.1:{free_port()}"
         write_config(net, config, listen)
-        config.write_text(config.read_text() + "tcp = true\n")  # [dataplane.ebpf] is the last section
         controller = None
         try:
             attached = switch("attach", "--config", str(config))
@@ -204,6 +205,31 @@ def test_attach_with_tcp_balances_the_clients_tcp_gets_and_detach_stops_the_spli
                                               text=True).stdout
         after = net.run(net.client_hosts[0], load_command(net, 1.0, tmp_path) + ["--protocol", "tcp"])
         assert after.returncode == 0 and json.loads(after.stdout)["timeouts"] == 0, after.stderr[-2000:]
+        assert_tcp_path_optional(config)
+
+
+def assert_tcp_path_optional(config) -> None:
+    """With the memcached port taken on the box: attach without the TCP path, saying why; --tcp refuses in one
+    line, leaving nothing attached; --no-tcp makes no path and says nothing of it."""
+    with socket.socket() as taken:
+        taken.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # the splitter's connections just closed wait
+        taken.bind(("0.0.0.0", 11211))
+        taken.listen()
+        try:
+            attached = switch("attach", "--config", str(config))
+            assert attached.returncode == 0 and "TCP gets go home, no TCP path" in attached.stderr, attached.stderr
+            assert "Address already in use" in switch_status()["tcp_splitter"]["missing"]
+            assert "no TCP path" in switch("status", "--config", str(config)).stdout
+        finally:
+            switch("detach", "--config", str(config))
+        required = switch("attach", "--config", str(config), "--tcp")
+        assert required.returncode == 1 and "Traceback" not in required.stderr, required.stderr
+        assert len(required.stderr.strip().splitlines()) == 1 and not os.path.exists(f"/sys/class/net/{TAG}-t")
+    try:
+        off = switch("attach", "--config", str(config), "--no-tcp")
+        assert off.returncode == 0 and "TCP" not in off.stderr and switch_status()["tcp_splitter"] is None
+    finally:
+        switch("detach", "--config", str(config))
 
 
 @pytest.mark.parametrize("args, message", [

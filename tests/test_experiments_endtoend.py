@@ -275,6 +275,22 @@ print(stored)
 """
 
 
+def fabric_with_a_hot_key(bed):
+    """The fabric's driver, attached, with key k (value v at both servers) installed at its home srv1, balanced
+    50/50 and clean; and the list its mirrored writes go to."""
+    from dataplanes.driver import ReplicaWeight
+    from mbalancer.memcache.meta import MetaClient, StoredItem
+    for address in bed.addresses:
+        MetaClient(address).set(b"k", StoredItem(b"v", 0, -1, 0))
+    mirrors: list[bytes] = []
+    driver = registry.get("agent").make_driver(bed.dataplane().settings)
+    driver.attach(bed.servers, mirrors.append)
+    driver.install_hot_key(b"k", 0, [ReplicaWeight(0, 0.5), ReplicaWeight(1, 0.5)])
+    driver.renew_lease(3600)
+    driver.clear_dirty(b"k", driver.write_stamp(b"k"))
+    return driver, mirrors
+
+
 @needs_testbed
 @pytest.mark.parametrize("dataplane", ["ebpf", "openflow", pytest.param("p4", marks=pytest.mark.skipif(
     registry.get("p4").available() is not None, reason=f"no p4: {registry.get('p4').available()}"))])
@@ -284,8 +300,6 @@ def test_a_fabric_of_switch_agents_balances_each_get_at_its_homes_leaf(tmp_path,
     over both servers and answered from the home's address (the replica's leaf rewrites the reply); each write is
     mirrored once; after a write from the home's leaf, the far leaf's clients' gets go home (no switch that never saw
     the write balances them)."""
-    from dataplanes.driver import ReplicaWeight
-    from mbalancer.memcache.meta import MetaClient, StoredItem
     from topologies.testbed import Testbed
     spec = TestbedSpec(topology="leafspine", servers=2, clients=2, leaves=2, spines=2, agents=True,
                        dataplane=dataplane)
@@ -293,15 +307,8 @@ def test_a_fabric_of_switch_agents_balances_each_get_at_its_homes_leaf(tmp_path,
         settings = bed.dataplane().settings
         assert bed.dataplane().kind == "agent" and all(not b.startswith("127.") for b in settings.boxes)
         assert Path(settings.token_file).stat().st_mode & 0o077 == 0  # the shared token: the owner's alone
-        for address in bed.addresses:
-            MetaClient(address).set(b"k", StoredItem(b"v", 0, -1, 0))
-        mirrors: list[bytes] = []
-        driver = registry.get("agent").make_driver(settings)
-        driver.attach(bed.servers, mirrors.append)
+        driver, mirrors = fabric_with_a_hot_key(bed)
         try:
-            driver.install_hot_key(b"k", 0, [ReplicaWeight(0, 0.5), ReplicaWeight(1, 0.5)])
-            driver.renew_lease(3600)
-            driver.clear_dirty(b"k", driver.write_stamp(b"k"))
             (tmp_path / "gets.py").write_text(UDP_GETS)
             (tmp_path / "sets.py").write_text(UDP_SETS)
             far, near = bed.client_hosts  # cli1 on leaf2 (srv2's), cli2 on leaf1 (srv1's: the home's)
@@ -320,6 +327,65 @@ def test_a_fabric_of_switch_agents_balances_each_get_at_its_homes_leaf(tmp_path,
                 time.sleep(0.05)
             time.sleep(0.5)  # any second copy would have come by now
             assert len(mirrors) == 5 and driver.read_counters().keys[b"k"].mirrored == 5
+            before = driver.read_counters().keys[b"k"]
+            assert far.cmd(f"python3 {tmp_path}/gets.py {bed.servers[0].ip} k 40").strip() == "40"
+            after = driver.read_counters().keys[b"k"]
+            assert after.home_while_dirty - before.home_while_dirty == 40 and after.per_replica == before.per_replica
+        finally:
+            driver.close()
+
+
+TCP_GETS = r"""
+import socket, sys
+sock = socket.create_connection((sys.argv[1], 11211), timeout=2)
+answered = 0
+for _ in range(int(sys.argv[3])):
+    sock.sendall(b"get " + sys.argv[2].encode() + b"\r\n")
+    reply = b""
+    while not reply.endswith(b"END\r\n"):
+        chunk = sock.recv(65536)
+        if not chunk:
+            break
+        reply += chunk
+    answered += reply.startswith(b"VALUE ")
+print(answered)
+"""
+
+TCP_SETS = r"""
+import socket, sys
+sock = socket.create_connection((sys.argv[1], 11211), timeout=2)
+stored = 0
+for n in range(int(sys.argv[3])):
+    sock.sendall(b"set " + sys.argv[2].encode() + b" 0 0 2\r\nv%d\r\n" % (n % 10))
+    stored += sock.recv(64) == b"STORED\r\n"
+print(stored)
+"""
+
+
+@needs_testbed
+def test_a_fabric_of_boxes_takes_tcp_connections_at_the_homes_leaf_and_balances_their_gets(tmp_path):
+    """Four eBPF switches behind their agents, each leaf with its TCP path (its splitter in its box): a client on
+    the far leaf connects to the home on the near leaf over TCP; the far leaf passes the connection on, the home's
+    leaf takes it and spreads its gets over both servers (the replica's leaf passes the splitter's own connection on,
+    and the replica's answers come back through the home's leaf); after writes over TCP from the home's leaf, the
+    far client's gets go home."""
+    from topologies.testbed import Testbed
+    spec = TestbedSpec(topology="leafspine", servers=2, clients=2, leaves=2, spines=2, agents=True, tcp=True)
+    with Testbed(spec) as bed:
+        driver, mirrors = fabric_with_a_hot_key(bed)
+        try:
+            (tmp_path / "gets.py").write_text(TCP_GETS)
+            (tmp_path / "sets.py").write_text(TCP_SETS)
+            far, near = bed.client_hosts  # cli1 on leaf2 (srv2's), cli2 on leaf1 (srv1's: the home's)
+            assert far.cmd(f"python3 {tmp_path}/gets.py {bed.servers[0].ip} k 200").strip() == "200"
+            per_replica = driver.read_counters().keys[b"k"].per_replica
+            assert sum(per_replica.values()) == 200 and min(per_replica.get(s, 0) for s in (0, 1)) > 50, per_replica
+            taken = {box.switch: (counts["tcp_connections"], counts["tcp_balanced"])
+                     for box, counts in zip(bed.agents.boxes, driver.switch_counters())}
+            assert {box: n for box, (n, _) in taken.items()} == {"spine1": 0, "spine2": 0, "leaf1": 1, "leaf2": 0}
+            assert taken["leaf1"][1] == per_replica[1]  # balanced by the home's leaf's splitter
+            assert near.cmd(f"python3 {tmp_path}/sets.py {bed.servers[0].ip} k 5").strip() == "5"
+            assert eventually(lambda: len(mirrors) >= 5, every=0.05), mirrors
             before = driver.read_counters().keys[b"k"]
             assert far.cmd(f"python3 {tmp_path}/gets.py {bed.servers[0].ip} k 40").strip() == "40"
             after = driver.read_counters().keys[b"k"]

@@ -97,6 +97,8 @@ class SwitchAgents:
             for link in switch.box_links:
                 sh("ip", "link", "set", link, "netns", box.namespace)
                 sh(*in_netns(box.namespace), "ip", "link", "set", link, "up")
+            if enter := getattr(switch, "enter_box", None):  # what else of the switch lives in its box (a splitter)
+                enter(box.namespace)
             section = "".join(f"{name} = {json.dumps(value)}\n" for name, value in switch.box_settings().items())
             config = self.folder / f"agent-{box.switch}.toml"
             config.write_text(CONFIG.format(name=box.switch, kind=self.kind, section=section, listen=box.address,

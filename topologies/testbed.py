@@ -53,7 +53,8 @@ class TestbedSpec:
     fabric_link: LinkSpec = LinkSpec()
     memcached_threads: int = 1
     memcached_memory_mb: int = 64
-    # the switch's TCP path: clients' TCP gets balanced too (eBPF, one switch: docs/dataplanes/tcp.md)
+    # the switch's TCP path: clients' TCP gets balanced too (eBPF: one switch, or a fabric of boxes, each leaf taking
+    # the connections to its own servers: docs/dataplanes/tcp.md)
     tcp: bool = False
 
     def check(self) -> None:
@@ -71,9 +72,10 @@ class TestbedSpec:
                                                  self.leaves + self.spines <= MAX_BOXES):
             raise TopologyError(f"a leaf-spine needs at least one leaf and one spine, {MAX_BOXES} switches at most "
                                 f"(got {self.leaves} and {self.spines})")
-        if self.tcp and (self.dataplane != "ebpf" or self.topology != "single"):
-            raise TopologyError("TCP gets are balanced by the eBPF switch's TCP path, on one switch (a fabric's and "
-                                "the other data planes' TCP gets go home: docs/dataplanes/tcp.md)")
+        if self.tcp and (self.dataplane != "ebpf" or (self.topology != "single" and not self.agents)):
+            raise TopologyError("TCP gets are balanced by the eBPF switch's TCP path, on one switch or in a fabric of "
+                                "boxes (agents), at the home's leaf (the other data planes' TCP gets go home: "
+                                "docs/dataplanes/tcp.md)")
         if self.controllers and not self.agents:
             raise TopologyError("controller hosts reach the switches over the management LAN: they need agents")
         if not 0 <= self.controllers <= MAX_CONTROLLER_HOSTS:
@@ -135,7 +137,7 @@ class Testbed:
             if self.spec.dataplane == "p4":
                 switch = partial(switch, grpc_host=ROOT_IP)
         if self.spec.tcp:
-            switch = partial(switch, tcp=True)
+            switch = partial(switch, tcp=True, tcp_in_box=self.agents is not None)
         self.net = Mininet(topo=topo, switch=switch, link=TCLink, controller=None,
                            autoSetMacs=False, waitConnected=False)
         self.net.start()

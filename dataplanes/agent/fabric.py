@@ -126,11 +126,22 @@ class FabricDriver(Driver):
         leftovers: list[LeftoverKey] = []
         for index, box in enumerate(self.boxes):
             leftovers += box.attach(servers, on_mirror, lambda index=index: self._came_back(index))
+            box.set_tcp_homes(self._rack(index))
         log.info("fabric: %d boxes, servers by box: %s", len(self.boxes),
                  "; ".join(f"box {i + 1}: {' '.join(names) or 'none (spine)'}" for i, names in enumerate(self.racks)))
         return leftovers
 
+    def _rack(self, index: int) -> list[int]:
+        """The servers cabled to box `index`: the homes whose TCP connections its TCP path takes (at the home's
+        leaf, where their hot keys are balanced; a client's leaf passes them on)."""
+        return [server for server, box in enumerate(self.box_of) if box == index]
+
     def _came_back(self, index: int) -> None:
+        try:  # an agent attached anew (restarted) has forgotten them; a reloaded switch has them from its driver
+            self.boxes[index].set_tcp_homes(self._rack(index))
+        except DriverError as err:
+            log.warning("fabric: box %d: the TCP path's homes not set again (%s): its TCP path takes every "
+                        "connection until they are", index + 1, err)
         with self.lock:
             self.held = {key: box for key, box in self.held.items() if box != index}
         if self.on_reconnect is not None:

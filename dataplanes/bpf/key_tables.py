@@ -45,6 +45,7 @@ class KeyTables(SlotBook):
         super().__init__(what, ERRORS)
         self.pin_dirs = [Path(p) for p in pin_dirs]
         self.trusted = tuple(trusted)
+        self.tcp_homes: tuple[int, ...] | None = None  # whose connections the TCP path takes; None: every server's
 
     def attach(self, servers: Sequence[Server]) -> list[LeftoverKey]:
         """Open every copy's maps, write the servers there, and remove the hot keys a previous controller left."""
@@ -89,6 +90,16 @@ class KeyTables(SlotBook):
                 raise DriverError(f"server MACs seen: {err}") from None
         return merge_sightings([[MacSighting((mac,) if mac else (), flooded) for mac, flooded in row]
                                 for row in seen])
+
+    def set_tcp_homes(self, servers: Sequence[int]) -> None:
+        """Whose clients' connections the TCP path takes (steer.h): kept, and written again into a reloaded copy."""
+        with self.lock:
+            self.tcp_homes = tuple(servers)
+            self._each(self._write_tcp_homes, "the TCP path's homes")
+
+    def _write_tcp_homes(self, tables: Tables) -> None:
+        homes = range(len(self.servers)) if self.tcp_homes is None else self.tcp_homes
+        tables.set_tcp_homes(homes, len(self.servers))
 
     def rearm_unsure(self, server: int) -> None:
         with self.lock:
@@ -146,6 +157,7 @@ class KeyTables(SlotBook):
                 tables.add_memcached_ports(sorted({s.port for s in self.servers}))
                 for ip in sorted(own_addresses(self.servers) | set(self.trusted)):
                     tables.trust(ip)
+                self._write_tcp_homes(tables)
                 tables.set_lease(self.lease_until)
         except ERRORS as err:
             for tables in opened:

@@ -27,6 +27,9 @@ class BpfMapsDriver(SlotBookDriver):
     def rearm_unsure(self, server: int) -> None:
         self.book.rearm_unsure(server)
 
+    def set_tcp_homes(self, servers: Sequence[int]) -> None:
+        self.book.set_tcp_homes(servers)
+
     def switches_gone(self) -> list[str]:
         return [p.name for p in self.book.pin_dirs if not (p / "prog").exists()]
 

@@ -42,7 +42,8 @@ DESTINATION_SLOTS = 256  # MB_DESTINATION_SLOTS
 STREAM_ID = struct.Struct("=4s4sHH")  # struct mb_stream_id (addresses and ports in network order)
 STREAM = struct.Struct("=III")  # struct mb_stream
 STREAM_RESUMES, STREAM_BLIND = 1, 2  # MB_STREAM_RESUMES, MB_STREAM_BLIND
-TCP_PATH = struct.Struct("=I6s2x")  # struct mb_tcp_path
+TCP_PATH = struct.Struct("=I6s2xIi")  # struct mb_tcp_path
+TCP_HOMES_NAMED = 256  # MB_TCP_HOMES_NAMED (= MB_MAX_SERVERS): the tcp_homes entry that says they were named
 # enum mb_tcp_counter: the TCP path's counters (clients' connections and segments steered to the splitter, the gets
 # it asked about, of them balanced, of them sent home while dirty), as counters() names them
 TCP_COUNTERS = ("tcp_connections", "tcp_steered", "tcp_gets", "tcp_balanced", "tcp_home_while_dirty")
@@ -59,7 +60,8 @@ STRUCT_SIZES = {"hot_keys": (U64.size, HOT.size), "servers": (U32.size, SERVER.s
                 "streams": (STREAM_ID.size, STREAM.size), "closes": (4, 8), "closes_handled": (4, 8),
                 "unsure_last": (4, 8), "unsure_reported": (4, 4),
                 "closing": (STREAM_ID.size, 1), "server_macs_seen": (4, SERVER_SEEN.size),
-                "tcp_path": (4, TCP_PATH.size), "tcp_neighbors": (4, 8), "tcp_counters": (4, 8)}
+                "tcp_path": (4, TCP_PATH.size), "tcp_neighbors": (4, 8), "tcp_counters": (4, 8),
+                "tcp_homes": (4, 4), "server_ips": (4, 4)}
 
 
 def key_entry(key: bytes) -> bytes:
@@ -235,6 +237,7 @@ class Tables(OneByOne):
         self.maps["server_index"].update(SERVER_ADDRESS.pack(socket.inet_aton(ip), socket.htons(port), 0),
                                          U32.pack(index))
         self.maps["server_macs_seen"].update(U32.pack(index), bytes(SERVER_SEEN.size))
+        self.maps["server_ips"].update(socket.inet_aton(ip), U32.pack(1))
 
     def server_seen(self, index: int) -> tuple[str | None, int]:
         """The MAC the server's TCP segments came from (None before one passed), and its balanced gets flooded."""
@@ -244,9 +247,18 @@ class Tables(OneByOne):
     def set_settings(self, controller_ifindex: int) -> None:
         self.maps["settings"].update(U32.pack(0), SETTINGS.pack(controller_ifindex))
 
-    def set_tcp_path(self, ifindex: int, mac: str) -> None:
-        """The TCP splitter is behind port `ifindex`, its side's MAC `mac` (dataplanes/ebpf/tcp/); ifindex 0: none."""
-        self.maps["tcp_path"].update(U32.pack(0), TCP_PATH.pack(ifindex, mac_bytes(mac)))
+    def set_tcp_path(self, ifindex: int, mac: str, mark: int, netns: int = -1) -> None:
+        """The TCP splitter is behind port `ifindex`, its side's MAC `mac`, its sockets marked `mark`, in network
+        namespace id `netns` as the switch's namespace numbers it (-1: the switch's own) (dataplanes/ebpf/tcp/);
+        ifindex 0: none."""
+        self.maps["tcp_path"].update(U32.pack(0), TCP_PATH.pack(ifindex, mac_bytes(mac), mark, netns))
+
+    def set_tcp_homes(self, servers: Sequence[int], count: int) -> None:
+        """The TCP path takes the clients' connections to `servers` (indexes), of the `count` configured, and to no
+        other: named from now on (until then it takes every connection)."""
+        for index in range(count):
+            self.maps["tcp_homes"].update(U32.pack(index), U32.pack(int(index in servers)))
+        self.maps["tcp_homes"].update(U32.pack(TCP_HOMES_NAMED), U32.pack(1))
 
     def tcp_counter(self, index: int) -> int:
         """One of the TCP path's counters (enum mb_tcp_counter), summed over CPUs."""

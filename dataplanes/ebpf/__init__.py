@@ -21,5 +21,7 @@ class Settings:
     # the controller's addresses whose copies never make a server unsure, beside this machine's own (a controller on
     # another box, reaching the switch through its agent: its address towards the servers)
     trusted: tuple[str, ...] = ()
-    # `mbalancer switch attach` also runs the TCP path: clients' TCP gets balanced too (docs/dataplanes/tcp.md)
-    tcp: bool = False
+    # `mbalancer switch attach` also runs the TCP path, so that clients' TCP gets are balanced too
+    # (docs/dataplanes/tcp.md). Unset: wherever it can run (when it cannot, say why and attach without it); true: it
+    # must (attach fails without it); false: never.
+    tcp: bool | None = None

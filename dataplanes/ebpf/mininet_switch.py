@@ -19,12 +19,15 @@ from dataplanes.switch_nodes import peer_intf
 
 class EbpfSwitch(Switch):
     def __init__(self, name: str, mirror: bool = True, memcached_ports: tuple[int, ...] = (11211,),
-                 flood_exclude: tuple[str, ...] = (), tcp: bool = False, **params):
+                 flood_exclude: tuple[str, ...] = (), tcp: bool = False, tcp_in_box: bool = False, **params):
         """flood_exclude: names of neighbour switches this one never floods to (a loop-free flood tree); tcp: with
-        its TCP path (clients' TCP gets balanced too: dataplanes/ebpf/tcp/)."""
+        its TCP path (clients' TCP gets balanced too: dataplanes/ebpf/tcp/); tcp_in_box: its splitter runs in its
+        box's namespace, from when it has one (enter_box: the switches of a fabric share the root namespace)."""
         super().__init__(name, **params)
         self.mirror = mirror
         self.tcp = tcp
+        self.tcp_in_box = tcp_in_box
+        self.tcp_netns: str | None = None  # where its splitter runs; None: here
         self.tcp_path: TcpPath | None = None
         self.flood_exclude = set(flood_exclude)
         self.memcached_ports = memcached_ports
@@ -43,9 +46,18 @@ class EbpfSwitch(Switch):
         mirror_ifindex = self.plane.add_mirror_link() if self.mirror else 0
         for port in ports:
             subprocess.run(["ip", "link", "set", port, "up"], check=True)
-        if self.tcp:  # before the ports: a connection opened in between would bypass the splitter for good
-            self.tcp_path = TcpPath(self.plane, self.memcached_ports).start()
+        if self.tcp and (self.tcp_netns or not self.tcp_in_box):  # before the ports: a connection opened in between
+            self._start_tcp_path()                                  # would bypass the splitter for good
         self.plane.serve(ports, mirror_ifindex, self.memcached_ports, flood)
+
+    def enter_box(self, netns: str) -> None:
+        """Its box's namespace exists (topologies/agents.py): its splitter runs there (before any client does)."""
+        if self.tcp and self.tcp_in_box and self.tcp_path is None:  # (a reload made it there again already)
+            self.tcp_netns = netns
+            self._start_tcp_path()
+
+    def _start_tcp_path(self) -> None:
+        self.tcp_path = TcpPath(self.plane, self.memcached_ports, splitter_netns=self.tcp_netns).start()
 
     def reload(self) -> None:
         """A fresh program and empty tables on the same ports (experiments start every run from a clean switch)."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
 import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -36,6 +37,7 @@ class SwitchRecord:
     tcp: bool = False  # with its TCP path (dataplanes/ebpf/tcp/): the splitter's pid and routing table once made
     splitter_pid: int = 0
     tcp_table: int = 0
+    tcp_missing: str = ""  # why an attach that would have made the TCP path did not (TCP gets go home)
 
     @staticmethod
     def read(name: str) -> "SwitchRecord | None":
@@ -43,7 +45,8 @@ class SwitchRecord:
             raw = json.loads(_record_path(name).read_text())
             return SwitchRecord(raw["name"], tuple(raw["ports"]), tuple(raw["memcached_ports"]), raw["attached_unix"],
                                 int(raw.get("netns_inode", 0)), str(raw.get("netns", "")), bool(raw.get("tcp", False)),
-                                int(raw.get("splitter_pid", 0)), int(raw.get("tcp_table", 0)))
+                                int(raw.get("splitter_pid", 0)), int(raw.get("tcp_table", 0)),
+                                str(raw.get("tcp_missing", "")))
         except (OSError, ValueError, KeyError, TypeError):
             return None
 
@@ -59,10 +62,11 @@ def _record_path(name: str) -> Path:
     return RECORDS / f"{name}.json"
 
 
-def attach(name: str, ports: Sequence[str], memcached_ports: Sequence[int], tcp: bool = False) -> SwitchRecord:
-    """Load the program as switch `name`, attach it to every port, make its mirror link, and with `tcp` its TCP path
-    (the splitter runs on after this process, logging to RECORDS/<name>.splitter.log); DataPlaneError (with nothing
-    left behind) if any step fails."""
+def attach(name: str, ports: Sequence[str], memcached_ports: Sequence[int], tcp: bool | None = None) -> SwitchRecord:
+    """Load the program as switch `name`, attach it to every port, make its mirror link, and its TCP path (the
+    splitter runs on after this process, logging to RECORDS/<name>.splitter.log): `tcp` None where it can (if it
+    cannot, the record's tcp_missing says why), True or fail, False not at all. DataPlaneError (with nothing left
+    behind) if any step that must succeed fails."""
     DataPlane(name)  # checks the name
     if len(mirror_link_of(name)[1]) > IFNAMSIZ:
         raise DataPlaneError(f"switch name {name!r} too long: at most {IFNAMSIZ - 3} characters (its mirror link "
@@ -80,20 +84,33 @@ def attach(name: str, ports: Sequence[str], memcached_ports: Sequence[int], tcp:
     if clash := [f"{port} (switch {taken[port]})" for port in ports if port in taken]:
         raise DataPlaneError(f"ports belong to another switch: {', '.join(clash)}")
     record = SwitchRecord(name, tuple(ports), tuple(sorted(set(memcached_ports))), round(time.time(), 3), inode,
-                          netns, tcp)
+                          netns, tcp is not False)
     record.write()
     plane = DataPlane(name)
     try:
         plane.load()
-        if tcp:  # before the ports: a connection opened in between would bypass the splitter for its whole life
-            path = TcpPath(plane, record.memcached_ports)
-            path.start(_splitter_log(name))
-            record = replace(record, splitter_pid=path.process.pid, tcp_table=path.table)
-            record.write()
+        if record.tcp:  # before the ports: a connection opened in between would bypass the splitter for its life
+            record = _start_tcp_path(plane, record, required=tcp is True)
         plane.serve(list(ports), plane.add_mirror_link(), record.memcached_ports)
     except (DataPlaneError, OSError) as err:
         detach(name)
         raise DataPlaneError(str(err)) from None
+    return record
+
+
+def _start_tcp_path(plane: DataPlane, record: SwitchRecord, required: bool) -> SwitchRecord:
+    """The record with the TCP path made and its splitter running; unless `required`, with why it could not be made
+    instead (the splitter not built, the port taken by a memcached on this box, ...): TCP gets then go home."""
+    path = TcpPath(plane, record.memcached_ports)
+    try:
+        path.start(_splitter_log(record.name))
+    except (DataPlaneError, OSError, subprocess.SubprocessError) as err:
+        if required:
+            raise DataPlaneError(str(err)) from None
+        record = replace(record, tcp=False, tcp_missing=str(err))
+    else:
+        record = replace(record, splitter_pid=path.process.pid, tcp_table=path.table)
+    record.write()
     return record
 
 
@@ -129,7 +146,10 @@ def detach(name: str) -> list[str]:
 
 
 def _splitter_state(record: SwitchRecord | None) -> dict | None:
-    """The TCP path's splitter as the record names it (None: the switch has no TCP path)."""
+    """The TCP path's splitter as the record names it (None: the switch has no TCP path; why not, if it was to have
+    one)."""
+    if record is not None and record.tcp_missing:
+        return {"pid": 0, "running": False, "missing": record.tcp_missing}
     if record is None or not record.tcp:
         return None
     return {"pid": record.splitter_pid, "running": _is_splitter(record.splitter_pid),

@@ -246,6 +246,26 @@ struct {
 	__type(value, struct mb_scratch);
 } scratch SEC(".maps");
 
+/* The servers whose clients' connections this switch's TCP path takes (steer.h), by index: 1 for each, and at
+ * MB_TCP_HOMES_NAMED 1 once the controller has named them. None named (a switch just loaded): every connection. On
+ * one switch every server; in a fabric the servers cabled to this leaf, where their hot keys are balanced. */
+#define MB_TCP_HOMES_NAMED MB_MAX_SERVERS
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, MB_MAX_SERVERS + 1);
+	__type(key, __u32);
+	__type(value, __u32);
+} tcp_homes SEC(".maps");
+
+/* The configured servers' addresses (ip -> 1): a connection from one is a splitter's to a replica (or a server's
+ * own), never taken by a TCP path (steer.h): in a fabric it crosses the replica's leaf, which must pass it on. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, MB_MAX_SERVERS);
+	__type(key, __u32);
+	__type(value, __u32);
+} server_ips SEC(".maps");
+
 /* The TCP path (steer.h): one entry, written where the splitter is started (dataplanes/ebpf/tcp/path.py). */
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);

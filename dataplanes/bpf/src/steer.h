@@ -1,16 +1,19 @@
 /* The TCP path (dataplanes/ebpf/tcp/, docs/dataplanes/tcp.md): clients' TCP connections to memcached servers are taken
  * by the TCP splitter, a process on the switch's own machine behind one more port of the switch (tcp_path, maps.h).
  * Its sockets are in the switch's network namespace, so the kernel's socket table says which segments are its:
- * - a SYN to a memcached port, while the splitter listens on it: it takes the connection, whether or not the
- *   controller has named the server yet (a switch just loaded or reloaded knows no server for a moment, and a
- *   connection that passed it then would stay unbalanced for its whole life; the splitter learns the home later);
+ * - a SYN to a memcached port, while the splitter listens on it, to a server whose gets this switch balances
+ *   (tcp_homes: every server on one switch, the servers cabled to it on a fabric's leaf); before the controller
+ *   has named them (a switch just loaded or reloaded, for a moment), to any server: a connection that passed then
+ *   would stay unbalanced for its whole life, and the splitter learns the home later;
  * - any other segment between a client and a server whose connection the splitter holds, either way: the client's
  *   (the splitter accepted it) or the server's answer to one of the splitter's own connections (made from the
  *   client's address and port).
  * Those go to the splitter's port, destination MAC rewritten to the splitter's, and nothing else is done to them:
  * what the splitter then sends on passes the pipeline as any client's request (counted, copied, balanced). The
- * controller's own connections (trusted_sources, and any made from the switch's own namespace) and connections
- * that began before the splitter pass as before.
+ * controller's own connections (trusted_sources, and any made from the switch's own namespace), connections from a
+ * server's address (a splitter's to a replica, crossing the replica's leaf in a fabric: server_ips) and connections
+ * that began before the splitter pass as before. Several switches in one namespace each know their splitter's
+ * sockets by its mark; a splitter in another namespace (a Mininet fabric's box) is looked up there.
  * The splitter's side does no ARP: its frames get their destination's MAC here (a configured server's, or as the
  * clients' SYNs taught it in tcp_neighbors: a client's own, and the MAC the client sent its server's SYN to). */
 #ifndef MB_STEER_H
@@ -58,17 +61,41 @@ static __always_inline void mb_learn_neighbor(__u32 ip, const unsigned char *mac
 		bpf_map_update_elem(&tcp_neighbors, &ip, &mac, BPF_ANY);
 }
 
-/* 1 if the splitter holds the segment's connection (or, `syn`, listens for it). */
-static __always_inline int mb_splitter_holds(struct __sk_buff *skb, const struct mb_packet *pkt, int syn)
+/* Whether a socket of the namespace is this switch's splitter's: its mark (a connection being accepted: its
+ * listener's). */
+static __always_inline int mb_splitter_socket(struct bpf_sock *sk, const struct mb_tcp_path *path)
+{
+	struct bpf_sock *full = bpf_sk_fullsock(sk);
+	if (full)
+		return full->mark == path->mark;
+	struct bpf_sock *listener = bpf_get_listener_sock(sk);
+	return listener && listener->mark == path->mark;
+}
+
+/* 1 if this switch's splitter holds the segment's connection (or, `syn`, listens for it). */
+static __always_inline int mb_splitter_holds(struct __sk_buff *skb, const struct mb_packet *pkt, int syn,
+					     const struct mb_tcp_path *path)
 {
 	struct bpf_sock_tuple tuple = {.ipv4 = {.saddr = pkt->saddr, .daddr = pkt->daddr, .sport = pkt->sport,
 						.dport = pkt->dport}};
-	struct bpf_sock *sk = bpf_skc_lookup_tcp(skb, &tuple, sizeof(tuple.ipv4), BPF_F_CURRENT_NETNS, 0);
+	__u64 netns = path->netns < 0 ? BPF_F_CURRENT_NETNS : (__u64)path->netns;
+	struct bpf_sock *sk = bpf_skc_lookup_tcp(skb, &tuple, sizeof(tuple.ipv4), netns, 0);
 	if (!sk)
 		return 0;
-	int listening = sk->state == MB_TCP_LISTEN;
+	int ours = mb_splitter_socket(sk, path), listening = sk->state == MB_TCP_LISTEN;
 	bpf_sk_release(sk);
-	return !listening || syn;
+	return ours && (!listening || syn);
+}
+
+/* 1 if this switch's TCP path takes connections to the server at `server` (None: not a configured one). */
+static __always_inline int mb_takes_home(const __u32 *server)
+{
+	__u32 named_at = MB_TCP_HOMES_NAMED;
+	__u32 *named = bpf_map_lookup_elem(&tcp_homes, &named_at);
+	if (!named || !*named)
+		return 1;  /* none named yet: every connection, its home learned later */
+	__u32 *home = server ? bpf_map_lookup_elem(&tcp_homes, server) : 0;
+	return home && *home;
 }
 
 /* 1 if the SYN is this namespace's own connect (the box itself, the controller on it): its socket is here, waiting
@@ -98,7 +125,9 @@ static __always_inline int mb_steer_tcp(struct __sk_buff *skb, const struct mb_p
 	    bpf_map_lookup_elem(&trusted_sources, request ? &pkt->saddr : &pkt->daddr))
 		return -1;
 	int syn = request && (pkt->tcp_flags & (MB_TCP_SYN | MB_TCP_ACK)) == MB_TCP_SYN;
-	if ((syn && mb_own_connect(skb, pkt)) || !mb_splitter_holds(skb, pkt, syn))
+	if ((syn && (!mb_takes_home(mb_server_at(pkt->daddr, pkt->dport)) ||
+		     bpf_map_lookup_elem(&server_ips, &pkt->saddr) || mb_own_connect(skb, pkt))) ||
+	    !mb_splitter_holds(skb, pkt, syn, path))
 		return -1;
 	struct ethhdr *eth = mb_data(skb);
 	if ((void *)(eth + 1) > mb_data_end(skb))

@@ -203,9 +203,13 @@ enum mb_counter {
 /* The TCP path (steer.h): the switch's port the TCP splitter is behind, and the MAC of the splitter's side of it
  * (a steered segment's new destination). ifindex 0: no splitter. */
 struct mb_tcp_path {
-	__u32 ifindex;
-	__u8 mac[6];
+	__u32 ifindex;       /* the switch's side of the splitter's link: its port */
+	__u8 mac[6];         /* the splitter's side's MAC */
 	__u16 pad;
+	__u32 mark;          /* the splitter's sockets' mark (SO_MARK): several switches in one namespace each find
+			      * their own splitter's sockets by it */
+	__s32 netns;         /* where the splitter's sockets are, as a network namespace id seen from the switch's
+			      * (its side of the link moved there: a Mininet fabric's box); -1: the switch's own */
 };
 
 /* The TCP path's counters (per CPU), index by enum mb_tcp_counter (dataplanes/bpf/tables.py TCP_COUNTERS names

@@ -12,10 +12,10 @@ and undone by stop(); the splitter is stopped by PID.
 """
 from __future__ import annotations
 
+import json
 import logging
 import select
 import subprocess
-import sys
 import threading
 from pathlib import Path
 from typing import Sequence
@@ -53,10 +53,15 @@ def link_of(switch: str) -> tuple[str, str]:
 
 
 class TcpPath:
-    """The TCP path of one loaded switch, in network namespace `netns` (None: this one)."""
+    """The TCP path of one loaded switch, in network namespace `netns` (None: this one); with `splitter_netns`, its
+    splitter runs there, its side of the link moved in (a Mininet fabric's box: one namespace per box, as one kernel
+    per box in a real fabric, where the switches' own namespace holds several)."""
 
-    def __init__(self, plane: DataPlane, memcached_ports: Sequence[int], netns: str | None = None):
+    def __init__(self, plane: DataPlane, memcached_ports: Sequence[int], netns: str | None = None,
+                 splitter_netns: str | None = None):
         self.plane, self.ports, self.netns = plane, tuple(memcached_ports), netns
+        self.splitter_netns = splitter_netns
+        self.where = splitter_netns or netns  # the splitter's namespace: its side, its routes, its sockets
         self.port, self.side = link_of(plane.name)
         self.process: subprocess.Popen | None = None
         self.table = 0
@@ -73,37 +78,44 @@ class TcpPath:
             raise
         return self
 
-    def _ip(self, *args: str, what: str) -> None:
-        result = subprocess.run(in_netns(self.netns) + ["ip", *args], capture_output=True, text=True)
+    def _ip(self, *args: str, what: str, in_switch: bool = False) -> str:
+        """`ip ARGS` in the splitter's namespace (`in_switch`: the switch's); its output."""
+        result = subprocess.run(in_netns(self.netns if in_switch else self.where) + ["ip", *args],
+                                capture_output=True, text=True)
         if result.returncode:
             raise DataPlaneError(f"TCP path of {self.plane.name}: {what}: {result.stderr.strip()}")
+        return result.stdout
+
+    def _sysctl(self, netns: str | None, setting: str) -> None:
+        subprocess.run(in_netns(netns) + ["sysctl", "-qw", setting], capture_output=True)
 
     def _link(self) -> None:
-        self._ip("link", "add", self.port, "type", "veth", "peer", "name", self.side, what="its veth pair")
-        for iface in (self.port, self.side):
-            subprocess.run(in_netns(self.netns) + ["sysctl", "-qw", f"net.ipv6.conf.{iface}.disable_ipv6=1"],
-                           capture_output=True)
+        self._ip("link", "add", self.port, "type", "veth", "peer", "name", self.side, what="its veth pair",
+                 in_switch=True)
+        if self.splitter_netns:
+            self._ip("link", "set", self.side, "netns", self.splitter_netns, what="the splitter's side moved",
+                     in_switch=True)
+        self._sysctl(self.netns, f"net.ipv6.conf.{self.port}.disable_ipv6=1")
+        self._sysctl(self.where, f"net.ipv6.conf.{self.side}.disable_ipv6=1")
         self._ip("link", "set", self.side, "arp", "off", "up", what="the splitter's side up")
-        self._ip("link", "set", self.port, "up", what="the switch's side up")
-        subprocess.run(in_netns(self.netns) + ["sysctl", "-qw", f"net.ipv4.conf.{self.side}.rp_filter=0"],
-                       capture_output=True)
+        self._ip("link", "set", self.port, "up", what="the switch's side up", in_switch=True)
+        self._sysctl(self.where, f"net.ipv4.conf.{self.side}.rp_filter=0")
         self.plane.attach(self.port, self.netns)
-        port, mac = self._read_link()
+        port, mac, netns_id = self._read_link()
         from dataplanes.bpf.tables import Tables  # here: tables needs the bpf syscall, building does not
         tables = Tables(self.plane.pin_dir)
         try:
-            tables.set_tcp_path(port, mac)
+            tables.set_tcp_path(port, mac, self.table, netns_id)  # the splitter marks its sockets with its table
         finally:
             tables.close()
 
-    def _read_link(self) -> tuple[int, str]:
-        """The switch side's ifindex and the splitter side's MAC, as seen in the namespace."""
-        script = (f"import socket; print(socket.if_nametoindex({self.port!r})); "
-                  f"print(open('/sys/class/net/{self.side}/address').read().strip())")
-        out = subprocess.run(in_netns(self.netns) + [sys.executable, "-c", script], capture_output=True, text=True,
-                             check=True).stdout.split()
-        self.table = TABLE_BASE + 2 * int(out[0])
-        return int(out[0]), out[1]
+    def _read_link(self) -> tuple[int, str, int]:
+        """The switch side's ifindex, the splitter side's MAC, and the splitter's namespace as the switch's numbers
+        it (-1: the same)."""
+        port = json.loads(self._ip("-j", "link", "show", "dev", self.port, what="its port", in_switch=True))[0]
+        side = json.loads(self._ip("-j", "link", "show", "dev", self.side, what="its side"))[0]
+        self.table = TABLE_BASE + 2 * port["ifindex"]
+        return port["ifindex"], side["address"], port["link_netnsid"] if self.splitter_netns else -1
 
     def _routes(self) -> None:
         incoming, outgoing = self.table, self.table + 1
@@ -115,7 +127,7 @@ class TcpPath:
                  what="the rule for what the splitter sends")
 
     def _start_splitter(self, log_file: Path | None) -> None:
-        command = in_netns(self.netns) + [str(build()), str(self.plane.pin_dir), str(self.table),
+        command = in_netns(self.where) + [str(build()), str(self.plane.pin_dir), str(self.table),
                                           *(str(p) for p in self.ports)]
         errors = open(log_file, "a") if log_file else subprocess.PIPE
         try:
@@ -130,7 +142,8 @@ class TcpPath:
                 self.process.wait(timeout=1 if ready else 0.01)  # its stdout closed: it is ending
             except subprocess.TimeoutExpired:
                 pass
-            why = self.process.stderr.read() if log_file is None and self.process.poll() is not None else ""
+            why = "" if self.process.poll() is None else \
+                self.process.stderr.read() if log_file is None else _last_line(log_file)
             raise DataPlaneError(f"TCP path of {self.plane.name}: the splitter did not start: "
                                  f"{why.strip().splitlines()[-1] if why.strip() else 'no word from it'}"
                                  + (f" (its log: {log_file})" if log_file else ""))
@@ -150,16 +163,26 @@ class TcpPath:
         if self.process is not None:
             stop_process(self.process)
             self.process = None
-        remove(self.plane.name, self.table, self.netns)
+        remove(self.plane.name, self.table, self.netns, self.where)
         self.table = 0
 
 
-def remove(switch: str, table: int = 0, netns: str | None = None) -> list[str]:
-    """Undo what a TCP path made for `switch` (its routing `table`; 0: found from its rule, as after a killed run;
-    the splitter is stopped by its starter): what was there, in words."""
+def _last_line(log_file: Path) -> str:
+    """The log's last line (the splitter's own words for why it ended), or ""."""
+    try:
+        lines = log_file.read_text(errors="replace").strip().splitlines()
+    except OSError:
+        return ""
+    return lines[-1] if lines else ""
+
+
+def remove(switch: str, table: int = 0, netns: str | None = None, splitter_netns: str | None = None) -> list[str]:
+    """Undo what a TCP path made for `switch` in `netns` (its routing `table`, in `splitter_netns` if its splitter
+    ran elsewhere; 0: found from its rule, as after a killed run; the splitter is stopped by its starter): what was
+    there, in words."""
     removed = []
     port, side = link_of(switch)
-    prefix = in_netns(netns)
+    prefix = in_netns(splitter_netns or netns)
     if not table:
         rules = subprocess.run(prefix + ["ip", "rule", "show", "iif", side], capture_output=True, text=True).stdout
         found = rules.split("lookup ")[1].split()[0] if "lookup " in rules else ""
@@ -170,6 +193,6 @@ def remove(switch: str, table: int = 0, netns: str | None = None) -> list[str]:
         for number in (table, table + 1):
             subprocess.run(prefix + ["ip", "route", "flush", "table", str(number)], capture_output=True)
         removed.append(f"the TCP path's routes (tables {table}, {table + 1})")
-    if subprocess.run(prefix + ["ip", "link", "del", port], capture_output=True).returncode == 0:
+    if subprocess.run(in_netns(netns) + ["ip", "link", "del", port], capture_output=True).returncode == 0:
         removed.append(f"the TCP path's link {port}/{side}")
     return removed

@@ -1,9 +1,10 @@
 /* mb-splitter: the eBPF switch's TCP path (docs/dataplanes/tcp.md). The switch hands it the clients' TCP
  * connections to memcached servers (the program steers their segments to the splitter's port; a listener on the
  * memcached port takes connections to any address there). For each client connection it opens, when first
- * needed, one connection of its own to each server it sends requests to, from the client's own address and port
- * (IP_TRANSPARENT; the switch steers the servers' segments back here too), so every server sees the client it
- * always saw. Requests are framed (protocol.c): a single-key get or read-only mg goes where the switch's pipeline
+ * needed, one connection of its own to each server it sends requests to (IP_TRANSPARENT; the switch steers the
+ * servers' segments back here by the socket table and its mark): to the home from the client's own address and
+ * port, so the home sees the client it always saw; to a replica from the home's address, so that in a fabric its
+ * answers come back through the home's leaf, where this splitter is. Requests are framed (protocol.c): a single-key get or read-only mg goes where the switch's pipeline
  * says (decide.c: hot and clean, a replica by weight; else home); every other request goes to the home, the
  * switch counting and copying its writes on the way as for any client. A multi-key get whose keys go to several
  * servers is split into one get per server, and their replies joined in the client's key order. Replies go back
@@ -236,8 +237,13 @@ static struct mb_upstream *mb_upstream_of(struct mb_client *client, uint32_t ser
 	int fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0), one = 1;
 	if (fd < 0)
 		return 0;
+	/* To the home from the client's own address and port (the home sees the client it always saw); to a replica
+	 * from the home's address, any port: its answers go to the home's MAC, so in a fabric they come back through
+	 * the home's leaf, where this splitter is, and not by the client's own leaf. */
 	struct sockaddr_in from = {.sin_family = AF_INET, .sin_addr.s_addr = client->peer.ip,
 				   .sin_port = client->peer.port};
+	if (server != client->home)
+		from = (struct sockaddr_in){.sin_family = AF_INET, .sin_addr.s_addr = client->local.ip};
 	struct sockaddr_in to = {.sin_family = AF_INET, .sin_addr.s_addr = address.ip, .sin_port = address.port};
 	setsockopt(fd, SOL_IP, IP_TRANSPARENT, &one, sizeof(one));
 	setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
