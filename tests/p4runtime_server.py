@@ -19,7 +19,6 @@ from google.rpc import status_pb2
 from p4.config.v1 import p4info_pb2
 from p4.v1 import p4runtime_pb2, p4runtime_pb2_grpc
 
-from dataplanes.p4.bmv2 import free_port
 
 MATCH_KINDS = {p4info_pb2.MatchField.EXACT: "exact", p4info_pb2.MatchField.RANGE: "range"}
 
@@ -50,11 +49,11 @@ class CheckingServer(p4runtime_pb2_grpc.P4RuntimeServicer):
         self.packet_outs: list[p4runtime_pb2.PacketOut] = []
         self.primary = 0
         self.elections: set[int] = set()
+        self.writes: list[p4runtime_pb2.WriteRequest] = []  # every Write request taken, as it came
         self.lock = threading.Lock()
-        self.port = free_port()
         self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=8))
         p4runtime_pb2_grpc.add_P4RuntimeServicer_to_server(self, self.server)
-        self.server.add_insecure_port(f"127.0.0.1:{self.port}")
+        self.port = self.server.add_insecure_port("127.0.0.1:0")  # the port the kernel gives: none to race for
 
     @property
     def address(self) -> str:
@@ -118,6 +117,7 @@ class CheckingServer(p4runtime_pb2_grpc.P4RuntimeServicer):
         self.requests["write"] += 1
         errors = []
         with self.lock:
+            self.writes.append(request)
             for update in request.updates:
                 try:
                     self._apply(update)

@@ -3,6 +3,7 @@ them (tests/p4runtime_server.py): runs everywhere, CI included. Whether the prog
 those entries is for the bmv2 tests (tests/test_p4_program.py, the driver contract)."""
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 
@@ -313,3 +314,29 @@ def test_the_reach_probe_counts_the_p4runtime_servers_that_accept_a_connection(s
     closed = f"127.0.0.1:{free_port()}"
     probe = registry.get("p4").reach_probe(Settings(switches=(server.address, closed)))
     assert probe(2.0) == (1, 2)
+
+
+GOLDEN = Path(__file__).resolve().parent / "golden" / "p4_hot_set_change.txt"
+
+
+def test_a_hot_set_change_is_the_exact_write_request_on_record(server):
+    """Two hot keys installed in one change: the WriteRequests the switch receives, compared field by field (in
+    protobuf text format) with tests/golden/p4_hot_set_change.txt, as p4runtime-shell's tests compare theirs. A change
+    to the encoding shows here as a diff; a deliberate one is recorded again with MBALANCER_RECORD_GOLDEN=1."""
+    from google.protobuf import text_format
+    driver = P4RuntimeDriver(Settings(switches=(server.address,), ports=(1, 2, 3), trusted=("10.0.0.254",),
+                                      election_id=7), Pipeline())  # not the first-come id, which is the time's
+    driver.attach(SERVERS, lambda frame: None)
+    try:
+        taken = len(server.writes)
+        refused = driver.install_hot_keys([
+            HotKeyInstall(b"golden:a", 0, [ReplicaWeight(0, 0.5), ReplicaWeight(1, 0.5)]),
+            HotKeyInstall(b"golden:b", 2, [ReplicaWeight(2, 0.25), ReplicaWeight(3, 0.75)])])
+    finally:
+        driver.close()
+    assert refused == {}
+    sent = "".join(f"# request {n}\n{text_format.MessageToString(request)}"
+                   for n, request in enumerate(server.writes[taken:], 1))
+    if os.environ.get("MBALANCER_RECORD_GOLDEN") == "1":
+        GOLDEN.write_text(sent)
+    assert sent == GOLDEN.read_text()
