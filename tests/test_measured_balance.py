@@ -179,7 +179,7 @@ def test_counters_the_switch_gives_are_measured(controller):
     assert found[("mbalancer_load_available", (("source", "switch"),))] == 1
 
 
-# --- the documented alert rule, run by Prometheus's own rule tester ------------------------------------------------
+# --- the documented alert rules, run by Prometheus's own rule tester -----------------------------------------------
 
 DEPLOYMENT = Path(__file__).resolve().parent.parent / "docs" / "deployment.md"
 ALERT = "MbalancerBalanceNotAsPlanned"
@@ -199,19 +199,39 @@ def series(source: str, values: str) -> dict:
 
 @pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool missing (Debian's prometheus package)")
 def test_the_documented_alert_fires_when_plan_and_measurement_differ_by_over_a_tenth(tmp_path):
-    (tmp_path / "rules.yml").write_text(documented_rules())
     summary = ("the plan's imbalance factor and the one measured by the switch differ by 0.5: the switch does not "
                "balance what the plan moves (/state balance)")
     fires = {"exp_labels": {"source": "switch"}, "exp_annotations": {"summary": summary}}
-    tests = {"rule_files": ["rules.yml"], "evaluation_interval": "10s", "tests": [{
+    promtool_passes(tmp_path, [{
         "interval": "10s",
         "input_series": [series("plan", "1x12"), series("switch", "0.5x12"), series("servers", "0.95x12")],
         "alert_rule_test": [{"eval_time": "20s", "alertname": ALERT, "exp_alerts": []},  # not for 30 s yet
                             {"eval_time": "60s", "alertname": ALERT, "exp_alerts": [fires]}]}, {
         "interval": "10s",  # within 0.1 of the plan: quiet
         "input_series": [series("plan", "1x12"), series("switch", "0.92x12"), series("servers", "0.95x12")],
-        "alert_rule_test": [{"eval_time": "60s", "alertname": ALERT, "exp_alerts": []}]}]}
-    (tmp_path / "tests.yml").write_text(json.dumps(tests))  # YAML is a superset of JSON
+        "alert_rule_test": [{"eval_time": "60s", "alertname": ALERT, "exp_alerts": []}]}])
+
+
+def promtool_passes(tmp_path, tests: list[dict]) -> None:
+    """Prometheus's rule tester runs `tests` against the documented rule file."""
+    (tmp_path / "rules.yml").write_text(documented_rules())
+    (tmp_path / "tests.yml").write_text(json.dumps({"rule_files": ["rules.yml"], "evaluation_interval": "10s",
+                                                    "tests": tests}))  # YAML is a superset of JSON
     result = subprocess.run(["promtool", "test", "rules", str(tmp_path / "tests.yml")], capture_output=True, text=True,
                             timeout=60)
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+@pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool missing (Debian's prometheus package)")
+def test_the_documented_alert_fires_while_gets_are_flooded_and_not_after(tmp_path):
+    flooded = 'mbalancer_server_flooded_gets_total{name="s3"}'
+    summary = ("gets balanced to s3 were flooded: the switch does not know where its configured mac is (a wrong mac, "
+               "or a server not seen yet)")
+    promtool_passes(tmp_path, [{
+        "interval": "10s",
+        "input_series": [{"series": flooded, "values": "0 0 5 9 9 9 9 9 9 9 9 9 9 9"}],  # 9 flooded, then none more
+        "alert_rule_test": [
+            {"eval_time": "10s", "alertname": "MbalancerGetsFlooded", "exp_alerts": []},
+            {"eval_time": "40s", "alertname": "MbalancerGetsFlooded",
+             "exp_alerts": [{"exp_labels": {"name": "s3"}, "exp_annotations": {"summary": summary}}]},
+            {"eval_time": "130s", "alertname": "MbalancerGetsFlooded", "exp_alerts": []}]}])
