@@ -311,10 +311,14 @@ def test_a_switch_whose_namespace_is_gone_is_detached_from_its_pins():
         attached = subprocess.run([*in_box(box), str(MBALANCER), "switch", "attach", "--name", box, "--ports",
                                    "gone0"], capture_output=True, text=True, timeout=60)
         assert attached.returncode == 0, attached.stderr
+        splitter = switch_status(box)["tcp_splitter"]["pid"]  # its TCP path, made in the box by default
     finally:
         subprocess.run(["ip", "netns", "del", box], capture_output=True)
     detached = switch("detach", "--name", box)
     assert detached.returncode == 0 and f"network namespace {box} is gone" in detached.stderr, detached.stderr
+    assert f"the TCP splitter (pid {splitter})" in detached.stderr  # it alone kept the box's namespace alive
+    assert eventually(lambda: not os.path.exists(f"/proc/{splitter}/cmdline") or
+                      not open(f"/proc/{splitter}/cmdline").read(), timeout=10)
     assert not (PIN_ROOT / box).exists() and "nothing to remove" in switch("detach", "--name", box).stderr
 
 

@@ -21,7 +21,7 @@ if why_not is None and not (shutil.which("memccapable") and shutil.which("memcas
     why_not = "libmemcached-tools not installed (make install installs it)"
 pytestmark = pytest.mark.skipif(why_not is not None, reason=f"cannot run here: {why_not}")
 
-from experiments.benchmarks.bench_memcaslap import hot_keys, memcaslap  # noqa: E402
+from experiments.benchmarks.bench_memcaslap import CONNECTIONS, hot_keys, memcaslap  # noqa: E402
 from experiments.faults.rig import MEMCACHED_PORT, Rig  # noqa: E402
 from mbalancer.memcache.server import MemcachedServer  # noqa: E402
 
@@ -37,12 +37,14 @@ def memccapable(run, ip: str, port: int) -> dict[str, str]:
     return verdicts
 
 
-def test_memccapable_passes_through_the_switch_with_its_keys_hot_as_it_does_direct(tmp_path):
+@pytest.mark.parametrize("protocol", ["udp", "tcp"])
+def test_memccapable_passes_through_the_switch_with_its_keys_hot_as_it_does_direct(tmp_path, protocol):
+    """Over "tcp" the switch runs its TCP path: the suite's requests (ASCII and binary) pass the TCP splitter."""
     with MemcachedServer(threads=2) as direct:
         expected = memccapable(lambda cmd: subprocess.run(cmd, capture_output=True, text=True, timeout=300),
                                "127.0.0.1", direct.port)
     assert "pass" in expected.values()
-    with Rig(tmp_path, HOT, avoid=-1, tag="mbc") as rig:
+    with Rig(tmp_path, HOT, avoid=-1, tag="mbc", protocol=protocol) as rig:
         server = rig.net.server_hosts[0]
         run = lambda cmd: rig.net.run(rig.net.client_hosts[0], cmd, timeout=300)  # noqa: E731
         memccapable(run, server.ip, MEMCACHED_PORT)  # its keys are written once, to be made hot
@@ -56,19 +58,27 @@ def test_memccapable_passes_through_the_switch_with_its_keys_hot_as_it_does_dire
     assert "Traceback" not in (tmp_path / "controller.log").read_text()
 
 
-def test_memcaslap_keys_are_read_as_memcached_reads_them(tmp_path):
-    with Rig(tmp_path, HOT, avoid=-1, tag="mbc") as rig:
-        memcaslap(rig, 1.0)
+@pytest.mark.parametrize("protocol", ["udp", "tcp"])
+def test_memcaslap_keys_are_read_as_memcached_reads_them(tmp_path, protocol):
+    """Over "tcp", memcaslap without -U: its gets pass the switch's TCP path (and those of its hot keys are
+    balanced); every one it verifies is right."""
+    with Rig(tmp_path, HOT, avoid=-1, tag="mbc", protocol=protocol) as rig:
+        memcaslap(rig, 1.0, protocol)
         rig.keys = hot_keys(rig, HOT)
         assert all(key.startswith(("\x10",)) or "\x10" * 5 in key for key in rig.keys), rig.keys  # binary keys
         rig.wait_balanced()
         before = rig.state()["counters"]
-        figures = memcaslap(rig, 2.0)
+        figures = memcaslap(rig, 2.0, protocol)
         after = rig.state()["counters"]
     assert figures["cmd_set"] > 0 and figures["cmd_get"] > 0
     assert figures["verify_failed"] == 0
     assert after["data_plane"]["unparsed"] == before["data_plane"]["unparsed"]
     assert after["data_plane"]["unsure"] == before["data_plane"]["unsure"]
     assert after.get("mirrors_unreadable", 0) == before.get("mirrors_unreadable", 0)
-    assert after["data_plane"]["switch"]["memcached"] - before["data_plane"]["switch"]["memcached"] \
-        >= figures["cmd_get"] + figures["cmd_set"]  # its requests did cross the switch
+    crossed = {name: after["data_plane"]["switch"][name] - before["data_plane"]["switch"][name]
+               for name in ("memcached", "tcp_gets")}
+    if protocol == "udp":  # its requests did cross the switch, one datagram each
+        assert crossed["memcached"] >= figures["cmd_get"] + figures["cmd_set"], crossed
+    else:  # each of its gets was asked where to go (a segment may carry several requests), but for the one each
+        # connection had out when memcaslap's time was up: counted as sent, its connection closed before it was read
+        assert crossed["tcp_gets"] >= figures["cmd_get"] - CONNECTIONS, (crossed, figures)

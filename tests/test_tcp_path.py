@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -443,3 +444,35 @@ def test_a_connection_made_before_the_controller_named_the_servers_is_balanced_o
         client.wait(timeout=30)
     assert values == {repr(b"early"): 600}
     assert chi_square(spread, [1 / 3] * 3) < 27.6, spread  # the same connection, balanced now
+
+
+def splitter_child(supervisor: int) -> int | None:
+    """The splitter process its supervisor runs now (None: none)."""
+    for entry in os.listdir("/proc"):
+        try:
+            if entry.isdigit() and int(open(f"/proc/{entry}/stat").read().rsplit(")", 1)[1].split()[1]) == supervisor:
+                return int(entry)
+        except (OSError, ValueError, IndexError):
+            continue
+    return None
+
+
+def listens(pid: int) -> bool:
+    listeners = subprocess.run(["ss", "-Hltnp", "sport", "=", ":11211"], capture_output=True, text=True).stdout
+    return f"pid={pid}," in listeners
+
+
+def test_a_splitter_killed_outright_is_started_again_and_balances_again(network, core):
+    """SIGKILL to the splitter (a crash): its supervisor starts it again; the next client connection is balanced."""
+    home = make_hot(core, b"tcp:crash", b"crash")
+    supervisor = network.switch.tcp_path.process.pid
+    first = splitter_child(supervisor)
+    assert first is not None and listens(first)
+    os.kill(first, signal.SIGKILL)
+    assert eventually(lambda: (child := splitter_child(supervisor)) not in (None, first) and listens(child), 10)
+    before = gets_served(network)
+    values = json.loads(in_client(network, GETS, network.server_hosts[home].ip, "tcp:crash", "600"))
+    spread = [a - b for a, b in zip(gets_served(network), before)]
+    assert values == {repr(b"crash"): 600}
+    assert chi_square(spread, [1 / 3] * 3) < 27.6, spread
+    assert network.switch.tcp_path.process.poll() is None

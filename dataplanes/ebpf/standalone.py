@@ -134,8 +134,8 @@ def detach(name: str) -> list[str]:
         if interface_exists(mirror_link_of(name)[0]):
             plane.mirror_link = True
             removed.append(f"the mirror link {'/'.join(mirror_link_of(name))}")
-    if record and record.tcp and where != GONE:
-        removed += _remove_tcp_path(record, where)
+    if record and record.tcp:
+        removed += _stop_splitter(record) if where == GONE else _remove_tcp_path(record, where)
     if (PIN_ROOT / name).exists():
         removed.append(f"the pins under {PIN_ROOT / name}")
     plane.unload()
@@ -168,12 +168,17 @@ def _is_splitter(pid: int) -> bool:
 
 
 def _remove_tcp_path(record: SwitchRecord, where: str | None) -> list[str]:
-    """Stop the splitter (by its pid, if that is still the splitter) and undo its routes and link."""
-    removed = []
-    if _is_splitter(record.splitter_pid):
-        os.kill(record.splitter_pid, signal.SIGTERM)
-        removed.append(f"the TCP splitter (pid {record.splitter_pid})")
-    return removed + remove_tcp_path(record.name, record.tcp_table, where)
+    """Stop the splitter and undo its routes and link."""
+    return _stop_splitter(record) + remove_tcp_path(record.name, record.tcp_table, where)
+
+
+def _stop_splitter(record: SwitchRecord) -> list[str]:
+    """Stop the splitter by its pid, if that is still the splitter (also when its namespace is gone: the splitter
+    alone keeps that namespace alive)."""
+    if not _is_splitter(record.splitter_pid):
+        return []
+    os.kill(record.splitter_pid, signal.SIGTERM)
+    return [f"the TCP splitter (pid {record.splitter_pid})"]
 
 
 GONE = "gone"  # _where_attached: the namespace the switch was attached in no longer exists

@@ -1,5 +1,5 @@
-"""Benchmark: what MBalancer costs a real benchmark client, libmemcached's memcaslap (UDP, 10% sets, 10% of gets
-verified), through the eBPF switch: side by side in one run, each round in this order,
+"""Benchmark: what MBalancer costs a real benchmark client, libmemcached's memcaslap (UDP, or --protocol tcp through
+the switch's TCP path; 10% sets, 10% of gets verified), through the eBPF switch: side by side in one run, each round in this order,
   switch alone            the data plane with no controller (nothing hot: every request parsed and forwarded)
   controller, none hot    the controller running, its report naming no hot key
   controller, 10 hot      ten of memcaslap's keys hot: an earlier run's (memcaslap writes every key once, keys new
@@ -45,14 +45,18 @@ RUN_GRACE = 30.0  # seconds memcaslap may take beyond --seconds before it is sto
 RUN_ATTEMPTS = 3  # memcaslap 1.0's UDP client aborts now and then on a busy machine (an assertion on reply order)
 
 
-def memcaslap(rig: Rig, seconds: float, binary: bool = False) -> dict[str, int]:
+PROTOCOLS = {"udp": ["-U"], "tcp": [], "binary": ["-B"]}  # memcaslap's options for each
+CONNECTIONS = 24  # memcaslap's concurrency: a request out on each when its time is up is counted, never answered
+
+
+def memcaslap(rig: Rig, seconds: float, protocol: str = "udp") -> dict[str, int]:
     """One memcaslap run from the client namespace against the three servers; its final figures. 24 clients,
-    each cycling 2,000 keys of 200-byte values: every key fits in memory (no eviction takes a hot key). UDP and
-    the text protocol, or with `binary` TCP and the binary protocol (which MBalancer cannot read: every request is
-    unsure)."""
+    each cycling 2,000 keys of 200-byte values: every key fits in memory (no eviction takes a hot key). The text
+    protocol over UDP or TCP (the switch's TCP path balances its gets when the rig runs it), or the binary protocol
+    over TCP (which MBalancer cannot read: every request is unsure)."""
     servers = ",".join(f"{h.ip}:{MEMCACHED_PORT}" for h in rig.net.server_hosts)
-    command = ["memcaslap", "-s", servers, *(["-B"] if binary else ["-U"]), "-t", f"{seconds:g}s", "-T", "3", "-c",
-               "24", "-w", "2k", "-X", "200", "-v", "0.1"]
+    command = ["memcaslap", "-s", servers, *PROTOCOLS[protocol], "-t", f"{seconds:g}s", "-T", "3", "-c",
+               str(CONNECTIONS), "-w", "2k", "-X", "200", "-v", "0.1"]
     for attempt in range(RUN_ATTEMPTS):
         run = rig.net.run(rig.net.client_hosts[0], command, timeout=seconds + RUN_GRACE)
         found = {name: re.search(rf"{name}: (\d+)", run.stdout) for name in FIELDS}
@@ -123,8 +127,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seconds", type=float, default=4.0, help="length of each memcaslap run")
     parser.add_argument("--rounds", type=int, default=2, help="rounds of the three phases")
     parser.add_argument("--out", type=Path, help="directory for memcaslap.csv (and the rig's logs)")
-    parser.add_argument("--binary", action="store_true",
-                        help="the binary protocol over TCP instead (unreadable to MBalancer: what that costs)")
+    parser.add_argument("--protocol", choices=PROTOCOLS, default="udp",
+                        help="memcaslap's: udp (default), tcp (the text protocol, through the switch's TCP path), or "
+                             "binary (over TCP, unreadable to MBalancer: what that costs)")
     args = parser.parse_args(argv)
     if shutil.which("memcaslap") is None:
         print("memcaslap not found: install libmemcached-tools (make install does)", file=sys.stderr)
@@ -141,10 +146,11 @@ def main(argv: list[str] | None = None) -> int:
 def measure(args: argparse.Namespace, out: Path) -> list[dict]:
     """The three phases, --rounds times, on one rig."""
     rows = []
-    rig = Rig(out, HOT, avoid=-1, tag="mbm").start(controller=False)
+    rig = Rig(out, HOT, avoid=-1, tag="mbm", protocol="tcp" if args.protocol == "tcp" else "udp").start(
+        controller=False)
     try:
         print("populating with memcaslap ...", flush=True)
-        memcaslap(rig, 2.0, args.binary)
+        memcaslap(rig, 2.0, args.protocol)
         keys = hot_keys(rig, HOT)
         print(f"hot keys (memcaslap's own): {[k.encode('utf-8', 'surrogateescape')[:12] for k in keys]} ...")
         for round_number in range(args.rounds):
@@ -152,7 +158,7 @@ def measure(args: argparse.Namespace, out: Path) -> list[dict]:
                 enter(rig, phase, keys)
                 cpu = controller_cpu(rig)
                 started = time.monotonic()
-                figures = memcaslap(rig, args.seconds, args.binary)
+                figures = memcaslap(rig, args.seconds, args.protocol)
                 cores = (controller_cpu(rig) - cpu) / (time.monotonic() - started)
                 rows.append({"round": round_number, "phase": phase, **figures, "controller_cores": round(cores, 3)})
                 print(f"round {round_number} {phase:22} {figures['TPS']:>8} ops/s  controller {cores:.2f} core  "

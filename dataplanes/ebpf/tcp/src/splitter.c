@@ -13,7 +13,9 @@
  *   mb-splitter PINS MARK PORT...    PINS: the switch's pin directory; MARK: the SO_MARK of its sockets (their
  *                                    route out through the switch); PORT: memcached ports to listen on
  * It writes "ready" to stdout, and closes it, once it listens on every port. One line to stderr per decision worth
- * knowing (a listener, a server that failed, a tunnel); SIGTERM ends it. */
+ * knowing (a listener, a server that failed, a tunnel); SIGTERM ends it. The process started is a small
+ * supervisor: the splitter runs as its child, started again if a signal kills it (a crash costs the connections it
+ * held, not the TCP path); a child that cannot start (exit 1: the port taken, no pins) ends the supervisor too. */
 #define _GNU_SOURCE
 #include <arpa/inet.h>
 #include <errno.h>
@@ -27,7 +29,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/epoll.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
+#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -719,12 +723,54 @@ static void mb_on_signal(int signal)
 	mb.stop = 1;
 }
 
+#define MB_RESTART_PAUSE_NS 200000000L  /* between a child's death and the next, so a crash loop costs little */
+static volatile pid_t mb_child;
+
+static void mb_pass_signal(int signal)
+{
+	mb.stop = 1;
+	if (mb_child > 0)
+		kill(mb_child, signal);
+}
+
+/* Returns in the child, which is the splitter; the supervisor itself exits with the child's status once it ends
+ * other than killed by a signal (or once it was told to stop). */
+static void mb_supervise(void)
+{
+	signal(SIGTERM, mb_pass_signal);
+	signal(SIGINT, mb_pass_signal);
+	for (int started = 0;; started++) {
+		pid_t child = fork();
+		if (child < 0) {
+			mb_log("cannot start the splitter: %s", strerror(errno));
+			exit(1);
+		}
+		if (child == 0) {
+			mb_child = 0;
+			prctl(PR_SET_PDEATHSIG, SIGTERM);  /* the supervisor killed outright: no splitter left behind */
+			if (started)
+				freopen("/dev/null", "w", stdout);  /* "ready" was said once, by the first */
+			return;
+		}
+		mb_child = child;
+		int status = 0;
+		while (waitpid(child, &status, 0) < 0 && errno == EINTR)
+			;
+		if (mb.stop || !WIFSIGNALED(status))
+			exit(WIFEXITED(status) ? WEXITSTATUS(status) : 0);
+		mb_log("the splitter (pid %d) was killed by signal %d: started again (its connections ended; new ones "
+		       "are balanced again once it listens)", (int)child, WTERMSIG(status));
+		nanosleep(&(struct timespec){.tv_nsec = MB_RESTART_PAUSE_NS}, 0);
+	}
+}
+
 int main(int argc, char **argv)
 {
 	if (argc < 4 || argc - 3 > MB_PORTS_MAX) {
 		fprintf(stderr, "usage: mb-splitter PINS MARK PORT... (at most %d ports)\n", MB_PORTS_MAX);
 		return 2;
 	}
+	mb_supervise();
 	if (mb_decider_open(&mb.decider, argv[1]) < 0) {
 		mb_log("the switch's pins in %s cannot be opened: %s", argv[1], strerror(errno));
 		return 1;
