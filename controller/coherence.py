@@ -11,7 +11,8 @@ import hashlib
 import logging
 from typing import Callable, Container
 
-from controller.hot_keys import HotKey
+from controller.decisions import Decision
+from controller.hot_keys import HotKey, HotKeyState
 from controller.retries import KEY_LEVEL, RetryKind
 from dataplanes.driver import DriverError, WriteStamp
 from mbalancer.memcache.meta import NO_EXPIRY, ItemVersion, MetaError, StoredItem
@@ -82,12 +83,14 @@ class Coherence:
         hot = self.hot.get(key)
         if hot is None:
             return
-        hot.dirty, hot.cleared = True, None  # the data plane counted the write: dirty there
+        # the data plane counted the write: dirty there (a key whose rules are out stays out)
+        hot.move(HotKeyState.DIRTY if hot.installed else HotKeyState.NOT_INSTALLED)
         if hot.unsynced_since is None:
             hot.unsynced_since = received
         item = self._wait_for_write(hot, key, data)
         if isinstance(item, MetaError):
-            return self.decide("error", key, f"mirrored write not synced, home unreadable (gets stay home): {item}")
+            return self.decide(Decision.ERROR, key,
+                               f"mirrored write not synced, home unreadable (gets stay home): {item}")
         self._push(key, hot, item)
         self._synced(key, hot)  # every replica that holds the key holds the home's latest now
         self._settle(key, hot)
@@ -149,8 +152,8 @@ class Coherence:
             self._dirty(key, hot)
         except DriverError as err:
             return self._protect(key, hot, f"expires at its home in {left:.1f} s, not held dirty ({err})")
-        self.decide("expire", key, f"expires at its home in {left:.1f} s: gets go home until it has, then the "
-                                   f"copies are deleted")
+        self.decide(Decision.EXPIRE, key, f"expires at its home in {left:.1f} s: gets go home until it has, then the "
+                                          f"copies are deleted")
         self._schedule(RetryKind.SETTLE, key, KEY_LEVEL, "waiting for the home to expire it",
                        delay=max(left, 0.0) + EXPIRY_SLACK)
 
@@ -190,7 +193,7 @@ class Coherence:
                 return
         except DriverError as err:
             return self._schedule(RetryKind.SETTLE, key, KEY_LEVEL, str(err))
-        hot.dirty, hot.cleared = True, None
+        hot.move(HotKeyState.DIRTY)
         self._settle(key, hot)
 
     def _wait_for_write(self, hot: HotKey, key: bytes, data: bytes | None) -> StoredItem | None | MetaError:
@@ -262,7 +265,7 @@ class Coherence:
             if key in refused:  # as a clear refused in _settle: retried later
                 self._settle_failed(key, hot, refused[key])
                 continue
-            hot.dirty, hot.cleared = False, stamp
+            hot.move(HotKeyState.CLEAN, stamp)
             try:
                 if self._still_clean(key, hot, stamp):
                     cleared.add(key)
@@ -296,7 +299,7 @@ class Coherence:
         if not hot.dirty:  # cleared, then the check or the hold failed: the copies may be stale
             self._protect(key, hot, str(err))
         self._schedule(RetryKind.SETTLE, key, KEY_LEVEL, str(err), attempt)
-        self.decide("error", key, f"left dirty (gets go home), retrying: {err}")
+        self.decide(Decision.ERROR, key, f"left dirty (gets go home), retrying: {err}")
 
     def _settle(self, key: bytes, hot: HotKey, attempt: int = 0, rounds: int = SYNC_ROUNDS) -> bool:
         """Clear the key if the copies match the home; re-copy while writes keep landing (`rounds` checks of the
@@ -323,7 +326,7 @@ class Coherence:
                         self._hold_until_expired(key, hot)
                         return False
                     self.driver.clear_dirty(key, stamp)
-                    hot.dirty, hot.cleared = False, stamp
+                    hot.move(HotKeyState.CLEAN, stamp)
                     if self._still_clean(key, hot, stamp):
                         return True
                     self._dirty(key, hot)  # and synced again
@@ -369,8 +372,8 @@ class Coherence:
         lost = stamp.writes - hot.mirrored
         self.mirrors_lost += lost
         hot.mirrored, hot.missing_since = stamp.writes, None
-        self.decide("error", key, f"{lost} copied write(s) never reached the controller: checking the key at its "
-                                  f"home")
+        self.decide(Decision.ERROR, key, f"{lost} copied write(s) never reached the controller: checking the key "
+                                         f"at its home")
         return True  # the settle compares the home's CAS: a lost write changed it, and is pushed
 
 

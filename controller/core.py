@@ -22,10 +22,12 @@ from collections import Counter, deque
 from typing import Any, Callable
 
 from dataplanes.driver import Driver, DriverError
+from controller.decisions import WARNED, Decision
+from controller.events import Closed, Event, HealthChange, Mirror, Reconnect, Report, ServerChange, Stop, Wake
 from controller.execution import Executor
 from controller.hot_keys import HotKey
-from controller.health import RESTARTED, HealthTracker, Prober
-from controller.mac_check import MAC_WRONG, MacWatch
+from controller.health import HealthTracker, Prober
+from controller.mac_check import MacWatch
 from controller.measured_balance import SERVERS, Spread, balance_state, plan_spread, switch_spread
 from controller.mirrors import read_mirror
 from controller.streams import TcpStreams
@@ -41,8 +43,6 @@ from mbalancer.monitor_report import MonitorReport, parse_report
 log = logging.getLogger(__name__)
 
 DECISIONS_KEPT = 1000
-# Decisions an operator must hear about without -v: a server lost or back, and what the controller could not do.
-WARNED = {"server-down", "server-up", "server-restarted", "server-mac", "error"}
 COPY_TIMEOUT = 0.5  # seconds a copy to or read from one server may take
 COUNT_EVERY = 1.0  # seconds between reads of the switch's per-key counters (the rates the planner trusts)
 STALE_AFTER = 3  # intervals (monitor reports, counter reads) without a new one: the figures from them are stale
@@ -86,8 +86,8 @@ class ControllerCore:
         self.lock = threading.Lock()  # guards `decisions` (appended by the worker, read by HTTP threads)
         self._snapshot: dict[str, Any] = {}
         self._worker: threading.Thread | None = None
-        self._events: queue.Queue = queue.Queue()
-        self._urgent: deque[tuple] = deque()  # health changes, handled even in the middle of a batch
+        self._events: queue.Queue[Event] = queue.Queue()
+        self._urgent: deque[HealthChange] = deque()  # handled even in the middle of a batch
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
         self._probe_health = probe_health
@@ -118,7 +118,7 @@ class ControllerCore:
 
     def stop(self) -> None:
         self._stop.set()
-        self._events.put(("stop",))
+        self._events.put(Stop())
         for thread in self._threads:
             thread.join(timeout=5)
         self.driver.close()
@@ -141,21 +141,22 @@ class ControllerCore:
         except ValueError:
             self.counts["bad_reports"] += 1
             raise
-        self._events.put(("report", report, self.clock()))
+        self._events.put(Report(report, self.clock()))
         return report
 
     def submit_mirror(self, frame: bytes) -> None:
         """Queue a mirrored write (a whole Ethernet frame, as the data plane copied it)."""
-        self._events.put(("mirror", frame, self.clock()))
+        self._events.put(Mirror(frame, self.clock()))
 
-    def submit_health(self, server: int, change: str, error: str | None) -> None:
-        """A server went "down" or came "up" (the health tracker's verdict): handled before anything queued."""
-        self._urgent.append((server, change, error))
-        self._events.put(("wake",))
+    def submit_health(self, server: int, change: ServerChange | str, error: str | None) -> None:
+        """A server went down or came up (the health tracker's verdict), restarted, or shows a wrong MAC: handled
+        before anything queued. (`change` may be its value: "down", "up", ...)"""
+        self._urgent.append(HealthChange(server, ServerChange(change), error))
+        self._events.put(Wake())
 
     def submit_reconnect(self) -> None:
         """The driver's switch came back empty: queue the replay of every hot key."""
-        self._events.put(("reconnect",))
+        self._events.put(Reconnect())
 
     def _remove_leftovers(self, leftovers: list) -> None:
         """Hot keys a previous controller left in the switch: the driver removed their rules; their extra copies
@@ -163,10 +164,10 @@ class ControllerCore:
         for left in leftovers:
             extras = [s for s in left.servers if s != left.home and 0 <= s < len(self.config.servers)]
             failed = self.replicator.delete(left.key, extras)
-            self._decide("reconcile", left.key, f"left in the switch by an earlier controller: rules removed, "
-                                                f"copies on {extras} deleted" + (
-                                                    f" (failed on {sorted(failed)}: stale there, unused)"
-                                                    if failed else ""))
+            self._decide(Decision.RECONCILE, left.key, f"left in the switch by an earlier controller: rules removed, "
+                                                       f"copies on {extras} deleted" + (
+                                                           f" (failed on {sorted(failed)}: stale there, unused)"
+                                                           if failed else ""))
 
     # --- the worker -----------------------------------------------------------------------------------------
     def _work(self) -> None:
@@ -187,10 +188,10 @@ class ControllerCore:
             self._publish()
             for _ in batch:
                 self._events.task_done()
-            if any(event == ("stop",) for event in batch):
+            if any(isinstance(event, Stop) for event in batch):
                 break
 
-    def _drain(self) -> list[tuple]:
+    def _drain(self) -> list[Event]:
         """Everything queued behind the first event, up to BATCH_MAX."""
         batch = []
         while len(batch) < BATCH_MAX:
@@ -200,24 +201,25 @@ class ControllerCore:
                 break
         return batch
 
-    def _handle(self, batch: list[tuple]) -> None:
+    def _handle(self, batch: list[Event]) -> None:
         self._handle_urgent()
         for event in batch:
-            if event[0] == "reconnect":
+            if isinstance(event, Reconnect):
                 self.counts["reconnects"] += 1
                 self.executor.replay()
         for event in batch:
-            if event[0] == "report":
-                self._on_report(event[1], event[2])
-        mirrors = [event for event in batch if event[0] == "mirror"]
+            if isinstance(event, Report):
+                self._on_report(event.report, event.received)
+        mirrors = [event for event in batch if isinstance(event, Mirror)]
         if mirrors:
             self._on_mirrors(mirrors)
-        for server in sorted({event[1] for event in batch if event[0] == "closed"}):
+        for server in sorted({event.server for event in batch if isinstance(event, Closed)}):
             self._on_closed(server)  # (a duplicate of a close already handled is ignored)
 
     def _handle_urgent(self) -> None:
         while self._urgent:
-            self._on_health(*self._urgent.popleft())
+            change = self._urgent.popleft()
+            self._on_health(change.server, change.change, change.error)
 
     def _on_report(self, report: MonitorReport, received: float) -> None:
         self.counts["reports"] += 1
@@ -225,9 +227,9 @@ class ControllerCore:
         plan = self.planner.plan(report, self.executor.placements(), self._out(), self.switch_counts.snapshot.rates)
         self.last_plan = plan
         for key, why in plan.home_notes:
-            self._decide("home", key, why)
+            self._decide(Decision.HOME, key, why)
         if plan.held:
-            self._decide("hold", None, plan.held)
+            self._decide(Decision.HOLD, None, plan.held)
         self.executor.apply(plan.changes)
 
     def _count_gets(self) -> None:
@@ -258,7 +260,7 @@ class ControllerCore:
         except DriverError as err:
             return log.debug("server MACs not read now: %s", err)
         for server, found in self.macs.update(sightings).items():
-            self.submit_health(server, MAC_WRONG, found.describe(server, self.config.servers[server].name))
+            self.submit_health(server, ServerChange.MAC_WRONG, found.describe(server, self.config.servers[server].name))
 
     def _out(self) -> set[int]:
         """Servers that get no weight: down, or with a wrong MAC."""
@@ -279,15 +281,15 @@ class ControllerCore:
             log.warning("switch %s is back: its tables are filled anew", name)
         self._gone = gone
 
-    def _on_mirrors(self, mirrors: list[tuple]) -> None:
+    def _on_mirrors(self, mirrors: list[Mirror]) -> None:
         """A batch of packets the data plane copied: the keys they write (the latest value of each), and the
         servers they were for (the data plane may have made every hot key there dirty)."""
         writes: dict[bytes, tuple[bytes | None, float]] = {}
         unsure: dict[int, bool] = {}
         closed: set[int] = set()
-        for _, frame, received in mirrors:
+        for copied in mirrors:
             self.counts["mirrors"] += 1
-            mirror = read_mirror(frame, self.server_of_address, self.server_ports, self.streams)
+            mirror = read_mirror(copied.frame, self.server_of_address, self.server_ports, self.streams)
             if mirror.closed:
                 self.counts["server_closes"] += 1
                 closed.add(mirror.server)
@@ -306,7 +308,7 @@ class ControllerCore:
             for key, data in mirror.writes:
                 if self.executor.home_of(key) != mirror.server:
                     continue  # not hot, or a copy to a replica (the controller's own): the home did not change
-                writes[key] = (data, writes[key][1] if key in writes else received)
+                writes[key] = (data, writes[key][1] if key in writes else copied.received)
             unsure[mirror.server] = unsure.get(mirror.server, False) or not mirror.whole
         for server in sorted(closed):
             self._on_closed(server)
@@ -322,7 +324,7 @@ class ControllerCore:
 
     def submit_closed(self, server: int) -> None:
         """The data plane counted a close of the server that no copy told of (read with a health probe)."""
-        self._events.put(("closed", server))
+        self._events.put(Closed(server))
 
     def _on_closed(self, server: int) -> None:
         """The data plane saw the server close one of our connections: it may have died or restarted empty, and
@@ -344,9 +346,9 @@ class ControllerCore:
                         server, err)
         if server in self.health.down():  # each probe of a server that is down is refused: said once, when it went
             return log.debug("server %d refused a probe while down: it stays out of rotation", server)
-        self._decide("server-closed", None, f"server {server} ({self.config.servers[server].name}) closed the "
-                                            f"controller's connection (it may have restarted): weight 0 until its "
-                                            f"copies are refilled; its hot keys checked at it")
+        self._decide(Decision.SERVER_CLOSED, None, f"server {server} ({self.config.servers[server].name}) closed the "
+                                                   f"controller's connection (it may have restarted): weight 0 until "
+                                                   f"its copies are refilled; its hot keys checked at it")
 
     def _take_out_and_check(self, server: int) -> None:
         """The server may have lost what it held: out of rotation until refilled, and its own hot keys checked at it
@@ -356,26 +358,26 @@ class ControllerCore:
             self.executor.server_up(server)  # refills it (a server still down is refilled once it is up)
         self.executor.sync_batch({}, {server: True})
 
-    def _on_health(self, server: int, change: str, error: str | None) -> None:
+    def _on_health(self, server: int, change: ServerChange, error: str | None) -> None:
         name = self.config.servers[server].name
-        if change == "down":
+        if change is ServerChange.DOWN:
             self.executor.server_down(server)
-            self._decide("server-down", None, f"server {server} ({name}) failed its probes for "
-                                              f"{self.config.controller.health_hold:g} s: {error}; weight 0")
-        elif change == "up" and server in self.macs.wrong:
-            self._decide("server-up", None, f"server {server} ({name}) answers again, but its configured mac is "
-                                            f"wrong: it stays at weight 0")
-        elif change == "up":
+            self._decide(Decision.SERVER_DOWN, None, f"server {server} ({name}) failed its probes for "
+                                                     f"{self.config.controller.health_hold:g} s: {error}; weight 0")
+        elif change is ServerChange.UP and server in self.macs.wrong:
+            self._decide(Decision.SERVER_UP, None, f"server {server} ({name}) answers again, but its configured mac is "
+                                                   f"wrong: it stays at weight 0")
+        elif change is ServerChange.UP:
             self.executor.server_up(server)
-            self._decide("server-up", None, f"server {server} ({name}) answers again; its copies are refilled, "
-                                            f"then it gets weight")
-        elif change == MAC_WRONG:
+            self._decide(Decision.SERVER_UP, None, f"server {server} ({name}) answers again; its copies are refilled, "
+                                                   f"then it gets weight")
+        elif change is ServerChange.MAC_WRONG:
             self.executor.server_down(server)
-            self._decide("server-mac", None, error)
-        elif change == RESTARTED:
+            self._decide(Decision.SERVER_MAC, None, error)
+        elif change is ServerChange.RESTARTED:
             self._take_out_and_check(server)
-            self._decide("server-restarted", None, f"server {server} ({name}) {error}: weight 0 until its copies "
-                                                   f"are refilled")
+            self._decide(Decision.SERVER_RESTARTED, None, f"server {server} ({name}) {error}: weight 0 until its "
+                                                          f"copies are refilled")
         if self.last_report is not None:  # the weights now, not at the next report (a replica gets weight only
             placements = self.executor.placements()  # once it holds the value)
             self.executor.apply(self.planner.reweigh(self.last_report, placements, self._out()))
@@ -389,9 +391,11 @@ class ControllerCore:
                 self.watch_closes(server)
                 sent = self.clock()
                 result = prober.check()
-                if result == RESTARTED:  # it answers, but lost its data: its copies are gone, however fast it was
-                    back = self.health.record(server, None, sent) == "up"  # down before: "up" refills it anyway
-                    self.submit_health(server, "up" if back else RESTARTED,
+                if result is ServerChange.RESTARTED:
+                    # it answers, but lost its data: its copies are gone, however fast it was (down before: UP
+                    # refills it anyway)
+                    back = self.health.record(server, None, sent) is ServerChange.UP
+                    self.submit_health(server, ServerChange.UP if back else ServerChange.RESTARTED,
                                        "it restarted or was flushed (a new pid or start time, or a higher cmd_flush)")
                     continue
                 change = self.health.record(server, result, sent)
@@ -424,12 +428,12 @@ class ControllerCore:
         self._threads.append(thread)
         return thread
 
-    def _decide(self, action: str, key: bytes | None, reason: str) -> None:
-        entry = {"time": round(time.time(), 3), "action": action, "key": key_to_text(key) if key else None,
+    def _decide(self, action: Decision, key: bytes | None, reason: str) -> None:
+        entry = {"time": round(time.time(), 3), "action": action.value, "key": key_to_text(key) if key else None,
                  "reason": reason}
         with self.lock:
             self.decisions.append(entry)
-        self.counts[f"decisions_{action}"] += 1
+        self.counts[f"decisions_{action.value}"] += 1
         log.log(logging.WARNING if action in WARNED else logging.INFO, "%s %s: %s", action, entry["key"] or "", reason)
         if threading.current_thread() is self._worker:  # the state moved on
             self._publish()

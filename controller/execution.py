@@ -29,8 +29,9 @@ import time
 from typing import Callable, NamedTuple
 
 from controller.coherence import Coherence, _errors, digest
-from controller.hot_keys import Decide, HotKey
-from controller.planner import Change, Placement
+from controller.decisions import Decide, Decision
+from controller.hot_keys import HotKey, HotKeyState
+from controller.planner import Change, ChangeAction, ChangeCause, Placement
 from controller.replicator import Replicator
 from controller.sync_times import SyncTimes
 from controller.retries import BACKOFF_FIRST, KEY_LEVEL, KEY_RETRIES, Retry, RetryKind, RetryScheduler
@@ -98,12 +99,12 @@ class Executor(Coherence):
         """The planner lists cools first (they free room and load before warms), then warms, then reweights: the cools
         go to the driver together, as do the warms (a hot-set change is a few requests, not a few per key)."""
         for change in changes:
-            if change.action not in ("warm", "cool", "reweight"):
+            if not isinstance(change.action, ChangeAction):
                 raise ValueError(f"unknown change {change.action!r} for {change.key!r}")
-        self.cool([c for c in changes if c.action == "cool"])
-        self.warm([c for c in changes if c.action == "warm"])
+        self.cool([c for c in changes if c.action is ChangeAction.COOL])
+        self.warm([c for c in changes if c.action is ChangeAction.WARM])
         for change in changes:
-            if change.action == "reweight":
+            if change.action is ChangeAction.REWEIGHT:
                 self.reweight(change)
 
     def warm(self, changes: list[Change]) -> None:
@@ -122,6 +123,7 @@ class Executor(Coherence):
             self._refused_install(key, copied.pop(key), err)
         for key, made in copied.items():
             self.refused.pop(key, None)
+            made.hot.move(HotKeyState.DIRTY)
             self.hot[key] = made.hot
             for server, error in made.failed.items():
                 self._schedule(RetryKind.REFILL, key, server, error)
@@ -132,9 +134,10 @@ class Executor(Coherence):
             hot, failed, started, size = copied[change.key]
             copies = ", ".join(str(s) for s in sorted(hot.holding - {hot.placement.home}))
             left = "" if change.key in settled else "; left dirty (written during the copy)"
-            self.decide("warm", change.key, f"{change.reason}; {size} B copied from {hot.placement.home} to "
-                                            f"{copies} in {1000 * (self.clock() - started):.1f} ms{left}"
-                                            + (f"; copy failed on {_errors(failed)}, retrying" if failed else ""))
+            self.decide(Decision.WARM, change.key,
+                        f"{change.reason}; {size} B copied from {hot.placement.home} to {copies} in "
+                        f"{1000 * (self.clock() - started):.1f} ms{left}"
+                        + (f"; copy failed on {_errors(failed)}, retrying" if failed else ""))
 
     def _copy(self, change: Change) -> Copied | None:
         """The key's value copied from its home to its replicas: its record (not yet installed), the copies that
@@ -143,32 +146,33 @@ class Executor(Coherence):
         started = self.clock()
         refused = self.refused.get(key)
         if refused is not None and refused.due > started:
-            return self.decide("skip", key, f"the driver refused its rules {refused.attempt} time(s) ("
-                                            f"{refused.last_error}); next try in {refused.due - started:.1f} s")
+            return self.decide(Decision.SKIP, key, f"the driver refused its rules {refused.attempt} time(s) ("
+                                                   f"{refused.last_error}); next try in {refused.due - started:.1f} s")
         try:
             item = self.replicator.read(p.home, key)
         except MetaError as err:
-            return self.decide("skip", key, f"cannot read it from its home server {p.home}: {err}")
+            return self.decide(Decision.SKIP, key, f"cannot read it from its home server {p.home}: {err}")
         if item is None:
-            return self.decide("skip", key, f"not stored on its home server {p.home}: nothing to copy yet")
+            return self.decide(Decision.SKIP, key, f"not stored on its home server {p.home}: nothing to copy yet")
         targets = [s for s, w in zip(p.replicas, p.weights) if s != p.home and w > 0]
         failed = self.replicator.write(key, item, targets)
         holding = {p.home} | (set(targets) - set(failed))
         if len(holding) < 2:
-            return self.decide("skip", key, f"no replica took the copy: {_errors(failed)}")
+            return self.decide(Decision.SKIP, key, f"no replica took the copy: {_errors(failed)}")
         self._cancel(key, RetryKind.DELETE)
         hot = HotKey(p, holding, item.cas, digest(item), since=started, synced_expiry=self._expiry(item.ttl))
         return Copied(hot, failed, started, len(item.value))
 
     def _refused_install(self, key: bytes, made: Copied, err: DriverError) -> None:
         """The driver refused a new key's rules: its copies go, and it is not tried again before its back-off."""
+        made.hot.move(HotKeyState.REMOVED)
         self.replicator.delete(key, made.hot.holding - {made.hot.placement.home})
         refused = self.refused.get(key)
         attempt = refused.attempt + 1 if refused else 1
         wait = min(BACKOFF_FIRST * 2 ** attempt, REFUSED_BACKOFF_MAX)
         self.refused[key] = Retry(RetryKind.INSTALL, key, KEY_LEVEL, attempt, made.started + wait, str(err))
-        self.decide("skip", key, f"the driver refused the rules: {err}; copies deleted, next try in {wait:.1f} s at "
-                                 f"the earliest")
+        self.decide(Decision.SKIP, key, f"the driver refused the rules: {err}; copies deleted, next try in "
+                                        f"{wait:.1f} s at the earliest")
 
     def cool(self, changes: list[Change], attempt: int = 0) -> None:
         """Remove the rules of every key in one driver call, then delete each one's extra copies."""
@@ -179,16 +183,17 @@ class Executor(Coherence):
             key = change.key
             if key in refused:
                 self._schedule(RetryKind.COOL, key, KEY_LEVEL, str(refused[key]), attempt)
-                self.decide("error", key, f"cool-down postponed, the driver refused to remove the rules: "
-                                          f"{refused[key]}; retrying")
+                self.decide(Decision.ERROR, key, f"cool-down postponed, the driver refused to remove the rules: "
+                                                 f"{refused[key]}; retrying")
                 continue
             hot = self.hot.pop(key)
+            hot.move(HotKeyState.REMOVED)
             self._cancel(key, RetryKind.REFILL, RetryKind.RULES, RetryKind.SETTLE, RetryKind.INSTALL,
                          RetryKind.COOL)
             extras = [s for s in hot.placement.replicas if s != hot.placement.home]
             for server, error in self.replicator.delete(key, extras).items():
                 self._schedule(RetryKind.DELETE, key, server, error)
-            self.decide("cool", key, f"{change.reason}; rules removed, then copies on {extras} deleted")
+            self.decide(Decision.COOL, key, f"{change.reason}; rules removed, then copies on {extras} deleted")
 
     def reweight(self, change: Change) -> None:
         """New weights; if the driver refuses, the old ones stay (both are safe) and the next report asks again."""
@@ -201,18 +206,19 @@ class Executor(Coherence):
                 self.driver.set_weights(change.key, hot.weights())
             except DriverError as err:
                 hot.placement = previous
-                return self.decide("error", change.key, f"weights not changed, the driver refused: {err}")
-        self.decide("reweight", change.key, f"{change.reason}: " + ", ".join(
+                return self.decide(Decision.ERROR, change.key, f"weights not changed, the driver refused: {err}")
+        self.decide(Decision.REWEIGHT, change.key, f"{change.reason}: " + ", ".join(
             f"{r.server}={r.weight:.2f}" for r in hot.weights()))
 
     def replay(self) -> None:
         """The switch came back empty: every hot key is installed again, dirty (its copies may have missed writes
         while no rule mirrored them), in one driver call, then settled against the home's CAS."""
         for key, hot in self.hot.items():
-            hot.installed, hot.dirty = False, True
+            if hot.installed:  # (one whose rules are out already has nothing more to lose)
+                hot.move(HotKeyState.NOT_INSTALLED)
             self._cancel(key, RetryKind.RULES, RetryKind.SETTLE, RetryKind.INSTALL)
         self._install(list(self.hot))
-        self.decide("replay", None, f"the data plane came back empty: {len(self.hot)} hot keys installed again")
+        self.decide(Decision.REPLAY, None, f"the data plane came back empty: {len(self.hot)} hot keys installed again")
 
     # --- health -------------------------------------------------------------------------------------------------
     def server_down(self, server: int) -> None:
@@ -270,7 +276,7 @@ class Executor(Coherence):
         self._install([retry.key], attempt)
 
     def _retry_cool(self, retry: Retry, hot: HotKey, attempt: int) -> None:
-        self.cool([Change("cool", retry.key, None, "retried")], attempt)
+        self.cool([Change(ChangeAction.COOL, retry.key, None, ChangeCause.RETRY, "retried")], attempt)
 
     def next_due(self) -> float | None:
         """When the next retry is due."""
@@ -292,10 +298,10 @@ class Executor(Coherence):
                                                               self.hot[key].weights()) for key in keys])
         for key, err in refused.items():
             self._schedule(RetryKind.INSTALL, key, KEY_LEVEL, str(err), attempt)
-            self.decide("error", key, f"rules not installed again ({err}); gets go home meanwhile; retrying")
+            self.decide(Decision.ERROR, key, f"rules not installed again ({err}); gets go home meanwhile; retrying")
         installed = [key for key in keys if key not in refused]
         for key in installed:
-            self.hot[key].installed, self.hot[key].dirty = True, True
+            self.hot[key].move(HotKeyState.DIRTY)
         self._settle_together(installed)
 
     def _refill(self, retry: Retry) -> None:
@@ -316,7 +322,7 @@ class Executor(Coherence):
             return self._schedule(RetryKind.REFILL, key, server, "home changed during the refill", retry.attempt + 1)
         hot.holding.add(server)
         self._set_weights(key, hot)
-        self.decide("refill", key, f"server {server} holds the value again; weights " + ", ".join(
+        self.decide(Decision.REFILL, key, f"server {server} holds the value again; weights " + ", ".join(
             f"{r.server}={r.weight:.2f}" for r in hot.weights()))
 
     def _schedule(self, kind: RetryKind, key: bytes, server: int, error: str, attempt: int = 0,
@@ -325,7 +331,7 @@ class Executor(Coherence):
         limit, say it was given up."""
         given_up = self.retries.schedule(kind, key, server, error, attempt, delay)
         if given_up is not None:
-            self.decide("give-up", key, given_up)
+            self.decide(Decision.GIVE_UP, key, given_up)
 
     def _cancel(self, key: bytes, *kinds: RetryKind) -> None:
         self.retries.cancel(key, *kinds)
@@ -346,21 +352,22 @@ class Executor(Coherence):
         (and reinstall them later). Never raises: it is what the core does when a driver call has failed."""
         try:
             self._dirty(key, hot)
-            return self.decide("error", key, f"{why}; key kept dirty so gets go home")
+            return self.decide(Decision.ERROR, key, f"{why}; key kept dirty so gets go home")
         except DriverError as err:
             dirty_error = err
         try:
             self.driver.remove_hot_key(key)
         except DriverError as err:
-            return self.decide("error", key, f"{why}; the data plane refused to hold it dirty ({dirty_error}) and the "
-                                             f"removal ({err}): gets may reach a stale replica until a retry lands")
-        hot.installed, hot.dirty = False, True
+            return self.decide(Decision.ERROR, key, f"{why}; the data plane refused to hold it dirty ({dirty_error}) "
+                                                    f"and the removal ({err}): gets may reach a stale replica until a "
+                                                    f"retry lands")
+        hot.move(HotKeyState.NOT_INSTALLED)
         self._cancel(key, RetryKind.RULES)
         self._schedule(RetryKind.INSTALL, key, KEY_LEVEL, str(dirty_error))
-        self.decide("error", key, f"{why}; holding it dirty was refused too ({dirty_error}): rules removed so gets go "
-                                  f"home, reinstalling")
+        self.decide(Decision.ERROR, key, f"{why}; holding it dirty was refused too ({dirty_error}): rules removed "
+                                         f"so gets go home, reinstalling")
 
     def _dirty(self, key: bytes, hot: HotKey) -> None:
         """Hold the key dirty in the data plane (raises DriverError)."""
         self.driver.set_dirty(key)
-        hot.dirty, hot.cleared = True, None
+        hot.move(HotKeyState.DIRTY)

@@ -25,6 +25,7 @@ import threading
 import time
 from dataclasses import dataclass
 
+from controller.events import ServerChange
 from mbalancer.memcache.addresses import ServerAddress
 from mbalancer.memcache.meta import MetaClient, MetaError
 
@@ -34,7 +35,7 @@ LATENCY_FACTOR = 4  # a probe waits this many times the server's recent answer t
 MAX_TIMEOUT = 1.0  # ... from the configured timeout up to this (and this long for a server not heard from yet)
 LATENCY_WEIGHT = 0.3  # of each new answer time in the running estimate
 SUSPECT_AFTER = 1  # failed probes (each unanswered for the timeout) before copies to the server are skipped
-RESTARTED = "restarted"  # Prober.check's verdict for a server that lost its data (restarted or flushed)
+RESTARTED = ServerChange.RESTARTED  # Prober.check's verdict for a server that lost its data (restarted or flushed)
 
 
 @dataclass
@@ -57,9 +58,9 @@ class HealthTracker:
         self.servers = [ServerHealth() for _ in range(servers)]
         self._lock = threading.Lock()
 
-    def record(self, server: int, error: str | None, sent: float) -> str | None:
-        """One probe's result (error None: it answered; `sent`: when the probe was sent). Returns "down" or "up"
-        when the state changes."""
+    def record(self, server: int, error: str | None, sent: float) -> ServerChange | None:
+        """One probe's result (error None: it answered; `sent`: when the probe was sent). Returns DOWN or UP when
+        the state changes."""
         with self._lock:
             health = self.servers[server]
             health.probes += 1
@@ -71,7 +72,7 @@ class HealthTracker:
                     health.passing_since = sent
                 if not health.up and health.successes >= self.failures and sent - health.passing_since >= self.hold:
                     health.up, health.changed_at = True, sent
-                    return "up"
+                    return ServerChange.UP
                 return None
             health.successes, health.passing_since = 0, None
             health.failures += 1
@@ -80,7 +81,7 @@ class HealthTracker:
                 health.failing_since = sent
             if health.up and health.failures >= self.failures and sent - health.failing_since >= self.hold:
                 health.up, health.changed_at = False, sent
-                return "down"
+                return ServerChange.DOWN
             return None
 
     def down(self) -> set[int]:
@@ -122,9 +123,9 @@ class Prober:
             return MAX_TIMEOUT
         return min(max(self.base_timeout, LATENCY_FACTOR * self.latency), MAX_TIMEOUT)
 
-    def check(self) -> str | None:
+    def check(self) -> ServerChange | str | None:
         """None if the server answered every probe within the timeout; RESTARTED if it restarted or was flushed
-        since the last probe; else why not."""
+        since the last probe; else why not (text, for people)."""
         self.tcp.set_timeout(self.timeout)
         started = time.monotonic()
         try:

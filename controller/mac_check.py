@@ -18,8 +18,6 @@ from typing import Any, Sequence
 from dataplanes.driver import MacSighting
 from mbalancer.settings import Server
 
-MAC_WRONG = "mac-wrong"  # the core's server change (beside health's "down", "up", "restarted")
-
 
 class MacStatus(Enum):
     UNSEEN = "not seen yet"  # no TCP segment of it passed a switch, no get to it was flooded

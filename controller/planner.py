@@ -19,6 +19,7 @@ are not applied (cools and health reweights are), and the plan says why.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from enum import Enum
 from typing import Callable, Iterable, Mapping
 
 import numpy as np
@@ -48,12 +49,29 @@ class Placement:
         return tuple(ReplicaWeight(s, w) for s, w in zip(self.replicas, self.weights))
 
 
+class ChangeAction(str, Enum):
+    """What a change does (a str: its value is the decision the executor logs for it)."""
+    WARM = "warm"  # copy, then install
+    COOL = "cool"  # remove, then delete the extra copies
+    REWEIGHT = "reweight"
+
+
+class ChangeCause(Enum):
+    """Why the planner made a change: what logic reads (the reason is text, for people)."""
+    HOT = "hot"  # in the top H for long enough
+    COLD = "cold"  # out of the top H for long enough
+    HEALTH = "health"  # a replica went out of, or came back into, its group (weight 0 or back)
+    LOAD = "load"  # the measured load moved its weights by more than REWEIGHT_STEP
+    RETRY = "retry"  # a cool-down the driver refused, tried again
+
+
 @dataclass(frozen=True)
 class Change:
-    action: str  # "warm" (copy, then install), "cool" (remove, then delete copies), "reweight"
+    action: ChangeAction
     key: bytes
     placement: Placement | None  # None for cool
-    reason: str
+    cause: ChangeCause
+    reason: str  # for the decision log
 
 
 @dataclass(frozen=True)
@@ -103,27 +121,28 @@ class Planner:
         rates = {k.key: k.rate for k in report.top}
         candidates = [k.key for k in report.top[:hot_target]]
         ready_warm, ready_cool = self.tracker.update(candidates, installed)
-        changes = [Change("cool", key, None, f"out of the top {hot_target} for {self.tracker.streak(key)} reports "
-                                             f"({reported.get(key, 0.0):.0f} gets/s in the report, "
-                                             + (f"{switch_rates[key]:.0f} counted by the switch)" if key in switch_rates
-                                                else "no count from the switch)")) for key in ready_cool]
+        changes = [Change(ChangeAction.COOL, key, None, ChangeCause.COLD,
+                          f"out of the top {hot_target} for {self.tracker.streak(key)} reports "
+                          f"({reported.get(key, 0.0):.0f} gets/s in the report, "
+                          + (f"{switch_rates[key]:.0f} counted by the switch)" if key in switch_rates
+                             else "no count from the switch)")) for key in ready_cool]
         staying = [k for k in installed if k not in set(ready_cool)]
         room = max(hot_target - len(staying), 0)
         layout, predicted = self._layout(report, staying + ready_warm[:room], installed, down)
         for key in ready_warm[:room]:
             if key in layout:
                 share = rates[key] / report.rate if report.rate else 0.0
-                changes.append(Change("warm", key, layout[key],
+                changes.append(Change(ChangeAction.WARM, key, layout[key], ChangeCause.HOT,
                                       f"in the top {hot_target} for {self.tracker.streak(key)} reports: "
                                       f"{rates[key]:.0f} gets/s, {100 * share:.1f}% of gets"))
         for key in staying:
-            reason = _weights_moved(installed[key], layout[key])
-            if reason:
-                changes.append(Change("reweight", key, layout[key], reason))
+            moved = _weights_moved(installed[key], layout[key])
+            if moved:
+                changes.append(Change(ChangeAction.REWEIGHT, key, layout[key], *moved))
         now, after = float(imbalance_factor(loads)), float(imbalance_factor(predicted))
         held = None
         if self.balancing.mode != "equal" and after < now - HARM_MARGIN:
-            kept = [c for c in changes if c.action == "cool" or c.reason.endswith("(health)")]
+            kept = [c for c in changes if c.action is ChangeAction.COOL or c.cause is ChangeCause.HEALTH]
             if len(kept) < len(changes):
                 held = (f"the plan would lower the imbalance factor from {now:.3f} to {after:.3f} "
                         f"({'measured' if measured else 'estimated'} loads): {len(changes) - len(kept)} changes held")
@@ -141,8 +160,8 @@ class Planner:
         """New weights for the installed keys alone, from the last report (a server went down or came back): no
         report is counted, no key warms or cools."""
         layout, _ = self._layout(report, list(installed), installed, frozenset(down))
-        return tuple(Change("reweight", key, layout[key], reason) for key in installed
-                     if key in layout and (reason := _weights_moved(installed[key], layout[key])))
+        return tuple(Change(ChangeAction.REWEIGHT, key, layout[key], *moved) for key in installed
+                     if key in layout and (moved := _weights_moved(installed[key], layout[key])))
 
     def _layout(self, report: MonitorReport, hot: list[bytes], installed: Mapping[bytes, Placement],
                 down: frozenset[int]) -> tuple[dict[bytes, Placement], np.ndarray]:
@@ -195,15 +214,16 @@ def with_switch_rates(report: MonitorReport, switch_rates: Mapping[bytes, float]
     return replace(report, top=ranked, rate=max(report.rate, sum(k.rate for k in ranked)))
 
 
-def _weights_moved(old: Placement, new: Placement) -> str | None:
+def _weights_moved(old: Placement, new: Placement) -> tuple[ChangeCause, str] | None:
+    """Why the weights moved enough to write (the cause and its reason); None if they did not."""
     if old.replicas != new.replicas:
         return None  # a key keeps its group and home, so its replicas only change with the config
     on_off = [(a > 0) != (b > 0) for a, b in zip(old.weights, new.weights)]
     if any(on_off):
         changed = [f"server {r} {'back in' if w > 0 else 'out'}" for r, flip, w in
                    zip(new.replicas, on_off, new.weights) if flip]
-        return ", ".join(changed) + " (health)"
+        return ChangeCause.HEALTH, ", ".join(changed) + " (health)"
     step = max(abs(a - b) for a, b in zip(old.weights, new.weights))
     if step > REWEIGHT_STEP:
-        return f"measured load moved the weights by up to {step:.2f}"
+        return ChangeCause.LOAD, f"measured load moved the weights by up to {step:.2f}"
     return None

@@ -4,10 +4,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from controller.decisions import WARNED, Decision
 from controller.hysteresis import HotKeyTracker
 from controller.load import estimate_loads, imbalance_factor
 from controller.placement import replica_weights, replicas_of, server_groups
-from controller.planner import Placement, Planner
+from controller.planner import ChangeAction, ChangeCause, Placement, Planner
 from controller.switch_counts import SwitchCounts
 from dataplanes.driver import Counters, KeyCounters
 from mbalancer.monitor_report import MonitorReport, ReportError, parse_report
@@ -171,6 +172,7 @@ def test_a_down_server_loses_its_weight_and_gets_it_back_when_up():
     installed, _ = installed_after(planner, {}, report({"a": 90.0}, 90))
     installed, changes = installed_after(planner, installed, report({"a": 90.0}, 90), down={2})
     assert [c.action for c in changes] == ["reweight"] and "server 2 out" in changes[0].reason
+    assert changes[0].cause is ChangeCause.HEALTH
     assert installed[b"a"].weights == pytest.approx((0.5, 0.5, 0.0))
     installed, changes = installed_after(planner, installed, report({"a": 90.0}, 90))
     assert "server 2 back in" in changes[0].reason and installed[b"a"].weights == pytest.approx((1 / 3,) * 3)
@@ -189,6 +191,7 @@ def test_small_weight_moves_are_not_written():
     assert changes == []
     _, changes = installed_after(planner, installed, report({"a": 100.0, "cold1": 80.0}, 180))
     assert [c.action for c in changes] == ["reweight"] and "moved the weights" in changes[0].reason
+    assert changes[0].cause is ChangeCause.LOAD
 
 
 def test_auto_h_takes_the_fewest_keys_that_reach_the_target():
@@ -250,6 +253,20 @@ def test_a_plan_that_would_lower_the_imbalance_factor_is_held_back():
     forced.balancing = Balancing(hot=1, hysteresis=1, mode="harmful-test")  # any non-equal mode is guarded
     guarded = forced.plan(rep, {})
     assert guarded.changes == () and "would lower the imbalance factor" in guarded.held
+
+
+def test_a_plan_held_back_keeps_its_health_reweights_by_their_cause():
+    # "a" is installed over all three servers and server 2 goes down; warming "b" too would lower the factor
+    mapping = {"a": 0, "b": 0}
+    rep = report({"a": 50.0, "b": 40.0}, 290, servers={ADDRESSES[0]: 90.0, ADDRESSES[1]: 100.0, ADDRESSES[2]: 100.0})
+    planner = Planner(Balancing(hot=2, hysteresis=1, mode="weighted"), 3, homes(mapping), ADDRESSES)
+    planner.balancing = Balancing(hot=2, hysteresis=1, mode="harmful-test")  # as above: spreads to do harm
+    installed = {b"a": Placement(b"a", 0, 0, (0, 1, 2), (1 / 3,) * 3, 50.0)}
+    plan = planner.plan(rep, installed, down={2})
+    assert plan.held is not None and "1 changes held" in plan.held  # the warm of b
+    assert [(c.action, c.key, c.cause) for c in plan.changes] == [
+        (ChangeAction.REWEIGHT, b"a", ChangeCause.HEALTH)]
+    assert plan.changes[0].placement.weights == pytest.approx((0.5, 0.5, 0.0))
 
 
 def test_a_group_larger_than_the_data_plane_holds_is_cut_to_the_least_loaded_servers():
@@ -316,3 +333,35 @@ def test_report_keys_round_trip_any_bytes_through_json():
 def test_placement_gives_driver_weights():
     p = Placement(b"a", 0, 0, (0, 1), (0.25, 0.75))
     assert [(r.server, r.weight) for r in p.replica_weights()] == [(0, 0.25), (1, 0.75)]
+
+
+def test_the_decision_log_says_the_same_words_as_ever():
+    """GET /decisions and /state read each entry's action as these strings: HTTP consumers depend on them."""
+    assert {d.value for d in Decision} == {
+        "warm", "cool", "reweight", "skip", "refill", "replay", "expire", "give-up", "error", "reconcile", "home",
+        "hold", "server-down", "server-up", "server-restarted", "server-mac", "server-closed"}
+    assert {c.value for c in ChangeAction} <= {d.value for d in Decision}  # a change is logged as its own kind
+    assert {str(d) for d in WARNED} == {"server-down", "server-up", "server-restarted", "server-mac", "error"}
+
+
+def test_the_cores_queue_carries_typed_events():
+    """What the worker is handed is a dataclass per kind (controller/events.py), never a bare tuple; a health change
+    given as its word ("down") is typed on the way in."""
+    from controller.core import ControllerCore
+    from controller.events import Closed, HealthChange, Mirror, Reconnect, Report, ServerChange, Wake
+    from dataplanes.recording.driver import RecordingDriver
+    from mbalancer.config import parse_config
+    servers = [{"name": f"s{i}", "ip": "127.0.0.1", "mac": f"02:00:00:00:00:0{i + 1}", "port": 9 + i}
+               for i in range(2)]  # nothing is sent: the core is not started
+    core = ControllerCore(parse_config({"servers": servers}), RecordingDriver(), probe_health=False)
+    core.submit_report({"time": 1.0, "interval": 1.0, "rate": 10.0, "top": [{"key": "k", "rate": 9.0}]})
+    core.submit_mirror(b"frame")
+    core.submit_closed(1)
+    core.submit_reconnect()
+    core.submit_health(0, "down", "no answer")
+    queued = core._drain()
+    assert [type(e) for e in queued] == [Report, Mirror, Closed, Reconnect, Wake]
+    assert queued[0].report.top[0].key == b"k" and queued[1].frame == b"frame" and queued[2].server == 1
+    assert list(core._urgent) == [HealthChange(0, ServerChange.DOWN, "no answer")]
+    with pytest.raises(ValueError):
+        core.submit_health(0, "sideways", None)

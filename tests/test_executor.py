@@ -14,7 +14,7 @@ import pytest
 from controller.coherence import MIRRORS_LOST_AFTER, SYNC_ROUNDS, UNREADABLE_WAIT
 from controller.execution import REFUSED_BACKOFF_MAX, Executor
 from controller.hot_keys import HotKeyState
-from controller.planner import Change, Placement
+from controller.planner import Change, ChangeAction, ChangeCause, Placement
 from controller.replicator import Replicator
 from controller.retries import BACKOFF_FIRST, BACKOFF_MAX, KEY_LEVEL, RETRY_LIMIT, RetryKind, RetryScheduler
 from dataplanes import registry
@@ -113,15 +113,17 @@ def test_take_due_hands_out_the_due_ones_soonest_first_once():
     assert [r.server for r in retries.take_due()] == [] and [r.server for r in retries.all()] == [1]
 
 
-def test_a_hot_keys_state_follows_its_record():
-    from controller.hot_keys import HotKey, HotKeyState
-    from controller.planner import Placement
+def test_a_hot_keys_flags_follow_its_state():
+    from controller.hot_keys import HotKey
+    from dataplanes.driver import WriteStamp
     hot = HotKey(Placement.__new__(Placement), {0}, None, None, 0.0)
-    assert hot.state is HotKeyState.DIRTY  # as installed: gets go home
-    hot.dirty = False
-    assert hot.state is HotKeyState.CLEAN
-    hot.installed = False
-    assert hot.state is HotKeyState.NOT_INSTALLED
+    assert hot.state is HotKeyState.COPIED and not hot.installed and hot.dirty  # copied, not yet installed
+    hot.move(HotKeyState.DIRTY)
+    assert hot.installed and hot.dirty  # as installed: gets go home
+    hot.move(HotKeyState.CLEAN, WriteStamp(0, ((0, 0),)))
+    assert hot.installed and not hot.dirty
+    hot.move(HotKeyState.NOT_INSTALLED)
+    assert not hot.installed and hot.dirty
 
 
 def test_a_copied_set_is_read_without_state():
@@ -180,7 +182,7 @@ def live(memcached_pair):
 
 
 def warm(executor: Executor, weights=(0.5, 0.5)) -> None:
-    executor.apply((Change("warm", KEY, Placement(KEY, 0, 0, (0, 1), weights), "test"),))
+    executor.apply((Change(ChangeAction.WARM, KEY, Placement(KEY, 0, 0, (0, 1), weights), ChangeCause.HOT, "test"),))
 
 
 def at(executor: Executor, server: int) -> StoredItem | None:
@@ -293,7 +295,7 @@ def test_copies_of_counted_writes_that_never_come_are_declared_lost(live):
     warm(live)
     live.driver.table[KEY].writes += 1  # the data plane counted a write whose copy never reaches the core
     hot = dict(live.hot_keys())[KEY]
-    hot.dirty, hot.cleared = True, None
+    hot.move(HotKeyState.DIRTY)
     live.driver.set_dirty(KEY)
     assert not live._settle(KEY, hot)  # waits for the copy
     assert [r.action for r in live.pending_retries()] == [RetryKind.SETTLE]
