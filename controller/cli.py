@@ -16,8 +16,9 @@ import time
 from dataclasses import replace
 from typing import Callable
 
+from controller.access import Access, access_for, reader_access
 from controller.core import ControllerCore
-from controller.http_api import serve, start_serving
+from controller.http_api import HttpServer, serve, start_serving
 from mbalancer.ownership import Ownership, OwnershipError
 from dataplanes import registry
 from dataplanes.driver import DriverError
@@ -60,7 +61,8 @@ def _run_controller(args: argparse.Namespace, fail: Fail) -> int:
         config = replace(config, dataplane=_with_switches(config.dataplane, args.switch, fail))
     listen = args.listen or config.controller.listen
     try:
-        address = host_port("--listen", listen)
+        host_port("--listen", listen)
+        access = access_for(config.controller, listen)
     except ConfigError as err:
         fail(str(err))
     stop = stop_on_signals()
@@ -83,25 +85,23 @@ def _run_controller(args: argparse.Namespace, fail: Fail) -> int:
     ownership = Ownership(driver.owned_switches(), listen)
     if not _own(ownership, args.standby, stop, fail):
         return 0  # stopped while a standby
-    try:
-        http = serve(core, tuple(address))
-    except OSError as err:
-        fail(f"--listen: cannot serve on {listen}: {err}")
+    servers = _bind(core, listen, access, config.controller.metrics_listen, fail)
     try:
         core.start()
     except DriverError as err:
-        http.shutdown()
+        for server in servers:
+            server.shutdown()
         _resign(election)
         fail(f"{_driver_source(args, config)}: {err}")
-    start_serving(http)
-    host, port = http.server_address[:2]
-    print(f"mbalancer controller: http://{host}:{port}/state, reports to http://{host}:{port}/report "
-          f"(driver {config.dataplane.kind}); Ctrl-C stops", file=sys.stderr, flush=True)
+    for server in servers:
+        start_serving(server)
+    _say_serving(servers, access, config.dataplane.kind)
     lost = _wait(stop, election, args.duration)
     if stop.is_set():
         print("mbalancer controller: stopping on a signal: the switches' lease ends, every get goes home",
               file=sys.stderr, flush=True)
-    http.shutdown()
+    for server in servers:
+        server.shutdown()
     core.stop()
     _resign(election)
     if lost:
@@ -109,6 +109,33 @@ def _run_controller(args: argparse.Namespace, fail: Fail) -> int:
               f"once the next leader reaches them", file=sys.stderr, flush=True)
         return 1
     return 0
+
+
+def _bind(core: ControllerCore, listen: str, access: Access, metrics_listen: str, fail: Fail) -> list[HttpServer]:
+    """The API on `listen` with its credentials, and the read-only one on metrics_listen if given; fail() if an
+    address cannot be bound."""
+    servers: list[HttpServer] = []
+    for option, where, guard, read_only in (("--listen", listen, access, False),
+                                            ("controller.metrics_listen", metrics_listen, reader_access(access), True)):
+        if not where:
+            continue
+        try:
+            servers.append(serve(core, tuple(host_port(option, where)), access=guard, read_only=read_only))
+        except (OSError, ConfigError) as err:
+            for server in servers:
+                server.shutdown()
+            fail(f"{option}: cannot serve on {where}: {err}")
+    return servers
+
+
+def _say_serving(servers: list[HttpServer], access: Access, driver: str) -> None:
+    """The line saying where the API serves, how it is guarded, and where reads need no credentials."""
+    main, *reads = servers
+    host, port = main.server_address[:2]
+    url = f"{main.scheme}://{host}:{port}"
+    print(f"mbalancer controller: {url}/state, reports to {url}/report, {access.describe()} (driver {driver})"
+          + "".join(f"; read-only, no credentials: http://{r.server_address[0]}:{r.server_address[1]}/metrics"
+                    for r in reads) + "; Ctrl-C stops", file=sys.stderr, flush=True)
 
 
 def _driver_source(args: argparse.Namespace, config) -> str:
@@ -125,7 +152,8 @@ def _elect(config, listen: str, stop, fail: Fail):
         kind = registry.get(config.dataplane.kind)
         reach = kind.reach_probe(config.dataplane.settings or kind.parse_settings(None))
         election = Election(settings.etcd, settings.election_key, settings.election_ttl,
-                            f"controller pid {os.getpid()} (http://{listen})", reach)
+                            f"controller pid {os.getpid()} (http://{listen})", reach,
+                            (settings.etcd_ca, settings.etcd_cert, settings.etcd_key))
         leader = election.leader()
         if leader is not None:
             print(f"mbalancer controller: standby: {leader} leads ({settings.election_key} in etcd); taking over "

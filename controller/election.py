@@ -6,7 +6,9 @@ anew leads. The revision at which the key was created is the leader's election i
 later leader's id is always higher, and a switch agent that has seen it refuses every earlier leader's writes
 (dataplanes/agent/server.py) even while that one still believes it leads. A leader that cannot renew its lease in
 time has lost: it stops driving (the controller exits, saying so) rather than wait to learn it from the switches.
-etcd decides; nothing here is a consensus of its own.
+etcd decides; nothing here is a consensus of its own. With https:// endpoints the controller checks etcd's
+certificate against `etcd_ca` and shows its own (`etcd_cert`, `etcd_key`), for an etcd run with --client-cert-auth;
+a refused handshake is said in one line.
 
 Which candidate should lead is the one that reaches the most switches (a controller cut off from one switch drives
 the others only). When its data plane can probe that (the registry's `reach`: switch agents answering a Hello,
@@ -20,6 +22,7 @@ from __future__ import annotations
 
 import base64
 import logging
+import re
 import threading
 import time
 import warnings
@@ -30,6 +33,7 @@ log = logging.getLogger(__name__)
 POLL = 0.1  # seconds between a candidate's tries while another leads (the key's absence is checked, not watched)
 HAND_OVER_AFTER = 2  # renewals in a row (a third of a TTL apart) that saw a candidate reach more: not one lost probe
 Reach = Callable[[float], "tuple[int, int]"]  # (timeout) -> (switches answering, switches)
+EtcdTls = "tuple[str, str, str] | None"  # (CA, client certificate, its key) files, "" where not given
 
 
 class ElectionError(RuntimeError):
@@ -39,13 +43,15 @@ class ElectionError(RuntimeError):
 class Election:
     """A candidate for `key` on etcd `endpoints` ("http://host:port"), known to the others as `identity`."""
 
-    def __init__(self, endpoints: tuple[str, ...], key: str, ttl: int, identity: str, reach: Reach | None = None):
-        """reach: a probe of the switches this candidate could drive (the registry's), None: not compared."""
+    def __init__(self, endpoints: tuple[str, ...], key: str, ttl: int, identity: str, reach: Reach | None = None,
+                 tls: EtcdTls = None):
+        """reach: a probe of the switches this candidate could drive (the registry's), None: not compared. tls: (CA,
+        certificate, key) files for https:// endpoints (etcd's --trusted-ca-file and --client-cert-auth)."""
         with warnings.catch_warnings():  # its futurist imports eventlet, which warns it is deprecated
             warnings.simplefilter("ignore")
             import etcd3gw  # here: a controller without etcd does not import it
         self._etcd3gw = etcd3gw
-        self.clients = [_client(etcd3gw, url) for url in endpoints]
+        self.clients = [_client(etcd3gw, url, tls) for url in endpoints]
         self.key, self.ttl, self.identity = key, ttl, identity
         self.lease_id: int | None = None
         self.election_id: int | None = None
@@ -191,19 +197,43 @@ class Election:
                 return request(client)
             except (self._etcd3gw.exceptions.ConnectionFailedError,
                     self._etcd3gw.exceptions.ConnectionTimeoutError) as err:
-                errors.append(f"{client.host}:{client.port}: unreachable ({type(err).__name__})")
+                errors.append(f"{client.host}:{client.port}: {_unreachable(err)}")
             except self._etcd3gw.exceptions.Etcd3Exception as err:
                 said = str(err).strip().splitlines()
                 errors.append(f"{client.host}:{client.port}: {said[0] if said else type(err).__name__}")
         raise ElectionError(f"etcd: {'; '.join(errors)}")
 
 
-def _client(etcd3gw, url: str):
+def _client(etcd3gw, url: str, tls: EtcdTls = None):
     parts = urlsplit(url if "://" in url else f"http://{url}")
     if parts.scheme not in ("http", "https") or not parts.hostname or not parts.port:
         raise ElectionError(f"{url!r} is not http://HOST:PORT")
     return etcd3gw.Etcd3Client(host=parts.hostname, port=parts.port, protocol=parts.scheme, timeout=2,
-                               api_path="/v3/")
+                               api_path="/v3/", session=_session(tls) if tls and any(tls) else None)
+
+
+def _session(tls: EtcdTls):
+    """requests' session with etcd's CA and this controller's certificate; not from the environment, whose
+    REQUESTS_CA_BUNDLE would replace the CA given here (requests lets it)."""
+    import requests  # etcd3gw's own HTTP client
+    ca, cert, key = tls
+    session = requests.Session()
+    session.trust_env = False
+    session.verify = ca or True
+    if cert:
+        session.cert = (cert, key)
+    return session
+
+
+def _unreachable(err: Exception) -> str:
+    """Why an endpoint did not answer, in a few words: TLS refused (and OpenSSL's reason), or unreachable."""
+    text = f"{err} {err.__context__!r}"  # etcd3gw keeps requests' error (and OpenSSL's words) as the context
+    reason = re.search(r"\[SSL: ([A-Z_]+)\]|(certificate verify failed|certificate required|unknown ca|bad "
+                       r"certificate)", text, re.IGNORECASE)
+    if reason or "SSLError" in text:
+        why = (reason.group(1) or reason.group(2)).lower().replace("_", " ") if reason else "handshake failed"
+        return f"TLS refused ({why}): check controller.etcd_ca, etcd_cert and etcd_key against etcd's certificates"
+    return f"unreachable ({type(err).__name__})"
 
 
 def _b64(text: str) -> str:

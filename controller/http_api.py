@@ -11,6 +11,11 @@ POST /sketch      {"call": ..., "args": [...]}: one call of a sketch reader on t
 A known path with another method: 405 (with Allow); anything else: 404 with the list of endpoints. Replies other
 than /metrics are strict JSON: a figure that is not a number (NaN, infinity) goes out as null.
 
+Who may ask (controller/access.py): with a token or client certificates configured, every request must carry them,
+or it gets 401 in one line before anything else is looked at (its body is not read); HTTPS is ended in
+controller/tls_front.py. A read-only listener (metrics_listen) serves the GETs without credentials and refuses the
+POSTs with 403. With hide_keys, /state, /decisions and /metrics name keys by hash.
+
 `respond` answers a request whatever carries it: here waitress (a maintained WSGI server: requests are read
 asynchronously and handed whole to a small thread pool, so a slow, stalled or vanishing client holds no thread and
 prints no traceback; a connection silent for BODY_TIMEOUT seconds is closed; the listen backlog holds BACKLOG
@@ -21,14 +26,19 @@ from __future__ import annotations
 import json
 import logging
 import math
+import shutil
+import tempfile
 import threading
 from http import HTTPStatus
+from pathlib import Path
 from typing import Any, Callable, Iterable
 
 from waitress.server import create_server
 
+from controller.access import REFUSED, Access, hide_keys
 from controller.core import ControllerCore
 from controller.metrics import CONTENT_TYPE as METRICS_TYPE, exposition
+from controller.tls_front import TlsFront, peer_of
 from dataplanes.driver import DriverError
 
 log = logging.getLogger(__name__)
@@ -44,39 +54,72 @@ JSON = "application/json"
 
 
 class HttpServer:
-    """The HTTP interface on waitress, bound at construction (so a taken port fails at once), served by start()."""
+    """The HTTP interface on waitress, bound at construction (so a taken port fails at once), served by start().
+    With HTTPS (access.tls), waitress listens on a Unix socket of its own and controller/tls_front.py on `address`."""
 
-    def __init__(self, core: ControllerCore, address: tuple[str, int], body_timeout: int = BODY_TIMEOUT):
+    def __init__(self, core: ControllerCore, address: tuple[str, int], body_timeout: int = BODY_TIMEOUT,
+                 access: Access | None = None, read_only: bool = False):
+        access = access or Access()
         host, port = address
-        self._server = create_server(
-            wsgi_app(core), host=host, port=port, ipv4=":" not in host, ipv6=":" in host, threads=THREADS,
-            backlog=BACKLOG, connection_limit=CONNECTIONS, channel_timeout=max(1, int(body_timeout)),
-            cleanup_interval=1, asyncore_loop_timeout=1,
-            asyncore_use_poll=True,  # select() stops at file descriptor 1024: a thousand clients passed it
-            max_request_body_size=MAX_REPORT_BYTES, ident="mbalancer", expose_tracebacks=False,
-            clear_untrusted_proxy_headers=True)
-        self.server_address: tuple[str, int] = (self._server.effective_host, self._server.effective_port)
+        self._folder: str | None = None
+        self._front: TlsFront | None = None
+        listen: dict[str, Any] = {"host": host, "port": port, "ipv4": ":" not in host, "ipv6": ":" in host}
+        if access.tls:
+            self._folder = tempfile.mkdtemp(prefix="mbalancer-http-")  # 0700: nobody else reaches the socket
+            inner = str(Path(self._folder) / "http.sock")
+            listen = {"unix_socket": inner, "unix_socket_perms": "600"}
+        try:
+            if access.tls:
+                self._front = TlsFront(address, access, listen["unix_socket"], max(1, int(body_timeout)), BACKLOG,
+                                       CONNECTIONS)
+            self._server = create_server(
+                wsgi_app(core, access, read_only), **listen, threads=THREADS,
+                backlog=BACKLOG, connection_limit=CONNECTIONS, channel_timeout=max(1, int(body_timeout)),
+                cleanup_interval=1, asyncore_loop_timeout=1,
+                asyncore_use_poll=True,  # select() stops at file descriptor 1024: a thousand clients passed it
+                max_request_body_size=MAX_REPORT_BYTES, ident="mbalancer", expose_tracebacks=False,
+                clear_untrusted_proxy_headers=True)
+        except OSError:  # the address is taken, or not this machine's: nothing left behind
+            if self._front is not None:
+                self._front.shutdown()
+            if self._folder is not None:
+                shutil.rmtree(self._folder, ignore_errors=True)
+            raise
+        if self._front is not None:
+            self._server.fix_addr = peer_of  # the client's address, which the relay's socket name carries
+            self.server_address: tuple[str, int] = self._front.server_address
+        else:
+            self.server_address = (self._server.effective_host, self._server.effective_port)
+        self.scheme = "https" if access.tls else "http"
         self._thread: threading.Thread | None = None
 
     def start(self) -> "HttpServer":
         self._thread = threading.Thread(target=self._server.run, name="mbalancer-http", daemon=True)
         self._thread.start()
+        if self._front is not None:
+            self._front.start()
         return self
 
     def shutdown(self) -> None:
         """Stop listening, close every connection, stop the worker threads."""
+        if self._front is not None:
+            self._front.shutdown()
         server = self._server
         server.task_dispatcher.shutdown(timeout=2)
         for channel in list(server._map.values()):  # the listener and every client connection: the loop then ends
             channel.close()
         if self._thread is not None:
             self._thread.join(timeout=3)
+        if self._folder is not None:
+            shutil.rmtree(self._folder, ignore_errors=True)
 
 
-def serve(core: ControllerCore, address: tuple[str, int], body_timeout: int = BODY_TIMEOUT) -> HttpServer:
+def serve(core: ControllerCore, address: tuple[str, int], body_timeout: int = BODY_TIMEOUT,
+          access: Access | None = None, read_only: bool = False) -> HttpServer:
     """Bind (host, port) (port 0: any free one; see server_address) and return the server, not yet serving:
-    start_serving() serves it, shutdown() stops it."""
-    return HttpServer(core, address, body_timeout)
+    start_serving() serves it, shutdown() stops it. `access`: the credentials every request needs (none: open);
+    read_only: GETs only (metrics_listen)."""
+    return HttpServer(core, address, body_timeout, access, read_only)
 
 
 def start_serving(server: HttpServer) -> HttpServer:
@@ -84,11 +127,12 @@ def start_serving(server: HttpServer) -> HttpServer:
     return server.start()
 
 
-def wsgi_app(core: ControllerCore) -> Callable:
+def wsgi_app(core: ControllerCore, access: Access | None = None, read_only: bool = False) -> Callable:
     """The interface as a WSGI application: every method and path goes to `respond`."""
     def app(environ: dict, start_response: Callable) -> Iterable[bytes]:
         reply = respond(core, environ["REQUEST_METHOD"], environ.get("PATH_INFO", ""),
-                        environ.get("CONTENT_LENGTH", ""), environ["wsgi.input"].read, environ.get("REMOTE_ADDR", "?"))
+                        environ.get("CONTENT_LENGTH", ""), environ["wsgi.input"].read, environ.get("REMOTE_ADDR", "?"),
+                        environ.get("HTTP_AUTHORIZATION", ""), access, read_only)
         if reply is None:
             reply = 400, {"error": "the request body did not arrive"}, {}
         status, body, headers = reply
@@ -103,16 +147,26 @@ Reply = tuple[int, Any, dict[str, str]]  # status, body (JSON data, or bytes sen
 
 
 def respond(core: ControllerCore, method: str, path: str, length: str, read: Callable[[int], bytes],
-            client: str = "?") -> Reply | None:
+            client: str = "?", authorization: str = "", access: Access | None = None,
+            read_only: bool = False) -> Reply | None:
     """The answer to one request, whichever server carries it (waitress here, Ryu's WSGI in the Ryu app):
-    `length` is the Content-Length header as sent, `read(n)` the body. None: the body never came (OSError from
-    `read`), so there is nobody to answer."""
+    `length` is the Content-Length header as sent, `read(n)` the body, `authorization` its Authorization header,
+    checked against `access` (None: open) before anything else. None: the body never came (OSError from `read`), so
+    there is nobody to answer."""
+    access = access or Access()
+    if (why := access.refusal(authorization)) is not None:
+        access.refuse(why, f"{method[:10]} {path[:100]}", client)
+        return 401, {"error": f"{why}: {REFUSED[why]}"}, {"WWW-Authenticate": 'Bearer realm="mbalancer"'}
     if method == "GET" and path == "/state":
-        return 200, core.state(), {}
+        return 200, hide_keys(core.state()) if access.hide_keys else core.state(), {}
     if method == "GET" and path == "/decisions":
-        return 200, core.decisions_made(), {}
+        decisions = core.decisions_made()
+        return 200, hide_keys(decisions) if access.hide_keys else decisions, {}
     if method == "GET" and path == "/metrics":
-        return 200, exposition(core), {"Content-Type": METRICS_TYPE}
+        return 200, exposition(core, access.hide_keys, access.refused), {"Content-Type": METRICS_TYPE}
+    if method == "POST" and read_only and path in ("/report", "/sketch"):
+        return 403, {"error": f"POST {path}: this address (controller.metrics_listen) serves reads only: post to "
+                              f"controller.listen, with its credentials"}, {}
     if method != "POST" or path not in ("/report", "/sketch"):
         return _wrong_method(method, path)
     if not length.isdigit() or not 0 < int(length) <= MAX_REPORT_BYTES:

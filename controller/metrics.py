@@ -10,13 +10,14 @@ controller/switch_counts.py; a key's own series ends when it cools (and starts a
 """
 from __future__ import annotations
 
-from typing import Iterator
+from typing import Callable, Iterator, Mapping
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4, generate_latest
 from prometheus_client.process_collector import ProcessCollector
 from prometheus_client.registry import Collector, CollectorRegistry
 
+from controller.access import REFUSED, key_hash
 from controller.core import ControllerCore
 from controller.mac_check import MacStatus
 from controller.measured_balance import Spread
@@ -42,21 +43,26 @@ CORE_COUNTERS = {  # the core's counts exported as counters: name -> help
 }
 
 
-def exposition(core: ControllerCore) -> bytes:
-    """The text a Prometheus scrape gets: the core's metrics and this process's (CPU, memory, open files)."""
+def exposition(core: ControllerCore, hide_keys: bool = False, refused: Mapping[str, int] | None = None) -> bytes:
+    """The text a Prometheus scrape gets: the core's metrics and this process's (CPU, memory, open files).
+    hide_keys: key labels are hashes (controller/access.py); refused: the HTTP API's refusals by reason."""
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(CoreCollector(core))
+    registry.register(CoreCollector(core, key_hash if hide_keys else key_label, refused or {}))
     ProcessCollector(registry=registry)
     return generate_latest(registry)
 
 
 class CoreCollector(Collector):
-    def __init__(self, core: ControllerCore):
+    def __init__(self, core: ControllerCore, label: Callable[[bytes], str] | None = None,
+                 refused: Mapping[str, int] | None = None):
         self.core = core
+        self.label = label or key_label
+        self.refused = refused or {}
 
     def collect(self) -> Iterator[Metric]:
         published = self.core.published()  # one snapshot for the whole scrape
         yield from self._controller()
+        yield from self._refused()
         yield from self._hot_keys(published["hot_keys"])
         yield from self._servers()
         yield from self._spreads(self.core.spreads())
@@ -99,7 +105,7 @@ class CoreCollector(Collector):
         dirty = GaugeMetricFamily("mbalancer_hot_key_dirty", "1 while a hot key's copies may be stale (gets go home)",
                                   labels=["key"])
         for hot in hot_keys:
-            key = key_label(key_from_text(hot["key"]))
+            key = self.label(key_from_text(hot["key"]))
             dirty.add_metric([key], float(hot["dirty"]))
             for replica in hot["replicas"]:
                 weight.add_metric([key, str(replica["server"])], replica["weight"])
@@ -111,11 +117,18 @@ class CoreCollector(Collector):
         split = CounterMetricFamily("mbalancer_hot_key_replica_gets", "of those, the gets each copy was sent",
                                     labels=["key", "server"])
         for key, counts in (counters.keys.items() if counters else ()):
-            gets.add_metric([key_label(key)], counts.gets)
+            gets.add_metric([self.label(key)], counts.gets)
             for server, n in counts.per_replica.items():
-                split.add_metric([key_label(key), str(server)], n)
+                split.add_metric([self.label(key), str(server)], n)
         yield gets
         yield split
+
+    def _refused(self) -> Iterator[Metric]:
+        refused = CounterMetricFamily("mbalancer_http_refused", "HTTP API requests refused for their credentials: "
+                                      "no token, a wrong one, a TLS handshake refused", labels=["reason"])
+        for reason in REFUSED:
+            refused.add_metric([reason.replace(" ", "_")], self.refused.get(reason, 0))
+        yield refused
 
     def _servers(self) -> Iterator[Metric]:
         core = self.core

@@ -45,6 +45,7 @@ from controller.http_api import ENDPOINTS, JSON, encode, respond  # noqa: E402
 from mbalancer.ownership import Ownership, OwnershipError  # noqa: E402
 from dataplanes import registry  # noqa: E402
 from dataplanes.openflow import Settings as OpenflowSettings  # noqa: E402
+from controller.access import access_for  # noqa: E402
 from mbalancer.config import ConfigError, load_config  # noqa: E402
 from mbalancer.memcache.hashing import TableHash  # noqa: E402
 from mbalancer.memcache.addresses import parse_server  # noqa: E402
@@ -121,6 +122,13 @@ class MBalancerApp(app_manager.RyuApp):
             self.core = ControllerCore(self.config, self.driver, key_hash)
         except ValueError as err:  # e.g. a skewed hash without --mbalancer-homes
             raise SystemExit(f"mbalancer: balancing.hash: {err} (give --mbalancer-homes)") from None
+        try:  # the same credentials as `mbalancer controller` (controller/access.py); Ryu's WSGI server has no TLS
+            access = access_for(self.config.controller, self.config.controller.listen)
+        except ConfigError as err:
+            raise SystemExit(f"mbalancer: {err}") from None
+        if access.tls:
+            raise SystemExit("mbalancer: controller.tls_cert: the Ryu app's HTTP server (Ryu's WSGI) serves no "
+                             "HTTPS: give token_file instead, or run `mbalancer controller`")
         # Both read when ryu-manager starts its servers, after the apps are made: one config says where.
         host, port = parse_server(self.config.controller.listen)
         CONF.set_override("wsapi_host", host)
@@ -129,7 +137,7 @@ class MBalancerApp(app_manager.RyuApp):
             host, port = parse_server(self.driver.settings.listen)
             CONF.set_override("ofp_listen_host", host)
             CONF.set_override("ofp_tcp_listen_port", port)
-        kwargs["wsgi"].register(StateApi, {"core": self.core})
+        kwargs["wsgi"].register(StateApi, {"core": self.core, "access": access})
 
     def _homes(self) -> TableHash | None:
         """The key table of --mbalancer-homes, if given."""
@@ -191,12 +199,13 @@ class StateApi(ControllerBase):
 
     def __init__(self, req, link, data, **config):
         super().__init__(req, link, data, **config)
-        self.core = data["core"]
+        self.core, self.access = data["core"], data["access"]
 
 
 def _answer(self, req, **_):
     reply = respond(self.core, req.method, req.path, req.headers.get("Content-Length", ""),
-                    lambda n: req.body_file.read(n), req.remote_addr or "?")
+                    lambda n: req.body_file.read(n), req.remote_addr or "?", req.headers.get("Authorization", ""),
+                    self.access)
     if reply is None:
         return Response(status=400)
     status, body, headers = reply

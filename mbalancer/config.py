@@ -28,7 +28,7 @@ AUTO_REPORT_KEYS = 50  # keys per monitor report with hot = "auto": the most the
 @dataclass(frozen=True)
 class Balancing:
     hot: int | None = 10  # H; None with a target: as many as it takes to reach the target imbalance factor
-    target: float | None = None
+    target: float | None = None  # with hot = "auto": the imbalance factor to reach, in (0, 1]
     groups: int = 1  # G
     mode: str = "weighted"  # water-filling over measured load; "equal" is the thesis's, kept for reproduction
     hysteresis: int = 2  # reports a key must stay hot (or cold) before it changes state
@@ -38,7 +38,7 @@ class Balancing:
 @dataclass(frozen=True)
 class Monitoring:
     interval: float = 1.0  # seconds per monitor report
-    capacity: int = 1024
+    capacity: int = 1024  # keys the monitor's heavy-hitter summary tracks (its memory), at least balancing.hot
 
 
 @dataclass(frozen=True)
@@ -57,6 +57,19 @@ class Controller:
     election_key: str = "/mbalancer/leader"  # the key the leader holds (one per fleet of switches)
     election_ttl: int = 1  # seconds: a leader that stops renewing is replaced after this (etcd rounds it up to its
     # minimum, 1.5 x its election timeout: run etcd with --election-timeout 500 for a 1 s lease)
+    etcd_ca: str = ""  # https:// etcd endpoints: the CA of etcd's certificate (PEM); empty: the system's
+    etcd_cert: str = ""  # this controller's client certificate for etcd (etcd --client-cert-auth); empty: none
+    etcd_key: str = ""  # the private key of etcd_cert
+    # Who may use the HTTP API (controller/access.py), as [dataplane.agent] says who may drive an agent, and read by
+    # the same code (dataplanes/agent/wire.py): the controller checks them, the monitor sends them. Off loopback the
+    # controller needs token_file or tls_ca; with either, every endpoint of `listen` needs them, reads included.
+    token_file: str = ""  # both: a file whose first line is a shared secret (16 characters or more); empty: none
+    tls_cert: str = ""  # controller: its certificate (HTTPS on listen); monitor: its client certificate
+    tls_key: str = ""  # the private key of tls_cert
+    tls_ca: str = ""  # controller: client certificates must be signed by it; monitor: the CA of the controller's
+    metrics_listen: str = ""  # host:port serving GET /metrics, /state, /decisions read-only, without credentials,
+    # for scrapers that cannot hold them; empty: none (reads go to listen, with the credentials)
+    hide_keys: bool = False  # true: /state, /decisions and /metrics name hot keys by a hash, never their text
 
 
 @dataclass(frozen=True)
@@ -134,6 +147,14 @@ def parse_config(raw: dict[str, Any]) -> Config:
         raise ConfigError(f"monitor.capacity: must be at least balancing.hot ({balancing.hot})")
     controller = _section(raw, "controller", Controller)
     host_port("controller.listen", controller.listen)
+    if controller.metrics_listen:
+        host_port("controller.metrics_listen", controller.metrics_listen)
+        if controller.metrics_listen == controller.listen:
+            raise ConfigError("controller.metrics_listen: must differ from controller.listen (it serves reads only)")
+    if bool(controller.etcd_cert) != bool(controller.etcd_key):
+        raise ConfigError("controller.etcd_key: etcd_cert and etcd_key go together (both, or neither)")
+    if bool(controller.tls_cert) != bool(controller.tls_key):
+        raise ConfigError("controller.tls_key: tls_cert and tls_key go together (both, or neither)")
     if not (controller.health_interval > 0 and math.isfinite(controller.health_interval)):
         raise ConfigError(f"controller.health_interval: must be a positive number of seconds "
                           f"(got {controller.health_interval})")

@@ -26,12 +26,12 @@ from monitor.controller_sketch import ControllerSketch, SketchUnavailable
 from monitor.dataplane import SKETCH_KINDS, SketchReader
 from monitor.follow import GRACE, SwitchFollower, SwitchState
 from monitor.sampling import AdaptiveSampling
-from mbalancer.config import AUTO_REPORT_KEYS, Balancing, Monitoring, config_option
+from mbalancer.config import AUTO_REPORT_KEYS, Balancing, ConfigError, Monitoring, config_option
 from mbalancer.monitor_report import FIELDS
 from mbalancer.packets import SUPPORTED_LINKTYPES
 from mbalancer.processes import stop_on_signals
 from monitor.monitor import Monitor
-from monitor.outputs import Fanout, HttpPush, JsonLines, url_problem
+from monitor.outputs import Credentials, Fanout, HttpPush, JsonLines, url_problem
 from monitor.terminal import KeyReader, TerminalView
 from monitor.pcapfile import CaptureFile, PcapError
 
@@ -78,7 +78,8 @@ def register(commands: argparse._SubParsersAction) -> None:
     parser.add_argument("--json", action="store_true", help="one JSON object per interval instead of the table")
     parser.add_argument("--push", metavar="URL", action="append",
                         help="POST each report as JSON to this URL (the controller); again for each controller of a "
-                             "failover group: reports go to the one that leads (the others do not listen)")
+                             "failover group: reports go to the one that leads (the others do not listen); with "
+                             "--config, its [controller] token_file and tls_* are sent as the controller asks them")
     parser.set_defaults(run=_run_monitor, fail=parser.error)
 
 
@@ -102,7 +103,7 @@ def _run_monitor(args: argparse.Namespace, fail: Fail) -> int:
         fail("--switch goes with --source dataplane")
     view = None if args.json else TerminalView(source=args.iface or args.pcap or
                                                        (f"switch {args.switch}" if args.switch else "the switch"))
-    push = HttpPush(args.push) if args.push else None
+    push = HttpPush(args.push, credentials=args.credentials) if args.push else None
     report_to = Fanout(view or JsonLines(), *([push] if push else []))
     if args.source:
         return _run_dataplane(args, report_to, view, push, fail)
@@ -130,7 +131,7 @@ def _run_dataplane(args: argparse.Namespace, report_to: Fanout, view: TerminalVi
     follower = None  # a P4 switch read through its controller: the controller follows the switch
     if args.through_controller:
         args.switch, tables = f"p4 (through the controller at {args.through_controller})", \
-            ControllerSketch(args.through_controller)
+            ControllerSketch(args.through_controller, args.credentials)
     elif os.geteuid() != 0:
         fail("--source dataplane needs root (it reads the switch's BPF maps)")
     else:
@@ -232,13 +233,18 @@ def _apply_config(args: argparse.Namespace, fail: Fail) -> None:
     """Fill the options not given from --config, then from the built-in defaults."""
     config = config_option(args.config, fail) if args.config else None
     kind = config.dataplane.kind if config else None
+    try:  # the controller's credentials, sent with every push and sketch call
+        args.credentials = Credentials.of(config.controller) if config else Credentials()
+    except ConfigError as err:
+        fail(f"--config: {err}")
+    controller = f"{args.credentials.scheme}://{config.controller.listen}" if config else None
     if not (args.iface or args.pcap or args.source):
         if kind not in SKETCH_KINDS:
             fail("give --iface (live capture), --pcap or --source dataplane (with a --config whose dataplane.kind is "
                  f"{' or '.join(SKETCH_KINDS)}, the switch's own sketch is the default)")
         args.source = "dataplane"
         log.info("source: the switch's own sketch (dataplane.kind = %s); --iface would capture instead", kind)
-    args.through_controller = f"http://{config.controller.listen}" if args.source and kind == "p4" else None
+    args.through_controller = controller if args.source and kind == "p4" else None
     if args.through_controller and args.switch:
         fail("--switch: a P4 switch's sketch is read through the controller of --config ([dataplane.p4] says which)")
     if args.source and config and not args.switch:
@@ -259,7 +265,7 @@ def _apply_config(args: argparse.Namespace, fail: Fail) -> None:
         if getattr(args, name) is None:
             setattr(args, name, value)
     if args.push is None and config:
-        args.push = [f"http://{config.controller.listen}/report"]
+        args.push = [f"{controller}/report"]
 
 
 def _read_pcap(monitor: Monitor, path: str) -> str:

@@ -6,10 +6,10 @@ from __future__ import annotations
 import json
 import time
 import urllib.error
-import urllib.request
 from typing import Any
 
 from dataplanes.pipeline import HeavyKey
+from monitor.outputs import Credentials, refusal
 
 TIMEOUT = 10.0  # s per call: a read waits for the finished epoch's digests (up to 5 s)
 
@@ -19,8 +19,9 @@ class SketchUnavailable(RuntimeError):
 
 
 class ControllerSketch:
-    def __init__(self, url: str):
+    def __init__(self, url: str, credentials: Credentials = Credentials()):
         self.url = url.rstrip("/") + "/sketch"
+        self.credentials = credentials
 
     def set_sketch_control(self, until_ns: int, epoch: int) -> None:
         """Sent as the nanoseconds left (the controller's clock is not this process's); 0 stops it."""
@@ -44,16 +45,12 @@ class ControllerSketch:
         pass  # nothing held between calls
 
     def _call(self, call: str, *args: int) -> Any:
-        request = urllib.request.Request(self.url, data=json.dumps({"call": call, "args": list(args)}).encode(),
-                                         headers={"Content-Type": "application/json"})
         try:
-            with urllib.request.urlopen(request, timeout=TIMEOUT) as reply:
+            with self.credentials.open(self.url, json.dumps({"call": call, "args": list(args)}).encode(),
+                                       TIMEOUT) as reply:
                 return json.load(reply)["result"]
         except urllib.error.HTTPError as err:
-            try:
-                why = json.load(err).get("error", err.reason)
-            except ValueError:
-                why = err.reason
-            raise SketchUnavailable(f"the controller at {self.url} refused {call}: {why}") from None
+            raise SketchUnavailable(f"the controller at {self.url} refused {call}: "
+                                    f"{refusal(err).partition(': ')[2]}") from None
         except (OSError, ValueError, KeyError) as err:
             raise SketchUnavailable(f"the controller at {self.url} did not answer {call}: {err}") from None

@@ -1,19 +1,24 @@
 """What happens to each report: JSON lines, an HTTP push to the controller (the terminal view: monitor/terminal.py).
 
 Push protocol (to the controller): each report is sent as the body of an HTTP POST to the configured URL,
-Content-Type application/json, the same object as a --json line. A failed push is logged and counted, never fatal:
-the next interval's report supersedes it.
+Content-Type application/json, the same object as a --json line, with the credentials of the config's [controller]
+(Credentials: its token as `Authorization: Bearer`, over HTTPS its CA and this monitor's certificate). A failed push
+is logged and counted, never fatal: the next interval's report supersedes it.
 """
 from __future__ import annotations
 
 import json
 import logging
+import ssl
 import sys
 import urllib.error
 import urllib.parse
 import urllib.request
-from typing import Sequence, TextIO
+from dataclasses import dataclass
+from typing import Any, Sequence, TextIO
 
+from dataplanes.agent.wire import read_token, tls_files
+from mbalancer.settings import ConfigError
 from monitor.monitor import Report
 
 log = logging.getLogger(__name__)
@@ -39,26 +44,71 @@ def url_problem(url: str) -> str | None:
     return None
 
 
+@dataclass(frozen=True)
+class Credentials:
+    """What a client of the controller's HTTP API sends: [controller] token_file, and for HTTPS the CA of the
+    controller's certificate (tls_ca) and this client's own certificate (tls_cert, tls_key), read by the switch
+    agent's code. None of them: plain requests, as to a controller on loopback."""
+    token: str | None = None
+    context: ssl.SSLContext | None = None
+
+    @classmethod
+    def of(cls, settings: Any) -> "Credentials":
+        """From [controller]; ConfigError naming the field for a file that cannot be read or used."""
+        token = read_token(settings, "controller")
+        cert, _, ca = tls_files(settings, "controller")
+        if cert is None and ca is None:
+            return cls(token)
+        try:
+            context = ssl.create_default_context(cadata=ca.decode("ascii", "replace") if ca else None)
+            if cert is not None:
+                context.load_cert_chain(settings.tls_cert, settings.tls_key)
+        except (ssl.SSLError, ValueError, OSError) as err:
+            raise ConfigError(f"controller.tls_cert/tls_ca: {err}") from None
+        return cls(token, context)
+
+    @property
+    def scheme(self) -> str:
+        return "https" if self.context is not None else "http"
+
+    def open(self, url: str, data: bytes, timeout: float):
+        """POST `data` (JSON) to `url` with the credentials; urllib's reply, or its errors."""
+        headers = {"Content-Type": "application/json"}
+        if self.token:
+            headers["Authorization"] = f"Bearer {self.token}"
+        request = urllib.request.Request(url, data=data, method="POST", headers=headers)
+        return urllib.request.urlopen(request, timeout=timeout, context=self.context)
+
+
+def refusal(err: Exception) -> str:
+    """An HTTP error in one line, with the controller's own reason (its JSON "error") where it gave one."""
+    if isinstance(err, urllib.error.HTTPError):
+        try:
+            return f"{err.code}: {json.load(err).get('error', err.reason)}"
+        except (ValueError, AttributeError, OSError):
+            return f"{err.code}: {err.reason}"
+    return str(err)
+
+
 class HttpPush:
     """Each report POSTed to the controller. Several URLs: the controllers of a failover group (only the leader
     listens); each report goes to the one that took the last, else to the next that takes it."""
 
-    def __init__(self, urls: Sequence[str], timeout: float = 0.5):
+    def __init__(self, urls: Sequence[str], timeout: float = 0.5, credentials: Credentials = Credentials()):
         self.urls = list(urls)
         self.timeout = timeout
+        self.credentials = credentials
         self.sent = self.failed = 0
 
     def __call__(self, report: Report) -> None:
         data = json.dumps(report).encode()
         errors = []
         for url in list(self.urls):
-            request = urllib.request.Request(url, data=data, method="POST",
-                                             headers={"Content-Type": "application/json"})
             try:
-                with urllib.request.urlopen(request, timeout=self.timeout) as reply:
+                with self.credentials.open(url, data, self.timeout) as reply:
                     reply.read()
             except (urllib.error.URLError, OSError, ValueError) as err:
-                errors.append(f"{url}: {err}")
+                errors.append(f"{url}: {refusal(err)}")
                 continue
             if url != self.urls[0]:
                 log.warning("reports now go to %s (%s)", url, "; ".join(errors))

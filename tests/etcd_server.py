@@ -5,6 +5,7 @@ in memory."""
 from __future__ import annotations
 
 import shutil
+import ssl
 import subprocess
 import tempfile
 import time
@@ -22,14 +23,24 @@ def available() -> str | None:
 
 
 class EtcdServer:
-    def __init__(self, folder: Path, host=None):
-        """host: a topologies.management.LanHost to run in, reached at its address (default: 127.0.0.1)."""
+    def __init__(self, folder: Path, host=None, tls: tuple[Path, Path, Path] | None = None):
+        """host: a topologies.management.LanHost to run in, reached at its address (default: 127.0.0.1). tls: (ca,
+        server, client) of tests/certificates.py: https, client certificates that CA signed required
+        (--client-cert-auth), the client's used by the health check."""
         client, peer = free_port(), free_port()
         ip = host.ip if host is not None else "127.0.0.1"
         inside = host.command() if host is not None else []
         # its data in memory (/dev/shm): a disk busy with other tests stalls etcd's fsyncs past a 1 s lease
         self.data = Path(tempfile.mkdtemp(prefix="mbalancer-etcd-", dir="/dev/shm"))
-        self.url = f"http://{ip}:{client}"
+        self.url = f"{'https' if tls else 'http'}://{ip}:{client}"
+        self.context = None
+        secure = []
+        if tls:
+            ca, server, me = tls
+            secure = ["--client-cert-auth", "--trusted-ca-file", f"{ca}.crt", "--cert-file", f"{server}.crt",
+                      "--key-file", f"{server}.key"]
+            self.context = ssl.create_default_context(cafile=f"{ca}.crt")
+            self.context.load_cert_chain(f"{me}.crt", f"{me}.key")
         self.log = folder / "etcd.log"
         with open(self.log, "w") as log:
             self.process = subprocess.Popen(
@@ -37,7 +48,8 @@ class EtcdServer:
                  "--advertise-client-urls", self.url, "--listen-peer-urls", f"http://{ip}:{peer}",
                  "--initial-advertise-peer-urls", f"http://{ip}:{peer}",
                  "--initial-cluster", f"test=http://{ip}:{peer}", "--heartbeat-interval", "50",
-                 "--election-timeout", "500"], stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+                 "--election-timeout", "500", *secure], stdout=log, stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL)
         deadline = time.monotonic() + START_TIMEOUT
         while not self._healthy():
             if time.monotonic() > deadline or self.process.poll() is not None:
@@ -47,7 +59,7 @@ class EtcdServer:
 
     def _healthy(self) -> bool:
         try:
-            with urllib.request.urlopen(f"{self.url}/health", timeout=1) as reply:
+            with urllib.request.urlopen(f"{self.url}/health", timeout=1, context=self.context) as reply:
                 return b'"true"' in reply.read()
         except OSError:
             return False

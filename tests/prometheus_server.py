@@ -24,13 +24,14 @@ def available() -> str | None:
 
 
 class PrometheusServer:
-    def __init__(self, folder: Path, targets: list[str]):
+    def __init__(self, folder: Path, targets: list[str], scrape: dict | None = None):
+        """`scrape`: more of the scrape config (scheme, authorization, tls_config: a controller with credentials)."""
         self.folder = folder
         self.port = free_port()
         config = folder / "prometheus.yml"
         config.write_text(json.dumps({  # YAML is a superset of JSON
             "global": {"scrape_interval": SCRAPE_EVERY, "evaluation_interval": SCRAPE_EVERY},
-            "scrape_configs": [{"job_name": "mbalancer", "static_configs": [{"targets": targets}]}]}))
+            "scrape_configs": [{"job_name": "mbalancer", "static_configs": [{"targets": targets}], **(scrape or {})}]}))
         self.log = open(folder / "prometheus.log", "w")
         self.process = subprocess.Popen(
             ["prometheus", f"--config.file={config}", f"--storage.tsdb.path={folder / 'data'}",

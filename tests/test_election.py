@@ -10,10 +10,12 @@ import re
 import signal
 import subprocess
 import time
+from pathlib import Path
 
 import pytest
 
 from mbalancer.memcache.server import MemcachedServer, free_port
+from tests.certificates import certificates
 from tests.conftest import MBALANCER, wait_for_line
 from tests.etcd_server import EtcdServer, available
 from tests.switch_agent import AgentProcess, hello
@@ -22,11 +24,14 @@ pytestmark = pytest.mark.skipif(available() is not None, reason=str(available())
 WAIT = 20.0  # seconds any one change below may take at most (it takes about 1-2 s: the lease, then attaching)
 
 
-def controller_config(folder, name: str, agent: AgentProcess, etcd: EtcdServer, memcached: MemcachedServer):
+def controller_config(folder, name: str, agent: AgentProcess, etcd: EtcdServer, memcached: MemcachedServer,
+                      tls: tuple[Path, Path] | None = None):
+    """tls: (CA, this controller's certificate) for an etcd that requires client certificates."""
     path = folder / f"{name}.toml"
+    etcd_tls = f'etcd_ca = "{tls[0]}.crt"\netcd_cert = "{tls[1]}.crt"\netcd_key = "{tls[1]}.key"\n' if tls else ""
     path.write_text(f'[[servers]]\nname = "s1"\nip = "127.0.0.1"\nmac = "02:00:00:00:00:01"\nport = {memcached.port}\n'
                     f'[controller]\nlisten = "127.0.0.1:{free_port()}"\netcd = ["{etcd.url}"]\nelection_ttl = 1\n'
-                    f'[dataplane]\nkind = "agent"\n[dataplane.agent]\naddress = "{agent.address}"\n'
+                    f'{etcd_tls}[dataplane]\nkind = "agent"\n[dataplane.agent]\naddress = "{agent.address}"\n'
                     f'token_file = "{agent.token_file}"\n')
     return path
 
@@ -51,11 +56,13 @@ def primary_becomes(agent: AgentProcess, election_id: int) -> float:
 
 
 def test_the_next_leader_drives_the_agent_after_a_kill_and_a_frozen_leader_is_fenced(tmp_path):
-    with EtcdServer(tmp_path) as etcd, MemcachedServer() as memcached:
+    """etcd as production runs it: over TLS, with client certificates (--client-cert-auth)."""
+    ca, server, client = certificates(tmp_path / "certs")
+    with EtcdServer(tmp_path, tls=(ca, server, client)) as etcd, MemcachedServer() as memcached:
         agent = AgentProcess(tmp_path, "none", {})
         processes = []
         try:
-            configs = [controller_config(tmp_path, f"c{i}", agent, etcd, memcached) for i in range(3)]
+            configs = [controller_config(tmp_path, f"c{i}", agent, etcd, memcached, (ca, client)) for i in range(3)]
             processes.append(start(configs[0]))
             first = elected_id(processes[0])
             primary_becomes(agent, first)
@@ -131,6 +138,25 @@ def test_an_unreachable_etcd_is_said_in_one_line(tmp_path):
     said = done.stderr.strip().splitlines()[-1]
     assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
     assert said.startswith("mbalancer controller: error: controller.etcd: etcd: 127.0.0.1:"), said
+
+
+def test_a_controller_with_a_certificate_etcd_does_not_take_cannot_lead_and_says_why_in_one_line(tmp_path):
+    ca, server, client = certificates(tmp_path / "ours")
+    _, _, stranger = certificates(tmp_path / "other")
+    with EtcdServer(tmp_path, tls=(ca, server, client)) as etcd, MemcachedServer() as memcached:
+        agent = AgentProcess(tmp_path, "none", {})
+        try:
+            for name, tls in (("stranger", (ca, stranger)), ("none", None)):
+                config = controller_config(tmp_path, name, agent, etcd, memcached, tls)
+                done = subprocess.run([str(MBALANCER), "controller", "--config", str(config), "--duration", "1"],
+                                      capture_output=True, text=True, timeout=60)
+                said = done.stderr.strip().splitlines()[-1]
+                assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+                assert said.startswith("mbalancer controller: error: controller.etcd: etcd: 127.0.0.1:"), said
+                assert "TLS refused (" in said, said
+            assert not hello(agent.address, agent.token_file)["primary_election_id"]  # nobody drove it
+        finally:
+            agent.stop()
 
 
 def test_the_candidate_that_reaches_more_switches_leads_and_a_leader_that_reaches_fewer_hands_over(tmp_path):

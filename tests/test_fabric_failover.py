@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import secrets
 import signal
 import subprocess
 import time
@@ -95,15 +96,35 @@ print(json.dumps(counts))
 
 
 def controller_config(folder: Path, name: str, bed, etcd: EtcdServer) -> Path:
+    """A controller's config: its HTTP API on the management LAN, so with a token (the monitor's config has it)."""
     fabric = bed.dataplane().settings
-    servers = "".join(f'[[servers]]\nname = "{s.name}"\nip = "{s.ip}"\nmac = "{s.mac}"\nport = {s.port}\n'
-                      for s in bed.servers)
     boxes = ", ".join(f'"{box}"' for box in fabric.boxes)
     path = folder / f"{name}.toml"
-    path.write_text(f'{servers}[balancing]\nhot = {len(KEYS)}\nhysteresis = 1\nmode = "equal"\n'
+    path.write_text(f'{servers_table(bed)}[balancing]\nhot = {len(KEYS)}\nhysteresis = 1\nmode = "equal"\n'
                     f'[controller]\nlisten = "{bed.lan_host(name).ip}:{HTTP_PORT}"\netcd = ["{etcd.url}"]\n'
-                    f'election_ttl = 1\n[dataplane]\nkind = "agent"\n[dataplane.agent]\nkind = "{fabric.kind}"\n'
+                    f'election_ttl = 1\ntoken_file = "{api_token(folder)}"\n'
+                    f'[dataplane]\nkind = "agent"\n[dataplane.agent]\nkind = "{fabric.kind}"\n'
                     f'boxes = [{boxes}]\ntoken_file = "{fabric.token_file}"\n')
+    return path
+
+
+def servers_table(bed) -> str:
+    return "".join(f'[[servers]]\nname = "{s.name}"\nip = "{s.ip}"\nmac = "{s.mac}"\nport = {s.port}\n'
+                   for s in bed.servers)
+
+
+def api_token(folder: Path) -> Path:
+    """The controllers' HTTP API token (folder/controller.token), made once."""
+    path = folder / "controller.token"
+    if not path.exists():
+        path.write_text(secrets.token_hex(16) + "\n")
+    return path
+
+
+def monitor_config(folder: Path, bed) -> Path:
+    """The monitor's: the servers, and the controllers' token for its pushes."""
+    path = folder / "monitor.toml"
+    path.write_text(f'{servers_table(bed)}[controller]\ntoken_file = "{api_token(folder)}"\n')
     return path
 
 
@@ -162,7 +183,10 @@ def next_leader(candidates: list[Controller]) -> Controller:
 
 
 def state(config: Path) -> dict:
-    with urllib.request.urlopen(f"http://{load_config(config).controller.listen}/state", timeout=5) as answer:
+    settings = load_config(config).controller
+    request = urllib.request.Request(f"http://{settings.listen}/state", headers={
+        "Authorization": f"Bearer {Path(settings.token_file).read_text().strip()}"})
+    with urllib.request.urlopen(request, timeout=5) as answer:
         return json.loads(answer.read())
 
 
@@ -237,7 +261,8 @@ def test_a_fabric_under_load_fails_over_with_no_stale_read_and_no_miss(tmp_path,
                       for arg in ("--push", f"http://{load_config(c.config).controller.listen}/report")]
             bed.processes.append(subprocess.Popen(  # reports go to whichever controller leads
                 [str(MBALANCER), "monitor", "--iface", ",".join(bed.monitor_ports), "--json", "--interval", "0.5",
-                 "--top", str(len(KEYS)), *pushes], stdout=subprocess.DEVNULL,
+                 "--top", str(len(KEYS)), "--port", "11211", "--config", str(monitor_config(tmp_path, bed)), *pushes],
+                stdout=subprocess.DEVNULL,
                 stderr=(tmp_path / "monitor.log").open("w")))
             pairs = [f"{bed.servers[key_hash.server_of(k)].ip}={k.decode()}" for k in KEYS]
             (tmp_path / "load.py").write_text(LOAD)

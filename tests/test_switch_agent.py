@@ -25,6 +25,7 @@ from dataplanes.driver import (Counters, DriverError, HotKeyInstall, KeyCounters
 from dataplanes.pipeline import HeavyKey
 from mbalancer.memcache.server import free_port
 from mbalancer.settings import Server
+from tests.certificates import certificates as _certificates
 from tests.conftest import MBALANCER, eventually, process_running
 from tests.switch_agent import AgentProcess, agent_config, request
 
@@ -235,25 +236,6 @@ def test_tls_with_client_certificates(tmp_path):
     finally:
         log = agent.stop()
     assert "TLS with client certificates" in log
-
-
-def _certificates(folder: Path) -> tuple[Path, Path, Path]:
-    """A CA, a server certificate for 127.0.0.1 and a client certificate it signed (openssl)."""
-    ca, server, client = folder / "ca", folder / "server", folder / "client"
-
-    def openssl(*args: str) -> None:
-        subprocess.run(["openssl", *args], check=True, capture_output=True, timeout=60)
-
-    openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj", "/CN=mbalancer test CA",
-            "-keyout", f"{ca}.key", "-out", f"{ca}.crt")
-    for who, extension in ((server, "subjectAltName=IP:127.0.0.1"), (client, "extendedKeyUsage=clientAuth")):
-        openssl("req", "-newkey", "rsa:2048", "-nodes", "-subj", f"/CN={who.name}", "-keyout", f"{who}.key",
-                "-out", f"{who}.csr")
-        extensions = folder / f"{who.name}.ext"
-        extensions.write_text(extension + "\n")
-        openssl("x509", "-req", "-in", f"{who}.csr", "-CA", f"{ca}.crt", "-CAkey", f"{ca}.key", "-CAcreateserial",
-                "-days", "2", "-extfile", str(extensions), "-out", f"{who}.crt")
-    return ca, server, client
 
 
 def test_the_agent_and_its_settings_are_documented():

@@ -26,35 +26,36 @@ def options(settings: Settings) -> list[tuple[str, int]]:
             ("grpc.http2.min_ping_interval_without_data_ms", 500)]
 
 
-def read_token(settings: Settings) -> str | None:
-    """The shared secret of token_file (its first line), None without one; ConfigError naming the field."""
+def read_token(settings: Settings, where: str = "dataplane.agent") -> str | None:
+    """The shared secret of token_file (its first line), None without one; ConfigError naming the field (`where`
+    is the section: the controller's HTTP API reads [controller]'s the same way)."""
     if not settings.token_file:
         return None
     try:
         token = Path(settings.token_file).read_text().strip().splitlines()
     except (OSError, UnicodeDecodeError) as err:
-        raise ConfigError(f"dataplane.agent.token_file: {err}") from None
+        raise ConfigError(f"{where}.token_file: {err}") from None
     if not token or len(token[0]) < 16:
-        raise ConfigError(f"dataplane.agent.token_file: {settings.token_file} must hold a secret of 16 characters "
+        raise ConfigError(f"{where}.token_file: {settings.token_file} must hold a secret of 16 characters "
                           f"or more on its first line")
     return token[0]
 
 
-def read_pem(settings: Settings, field: str) -> bytes | None:
+def read_pem(settings: Settings, field: str, where: str = "dataplane.agent") -> bytes | None:
     path = getattr(settings, field)
     if not path:
         return None
     try:
         return Path(path).read_bytes()
     except OSError as err:
-        raise ConfigError(f"dataplane.agent.{field}: {err}") from None
+        raise ConfigError(f"{where}.{field}: {err}") from None
 
 
-def tls_files(settings: Settings) -> tuple[bytes | None, bytes | None, bytes | None]:
+def tls_files(settings: Settings, where: str = "dataplane.agent") -> tuple[bytes | None, bytes | None, bytes | None]:
     """(certificate, key, CA); a certificate without its key (or the reverse) is a ConfigError."""
-    cert, key, ca = (read_pem(settings, f) for f in ("tls_cert", "tls_key", "tls_ca"))
+    cert, key, ca = (read_pem(settings, f, where) for f in ("tls_cert", "tls_key", "tls_ca"))
     if (cert is None) != (key is None):
-        raise ConfigError("dataplane.agent: tls_cert and tls_key go together")
+        raise ConfigError(f"{where}: tls_cert and tls_key go together")
     return cert, key, ca
 
 
