@@ -26,6 +26,7 @@ COMMANDS: dict[str, str] = {
     "switch": "dataplanes.cli:register",
     "experiment": "experiments.endtoend.cli:register",
     "faults": "experiments.faults.cli:register",
+    "config": "mbalancer.config_reference.cli:register",
 }
 
 # The libraries setup.py keeps in extras (a switch box installs none of them), by top-level module: a command that

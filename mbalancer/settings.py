@@ -18,10 +18,10 @@ class ConfigError(ValueError):
 
 @dataclass(frozen=True)
 class Server:
-    name: str
-    ip: str
-    mac: str
-    port: int = DEFAULT_PORT
+    name: str  # how logs, /state and the fabric's boxes name it; unique
+    ip: str  # its IPv4 address, as the clients address it
+    mac: str  # its MAC (or the next hop's), which balanced gets are rewritten to: the switch checks it
+    port: int = DEFAULT_PORT  # its memcached port (TCP and UDP)
 
     @property
     def address(self) -> ServerAddress:

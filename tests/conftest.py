@@ -19,8 +19,9 @@ MBALANCER = Path(sys.executable).parent / "mbalancer"
 TIER_NAMES = ("unit", "slow", "root", "etcd", "bmv2", "mininet")
 TIERS: dict[str, str] = {
     # unit: no root, nothing but what `make install` installs (memcached on loopback), the whole tier in a minute
-    "test_cli": "unit", "test_config": "unit", "test_controller_decisions": "unit", "test_core_defects": "unit",
-    "test_docs": "unit", "test_driver_process": "unit", "test_executor": "unit", "test_install": "unit",
+    "test_cli": "unit", "test_config": "unit", "test_config_reference": "unit", "test_controller_decisions": "unit", "test_core_defects": "unit",
+    "test_docs": "unit", "test_driver_process": "unit", "test_executor": "unit", "test_hot_key_states": "unit",
+    "test_install": "unit",
     "test_key_hashes": "unit", "test_layout": "unit", "test_mac_check": "unit", "test_measured_balance": "unit",
     "test_memcache_client": "unit", "test_memcache_fuzz": "unit", "test_memcache_protocol": "unit",
     "test_memcache_real_server": "unit", "test_monitor_follow": "unit", "test_monitor_hot_keys": "unit",
@@ -28,8 +29,8 @@ TIERS: dict[str, str] = {
     "test_simulation_model": "unit", "test_tiers": "unit", "test_water_filling": "unit",
     # slow: no root either, but 10-30 s a module (load runs, servers killed and restarted, ryu-manager, agents, HTTP
     # servers' timeouts): together they would take the unit tier past its minute
-    "test_controller_http": "slow", "test_controller_replication": "slow", "test_p4runtime_driver": "slow",
-    "test_switch_agent": "slow", "test_workload": "slow",
+    "test_controller_access": "slow", "test_controller_http": "slow", "test_controller_replication": "slow",
+    "test_p4runtime_driver": "slow", "test_switch_agent": "slow", "test_workload": "slow",
     # root: network namespaces, tc, eBPF, Open vSwitch, tcpdump
     "test_benchmarks": "root", "test_claim": "root", "test_coherence_paths": "root", "test_dataplane_sketch": "root",
     "test_deployment": "root", "test_driver_contract": "root", "test_ebpf_network": "root",

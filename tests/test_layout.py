@@ -5,7 +5,8 @@
   dataplanes, mbalancer, install, docs and the usual files;
 - no import cycle between modules;
 - each part imports only its own floor and those below it, bottom to top: mbalancer (the protocol, packets, settings,
-  processes) < dataplanes < mbalancer.config (reads every data plane's section through the registry) < monitor <
+  processes) < dataplanes < mbalancer.config and its reference (read every data plane's section through the
+  registry) < monitor <
   controller < topologies < experiments; command-line modules (`cli`, `__main__`, the benchmark scripts) sit on top
   of all;
 - no data plane imports another: dataplanes/<kind>/ imports only dataplanes/*.py and the shared BPF toolkit
@@ -18,8 +19,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("mbalancer", "dataplanes", "monitor", "controller", "topologies", "experiments")
-FLOORS = {"mbalancer": 0, "dataplanes": 1, "mbalancer.config": 2, "monitor": 3, "controller": 4, "topologies": 5,
-          "experiments": 6}
+FLOORS = {"mbalancer": 0, "dataplanes": 1, "mbalancer.config": 2, "mbalancer.config_reference": 2, "monitor": 3,
+          "controller": 4, "topologies": 5, "experiments": 6}
 ENTRY_POINTS = 99
 SHARED_DATAPLANE_PARTS = {"bpf"}
 TOP_LEVEL = {"controller", "p4src", "topologies", "monitor", "experiments", "tests", "setup.py", "dataplanes",

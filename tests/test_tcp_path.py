@@ -446,17 +446,6 @@ def test_a_connection_made_before_the_controller_named_the_servers_is_balanced_o
     assert chi_square(spread, [1 / 3] * 3) < 27.6, spread  # the same connection, balanced now
 
 
-def splitter_child(supervisor: int) -> int | None:
-    """The splitter process its supervisor runs now (None: none)."""
-    for entry in os.listdir("/proc"):
-        try:
-            if entry.isdigit() and int(open(f"/proc/{entry}/stat").read().rsplit(")", 1)[1].split()[1]) == supervisor:
-                return int(entry)
-        except (OSError, ValueError, IndexError):
-            continue
-    return None
-
-
 def listens(pid: int) -> bool:
     listeners = subprocess.run(["ss", "-Hltnp", "sport", "=", ":11211"], capture_output=True, text=True).stdout
     return f"pid={pid}," in listeners
@@ -465,11 +454,11 @@ def listens(pid: int) -> bool:
 def test_a_splitter_killed_outright_is_started_again_and_balances_again(network, core):
     """SIGKILL to the splitter (a crash): its supervisor starts it again; the next client connection is balanced."""
     home = make_hot(core, b"tcp:crash", b"crash")
-    supervisor = network.switch.tcp_path.process.pid
-    first = splitter_child(supervisor)
+    path = network.switch.tcp_path
+    first = path.working_pid()
     assert first is not None and listens(first)
     os.kill(first, signal.SIGKILL)
-    assert eventually(lambda: (child := splitter_child(supervisor)) not in (None, first) and listens(child), 10)
+    assert eventually(lambda: (child := path.working_pid()) not in (None, first) and listens(child), 10)
     before = gets_served(network)
     values = json.loads(in_client(network, GETS, network.server_hosts[home].ip, "tcp:crash", "600"))
     spread = [a - b for a, b in zip(gets_served(network), before)]

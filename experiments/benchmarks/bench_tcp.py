@@ -165,7 +165,7 @@ def mbalancer_phase(seconds: float, light: float, idle: int, tag: str) -> tuple[
             rates = [{"key": f"key:{rank}", "rate": 1000.0 / rank} for rank in range(1, HOT + 1)]
             core.submit_report({"time": time.time(), "interval": 1.0, "rate": 7500.0, "top": rates})
             until(lambda: sum(k["state"] == "clean" for k in core.state()["hot_keys"]) == HOT, "the hot keys")
-            result = {**measure(net, servers, seconds, path.process.pid),
+            result = {**measure(net, servers, seconds, path.working_pid()),
                       "p50_light_ms": light_p50(net, servers, light)}
             idle = idle_connections(net, path, idle)
         finally:
@@ -198,13 +198,14 @@ def rss_kib(pid: int) -> int:
 
 
 def idle_connections(net: NamespaceNetwork, path: TcpPath, count: int) -> dict:
-    rss, pages = rss_kib(path.process.pid), kernel_tcp_pages()
+    splitter = path.working_pid()  # (its supervisor, path.process, holds no connection)
+    rss, pages = rss_kib(splitter), kernel_tcp_pages()
     holder = net.popen(net.client_hosts[0], [sys.executable, "-c", IDLE, net.server_hosts[0].ip, str(count)],
                        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
         held = int(holder.stdout.readline())
         time.sleep(1.0)  # the splitter accepts in rounds of 64
-        grown_rss, grown_pages = rss_kib(path.process.pid) - rss, kernel_tcp_pages() - pages
+        grown_rss, grown_pages = rss_kib(splitter) - rss, kernel_tcp_pages() - pages
     finally:
         holder.stdin.close()
         holder.wait(timeout=60)

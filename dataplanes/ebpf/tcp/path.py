@@ -153,6 +153,10 @@ class TcpPath:
             threading.Thread(target=self._relay_log, args=(self.process,), name=f"mb-splitter-{self.plane.name}",
                              daemon=True).start()
 
+    def working_pid(self) -> int | None:
+        """The splitter itself: the child its supervisor (self.process) runs now (None: none at the moment)."""
+        return splitter_child(self.process.pid) if self.process is not None else None
+
     @staticmethod
     def _relay_log(process: subprocess.Popen) -> None:
         """The splitter's lines into this log (read to the end: a full pipe would stop the splitter)."""
@@ -165,6 +169,18 @@ class TcpPath:
             self.process = None
         remove(self.plane.name, self.table, self.netns, self.where)
         self.table = 0
+
+
+def splitter_child(supervisor: int) -> int | None:
+    """The splitter process a supervisor runs now (None: none): the process whose parent it is (by /proc/N/stat:
+    /proc/N/task/N/children needs a kernel option not every kernel has)."""
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1]) == supervisor:
+                return int(entry.name)
+        except (OSError, ValueError, IndexError):
+            continue  # gone meanwhile
+    return None
 
 
 def _last_line(log_file: Path) -> str:
