@@ -153,7 +153,7 @@ def _elect(config, listen: str, stop, fail: Fail):
         reach = kind.reach_probe(config.dataplane.settings or kind.parse_settings(None))
         election = Election(settings.etcd, settings.election_key, settings.election_ttl,
                             f"controller pid {os.getpid()} (http://{listen})", reach,
-                            (settings.etcd_ca, settings.etcd_cert, settings.etcd_key))
+                            (settings.etcd_ca, settings.etcd_cert, settings.etcd_key), _etcd_login(settings, fail))
         leader = election.leader()
         if leader is not None:
             print(f"mbalancer controller: standby: {leader} leads ({settings.election_key} in etcd); taking over "
@@ -165,6 +165,19 @@ def _elect(config, listen: str, stop, fail: Fail):
     print(f"mbalancer controller: elected through etcd, election id {election.election_id}", file=sys.stderr,
           flush=True)
     return election
+
+
+def _etcd_login(settings, fail: Fail) -> tuple[str, str] | None:
+    """(etcd_user, the first line of etcd_password_file), None without a user; fail() in one line if unreadable."""
+    if not settings.etcd_user:
+        return None
+    try:
+        password = open(settings.etcd_password_file).readline().rstrip("\n")
+    except OSError as err:
+        fail(f"controller.etcd_password_file: {settings.etcd_password_file}: cannot read: {err.strerror}")
+    if not password:
+        fail(f"controller.etcd_password_file: {settings.etcd_password_file}: its first line is empty")
+    return settings.etcd_user, password
 
 
 def _with_election_id(dataplane, election_id: int):

@@ -8,7 +8,9 @@ later leader's id is always higher, and a switch agent that has seen it refuses 
 time has lost: it stops driving (the controller exits, saying so) rather than wait to learn it from the switches.
 etcd decides; nothing here is a consensus of its own. With https:// endpoints the controller checks etcd's
 certificate against `etcd_ca` and shows its own (`etcd_cert`, `etcd_key`), for an etcd run with --client-cert-auth;
-a refused handshake is said in one line.
+a refused handshake is said in one line. Where etcd's auth is on, it logs in as `etcd_user` (its password in
+`etcd_password_file`) and sends the token etcd gives on every request, logging in again when etcd says the token is
+no longer valid; a refused login is said in one line.
 
 Which candidate should lead is the one that reaches the most switches (a controller cut off from one switch drives
 the others only). When its data plane can probe that (the registry's `reach`: switch agents answering a Hello,
@@ -34,6 +36,8 @@ POLL = 0.1  # seconds between a candidate's tries while another leads (the key's
 HAND_OVER_AFTER = 2  # renewals in a row (a third of a TTL apart) that saw a candidate reach more: not one lost probe
 Reach = Callable[[float], "tuple[int, int]"]  # (timeout) -> (switches answering, switches)
 EtcdTls = "tuple[str, str, str] | None"  # (CA, client certificate, its key) files, "" where not given
+EtcdLogin = "tuple[str, str] | None"  # (user, password) where etcd's auth is on
+TOKEN_REFUSED = ("invalid auth token", "user name is empty", "auth token")  # etcd's words: log in (again)
 
 
 class ElectionError(RuntimeError):
@@ -44,14 +48,17 @@ class Election:
     """A candidate for `key` on etcd `endpoints` ("http://host:port"), known to the others as `identity`."""
 
     def __init__(self, endpoints: tuple[str, ...], key: str, ttl: int, identity: str, reach: Reach | None = None,
-                 tls: EtcdTls = None):
+                 tls: EtcdTls = None, login: EtcdLogin = None):
         """reach: a probe of the switches this candidate could drive (the registry's), None: not compared. tls: (CA,
-        certificate, key) files for https:// endpoints (etcd's --trusted-ca-file and --client-cert-auth)."""
+        certificate, key) files for https:// endpoints (etcd's --trusted-ca-file and --client-cert-auth). login:
+        (user, password) where etcd's auth is on."""
         with warnings.catch_warnings():  # its futurist imports eventlet, which warns it is deprecated
             warnings.simplefilter("ignore")
             import etcd3gw  # here: a controller without etcd does not import it
         self._etcd3gw = etcd3gw
-        self.clients = [_client(etcd3gw, url, tls) for url in endpoints]
+        self.clients = [_client(etcd3gw, url, tls, login is not None) for url in endpoints]
+        self.login = login
+        self._tokens: dict[int, str] = {}  # id(client) -> the auth token etcd gave it
         self.key, self.ttl, self.identity = key, ttl, identity
         self.lease_id: int | None = None
         self.election_id: int | None = None
@@ -194,7 +201,7 @@ class Election:
         errors = []
         for client in self.clients:
             try:
-                return request(client)
+                return self._logged_in(client, request)
             except (self._etcd3gw.exceptions.ConnectionFailedError,
                     self._etcd3gw.exceptions.ConnectionTimeoutError) as err:
                 errors.append(f"{client.host}:{client.port}: {_unreachable(err)}")
@@ -204,12 +211,46 @@ class Election:
         raise ElectionError(f"etcd: {'; '.join(errors)}")
 
 
-def _client(etcd3gw, url: str, tls: EtcdTls = None):
+    def _logged_in(self, client, request):
+        """`request(client)`, logged in first where etcd's auth is on (and once more if etcd says the token went)."""
+        if self.login is None:
+            return request(client)
+        if id(client) not in self._tokens:
+            self._log_in(client)
+        try:
+            return request(client)
+        except self._etcd3gw.exceptions.Etcd3Exception as err:
+            if not any(words in str(err) for words in TOKEN_REFUSED):
+                raise
+            self._log_in(client)
+            return request(client)
+
+    def _log_in(self, client) -> None:
+        """etcd's /v3/auth/authenticate: the token every later request of this client carries."""
+        import requests  # etcd3gw's own HTTP client
+        user, password = self.login
+        try:
+            answer = client.session.post(f"{client.base_url}/v3/auth/authenticate",
+                                         json={"name": user, "password": password}, timeout=client.timeout)
+        except requests.exceptions.RequestException as err:  # as etcd3gw says it: the next endpoint is tried
+            raise self._etcd3gw.exceptions.ConnectionFailedError(str(err)) from err
+        if answer.status_code != 200:
+            said = answer.json().get("error", answer.text) if answer.headers.get("content-type", "").startswith(
+                "application/json") else answer.text
+            raise ElectionError(f"etcd: {client.host}:{client.port}: user {user} not logged in: "
+                                f"{str(said).strip().splitlines()[0] if str(said).strip() else answer.reason}")
+        token = answer.json()["token"]
+        client.session.headers["Authorization"] = token
+        self._tokens[id(client)] = token
+
+
+def _client(etcd3gw, url: str, tls: EtcdTls = None, login: bool = False):
     parts = urlsplit(url if "://" in url else f"http://{url}")
     if parts.scheme not in ("http", "https") or not parts.hostname or not parts.port:
         raise ElectionError(f"{url!r} is not http://HOST:PORT")
+    session = _session(tls or ("", "", "")) if (tls and any(tls)) or login else None  # its own: login sets a header
     return etcd3gw.Etcd3Client(host=parts.hostname, port=parts.port, protocol=parts.scheme, timeout=2,
-                               api_path="/v3/", session=_session(tls) if tls and any(tls) else None)
+                               api_path="/v3/", session=session)
 
 
 def _session(tls: EtcdTls):

@@ -60,6 +60,8 @@ class Controller:
     etcd_ca: str = ""  # https:// etcd endpoints: the CA of etcd's certificate (PEM); empty: the system's
     etcd_cert: str = ""  # this controller's client certificate for etcd (etcd --client-cert-auth); empty: none
     etcd_key: str = ""  # the private key of etcd_cert
+    etcd_user: str = ""  # where etcd's auth is on: the user this controller logs in as; empty: no login
+    etcd_password_file: str = ""  # a file whose first line is etcd_user's password
     # Who may use the HTTP API (controller/access.py), as [dataplane.agent] says who may drive an agent, and read by
     # the same code (dataplanes/agent/wire.py): the controller checks them, the monitor sends them. Off loopback the
     # controller needs token_file or tls_ca; with either, every endpoint of `listen` needs them, reads included.
@@ -153,6 +155,9 @@ def parse_config(raw: dict[str, Any]) -> Config:
             raise ConfigError("controller.metrics_listen: must differ from controller.listen (it serves reads only)")
     if bool(controller.etcd_cert) != bool(controller.etcd_key):
         raise ConfigError("controller.etcd_key: etcd_cert and etcd_key go together (both, or neither)")
+    if bool(controller.etcd_user) != bool(controller.etcd_password_file):
+        raise ConfigError("controller.etcd_password_file: etcd_user and etcd_password_file go together (both, or "
+                          "neither)")
     if bool(controller.tls_cert) != bool(controller.tls_key):
         raise ConfigError("controller.tls_key: tls_cert and tls_key go together (both, or neither)")
     if not (controller.health_interval > 0 and math.isfinite(controller.health_interval)):

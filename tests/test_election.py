@@ -200,3 +200,41 @@ def test_the_candidate_that_reaches_more_switches_leads_and_a_leader_that_reache
                 election.resign()
             for thread in threads:
                 thread.join(WAIT)
+
+
+def enable_auth(etcd: EtcdServer, password: str) -> None:
+    """etcd's auth on, with user root (role root) and `password`, through its own HTTP API (no etcdctl needed)."""
+    import requests
+    for path, body in (("user/add", {"name": "root", "password": password}), ("role/add", {"name": "root"}),
+                       ("user/grant", {"user": "root", "role": "root"}), ("enable", {})):
+        answer = requests.post(f"{etcd.url}/v3/auth/{path}", json=body, timeout=5)
+        assert answer.status_code == 200, (path, answer.text)
+
+
+def test_with_etcds_auth_on_a_controller_logs_in_and_a_wrong_password_cannot_lead(tmp_path):
+    """etcd's auth on: an Election with the user's password leads and renews its lease; one with a wrong password
+    is refused in one line, and so is a controller with it (exit 2, no traceback)."""
+    from controller.election import Election, ElectionError
+    import threading
+    with EtcdServer(tmp_path) as etcd:
+        enable_auth(etcd, "s3cret-pass")
+        election = Election((etcd.url,), "/mbalancer/test", 1, "right", login=("root", "s3cret-pass"))
+        assert election.campaign(threading.Event()) is not None and election.leader() == "right"
+        election._refresh(election.lease_id)  # a later request, with the token it was given
+        election.resign()
+        with pytest.raises(ElectionError, match=r"user root not logged in: .*authentication failed"):
+            Election((etcd.url,), "/mbalancer/test", 1, "wrong", login=("root", "not-it")).leader()
+        memcached = MemcachedServer().start()
+        try:
+            (tmp_path / "password").write_text("not-it\n")
+            config = tmp_path / "c.toml"
+            config.write_text(f'[[servers]]\nname = "s1"\nip = "127.0.0.1"\nmac = "02:00:00:00:00:01"\n'
+                              f'port = {memcached.port}\n[controller]\nlisten = "127.0.0.1:{free_port()}"\n'
+                              f'etcd = ["{etcd.url}"]\netcd_user = "root"\n'
+                              f'etcd_password_file = "{tmp_path / "password"}"\n')
+            done = subprocess.run([str(MBALANCER), "controller", "--config", str(config)], capture_output=True,
+                                  text=True, timeout=60)
+        finally:
+            memcached.stop()
+    last = done.stderr.strip().splitlines()[-1]
+    assert done.returncode == 2 and "user root not logged in" in last and "Traceback" not in done.stderr, done.stderr
