@@ -189,18 +189,11 @@ class SlotBook:
             batch = self._take_slots(installs, refused)
             if not batch:
                 return refused
-            try:
-                self._write_installs(batch)
-            except DriverError as err:
-                if len(batch) == 1:
-                    return {**refused, batch[0][0]: err}
-                log.info("%s; installing them one by one", err)
-                taken: dict[bytes, HotKeyInstall] = {}
-                for install in installs:  # the first install of a key listed twice: the one the batch took
-                    taken.setdefault(install.key, install)
-                for key, _ in batch:
-                    refused.update(self.install_hot_keys([taken[key]]))
-            return refused
+            taken: dict[bytes, HotKeyInstall] = {}
+            for install in installs:  # the first install of a key listed twice: the one the batch took
+                taken.setdefault(install.key, install)
+            return {**refused, **_or_one_by_one([key for key, _ in batch], lambda: self._write_installs(batch),
+                                                lambda key: self.install_hot_keys([taken[key]]), "installing")}
 
     def install_hot_key(self, key: bytes, home: int, replicas: Sequence[ReplicaWeight]) -> None:
         raise_refused(self.install_hot_keys([HotKeyInstall(key, home, tuple(replicas))]))
@@ -228,19 +221,14 @@ class SlotBook:
             if not batch:
                 return refused
             what = f"remove {keys_named([k for k, _ in batch])}"
-            try:
+
+            def remove() -> None:
                 self._each(lambda s: s.delete_keys(batch), what)
-            except DriverError as err:
-                if len(batch) == 1:
-                    return {**refused, batch[0][0]: err}
-                log.info("%s; removing them one by one", err)
-                for key, _ in batch:
-                    refused.update(self.remove_hot_keys([key]))
-                return refused
-            for key, entry in batch:
-                del self.entries[key], self.write_bases[key]
-                self.free_slots.append(entry.slot)
-            return refused
+                for key, entry in batch:
+                    del self.entries[key], self.write_bases[key]
+                    self.free_slots.append(entry.slot)
+            return {**refused, **_or_one_by_one([key for key, _ in batch], remove,
+                                                lambda key: self.remove_hot_keys([key]), "removing")}
 
     def remove_hot_key(self, key: bytes) -> None:
         raise_refused(self.remove_hot_keys([key]))
@@ -286,16 +274,13 @@ class SlotBook:
                 return refused
             counts = {slot: stamp.counts for _, slot, stamp in batch}
             what = f"clear {keys_named([key for key, _, _ in batch])}"
-            try:  # a switch that refuses may have cleared some slots: it is held again too (dirty is always safe)
-                self._each_or_undo(lambda i, s: s.set_synced_slots([(slot, *counts[slot][i]) for slot in counts]),
-                                   lambda s: [s.hold(slot) for slot in counts], what, undo_refusing=True)
-            except DriverError as err:
-                if len(batch) == 1:
-                    return {**refused, batch[0][0]: err}
-                log.info("%s; clearing them one by one", err)
-                for key, _, stamp in batch:
-                    refused.update(self.clear_dirty_keys({key: stamp}))
-            return refused
+
+            def clear() -> None:  # a switch that refuses may have cleared some slots: it is held again too (dirty is
+                self._each_or_undo(  # always safe)
+                    lambda i, s: s.set_synced_slots([(slot, *counts[slot][i]) for slot in counts]),
+                    lambda s: [s.hold(slot) for slot in counts], what, undo_refusing=True)
+            return {**refused, **_or_one_by_one([key for key, _, _ in batch], clear,
+                                                lambda key: self.clear_dirty_keys({key: stamps[key]}), "clearing")}
 
     def clear_dirty(self, key: bytes, stamp: WriteStamp) -> None:
         raise_refused(self.clear_dirty_keys({key: stamp}))
@@ -468,3 +453,20 @@ class SlotBook:
             total.mirrored += counts.mirrored
             for server, n in zip(entry.servers, counts.per_replica):
                 total.per_replica[server] = total.per_replica.get(server, 0) + n
+
+
+def _or_one_by_one(keys: Sequence[bytes], batch: Callable[[], None],
+                   one: Callable[[bytes], dict[bytes, DriverError]], doing: str) -> dict[bytes, DriverError]:
+    """`batch()` for all `keys`; if a switch refuses it, each key alone (`one`), so that one bad key holds back no
+    other: the keys refused, with why ({} when the batch went through)."""
+    try:
+        batch()
+    except DriverError as err:
+        if len(keys) == 1:
+            return {keys[0]: err}
+        log.info("%s; %s them one by one", err, doing)
+        refused: dict[bytes, DriverError] = {}
+        for key in keys:
+            refused.update(one(key))
+        return refused
+    return {}
