@@ -20,6 +20,7 @@ SUPPORTED_LINKTYPES = (LINKTYPE_NULL, LINKTYPE_ETHERNET, LINKTYPE_RAW, LINKTYPE_
 
 ETHERTYPE_IPV4 = 0x0800
 VLAN_TYPES = (0x8100, 0x88A8)
+ETH_P_ALL = 0x0003  # every protocol, for AF_PACKET sockets
 UDP, TCP = 17, 6
 _U16 = struct.Struct("!H")
 _U32 = struct.Struct("!I")
@@ -107,3 +108,16 @@ def memcached_segment(frame: bytes, linktype: int, port: int) -> Segment | str:
         source = f"{socket.inet_ntoa(frame[ip + 12:ip + 16])}:{_U16.unpack_from(frame, start)[0]}"
         return Segment(TCP, frame[data:end], to, source, _U32.unpack_from(frame, start + 4)[0])
     return "not UDP or TCP"
+
+
+def interface_socket(iface: str) -> socket.socket:
+    """An AF_PACKET socket that hears every frame of `iface` and of no other interface. It is made deaf (protocol 0)
+    and bound with its protocol: one made with ETH_P_ALL hears every interface of the namespace until bind(), and
+    keeps what it heard (a management LAN's frame once came out of a mirror link's socket that way)."""
+    sock = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, 0)
+    try:
+        sock.bind((iface, ETH_P_ALL))  # (Python puts a bind's protocol in network order itself)
+    except OSError:
+        sock.close()
+        raise
+    return sock

@@ -23,9 +23,9 @@ from dataplanes.bpf.program import PIN_ROOT, bpffs_problem, loaded_switches, mir
 from dataplanes.driver import DriverError, MacSighting
 from dataplanes.ebpf import Settings
 from mbalancer.interfaces import interface_exists
+from mbalancer.packets import interface_socket
 
 log = logging.getLogger(__name__)
-ETH_P_ALL = 0x0003
 PACKET_OUTGOING = 4
 
 
@@ -92,14 +92,10 @@ class EbpfDriver(BpfMapsDriver):
     def _mirror_sockets(self) -> list[socket.socket]:
         sockets = []
         for iface in self.mirror_ifaces:
-            sock = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.htons(ETH_P_ALL))
             try:
-                sock.bind((iface, 0))
+                sockets.append(interface_socket(iface))
             except OSError as err:  # the switch is being reloaded: its link comes back with it
                 log.warning("mirror link %s not there (%s): mirrored writes from it are not read", iface, err)
-                sock.close()
-                continue
-            sockets.append(sock)
         return sockets
 
     def _read_mirror(self, sock: socket.socket, sockets: list[socket.socket]) -> None:

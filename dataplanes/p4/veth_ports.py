@@ -9,6 +9,8 @@ import subprocess
 import time
 from typing import Callable, Sequence
 
+from mbalancer.packets import interface_socket
+
 WAIT = 5.0  # seconds a frame may take through bmv2 (far more than it does: the bound, not the expectation)
 BURST = 32  # frames sent at once by send_paced: well within bmv2's queue
 
@@ -24,9 +26,7 @@ class Ports:
             for end in (iface, iface + "t"):
                 subprocess.run(["sysctl", "-qw", f"net.ipv6.conf.{end}.disable_ipv6=1"], check=False)
                 subprocess.run(["ip", "link", "set", end, "up"], check=True)
-            sock = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.htons(3))
-            sock.bind((iface + "t", 0))
-            self.sockets[n] = sock
+            self.sockets[n] = interface_socket(iface + "t")
 
     def send(self, port: int, frame: bytes) -> None:
         self.sockets[port].send(frame)
