@@ -17,6 +17,7 @@ from dataplanes.bpf.program import PIN_ROOT, available, mirror_link_of
 from mbalancer.memcache.addresses import ServerAddress
 from mbalancer.memcache.meta import MetaClient
 from mbalancer.memcache.server import free_port
+from mbalancer.processes import stop_process
 from monitor.cli import READY
 from tests.conftest import MBALANCER, eventually, memcached_answers, wait_for_line
 from tests.prometheus_server import PrometheusServer, available as prometheus_available, dashboard_queries
@@ -144,8 +145,7 @@ def test_the_readme_on_a_bridging_box_balances_under_heavy_load_and_prometheus_s
             assert eventually(lambda: controller_state(listen)["switches_gone"] == [TAG], timeout=10)
         finally:
             for process in processes:
-                process.terminate()
-                process.wait(timeout=30)
+                stop_process(process, grace=30)
             switch("detach", "--config", str(config))  # whatever an assertion above left attached
         assert detached.returncode == 0 and "removed" in detached.stderr, detached.stderr
         assert not (PIN_ROOT / TAG).exists() and not os.path.exists(f"/sys/class/net/{mirror_link_of(TAG)[0]}")
@@ -385,8 +385,7 @@ def test_a_controller_elsewhere_drives_the_box_through_its_switch_agent(tmp_path
             assert measured["misses"] == 0 and measured["hits"] > 0, measured
         finally:
             for process in reversed(processes):
-                process.terminate()
-                process.wait(timeout=30)
+                stop_process(process, grace=30)
             switch("detach", "--config", str(box))
         agent_log = processes[0].stderr.read() if processes else ""
         assert "is the primary" in agent_log and "stopped: driver closed, lease ended" in agent_log, agent_log

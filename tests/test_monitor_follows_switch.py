@@ -19,6 +19,7 @@ from tests.conftest import MBALANCER, eventually, wait_for_line
 from tests.test_deployment import (LOAD_SECONDS, controller_state, gets_served, load_command, serve_and_fill, switch,
                                    switch_status, why_not, write_config)
 from mbalancer.memcache.server import free_port
+from mbalancer.processes import stop_process
 from topologies.netns import NamespaceNetwork
 
 pytestmark = pytest.mark.skipif(why_not is not None, reason=f"eBPF data plane cannot run here: {why_not}")
@@ -99,8 +100,7 @@ def test_detached_and_attached_again_under_load_the_same_monitor_balances_again_
             assert measured["misses"] == 0 and measured["hits"] > 0, measured
         finally:
             for process in reversed(processes):
-                process.terminate()
-                process.wait(timeout=30)
+                stop_process(process, grace=30)
             switch("detach", "--config", str(config))
 
 
