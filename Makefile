@@ -61,10 +61,11 @@ faults: install
 simulation: install
 	$(VENV)/bin/mbalancer demo --out $(OUT)
 
-# Every tier of tests (root for most); test-unit: the unit tier only, no root needed, under a minute
-# (tiers: tests/conftest.py, docs/testing.md).
+# Every tier of tests (root for most): the tiers that make no network run beside the ones that do
+# (tests/run_tiers.sh); test-unit: the unit tier only, no root needed, under a minute (tiers: tests/conftest.py,
+# docs/testing.md).
 test: install
-	$(VENV)/bin/python -m pytest
+	bash tests/run_tiers.sh $(VENV)/bin/python
 
 test-unit: install
 	$(VENV)/bin/python -m pytest -m unit

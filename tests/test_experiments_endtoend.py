@@ -468,7 +468,7 @@ def test_demo_end_to_end(run_cli, tmp_path, dataplane):
 def test_an_interrupted_experiment_removes_what_it_made(tmp_path):
     from tests.conftest import MBALANCER
     process = subprocess.Popen([str(MBALANCER), "experiment", "demo", "--out", str(tmp_path), "--warmup", "2",
-                                "--measure", "20"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                                "--measure", "10"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 60
     while not (tmp_path / "skewed_0.7" / "mbalancer-weighted").exists() and time.monotonic() < deadline:
         time.sleep(0.2)  # interrupt in the middle of the MBalancer run: controller, monitor and load all up

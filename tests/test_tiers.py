@@ -55,3 +55,21 @@ def test_every_collected_test_carries_exactly_one_tier(request: pytest.FixtureRe
     wrong = {item.nodeid: tiers for item in request.session.items
              if len(tiers := [mark.name for mark in item.iter_markers() if mark.name in TIER_NAMES]) != 1}
     assert wrong == {}
+
+
+def run_tiers_expressions() -> dict[str, set[str]]:
+    """The two marker expressions `make test` runs side by side (tests/run_tiers.sh), each as its set of tiers."""
+    found = {}
+    for line in (TESTS / "run_tiers.sh").read_text().splitlines():
+        name, sep, value = line.partition("=")
+        if sep and name in ("offline", "network"):
+            found[name] = set(value.strip('"').split(" or "))
+    return found
+
+
+def test_make_test_runs_every_tier_once():
+    """A tier missing from both runs would never run in CI; one in both would run twice, once beside itself."""
+    runs = run_tiers_expressions()
+    assert set(runs) == {"offline", "network"}
+    assert runs["offline"] | runs["network"] == set(TIER_NAMES) and not runs["offline"] & runs["network"]
+    assert runs["network"] >= {tier for tier in TIER_NAMES if tier in ("root", "bmv2", "mininet")}

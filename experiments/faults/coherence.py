@@ -153,19 +153,52 @@ SCENARIOS: dict[str, Scenario] = {
 
 
 def run_scenario(rig: "Rig", name: str, out: Path) -> Outcome:
-    """One scenario on a balanced rig whose keys hold INITIAL; probes the rig's first hot key."""
-    key = next(iter(rig.keys))
+    """One scenario on a balanced rig whose keys hold INITIAL. A scenario that does something to one key's home
+    probes the rig's first hot key; one that only writes deals its probes out over every hot key, whose probe
+    processes run side by side (each key's writes and gets are its own, so none sees another's)."""
     scenario = SCENARIOS[name]
+    if scenario.during is not None:
+        return _run_with_fault(rig, name, scenario, out)
+    keys = list(rig.keys)
+    dealt = [(key, scenario.probes(key)[n::len(keys)]) for n, key in enumerate(keys)]
+    results: dict[str, list[dict]] = {}
+    failures: list[Exception] = []
+
+    def probe_one(n: int, key: str, probes: list[Probe]) -> None:
+        try:
+            folder = out / f"key{n}"
+            folder.mkdir(parents=True, exist_ok=True)
+            results[key] = run_probes(rig, key, probes, folder)
+        except Exception as err:  # re-raised below, in the caller's thread
+            failures.append(err)
+
+    threads = [threading.Thread(target=probe_one, args=(n, key, probes)) for n, (key, probes) in enumerate(dealt)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    if failures:
+        raise failures[0]
+    return merge_outcomes(name, [judge(name, probes, results[key]) for key, probes in dealt])
+
+
+def _run_with_fault(rig: "Rig", name: str, scenario: Scenario, out: Path) -> Outcome:
+    key = next(iter(rig.keys))
     probes = scenario.probes(key)
-    timer = threading.Timer(HOME_RESTART_AT, scenario.during, (rig, key)) if scenario.during else None
-    if timer is not None:
-        timer.start()
+    timer = threading.Timer(HOME_RESTART_AT, scenario.during, (rig, key))
+    timer.start()
     try:
         results = run_probes(rig, key, probes, out)
     finally:
-        if timer is not None:
-            timer.join()
+        timer.join()
     return judge(name, probes, results)
+
+
+def merge_outcomes(scenario: str, outcomes: list[Outcome]) -> Outcome:
+    """The outcomes of one scenario's probes on several keys, as one."""
+    return Outcome(scenario, sum(o.probes for o in outcomes), sum(o.changed for o in outcomes),
+                   sum(o.gets_after_change for o in outcomes), sum(o.stale for o in outcomes),
+                   next((o.first_stale for o in outcomes if o.first_stale), ""))
 
 
 def format_outcomes(outcomes: list[Outcome]) -> str:
