@@ -7,15 +7,14 @@ later leader's id is always higher, and a switch agent that has seen it refuses 
 (dataplanes/agent/server.py) even while that one still believes it leads. A leader that cannot renew its lease in
 time has lost: it stops driving (the controller exits, saying so) rather than wait to learn it from the switches.
 etcd decides; nothing here is a consensus of its own. etcd runs as a cluster (three members): every member's
-endpoint is given, and each request goes to the member that answered last; one that does not answer within a third of
-a quarter of
-the TTL (gone, frozen, cut off) is passed over for the next, which is asked first from then on, so a leader renews
+endpoint is given, and each request goes to the member that answered last; one that does not answer within a quarter
+of the TTL (gone, frozen, cut off) is passed over for the next, which is asked first from then on, so a leader renews
 through another member before its lease runs out. A candidate waits through an etcd that does not answer (a member
-gone, etcd electing its own leader): only its first contact fails the controller. With https:// endpoints the controller checks etcd's
-certificate against `etcd_ca` and shows its own (`etcd_cert`, `etcd_key`), for an etcd run with --client-cert-auth;
-a refused handshake is said in one line. Where etcd's auth is on, it logs in as `etcd_user` (its password in
-`etcd_password_file`) and sends the token etcd gives on every request, logging in again when etcd says the token is
-no longer valid; a refused login is said in one line.
+gone, etcd electing its own leader): only its first contact fails the controller. With https:// endpoints the
+controller checks etcd's certificate against `etcd_ca` and shows its own (`etcd_cert`, `etcd_key`), for an etcd run
+with --client-cert-auth; a refused handshake is said in one line. Where etcd's auth is on, it logs in as
+`etcd_user` (its password in `etcd_password_file`) and sends the token etcd gives on every request, logging in again
+when etcd says the token is no longer valid; a refused login is said in one line.
 
 Which candidate should lead is the one that reaches the most switches (a controller cut off from one switch drives
 the others only). When its data plane can probe that (the registry's `reach`: switch agents answering a Hello,
@@ -197,6 +196,7 @@ class Election:
         """Give up the lead at once (a controller that stops, or one that lost it because its renewals did not get
         through, where etcd answers again): the next candidate need not wait for the lease to run out."""
         if self.lease_id is not None and not self._revoked:
+            self._revoked = True  # once: another thread's resign (the controller's, on a lost lead) revokes nothing
             self.lost.set()
             try:
                 self._revoke(self.lease_id)
@@ -241,6 +241,8 @@ class Election:
                 return
 
     def _give_up(self, why: str) -> None:
+        if self.lost.is_set():
+            return  # resigned meanwhile: nothing was lost
         log.error("lost the lead (election id %s): %s", self.election_id, why)
         self.why_lost = why
         self.lost.set()

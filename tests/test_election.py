@@ -64,7 +64,8 @@ def test_the_next_leader_drives_the_agent_after_a_kill_and_a_frozen_leader_is_fe
         agent = AgentProcess(tmp_path, "none", {})
         processes = []
         try:
-            configs = [controller_config(tmp_path, f"c{i}", agent, etcd.urls, memcached, (ca, client)) for i in range(3)]
+            configs = [controller_config(tmp_path, f"c{i}", agent, etcd.urls, memcached, (ca, client))
+                       for i in range(3)]
             processes.append(start(configs[0]))
             first = elected_id(processes[0])
             primary_becomes(agent, first)
