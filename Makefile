@@ -77,6 +77,7 @@ bench: install
 	$(PY) experiments/benchmarks/bench_controller.py
 	$(PY) experiments/benchmarks/bench_controller_scale.py
 	$(PY) experiments/benchmarks/bench_write_burst.py
+	$(PY) experiments/benchmarks/bench_etcd_failover.py
 	$(PY) experiments/benchmarks/bench_ebpf_program.py
 	$(PY) experiments/benchmarks/bench_dataplane_sketch.py
 	$(PY) experiments/benchmarks/bench_ebpf_switch.py --openflow

@@ -6,11 +6,15 @@ anew leads. The revision at which the key was created is the leader's election i
 later leader's id is always higher, and a switch agent that has seen it refuses every earlier leader's writes
 (dataplanes/agent/server.py) even while that one still believes it leads. A leader that cannot renew its lease in
 time has lost: it stops driving (the controller exits, saying so) rather than wait to learn it from the switches.
-etcd decides; nothing here is a consensus of its own. With https:// endpoints the controller checks etcd's
-certificate against `etcd_ca` and shows its own (`etcd_cert`, `etcd_key`), for an etcd run with --client-cert-auth;
-a refused handshake is said in one line. Where etcd's auth is on, it logs in as `etcd_user` (its password in
-`etcd_password_file`) and sends the token etcd gives on every request, logging in again when etcd says the token is
-no longer valid; a refused login is said in one line.
+etcd decides; nothing here is a consensus of its own. etcd runs as a cluster (three members): every member's
+endpoint is given, and each request goes to the member that answered last; one that does not answer within a quarter
+of the TTL (gone, frozen, cut off) is passed over for the next, which is asked first from then on, so a leader renews
+through another member before its lease runs out. A candidate waits through an etcd that does not answer (a member
+gone, etcd electing its own leader): only its first contact fails the controller. With https:// endpoints the
+controller checks etcd's certificate against `etcd_ca` and shows its own (`etcd_cert`, `etcd_key`), for an etcd run
+with --client-cert-auth; a refused handshake is said in one line. Where etcd's auth is on, it logs in as
+`etcd_user` (its password in `etcd_password_file`) and sends the token etcd gives on every request, logging in again
+when etcd says the token is no longer valid; a refused login is said in one line.
 
 Which candidate should lead is the one that reaches the most switches (a controller cut off from one switch drives
 the others only). When its data plane can probe that (the registry's `reach`: switch agents answering a Hello,
@@ -33,6 +37,7 @@ from urllib.parse import urlsplit
 
 log = logging.getLogger(__name__)
 POLL = 0.1  # seconds between a candidate's tries while another leads (the key's absence is checked, not watched)
+REQUEST_TIMEOUT = 2.0  # seconds a member has to answer, a quarter of the TTL if less: time left for the next one
 HAND_OVER_AFTER = 2  # renewals in a row (a third of a TTL apart) that saw a candidate reach more: not one lost probe
 Reach = Callable[[float], "tuple[int, int]"]  # (timeout) -> (switches answering, switches)
 EtcdTls = "tuple[str, str, str] | None"  # (CA, client certificate, its key) files, "" where not given
@@ -56,12 +61,16 @@ class Election:
             warnings.simplefilter("ignore")
             import etcd3gw  # here: a controller without etcd does not import it
         self._etcd3gw = etcd3gw
-        self.clients = [_client(etcd3gw, url, tls, login is not None) for url in endpoints]
+        timeout = min(REQUEST_TIMEOUT, ttl / 4)
+        self.clients = [_client(etcd3gw, url, timeout, tls, login is not None) for url in endpoints]
+        self._current = 0  # the endpoint that answered last: asked first
         self.login = login
         self._tokens: dict[int, str] = {}  # id(client) -> the auth token etcd gave it
         self.key, self.ttl, self.identity = key, ttl, identity
         self.lease_id: int | None = None
         self.election_id: int | None = None
+        self._renewed = 0.0  # monotonic time the last renewal that got through was sent (etcd renewed after it)
+        self._revoked = False
         self.lost = threading.Event()  # set once the leader could not keep its lease, or handed over
         self.why_lost = ""
         self.reach = reach
@@ -75,32 +84,57 @@ class Election:
         return found[0].decode(errors="replace") if found else None
 
     def campaign(self, stop: threading.Event) -> int | None:
-        """Wait until this candidate leads: its election id; None if `stop` was set first."""
+        """Wait until this candidate leads: its election id; None if `stop` was set first. The first request to
+        etcd raises ElectionError if no endpoint answers; later, the candidate waits until one does."""
         lease_id = self._grant()
         if self.reach is not None:
             threading.Thread(target=self._probe, args=(stop,), name="mbalancer-reach", daemon=True).start()
             self._probed.wait(self.ttl)  # its first answer, before it compares itself with the others
-        deferred_to = None
+        deferred_to, outage = None, None
         while not stop.is_set():
-            if self._refresh(lease_id) <= 0:  # the candidate's own lease lives while it waits (etcd stalled: anew)
-                lease_id = self._grant()
-                continue
-            self._publish(lease_id)
-            if (better := self._better_candidate()) is not None:
-                if better != deferred_to:
-                    log.info("candidate: %s; waiting while it is a candidate", better)
-                deferred_to = better
+            try:
+                lease_id, better, elected = self._try_to_lead(lease_id)
+            except ElectionError as err:
+                if outage is None:
+                    log.warning("candidate: no etcd member answers (%s); waiting for one", err)
+                outage = err
                 stop.wait(POLL)
                 continue
-            reply = self._ask(lambda client: client.transaction(self._create(lease_id)))
-            # a create that took longer than the lease (etcd stalled) leads nothing: the key went with the lease
-            if reply.get("succeeded") and self._refresh(lease_id) > 0:
-                self.lease_id, self.election_id = lease_id, int(reply["header"]["revision"])
+            if outage is not None:
+                log.info("candidate: etcd answers again")
+                outage = None
+            if elected is not None:
+                self.lease_id, self.election_id = lease_id, elected
                 threading.Thread(target=self._keep, name="mbalancer-election", daemon=True).start()
                 return self.election_id
+            if better is not None and better != deferred_to:
+                log.info("candidate: %s; waiting while it is a candidate", better)
+            deferred_to = better
             stop.wait(POLL)
-        self._revoke(lease_id)
+        try:
+            self._revoke(lease_id)
+        except ElectionError as err:
+            log.warning("could not revoke the candidate's lease (it runs out by itself): %s", err)
         return None
+
+    def _try_to_lead(self, lease_id: int) -> tuple[int, str | None, int | None]:
+        """One round of a candidate: (its lease, a better candidate it waits for or None, its election id if it
+        leads now or None)."""
+        if self._refresh(lease_id) <= 0:  # the candidate's own lease lives while it waits (etcd stalled: anew)
+            return self._grant(), None, None
+        self._publish(lease_id)
+        if (better := self._better_candidate()) is not None:
+            return lease_id, better, None
+        reply = self._ask(lambda client: client.transaction(self._create(lease_id)))
+        elected = self._created(reply, lease_id)
+        if elected is None:
+            return lease_id, None, None
+        sent = time.monotonic()
+        # a create that took longer than the lease (etcd stalled) leads nothing: the key went with the lease
+        if self._refresh(lease_id) <= 0:
+            return lease_id, None, None
+        self._renewed = sent
+        return lease_id, None, elected
 
     # --- which candidate reaches the most switches ---------------------------------------------------------------
     def _probe(self, stop: threading.Event) -> None:
@@ -140,14 +174,29 @@ class Election:
         return who
 
     def _create(self, lease_id: int) -> dict:
-        """A transaction that puts the key, held by `lease_id`, only if nobody holds it."""
+        """A transaction that puts the key, held by `lease_id`, only if nobody holds it; else reads who does."""
         return {"compare": [{"key": _b64(self.key), "result": "EQUAL", "target": "CREATE", "create_revision": 0}],
                 "success": [{"request_put": {"key": _b64(self.key), "value": _b64(self.identity),
-                                             "lease": lease_id}}]}
+                                             "lease": lease_id}}],
+                "failure": [{"request_range": {"key": _b64(self.key)}}]}
+
+    @staticmethod
+    def _created(reply: dict, lease_id: int) -> int | None:
+        """The election id if `_create` made this candidate the leader: now, or in an earlier try whose answer was
+        lost (a member that went silent after passing the put on): the key is on its lease."""
+        if reply.get("succeeded"):
+            return int(reply["header"]["revision"])
+        for response in reply.get("responses", []):
+            for held in response.get("response_range", {}).get("kvs", []):
+                if int(held.get("lease", 0)) == lease_id:
+                    return int(held["create_revision"])
+        return None
 
     def resign(self) -> None:
-        """Give up the lead at once (a controller that stops): the next candidate need not wait for the lease."""
-        if self.lease_id is not None and not self.lost.is_set():
+        """Give up the lead at once (a controller that stops, or one that lost it because its renewals did not get
+        through, where etcd answers again): the next candidate need not wait for the lease to run out."""
+        if self.lease_id is not None and not self._revoked:
+            self._revoked = True  # once: another thread's resign (the controller's, on a lost lead) revokes nothing
             self.lost.set()
             try:
                 self._revoke(self.lease_id)
@@ -155,24 +204,33 @@ class Election:
                 log.warning("could not resign (the lease runs out by itself): %s", err)
 
     def _keep(self) -> None:
-        """Renew the lease every third of its TTL. Lost when etcd says the lease is gone, or when no renewal got
-        through for a whole TTL (etcd has expired it by then, and another candidate may lead). Handed over when
-        another candidate reached more switches at HAND_OVER_AFTER renewals in a row."""
-        renewed = time.monotonic()
+        """Renew the lease a third of its TTL after the last renewal was sent, again at once (every POLL) while one
+        does not get through. Lost when etcd says the lease is gone, or when no renewal got through for a whole TTL
+        counted from the sending of the last one that did (etcd may have expired the lease by then, and another
+        candidate lead). Handed over when another candidate reached more switches at HAND_OVER_AFTER renewals in a
+        row."""
         outreached = 0  # renewals in a row at which a candidate reached more switches
-        while not self.lost.wait(self.ttl / 3):
+        wait = self.ttl / 3
+        while not self.lost.wait(max(0.0, wait)):
+            sent = time.monotonic()
             try:
                 if self._refresh(self.lease_id) <= 0:
+                    self._revoked = True  # nothing left to revoke
                     self._give_up("etcd says its lease ran out")
                     return
-                renewed = time.monotonic()
-                self._publish(self.lease_id)
-                better = self._better_candidate()
             except ElectionError as err:
-                if time.monotonic() - renewed >= self.ttl:
+                if time.monotonic() - self._renewed >= self.ttl:
                     self._give_up(f"no renewal for {self.ttl} s ({err})")
                     return
+                wait = POLL
                 continue
+            self._renewed = sent
+            wait = sent + self.ttl / 3 - time.monotonic()
+            try:
+                self._publish(self.lease_id)
+                better = self._better_candidate()
+            except ElectionError:
+                continue  # the renewal got through: the next one says whether etcd still answers
             outreached = 0 if better is None else outreached + 1
             if outreached == HAND_OVER_AFTER:
                 try:  # at once: the better candidate need not wait for the lease to run out
@@ -183,6 +241,8 @@ class Election:
                 return
 
     def _give_up(self, why: str) -> None:
+        if self.lost.is_set():
+            return  # resigned meanwhile: nothing was lost
         log.error("lost the lead (election id %s): %s", self.election_id, why)
         self.why_lost = why
         self.lost.set()
@@ -192,22 +252,33 @@ class Election:
 
     def _revoke(self, lease_id: int) -> None:
         self._ask(lambda client: self._etcd3gw.Lease(lease_id, client).revoke())
+        if lease_id == self.lease_id:
+            self._revoked = True
 
     def _refresh(self, lease_id: int) -> int:
         return self._ask(lambda client: self._etcd3gw.Lease(lease_id, client).refresh())
 
     def _ask(self, request):
-        """`request(client)` on the first endpoint that answers; ElectionError naming every one that did not."""
+        """`request(client)` on the endpoint that answered last, else on the next one that answers, which is asked
+        first from then on (said in the log); ElectionError naming every one that did not."""
         errors = []
-        for client in self.clients:
+        for step in range(len(self.clients)):
+            index = (self._current + step) % len(self.clients)
+            client = self.clients[index]
             try:
-                return self._logged_in(client, request)
+                answer = self._logged_in(client, request)
             except (self._etcd3gw.exceptions.ConnectionFailedError,
                     self._etcd3gw.exceptions.ConnectionTimeoutError) as err:
                 errors.append(f"{client.host}:{client.port}: {_unreachable(err)}")
+                continue
             except self._etcd3gw.exceptions.Etcd3Exception as err:
                 said = str(err).strip().splitlines()
                 errors.append(f"{client.host}:{client.port}: {said[0] if said else type(err).__name__}")
+                continue
+            if index != self._current:
+                log.warning("etcd: now through %s:%s (%s)", client.host, client.port, "; ".join(errors))
+                self._current = index
+            return answer
         raise ElectionError(f"etcd: {'; '.join(errors)}")
 
 
@@ -244,12 +315,12 @@ class Election:
         self._tokens[id(client)] = token
 
 
-def _client(etcd3gw, url: str, tls: EtcdTls = None, login: bool = False):
+def _client(etcd3gw, url: str, timeout: float, tls: EtcdTls = None, login: bool = False):
     parts = urlsplit(url if "://" in url else f"http://{url}")
     if parts.scheme not in ("http", "https") or not parts.hostname or not parts.port:
         raise ElectionError(f"{url!r} is not http://HOST:PORT")
     session = _session(tls or ("", "", "")) if (tls and any(tls)) or login else None  # its own: login sets a header
-    return etcd3gw.Etcd3Client(host=parts.hostname, port=parts.port, protocol=parts.scheme, timeout=2,
+    return etcd3gw.Etcd3Client(host=parts.hostname, port=parts.port, protocol=parts.scheme, timeout=timeout,
                                api_path="/v3/", session=session)
 
 

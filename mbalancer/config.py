@@ -53,7 +53,8 @@ class Controller:
     health_udp: bool = True  # probe over UDP too (the protocol balanced gets use); false for TCP-only servers
     lease: float = 1.0  # seconds the switch trusts the copies without hearing from the controller
     poll_interval: float = 0.5  # seconds between CAS checks of every hot key at its home (writes around the switch)
-    etcd: tuple[str, ...] = ()  # etcd endpoints (http://HOST:PORT): controllers elect one leader there; empty: none
+    etcd: tuple[str, ...] = ()  # every etcd member's endpoint (http://HOST:PORT): controllers elect one leader there,
+    # each asking the member that answered last and the next when it does not; empty: none
     election_key: str = "/mbalancer/leader"  # the key the leader holds (one per fleet of switches)
     election_ttl: int = 1  # seconds: a leader that stops renewing is replaced after this (etcd rounds it up to its
     # minimum, 1.5 x its election timeout: run etcd with --election-timeout 500 for a 1 s lease)

@@ -58,6 +58,17 @@ def test_monitor_benchmark_prints_capture_figures():
         assert all(r["sketch_counted"] == 50_000 and r["sketch_recall"] == 1.0 for r in report["rows"]), report
 
 
+def test_etcd_failover_benchmark_prints_each_faults_time_and_outcome():
+    from topologies.etcd import available as etcd_missing
+    if (why_not := etcd_missing()) is not None:
+        import pytest
+        pytest.skip(why_not)
+    report = run_benchmark("bench_etcd_failover.py", "--rounds", "1")
+    assert report["own_member"]["outcomes"] == ["a kept the lead"], report  # a member it talked to went: no takeover
+    assert report["leader_dies"]["outcomes"][0].endswith("took over"), report
+    assert all(report[fault]["max_s"] > 0 for fault in ("own_member", "raft_leader", "leader_dies")), report
+
+
 def test_controller_benchmark_prints_warm_and_sync_times():
     report = run_benchmark("bench_controller.py", "--servers", "2", "--hot", "3", "--value-kb", "10", "--rounds", "2",
                            "--syncs", "3")

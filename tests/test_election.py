@@ -17,20 +17,22 @@ import pytest
 from mbalancer.memcache.server import MemcachedServer, free_port
 from tests.certificates import certificates
 from tests.conftest import MBALANCER, wait_for_line
-from tests.etcd_server import EtcdServer, available
+from tests.etcd_server import EtcdCluster, EtcdServer, available
 from tests.switch_agent import AgentProcess, hello
 
 pytestmark = pytest.mark.skipif(available() is not None, reason=str(available()))
 WAIT = 20.0  # seconds any one change below may take at most (it takes about 1-2 s: the lease, then attaching)
 
 
-def controller_config(folder, name: str, agent: AgentProcess, etcd: EtcdServer, memcached: MemcachedServer,
+def controller_config(folder, name: str, agent: AgentProcess, etcd: list[str], memcached: MemcachedServer,
                       tls: tuple[Path, Path] | None = None):
-    """tls: (CA, this controller's certificate) for an etcd that requires client certificates."""
+    """etcd: its endpoints, in the order this controller asks them. tls: (CA, this controller's certificate) for an
+    etcd that requires client certificates."""
     path = folder / f"{name}.toml"
     etcd_tls = f'etcd_ca = "{tls[0]}.crt"\netcd_cert = "{tls[1]}.crt"\netcd_key = "{tls[1]}.key"\n' if tls else ""
+    endpoints = ", ".join(f'"{url}"' for url in etcd)
     path.write_text(f'[[servers]]\nname = "s1"\nip = "127.0.0.1"\nmac = "02:00:00:00:00:01"\nport = {memcached.port}\n'
-                    f'[controller]\nlisten = "127.0.0.1:{free_port()}"\netcd = ["{etcd.url}"]\nelection_ttl = 1\n'
+                    f'[controller]\nlisten = "127.0.0.1:{free_port()}"\netcd = [{endpoints}]\nelection_ttl = 1\n'
                     f'{etcd_tls}[dataplane]\nkind = "agent"\n[dataplane.agent]\naddress = "{agent.address}"\n'
                     f'token_file = "{agent.token_file}"\n')
     return path
@@ -56,13 +58,14 @@ def primary_becomes(agent: AgentProcess, election_id: int) -> float:
 
 
 def test_the_next_leader_drives_the_agent_after_a_kill_and_a_frozen_leader_is_fenced(tmp_path):
-    """etcd as production runs it: over TLS, with client certificates (--client-cert-auth)."""
+    """etcd as production runs it: three members, over TLS, with client certificates (--client-cert-auth)."""
     ca, server, client = certificates(tmp_path / "certs")
-    with EtcdServer(tmp_path, tls=(ca, server, client)) as etcd, MemcachedServer() as memcached:
+    with EtcdCluster(tmp_path, tls=(ca, server, client)) as etcd, MemcachedServer() as memcached:
         agent = AgentProcess(tmp_path, "none", {})
         processes = []
         try:
-            configs = [controller_config(tmp_path, f"c{i}", agent, etcd, memcached, (ca, client)) for i in range(3)]
+            configs = [controller_config(tmp_path, f"c{i}", agent, etcd.urls, memcached, (ca, client))
+                       for i in range(3)]
             processes.append(start(configs[0]))
             first = elected_id(processes[0])
             primary_becomes(agent, first)
@@ -90,7 +93,7 @@ def test_the_next_leader_drives_the_agent_after_a_kill_and_a_frozen_leader_is_fe
             said = processes[1].stderr.read()
             assert "lost the lead" in said and "Traceback" not in said, said
             assert hello(agent.address, agent.token_file)["primary_election_id"] == third  # no split brain
-            etcd.stop()  # the leader cannot renew its lease: it stops driving by itself
+            etcd.stop()  # every member: the leader cannot renew its lease, it stops driving by itself
             assert processes[2].wait(timeout=WAIT) == 1
             assert "lost the lead" in processes[2].stderr.read()
         finally:
@@ -101,6 +104,107 @@ def test_the_next_leader_drives_the_agent_after_a_kill_and_a_frozen_leader_is_fe
                     process.wait(timeout=30)
             log = agent.stop()
         assert f"(election id {third}) is the primary" in log or f"(election id {third}) deposes" in log, log
+
+
+KEY = "/mbalancer/leader"  # the controllers' election_key (its default)
+
+
+def identity_pid(identity: str) -> int:
+    """The pid in a controller's identity in etcd ("controller pid 123 (http://...)")."""
+    return int(re.search(r"controller pid (\d+)", identity).group(1))
+
+
+def logged(path: Path) -> str:
+    return path.read_text(errors="replace") if path.exists() else ""
+
+
+def member_of(log: Path, urls: list[str]) -> int:
+    """The member a controller of this test talks to now: the last it said it turned to, else its first (c0's
+    first is member 0)."""
+    turned = re.findall(r"etcd: now through (\S+) ", logged(log))
+    return urls.index(f"http://{turned[-1]}") if turned else int(log.stem[1:])
+
+
+def says(path: Path, words: str) -> float:
+    """Seconds until the log at `path` holds `words`."""
+    started = time.monotonic()
+    while words not in logged(path):
+        assert time.monotonic() - started < WAIT, logged(path)[-2000:]
+        time.sleep(0.02)
+    return time.monotonic() - started
+
+
+def test_a_three_member_etcd_loses_a_member_then_the_leaders_own_and_one_controller_leads_throughout(tmp_path):
+    """etcd as production runs it: three members, every controller given every endpoint, controller i asking member
+    i first. A member the leader does not talk to is cut off (SIGSTOP: silent, its connections open): the leader keeps
+    the lead. It comes back, and the member the leader talks to is cut off: the leader renews through another member
+    and keeps the lead. The leader is then killed, its member still cut off: a candidate takes over on the two
+    members left and drives the agent. Who led is read from etcd's own history of the election key, not from clocks:
+    one holder at a time, each created after the one before was deleted, each the controller that said it was
+    elected with that revision as its election id, and none but the killed leader ever lost the lead."""
+    with EtcdCluster(tmp_path) as etcd, MemcachedServer() as memcached:
+        urls = etcd.urls
+        agent = AgentProcess(tmp_path, "none", {})
+        logs = [tmp_path / f"c{i}.log" for i in range(3)]
+        processes: list[subprocess.Popen] = []
+        try:
+            for i, log in enumerate(logs):
+                config = controller_config(tmp_path, f"c{i}", agent, urls[i:] + urls[:i], memcached)
+                processes.append(subprocess.Popen([str(MBALANCER), "controller", "--config", str(config)],
+                                                  stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                                  stderr=log.open("w")))
+                says(log, "Ctrl-C stops" if i == 0 else "standby: ")
+            first = int(re.search(r"election id (\d+)", logged(logs[0])).group(1))
+            primary_becomes(agent, first)
+
+            # 1. a member the leader does not talk to (nor etcd's raft leader: that one stalls every member, and
+            # bench_etcd_failover.py measures it): the leader leads on
+            cut = next(i for i in range(3) if i not in (member_of(logs[0], urls), etcd.raft_leader()))
+            etcd.freeze(cut)
+            time.sleep(2)  # two TTLs: long enough for the leader to lose its lease, if it could
+            assert [h[:2] for h in etcd.holders(KEY)] == [(first, None)], etcd.holders(KEY)
+            etcd.thaw(cut)
+
+            cut = member_of(logs[0], urls)  # 2. the member the leader talks to (etcd's raft leader moved off it)
+            if etcd.raft_leader() == cut:
+                etcd.move_raft_leader((cut + 1) % 3)
+            turns, frozen_at = logged(logs[0]).count("etcd: now through"), time.monotonic()
+            etcd.freeze(cut)
+            while logged(logs[0]).count("etcd: now through") == turns:
+                assert time.monotonic() - frozen_at < WAIT, logged(logs[0])[-2000:]
+                time.sleep(0.02)
+            print(f"the leader turns from member {cut} to {member_of(logs[0], urls)} "
+                  f"{time.monotonic() - frozen_at:.2f} s after member {cut} froze")
+            time.sleep(2)
+            assert [h[:2] for h in etcd.holders(KEY)] == [(first, None)], etcd.holders(KEY)
+            assert hello(agent.address, agent.token_file)["primary_election_id"] == first
+
+            killed_at = time.monotonic()  # 3. the leader killed, its member still cut off: a takeover
+            os.kill(processes[0].pid, signal.SIGKILL)
+            deadline = time.monotonic() + WAIT
+            while not (elected := [i for i in (1, 2) if "elected through etcd" in logged(logs[i])]):
+                assert time.monotonic() < deadline, [logged(log)[-1000:] for log in logs[1:]]
+                time.sleep(0.02)
+            successor = elected[0]
+            second = int(re.search(r"elected through etcd, election id (\d+)", logged(logs[successor])).group(1))
+            primary_becomes(agent, second)
+            print(f"after kill -9 with the leader's member cut off: c{successor} (election id {second}) drives the "
+                  f"agent {time.monotonic() - killed_at:.2f} s after the kill")
+            held = etcd.holders(KEY)
+            before = [logged(log) for log in logs]  # the stop below hands the lead on once more
+        finally:
+            for process in processes:
+                if process.poll() is None:
+                    process.terminate()
+                    process.wait(timeout=30)
+            agent.stop()
+    (old, deleted, old_identity), (new, still, new_identity) = held  # one holder at a time, in order
+    assert old == first < deleted < new == second and still is None, held
+    assert identity_pid(old_identity) == processes[0].pid and identity_pid(new_identity) == processes[successor].pid
+    for i, log in enumerate(logs):
+        assert "Traceback" not in logged(log) and "lost the lead" not in logged(log), logged(log)[-2000:]
+        if i != successor and i != 0:
+            assert "elected through etcd" not in before[i], before[i][-2000:]
 
 
 def test_a_leader_drives_p4_switches_with_its_elected_id(tmp_path):
@@ -147,7 +251,7 @@ def test_a_controller_with_a_certificate_etcd_does_not_take_cannot_lead_and_says
         agent = AgentProcess(tmp_path, "none", {})
         try:
             for name, tls in (("stranger", (ca, stranger)), ("none", None)):
-                config = controller_config(tmp_path, name, agent, etcd, memcached, tls)
+                config = controller_config(tmp_path, name, agent, etcd.urls, memcached, tls)
                 done = subprocess.run([str(MBALANCER), "controller", "--config", str(config), "--duration", "1"],
                                       capture_output=True, text=True, timeout=60)
                 said = done.stderr.strip().splitlines()[-1]
