@@ -285,7 +285,7 @@ def test_a_refused_install_backs_off_doubling_and_deletes_the_copies(live):
 
 def test_a_switch_that_came_back_empty_gets_every_key_again(live):
     warm(live)
-    live.driver.table.clear()  # what the switch holds after a restart
+    live.driver.reconnect()  # the switch restarted empty
     live.replay()
     assert KEY in live.driver.table and not live.driver.dirty(KEY)
     assert calls(live).count("install_hot_key") == 2 and actions(live)[-1] == "replay"
@@ -293,7 +293,7 @@ def test_a_switch_that_came_back_empty_gets_every_key_again(live):
 
 def test_copies_of_counted_writes_that_never_come_are_declared_lost(live):
     warm(live)
-    live.driver.table[KEY].writes += 1  # the data plane counted a write whose copy never reaches the core
+    live.driver.count_write(KEY)  # the data plane counted a write whose copy never reaches the core
     hot = dict(live.hot_keys())[KEY]
     hot.move(HotKeyState.DIRTY)
     live.driver.set_dirty(KEY)
