@@ -61,7 +61,7 @@ def run_until_given_up(executor: Executor) -> list[float]:
 
 
 def test_a_failing_delete_backs_off_doubling_then_gives_up_once(executor):
-    executor._schedule(RetryKind.DELETE, b"gone", 0, "connection refused")  # what cool() does when a delete fails
+    executor.guard.schedule(RetryKind.DELETE, b"gone", 0, "connection refused")  # what cool() does when a delete fails
     waits = run_until_given_up(executor)
     expected = [min(BACKOFF_FIRST * 2 ** n, BACKOFF_MAX) for n in range(RETRY_LIMIT)]
     assert waits == pytest.approx(expected)
@@ -72,14 +72,14 @@ def test_a_failing_delete_backs_off_doubling_then_gives_up_once(executor):
 
 
 def test_a_retry_is_not_run_before_it_is_due(executor):
-    executor._schedule(RetryKind.DELETE, b"gone", 0, "connection refused")
+    executor.guard.schedule(RetryKind.DELETE, b"gone", 0, "connection refused")
     executor.test_clock.now += BACKOFF_FIRST / 2
     executor.run_due()
     assert [r.attempt for r in executor.pending_retries()] == [0]  # untouched: not due yet
 
 
 def test_a_retry_for_a_key_that_cooled_meanwhile_does_nothing(executor):
-    executor._schedule(RetryKind.SETTLE, b"cooled", KEY_LEVEL, "not cleared")
+    executor.guard.schedule(RetryKind.SETTLE, b"cooled", KEY_LEVEL, "not cleared")
     executor.test_clock.now += BACKOFF_FIRST
     executor.run_due()
     assert executor.pending_retries() == [] and executor.test_decisions == []
@@ -220,10 +220,10 @@ def test_polling_finds_a_write_no_switch_saw_only_when_due(live):
     MetaClient(live.test_servers[0]).set(KEY, StoredItem(b"v2", 7, -1, 0))  # around the switch: no mirror
     live.poll()
     assert live.unseen_writes == 0 and at(live, 1).value == b"v1"  # not due yet
-    live.test_clock.now = live.next_poll
+    live.test_clock.now = live.coherence.next_poll
     live.poll(idle=False)
     assert live.unseen_writes == 0  # busy: waits until a whole interval late
-    live.test_clock.now = live.next_poll + POLL_EVERY
+    live.test_clock.now = live.coherence.next_poll + POLL_EVERY
     live.poll(idle=False)
     assert live.unseen_writes == 1 and at(live, 1).value == b"v2"
     assert calls(live).index("set_dirty") < len(calls(live)) - 1 - calls(live)[::-1].index("clear_dirty")
@@ -235,7 +235,7 @@ def test_a_same_value_write_at_home_is_adopted_not_synced(live):
     warm(live)
     before = dict(live.hot_keys())[KEY].synced_cas
     new_cas = MetaClient(live.test_servers[0]).set(KEY, StoredItem(b"v1", 7, -1, 0))  # same value and flags
-    live.test_clock.now = live.next_poll
+    live.test_clock.now = live.coherence.next_poll
     live.poll()
     assert new_cas != before and dict(live.hot_keys())[KEY].synced_cas == new_cas
     assert (live.cas_moves, live.unseen_writes) == (1, 0) and "set_dirty" not in calls(live)
@@ -297,7 +297,7 @@ def test_copies_of_counted_writes_that_never_come_are_declared_lost(live):
     hot = dict(live.hot_keys())[KEY]
     hot.move(HotKeyState.DIRTY)
     live.driver.set_dirty(KEY)
-    assert not live._settle(KEY, hot)  # waits for the copy
+    assert live.coherence.settle([KEY]) == set()  # waits for the copy
     assert [r.action for r in live.pending_retries()] == [RetryKind.SETTLE]
     live.test_clock.now += MIRRORS_LOST_AFTER
     run_retries(live)
