@@ -1,13 +1,17 @@
-"""The executor's transitions on a fake clock, with the registry's recording driver as the data plane.
+"""The executor's transitions on a fake clock, with no socket: the registry's recording driver (the slot book over an
+in-memory switch) as the data plane, and in-memory memcached servers (mbalancer/memcache/memory.py, held to the real
+one by tests/test_memcache_memory.py) on the same clock. Opening a socket fails the test.
 
-Retries, against a closed port on 127.0.0.1 (a real connection refusal): a failing delete is retried with a doubling
-back-off (capped), then given up after the retry limit with one decision that says so; a retry of a key that cooled
-meanwhile does nothing. Then against two real memcached servers (home 0, replica 1): polling finds a write no switch
+Retries, against an address where no server listens (a connection refusal): a failing delete is retried with a
+doubling back-off (capped), then given up after the retry limit with one decision that says so; a retry of a key that
+cooled meanwhile does nothing. Then against two servers (home 0, replica 1): polling finds a write no switch
 saw and syncs it, only when due (and when busy, only once a whole interval late); a same-value write at the home is
 adopted, not synced; writes that land during every sync round leave the key dirty and retried; a key whose weights
 and hold are both refused loses its rules and is reinstalled; a refused install backs off doubling; a switch that
 came back empty gets every key again; copies of counted writes that never come are declared lost."""
 from __future__ import annotations
+
+import socket
 
 import pytest
 
@@ -19,9 +23,19 @@ from controller.replicator import Replicator
 from controller.retries import BACKOFF_FIRST, BACKOFF_MAX, KEY_LEVEL, RETRY_LIMIT, RetryKind, RetryScheduler
 from dataplanes import registry
 from mbalancer.memcache.addresses import ServerAddress
+from mbalancer.memcache.memory import MemoryNetwork
 from mbalancer.memcache.meta import MetaClient, StoredItem
-from mbalancer.memcache.server import free_port
 from mbalancer.settings import Server
+
+SERVERS = [ServerAddress("10.0.0.1", 11211), ServerAddress("10.0.0.2", 11211)]  # in memory: never dialled
+
+
+@pytest.fixture(autouse=True)
+def no_sockets(monkeypatch):
+    """Every server and switch here is in memory: a socket opened is a test that reached for the network."""
+    def refuse(*args, **kwargs):
+        raise AssertionError("the executor's tests open no socket")
+    monkeypatch.setattr(socket.socket, "__init__", refuse)
 
 
 class FakeClock:
@@ -38,8 +52,7 @@ class FakeClock:
 @pytest.fixture
 def executor():
     clock, decisions = FakeClock(), []
-    unreachable = ServerAddress("127.0.0.1", free_port())  # nothing listens there
-    replicator = Replicator([unreachable], timeout=0.2)
+    replicator = Replicator([SERVERS[0]], timeout=0.2, connect=MemoryNetwork().connect)  # nothing listens there
     executor = Executor(registry.get("none").make_driver(), replicator,
                         lambda action, key, why: decisions.append((action, key, why)),
                         clock=clock, sleep=lambda seconds: None, poll_every=0)
@@ -140,13 +153,13 @@ def test_a_copied_set_is_read_without_state():
     assert (cut.server, cut.counted_key, cut.whole) == (0, b"k", False)  # its value continues in a later segment
 
 
-# --- against real memcached servers ---------------------------------------------------------------------------
+# --- against memcached servers (in memory) ----------------------------------------------------------------------
 KEY = b"hot:executor"
 POLL_EVERY = 0.5
 
 
 class LandingWrites(Replicator):
-    """A replicator on real servers with a writer beside it: while `landing` > 0, a new value lands at the home
+    """A replicator with a writer beside it: while `landing` > 0, a new value lands at the home
     each time the executor reads the home's CAS (the worst timing a client's writes can have)."""
 
     def __init__(self, servers, **kwargs):
@@ -163,21 +176,22 @@ class LandingWrites(Replicator):
 
 
 @pytest.fixture
-def live(memcached_pair):
-    """An executor over two real servers, the recording driver attached, the key stored at its home (server 0)."""
-    addresses = [ServerAddress(*m.address) for m in memcached_pair]
-    for address in addresses:
-        MetaClient(address).delete(KEY)
-    MetaClient(addresses[0]).set(KEY, StoredItem(b"v1", 7, -1, 0))
+def live():
+    """An executor over two servers, the recording driver attached, the key stored at its home (server 0)."""
     clock, decisions = FakeClock(), []
+    network = MemoryNetwork(clock)
+    for address in SERVERS:
+        network.start(address)
+    addresses = SERVERS
+    MetaClient(addresses[0], connect=network.connect).set(KEY, StoredItem(b"v1", 7, -1, 0))
     driver = registry.get("none").make_driver()
     driver.attach([Server(f"s{i}", a.host, f"02:00:00:00:00:0{i + 1}", a.port) for i, a in enumerate(addresses)],
                   on_mirror=lambda frame: None)
     driver.renew_lease(3600)
-    executor = Executor(driver, LandingWrites(addresses, timeout=1.0),
+    executor = Executor(driver, LandingWrites(addresses, timeout=1.0, connect=network.connect),
                         lambda action, key, why: decisions.append((action, key, why)),
                         clock=clock, sleep=clock.sleep, poll_every=POLL_EVERY)
-    executor.test_clock, executor.test_decisions, executor.test_servers = clock, decisions, addresses
+    executor.test_clock, executor.test_decisions, executor.test_network = clock, decisions, network
     return executor
 
 
@@ -186,7 +200,11 @@ def warm(executor: Executor, weights=(0.5, 0.5)) -> None:
 
 
 def at(executor: Executor, server: int) -> StoredItem | None:
-    return MetaClient(executor.test_servers[server]).get(KEY)
+    return client(executor, server).get(KEY)
+
+
+def client(executor: Executor, server: int) -> MetaClient:
+    return MetaClient(SERVERS[server], connect=executor.test_network.connect)
 
 
 def actions(executor: Executor) -> list[str]:
@@ -217,7 +235,7 @@ def test_warm_copies_installs_dirty_then_clears(live):
 
 def test_polling_finds_a_write_no_switch_saw_only_when_due(live):
     warm(live)
-    MetaClient(live.test_servers[0]).set(KEY, StoredItem(b"v2", 7, -1, 0))  # around the switch: no mirror
+    client(live, 0).set(KEY, StoredItem(b"v2", 7, -1, 0))  # around the switch: no mirror
     live.poll()
     assert live.unseen_writes == 0 and at(live, 1).value == b"v1"  # not due yet
     live.test_clock.now = live.coherence.next_poll
@@ -234,7 +252,7 @@ def test_polling_finds_a_write_no_switch_saw_only_when_due(live):
 def test_a_same_value_write_at_home_is_adopted_not_synced(live):
     warm(live)
     before = dict(live.hot_keys())[KEY].synced_cas
-    new_cas = MetaClient(live.test_servers[0]).set(KEY, StoredItem(b"v1", 7, -1, 0))  # same value and flags
+    new_cas = client(live, 0).set(KEY, StoredItem(b"v1", 7, -1, 0))  # same value and flags
     live.test_clock.now = live.coherence.next_poll
     live.poll()
     assert new_cas != before and dict(live.hot_keys())[KEY].synced_cas == new_cas
