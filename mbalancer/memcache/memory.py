@@ -23,7 +23,7 @@ from typing import Callable
 
 from mbalancer.memcache.addresses import ServerAddress
 from mbalancer.memcache.requests import Request, parse_request
-from mbalancer.memcache.results import NotParsed
+from mbalancer.memcache.results import NotParsed, Unreadable
 
 MONTH = 60 * 60 * 24 * 30  # memcached reads an exptime above this as a Unix time
 _pids = itertools.count(os.getpid() * 1000 + 1)
@@ -61,7 +61,7 @@ class MemoryMemcached:
                     break
                 end = buffer.find(b"\r\n")
                 del buffer[:len(buffer) if end < 0 else end + 2]
-                unknown = request.reason.startswith("unknown command")
+                unknown = request.kind is Unreadable.UNKNOWN_COMMAND
                 replies.append(b"ERROR\r\n" if unknown else b"CLIENT_ERROR bad command line format\r\n")
                 continue
             del buffer[:request.size]
