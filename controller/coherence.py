@@ -4,10 +4,10 @@ why each step is safe).
 
 An object with a declared interface (`Coherence`): it is given what it works on (the executor's records of the hot
 keys, the driver, the replicator, the key guard with the retries, the decision log, the clock) and calls nothing
-above it; the executor (controller/execution.py) and the core call its public methods. Every clear goes through one
-settle (`settle`), whose round is one read of the keys' write stamps, then one step per key (`_step`: the checks in
-the one order that keeps gets correct), then one clear of the keys the step found ready. Only the core's worker
-thread calls in here.
+above it; the executor (controller/execution.py) calls its public methods, and passes the core's calls on. Every
+clear goes through one settle (`settle`), whose round is one read of the keys' write stamps, then one step per key
+(`_step`: the checks in the one order that keeps gets correct), then one clear of the keys the step found ready.
+Only the core's worker thread calls in here.
 """
 from __future__ import annotations
 
@@ -68,7 +68,7 @@ class Coherence:
         self.unseen_writes = 0  # changes at a home found by polling, not by a mirrored write
         self.cas_moves = 0  # new CAS at a home with the same value (memcached relinked the item)
 
-    # --- the interface: what the executor and the core call ----------------------------------------------------
+    # --- the interface: what the executor calls (the core's calls too) ------------------------------------------------
     def count_mirror(self, key: bytes | None, server: int) -> None:
         """A copied packet whose first request writes `key` to `server`: if that is the key's home, the data plane
         counted it as one write to the key (before any of the batch is synced)."""

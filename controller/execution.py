@@ -20,6 +20,9 @@ Invariants (the reason for every ordering below):
   later; a key that cannot be cleared stays dirty (safe) and the clear is retried; an install the driver
   refuses is not tried again (nor its value copied again) before its back-off ends.
 - A switch that came back empty (the driver's reconnect) gets every hot key installed again, dirty, then settled.
+The executor keeps the hot keys' records and the retries; coherence (controller/coherence.py: copies of writes, the
+poll of the homes, every settle) and the key guard (controller/key_guard.py: gets kept safe when a driver call fails)
+are objects below it, given what they work on, which never call back into it. The core talks to the executor only.
 Only the core's worker thread calls in here.
 """
 from __future__ import annotations
@@ -199,7 +202,7 @@ class Executor:
             hot = self.hot.pop(key)
             hot.move(HotKeyState.REMOVED)
             self.guard.cancel(key, RetryKind.REFILL, RetryKind.RULES, RetryKind.SETTLE, RetryKind.INSTALL,
-                         RetryKind.COOL)
+                              RetryKind.COOL)
             extras = [s for s in hot.placement.replicas if s != hot.placement.home]
             for server, error in self.replicator.delete(key, extras).items():
                 self.guard.schedule(RetryKind.DELETE, key, server, error)

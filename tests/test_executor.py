@@ -22,6 +22,7 @@ from controller.planner import Change, ChangeAction, ChangeCause, Placement
 from controller.replicator import Replicator
 from controller.retries import BACKOFF_FIRST, BACKOFF_MAX, KEY_LEVEL, RETRY_LIMIT, RetryKind, RetryScheduler
 from dataplanes import registry
+from dataplanes.recording.driver import RecordingDriver
 from mbalancer.memcache.addresses import ServerAddress
 from mbalancer.memcache.memory import MemoryNetwork
 from mbalancer.memcache.meta import MetaClient, StoredItem
@@ -175,6 +176,22 @@ class LandingWrites(Replicator):
         return super().version(server, key)
 
 
+class Batches(RecordingDriver):
+    """The recording driver, keeping which keys each read of stamps and each clear was for."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.batches: list[tuple[str, tuple[bytes, ...]]] = []
+
+    def write_stamps(self, keys):
+        self.batches.append(("write_stamps", tuple(keys)))
+        return super().write_stamps(keys)
+
+    def clear_dirty_keys(self, stamps):
+        self.batches.append(("clear_dirty_keys", tuple(stamps)))
+        return super().clear_dirty_keys(stamps)
+
+
 @pytest.fixture
 def live():
     """An executor over two servers, the recording driver attached, the key stored at its home (server 0)."""
@@ -184,7 +201,7 @@ def live():
         network.start(address)
     addresses = SERVERS
     MetaClient(addresses[0], connect=network.connect).set(KEY, StoredItem(b"v1", 7, -1, 0))
-    driver = registry.get("none").make_driver()
+    driver = Batches()
     driver.attach([Server(f"s{i}", a.host, f"02:00:00:00:00:0{i + 1}", a.port) for i, a in enumerate(addresses)],
                   on_mirror=lambda frame: None)
     driver.renew_lease(3600)
@@ -195,8 +212,9 @@ def live():
     return executor
 
 
-def warm(executor: Executor, weights=(0.5, 0.5)) -> None:
-    executor.apply((Change(ChangeAction.WARM, KEY, Placement(KEY, 0, 0, (0, 1), weights), ChangeCause.HOT, "test"),))
+def warm(executor: Executor, weights=(0.5, 0.5), keys=(KEY,)) -> None:
+    executor.apply(tuple(Change(ChangeAction.WARM, key, Placement(key, 0, 0, (0, 1), weights), ChangeCause.HOT, "test")
+                         for key in keys))
 
 
 def at(executor: Executor, server: int) -> StoredItem | None:
@@ -231,6 +249,39 @@ def test_warm_copies_installs_dirty_then_clears(live):
     assert at(live, 1).value == b"v1" and at(live, 1).flags == 7
     assert calls(live)[:2] == ["install_hot_key", "write_stamp"] and "clear_dirty" in calls(live)
     assert dict(live.hot_keys())[KEY].state is HotKeyState.CLEAN and not live.driver.dirty(KEY)
+
+
+def test_keys_installed_together_settle_in_one_read_of_stamps_and_one_clear(live):
+    keys = (KEY, b"hot:2", b"hot:3")
+    for key in keys[1:]:
+        client(live, 0).set(key, StoredItem(b"v", 0, -1, 0))
+    warm(live, keys=keys)
+    assert live.driver.batches == [("write_stamps", keys), ("clear_dirty_keys", keys)]
+    assert all(dict(live.hot_keys())[key].state is HotKeyState.CLEAN and not live.driver.dirty(key) for key in keys)
+
+
+def test_a_key_whose_home_changed_goes_round_again_and_the_others_clear_together(live):
+    """The same round for one key or many: the step of the key whose home changed pushes the home's item, the
+    others are cleared in one call, and that key's next round is a batch of one."""
+    keys = (KEY, b"hot:2", b"hot:3")
+    for key in keys[1:]:
+        client(live, 0).set(key, StoredItem(b"v", 0, -1, 0))
+    live.replicator.landing = 1  # lands on the first key's home as its step reads it
+    warm(live, keys=keys)
+    assert live.driver.batches == [("write_stamps", keys), ("clear_dirty_keys", keys[1:]),
+                                   ("write_stamps", keys[:1]), ("clear_dirty_keys", keys[:1])]
+    assert at(live, 1).value == b"v-landed-1" and not any(live.driver.dirty(key) for key in keys)
+
+
+def test_a_copied_write_settles_its_key_in_the_same_round(live):
+    warm(live)
+    live.driver.batches.clear()
+    live.driver.count_write(KEY)  # the data plane counted the write and copied it
+    live.count_mirror(KEY, 0)
+    client(live, 0).set(KEY, StoredItem(b"v2", 7, -1, 0))
+    live.sync_batch({KEY: (b"v2", live.test_clock.now)}, {})
+    assert live.driver.batches == [("write_stamps", (KEY,)), ("clear_dirty_keys", (KEY,))]
+    assert at(live, 1).value == b"v2" and not live.driver.dirty(KEY)
 
 
 def test_polling_finds_a_write_no_switch_saw_only_when_due(live):
