@@ -97,23 +97,19 @@ class RecordingDriver(SlotBookDriver):
     def _many(self, call: str, items: Any) -> Any:
         """A call on many keys, key by key as its call on one is refused and logged; the book takes the rest in one
         call. A refused key is answered as refused (write_stamps, which answers all or none, raises)."""
-        one = ONE_KEY_CALLS[call]
-        if call == "write_stamps":
-            for key in items:
-                self._check(one, key)
-            return super()._to_book(call, (items,))
         refused, kept = {}, []
-        for item in items:
-            key = item if call == "remove_hot_keys" else getattr(item, "key", item)
-            rest = (items[key],) if call == "clear_dirty_keys" else (
-                (item.home, item.replicas) if call == "install_hot_keys" else ())
+        for key, rest, item in _each_key(call, items):
             try:
-                self._check(one, key, *rest)
+                self._check(ONE_KEY_CALLS[call], key, *rest)
                 kept.append(item)
             except DriverError as err:
+                if call == "write_stamps":
+                    raise
                 refused[key] = err
-        kept_items = {key: items[key] for key in kept} if isinstance(items, Mapping) else kept
-        return {**refused, **(super()._to_book(call, (kept_items,)) if kept else {})}
+        if not kept:
+            return refused
+        taken = {key: items[key] for key in kept} if call == "clear_dirty_keys" else kept
+        return {**refused, **super()._to_book(call, (taken,))}
 
     # --- what a test (or a dry run) reads and plays --------------------------------------------------------------
     def refuse(self, method: str, key: bytes | None = None, times: int = 1) -> None:
@@ -218,3 +214,12 @@ class RecordingDriver(SlotBookDriver):
                     raise DriverError(f"{method} refused (test)")
             if logged:
                 self.calls.append(Call(time.monotonic(), method, key, args))
+
+
+def _each_key(call: str, items: Any) -> list[tuple[bytes, tuple, Any]]:
+    """(key, the further arguments of the call on one key, the item) of each item of a call on many keys."""
+    if call == "install_hot_keys":
+        return [(i.key, (i.home, i.replicas), i) for i in items]
+    if call == "clear_dirty_keys":
+        return [(key, (stamp,), key) for key, stamp in items.items()]
+    return [(key, (), key) for key in items]  # remove_hot_keys, write_stamps
