@@ -125,31 +125,34 @@ class RecordingDriver(SlotBookDriver):
     @property
     def table(self) -> Mapping[bytes, TableEntry]:
         """Every hot key the (first) switch holds, as it holds it (read only: play changes through the calls)."""
-        tables = self.tables[0]
-        entries = {}
-        for key, entry in tables.hot.items():
-            bounds = (0, *entry.cumulative)
-            weights = tuple(ReplicaWeight(s, (b - a) / WEIGHT_ONE)
-                            for s, a, b in zip(entry.servers, bounds, bounds[1:]))
-            base = self.book.write_bases.get(key, (0,))[0]
-            entries[key] = TableEntry(entry.home, weights, tables.written[entry.slot] - base)
+        tables, entries = self.tables[0], {}
+        with self.book.lock:  # (the core's worker writes meanwhile: the tests read from their own thread)
+            for key, entry in tables.hot.items():
+                bounds = (0, *entry.cumulative)
+                weights = tuple(ReplicaWeight(s, (b - a) / WEIGHT_ONE)
+                                for s, a, b in zip(entry.servers, bounds, bounds[1:]))
+                base = self.book.write_bases.get(key, (0,))[0]
+                entries[key] = TableEntry(entry.home, weights, tables.written[entry.slot] - base)
         return MappingProxyType(entries)
 
     def dirty(self, key: bytes) -> bool:
         """As the data plane decides: held, or a count moved since the core synced the key, on some switch."""
         try:
-            return any(t.dirty(key) for t in self.tables)
+            with self.book.lock:
+                return any(t.dirty(key) for t in self.tables)
         except KeyError:
             raise DriverError(f"{key!r} is not installed") from None
 
     def route(self, key: bytes, request_id: int) -> int | None:
         """The server the first switch sends a get for `key` to: None when it passes untouched (not hot, dirty, or
         the lease out: it goes home), else the replica chosen by weight from a hash of `request_id`."""
-        return self.tables[0].route(key, request_id)
+        with self.book.lock:
+            return self.tables[0].route(key, request_id)
 
     def count_write(self, key: bytes) -> None:
         """A write to `key` passed the first switch to its home: counted (dirty), its copy not delivered."""
-        self.tables[0].count_write(key)
+        with self.book.lock:
+            self.tables[0].count_write(key)
 
     def mirror(self, frame: bytes, key: bytes | None = None) -> None:
         """Deliver a copied packet; with `key`, first count the write to its home as the data plane would."""
@@ -160,7 +163,8 @@ class RecordingDriver(SlotBookDriver):
 
     def unsure(self, server: int, frame: bytes) -> None:
         """A request to `server` the data plane could not read: every hot key homed there dirty, the frame copied."""
-        self.tables[0].count_unsure(server)
+        with self.book.lock:
+            self.tables[0].count_unsure(server)
         self.mirror(frame)
 
     def reconnect(self) -> None:
