@@ -5,6 +5,7 @@ stores and deletes, flags, TTLs, pipelined reads, size limits, errors)."""
 from __future__ import annotations
 
 import itertools
+import re
 from typing import Callable
 
 import pytest
@@ -44,16 +45,17 @@ def key() -> bytes:
     return b"contract:%d" % next(_keys)
 
 
-def raw(server, request: bytes) -> bytes:
-    """The server's first reply line to `request`, sent as it is."""
+def raw(server, request: bytes, until: bytes = b"\r\n") -> bytes:
+    """What the server answers to `request`, sent as it is, up to `until` (by default its first line), each CAS it
+    gives written c#: two servers' CAS differ."""
     address, connect = server
     conn: Connection = connect(address, 1.0)
     try:
         conn.sendall(request)
         reply = b""
-        while not reply.endswith(b"\r\n"):
+        while not reply.endswith(until):
             reply += conn.recv(4096)
-        return reply.split(b"\r\n")[0]
+        return re.sub(rb"\bc\d+", b"c#", reply if until != b"\r\n" else reply.split(b"\r\n")[0])
     finally:
         conn.close()
 
@@ -146,3 +148,20 @@ def test_an_address_where_no_server_listens_refuses_the_connection():
     assert not server.up
     with pytest.raises(MetaError, match="reset"):  # the open connection goes with its server
         c.ping()
+
+
+def test_return_flags_come_back_in_the_order_asked_with_the_opaque_token_and_the_key(server):
+    k = key()
+    assert raw(server, b"ms %s 2 c O123 k F5\r\nab\r\n" % k) == b"HD c# O123 k" + k
+    assert raw(server, b"mg %s s v f O9 k t\r\n" % k, until=b"ab\r\n") == b"VA 2 s2 f5 O9 k%s t-1\r\nab\r\n" % k
+    assert raw(server, b"md %s O7\r\n" % k) == b"HD O7"
+
+
+def test_quiet_mode_leaves_out_only_the_answers_nobody_waits_for(server):
+    """q: a get's miss, a store or a delete done say nothing; a refused store, or a delete of nothing, says so; mn
+    ends the pipeline."""
+    k, missing = key(), key()
+    pipeline = (b"ms %s 1 q\r\nx\r\nmg %s v q\r\nmg %s v q\r\nms %s 1 q C999999\r\ny\r\nmd %s q\r\nmd %s q\r\nmn\r\n"
+                % (k, missing, k, k, missing, k))
+    assert raw(server, pipeline, until=b"MN\r\n") == b"VA 1\r\nx\r\nEX\r\nNF\r\nMN\r\n"
+    assert client(server).get(k) is None

@@ -2,14 +2,17 @@
 memcached's semantics, reached through the client's connection interface (meta.py Connect), so tests of the
 controller's logic need no socket and no process.
 
-What memcached does, and this does too (tests/test_memcache_memory.py runs the same cases against both, so it
-cannot drift): every store gives the item a new CAS, unique on the server; a store or delete conditional on a CAS
+What memcached does, and this does too (tests/test_memcache_memory.py runs the same cases against both, so it cannot
+drift): every store gives the item a new CAS, unique on the server; a store or delete conditional on a CAS
 (`C<cas>`) answers EX when the item has another, NF when there is none; an item keeps its client flags; its TTL
 counts down in whole seconds (-1: never expires; 0 in a store: never; over 30 days: a Unix time) and an expired item
-misses; an item over the size limit is refused with SERVER_ERROR; a command line memcached cannot read is a
-CLIENT_ERROR, an unknown command an ERROR. A connection to an address where no server listens is refused, one to a
-server that went away is reset, and a request the server cannot complete is never answered (the client's timeout).
-Not done: LRU eviction, the text protocol's storage commands, the binary protocol.
+misses; the flags a request asks back (f, t, c, s, k, O) come in the order asked; quiet mode (q) leaves out a get's
+miss and a store or delete done, so requests can be pipelined behind an mn; an item over the size limit is refused
+with SERVER_ERROR; a command line memcached cannot read is a CLIENT_ERROR, an unknown command an ERROR. A connection
+to an address where no server listens is refused, one to a server that went away is reset, and a request the server
+cannot complete is never answered (the client's timeout).
+Not done: LRU eviction, mg that touches (T, N), ms modes (M) and invalidation (I), base64 keys, the text protocol's
+storage commands, the binary protocol.
 """
 from __future__ import annotations
 
@@ -79,25 +82,13 @@ class MemoryMemcached:
         item = self._live(request.key)
         if item is None:
             self.counts["get_misses"] += 1
-            return b"EN\r\n"
+            return _reply(request, b"EN", quiet=True)
         self.counts["get_hits"] += 1
-        flags, value = [], False
-        for flag in request.meta_flags:
-            kind = flag[:1]
-            if kind == b"v":
-                value = True
-            elif kind == b"f":
-                flags.append(b"f%d" % item.flags)
-            elif kind == b"t":
-                flags.append(b"t%d" % self._ttl(item))
-            elif kind == b"c":
-                flags.append(b"c%d" % item.cas)
-            elif kind == b"k":
-                flags.append(b"k" + request.key)
-        tail = b"".join(b" " + f for f in flags)
-        if value:
-            return b"VA %d%s\r\n%s\r\n" % (len(item.value), tail, item.value)
-        return b"HD%s\r\n" % tail
+        returned = {b"f": b"%d" % item.flags, b"t": b"%d" % self._ttl(item), b"c": b"%d" % item.cas,
+                    b"s": b"%d" % len(item.value)}
+        if any(flag[:1] == b"v" for flag in request.meta_flags):
+            return _reply(request, b"VA %d" % len(item.value), returned, value=item.value)
+        return _reply(request, b"HD", returned)
 
     def _ms(self, request: Request) -> bytes:
         self.counts["cmd_set"] += 1
@@ -107,25 +98,25 @@ class MemoryMemcached:
         current = self._live(request.key)
         if b"C" in options:
             if current is None:
-                return b"NF\r\n"
+                return _reply(request, b"NF")
             if current.cas != int(options[b"C"]):
-                return b"EX\r\n"
+                return _reply(request, b"EX")
         item = _Item(request.data, int(options.get(b"F", 0)), self._expires(int(options.get(b"T", 0))),
                      next(self._cas))
         self.items[request.key] = item
-        return b"HD c%d\r\n" % item.cas if b"c" in options else b"HD\r\n"
+        return _reply(request, b"HD", {b"c": b"%d" % item.cas, b"s": b"%d" % len(item.value)}, quiet=True)
 
     def _md(self, request: Request) -> bytes:
         options = _options(request.meta_flags)
         current = self._live(request.key)
         if current is None:
             self.counts["delete_misses"] += 1
-            return b"NF\r\n"
+            return _reply(request, b"NF")  # (said even in quiet mode, as memcached says it)
         if b"C" in options and current.cas != int(options[b"C"]):
-            return b"EX\r\n"
+            return _reply(request, b"EX")
         del self.items[request.key]
         self.counts["delete_hits"] += 1
-        return b"HD\r\n"
+        return _reply(request, b"HD", quiet=True)
 
     def _stats(self, request: Request) -> bytes:
         now = self.clock()
@@ -151,6 +142,26 @@ class MemoryMemcached:
     def _ttl(self, item: _Item) -> int:
         """Seconds left, as memcached counts them (whole seconds, rounded up); -1: never expires."""
         return -1 if item.expires is None else max(math.ceil(item.expires - self.clock()), 0)
+
+
+def _reply(request: Request, code: bytes, returned: dict[bytes, bytes] | None = None, value: bytes | None = None,
+           quiet: bool = False) -> bytes:
+    """A meta reply: `code`, then the flags the request asked back, in its order (those in `returned`, the key for
+    k, the opaque token for O), then the value; nothing when `quiet` and the request has q (memcached's quiet mode
+    leaves out the answers nobody waits for: a get's miss, a store or a delete done)."""
+    if quiet and b"q" in request.meta_flags:
+        return b""
+    flags = []
+    for flag in request.meta_flags:
+        kind = flag[:1]
+        if kind == b"k":
+            flags.append(b"k" + request.key)
+        elif kind == b"O":
+            flags.append(flag)
+        elif returned and kind in returned and len(flag) == 1:
+            flags.append(kind + returned[kind])
+    line = b" ".join([code, *flags]) + b"\r\n"
+    return line if value is None else line + value + b"\r\n"
 
 
 def _options(flags: tuple[bytes, ...]) -> dict[bytes, bytes]:
