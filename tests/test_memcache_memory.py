@@ -165,3 +165,11 @@ def test_quiet_mode_leaves_out_only_the_answers_nobody_waits_for(server):
                 % (k, missing, k, k, missing, k))
     assert raw(server, pipeline, until=b"MN\r\n") == b"VA 1\r\nx\r\nEX\r\nNF\r\nMN\r\n"
     assert client(server).get(k) is None
+
+
+def test_a_flag_the_in_memory_server_does_not_do_is_refused_aloud():
+    network = MemoryNetwork()
+    address = ServerAddress("10.9.9.9", 11211)
+    network.start(address)
+    assert raw((address, network.connect), b"mg k v T30\r\n") == \
+        b"CLIENT_ERROR the in-memory memcached does not do flag T"

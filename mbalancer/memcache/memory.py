@@ -11,8 +11,8 @@ miss and a store or delete done, so requests can be pipelined behind an mn; an i
 with SERVER_ERROR; a command line memcached cannot read is a CLIENT_ERROR, an unknown command an ERROR. A connection
 to an address where no server listens is refused, one to a server that went away is reset, and a request the server
 cannot complete is never answered (the client's timeout).
-Not done: LRU eviction, mg that touches (T, N), ms modes (M) and invalidation (I), base64 keys, the text protocol's
-storage commands, the binary protocol.
+Not done (a flag not done is refused with a CLIENT_ERROR, never answered as if done): LRU eviction, mg that touches
+(T, N), ms modes (M) and invalidation (I), base64 keys, the text protocol's storage commands, the binary protocol.
 """
 from __future__ import annotations
 
@@ -29,6 +29,7 @@ from mbalancer.memcache.requests import Request, parse_request
 from mbalancer.memcache.results import NotParsed, Unreadable
 
 MONTH = 60 * 60 * 24 * 30  # memcached reads an exptime above this as a Unix time
+FLAGS_DONE = {"mg": b"vftcskOq", "ms": b"FTcCskOq", "md": b"CkOq"}  # the meta flags done here; any other is refused
 _pids = itertools.count(os.getpid() * 1000 + 1)
 
 
@@ -75,7 +76,12 @@ class MemoryMemcached:
     def _run(self, request: Request) -> bytes:
         handler = {"mg": self._mg, "ms": self._ms, "md": self._md, "mn": lambda r: b"MN\r\n",
                    "stats": self._stats}.get(request.command)
-        return b"ERROR\r\n" if handler is None else handler(request)
+        if handler is None:
+            return b"ERROR\r\n"
+        undone = [flag[:1] for flag in request.meta_flags if flag[:1] not in FLAGS_DONE.get(request.command, b"")]
+        if undone:  # refused aloud, never answered as if done
+            return b"CLIENT_ERROR the in-memory memcached does not do flag %s\r\n" % undone[0]
+        return handler(request)
 
     def _mg(self, request: Request) -> bytes:
         self.counts["cmd_get"] += 1
