@@ -1,26 +1,35 @@
-"""Keeping the copies of hot keys fresh: the part of the executor that handles copies of writes, polls the homes'
-CAS for writes that never passed the switch, and clears a key to a write stamp once its copies match the home
-(docs/coherence.md says why each step is safe).
+"""Keeping the copies of hot keys fresh: coherence handles copies of writes, polls the homes' CAS for writes that
+never passed the switch, and clears a key to a write stamp once its copies match the home (docs/coherence.md says
+why each step is safe).
 
-A mixin of the Executor (controller/execution.py): it uses the executor's records (`hot`), driver, replicator,
-retries and clock, and nothing else; only the core's worker thread calls in here.
+An object with a declared interface (`Coherence`): it is given what it works on (the executor's records of the hot
+keys, the driver, the replicator, the key guard with the retries, the decision log, the clock) and calls nothing
+above it; the executor (controller/execution.py) calls its public methods, and passes the core's calls on. Every
+clear goes through one settle (`settle`), whose round is one read of the keys' write stamps, then one step per key
+(`_step`: the checks in the one order that keeps gets correct), then one clear of the keys the step found ready.
+Only the core's worker thread calls in here.
 """
 from __future__ import annotations
 
 import hashlib
 import logging
-from typing import Callable, Container
+import time
+from enum import Enum
+from typing import Callable, Container, Mapping
 
-from controller.decisions import Decision
+from controller.decisions import Decide, Decision
 from controller.hot_keys import HotKey, HotKeyState
+from controller.key_guard import KeyGuard
+from controller.replicator import Replicator
 from controller.retries import KEY_LEVEL, RetryKind
-from dataplanes.driver import DriverError, WriteStamp
+from controller.sync_times import SyncTimes
+from dataplanes.driver import Driver, DriverError, WriteStamp
 from mbalancer.memcache.meta import NO_EXPIRY, ItemVersion, MetaError, StoredItem
 
 log = logging.getLogger(__name__)
 
 SYNC_WAIT = 0.05  # how long a mirrored write may take to show on the home server (it arrives in microseconds)
-SYNC_ROUNDS = 3  # copies retried when writes keep landing during a sync; then the key stays dirty (served home)
+SYNC_ROUNDS = 3  # rounds of a settle while writes keep landing (each re-copies); then the key stays dirty (served home)
 MIRROR_WAIT = 0.002  # seconds before looking again for the copy of a counted write the core has not had yet
 MIRRORS_LOST_AFTER = 0.1  # no copy of the key's writes for this long while some are missing: they were lost
 UNREADABLE_WAIT = 0.005  # before checking the keys of a request nobody could read: the home applies it first
@@ -28,9 +37,38 @@ EXPIRY_SLACK = 2.0  # s: two reads of one item's expiry may differ this much (me
 EXPIRY_MARGIN = 2.5  # s before its home expires an item, gets for it go home (each server's clock ticks on its own)
 
 
-class Coherence:
-    """The executor's coherence methods (see the module docstring)."""
+class Step(Enum):
+    """What a key's step of a settle round found."""
+    CLEAR = "clear"  # the copies match the home: clear the key to the stamp
+    PUSH = "push"  # the home's item is not the copies': push it, then another round
+    STOP = "stop"  # not now: a retry is scheduled (or the key is held until its item expires)
 
+
+class Coherence:
+    """The copies' freshness (see the module docstring)."""
+
+    def __init__(self, hot: Mapping[bytes, HotKey], driver: Driver, replicator: Replicator, guard: KeyGuard,
+                 decide: Decide, clock: Callable[[], float] = time.monotonic,
+                 sleep: Callable[[float], None] = time.sleep, poll_every: float = 0.5,
+                 backlog: Callable[[], bool] = lambda: False,
+                 mid_command: Callable[[int], bool] = lambda server: False):
+        """hot: the executor's records (it adds and drops them; here they are read and moved); poll_every: seconds
+        between checks of every clean hot key's CAS at its home (0: never); backlog: True while copied packets wait
+        in the core's queue (a copy not handled yet is then not lost); mid_command(server): True while a TCP
+        connection to the server is cut inside a command (its next segment may complete a write)."""
+        self.hot, self.driver, self.replicator, self.guard, self.decide = hot, driver, replicator, guard, decide
+        self.clock, self.sleep, self.poll_every = clock, sleep, poll_every
+        self.backlog, self.mid_command = backlog, mid_command
+        self.next_poll = clock() + poll_every
+        self.unreadable_at: dict[int, float] = {}  # server -> when the latest copy nobody could read was handled
+        self.unarmed: set[int] = set()  # servers whose unsure report was not rearmed (home to no hot key when
+        # checked): their requests nobody can read are not copied until one of their keys is settled
+        self.sync_times = SyncTimes()  # mirrored write -> every replica updated
+        self.mirrors_lost = 0  # copies of counted writes that never reached the core
+        self.unseen_writes = 0  # changes at a home found by polling, not by a mirrored write
+        self.cas_moves = 0  # new CAS at a home with the same value (memcached relinked the item)
+
+    # --- the interface: what the executor calls (the core's calls too) ------------------------------------------------
     def count_mirror(self, key: bytes | None, server: int) -> None:
         """A copied packet whose first request writes `key` to `server`: if that is the key's home, the data plane
         counted it as one write to the key (before any of the batch is synced)."""
@@ -50,8 +88,8 @@ class Coherence:
         for server, unreadable in unsure.items():
             if unreadable:  # the home may not have applied it yet: look after it has
                 self.unreadable_at[server] = self.clock()
-                self._schedule(RetryKind.HOME_CHECK, b"", server, "a request nobody could read",
-                               delay=UNREADABLE_WAIT)
+                self.guard.schedule(RetryKind.HOME_CHECK, b"", server, "a request nobody could read",
+                                    delay=UNREADABLE_WAIT)
             else:
                 self.check_home(server, between=between, skip=writes)
 
@@ -68,15 +106,11 @@ class Coherence:
         try:
             self._rearm(server)
         except DriverError as err:
-            return self._schedule(RetryKind.HOME_CHECK, b"", server, str(err), attempt)
+            return self.guard.schedule(RetryKind.HOME_CHECK, b"", server, str(err), attempt)
         for key in homed:
             if key not in skip and (hot := self.hot.get(key)) is not None:
                 between()
                 self._check(key, hot)
-
-    def _rearm(self, server: int) -> None:
-        self.driver.rearm_unsure(server)
-        self.unarmed.discard(server)
 
     def sync(self, key: bytes, data: bytes | None, received: float) -> None:
         """A write to `key` was mirrored (its data if it was a set): bring the replicas up to date."""
@@ -93,7 +127,7 @@ class Coherence:
                                f"mirrored write not synced, home unreadable (gets stay home): {item}")
         self._push(key, hot, item)
         self._synced(key, hot)  # every replica that holds the key holds the home's latest now
-        self._settle(key, hot)
+        self.settle([key])
 
     def poll(self, idle: bool = True) -> None:
         """Every poll_every seconds: each clean hot key's CAS at its home (one round trip per home), for writes no
@@ -120,8 +154,24 @@ class Coherence:
                     self._hold_until_expired(key, hot)
                 elif not self._matches(hot, version) and not self._seen(key, hot) and not self._moved(key, hot):
                     self.unseen_writes += 1
-                    self._protect(key, hot, "its home changed (value or TTL) without a write the switch saw")
-                    self._settle(key, hot)  # pushes the home's item, then clears
+                    self.guard.protect(key, hot, "its home changed (value or TTL) without a write the switch saw")
+                    self.settle([key])  # pushes the home's item, then clears
+
+    def poll_due(self) -> float | None:
+        """When the next poll of the homes is due, while some key is clean (nothing else finds a write that went
+        around the switch); None: no poll is waiting."""
+        if self.poll_every and any(hot.installed and not hot.dirty for hot in self.hot.values()):
+            return self.next_poll
+        return None
+
+    def expiry(self, ttl: int) -> float | None:
+        """When an item with `ttl` seconds left expires, on this clock (None: never)."""
+        return None if ttl == NO_EXPIRY else self.clock() + ttl
+
+    # --- inside -------------------------------------------------------------------------------------------------
+    def _rearm(self, server: int) -> None:
+        self.driver.rearm_unsure(server)
+        self.unarmed.discard(server)
 
     def _matches(self, hot: HotKey, version: ItemVersion | None) -> bool:
         """True if the home holds the item the copies were made from: the same CAS and the same expiry (gat, touch
@@ -131,14 +181,10 @@ class Coherence:
         return version.cas == hot.synced_cas and self._same_expiry(hot, version.ttl)
 
     def _same_expiry(self, hot: HotKey, ttl: int) -> bool:
-        expiry = self._expiry(ttl)
+        expiry = self.expiry(ttl)
         if expiry is None or hot.synced_expiry is None:
             return expiry is None and hot.synced_expiry is None
         return abs(expiry - hot.synced_expiry) <= EXPIRY_SLACK
-
-    def _expiry(self, ttl: int) -> float | None:
-        """When an item with `ttl` seconds left expires, on this clock (None: never)."""
-        return None if ttl == NO_EXPIRY else self.clock() + ttl
 
     def _expiring(self, hot: HotKey) -> bool:
         """True if the copies' item expires at its home within EXPIRY_MARGIN: a replica's clock may expire it
@@ -149,13 +195,13 @@ class Coherence:
         """Gets go home until the home has expired the item; then the settle deletes the copies and clears."""
         left = hot.synced_expiry - self.clock()
         try:
-            self._dirty(key, hot)
+            self.guard.hold_dirty(key, hot)
         except DriverError as err:
-            return self._protect(key, hot, f"expires at its home in {left:.1f} s, not held dirty ({err})")
+            return self.guard.protect(key, hot, f"expires at its home in {left:.1f} s, not held dirty ({err})")
         self.decide(Decision.EXPIRE, key, f"expires at its home in {left:.1f} s: gets go home until it has, then the "
                                           f"copies are deleted")
-        self._schedule(RetryKind.SETTLE, key, KEY_LEVEL, "waiting for the home to expire it",
-                       delay=max(left, 0.0) + EXPIRY_SLACK)
+        self.guard.schedule(RetryKind.SETTLE, key, KEY_LEVEL, "waiting for the home to expire it",
+                            delay=max(left, 0.0) + EXPIRY_SLACK)
 
     def _seen(self, key: bytes, hot: HotKey) -> bool:
         """True if the data plane counted a write since the key was cleared: its copy is on its way to the core,
@@ -192,9 +238,9 @@ class Coherence:
             if not self._counted_since_clear(key, hot):
                 return
         except DriverError as err:
-            return self._schedule(RetryKind.SETTLE, key, KEY_LEVEL, str(err))
+            return self.guard.schedule(RetryKind.SETTLE, key, KEY_LEVEL, str(err))
         hot.move(HotKeyState.DIRTY)
-        self._settle(key, hot)
+        self.settle([key])
 
     def _wait_for_write(self, hot: HotKey, key: bytes, data: bytes | None) -> StoredItem | None | MetaError:
         """The home's item once the mirrored write shows there, or as it is after SYNC_WAIT (a write that failed,
@@ -222,68 +268,131 @@ class Coherence:
             failed = self.replicator.write(key, item, replicas, update=True)
         hot.synced_cas = item.cas if item is not None else None
         hot.synced_digest = digest(item)
-        hot.synced_expiry = self._expiry(item.ttl) if item is not None else None
+        hot.synced_expiry = self.expiry(item.ttl) if item is not None else None
         if failed:
             hot.holding -= set(failed)
-            self._set_weights(key, hot)
+            self.guard.set_weights(key, hot)
             for server, error in failed.items():
-                self._schedule(RetryKind.REFILL, key, server, error)
+                self.guard.schedule(RetryKind.REFILL, key, server, error)
 
-    def _settle_together(self, keys: list[bytes]) -> set[bytes]:
-        """Settle keys just installed: one stamp read and one clear for all whose copies match their home as they are
-        (the usual case); every other key, or all if the stamps cannot be read, settles on its own (_settle), in the
-        same order of steps. Returns the keys cleared."""
-        ready, alone, checked = [], [], set()  # checked: the home's version was read (a sync round spent)
-        for key in keys:
-            if self._may_settle(key, self.hot[key]):
-                (alone if self.hot[key].placement.home in self.unarmed else ready).append(key)
+    # --- the settle: one round for one key or many ---------------------------------------------------------------
+    def settle(self, keys: list[bytes], attempt: int = 0) -> set[bytes]:
+        """Clear each key once its copies match its home, re-copying while writes keep landing: at most SYNC_ROUNDS
+        rounds, each one read of the write stamps of the keys still going, then the step (`_step`) of each, then one
+        clear of the keys it found ready and, for each other that must go round again, its home's item pushed. A key
+        just installed settles with the plan's others; a copied write's, a retry's, a poll's alone. Returns the
+        keys cleared; one that cannot finish stays dirty (gets go home) and its settle is retried."""
+        going = [key for key in dict.fromkeys(keys) if self._may_settle(key, self.hot[key], attempt)]
+        cleared: set[bytes] = set()
+        for _ in range(SYNC_ROUNDS):
+            if not going:
+                return cleared
+            done, going = self._round(going, attempt)
+            cleared |= done
+        for key in going:
+            self.guard.schedule(RetryKind.SETTLE, key, KEY_LEVEL, "writes kept landing during the sync", attempt)
+        return cleared
+
+    def _round(self, keys: list[bytes], attempt: int) -> tuple[set[bytes], list[bytes]]:
+        """One round of a settle: (the keys cleared, those whose home's item was pushed: another round)."""
+        keys = self._armed(keys, attempt)
         try:
-            stamps = self.driver.write_stamps(ready) if ready else {}
+            stamps = self.driver.write_stamps(keys) if keys else {}
         except DriverError as err:
-            log.info("stamps of %d keys not read together (%s): each on its own", len(ready), err)
-            stamps, alone = {}, alone + ready
-        waits: dict[int, float] = {}  # home -> _unreadable_wait, read after the stamps as _settle does
-        matching: dict[bytes, WriteStamp] = {}
-        for key, stamp in stamps.items():
-            hot, home = self.hot[key], self.hot[key].placement.home
+            if len(keys) == 1:
+                self._settle_failed(keys[0], self.hot[keys[0]], err, attempt)
+                return set(), []
+            log.info("stamps of %d keys not read together (%s): each on its own", len(keys), err)
+            rounds = [self._round([key], attempt) for key in keys]
+            return set().union(*(done for done, _ in rounds)), [key for _, again in rounds for key in again]
+        waits: dict[int, float] = {}  # home -> _unreadable_wait, read once a round, after the stamps
+        steps = {key: self._step(key, self.hot[key], stamp, waits, attempt) for key, stamp in stamps.items()}
+        cleared, held = self._clear({key: stamps[key] for key, step in steps.items() if step is Step.CLEAR}, attempt)
+        return cleared, self._pushed([key for key, step in steps.items() if step is Step.PUSH] + held, attempt)
+
+    def _step(self, key: bytes, hot: HotKey, stamp: WriteStamp, waits: dict[int, float], attempt: int) -> Step:
+        """A key's step of a round, given the write stamp just read, in the one order that keeps gets correct: the
+        copy of every write the stamp counts handled here; no request nobody could read too recent for the home to
+        have applied it (one the stamp counts); the home's item the copies'; the item not about to expire."""
+        home = hot.placement.home
+        try:
+            if not self._mirrors_in(key, hot, stamp):
+                self.guard.schedule(RetryKind.SETTLE, key, KEY_LEVEL, "the copy of a counted write is on its way",
+                                    attempt, delay=MIRROR_WAIT)
+                return Step.STOP
+            if home not in waits:
+                waits[home] = self._unreadable_wait(home)
+            if waits[home] > 0:
+                self.guard.schedule(RetryKind.SETTLE, key, KEY_LEVEL, "a request nobody could read just passed",
+                                    attempt, delay=waits[home])
+                return Step.STOP
+            if not self._matches(hot, self.replicator.version(home, key)):
+                return Step.PUSH
+            if self._expiring(hot):
+                self._hold_until_expired(key, hot)
+                return Step.STOP
+            return Step.CLEAR
+        except (MetaError, DriverError) as err:
+            self._settle_failed(key, hot, err, attempt)
+            return Step.STOP
+
+    def _armed(self, keys: list[bytes], attempt: int) -> list[bytes]:
+        """The keys whose homes copy their requests nobody can read (a home left unarmed is rearmed first: from now
+        on they are copied again); a key whose home cannot be rearmed fails its settle."""
+        failed: dict[int, DriverError] = {}
+        for home in sorted({self.hot[key].placement.home for key in keys} & self.unarmed):
             try:
-                if self._mirrors_in(key, hot, stamp):
-                    if home not in waits:
-                        waits[home] = self._unreadable_wait(home)
-                    if waits[home] == 0:
-                        checked.add(key)
-                        if self._matches(hot, self.replicator.version(home, key)) and not self._expiring(hot):
-                            matching[key] = stamp
-                            continue
-            except (MetaError, DriverError) as err:
-                log.info("%r settles on its own: %s", key, err)
-            alone.append(key)
-        refused = self.driver.clear_dirty_keys(matching) if matching else {}
-        cleared = set()
-        for key, stamp in matching.items():
+                self._rearm(home)
+            except DriverError as err:
+                failed[home] = err
+        for key in keys:
+            if (home := self.hot[key].placement.home) in failed:
+                self._settle_failed(key, self.hot[key], failed[home], attempt)
+        return [key for key in keys if self.hot[key].placement.home not in failed]
+
+    def _clear(self, stamps: dict[bytes, WriteStamp], attempt: int) -> tuple[set[bytes], list[bytes]]:
+        """Clear every key to its stamp in one driver call, then check each clear held: (the keys clean, those held
+        dirty again because their home changed with no write counted: to be pushed)."""
+        try:
+            refused = self.driver.clear_dirty_keys(stamps) if stamps else {}
+        except DriverError as err:
+            refused = dict.fromkeys(stamps, err)
+        cleared, held = set(), []
+        for key, stamp in stamps.items():
             hot = self.hot[key]
-            if key in refused:  # as a clear refused in _settle: retried later
-                self._settle_failed(key, hot, refused[key])
+            if key in refused:
+                self._settle_failed(key, hot, refused[key], attempt)
                 continue
             hot.move(HotKeyState.CLEAN, stamp)
             try:
                 if self._still_clean(key, hot, stamp):
                     cleared.add(key)
                     continue
-                self._dirty(key, hot)
-                alone.append(key)
+                self.guard.hold_dirty(key, hot)  # and synced again
+                held.append(key)
             except (MetaError, DriverError) as err:
-                self._settle_failed(key, hot, err)
-        return cleared | {key for key in alone
-                          if self._settle(key, self.hot[key], rounds=SYNC_ROUNDS - (key in checked))}
+                self._settle_failed(key, hot, err, attempt)
+        return cleared, held
+
+    def _pushed(self, keys: list[bytes], attempt: int) -> list[bytes]:
+        """Each key's home item pushed to its replicas: the keys pushed (the others failed their settle)."""
+        pushed = []
+        for key in keys:
+            hot = self.hot[key]
+            try:
+                self._push(key, hot, self.replicator.read(hot.placement.home, key))
+                pushed.append(key)
+            except (MetaError, DriverError) as err:
+                self._settle_failed(key, hot, err, attempt)
+        return pushed
 
     def _may_settle(self, key: bytes, hot: HotKey, attempt: int = 0) -> bool:
         """Whether the key can be cleared now; if not, its settle is retried when it may."""
         if not hot.installed:
             return False  # its reinstall settles it
         if self.mid_command(hot.placement.home):  # the segment that ends it may complete a write to this key
-            self._schedule(RetryKind.SETTLE, key, KEY_LEVEL, "a command to its home is cut between TCP segments",
-                           attempt, delay=MIRROR_WAIT)
+            self.guard.schedule(RetryKind.SETTLE, key, KEY_LEVEL,
+                                "a command to its home is cut between TCP segments", attempt, delay=MIRROR_WAIT)
             return False
         return True
 
@@ -297,45 +406,9 @@ class Coherence:
 
     def _settle_failed(self, key: bytes, hot: HotKey, err: Exception, attempt: int = 0) -> None:
         if not hot.dirty:  # cleared, then the check or the hold failed: the copies may be stale
-            self._protect(key, hot, str(err))
-        self._schedule(RetryKind.SETTLE, key, KEY_LEVEL, str(err), attempt)
+            self.guard.protect(key, hot, str(err))
+        self.guard.schedule(RetryKind.SETTLE, key, KEY_LEVEL, str(err), attempt)
         self.decide(Decision.ERROR, key, f"left dirty (gets go home), retrying: {err}")
-
-    def _settle(self, key: bytes, hot: HotKey, attempt: int = 0, rounds: int = SYNC_ROUNDS) -> bool:
-        """Clear the key if the copies match the home; re-copy while writes keep landing (`rounds` checks of the
-        home at most). True if cleared. When it cannot finish, the key stays dirty (gets go home) and the settle is
-        retried."""
-        if not self._may_settle(key, hot, attempt):
-            return False
-        home = hot.placement.home
-        for _ in range(rounds):
-            try:
-                if home in self.unarmed:  # from now on its requests nobody can read are copied again
-                    self._rearm(home)
-                stamp = self.driver.write_stamp(key)
-                if not self._mirrors_in(key, hot, stamp):
-                    self._schedule(RetryKind.SETTLE, key, KEY_LEVEL, "the copy of a counted write is on its way",
-                                   attempt, delay=MIRROR_WAIT)
-                    return False
-                if (wait := self._unreadable_wait(home)) > 0:  # one the stamp counts may not be applied yet
-                    self._schedule(RetryKind.SETTLE, key, KEY_LEVEL, "a request nobody could read just passed",
-                                   attempt, delay=wait)
-                    return False
-                if self._matches(hot, self.replicator.version(home, key)):
-                    if self._expiring(hot):
-                        self._hold_until_expired(key, hot)
-                        return False
-                    self.driver.clear_dirty(key, stamp)
-                    hot.move(HotKeyState.CLEAN, stamp)
-                    if self._still_clean(key, hot, stamp):
-                        return True
-                    self._dirty(key, hot)  # and synced again
-                self._push(key, hot, self.replicator.read(home, key))
-            except (MetaError, DriverError) as err:
-                self._settle_failed(key, hot, err, attempt)
-                return False
-        self._schedule(RetryKind.SETTLE, key, KEY_LEVEL, "writes kept landing during the sync", attempt)
-        return False
 
     def _unreadable_wait(self, home: int) -> float:
         """Seconds until the home has had UNREADABLE_WAIT to apply the latest request to it nobody could read: the

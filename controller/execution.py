@@ -20,6 +20,9 @@ Invariants (the reason for every ordering below):
   later; a key that cannot be cleared stays dirty (safe) and the clear is retried; an install the driver
   refuses is not tried again (nor its value copied again) before its back-off ends.
 - A switch that came back empty (the driver's reconnect) gets every hot key installed again, dirty, then settled.
+The executor keeps the hot keys' records and the retries; coherence (controller/coherence.py: copies of writes, the
+poll of the homes, every settle) and the key guard (controller/key_guard.py: gets kept safe when a driver call fails)
+are objects below it, given what they work on, which never call back into it. The core talks to the executor only.
 Only the core's worker thread calls in here.
 """
 from __future__ import annotations
@@ -31,6 +34,7 @@ from typing import Callable, NamedTuple
 from controller.coherence import Coherence, _errors, digest
 from controller.decisions import Decide, Decision
 from controller.hot_keys import HotKey, HotKeyState
+from controller.key_guard import KeyGuard
 from controller.planner import Change, ChangeAction, ChangeCause, Placement
 from controller.replicator import Replicator
 from controller.sync_times import SyncTimes
@@ -51,7 +55,7 @@ class Copied(NamedTuple):
     started: float
     size: int  # bytes copied
 
-class Executor(Coherence):
+class Executor:
     def __init__(self, driver: Driver, replicator: Replicator, decide: Decide,
                  clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep,
                  poll_every: float = 0.5, backlog: Callable[[], bool] = lambda: False,
@@ -59,24 +63,15 @@ class Executor(Coherence):
         """poll_every: seconds between checks of every clean hot key's CAS at its home (0: never); backlog: True
         while copied packets wait in the core's queue (a copy not handled yet is then not lost); mid_command(server):
         True while a TCP connection to the server is cut inside a command (its next segment may complete a write)."""
-        self.driver, self.replicator, self.decide = driver, replicator, decide
-        self.backlog, self.mid_command = backlog, mid_command
-        self.poll_every = poll_every
-        self.clock, self.sleep = clock, sleep
-        self.hot: dict[bytes, HotKey] = {}
+        self.driver, self.replicator, self.decide, self.clock = driver, replicator, decide, clock
+        self.hot: dict[bytes, HotKey] = {}  # the one record of each hot key (coherence reads and moves them)
         self.retries = RetryScheduler(clock)
-        self.sync_times = SyncTimes()  # mirrored write -> every replica updated
+        self.guard = KeyGuard(driver, self.retries, decide)
+        self.coherence = Coherence(self.hot, driver, replicator, self.guard, decide, clock, sleep, poll_every,
+                                   backlog, mid_command)
         self.down: set[int] = set()
         self.refused: dict[bytes, Retry] = {}  # installs the driver refused: not tried again before `due`
-        self.mirrors_lost = 0  # copies of counted writes that never reached the core
-        self.unseen_writes = 0  # changes at a home found by polling, not by a mirrored write
-        self.cas_moves = 0  # new CAS at a home with the same value (memcached relinked the item)
-        self.next_poll = clock() + poll_every
-        self.unreadable_at: dict[int, float] = {}  # server -> when the latest copy nobody could read was handled
-        self.unarmed: set[int] = set()  # servers whose unsure report was not rearmed (home to no hot key when
-        # checked): their requests nobody can read are not copied until one of their keys is settled
 
-    # --- the plan ---------------------------------------------------------------------------------------------
     # --- what the core reads (it never reaches into the records) ---------------------------------------------
     def placements(self) -> dict[bytes, Placement]:
         """Each hot key's placement: what the planner plans from."""
@@ -95,6 +90,23 @@ class Executor(Coherence):
         """The retries waiting for their turn, for the state the HTTP interface shows."""
         return self.retries.all()
 
+    # --- what the core asks of coherence, through the executor ------------------------------------------------
+    def count_mirror(self, key: bytes | None, server: int) -> None:
+        self.coherence.count_mirror(key, server)
+
+    def sync_batch(self, writes: dict[bytes, tuple[bytes | None, float]], unsure: dict[int, bool],
+                   between: Callable[[], None] = lambda: None) -> None:
+        self.coherence.sync_batch(writes, unsure, between)
+
+    def poll(self, idle: bool = True) -> None:
+        self.coherence.poll(idle)
+
+    mirrors_lost = property(lambda self: self.coherence.mirrors_lost)
+    unseen_writes = property(lambda self: self.coherence.unseen_writes)
+    cas_moves = property(lambda self: self.coherence.cas_moves)
+    sync_times: SyncTimes = property(lambda self: self.coherence.sync_times)
+
+    # --- the plan -----------------------------------------------------------------------------------------------
     def apply(self, changes: tuple[Change, ...]) -> None:
         """The planner lists cools first (they free room and load before warms), then warms, then reweights: the cools
         go to the driver together, as do the warms (a hot-set change is a few requests, not a few per key)."""
@@ -126,8 +138,8 @@ class Executor(Coherence):
             made.hot.move(HotKeyState.DIRTY)
             self.hot[key] = made.hot
             for server, error in made.failed.items():
-                self._schedule(RetryKind.REFILL, key, server, error)
-        settled = self._settle_together(list(copied))
+                self.guard.schedule(RetryKind.REFILL, key, server, error)
+        settled = self.coherence.settle(list(copied))
         for change in changes:
             if change.key not in copied:
                 continue
@@ -159,8 +171,9 @@ class Executor(Coherence):
         holding = {p.home} | (set(targets) - set(failed))
         if len(holding) < 2:
             return self.decide(Decision.SKIP, key, f"no replica took the copy: {_errors(failed)}")
-        self._cancel(key, RetryKind.DELETE)
-        hot = HotKey(p, holding, item.cas, digest(item), since=started, synced_expiry=self._expiry(item.ttl))
+        self.guard.cancel(key, RetryKind.DELETE)
+        hot = HotKey(p, holding, item.cas, digest(item), since=started,
+                     synced_expiry=self.coherence.expiry(item.ttl))
         return Copied(hot, failed, started, len(item.value))
 
     def _refused_install(self, key: bytes, made: Copied, err: DriverError) -> None:
@@ -182,17 +195,17 @@ class Executor(Coherence):
         for change in cooling:
             key = change.key
             if key in refused:
-                self._schedule(RetryKind.COOL, key, KEY_LEVEL, str(refused[key]), attempt)
+                self.guard.schedule(RetryKind.COOL, key, KEY_LEVEL, str(refused[key]), attempt)
                 self.decide(Decision.ERROR, key, f"cool-down postponed, the driver refused to remove the rules: "
                                                  f"{refused[key]}; retrying")
                 continue
             hot = self.hot.pop(key)
             hot.move(HotKeyState.REMOVED)
-            self._cancel(key, RetryKind.REFILL, RetryKind.RULES, RetryKind.SETTLE, RetryKind.INSTALL,
-                         RetryKind.COOL)
+            self.guard.cancel(key, RetryKind.REFILL, RetryKind.RULES, RetryKind.SETTLE, RetryKind.INSTALL,
+                              RetryKind.COOL)
             extras = [s for s in hot.placement.replicas if s != hot.placement.home]
             for server, error in self.replicator.delete(key, extras).items():
-                self._schedule(RetryKind.DELETE, key, server, error)
+                self.guard.schedule(RetryKind.DELETE, key, server, error)
             self.decide(Decision.COOL, key, f"{change.reason}; rules removed, then copies on {extras} deleted")
 
     def reweight(self, change: Change) -> None:
@@ -216,7 +229,7 @@ class Executor(Coherence):
         for key, hot in self.hot.items():
             if hot.installed:  # (one whose rules are out already has nothing more to lose)
                 hot.move(HotKeyState.NOT_INSTALLED)
-            self._cancel(key, RetryKind.RULES, RetryKind.SETTLE, RetryKind.INSTALL)
+            self.guard.cancel(key, RetryKind.RULES, RetryKind.SETTLE, RetryKind.INSTALL)
         self._install(list(self.hot))
         self.decide(Decision.REPLAY, None, f"the data plane came back empty: {len(self.hot)} hot keys installed again")
 
@@ -227,7 +240,7 @@ class Executor(Coherence):
         for key, hot in self.hot.items():
             if server in hot.holding:
                 hot.holding.discard(server)
-                self._set_weights(key, hot)
+                self.guard.set_weights(key, hot)
         self.retries.cancel_server(server, RetryKind.REFILL)
 
     def server_up(self, server: int) -> None:
@@ -235,7 +248,7 @@ class Executor(Coherence):
         self.down.discard(server)
         for key, hot in self.hot.items():
             if server in hot.placement.replicas and server not in hot.holding:
-                self._schedule(RetryKind.REFILL, key, server, "the server is back", delay=REFILL_DELAY)
+                self.guard.schedule(RetryKind.REFILL, key, server, "the server is back", delay=REFILL_DELAY)
 
     # --- retries --------------------------------------------------------------------------------------------
     def run_due(self) -> None:
@@ -259,18 +272,18 @@ class Executor(Coherence):
     def _retry_delete(self, retry: Retry, hot: HotKey | None, attempt: int) -> None:
         failed = self.replicator.delete(retry.key, [retry.server])
         if failed:
-            self._schedule(RetryKind.DELETE, retry.key, retry.server, failed[retry.server], attempt)
+            self.guard.schedule(RetryKind.DELETE, retry.key, retry.server, failed[retry.server], attempt)
 
     def _retry_rules(self, retry: Retry, hot: HotKey, attempt: int) -> None:
-        self._set_weights(retry.key, hot, attempt)
+        self.guard.set_weights(retry.key, hot, attempt)
         if hot.dirty and hot.installed and not self.retries.pending(RetryKind.RULES, retry.key):
-            self._settle(retry.key, hot)  # the weights are in: the key need not stay at home
+            self.coherence.settle([retry.key])  # the weights are in: the key need not stay at home
 
     def _retry_settle(self, retry: Retry, hot: HotKey, attempt: int) -> None:
-        self._settle(retry.key, hot, attempt)
+        self.coherence.settle([retry.key], attempt)
 
     def _retry_home_check(self, retry: Retry, hot: HotKey | None, attempt: int) -> None:
-        self.check_home(retry.server, attempt)
+        self.coherence.check_home(retry.server, attempt)
 
     def _retry_install(self, retry: Retry, hot: HotKey, attempt: int) -> None:
         self._install([retry.key], attempt)
@@ -285,10 +298,8 @@ class Executor(Coherence):
     def next_wake(self) -> float | None:
         """When the core's worker must run even if no event comes: the next retry, or the next poll of the homes
         while some key is clean (nothing else finds a write that went around the switch)."""
-        due = self.retries.next_due()
-        if self.poll_every and any(hot.installed and not hot.dirty for hot in self.hot.values()):
-            due = self.next_poll if due is None else min(due, self.next_poll)
-        return due
+        due, poll = self.retries.next_due(), self.coherence.poll_due()
+        return poll if due is None else due if poll is None else min(due, poll)
 
     def _install(self, keys: list[bytes], attempt: int = 0) -> None:
         """The keys' rules again (after a reconnect, or after they were removed to keep gets safe), then settle."""
@@ -297,12 +308,12 @@ class Executor(Coherence):
         refused = self.driver.install_hot_keys([HotKeyInstall(key, self.hot[key].placement.home,
                                                               self.hot[key].weights()) for key in keys])
         for key, err in refused.items():
-            self._schedule(RetryKind.INSTALL, key, KEY_LEVEL, str(err), attempt)
+            self.guard.schedule(RetryKind.INSTALL, key, KEY_LEVEL, str(err), attempt)
             self.decide(Decision.ERROR, key, f"rules not installed again ({err}); gets go home meanwhile; retrying")
         installed = [key for key in keys if key not in refused]
         for key in installed:
             self.hot[key].move(HotKeyState.DIRTY)
-        self._settle_together(installed)
+        self.coherence.settle(installed)
 
     def _refill(self, retry: Retry) -> None:
         key, server = retry.key, retry.server
@@ -313,61 +324,15 @@ class Executor(Coherence):
         try:
             item = self.replicator.read(home, key)
         except MetaError as err:
-            return self._schedule(RetryKind.REFILL, key, server, str(err), retry.attempt + 1)
+            return self.guard.schedule(RetryKind.REFILL, key, server, str(err), retry.attempt + 1)
         failed = (self.replicator.delete(key, [server]) if item is None
                   else self.replicator.write(key, item, [server]) if server != home else {})
         if failed:
-            return self._schedule(RetryKind.REFILL, key, server, failed[server], retry.attempt + 1)
+            return self.guard.schedule(RetryKind.REFILL, key, server, failed[server], retry.attempt + 1)
         if item is not None and item.cas != hot.synced_cas:
-            return self._schedule(RetryKind.REFILL, key, server, "home changed during the refill", retry.attempt + 1)
+            return self.guard.schedule(RetryKind.REFILL, key, server, "home changed during the refill",
+                                       retry.attempt + 1)
         hot.holding.add(server)
-        self._set_weights(key, hot)
+        self.guard.set_weights(key, hot)
         self.decide(Decision.REFILL, key, f"server {server} holds the value again; weights " + ", ".join(
             f"{r.server}={r.weight:.2f}" for r in hot.weights()))
-
-    def _schedule(self, kind: RetryKind, key: bytes, server: int, error: str, attempt: int = 0,
-                  delay: float | None = None) -> None:
-        """Retry `kind` after the back-off of `attempt` (or after `delay`: a wait, not a failure); past the retry
-        limit, say it was given up."""
-        given_up = self.retries.schedule(kind, key, server, error, attempt, delay)
-        if given_up is not None:
-            self.decide(Decision.GIVE_UP, key, given_up)
-
-    def _cancel(self, key: bytes, *kinds: RetryKind) -> None:
-        self.retries.cancel(key, *kinds)
-
-    def _set_weights(self, key: bytes, hot: HotKey, attempt: int = 0) -> None:
-        """Write the key's weights now (a replica lost its copy, or got it back); if the driver refuses, keep gets
-        away from the replicas and retry."""
-        if not hot.installed:
-            return  # its reinstall writes the current weights
-        try:
-            self.driver.set_weights(key, hot.weights())
-        except DriverError as err:
-            self._schedule(RetryKind.RULES, key, KEY_LEVEL, str(err), attempt)
-            self._protect(key, hot, f"weights not written ({err})")
-
-    def _protect(self, key: bytes, hot: HotKey, why: str) -> None:
-        """Make the data plane send the key's gets home: hold it dirty, or if that fails remove its rules
-        (and reinstall them later). Never raises: it is what the core does when a driver call has failed."""
-        try:
-            self._dirty(key, hot)
-            return self.decide(Decision.ERROR, key, f"{why}; key kept dirty so gets go home")
-        except DriverError as err:
-            dirty_error = err
-        try:
-            self.driver.remove_hot_key(key)
-        except DriverError as err:
-            return self.decide(Decision.ERROR, key, f"{why}; the data plane refused to hold it dirty ({dirty_error}) "
-                                                    f"and the removal ({err}): gets may reach a stale replica until a "
-                                                    f"retry lands")
-        hot.move(HotKeyState.NOT_INSTALLED)
-        self._cancel(key, RetryKind.RULES)
-        self._schedule(RetryKind.INSTALL, key, KEY_LEVEL, str(dirty_error))
-        self.decide(Decision.ERROR, key, f"{why}; holding it dirty was refused too ({dirty_error}): rules removed "
-                                         f"so gets go home, reinstalling")
-
-    def _dirty(self, key: bytes, hot: HotKey) -> None:
-        """Hold the key dirty in the data plane (raises DriverError)."""
-        self.driver.set_dirty(key)
-        hot.move(HotKeyState.DIRTY)

@@ -15,16 +15,17 @@ import logging
 from typing import Callable, Iterable, Sequence
 
 from mbalancer.memcache.addresses import ServerAddress
-from mbalancer.memcache.meta import ItemVersion, MetaClient, MetaError, StoredItem
+from mbalancer.memcache.meta import Connect, ItemVersion, MetaClient, MetaError, StoredItem, tcp_connect
 
 log = logging.getLogger(__name__)
 
 
 class Replicator:
     def __init__(self, servers: Sequence[ServerAddress], timeout: float = 1.0,
-                 unavailable: Callable[[int], str | None] = lambda server: None):
-        """unavailable(server): why the server is not worth trying now, or None."""
-        self.clients = [MetaClient(s, timeout) for s in servers]
+                 unavailable: Callable[[int], str | None] = lambda server: None, connect: Connect = tcp_connect):
+        """unavailable(server): why the server is not worth trying now, or None; connect: how a server is reached
+        (TCP; mbalancer/memcache/memory.py's servers for tests that need no sockets)."""
+        self.clients = [MetaClient(s, timeout, connect) for s in servers]
         self.unavailable = unavailable
         self.copy_cas: dict[tuple[bytes, int], int] = {}  # (key, server) -> the CAS the server gave our last copy
         self.copies = 0  # items written to replicas

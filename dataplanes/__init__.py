@@ -11,7 +11,7 @@ bpf/             the Linux BPF toolkit under ebpf/ and openflow/: the C program,
 ebpf/            the default: the BPF program on every port of a Linux switch
 p4/              P4Runtime driver, client, entries and bmv2 runner for p4src/mbalancer.p4
 openflow/        Open vSwitch driven by the Ryu app, with the BPF key classifier on its links
-recording/       `none`: no switch, the driver records the tables (dry runs, tests)
+recording/       `none`: no switch, the slot book over tables kept in memory (dry runs, tests)
 bridge/          a plain Linux bridge: the benchmarks' baseline
 __main__.py      `python -m dataplanes build`: what `make install` runs to build every kind that has a build step
 

@@ -25,9 +25,12 @@ The order of calls the core guarantees (so a driver never has to check it):
 """
 from __future__ import annotations
 
+import abc
+import functools
+import inspect
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import Any, Callable, ClassVar, Mapping, Sequence
+from typing import Any, Callable, ClassVar, Mapping, Sequence, TypeVar
 
 from mbalancer.settings import Server
 
@@ -248,6 +251,11 @@ class Driver(ABC):
         raise DriverError(f"the {self.name} data plane's sketch is read from the switch itself, not through the "
                           f"controller")
 
+    def switch_counters(self) -> list[dict[str, int]]:
+        """Each switch's own counters (packets, balanced, mirrored, ...: dataplanes/pipeline.py COUNTERS), for the
+        operator's tools; [] where the data plane keeps none."""
+        return []
+
     def owned_switches(self) -> list[str]:
         """Names of the switches this driver writes to, as one controller owns them (mbalancer/ownership.py):
         `kind:name`, the same for every controller that would drive that switch. None: no switch (a dry run)."""
@@ -261,6 +269,55 @@ class Driver(ABC):
     def close(self) -> None:
         """Stop delivering mirrors, end the lease (gets go home: nobody keeps the copies fresh any more) and release
         the data plane (tables may stay: the switch keeps forwarding)."""
+
+
+# --- the interface's calls, listed once ----------------------------------------------------------------------------
+# Every call but attach and close (which each side handles itself). The slot book (dataplanes/slot_book.py) answers
+# HOT_KEY_CALLS for each data plane that keeps one; a driver whose calls run elsewhere forwards CALLS. The forwards
+# are derived from these lists (`forwards`), never written out, so a call added here reaches every side.
+HOT_KEY_CALLS = ("install_hot_key", "install_hot_keys", "set_weights", "remove_hot_key", "remove_hot_keys",
+                 "set_dirty", "write_stamp", "write_stamps", "clear_dirty", "clear_dirty_keys", "renew_lease",
+                 "read_counters", "switch_counters", "server_closes", "closes_handled", "resume_stream",
+                 "blind_stream")
+SWITCH_CALLS = ("set_forwarding", "set_tcp_homes", "stream_start", "unsure_quiet", "rearm_unsure", "server_macs",
+                "sketch_call", "owned_switches", "switches_gone")
+CALLS = HOT_KEY_CALLS + SWITCH_CALLS
+# The calls on many keys, each with its call on one (the same request, key by key).
+ONE_KEY_CALLS = {"install_hot_keys": "install_hot_key", "remove_hot_keys": "remove_hot_key",
+                 "write_stamps": "write_stamp", "clear_dirty_keys": "clear_dirty"}
+# The calls on one key, whose first argument is the key.
+KEYED_CALLS = frozenset({"install_hot_key", "set_weights", "remove_hot_key", "set_dirty", "write_stamp",
+                         "clear_dirty"})
+
+D = TypeVar("D", bound=type)
+
+
+def forwards(calls: Sequence[str], through: str) -> Callable[[D], D]:
+    """A class decorator: each driver call named in `calls` becomes a method of the class that hands the call's name
+    and its arguments (in the interface's order) to the class's method `through(call, args)` and returns what that
+    returns. Each keeps the interface's signature and doc."""
+    def decorate(cls: D) -> D:
+        for call in calls:
+            setattr(cls, call, _forward(call, through))
+        abc.update_abstractmethods(cls)
+        return cls
+    return decorate
+
+
+def _forward(call: str, through: str) -> Callable[..., Any]:
+    declared = getattr(Driver, call)
+    signature = inspect.signature(declared)
+    arity = len(signature.parameters) - 1  # (self)
+
+    @functools.wraps(declared)
+    def forward(self: Driver, *args: Any, **kwargs: Any) -> Any:
+        if kwargs or len(args) != arity:  # (TypeError for what the interface does not take)
+            bound = signature.bind(self, *args, **kwargs)
+            bound.apply_defaults()
+            args = bound.args[1:]
+        return getattr(self, through)(call, args)
+    forward.__isabstractmethod__ = False  # (wraps copied the declaration's mark)
+    return forward
 
 
 def _each_key(keys: Sequence[bytes], call: Callable[[Any], None], args: Sequence[Any]) -> dict[bytes, DriverError]:

@@ -3,10 +3,11 @@
 Why: ryu-manager monkey-patches threads and sockets for eventlet, and a driver whose client blocks in C stalls its
 hub (the P4Runtime driver's gRPC: the Ryu app hung at its first call and ignored SIGTERM). The Ryu app makes such a
 driver here: a child process (`python -m dataplanes.driver_process FD`, nothing patched) runs the registry's driver
-of that kind, and DriverProcess forwards each call of the interface over a socket pair, one at a time: a pickled
-(method, arguments) in, the result or the DriverError's text out. What the driver delivers on its own (copies to
-on_mirror, on_reconnect) comes back as events on the same socket, read by one thread here that hands them to the
-core's callbacks (which only queue). The child ends when the socket does: with close(), or when this process dies.
+of that kind, and DriverProcess forwards each call of the interface (ForwardedDriver: the calls derived from
+dataplanes/driver.py CALLS) over a socket pair, one at a time: a pickled (method, arguments) in, the result or the
+DriverError's text out. What the driver delivers on its own (copies to on_mirror, on_reconnect) comes back as events
+on the same socket, read by one thread here that hands them to the core's callbacks (which only queue). The child
+ends when the socket does: with close(), or when this process dies.
 """
 from __future__ import annotations
 

@@ -94,7 +94,7 @@ KINDS: dict[str, DataPlaneKind] = {kind.name: kind for kind in (
         build="dataplanes.ebpf.build:build", check="dataplanes.bpf.program:available",
         leftovers="dataplanes.ebpf.leftovers:remove_left_over"),
     DataPlaneKind(
-        "none", "no switch: the recording driver keeps the tables a switch would (dry runs, tests)",
+        "none", "no switch: the slot book over switch tables kept in memory (dry runs, tests)",
         driver="dataplanes.recording.driver:driver_from_settings"),
     DataPlaneKind(
         "bridge", "a plain Linux bridge: forwarding only, no MBalancer (the benchmarks' baseline)",

@@ -1,6 +1,7 @@
 """The driver base of every data plane that keeps its hot keys in a slot book (dataplanes/slot_book.py): the eBPF
-switch, the OpenFlow data plane's key classifier, the P4 switch. It answers the driver interface's hot-key calls
-from the book, hands copies of packets to the core, and runs a thread of the driver's own that notices switches
+switch, the OpenFlow data plane's key classifier, the P4 switch, and the recording driver's in-memory switches. It
+answers the driver interface's hot-key calls from the book (dataplanes/driver.py HOT_KEY_CALLS: each a method derived
+from that list), hands copies of packets to the core, and runs a thread of the driver's own that notices switches
 that came back empty. Each data plane adds what is its own: how its switches are reached (`_open`, `_release`),
 what its thread watches (`_watch`), forwarding, and any record it keeps beside the book (`_forget_switch_state`).
 """
@@ -9,10 +10,9 @@ from __future__ import annotations
 import logging
 import threading
 from abc import abstractmethod
-from typing import Mapping, Sequence
+from typing import Any, Sequence
 
-from dataplanes.driver import (Counters, Driver, DriverError, HotKeyInstall, LeftoverKey, MirrorHandler,
-                               ReconnectHandler, ReplicaWeight, StreamId, WriteStamp)
+from dataplanes.driver import HOT_KEY_CALLS, Driver, LeftoverKey, MirrorHandler, ReconnectHandler, forwards
 from dataplanes.pipeline import MAX_REPLICAS
 from dataplanes.slot_book import SlotBook
 from mbalancer.settings import Server
@@ -21,6 +21,7 @@ log = logging.getLogger(__name__)
 WATCH_EVERY = 0.5  # seconds between checks that the switches are still the ones the book wrote to
 
 
+@forwards(HOT_KEY_CALLS, through="_to_book")
 class SlotBookDriver(Driver):
     max_replicas = MAX_REPLICAS
     thread_name = "mbalancer-driver"
@@ -51,57 +52,9 @@ class SlotBookDriver(Driver):
         self._thread.start()
         return leftovers
 
-    def install_hot_key(self, key: bytes, home: int, replicas: Sequence[ReplicaWeight]) -> None:
-        self.book.install_hot_key(key, home, replicas)
-
-    def install_hot_keys(self, installs: Sequence[HotKeyInstall]) -> dict[bytes, DriverError]:
-        return self.book.install_hot_keys(installs)
-
-    def set_weights(self, key: bytes, replicas: Sequence[ReplicaWeight]) -> None:
-        self.book.set_weights(key, replicas)
-
-    def remove_hot_key(self, key: bytes) -> None:
-        self.book.remove_hot_key(key)
-
-    def remove_hot_keys(self, keys: Sequence[bytes]) -> dict[bytes, DriverError]:
-        return self.book.remove_hot_keys(keys)
-
-    def set_dirty(self, key: bytes) -> None:
-        self.book.set_dirty(key)
-
-    def write_stamp(self, key: bytes) -> WriteStamp:
-        return self.book.write_stamp(key)
-
-    def write_stamps(self, keys: Sequence[bytes]) -> dict[bytes, WriteStamp]:
-        return self.book.write_stamps(keys)
-
-    def clear_dirty(self, key: bytes, stamp: WriteStamp) -> None:
-        self.book.clear_dirty(key, stamp)
-
-    def clear_dirty_keys(self, stamps: Mapping[bytes, WriteStamp]) -> dict[bytes, DriverError]:
-        return self.book.clear_dirty_keys(stamps)
-
-    def renew_lease(self, seconds: float) -> None:
-        self.book.renew_lease(seconds)
-
-    def server_closes(self, server: int) -> tuple:
-        return self.book.server_closes(server)
-
-    def closes_handled(self, server: int, closes: tuple) -> None:
-        self.book.closes_handled(server, closes)
-
-    def resume_stream(self, stream: StreamId, seq: int) -> None:
-        self.book.resume_stream(stream, seq)
-
-    def blind_stream(self, stream: StreamId) -> None:
-        self.book.blind_stream(stream)
-
-    def read_counters(self) -> Counters:
-        return self.book.read_counters()
-
-    def switch_counters(self) -> list[dict[str, int]]:
-        """Each switch's own counters (packets, balanced, mirrored, ...)."""
-        return self.book.switch_counters()
+    def _to_book(self, call: str, args: tuple) -> Any:
+        """A call of HOT_KEY_CALLS (each one a method of this class, derived from that list): the book's answer."""
+        return getattr(self.book, call)(*args)
 
     def close(self) -> None:
         self._stop.set()

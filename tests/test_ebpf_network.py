@@ -324,7 +324,7 @@ def test_writes_nobody_can_read_cost_a_copy_per_check_and_are_never_served_stale
     home_ip = network.server_hosts[home].ip
     moved = binary_sets(network, core, home_ip, b"cold:7", 500)  # nothing hot there yet
     assert moved["unsure"] > 10 and moved["cloned"] <= 2, moved  # one copy (two CPUs may both take it), no more
-    assert eventually(lambda: home in core.executor.unarmed, timeout=10)
+    assert eventually(lambda: home in core.executor.coherence.unarmed, timeout=10)
     assert make_hot(core, b"hot:7", b"v7") == home  # its settle rearms the home
     moved = binary_sets(network, core, home_ip, b"hot:7", 2000)
     unsure, coalesced = moved["unsure"], moved["coalesced"]

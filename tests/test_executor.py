@@ -1,13 +1,17 @@
-"""The executor's transitions on a fake clock, with the registry's recording driver as the data plane.
+"""The executor's transitions on a fake clock, with no socket: the registry's recording driver (the slot book over an
+in-memory switch) as the data plane, and in-memory memcached servers (mbalancer/memcache/memory.py, held to the real
+one by tests/test_memcache_memory.py) on the same clock. Opening a socket fails the test.
 
-Retries, against a closed port on 127.0.0.1 (a real connection refusal): a failing delete is retried with a doubling
-back-off (capped), then given up after the retry limit with one decision that says so; a retry of a key that cooled
-meanwhile does nothing. Then against two real memcached servers (home 0, replica 1): polling finds a write no switch
+Retries, against an address where no server listens (a connection refusal): a failing delete is retried with a
+doubling back-off (capped), then given up after the retry limit with one decision that says so; a retry of a key that
+cooled meanwhile does nothing. Then against two servers (home 0, replica 1): polling finds a write no switch
 saw and syncs it, only when due (and when busy, only once a whole interval late); a same-value write at the home is
 adopted, not synced; writes that land during every sync round leave the key dirty and retried; a key whose weights
 and hold are both refused loses its rules and is reinstalled; a refused install backs off doubling; a switch that
 came back empty gets every key again; copies of counted writes that never come are declared lost."""
 from __future__ import annotations
+
+import socket
 
 import pytest
 
@@ -18,10 +22,21 @@ from controller.planner import Change, ChangeAction, ChangeCause, Placement
 from controller.replicator import Replicator
 from controller.retries import BACKOFF_FIRST, BACKOFF_MAX, KEY_LEVEL, RETRY_LIMIT, RetryKind, RetryScheduler
 from dataplanes import registry
+from dataplanes.recording.driver import RecordingDriver
 from mbalancer.memcache.addresses import ServerAddress
+from mbalancer.memcache.memory import MemoryNetwork
 from mbalancer.memcache.meta import MetaClient, StoredItem
-from mbalancer.memcache.server import free_port
 from mbalancer.settings import Server
+
+SERVERS = [ServerAddress("10.0.0.1", 11211), ServerAddress("10.0.0.2", 11211)]  # in memory: never dialled
+
+
+@pytest.fixture(autouse=True)
+def no_sockets(monkeypatch):
+    """Every server and switch here is in memory: a socket opened is a test that reached for the network."""
+    def refuse(*args, **kwargs):
+        raise AssertionError("the executor's tests open no socket")
+    monkeypatch.setattr(socket.socket, "__init__", refuse)
 
 
 class FakeClock:
@@ -38,8 +53,7 @@ class FakeClock:
 @pytest.fixture
 def executor():
     clock, decisions = FakeClock(), []
-    unreachable = ServerAddress("127.0.0.1", free_port())  # nothing listens there
-    replicator = Replicator([unreachable], timeout=0.2)
+    replicator = Replicator([SERVERS[0]], timeout=0.2, connect=MemoryNetwork().connect)  # nothing listens there
     executor = Executor(registry.get("none").make_driver(), replicator,
                         lambda action, key, why: decisions.append((action, key, why)),
                         clock=clock, sleep=lambda seconds: None, poll_every=0)
@@ -61,7 +75,7 @@ def run_until_given_up(executor: Executor) -> list[float]:
 
 
 def test_a_failing_delete_backs_off_doubling_then_gives_up_once(executor):
-    executor._schedule(RetryKind.DELETE, b"gone", 0, "connection refused")  # what cool() does when a delete fails
+    executor.guard.schedule(RetryKind.DELETE, b"gone", 0, "connection refused")  # what cool() does when a delete fails
     waits = run_until_given_up(executor)
     expected = [min(BACKOFF_FIRST * 2 ** n, BACKOFF_MAX) for n in range(RETRY_LIMIT)]
     assert waits == pytest.approx(expected)
@@ -72,14 +86,14 @@ def test_a_failing_delete_backs_off_doubling_then_gives_up_once(executor):
 
 
 def test_a_retry_is_not_run_before_it_is_due(executor):
-    executor._schedule(RetryKind.DELETE, b"gone", 0, "connection refused")
+    executor.guard.schedule(RetryKind.DELETE, b"gone", 0, "connection refused")
     executor.test_clock.now += BACKOFF_FIRST / 2
     executor.run_due()
     assert [r.attempt for r in executor.pending_retries()] == [0]  # untouched: not due yet
 
 
 def test_a_retry_for_a_key_that_cooled_meanwhile_does_nothing(executor):
-    executor._schedule(RetryKind.SETTLE, b"cooled", KEY_LEVEL, "not cleared")
+    executor.guard.schedule(RetryKind.SETTLE, b"cooled", KEY_LEVEL, "not cleared")
     executor.test_clock.now += BACKOFF_FIRST
     executor.run_due()
     assert executor.pending_retries() == [] and executor.test_decisions == []
@@ -140,13 +154,13 @@ def test_a_copied_set_is_read_without_state():
     assert (cut.server, cut.counted_key, cut.whole) == (0, b"k", False)  # its value continues in a later segment
 
 
-# --- against real memcached servers ---------------------------------------------------------------------------
+# --- against memcached servers (in memory) ----------------------------------------------------------------------
 KEY = b"hot:executor"
 POLL_EVERY = 0.5
 
 
 class LandingWrites(Replicator):
-    """A replicator on real servers with a writer beside it: while `landing` > 0, a new value lands at the home
+    """A replicator with a writer beside it: while `landing` > 0, a new value lands at the home
     each time the executor reads the home's CAS (the worst timing a client's writes can have)."""
 
     def __init__(self, servers, **kwargs):
@@ -162,31 +176,53 @@ class LandingWrites(Replicator):
         return super().version(server, key)
 
 
+class Batches(RecordingDriver):
+    """The recording driver, keeping which keys each read of stamps and each clear was for."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.batches: list[tuple[str, tuple[bytes, ...]]] = []
+
+    def write_stamps(self, keys):
+        self.batches.append(("write_stamps", tuple(keys)))
+        return super().write_stamps(keys)
+
+    def clear_dirty_keys(self, stamps):
+        self.batches.append(("clear_dirty_keys", tuple(stamps)))
+        return super().clear_dirty_keys(stamps)
+
+
 @pytest.fixture
-def live(memcached_pair):
-    """An executor over two real servers, the recording driver attached, the key stored at its home (server 0)."""
-    addresses = [ServerAddress(*m.address) for m in memcached_pair]
-    for address in addresses:
-        MetaClient(address).delete(KEY)
-    MetaClient(addresses[0]).set(KEY, StoredItem(b"v1", 7, -1, 0))
+def live():
+    """An executor over two servers, the recording driver attached, the key stored at its home (server 0)."""
     clock, decisions = FakeClock(), []
-    driver = registry.get("none").make_driver()
+    network = MemoryNetwork(clock)
+    for address in SERVERS:
+        network.start(address)
+    addresses = SERVERS
+    MetaClient(addresses[0], connect=network.connect).set(KEY, StoredItem(b"v1", 7, -1, 0))
+    driver = Batches()
     driver.attach([Server(f"s{i}", a.host, f"02:00:00:00:00:0{i + 1}", a.port) for i, a in enumerate(addresses)],
                   on_mirror=lambda frame: None)
     driver.renew_lease(3600)
-    executor = Executor(driver, LandingWrites(addresses, timeout=1.0),
+    executor = Executor(driver, LandingWrites(addresses, timeout=1.0, connect=network.connect),
                         lambda action, key, why: decisions.append((action, key, why)),
                         clock=clock, sleep=clock.sleep, poll_every=POLL_EVERY)
-    executor.test_clock, executor.test_decisions, executor.test_servers = clock, decisions, addresses
+    executor.test_clock, executor.test_decisions, executor.test_network = clock, decisions, network
     return executor
 
 
-def warm(executor: Executor, weights=(0.5, 0.5)) -> None:
-    executor.apply((Change(ChangeAction.WARM, KEY, Placement(KEY, 0, 0, (0, 1), weights), ChangeCause.HOT, "test"),))
+def warm(executor: Executor, weights=(0.5, 0.5), keys=(KEY,)) -> None:
+    executor.apply(tuple(Change(ChangeAction.WARM, key, Placement(key, 0, 0, (0, 1), weights), ChangeCause.HOT, "test")
+                         for key in keys))
 
 
 def at(executor: Executor, server: int) -> StoredItem | None:
-    return MetaClient(executor.test_servers[server]).get(KEY)
+    return client(executor, server).get(KEY)
+
+
+def client(executor: Executor, server: int) -> MetaClient:
+    return MetaClient(SERVERS[server], connect=executor.test_network.connect)
 
 
 def actions(executor: Executor) -> list[str]:
@@ -215,15 +251,48 @@ def test_warm_copies_installs_dirty_then_clears(live):
     assert dict(live.hot_keys())[KEY].state is HotKeyState.CLEAN and not live.driver.dirty(KEY)
 
 
+def test_keys_installed_together_settle_in_one_read_of_stamps_and_one_clear(live):
+    keys = (KEY, b"hot:2", b"hot:3")
+    for key in keys[1:]:
+        client(live, 0).set(key, StoredItem(b"v", 0, -1, 0))
+    warm(live, keys=keys)
+    assert live.driver.batches == [("write_stamps", keys), ("clear_dirty_keys", keys)]
+    assert all(dict(live.hot_keys())[key].state is HotKeyState.CLEAN and not live.driver.dirty(key) for key in keys)
+
+
+def test_a_key_whose_home_changed_goes_round_again_and_the_others_clear_together(live):
+    """The same round for one key or many: the step of the key whose home changed pushes the home's item, the
+    others are cleared in one call, and that key's next round is a batch of one."""
+    keys = (KEY, b"hot:2", b"hot:3")
+    for key in keys[1:]:
+        client(live, 0).set(key, StoredItem(b"v", 0, -1, 0))
+    live.replicator.landing = 1  # lands on the first key's home as its step reads it
+    warm(live, keys=keys)
+    assert live.driver.batches == [("write_stamps", keys), ("clear_dirty_keys", keys[1:]),
+                                   ("write_stamps", keys[:1]), ("clear_dirty_keys", keys[:1])]
+    assert at(live, 1).value == b"v-landed-1" and not any(live.driver.dirty(key) for key in keys)
+
+
+def test_a_copied_write_settles_its_key_in_the_same_round(live):
+    warm(live)
+    live.driver.batches.clear()
+    live.driver.count_write(KEY)  # the data plane counted the write and copied it
+    live.count_mirror(KEY, 0)
+    client(live, 0).set(KEY, StoredItem(b"v2", 7, -1, 0))
+    live.sync_batch({KEY: (b"v2", live.test_clock.now)}, {})
+    assert live.driver.batches == [("write_stamps", (KEY,)), ("clear_dirty_keys", (KEY,))]
+    assert at(live, 1).value == b"v2" and not live.driver.dirty(KEY)
+
+
 def test_polling_finds_a_write_no_switch_saw_only_when_due(live):
     warm(live)
-    MetaClient(live.test_servers[0]).set(KEY, StoredItem(b"v2", 7, -1, 0))  # around the switch: no mirror
+    client(live, 0).set(KEY, StoredItem(b"v2", 7, -1, 0))  # around the switch: no mirror
     live.poll()
     assert live.unseen_writes == 0 and at(live, 1).value == b"v1"  # not due yet
-    live.test_clock.now = live.next_poll
+    live.test_clock.now = live.coherence.next_poll
     live.poll(idle=False)
     assert live.unseen_writes == 0  # busy: waits until a whole interval late
-    live.test_clock.now = live.next_poll + POLL_EVERY
+    live.test_clock.now = live.coherence.next_poll + POLL_EVERY
     live.poll(idle=False)
     assert live.unseen_writes == 1 and at(live, 1).value == b"v2"
     assert calls(live).index("set_dirty") < len(calls(live)) - 1 - calls(live)[::-1].index("clear_dirty")
@@ -234,8 +303,8 @@ def test_polling_finds_a_write_no_switch_saw_only_when_due(live):
 def test_a_same_value_write_at_home_is_adopted_not_synced(live):
     warm(live)
     before = dict(live.hot_keys())[KEY].synced_cas
-    new_cas = MetaClient(live.test_servers[0]).set(KEY, StoredItem(b"v1", 7, -1, 0))  # same value and flags
-    live.test_clock.now = live.next_poll
+    new_cas = client(live, 0).set(KEY, StoredItem(b"v1", 7, -1, 0))  # same value and flags
+    live.test_clock.now = live.coherence.next_poll
     live.poll()
     assert new_cas != before and dict(live.hot_keys())[KEY].synced_cas == new_cas
     assert (live.cas_moves, live.unseen_writes) == (1, 0) and "set_dirty" not in calls(live)
@@ -285,7 +354,7 @@ def test_a_refused_install_backs_off_doubling_and_deletes_the_copies(live):
 
 def test_a_switch_that_came_back_empty_gets_every_key_again(live):
     warm(live)
-    live.driver.table.clear()  # what the switch holds after a restart
+    live.driver.reconnect()  # the switch restarted empty
     live.replay()
     assert KEY in live.driver.table and not live.driver.dirty(KEY)
     assert calls(live).count("install_hot_key") == 2 and actions(live)[-1] == "replay"
@@ -293,11 +362,11 @@ def test_a_switch_that_came_back_empty_gets_every_key_again(live):
 
 def test_copies_of_counted_writes_that_never_come_are_declared_lost(live):
     warm(live)
-    live.driver.table[KEY].writes += 1  # the data plane counted a write whose copy never reaches the core
+    live.driver.count_write(KEY)  # the data plane counted a write whose copy never reaches the core
     hot = dict(live.hot_keys())[KEY]
     hot.move(HotKeyState.DIRTY)
     live.driver.set_dirty(KEY)
-    assert not live._settle(KEY, hot)  # waits for the copy
+    assert live.coherence.settle([KEY]) == set()  # waits for the copy
     assert [r.action for r in live.pending_retries()] == [RetryKind.SETTLE]
     live.test_clock.now += MIRRORS_LOST_AFTER
     run_retries(live)

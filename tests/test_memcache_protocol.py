@@ -1,8 +1,8 @@
 """The shared memcached protocol module: requests, replies, UDP frames, keys, TCP streams."""
 import pytest
 
-from mbalancer.memcache import (NotParsed, StreamParser, build_get, build_set, pack_udp_frame, parse_reply,
-                                parse_request, parse_udp_frame)
+from mbalancer.memcache import (NotParsed, StreamParser, Unreadable, build_get, build_set, pack_udp_frame,
+                                parse_reply, parse_request, parse_udp_frame)
 from mbalancer.memcache.frame import reassemble
 from mbalancer.memcache.keys import key_problem
 
@@ -74,6 +74,19 @@ def test_bad_requests_say_why(raw, reason):
     result = parse_request(raw)
     assert isinstance(result, NotParsed) and not result
     assert reason in result.reason
+
+
+@pytest.mark.parametrize("raw, kind", [
+    (b"\x80\x00\x00\x03", Unreadable.BINARY), (b"bogus k\r\n", Unreadable.UNKNOWN_COMMAND),
+    (b"\xff\xfe k\r\n", Unreadable.UNKNOWN_COMMAND), (b"get\r\n", Unreadable.INVALID_KEY),
+    (b"get k\x00ey\r\n", Unreadable.INVALID_KEY), (b"get " + b"k" * 251 + b"\r\n", Unreadable.INVALID_KEY),
+    (b"set k 0 0\r\n", Unreadable.MALFORMED), (b"delete k 5\r\n", Unreadable.MALFORMED),
+    (b"gat x k\r\n", Unreadable.MALFORMED), (b"ms k\r\n", Unreadable.MALFORMED),
+    (b"set k 0 0 2000000\r\n", Unreadable.MALFORMED), (b"set k 0 0 5\r\nab", Unreadable.TRUNCATED),
+])
+def test_what_a_parser_cannot_read_is_typed_not_read_from_its_words(raw, kind):
+    """Logic and counters read the kind; the words (which may name a key without being about one) are for people."""
+    assert parse_request(raw).kind is kind
 
 
 def test_truncated_requests_are_incomplete_not_wrong():

@@ -79,6 +79,9 @@ def test_several_requests_in_one_tcp_segment_and_a_partial_tail():
     (Segment(TCP, b"GET / HTTP/1.1\r\n\r\n"), "not memcached"),
     (Segment(TCP, b"get a\x00b\r\n"), "invalid key"),
     (Segment(TCP, b"get a\rb\r\n"), "invalid key"),
+    (Segment(TCP, b"get\r\n"), "invalid key"),  # none where one is needed
+    (Segment(TCP, b"delete k 5\r\n"), "not memcached"),  # malformed: its words name a key, it is not about one
+    (Segment(UDP, pack_udp_frame(1, b"set k 0 0\r\n")), "not memcached"),
 ])
 def test_unreadable_requests_say_why(segment, reason):
     assert get_keys(segment) == reason

@@ -94,7 +94,7 @@ def test_a_controller_drives_the_agent_and_a_bad_call_gets_one_line(agent):
     code, details = refusal(lambda: raw_call(agent, b"x" * (5 << 20)))
     assert code == grpc.StatusCode.RESOURCE_EXHAUSTED, details
     assert "Traceback" not in agent.log
-    assert driver.read_counters() == Counters()  # still serving
+    assert set(driver.read_counters().keys) == {b"k"}  # still serving
     driver.close()
 
 
@@ -227,7 +227,7 @@ def test_tls_with_client_certificates(tmp_path):
     try:
         driver = driver_for(agent, tls_cert=f"{client}.crt", tls_key=f"{client}.key", tls_ca=f"{ca}.crt")
         driver.attach(SERVERS, lambda frame: None)
-        assert driver.read_counters() == Counters()
+        assert driver.read_counters().keys == {}
         driver.close()
         with pytest.raises(DriverError, match="hello: unreachable"):  # no client certificate: the handshake fails
             driver_for(agent, tls_ca=f"{ca}.crt")

@@ -1,12 +1,15 @@
-"""A driver without a switch: it records every call and keeps the tables a data plane would hold.
+"""A driver without a switch: the slot book (dataplanes/slot_book.py) over switches kept in memory (tables.py), and a
+log of every call.
 
 For unit tests of the core (ask `route` where a get would go, as faucet's tests ask a fake flow table) and for
-`mbalancer controller --driver none`, a dry run that decides and replicates without touching any switch. It keeps
-dirty state the way a data plane does (write counts per key, unsure counts per server, what the core synced each
-key to, a lease). Mirrored writes come in through `mirror(frame, key)`, the way a data plane counts and copies
-them; `unsure(server)` plays a request the data plane could not read; `reconnect()` plays a switch that came back
-empty; `macs` is what it reports of the servers' MACs; `refuse(...)` makes chosen calls fail as a network driver's
-would; `leftover(...)` plays keys a previous controller left behind.
+`mbalancer controller --driver none`, a dry run that decides and replicates without touching any switch. The
+bookkeeping is the one every data plane uses (slots, write bases, stamps, holds, the lease), and the in-memory
+tables decide dirty state as a pipeline does, so there is no second implementation of the dirty rules here. What
+passes the switch is played by a test: `mirror(frame, key)` counts a write to the key at its home and delivers the
+copy, `count_write(key)` counts one whose copy never comes, `unsure(server, frame)` a request nobody can read;
+`reconnect()` plays a switch that came back empty; `macs` is what it reports of the servers' MACs; `refuse(...)`
+makes chosen calls fail as a network driver's would; `leftover(...)` plays keys a previous controller left behind
+(a driver made on another's `tables` finds that one's keys, as a restarted controller finds its switch's).
 """
 from __future__ import annotations
 
@@ -14,11 +17,15 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass
-from typing import Any, Sequence
+from types import MappingProxyType
+from typing import Any, Mapping, Sequence
 
-from dataplanes.driver import (Counters, Driver, DriverError, ForwardingEntry, KeyCounters, LeftoverKey,
-                               MacSighting, MirrorHandler, ReconnectHandler, ReplicaWeight, WriteStamp)
-from dataplanes.pipeline import MAX_KEY
+from dataplanes.driver import (KEYED_CALLS, ONE_KEY_CALLS, Counters, DriverError, ForwardingEntry, LeftoverKey,
+                               MacSighting, MirrorHandler, ReconnectHandler, ReplicaWeight)
+from dataplanes.pipeline import WEIGHT_ONE, cumulative_weights
+from dataplanes.recording.tables import MemoryTables, TablesError
+from dataplanes.slot_book import HotEntry, SlotBook
+from dataplanes.slot_book_driver import SlotBookDriver
 from mbalancer.settings import Server
 
 CALLS_KEPT = 10_000  # a dry run may last days: the call log keeps the latest only
@@ -32,174 +39,191 @@ def driver_from_settings(settings: Any = None) -> "RecordingDriver":
 @dataclass(frozen=True)
 class Call:
     time: float  # time.monotonic() when the core made the call
-    method: str
+    method: str  # a call on many keys is logged key by key, by the name of its call on one (dataplanes/driver.py)
     key: bytes | None = None
-    args: tuple = ()
+    args: tuple = ()  # the call's arguments after the key
 
 
-HELD = None  # TableEntry.synced while the core holds the key dirty
-
-
-@dataclass
+@dataclass(frozen=True)
 class TableEntry:
+    """A hot key as the (first) switch holds it."""
     home: int
-    replicas: tuple[ReplicaWeight, ...]
-    writes: int = 0  # mirrored writes to the key
-    synced: tuple[int, int] | None = HELD  # (writes, home's unsure count) the core synced it to
+    replicas: tuple[ReplicaWeight, ...]  # the weights as the switch holds them: multiples of 1/WEIGHT_ONE
+    writes: int  # writes to the key counted since it was installed
 
 
-class RecordingDriver(Driver):
+class RecordingDriver(SlotBookDriver):
     name = "none"
-    counts_gets = False  # no switch counts gets here (a test that plays one sets True and fills `counters`)
+    counts_gets = False  # no switch counts gets in a dry run (a test that plays them through `route` sets True)
+    thread_name = "mbalancer-recording"
 
-    def __init__(self, max_replicas: int | None = None) -> None:
-        self.max_replicas = max_replicas
+    def __init__(self, tables: Sequence[MemoryTables] | None = None, what: str = "recording data plane"):
+        """tables: the switches (default: one, empty); another driver's to find what it left there."""
+        super().__init__(SlotBook(what, (TablesError,)))
+        self.tables = list(tables) if tables is not None else [MemoryTables()]
         self.calls: deque[Call] = deque(maxlen=CALLS_KEPT)
-        self.table: dict[bytes, TableEntry] = {}
         self.forwarding: tuple[ForwardingEntry, ...] = ()
-        self.servers: tuple[Server, ...] = ()
-        self.counters = Counters()
-        self.unsure_counts: dict[int, int] = {}  # server -> requests the data plane could not read
-        self.lease_until = 0.0  # time.monotonic() until which the core vouches for the copies
-        self.leftovers: list[LeftoverKey] = []
+        self.counters: Counters | None = None  # what read_counters answers instead of the switches' (a test's)
         self.macs: list[MacSighting] | None = None  # what server_macs reports (a test plays a switch's sightings)
         self.refusals: list[list] = []  # [method, key or None, calls left]: see refuse()
-        self._on_mirror: MirrorHandler | None = None
-        self._on_reconnect: ReconnectHandler | None = None
         self._lock = threading.Lock()
 
+    # --- the driver interface beyond the book ---------------------------------------------------------------------
     def attach(self, servers: Sequence[Server], on_mirror: MirrorHandler,
                on_reconnect: ReconnectHandler | None = None) -> list[LeftoverKey]:
-        self.servers = tuple(servers)
-        self._on_mirror, self._on_reconnect = on_mirror, on_reconnect
-        self._record("attach")
-        found, self.leftovers = self.leftovers, []
-        return found
-
-    def leftover(self, key: bytes, home: int, servers: tuple[int, ...]) -> None:
-        """Before attach: the switch holds `key`, installed by a controller that is gone."""
-        self.leftovers.append(LeftoverKey(key, home, servers))
-
-    def refuse(self, method: str, key: bytes | None = None, times: int = 1) -> None:
-        """The next `times` calls of `method` (for `key`, or any key) raise DriverError, changing nothing."""
-        with self._lock:
-            self.refusals.append([method, key, times])
-
-    def install_hot_key(self, key: bytes, home: int, replicas: Sequence[ReplicaWeight]) -> None:
-        self._check_weights(key, replicas)
-        self._record("install_hot_key", key, home, tuple(replicas))
-        if key in self.table:
-            raise DriverError(f"{key!r} is already installed")
-        if not 1 <= len(key) <= MAX_KEY:  # memcached's limit, as every data plane holds it
-            raise DriverError(f"key of {len(key)} bytes: a hot key has 1 to {MAX_KEY}")
-        self.table[key] = TableEntry(home, tuple(replicas))
-
-    def set_weights(self, key: bytes, replicas: Sequence[ReplicaWeight]) -> None:
-        self._check_weights(key, replicas)
-        self._record("set_weights", key, tuple(replicas))
-        entry = self._entry(key)
-        if [r.server for r in replicas] != [r.server for r in entry.replicas]:
-            raise DriverError(f"{key!r}: set_weights keeps the replica set")
-        entry.replicas = tuple(replicas)
-
-    def remove_hot_key(self, key: bytes) -> None:
-        self._record("remove_hot_key", key)
-        self._entry(key)
-        del self.table[key]
-
-    def set_dirty(self, key: bytes) -> None:
-        self._record("set_dirty", key)
-        self._entry(key).synced = HELD
-
-    def write_stamp(self, key: bytes) -> WriteStamp:
-        self._record("write_stamp", key)
-        entry = self._entry(key)
-        return WriteStamp(entry.writes, (entry.writes, self.unsure_counts.get(entry.home, 0)))
-
-    def clear_dirty(self, key: bytes, stamp: WriteStamp) -> None:
-        self._record("clear_dirty", key, stamp)
-        self._entry(key).synced = stamp.counts
-
-    def renew_lease(self, seconds: float) -> None:
-        self.lease_until = time.monotonic() + seconds if seconds > 0 else 0.0
-
-    def close(self) -> None:
-        self.lease_until = 0.0  # nobody keeps the copies fresh any more
-
-    def dirty(self, key: bytes) -> bool:
-        """As the data plane decides: held, or a count moved since the core synced the key."""
-        entry = self._entry(key)
-        return entry.synced != (entry.writes, self.unsure_counts.get(entry.home, 0))
+        self._check("attach")
+        return super().attach(servers, on_mirror, on_reconnect)
 
     def set_forwarding(self, entries: Sequence[ForwardingEntry]) -> None:
-        self._record("set_forwarding", None, tuple(entries))
+        self._check("set_forwarding", None, tuple(entries))
         self.forwarding = tuple(entries)
 
     def read_counters(self) -> Counters:
-        return self.counters
+        return self.counters if self.counters is not None else self.book.read_counters()
 
     def server_macs(self) -> list[MacSighting] | None:
         return self.macs
 
-    # What a test (or a real data plane) does from the switch side.
-    def reconnect(self) -> None:
-        """The switch came back empty: every table entry is gone; the core is told to install them again."""
-        self.table.clear()
-        self.forwarding = ()
-        if self._on_reconnect is not None:
-            self._on_reconnect()
+    def _to_book(self, call: str, args: tuple) -> Any:
+        """Every hot-key call: refused if a test said so, logged, then answered by the book."""
+        if call in ONE_KEY_CALLS:
+            return self._many(call, args[0])
+        if call in KEYED_CALLS:
+            self._check(call, args[0], *args[1:])
+        else:
+            self._check(call, logged=False)  # (the lease, counters, closes: no key, and often)
+        return super()._to_book(call, args)
 
-    def mirror(self, frame: bytes, key: bytes | None = None) -> None:
-        """Deliver a copied packet; with `key`, first count the write to it as the data plane would."""
-        if key is not None and key in self.table:
-            self.table[key].writes += 1
-            self.counters.keys.setdefault(key, KeyCounters()).mirrored += 1
-        if self._on_mirror is not None:
-            self._on_mirror(frame)
+    def _many(self, call: str, items: Any) -> Any:
+        """A call on many keys, key by key as its call on one is refused and logged; the book takes the rest in one
+        call. A refused key is answered as refused (write_stamps, which answers all or none, raises)."""
+        refused, kept = {}, []
+        for key, rest, item in _each_key(call, items):
+            try:
+                self._check(ONE_KEY_CALLS[call], key, *rest)
+                kept.append(item)
+            except DriverError as err:
+                if call == "write_stamps":
+                    raise
+                refused[key] = err
+        if not kept:
+            return refused
+        taken = {key: items[key] for key in kept} if call == "clear_dirty_keys" else kept
+        return {**refused, **super()._to_book(call, (taken,))}
 
-    def unsure(self, server: int, frame: bytes) -> None:
-        """A request to `server` the data plane could not read: every hot key homed there dirty, the frame copied."""
-        self.unsure_counts[server] = self.unsure_counts.get(server, 0) + 1
-        self.counters.unsure += 1
-        self.mirror(frame)
-
-    def route(self, key: bytes, request_id: int) -> int | None:
-        """The server a get for `key` would go to: None when not hot (its home), the home when dirty, else the
-        replica whose cumulative weight covers request_id's place in [0, 1)."""
-        entry = self.table.get(key)
-        if entry is None:
-            return None
-        if self.dirty(key) or time.monotonic() >= self.lease_until:
-            return entry.home
-        point = (request_id * 2654435761 % 2 ** 32) / 2 ** 32
-        total = 0.0
-        for replica in entry.replicas:
-            total += replica.weight
-            if replica.weight > 0 and point < total:
-                return replica.server
-        return next(r.server for r in reversed(entry.replicas) if r.weight > 0)
+    # --- what a test (or a dry run) reads and plays --------------------------------------------------------------
+    def refuse(self, method: str, key: bytes | None = None, times: int = 1) -> None:
+        """The next `times` calls of `method` (for `key`, or any key) raise DriverError, changing nothing; a call on
+        many keys is refused key by key, by the name of its call on one (install_hot_keys by install_hot_key)."""
+        with self._lock:
+            self.refusals.append([method, key, times])
 
     def calls_of(self, method: str) -> list[Call]:
         with self._lock:
             return [c for c in self.calls if c.method == method]
 
-    def _record(self, method: str, key: bytes | None = None, *args) -> None:
+    @property
+    def table(self) -> Mapping[bytes, TableEntry]:
+        """Every hot key the (first) switch holds, as it holds it (read only: play changes through the calls)."""
+        tables, entries = self.tables[0], {}
+        with self.book.lock:  # (the core's worker writes meanwhile: the tests read from their own thread)
+            for key, entry in tables.hot.items():
+                bounds = (0, *entry.cumulative)
+                weights = tuple(ReplicaWeight(s, (b - a) / WEIGHT_ONE)
+                                for s, a, b in zip(entry.servers, bounds, bounds[1:]))
+                base = self.book.write_bases.get(key, (0,))[0]
+                entries[key] = TableEntry(entry.home, weights, tables.written[entry.slot] - base)
+        return MappingProxyType(entries)
+
+    def dirty(self, key: bytes) -> bool:
+        """As the data plane decides: held, or a count moved since the core synced the key, on some switch."""
+        try:
+            with self.book.lock:
+                return any(t.dirty(key) for t in self.tables)
+        except KeyError:
+            raise DriverError(f"{key!r} is not installed") from None
+
+    def route(self, key: bytes, request_id: int) -> int | None:
+        """The server the first switch sends a get for `key` to: None when it passes untouched (not hot, dirty, or
+        the lease out: it goes home), else the replica chosen by weight from a hash of `request_id`."""
+        with self.book.lock:
+            return self.tables[0].route(key, request_id)
+
+    def count_write(self, key: bytes) -> None:
+        """A write to `key` passed the first switch to its home: counted (dirty), its copy not delivered."""
+        with self.book.lock:
+            self.tables[0].count_write(key)
+
+    def mirror(self, frame: bytes, key: bytes | None = None) -> None:
+        """Deliver a copied packet; with `key`, first count the write to its home as the data plane would."""
+        if key is not None:
+            self.count_write(key)
+        if self.on_mirror is not None:
+            self.on_mirror(frame)
+
+    def unsure(self, server: int, frame: bytes) -> None:
+        """A request to `server` the data plane could not read: every hot key homed there dirty, the frame copied."""
+        with self.book.lock:
+            self.tables[0].count_unsure(server)
+        self.mirror(frame)
+
+    def reconnect(self) -> None:
+        """The switches came back empty: every table is new; the core is told to install its keys again."""
+        with self.book.lock:
+            for tables in self.tables:
+                tables.reload()
+                self._fill(tables)
+            self.forwarding = ()
+            self.book.came_back(self.tables)
+        self._came_back()
+
+    def leftover(self, key: bytes, home: int, servers: tuple[int, ...]) -> None:
+        """Before attach: the switches hold `key`, installed by a controller that is gone."""
+        for tables in self.tables:
+            tables.hot[key] = HotEntry(len(tables.hot), home, servers,
+                                       tuple(cumulative_weights([1 / len(servers)] * len(servers))))
+
+    # --- the slot book driver's parts -----------------------------------------------------------------------------
+    def _open(self, servers: Sequence[Server]) -> list[LeftoverKey]:
+        """The switches as they are: what an earlier controller left there is removed, and returned."""
+        found: dict[bytes, LeftoverKey] = {}
+        with self.book.lock:
+            self.book.servers = tuple(servers)
+            self.book.use(self.tables)
+            for tables in self.tables:
+                for key, entry in list(tables.hot.items()):
+                    tables.delete_hot(key, entry)
+                    found[key] = LeftoverKey(key, entry.home, entry.servers)
+                self._fill(tables)
+        return list(found.values())
+
+    def _fill(self, tables: MemoryTables) -> None:
+        """What the driver writes to a switch it opens: closes so far handled (an earlier controller's), the lease."""
+        for server in range(len(self.book.servers)):
+            tables.set_closes_handled(server, tables.closes(server))
+        tables.set_lease(self.book.lease_until)
+
+    def _release(self) -> None:
+        pass  # the tables stay, as a switch's do
+
+    def _watch(self) -> None:
+        self._stop.wait()  # a switch in memory comes back empty only when a test says so (reconnect)
+
+    def _check(self, method: str, key: bytes | None = None, *args: Any, logged: bool = True) -> None:
+        """Refuse the call if a test said so (DriverError, nothing changed); else log it (`logged`)."""
         with self._lock:
             for refusal in self.refusals:
                 if refusal[0] == method and refusal[1] in (None, key) and refusal[2] > 0:
                     refusal[2] -= 1
                     raise DriverError(f"{method} refused (test)")
-            self.calls.append(Call(time.monotonic(), method, key, args))
+            if logged:
+                self.calls.append(Call(time.monotonic(), method, key, args))
 
-    def _entry(self, key: bytes) -> TableEntry:
-        entry = self.table.get(key)
-        if entry is None:
-            raise DriverError(f"{key!r} is not installed")
-        return entry
 
-    def _check_weights(self, key: bytes, replicas: Sequence[ReplicaWeight]) -> None:
-        total = sum(r.weight for r in replicas)
-        if not replicas or abs(total - 1) > 1e-6 or any(not 0 <= r.server < len(self.servers) for r in replicas):
-            raise DriverError(f"{key!r}: bad replicas {replicas}")
-        if self.max_replicas is not None and len(replicas) > self.max_replicas:
-            raise DriverError(f"{len(replicas)} replicas: this driver holds at most {self.max_replicas} per key")
+def _each_key(call: str, items: Any) -> list[tuple[bytes, tuple, Any]]:
+    """(key, the further arguments of the call on one key, the item) of each item of a call on many keys."""
+    if call == "install_hot_keys":
+        return [(i.key, (i.home, i.replicas), i) for i in items]
+    if call == "clear_dirty_keys":
+        return [(key, (stamp,), key) for key, stamp in items.items()]
+    return [(key, (), key) for key in items]  # remove_hot_keys, write_stamps

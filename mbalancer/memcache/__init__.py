@@ -18,9 +18,9 @@ from mbalancer.memcache.frame import UDP_HEADER_SIZE, UdpFrame, pack_udp_frame, 
 from mbalancer.memcache.keys import MAX_KEY_LENGTH, key_problem
 from mbalancer.memcache.replies import Item, MetaReply, NumberReply, Reply, StatusReply, ValuesReply, parse_reply
 from mbalancer.memcache.requests import Request, build_get, build_set, parse_request
-from mbalancer.memcache.results import NotParsed
+from mbalancer.memcache.results import NotParsed, Unreadable
 from mbalancer.memcache.stream import StreamParser
 
 __all__ = ["UDP_HEADER_SIZE", "UdpFrame", "pack_udp_frame", "parse_udp_frame", "MAX_KEY_LENGTH", "key_problem",
            "Item", "MetaReply", "NumberReply", "Reply", "StatusReply", "ValuesReply", "parse_reply", "Request",
-           "build_get", "build_set", "parse_request", "NotParsed", "StreamParser"]
+           "build_get", "build_set", "parse_request", "NotParsed", "StreamParser", "Unreadable"]

@@ -1,7 +1,7 @@
 """Low-level reading shared by the request and reply parsers: lines, data blocks, numbers, limits."""
 from __future__ import annotations
 
-from mbalancer.memcache.results import NotParsed
+from mbalancer.memcache.results import NotParsed, Unreadable
 
 CRLF = b"\r\n"
 BINARY_MAGICS = (0x80, 0x81)  # first byte of a binary-protocol request / response
@@ -15,7 +15,7 @@ def read_line(buf: bytes, start: int = 0) -> tuple[list[bytes], int] | NotParsed
     if end < 0:
         if len(buf) - start > MAX_LINE:
             return NotParsed(f"no end of line within {MAX_LINE} bytes")
-        return NotParsed("no end of line yet", incomplete=True)
+        return NotParsed("no end of line yet", Unreadable.TRUNCATED)
     return [t for t in bytes(buf[start:end]).split(b" ") if t], end + 2
 
 
@@ -24,7 +24,7 @@ def read_block(buf: bytes, start: int, length: int, max_value: int) -> bytes | N
     if length > max_value:
         return NotParsed(f"value of {length} bytes is over the {max_value}-byte limit")
     if len(buf) < start + length + 2:
-        return NotParsed("data block not complete", incomplete=True)
+        return NotParsed("data block not complete", Unreadable.TRUNCATED)
     if buf[start + length:start + length + 2] != CRLF:
         return NotParsed("data block does not end with \\r\\n")
     return bytes(buf[start:start + length])

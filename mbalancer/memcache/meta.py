@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import socket
 from dataclasses import dataclass
-from typing import Callable, TypeVar
+from typing import Callable, Protocol, TypeVar
 
 from mbalancer.memcache.addresses import ServerAddress
 from mbalancer.memcache.keys import key_problem
@@ -18,6 +18,25 @@ from mbalancer.memcache.results import NotParsed
 
 NO_EXPIRY = -1  # mg's remaining TTL for an item that never expires
 T = TypeVar("T")
+
+
+class Connection(Protocol):
+    """What a client needs of its connection to a server: a TCP socket's calls (or mbalancer/memcache/memory.py's
+    in-memory server, which answers the same commands with the same semantics)."""
+
+    def sendall(self, data: bytes) -> None: ...
+    def recv(self, size: int) -> bytes: ...
+    def settimeout(self, seconds: float | None) -> None: ...
+    def close(self) -> None: ...
+
+
+Connect = Callable[[ServerAddress, float], Connection]  # (server, timeout) -> a connection; OSError if refused
+
+
+def tcp_connect(server: ServerAddress, timeout: float) -> socket.socket:
+    sock = socket.create_connection(tuple(server), timeout=timeout)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    return sock
 
 
 class MetaError(RuntimeError):
@@ -46,10 +65,11 @@ class ItemVersion:
 class MetaClient:
     """One TCP connection to one memcached server; not thread-safe (one per thread or per server)."""
 
-    def __init__(self, server: ServerAddress, timeout: float = 1.0):
+    def __init__(self, server: ServerAddress, timeout: float = 1.0, connect: Connect = tcp_connect):
         self.server = server
         self.timeout = timeout
-        self._sock: socket.socket | None = None
+        self.connect = connect
+        self._sock: Connection | None = None
         self._buffer = bytearray()
 
     def get(self, key: bytes) -> StoredItem | None:
@@ -134,7 +154,7 @@ class MetaClient:
         """Send `requests` (count of them, pipelined) and read their replies in order."""
         return self._exchange(requests, lambda sock: [self._read_reply(sock) for _ in range(count)])
 
-    def _exchange(self, request: bytes, read: Callable[[socket.socket], T]) -> T:
+    def _exchange(self, request: bytes, read: Callable[[Connection], T]) -> T:
         """Send `request` and `read` its answer; any failure closes the connection (its state is unknown) and is a
         MetaError."""
         try:
@@ -154,13 +174,12 @@ class MetaClient:
         if self._sock is not None:
             self._sock.settimeout(seconds)
 
-    def _connected(self) -> socket.socket:
+    def _connected(self) -> Connection:
         if self._sock is None:
-            self._sock = socket.create_connection(tuple(self.server), timeout=self.timeout)
-            self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            self._sock = self.connect(self.server, self.timeout)
         return self._sock
 
-    def _read_reply(self, sock: socket.socket) -> MetaReply:
+    def _read_reply(self, sock: Connection) -> MetaReply:
         while True:
             reply = parse_reply(self._buffer)
             if isinstance(reply, NotParsed) and reply.incomplete:
@@ -172,7 +191,7 @@ class MetaClient:
             del self._buffer[:reply.size]
             return reply
 
-    def _read_stats(self, sock: socket.socket) -> str:
+    def _read_stats(self, sock: Connection) -> str:
         """The lines of a `stats` answer, up to its END."""
         while (end := self._buffer.find(b"END\r\n")) < 0:
             if self._buffer.startswith((b"ERROR", b"SERVER_ERROR", b"CLIENT_ERROR")) and b"\r\n" in self._buffer:
@@ -182,7 +201,7 @@ class MetaClient:
         del self._buffer[:end + 5]
         return text
 
-    def _receive(self, sock: socket.socket) -> None:
+    def _receive(self, sock: Connection) -> None:
         chunk = sock.recv(256 * 1024)
         if not chunk:
             raise MetaError(f"{self.server}: connection closed")

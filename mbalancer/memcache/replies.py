@@ -5,7 +5,7 @@ from dataclasses import dataclass
 from typing import Union
 
 from mbalancer.memcache.lines import BINARY_MAGICS, MAX_VALUE, read_block, read_line, uint
-from mbalancer.memcache.results import NotParsed
+from mbalancer.memcache.results import NotParsed, Unreadable
 
 STATUS_WORDS = ("STORED", "NOT_STORED", "EXISTS", "NOT_FOUND", "DELETED", "TOUCHED", "OK", "RESET")
 ERROR_WORDS = ("ERROR", "CLIENT_ERROR", "SERVER_ERROR")
@@ -69,9 +69,9 @@ Reply = Union[ValuesReply, StatusReply, NumberReply, MetaReply]
 def parse_reply(buf: bytes, max_value: int = MAX_VALUE) -> Reply | NotParsed:
     """Parse the reply at the start of `buf` (bytes or bytearray)."""
     if not buf:
-        return NotParsed("empty", incomplete=True)
+        return NotParsed("empty", Unreadable.TRUNCATED)
     if buf[0] in BINARY_MAGICS:
-        return NotParsed("binary protocol")
+        return NotParsed("binary protocol", Unreadable.BINARY)
     line = read_line(buf, 0)
     if isinstance(line, NotParsed):
         return line
@@ -90,7 +90,7 @@ def parse_reply(buf: bytes, max_value: int = MAX_VALUE) -> Reply | NotParsed:
         return StatusReply(text, b" ".join(tokens[1:]).decode("ascii", "replace"), after)
     if len(tokens) == 1 and (number := uint(word, 64)) is not None:
         return NumberReply(number, after)
-    return NotParsed(f"unknown reply {text[:20]!r}")
+    return NotParsed(f"unknown reply {text[:20]!r}", Unreadable.UNKNOWN_COMMAND)
 
 
 def _values(buf: bytes, max_value: int) -> ValuesReply | NotParsed:

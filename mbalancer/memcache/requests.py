@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from mbalancer.memcache.keys import key_problem
 from mbalancer.memcache.lines import BINARY_MAGICS, CRLF, MAX_VALUE, read_block, read_line, sint, uint
-from mbalancer.memcache.results import NotParsed
+from mbalancer.memcache.results import NotParsed, Unreadable
 
 RETRIEVAL = ("get", "gets")
 TOUCH_RETRIEVAL = ("gat", "gats")
@@ -62,9 +62,9 @@ class Request:
 def parse_request(buf: bytes, max_value: int = MAX_VALUE) -> Request | NotParsed:
     """Parse the request at the start of `buf` (bytes or bytearray)."""
     if not buf:
-        return NotParsed("empty", incomplete=True)
+        return NotParsed("empty", Unreadable.TRUNCATED)
     if buf[0] in BINARY_MAGICS:
-        return NotParsed("binary protocol")
+        return NotParsed("binary protocol", Unreadable.BINARY)
     line = read_line(buf)
     if isinstance(line, NotParsed):
         return line
@@ -74,12 +74,12 @@ def parse_request(buf: bytes, max_value: int = MAX_VALUE) -> Request | NotParsed
     try:
         command = tokens[0].decode("ascii")
     except UnicodeDecodeError:
-        return NotParsed("command is not ASCII")
+        return NotParsed("command is not ASCII", Unreadable.UNKNOWN_COMMAND)
     parser = _PARSERS.get(command)
     if parser is None:
         if command in ADMIN:
             return Request(command, size=size)
-        return NotParsed(f"unknown command {command[:20]!r}")
+        return NotParsed(f"unknown command {command[:20]!r}", Unreadable.UNKNOWN_COMMAND)
     return parser(command, tokens[1:], buf, size, max_value)
 
 
@@ -92,10 +92,10 @@ def _retrieval(command, args, buf, size, max_value):
     else:
         exptime = None
     if not args:
-        return NotParsed(f"{command} without a key")
+        return NotParsed(f"{command} without a key", Unreadable.INVALID_KEY)
     for key in args:
         if problem := key_problem(key):
-            return NotParsed(problem)
+            return NotParsed(problem, Unreadable.INVALID_KEY)
     return Request(command, tuple(args), size, exptime=exptime)
 
 
@@ -107,7 +107,7 @@ def _storage(command, args, buf, size, max_value):
     key, flags, exptime, length = args[0], uint(args[1], 32), sint(args[2]), uint(args[3], 63)
     cas = uint(args[4], 64) if command == "cas" else None
     if problem := key_problem(key):
-        return NotParsed(problem)
+        return NotParsed(problem, Unreadable.INVALID_KEY)
     if None in (flags, exptime, length) or (command == "cas" and cas is None):
         return NotParsed(f"{command} has a malformed number")
     data = read_block(buf, size, length, max_value)
@@ -122,7 +122,7 @@ def _delete(command, args, buf, size, max_value):
     if not args or len(rest) > 1 or (rest and rest[0] != b"0"):
         return NotParsed("delete takes key [0] [noreply]")
     if problem := key_problem(args[0]):
-        return NotParsed(problem)
+        return NotParsed(problem, Unreadable.INVALID_KEY)
     return Request(command, (args[0],), size, noreply)
 
 
@@ -132,7 +132,7 @@ def _key_and_number(command, args, buf, size, max_value):
     if len(args) != 2:
         return NotParsed(f"{command} takes key {'exptime' if command == 'touch' else 'value'} [noreply]")
     if problem := key_problem(args[0]):
-        return NotParsed(problem)
+        return NotParsed(problem, Unreadable.INVALID_KEY)
     number = sint(args[1]) if command == "touch" else uint(args[1], 64)
     if number is None:
         return NotParsed(f"{command} has a malformed number")
@@ -145,10 +145,10 @@ def _meta(command, args, buf, size, max_value):
     if command == "mn":
         return Request(command, (), size)
     if not args:
-        return NotParsed(f"{command} without a key")
+        return NotParsed(f"{command} without a key", Unreadable.INVALID_KEY)
     key, rest = args[0], args[1:]
     if problem := key_problem(key):
-        return NotParsed(problem)
+        return NotParsed(problem, Unreadable.INVALID_KEY)
     length = None
     if command == "ms":
         length = uint(rest[0], 63) if rest else None

@@ -13,11 +13,14 @@ from mbalancer.memcache.frame import parse_udp_frame
 from mbalancer.memcache.keys import key_problem
 from mbalancer.memcache.lines import read_line
 from mbalancer.memcache.requests import WRITES, Request, parse_request
-from mbalancer.memcache.results import NotParsed
+from mbalancer.memcache.results import NotParsed, Unreadable
 from mbalancer.packets import UDP, Segment
 
 MAX_REQUESTS_PER_SEGMENT = 1000  # bound the work one packet can cause
 WHOLE_VALUE_WRITES = ("set", "cas", "ms")  # writes whose data is the key's new value
+# why a segment could not be read, as counted: each kind of failure that has a name of its own ("not memcached" else)
+COUNTED = {Unreadable.BINARY: "binary protocol", Unreadable.TRUNCATED: "truncated request",
+           Unreadable.INVALID_KEY: "invalid key"}
 
 
 def get_keys(segment: Segment) -> list[bytes] | str:
@@ -117,11 +120,5 @@ def _write_of_line(buf: bytes) -> list[tuple[bytes, None]]:
 
 
 def _why(failure: NotParsed) -> str:
-    """A few fixed reasons (they become counter names), not the parser's detailed message."""
-    if failure.reason == "binary protocol":
-        return "binary protocol"
-    if failure.incomplete:
-        return "truncated request"
-    if "key" in failure.reason:
-        return "invalid key"
-    return "not memcached"
+    """A few fixed reasons (they become counter names), by the kind of failure, not the parser's detailed message."""
+    return COUNTED.get(failure.kind, "not memcached")

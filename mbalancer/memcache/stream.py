@@ -37,7 +37,7 @@ class StreamParser(Generic[T]):
             elif result.incomplete and len(self._buf) <= self._max_buffer:
                 break
             else:
-                out.append(NotParsed(result.reason))
+                out.append(NotParsed(result.reason) if result.incomplete else result)  # (over the limit)
                 self._skip_line()
         return out
 

@@ -1,0 +1,179 @@
+"""One switch's hot-key tables kept in memory: the slot book's adapter (dataplanes/slot_book.py SwitchTables) for
+the `none` data plane (the recording driver, driver.py) and the simulated fabric (fabric.py).
+
+The tables decide as every pipeline does (docs/architecture.md, "The pipeline"): a key is dirty while held, or while
+its slot's write count or its home's unsure count differs from what the controller synced it to, and every key acts
+dirty once the lease has run out. What passes the switch is played by the caller: a write to a hot key's home
+(`count_write`), a request to a server nobody can read (`count_unsure`), a get (`route`: where it goes, counted as
+the switch counts it). Each call of the book's is one request (`requests`), taking `delay` seconds: what reaching a
+switch across the network costs.
+"""
+from __future__ import annotations
+
+import time
+from collections import Counter
+from typing import Sequence
+
+from dataplanes.driver import StreamId
+from dataplanes.pipeline import COUNTERS, WEIGHT_ONE
+from dataplanes.slot_book import HotEntry, KeyCounts
+
+
+class TablesError(Exception):
+    """A simulated switch refused a request (raised only by a test's refusing adapter)."""
+
+
+class MemoryTables:
+    """One simulated switch's tables; `requests` counts what the book sent it."""
+
+    up = True
+
+    def __init__(self, delay: float = 0.0):
+        self.delay = delay
+        self.requests = 0
+        self.hot: dict[bytes, HotEntry] = {}
+        self.written: Counter = Counter()  # slot -> writes counted since the switch was loaded
+        self.synced: dict[int, tuple[int, int] | None] = {}  # slot -> (writes, unsure) it is clean at; None: held
+        self.unsure_counts: Counter = Counter()  # server -> requests to it the switch could not read
+        self.closes_seen: Counter = Counter()  # server -> closes of the controller's connections, as counted
+        self.closes_handled: Counter = Counter()
+        self.counts: dict[int, KeyCounts] = {}  # slot -> its counters since they were reset
+        self.switch: Counter = Counter()  # the switch-wide counters, by the names of dataplanes/pipeline.py COUNTERS
+        self.lease_ns = 0
+
+    def _request(self) -> None:
+        self.requests += 1
+        if self.delay:
+            time.sleep(self.delay)
+
+    # --- one call, one request ---------------------------------------------------------------------------------
+    def set_hot(self, key: bytes, entry: HotEntry, old: HotEntry | None) -> None:
+        self._request()
+        self.hot[key] = entry
+
+    def delete_hot(self, key: bytes, entry: HotEntry) -> None:
+        self._request()
+        self.hot.pop(key, None)
+
+    def reset_key_counts(self, slot: int) -> None:
+        self._request()
+        self.counts.pop(slot, None)
+
+    def writes(self, slot: int) -> int:
+        self._request()
+        return self.written[slot]
+
+    def unsure(self, server: int) -> int:
+        self._request()
+        return self.unsure_counts[server]
+
+    def hold(self, slot: int) -> None:
+        self._request()
+        self.synced[slot] = None
+
+    def set_synced(self, slot: int, writes: int, unsure: int) -> None:
+        self._request()
+        self.synced[slot] = (writes, unsure)
+
+    def key_counts(self, slot: int, replicas: int) -> KeyCounts:
+        self._request()
+        counts = self.counts.get(slot, KeyCounts(0, 0, 0, []))
+        return KeyCounts(counts.gets, counts.home_while_dirty, counts.mirrored,
+                         (counts.per_replica + [0] * replicas)[:replicas])
+
+    def counters(self) -> dict[str, int]:
+        self._request()
+        return {name: self.switch[name] for name in COUNTERS}
+
+    def set_lease(self, until_ns: int) -> None:
+        self._request()
+        self.lease_ns = until_ns
+
+    def closes(self, server: int) -> int:
+        self._request()
+        return self.closes_seen[server]
+
+    def set_closes_handled(self, server: int, count: int) -> None:
+        self._request()
+        self.closes_handled[server] = count
+
+    def resume_stream(self, stream: StreamId, seq: int) -> None:
+        self._request()
+
+    def blind_stream(self, stream: StreamId) -> None:
+        self._request()
+
+    # --- a call on many keys, one request ----------------------------------------------------------------------
+    def install_keys(self, entries: Sequence[tuple[bytes, HotEntry]]) -> list[int]:
+        self._request()
+        for key, entry in entries:
+            self.counts.pop(entry.slot, None)
+            self.synced[entry.slot] = None
+            self.hot[key] = entry
+        return [self.written[entry.slot] for _, entry in entries]
+
+    def delete_keys(self, entries: Sequence[tuple[bytes, HotEntry]]) -> None:
+        self._request()
+        for key, _ in entries:
+            self.hot.pop(key, None)
+
+    def write_counts(self, slot_homes: Sequence[tuple[int, int]]) -> list[tuple[int, int]]:
+        self._request()
+        return [(self.written[slot], self.unsure_counts[home]) for slot, home in slot_homes]
+
+    def set_synced_slots(self, synced: Sequence[tuple[int, int, int]]) -> None:
+        self._request()
+        for slot, writes, unsure in synced:
+            self.synced[slot] = (writes, unsure)
+
+    # --- what passes the switch (played by a test; no request) -------------------------------------------------
+    def count_write(self, key: bytes) -> bool:
+        """A write to `key` reached its home through the switch: counted in its slot and copied (True) if the key
+        is hot here."""
+        entry = self.hot.get(key)
+        if entry is None:
+            return False
+        self.written[entry.slot] += 1
+        self._slot_counts(entry).mirrored += 1
+        self.switch["mirrored"] += 1
+        return True
+
+    def count_unsure(self, server: int) -> None:
+        """A request to `server` the switch could not read: every hot key homed there dirty."""
+        self.unsure_counts[server] += 1
+        self.switch["unsure"] += 1
+
+    def dirty(self, key: bytes) -> bool:
+        """Whether the key's gets go home: held, or a count moved since the controller synced it (KeyError: not
+        hot here)."""
+        entry = self.hot[key]
+        return self.synced.get(entry.slot) != (self.written[entry.slot], self.unsure_counts[entry.home])
+
+    def route(self, key: bytes, request_id: int) -> int | None:
+        """Where a get for `key` goes: None when it passes untouched (not hot, dirty, or the lease out: to the
+        server it was sent to), else the replica whose range of the request's hash (0..WEIGHT_ONE) holds it,
+        counted as the switch counts it."""
+        entry = self.hot.get(key)
+        if entry is None:
+            return None
+        counts = self._slot_counts(entry)
+        counts.gets += 1
+        if self.dirty(key) or time.monotonic_ns() >= self.lease_ns:
+            counts.home_while_dirty += 1
+            return None
+        point = (request_id * 2654435761 % 2 ** 32) * WEIGHT_ONE >> 32
+        index = next(i for i, bound in enumerate(entry.cumulative) if point < bound)
+        counts.per_replica[index] += 1
+        self.switch["balanced"] += 1
+        return entry.servers[index]
+
+    def reload(self) -> None:
+        """The switch came back empty (restarted, reloaded): every table and count is new."""
+        delay, requests = self.delay, self.requests
+        self.__init__(delay)
+        self.requests = requests
+
+    def _slot_counts(self, entry: HotEntry) -> KeyCounts:
+        counts = self.counts.setdefault(entry.slot, KeyCounts(0, 0, 0, []))
+        counts.per_replica += [0] * (len(entry.servers) - len(counts.per_replica))
+        return counts
