@@ -143,6 +143,8 @@ class Testbed:
     # --- life cycle -------------------------------------------------------------------------------------------
     def start(self) -> "Testbed":
         self.spec.check()
+        if why := self.spec.unavailable():
+            raise TopologyError(why)
         self.claim = NetworkClaim("testbed").take()
         try:
             self._build()
