@@ -75,6 +75,42 @@ def test_a_kind_that_cannot_run_here_is_refused_before_any_network(run_cli, tmp_
     assert "Traceback" not in result.stderr and not (tmp_path / "summary.json").exists()
 
 
+# --- where two kinds meet -------------------------------------------------------------------------------------
+@pytest.mark.skipif(why_not is not None, reason=f"cannot load eBPF programs here: {why_not}")
+def test_a_switch_and_a_neighbours_classifier_share_a_port():
+    """An eBPF switch's port (ingress) carries the Open vSwitch neighbour's key classifier (egress) in a mixed fabric:
+    attaching either keeps the other, unloading either leaves the other running, the last one out removes clsact."""
+    import os
+    import subprocess
+    from dataplanes.bpf.program import CLASSIFIER, DataPlane
+    namespace, name = f"mbmix{os.getpid()}", f"mix{os.getpid()}"
+    subprocess.run(["ip", "netns", "add", namespace], check=True)
+    switch = classifier = None
+    try:
+        subprocess.run(["ip", "-n", namespace, "link", "add", "d0", "type", "veth", "peer", "name", "d1"], check=True)
+
+        def filters(hook: str) -> str:
+            return subprocess.run(["ip", "netns", "exec", namespace, "tc", "filter", "show", "dev", "d0", hook],
+                                  capture_output=True, text=True, check=True).stdout
+
+        switch, classifier = DataPlane(name).load(), DataPlane(name, CLASSIFIER).load()
+        switch.attach("d0", namespace)
+        classifier.attach("d0", namespace)
+        switch.attach("d0", namespace)  # again, as a reload does: still one filter of its own, the other's kept
+        assert filters("ingress").count("direct-action") == 1 and filters("egress").count("direct-action") == 1
+        switch.unload()
+        assert filters("ingress") == "" and filters("egress").count("direct-action") == 1
+        classifier.unload()
+        qdiscs = subprocess.run(["ip", "netns", "exec", namespace, "tc", "qdisc", "show", "dev", "d0"],
+                                capture_output=True, text=True, check=True).stdout
+        assert "clsact" not in qdiscs
+    finally:
+        for plane in (switch, classifier):
+            if plane is not None:
+                plane.unload()
+        subprocess.run(["ip", "netns", "del", namespace], capture_output=True)
+
+
 # --- on the testbed -------------------------------------------------------------------------------------------
 def skip_unless_runs(spec: TestbedSpec) -> None:
     if (why := spec.unavailable()) is not None:
