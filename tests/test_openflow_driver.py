@@ -235,7 +235,8 @@ def test_the_classifier_marks_the_gets_it_tags_and_rewrites_replies_to_gets_anot
                                                                                                       classifier):
     """A fabric's two halves in the classifier: a clean hot get leaves tagged GET(slot) and marked balanced with its
     home's index as IP ID (for the replica's switch); a reply to a get that another switch balanced (seen marked on
-    its way to the replica) leaves with the home's source IP and port, the replica's MAC kept, and no tag."""
+    its way to the replica, with the BALANCED tag as its source so that the switch learns no client from it) leaves with
+    the home's source IP and port, the replica's MAC kept, and no tag."""
     from scapy.all import IP, Ether
     from tests.conftest import run_program
     from tests.pipeline_fixtures import IP_BALANCED, balanced_to, from_home, reply, request
@@ -254,6 +255,9 @@ def test_the_classifier_marks_the_gets_it_tags_and_rewrites_replies_to_gets_anot
     assert Ether(bytes(out))[IP].chksum == sent  # the IP checksum fixed for the mark
 
     get = request(b"get cold\r\n", to=2, request_id=11)  # balanced by the home's switch, on its way to server 1
-    assert run(balanced_to(get, 1, home=2)) == balanced_to(get, 1, home=2)  # not ours: passed on untouched
+    passed = Ether(run(balanced_to(get, 1, home=2)))  # not ours: passed on, its source made a tag no switch learns
+    assert passed.src == tags.tag(tags.BALANCED, 0)
+    passed.src = Ether(balanced_to(get, 1, home=2)).src
+    assert bytes(passed) == balanced_to(get, 1, home=2)
     answer = reply(b"VALUE cold 0 1\r\nv\r\nEND\r\n", by=1, request_id=11)
     assert run(answer) == from_home(answer, 2, mac=False)

@@ -7,6 +7,8 @@ management LAN (topologies/management.py: box k at 10.0.1.(2 + k)). Controllers 
 a shared token, never through the local bpffs; the agent reaches its switch's pinned maps (one mount namespace, as
 on a real box the agent and its switch share a kernel).
 Every get is balanced at its home's leaf (dataplanes/agent/fabric.py), so each box is told which servers hang off it.
+The boxes may run different data planes (a mixed fabric): each agent serves its own switch's kind, and the
+controller, told no kind, takes whichever each box runs.
 """
 from __future__ import annotations
 
@@ -15,7 +17,7 @@ import logging
 import secrets
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import Mapping, Sequence
 
 from dataplanes.agent import DEFAULT_PORT
 from dataplanes.agent.process import AgentProcess
@@ -48,6 +50,7 @@ token_file = "{token_file}"
 class Box:
     switch: str
     number: int  # 0, 1, ...: its /30 of the management subnet
+    kind: str = "ebpf"  # its switch's data plane, which its agent serves
 
     @property
     def namespace(self) -> str:
@@ -63,15 +66,14 @@ class Box:
 
 
 class SwitchAgents:
-    """agents = SwitchAgents(folder, lan, ["leaf1", "spine1"], ["10.0.0.254"]); agents.start(); agents.settings(racks);
-    agents.close()."""
+    """agents = SwitchAgents(folder, lan, {"leaf1": "ebpf", "spine1": "ebpf"}, ["10.0.0.254"]); agents.start();
+    agents.settings(racks); agents.close()."""
 
-    def __init__(self, folder: Path, lan: ManagementLan, switches: Sequence[str], controller_ips: Sequence[str],
-                 kind: str = "ebpf"):
-        """controller_ips: the controllers' addresses on the data network, whose copies the switches trust; kind: the
-        switches' data plane (their Mininet switch class gives each agent its section: box_settings, box_links)."""
-        self.folder, self.lan, self.controller_ips, self.kind = folder, lan, tuple(controller_ips), kind
-        self.boxes = [Box(name, number) for number, name in enumerate(switches)]
+    def __init__(self, folder: Path, lan: ManagementLan, switches: Mapping[str, str], controller_ips: Sequence[str]):
+        """switches: each switch's data plane (its Mininet switch class gives its agent its section: box_settings,
+        box_links); controller_ips: the controllers' addresses on the data network, whose copies the switches trust."""
+        self.folder, self.lan, self.controller_ips = folder, lan, tuple(controller_ips)
+        self.boxes = [Box(name, number, kind) for number, (name, kind) in enumerate(switches.items())]
         self.token_file = folder / "agents.token"
         self.agents: list[AgentProcess] = []
         self.hosts: dict[str, LanHost] = {}  # switch -> its box on the LAN
@@ -101,11 +103,11 @@ class SwitchAgents:
                 enter(box.namespace)
             section = "".join(f"{name} = {json.dumps(value)}\n" for name, value in switch.box_settings().items())
             config = self.folder / f"agent-{box.switch}.toml"
-            config.write_text(CONFIG.format(name=box.switch, kind=self.kind, section=section, listen=box.address,
+            config.write_text(CONFIG.format(name=box.switch, kind=box.kind, section=section, listen=box.address,
                                             token_file=self.token_file,
                                             controllers=", ".join(f'"{ip}"' for ip in self.controller_ips)))
             self.agents.append(AgentProcess(config, prefix=in_netns(box.namespace)))
-        log.info("switch agents: %s", ", ".join(f"{box.switch} at {box.address}" for box in self.boxes))
+        log.info("switch agents: %s", ", ".join(f"{box.switch} ({box.kind}) at {box.address}" for box in self.boxes))
 
     def stop_agents(self) -> None:
         for agent in self.agents:
@@ -113,9 +115,11 @@ class SwitchAgents:
         self.agents.clear()
 
     def settings(self, racks: dict[str, list[str]]) -> dict:
-        """The controller's [dataplane.agent] for this fabric: each box with the servers cabled to its switch."""
+        """The controller's [dataplane.agent] for this fabric: each box with the servers cabled to its switch, and the
+        kind every agent must run (none in a mixed fabric: each box runs its own)."""
+        kinds = {box.kind for box in self.boxes}
         return {"boxes": [" ".join([box.address, *racks.get(box.switch, [])]) for box in self.boxes],
-                "token_file": str(self.token_file), "kind": self.kind}
+                "token_file": str(self.token_file), "kind": kinds.pop() if len(kinds) == 1 else ""}
 
     def close(self) -> None:
         """The agents stop; their boxes go with the LAN (ManagementLan.close)."""

@@ -18,9 +18,10 @@ import tempfile
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from dataplanes import registry
+from dataplanes.agent.fabric import FABRIC_KINDS
 from dataplanes.switch_nodes import peer_intf
 from mbalancer.config import DataPlane, Server
 from mbalancer.memcache.addresses import ServerAddress
@@ -44,7 +45,10 @@ class TestbedSpec:
     clients: int = 2
     leaves: int = 2
     spines: int = 2
-    dataplane: str = "ebpf"  # a data plane of the registry with a Mininet switch
+    dataplane: str = "ebpf"  # a data plane of the registry with a Mininet switch (a mixed fabric: its spines')
+    # A mixed fabric (leafspine with agents): the leaves' data planes, dealt in turn from leaf1 (ebpf, openflow:
+    # leaf1 eBPF, leaf2 Open vSwitch, leaf3 eBPF ...); empty: every switch runs `dataplane`
+    leaf_dataplanes: tuple[str, ...] = ()
     agents: bool = False  # every switch on a box of its own, driven through its switch agent (topologies/agents.py)
     # hosts for a failover group's controllers (ctl1..), each on the data network and the management LAN: with agents
     controllers: int = 0
@@ -60,19 +64,21 @@ class TestbedSpec:
     def check(self) -> None:
         if self.topology not in TOPOLOGIES:
             raise TopologyError(f"topology must be one of {', '.join(TOPOLOGIES)} (got {self.topology!r})")
-        try:
-            registry.get(self.dataplane).mininet_switch_class()
-        except registry.UnknownDataPlane as err:
-            raise TopologyError(f"{err}; the testbed runs on {', '.join(registry.names('mininet_switch'))}") \
-                from None
-        if self.dataplane == "openflow" and self.topology != "single" and not self.agents:
+        for kind in self.dataplanes():
+            try:
+                registry.get(kind).mininet_switch_class()
+            except registry.UnknownDataPlane as err:
+                raise TopologyError(f"{err}; the testbed runs on {', '.join(registry.names('mininet_switch'))}") \
+                    from None
+        self._check_mixed()
+        if "openflow" in self.dataplanes() and self.topology != "single" and not self.agents:
             raise TopologyError("a leaf-spine of OpenFlow switches runs with a switch agent per switch (agents): "
                                 "one ryu-manager would balance a hot key's gets at every switch they cross")
         if self.topology == "leafspine" and not (1 <= self.leaves and 1 <= self.spines and
                                                  self.leaves + self.spines <= MAX_BOXES):
             raise TopologyError(f"a leaf-spine needs at least one leaf and one spine, {MAX_BOXES} switches at most "
                                 f"(got {self.leaves} and {self.spines})")
-        if self.tcp and (self.dataplane != "ebpf" or (self.topology != "single" and not self.agents)):
+        if self.tcp and (self.dataplanes() != ("ebpf",) or (self.topology != "single" and not self.agents)):
             raise TopologyError("TCP gets are balanced by the eBPF switch's TCP path, on one switch or in a fabric of "
                                 "boxes (agents), at the home's leaf (the other data planes' TCP gets go home: "
                                 "docs/dataplanes/tcp.md)")
@@ -84,6 +90,36 @@ class TestbedSpec:
             getattr(self, name).check(name.replace("_", " "))
         if self.memcached_threads < 1 or self.memcached_memory_mb < 8:
             raise TopologyError("memcached needs at least 1 thread and 8 MB")
+
+    def _check_mixed(self) -> None:
+        if not self.leaf_dataplanes:
+            return
+        if self.topology != "leafspine" or not self.agents:
+            raise TopologyError("leaves of different data planes make a fabric of boxes: a leafspine with a switch "
+                                "agent per switch (agents), which one controller drives whatever each box runs")
+        if outside := [kind for kind in self.dataplanes() if kind not in FABRIC_KINDS]:
+            raise TopologyError(f"the {', '.join(outside)} data plane cannot be a box of a fabric (the fabric's are "
+                                f"{', '.join(k for k in FABRIC_KINDS if k != 'none')})")
+        if len(self.leaf_dataplanes) > self.leaves:
+            raise TopologyError(f"{len(self.leaf_dataplanes)} leaf data planes for {self.leaves} leaves: every "
+                                f"kind listed needs a leaf of its own")
+
+    def dataplanes(self) -> tuple[str, ...]:
+        """Every data plane the testbed's switches run, the spines' first."""
+        return tuple(dict.fromkeys((self.dataplane, *self.leaf_dataplanes)))
+
+    def dataplane_of(self, switch: str) -> str:
+        """The data plane of switch `switch` (leafN takes the N-th of leaf_dataplanes, in turn)."""
+        if self.leaf_dataplanes and switch.startswith("leaf"):
+            return self.leaf_dataplanes[(int(switch[len("leaf"):]) - 1) % len(self.leaf_dataplanes)]
+        return self.dataplane
+
+    def unavailable(self) -> str | None:
+        """None if every data plane of the testbed can run on this machine, else why the first cannot (one line)."""
+        for kind in self.dataplanes():
+            if (why := registry.get(kind).available()) is not None:
+                return f"the {kind} data plane cannot run here: {why}"
+        return None
 
     def topo(self):
         links = {"server_link": self.server_link, "client_link": self.client_link, "controllers": self.controllers}
@@ -107,6 +143,8 @@ class Testbed:
     # --- life cycle -------------------------------------------------------------------------------------------
     def start(self) -> "Testbed":
         self.spec.check()
+        if why := self.spec.unavailable():
+            raise TopologyError(why)
         self.claim = NetworkClaim("testbed").take()
         try:
             self._build()
@@ -122,28 +160,26 @@ class Testbed:
 
         topo = self.spec.topo()
         self.made = _root_namespace_made(topo)
-        switch = self.switch_class
         if self.spec.agents:
             self.lan = ManagementLan()
-            self.agents = SwitchAgents(Path(tempfile.mkdtemp(prefix="mbalancer-agents-")), self.lan, topo.switches(),
-                                       [CONTROLLER_IP, *(h.ip for h in controller_hosts(self.spec.controllers))],
-                                       self.spec.dataplane)
+            self.agents = SwitchAgents(Path(tempfile.mkdtemp(prefix="mbalancer-agents-")), self.lan,
+                                       {name: self.spec.dataplane_of(name) for name in topo.switches()},
+                                       [CONTROLLER_IP, *(h.ip for h in controller_hosts(self.spec.controllers))])
             boxes = self.agents.made()
             self.made.interfaces += boxes.interfaces
             self.made.namespaces += boxes.namespaces
         self.claim.record(self.made)
         if self.lan is not None:
             self.lan.start()  # before the switches: bmv2 serves P4Runtime on the LAN's root address, for its agent
-            if self.spec.dataplane == "p4":
-                switch = partial(switch, grpc_host=ROOT_IP)
-        if self.spec.tcp:
-            switch = partial(switch, tcp=True, tcp_in_box=self.agents is not None)
-        self.net = Mininet(topo=topo, switch=switch, link=TCLink, controller=None,
+        self.net = Mininet(topo=topo, switch=self._switch_maker(), link=TCLink, controller=None,
                            autoSetMacs=False, waitConnected=False)
         self.net.start()
+        mixed_with_bmv2 = "p4" in self.spec.dataplanes() and len(self.spec.dataplanes()) > 1
         for node in self.net.hosts:
             node.cmd("sysctl -qw net.ipv6.conf.all.disable_ipv6=1" if node.inNamespace else
                      f"sysctl -qw net.ipv6.conf.{node.defaultIntf().name}.disable_ipv6=1")
+            if mixed_with_bmv2:  # any host's frames may cross a bmv2 leaf, which leaves checksums as they came
+                node.cmd(f"ethtool -K {node.defaultIntf().name} tx off")
         for switch in self.net.switches:
             for intf in switch.intfList():
                 subprocess.run(["sysctl", "-qw", f"net.ipv6.conf.{intf.name}.disable_ipv6=1"], capture_output=True)
@@ -153,8 +189,25 @@ class Testbed:
             for number, host in enumerate(self.controller_hosts):
                 self.lan.join(host.name, f"/proc/{host.pid}/ns/net", host_ip(number))
         log.info("testbed: %s topology, %d servers, %d clients, %s data plane, server links %s",
-                 self.spec.topology, self.spec.servers, self.spec.clients, self.spec.dataplane,
-                 self.spec.server_link)
+                 self.spec.topology, self.spec.servers, self.spec.clients,
+                 ", ".join(f"{s.name} {self.spec.dataplane_of(s.name)}" for s in self.net.switches)
+                 if self.spec.leaf_dataplanes else self.spec.dataplane, self.spec.server_link)
+
+    def _switch_maker(self) -> Callable[..., Any]:
+        """What Mininet builds each switch node with: its data plane's Mininet switch class, with the options that
+        kind takes here; in a mixed fabric, a constructor choosing the class by the node's name."""
+        makers = {kind: self._switch_of(kind) for kind in self.spec.dataplanes()}
+        if len(makers) == 1:
+            return makers[self.spec.dataplane]
+        return lambda name, **params: makers[self.spec.dataplane_of(name)](name, **params)
+
+    def _switch_of(self, kind: str) -> Callable[..., Any]:
+        switch = registry.get(kind).mininet_switch_class()
+        if self.lan is not None and kind == "p4":
+            switch = partial(switch, grpc_host=ROOT_IP)  # its agent reaches P4Runtime on the LAN's root address
+        if self.spec.tcp:
+            switch = partial(switch, tcp=True, tcp_in_box=self.agents is not None)
+        return switch
 
     def _check_shaping(self) -> None:
         """Mininet only prints tc's errors; a cap that silently did not apply would void the experiment."""

@@ -4,7 +4,9 @@
   nothing is compiled at run time.
 - DataPlane(name).load(): bpftool loads one copy of the program per switch and pins it and its maps under
   /sys/fs/bpf/mbalancer/<name>/, so each switch has its own tables and the driver opens them by path.
-- attach(iface): a clsact qdisc and the pinned program as a direct-action ingress filter (tc object-pinned).
+- attach(iface): a clsact qdisc and the pinned program as a direct-action ingress filter (tc object-pinned). Each
+  program owns its hook only: an eBPF switch's port (ingress) may carry a neighbouring Open vSwitch's classifier
+  (egress) in a fabric of mixed switches, and neither attaching nor unloading one removes the other.
 - The same source built with -DMB_CLASSIFIER is the OpenFlow data plane's key classifier (CLASSIFIER: its own
   object and pin root, attached at tc egress of the wire side of a switch's ports; dataplanes/openflow/).
 - add_mirror_link(): the veth pair `<name>-m` (switch side: writes to hot keys are cloned there) <->
@@ -213,8 +215,10 @@ class DataPlane:
         """Run the program on every packet arriving at `iface` (leaving it, for the classifier), in network
         namespace `netns` if given: a name under /run/netns or a path such as /proc/<pid>/ns/net."""
         prefix = in_netns(netns)
-        subprocess.run(prefix + ["tc", "qdisc", "del", "dev", iface, "clsact"], capture_output=True)
-        _run(prefix + ["tc", "qdisc", "add", "dev", iface, "clsact"], f"clsact on {iface}")
+        if "clsact" in _run(prefix + ["tc", "qdisc", "show", "dev", iface], f"the qdiscs of {iface}"):
+            subprocess.run(prefix + ["tc", "filter", "del", "dev", iface, self.program.hook], capture_output=True)
+        else:
+            _run(prefix + ["tc", "qdisc", "add", "dev", iface, "clsact"], f"clsact on {iface}")
         _run(prefix + ["tc", "filter", "add", "dev", iface, self.program.hook, "bpf", "direct-action",
                        "object-pinned", str(self.program_pin)], f"attaching to {iface}")
         self.attached.append(iface if not netns else f"{netns}:{iface}")
@@ -253,10 +257,21 @@ class DataPlane:
             self.mirror_link = False
         for entry in self.attached:
             netns, _, iface = entry.rpartition(":")
-            subprocess.run(in_netns(netns) + ["tc", "qdisc", "del", "dev", iface, "clsact"], capture_output=True)
+            detach(iface, self.program.hook, netns)
         self.attached.clear()
         shutil.rmtree(self.pin_dir, ignore_errors=True)
 
+
+
+def detach(iface: str, hook: str, netns: str | None = None) -> None:
+    """Remove the filters at `hook` of `iface`, and its clsact qdisc if the other hook holds none (a gone interface:
+    nothing to do)."""
+    prefix = in_netns(netns)
+    subprocess.run(prefix + ["tc", "filter", "del", "dev", iface, hook], capture_output=True)
+    other = "egress" if hook == "ingress" else "ingress"
+    shown = subprocess.run(prefix + ["tc", "filter", "show", "dev", iface, other], capture_output=True, text=True)
+    if shown.returncode == 0 and not shown.stdout.strip():
+        subprocess.run(prefix + ["tc", "qdisc", "del", "dev", iface, "clsact"], capture_output=True)
 
 
 def in_netns(netns: str | None) -> list[str]:

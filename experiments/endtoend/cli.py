@@ -30,6 +30,7 @@ from mbalancer.progress import end_progress, stderr_progress
 from topologies.shapes import TOPOLOGIES
 
 Fail = Callable[[str], None]
+DATAPLANES = ("ebpf", "openflow", "p4")  # what --dataplane takes
 
 
 def register(commands: argparse._SubParsersAction) -> None:
@@ -54,9 +55,11 @@ def register(commands: argparse._SubParsersAction) -> None:
                                         f"{', '.join(REPLICA_MODES)} (default: the preset's)")
     parser.add_argument("--rounds", type=int, help="run the whole sweep this many times, interleaved, and report "
                                                    "medians with ranges (default 1; 3 on a noisy machine)")
-    parser.add_argument("--dataplane", choices=("ebpf", "openflow", "p4"),
+    parser.add_argument("--dataplane",
                         help="the switch: ebpf (default), openflow (Open vSwitch, the Ryu app in ryu-manager) or p4 "
-                             "(bmv2 over P4Runtime, at the lower rates a software switch carries)")
+                             "(bmv2 over P4Runtime, at the lower rates a software switch carries); with --topology "
+                             "leafspine several, comma-separated, make a mixed fabric: the leaves take them in turn, "
+                             "the spines the first (e.g. ebpf,openflow: leaf1 eBPF, leaf2 Open vSwitch)")
     parser.add_argument("--topology", choices=TOPOLOGIES,
                         help="single (one switch, the default) or leafspine: two tiers, servers and clients dealt "
                              "over the leaves; every switch on a box of its own behind its switch agent, each get "
@@ -82,6 +85,8 @@ def _run_experiment(args: argparse.Namespace, fail: Fail) -> int:
     spec = _spec(args, fail)
     if os.geteuid() != 0:
         fail("the testbed needs root (network namespaces, tc, eBPF)")
+    if why := spec.testbed.unavailable():
+        fail(f"--dataplane: {why}")
     if problem := output_problem(args.out):
         fail(f"--out: {problem}")
     previous = load_summary(args.out)
@@ -151,7 +156,7 @@ def _spec(args: argparse.Namespace, fail: Fail) -> ExperimentSpec:
         changes["measure"] = args.measure
     spec = replace(spec, **changes)
     if args.dataplane is not None:
-        spec = on_dataplane(spec, args.dataplane)
+        spec = on_dataplane(spec, _dataplanes(args.dataplane, args.topology, fail))
     if (args.leaves is not None or args.spines is not None) and (args.topology or spec.testbed.topology) != "leafspine":
         fail("--leaves and --spines go with --topology leafspine")
     if args.topology is not None:
@@ -163,6 +168,16 @@ def _spec(args: argparse.Namespace, fail: Fail) -> ExperimentSpec:
     except ValueError as err:
         fail(str(err))
     return spec
+
+
+def _dataplanes(text: str, topology: str | None, fail: Fail) -> tuple[str, ...]:
+    """--dataplane KIND or, on a leaf-spine, KIND,KIND,...: the data planes, each one the testbed runs."""
+    kinds = tuple(word.strip() for word in text.split(","))
+    if unknown := [kind for kind in kinds if kind not in DATAPLANES]:
+        fail(f"--dataplane: {', '.join(map(repr, unknown))} is not one of {', '.join(DATAPLANES)}")
+    if len(kinds) > 1 and topology != "leafspine":
+        fail("--dataplane: several data planes make a mixed fabric: they go with --topology leafspine")
+    return kinds
 
 
 def _hot(balancing: Balancing, args: argparse.Namespace, fail: Fail) -> Balancing:

@@ -172,11 +172,13 @@ SWEEP_FIGURES = {"fig5.1": "throughput", "fig5.2": "latency"}
 P4_SERVER_MBIT = 32.0
 
 
-def on_dataplane(spec: ExperimentSpec, dataplane: str) -> ExperimentSpec:
-    """The spec run on another data plane, its rates scaled to what that switch carries (p4: P4_SERVER_MBIT)."""
-    testbed = replace(spec.testbed, dataplane=dataplane)
+def on_dataplane(spec: ExperimentSpec, dataplanes: tuple[str, ...]) -> ExperimentSpec:
+    """The spec run on another data plane, its rates scaled to what the slowest switch carries (p4: P4_SERVER_MBIT).
+    Several make a mixed fabric: the leaves take them in turn; the spines, which hold no key and only forward, the
+    first (so the operator picks what forwards between the leaves)."""
+    testbed = replace(spec.testbed, dataplane=dataplanes[0], leaf_dataplanes=dataplanes if len(dataplanes) > 1 else ())
     link, clients = testbed.server_link, spec.clients
-    if dataplane == "p4" and link.rate_mbit is not None and link.rate_mbit * testbed.servers > P4_SERVER_MBIT:
+    if "p4" in dataplanes and link.rate_mbit is not None and link.rate_mbit * testbed.servers > P4_SERVER_MBIT:
         factor = P4_SERVER_MBIT / (link.rate_mbit * testbed.servers)
         testbed = replace(testbed, server_link=replace(link, rate_mbit=link.rate_mbit * factor))
         clients = max(4 * testbed.clients, round(spec.clients * factor))
@@ -190,10 +192,11 @@ def on_protocol(spec: ExperimentSpec, protocol: str) -> ExperimentSpec:
 
 def on_topology(spec: ExperimentSpec, topology: str, leaves: int | None = None,
                 spines: int | None = None) -> ExperimentSpec:
-    """The spec run on another topology. A leaf-spine (ebpf, p4, openflow) is a fabric of boxes, each switch behind
-    its own switch agent (topologies/agents.py), each hot key balanced at its home's leaf."""
+    """The spec run on another topology. A leaf-spine (ebpf, p4, openflow, or leaves of several of them) is a fabric
+    of boxes, each switch behind its own switch agent (topologies/agents.py), each hot key balanced at its home's
+    leaf."""
     testbed = replace(spec.testbed, topology=topology,
                       leaves=spec.testbed.leaves if leaves is None else leaves,
                       spines=spec.testbed.spines if spines is None else spines,
-                      agents=topology == "leafspine" and spec.testbed.dataplane in FABRIC_KINDS)
+                      agents=topology == "leafspine" and set(spec.testbed.dataplanes()) <= set(FABRIC_KINDS))
     return replace(spec, testbed=testbed)

@@ -21,7 +21,8 @@
  * writing a tag in place of a MAC address (dataplanes/openflow/tags.py has the layout), and passes every packet on.
  * A clean hot get gets GET(slot, entropy) as destination MAC (and the balanced mark, for the replica's switch in a
  * fabric), a packet the controller must see COPY(server), a reply to a get it may have balanced REPLY(home) as
- * source MAC; a reply to a get another switch balanced is rewritten here, as the eBPF switch does. */
+ * source MAC; a reply to a get another switch balanced is rewritten here, as the eBPF switch does, and that get
+ * itself gets BALANCED as source MAC, so that the switch does not learn its client behind the wrong port. */
 #include <linux/bpf.h>
 #include <linux/pkt_cls.h>
 #include <bpf/bpf_helpers.h>
@@ -46,7 +47,7 @@ static __always_inline void mb_count(__u32 which)
  * datapath flow per tag value, so more bits would spread the weights more finely at the cost of more cache misses. */
 #define MB_TAG_FIRST 0x0e
 #define MB_TAG_ENTROPY_BITS 10
-enum mb_tag_kind { MB_TAG_GET = 1, MB_TAG_COPY = 2, MB_TAG_REPLY = 3 };
+enum mb_tag_kind { MB_TAG_GET = 1, MB_TAG_COPY = 2, MB_TAG_REPLY = 3, MB_TAG_BALANCED = 4 };
 
 static __always_inline void mb_tag(struct __sk_buff *skb, int source, __u8 kind, __u16 index, __u16 entropy)
 {
@@ -495,6 +496,11 @@ int mbalancer(struct __sk_buff *skb)
 		return TC_ACT_SHOT;  /* a write among them could not be counted: dropped, as under any memory shortage */
 	if (!(pkt.frag_off & bpf_htons(MB_IP_BALANCED)))
 		mb_learn(skb);  /* a balanced get keeps its client's MAC but may come back the way it went: not learned */
+#ifdef MB_CLASSIFIER
+	else  /* balanced by a switch of another kind, which kept the client's MAC: the OpenFlow switch learns no
+	       * tagged source (as it finds from an OpenFlow home leaf, whose group writes the same tag) */
+		mb_tag(skb, 1, MB_TAG_BALANCED, 0, 0);
+#endif
 	struct mb_port_set *memcached = bpf_map_lookup_elem(&memcached_ports, &zero);
 	if (parsed == MB_FIRST_FRAGMENT && mb_is_memcached_port(memcached, pkt.dport)) {
 		/* A request too big for one frame (a UDP set of a large value): the server applies it once every
