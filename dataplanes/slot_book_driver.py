@@ -11,7 +11,7 @@ import threading
 from abc import abstractmethod
 from typing import Mapping, Sequence
 
-from dataplanes.driver import (Counters, Driver, DriverError, HotKeyInstall, LeftoverKey, MirrorHandler,
+from dataplanes.driver import (RULES_REMOVED, Counters, Driver, DriverError, HotKeyInstall, FoundKey, MirrorHandler,
                                ReconnectHandler, ReplicaWeight, StreamId, WriteStamp)
 from dataplanes.pipeline import MAX_REPLICAS
 from dataplanes.slot_book import SlotBook
@@ -41,15 +41,16 @@ class SlotBookDriver(Driver):
     servers = property(lambda self: self.book.servers)
 
     def attach(self, servers: Sequence[Server], on_mirror: MirrorHandler,
-               on_reconnect: ReconnectHandler | None = None) -> list[LeftoverKey]:
+               on_reconnect: ReconnectHandler | None = None) -> list[FoundKey]:
         self.on_mirror, self.on_reconnect = on_mirror, on_reconnect
-        leftovers = self._open(servers)
-        if leftovers:
-            log.warning("removed %d hot keys a previous controller left in the %s: their gets go home",
-                        len(leftovers), self.book.what)
+        found = self._open(servers)
+        if found:
+            removed = [f for f in found if f.distrust in RULES_REMOVED]
+            log.info("read back %d hot keys a previous controller left in the %s (%d removed: %s)", len(found),
+                     self.book.what, len(removed), ", ".join(sorted({f.distrust.value for f in removed})) or "none")
         self._thread = threading.Thread(target=self._watch, name=self.thread_name, daemon=True)
         self._thread.start()
-        return leftovers
+        return found
 
     def install_hot_key(self, key: bytes, home: int, replicas: Sequence[ReplicaWeight]) -> None:
         self.book.install_hot_key(key, home, replicas)
@@ -104,18 +105,25 @@ class SlotBookDriver(Driver):
         return self.book.switch_counters()
 
     def close(self) -> None:
+        self._let_go(end_lease=True)
+
+    def let_go(self) -> None:
+        self._let_go(end_lease=False)
+
+    def _let_go(self, end_lease: bool) -> None:
         self._stop.set()
         if self._thread:
             self._thread.join(timeout=2)
         with self.book.lock:
-            self.book.end_lease()
+            if end_lease:
+                self.book.end_lease()
             self._release()
 
     # --- for the drivers --------------------------------------------------------------------------------------
     @abstractmethod
-    def _open(self, servers: Sequence[Server]) -> list[LeftoverKey]:
+    def _open(self, servers: Sequence[Server]) -> list[FoundKey]:
         """Reach the switches, hand them to the book (`book.use`), write what the driver owns there (servers, ports),
-        remove the hot keys an earlier controller left and return them."""
+        read back the hot keys an earlier controller left (dataplanes/read_back.py) and return them."""
 
     @abstractmethod
     def _release(self) -> None:

@@ -6,7 +6,8 @@ dirty state the way a data plane does (write counts per key, unsure counts per s
 key to, a lease). Mirrored writes come in through `mirror(frame, key)`, the way a data plane counts and copies
 them; `unsure(server)` plays a request the data plane could not read; `reconnect()` plays a switch that came back
 empty; `macs` is what it reports of the servers' MACs; `refuse(...)` makes chosen calls fail as a network driver's
-would; `leftover(...)` plays keys a previous controller left behind.
+would; `leftover(...)` plays keys a previous controller left behind, `successor()` a controller that takes
+over the same switch.
 """
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-from dataplanes.driver import (Counters, Driver, DriverError, ForwardingEntry, KeyCounters, LeftoverKey,
+from dataplanes.driver import (Counters, Distrust, Driver, DriverError, ForwardingEntry, KeyCounters, FoundKey,
                                MacSighting, MirrorHandler, ReconnectHandler, ReplicaWeight, WriteStamp)
 from dataplanes.pipeline import MAX_KEY
 from mbalancer.settings import Server
@@ -46,6 +47,7 @@ class TableEntry:
     replicas: tuple[ReplicaWeight, ...]
     writes: int = 0  # mirrored writes to the key
     synced: tuple[int, int] | None = HELD  # (writes, home's unsure count) the core synced it to
+    base: int = 0  # writes when the driver took it (installed it, or read it back): its stamp counts from there
 
 
 class RecordingDriver(Driver):
@@ -61,7 +63,6 @@ class RecordingDriver(Driver):
         self.counters = Counters()
         self.unsure_counts: dict[int, int] = {}  # server -> requests the data plane could not read
         self.lease_until = 0.0  # time.monotonic() until which the core vouches for the copies
-        self.leftovers: list[LeftoverKey] = []
         self.macs: list[MacSighting] | None = None  # what server_macs reports (a test plays a switch's sightings)
         self.refusals: list[list] = []  # [method, key or None, calls left]: see refuse()
         self._on_mirror: MirrorHandler | None = None
@@ -69,16 +70,34 @@ class RecordingDriver(Driver):
         self._lock = threading.Lock()
 
     def attach(self, servers: Sequence[Server], on_mirror: MirrorHandler,
-               on_reconnect: ReconnectHandler | None = None) -> list[LeftoverKey]:
+               on_reconnect: ReconnectHandler | None = None) -> list[FoundKey]:
         self.servers = tuple(servers)
         self._on_mirror, self._on_reconnect = on_mirror, on_reconnect
         self._record("attach")
-        found, self.leftovers = self.leftovers, []
+        expired = self.lease_until <= time.monotonic()
+        found = []
+        for key, entry in self.table.items():  # read back what an earlier controller left: kept as it is
+            entry.base = entry.writes
+            clean = entry.synced == (entry.writes, self.unsure_counts.get(entry.home, 0))
+            found.append(FoundKey(key, entry.home, entry.replicas, WriteStamp(0, entry.synced) if clean else None,
+                                  Distrust.LEASE_EXPIRED if expired else None))
         return found
 
-    def leftover(self, key: bytes, home: int, servers: tuple[int, ...]) -> None:
-        """Before attach: the switch holds `key`, installed by a controller that is gone."""
-        self.leftovers.append(LeftoverKey(key, home, servers))
+    def leftover(self, key: bytes, home: int, replicas: Sequence[ReplicaWeight] | Sequence[int],
+                 clean: bool = False) -> None:
+        """Before attach: the switch holds `key` (held dirty, or `clean` at the counts it has), installed by a
+        controller that is gone; replicas as servers are weighed equally."""
+        weights = tuple(r if isinstance(r, ReplicaWeight) else ReplicaWeight(r, 1 / len(replicas)) for r in replicas)
+        self.table[key] = TableEntry(home, weights)
+        if clean:
+            self.table[key].synced = (0, self.unsure_counts.get(home, 0))
+
+    def successor(self) -> "RecordingDriver":
+        """A new driver on the same switch (a controller that took over): it finds this one's table, counts and
+        lease as they are."""
+        after = RecordingDriver(self.max_replicas)
+        after.table, after.unsure_counts, after.lease_until = self.table, self.unsure_counts, self.lease_until
+        return after
 
     def refuse(self, method: str, key: bytes | None = None, times: int = 1) -> None:
         """The next `times` calls of `method` (for `key`, or any key) raise DriverError, changing nothing."""
@@ -114,7 +133,7 @@ class RecordingDriver(Driver):
     def write_stamp(self, key: bytes) -> WriteStamp:
         self._record("write_stamp", key)
         entry = self._entry(key)
-        return WriteStamp(entry.writes, (entry.writes, self.unsure_counts.get(entry.home, 0)))
+        return WriteStamp(entry.writes - entry.base, (entry.writes, self.unsure_counts.get(entry.home, 0)))
 
     def clear_dirty(self, key: bytes, stamp: WriteStamp) -> None:
         self._record("clear_dirty", key, stamp)
@@ -125,6 +144,9 @@ class RecordingDriver(Driver):
 
     def close(self) -> None:
         self.lease_until = 0.0  # nobody keeps the copies fresh any more
+
+    def let_go(self) -> None:
+        """The lease left to run out by itself."""
 
     def dirty(self, key: bytes) -> bool:
         """As the data plane decides: held, or a count moved since the core synced the key."""

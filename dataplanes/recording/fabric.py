@@ -11,7 +11,7 @@ import time
 from collections import Counter
 from typing import Sequence
 
-from dataplanes.driver import ForwardingEntry, LeftoverKey, StreamId
+from dataplanes.driver import ForwardingEntry, FoundKey, StreamId
 from dataplanes.pipeline import COUNTERS
 from dataplanes.slot_book import HotEntry, KeyCounts, SlotBook
 from dataplanes.slot_book_driver import SlotBookDriver
@@ -89,6 +89,18 @@ class MemoryTables:
     def blind_stream(self, stream: StreamId) -> None:
         self._request()
 
+    def held_keys(self) -> dict[bytes, HotEntry]:
+        self._request()
+        return dict(self.hot)
+
+    def synced_counts(self, slot: int) -> tuple[int, int] | None:
+        self._request()
+        return self.synced.get(slot)
+
+    def lease(self) -> int:
+        self._request()
+        return self.lease_ns
+
     # --- a call on many keys, one request ----------------------------------------------------------------------
     def install_keys(self, entries: Sequence[tuple[bytes, HotEntry]]) -> list[int]:
         self._request()
@@ -129,7 +141,7 @@ class SimulatedFabric(SlotBookDriver):
     def set_forwarding(self, entries: Sequence[ForwardingEntry]) -> None:
         pass  # nothing is forwarded
 
-    def _open(self, servers: Sequence[Server]) -> list[LeftoverKey]:
+    def _open(self, servers: Sequence[Server]) -> list[FoundKey]:
         with self.book.lock:
             self.book.servers = tuple(servers)
             self.book.use(self.tables)
