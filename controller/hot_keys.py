@@ -18,7 +18,7 @@ from dataplanes.driver import ReplicaWeight, WriteStamp
 class HotKeyState(str, Enum):
     """Where a hot key stands, as the executor knows it (a str: GET /state shows the value)."""
     COPIED = "copied"  # its value copied to the replicas, its rules not yet in the switch (not in the executor's keys)
-    FOUND = "found"  # read back from the switches by a controller that took over, not yet judged (controller/adoption.py)
+    FOUND = "found"  # read back from the switches by a controller that took over, not judged yet (adoption.py)
     NOT_INSTALLED = "not-installed"  # its rules are not in the switch (a reinstall is pending): gets go home
     DIRTY = "dirty"  # installed; gets go home until the copies are known to match the home
     CLEAN = "clean"  # installed and cleared to a write stamp: gets are balanced over the replicas
