@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import threading
@@ -26,10 +27,11 @@ import pytest
 from mbalancer.config import load_config
 from mbalancer.memcache.hashing import make_hash
 from mbalancer.memcache.meta import MetaClient, MetaError, StoredItem
+from mbalancer.processes import stop_process
 from tests.conftest import MBALANCER, why_no_mininet
 from tests.etcd_server import EtcdServer, available
 from tests.switch_agent import hello
-from tests.test_fabric_failover import (HTTP_PORT, LOAD, WAIT, Controller, api_token, elected_id, monitor_config,
+from tests.test_fabric_failover import (LOAD, WAIT, Controller, controller_config, elected_id, monitor_config,
                                         next_leader, said, servers_table, state)
 
 why_not = why_no_mininet() or available()
@@ -47,16 +49,13 @@ def keys_homed(key_hash, prefix: str, home: int, count: int) -> list[bytes]:
 
 
 def config(folder: Path, name: str, bed, etcd: EtcdServer, hot: int) -> Path:
-    """A controller's config as the fabric failover test writes it, with a lease that outlasts the takeover."""
-    fabric = bed.dataplane().settings
-    boxes = ", ".join(f'"{box}"' for box in fabric.boxes)
-    path = folder / f"{name}.toml"
-    path.write_text(f'{servers_table(bed)}[balancing]\nhot = {hot}\nhysteresis = 1\nmode = "equal"\n'
-                    f'[controller]\nlisten = "{bed.lan_host(name).ip}:{HTTP_PORT}"\netcd = ["{etcd.url}"]\n'
-                    f'election_ttl = 1\nlease = {LEASE}\ntoken_file = "{api_token(folder)}"\n'
-                    f'[dataplane]\nkind = "agent"\n[dataplane.agent]\nkind = "{fabric.kind}"\n'
-                    f'boxes = [{boxes}]\n'
-                    f'token_file = "{fabric.token_file}"\n')
+    """A controller's config as the fabric failover test writes it, with `hot` keys and a lease that outlasts the
+    takeover."""
+    path = controller_config(folder, name, bed, etcd)
+    text, leases = re.subn(r"(?m)^election_ttl = 1$", f"election_ttl = 1\nlease = {LEASE}", path.read_text())
+    text, hots = re.subn(r"(?m)^hot = \d+$", f"hot = {hot}", text)
+    assert leases == hots == 1, text
+    path.write_text(text)
     return path
 
 
@@ -156,13 +155,8 @@ def test_a_leader_killed_under_load_is_not_noticed(tmp_path):
             counts, reads = (json.loads(load.communicate(timeout=WAIT)[0].strip().splitlines()[-1]) for load in loads)
         finally:
             sampler.stop.set()
-            for controller in group:
-                if controller.process is not None and controller.process.poll() is None:
-                    controller.process.terminate()
-                    controller.process.wait(timeout=30)
-            for load in loads:
-                if load.poll() is None:
-                    load.kill()
+            for process in [c.process for c in group if c.process is not None] + loads:
+                stop_process(process)
         level = sum(earlier := sampler.shares(killed - 2, killed)) / len(earlier)
         windows = sampler.shares(killed, killed + AFTER)
         worst = max(abs(share - level) for share in windows)
@@ -170,12 +164,16 @@ def test_a_leader_killed_under_load_is_not_noticed(tmp_path):
         decisions = after["decisions"]
         sent_home = {k.decode(): key_counts(after)[k.decode()]["home_while_dirty"]
                      - key_counts(before)[k.decode()]["home_while_dirty"] for k in read_only}
+        spread = {k.decode(): {server: n - key_counts(before)[k.decode()]["per_replica"].get(server, 0)
+                               for server, n in key_counts(after)[k.decode()]["per_replica"].items()}
+                  for k in keys}  # where each key's gets went from just before the kill on, as the switches counted
         print(f"kill -9 of the leader: {leader.name} drives every box {took:.2f} s after; busiest server's share "
               f"{level:.3f} before the kill (its windows at most {noise:.3f} off it), "
               f"{min(windows):.3f}-{max(windows):.3f} in {len(windows)} windows of {1000 * WINDOW:.0f} ms over the "
               f"{AFTER:g} s after it (at most {worst:.3f} off; mean {sum(windows) / len(windows):.3f}); "
               f"read-only keys' gets "
-              f"sent home after the kill: {sent_home}; the writing client {counts}, the reading one {reads}; "
+              f"sent home after the kill: {sent_home}; each key's gets by server since: {spread}; windows: "
+              f"{' '.join(f'{share:.2f}' for share in windows)}; the writing client {counts}, the reading one {reads}; "
               f"adoption: {[(d['key'], d['action'], d.get('why')) for d in decisions if d['key']]}")
         assert election_id > first
         assert counts["stale"] == 0 and counts["miss"] == 0 and reads["miss"] == 0, (counts, reads)
