@@ -37,6 +37,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 Read = StoredItem | None | MetaError  # what a server held of a key (None: nothing), or why it could not be read
+UNKNOWN_CAS = -1  # the copies' CAS of a key whose home could not be read: its settle pushes before it clears
 
 
 class Treatment(str, Enum):
@@ -155,7 +156,8 @@ def _keep(executor: "Executor", found: Sequence[FoundKey], verdicts: Sequence[Ve
             try:
                 executor.driver.set_dirty(key.key)
             except DriverError as err:  # its gets may reach a copy not trusted: its rules go instead
-                _rebuild(executor, [Verdict(key.key, Treatment.REBUILT, verdict.why, frozenset(), verdict.servers)])
+                _rebuild(executor, [Verdict(key.key, Treatment.REBUILT, verdict.why, frozenset(), verdict.servers,
+                                            remove_rules=True)])
                 hot.move(HotKeyState.REMOVED)
                 executor.decide(Decision.ERROR, key.key, f"not held dirty ({err}): its rules removed instead, the "
                                                          f"plan warms it again")
@@ -166,10 +168,13 @@ def _keep(executor: "Executor", found: Sequence[FoundKey], verdicts: Sequence[Ve
             hot.move(HotKeyState.DIRTY)
             settle.append(key.key)
         executor.hot[key.key] = hot
-        if verdict.why is not Distrust.HOME_UNREADABLE and verdict.treatment is not Treatment.KEPT_CLEAN:
+        if verdict.treatment is not Treatment.KEPT_CLEAN:  # every replica with weight made to hold the home's item
+            hot.holding |= {r.server for r in key.replicas if r.weight > 0}
             home = reads[key.key].get(key.home)
-            hot.holding |= {r.server for r in key.replicas if r.weight > 0}  # all made to hold it now
-            executor._push(key.key, hot, home if isinstance(home, StoredItem) else None)
+            if isinstance(home, MetaError):  # pushed by its first settle that reads the home: a CAS no item has
+                hot.synced_cas = UNKNOWN_CAS  # never matches, not even an absent item's (None)
+            else:
+                executor._push(key.key, hot, home)
         for server in set(key.servers) - hot.holding:  # a replica at weight 0 without the item: refilled
             executor._schedule(RetryKind.REFILL, key.key, server, "found without the home's item")
     for home in sorted({executor.hot[k].placement.home for k in kept if k in executor.hot}):

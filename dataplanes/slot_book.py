@@ -16,7 +16,8 @@ the same everywhere, whatever the switch:
 
 A switch that came back empty (reloaded, restarted) is handed in again with `use`: every slot is forgotten and the
 core installs its hot keys anew. A driver that holds a book adds only what is its own: how switches are reached,
-leftovers of an earlier controller, forwarding, copies of packets (dataplanes/slot_book_driver.py).
+reading back what an earlier controller left (dataplanes/read_back.py, which hands each key it keeps to `take`),
+forwarding, copies of packets (dataplanes/slot_book_driver.py).
 """
 from __future__ import annotations
 

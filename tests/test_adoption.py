@@ -238,3 +238,38 @@ def test_a_lease_that_ran_out_resyncs_its_keys_and_a_key_it_cannot_place_is_rebu
         assert not any(second.driver.dirty(k) for k in KEYS) and b"gone:1" not in second.driver.table
     finally:
         second.stop()
+
+
+def test_a_key_whose_home_could_not_be_read_back_is_pushed_from_its_home_before_it_is_cleared(servers):
+    """Its home unreadable while the core read the keys back (then answering, without the item: it restarted), its
+    replicas holding a stale copy: held dirty, then its home's item (none) pushed, then cleared; never cleared on
+    the strength of an item nobody read."""
+    first, _ = first_leader(servers)
+    key = KEYS[0]
+    home = first.executor.hot[key].placement.home
+    replicas = sorted(first.executor.hot[key].holding - {home})
+
+    def meanwhile(switch: RecordingDriver) -> None:
+        MetaClient(first.config.servers[home].address).delete(key)  # the home lost it (a restart) ...
+        for server in replicas:  # ... the copies did not
+            MetaClient(first.config.servers[server].address).set(key, StoredItem(b"stale", 0, -1, 0))
+    after = first.driver.successor()
+    first.stop()
+    meanwhile(after)
+    second = ControllerCore(config(servers), after, probe_health=False)
+    real_items = second.replicator.items
+    refused = {home}
+    second.replicator.items = lambda server, keys: (_ for _ in ()).throw(MetaError("refused")) \
+        if server in refused else real_items(server, keys)
+    second.start()
+    try:
+        assert second.wait_idle()
+        why = {d["key"]: d.get("why") for d in second.decisions_made() if d["action"] == "adopt"}
+        assert why[key.decode()] == "home-unreadable"
+        assert {why[k.decode()] for k in KEYS[1:]} <= {"home-unreadable", "replica-unreadable"}  # (one group of 3)
+        assert [c.key for c in second.driver.calls_of("set_dirty")] == KEYS  # each held dirty before the lease
+        assert values(second, key) == [None] * 3  # the stale copies deleted before it was cleared
+        assert all(set(values(second, k)) == {b"v" + k} for k in KEYS[1:])
+        assert not any(second.driver.dirty(k) for k in KEYS)
+    finally:
+        second.stop()
