@@ -128,6 +128,31 @@ def test_a_held_key_is_read_back_dirty_and_a_switch_whose_lease_ran_out_distrust
     assert (key.synced, key.distrust) == (None, Distrust.LEASE_EXPIRED)
 
 
+def test_a_fabric_keeps_a_key_at_its_homes_leaf_alone_and_removes_it_wherever_else_it_is():
+    from dataplanes.agent import Settings
+    from dataplanes.agent.fabric import FabricDriver
+    boxes: list[RecordingDriver] = []
+
+    def connect(settings) -> RecordingDriver:
+        boxes.append(RecordingDriver())
+        return boxes[-1]
+    fabric = FabricDriver(Settings(boxes=("10.0.1.2:9600 s0", "10.0.1.6:9600 s1", "10.0.1.10:9600")), connect)
+    leaf0, leaf1, spine = boxes
+    servers = [Server(f"s{i}", f"10.0.0.{i + 1}", f"02:00:00:00:00:0{i + 1}", 11211) for i in range(2)]
+    leaf0.leftover(b"home", 0, (0, 1), clean=True)  # at its home's leaf alone: kept
+    leaf1.leftover(b"twice", 1, (1, 0), clean=True)
+    spine.leftover(b"twice", 1, (1, 0), clean=True)  # and on a spine too: removed from both
+    leaf1.leftover(b"elsewhere", 0, (0, 1), clean=True)  # homed on s0, held by s1's leaf alone: removed
+    for box in boxes:
+        box.lease_until = time.monotonic() + 60
+    got = {f.key: f for f in fabric.attach(servers, lambda frame: None)}
+    assert (got[b"home"].distrust, got[b"home"].synced is not None) == (None, True)
+    assert got[b"twice"].distrust is got[b"elsewhere"].distrust is Distrust.TABLES_DISAGREE
+    assert (list(leaf0.table), list(leaf1.table), list(spine.table)) == ([b"home"], [], [])
+    assert fabric.held == {b"home": 0}
+    fabric.write_stamp(b"home")  # the fabric routes it to its box
+
+
 # --- a core taking over --------------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def servers():
