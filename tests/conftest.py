@@ -19,9 +19,9 @@ MBALANCER = Path(sys.executable).parent / "mbalancer"
 TIER_NAMES = ("unit", "slow", "root", "etcd", "bmv2", "mininet")
 TIERS: dict[str, str] = {
     # unit: no root, nothing but what `make install` installs (memcached on loopback), the whole tier in a minute
-    "test_adoption": "unit", "test_cli": "unit", "test_config": "unit", "test_config_reference": "unit", "test_controller_decisions": "unit", "test_core_defects": "unit",
+    "test_cli": "unit", "test_config": "unit", "test_config_reference": "unit", "test_controller_decisions": "unit", "test_core_defects": "unit",
     "test_docs": "unit", "test_driver_process": "unit", "test_executor": "unit", "test_hot_key_states": "unit",
-    "test_install": "unit",
+    "test_install": "unit", "test_adoption": "unit",
     "test_key_hashes": "unit", "test_layout": "unit", "test_mac_check": "unit", "test_measured_balance": "unit",
     "test_memcache_client": "unit", "test_memcache_fuzz": "unit", "test_memcache_protocol": "unit",
     "test_memcache_real_server": "unit", "test_monitor_follow": "unit", "test_monitor_hot_keys": "unit",
