@@ -104,7 +104,7 @@ class Coherence:
             self.unarmed.add(server)
             return
         try:
-            self._rearm(server)
+            self.rearm(server)
         except DriverError as err:
             return self.guard.schedule(RetryKind.HOME_CHECK, b"", server, str(err), attempt)
         for key in homed:
@@ -125,7 +125,7 @@ class Coherence:
         if isinstance(item, MetaError):
             return self.decide(Decision.ERROR, key,
                                f"mirrored write not synced, home unreadable (gets stay home): {item}")
-        self._push(key, hot, item)
+        self.push(key, hot, item)
         self._synced(key, hot)  # every replica that holds the key holds the home's latest now
         self.settle([key])
 
@@ -169,7 +169,7 @@ class Coherence:
         return None if ttl == NO_EXPIRY else self.clock() + ttl
 
     # --- inside -------------------------------------------------------------------------------------------------
-    def _rearm(self, server: int) -> None:
+    def rearm(self, server: int) -> None:
         self.driver.rearm_unsure(server)
         self.unarmed.discard(server)
 
@@ -259,7 +259,7 @@ class Coherence:
             self.sleep(delay)
             delay = min(2 * delay, 0.01)
 
-    def _push(self, key: bytes, hot: HotKey, item: StoredItem | None) -> None:
+    def push(self, key: bytes, hot: HotKey, item: StoredItem | None) -> None:
         """Make every holding replica match the home's item; replicas that fail lose their weight now."""
         replicas = sorted(hot.holding - {hot.placement.home})
         if item is None:
@@ -342,7 +342,7 @@ class Coherence:
         failed: dict[int, DriverError] = {}
         for home in sorted({self.hot[key].placement.home for key in keys} & self.unarmed):
             try:
-                self._rearm(home)
+                self.rearm(home)
             except DriverError as err:
                 failed[home] = err
         for key in keys:
@@ -380,7 +380,7 @@ class Coherence:
         for key in keys:
             hot = self.hot[key]
             try:
-                self._push(key, hot, self.replicator.read(hot.placement.home, key))
+                self.push(key, hot, self.replicator.read(hot.placement.home, key))
                 pushed.append(key)
             except (MetaError, DriverError) as err:
                 self._settle_failed(key, hot, err, attempt)

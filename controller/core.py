@@ -19,9 +19,10 @@ import queue
 import threading
 import time
 from collections import Counter, deque
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
-from dataplanes.driver import Driver, DriverError
+from dataplanes.driver import Distrust, Driver, DriverError, FoundKey
+from controller.adoption import adopt, summary
 from controller.decisions import WARNED, Decision
 from controller.events import Closed, Event, HealthChange, Mirror, Reconnect, Report, ServerChange, Stop, Wake
 from controller.execution import Executor
@@ -94,8 +95,8 @@ class ControllerCore:
 
     # --- life cycle -----------------------------------------------------------------------------------------
     def start(self) -> "ControllerCore":
-        leftovers = self.driver.attach(self.config.servers, self.submit_mirror, self.submit_reconnect)
-        self._remove_leftovers(leftovers)
+        found = self.driver.attach(self.config.servers, self.submit_mirror, self.submit_reconnect)
+        self._adopt(found)  # before the lease is renewed: a key not trusted is held dirty first
         self._check_macs()  # (then every COUNT_EVERY: /state says at once where the data plane cannot tell)
         for server in range(len(self.config.servers)):  # the closes the driver acknowledged at attach
             self._closes_handled[server] = self.driver.server_closes(server)
@@ -158,16 +159,22 @@ class ControllerCore:
         """The driver's switch came back empty: queue the replay of every hot key."""
         self._events.put(Reconnect())
 
-    def _remove_leftovers(self, leftovers: list) -> None:
-        """Hot keys a previous controller left in the switch: the driver removed their rules; their extra copies
-        were synced by nobody here, so they are deleted (the clients' gets for them go home meanwhile)."""
-        for left in leftovers:
-            extras = [s for s in left.servers if s != left.home and 0 <= s < len(self.config.servers)]
-            failed = self.replicator.delete(left.key, extras)
-            self._decide(Decision.RECONCILE, left.key, f"left in the switch by an earlier controller: rules removed, "
-                                                       f"copies on {extras} deleted" + (
-                                                           f" (failed on {sorted(failed)}: stale there, unused)"
-                                                           if failed else ""))
+    def _adopt(self, found: list[FoundKey]) -> None:
+        """Hot keys a previous controller left in the switches, read back by the driver: each judged and kept as it
+        is, settled, resynced or rebuilt (controller/adoption.py)."""
+        if not found:
+            return
+        started = self.clock()
+        verdicts = adopt(self.executor, found, len(self.config.servers), self._group_of)
+        for verdict in verdicts:
+            self.counts[f"adopted_{verdict.treatment.name.lower()}"] += 1
+        log.info("took over %d hot keys from the switches in %.1f ms: %s", len(found),
+                 1000 * (self.clock() - started), summary(verdicts))
+
+    def _group_of(self, replicas: Sequence[int]) -> int:
+        """The planner's group holding most of a key's replicas (its group when it was placed)."""
+        groups = self.planner.groups
+        return max(range(len(groups)), key=lambda g: (len(set(groups[g]) & set(replicas)), -g)) if groups else 0
 
     # --- the worker -----------------------------------------------------------------------------------------
     def _work(self) -> None:
@@ -428,9 +435,13 @@ class ControllerCore:
         self._threads.append(thread)
         return thread
 
-    def _decide(self, action: Decision, key: bytes | None, reason: str) -> None:
+    def _decide(self, action: Decision, key: bytes | None, reason: str, why: Distrust | None = None) -> None:
+        """One entry of the decision log; `why`: a key read back that was not kept as it was (controller/adoption.py),
+        as its own field."""
         entry = {"time": round(time.time(), 3), "action": action.value, "key": key_to_text(key) if key else None,
                  "reason": reason}
+        if why is not None:
+            entry["why"] = why.value
         with self.lock:
             self.decisions.append(entry)
         self.counts[f"decisions_{action.value}"] += 1

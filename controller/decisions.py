@@ -4,7 +4,9 @@ consumers read the same strings; no logic reads an entry's reason, which is for 
 from __future__ import annotations
 
 from enum import Enum
-from typing import Callable
+from typing import Protocol
+
+from dataplanes.driver import Distrust
 
 
 class Decision(str, Enum):
@@ -17,7 +19,8 @@ class Decision(str, Enum):
     EXPIRE = "expire"  # a key held dirty until its home has expired its item
     GIVE_UP = "give-up"  # a retry past its limit
     ERROR = "error"  # what the controller could not do, and how gets are kept safe meanwhile
-    RECONCILE = "reconcile"  # a hot key an earlier controller left in the switch, removed
+    ADOPT = "adopt"  # a hot key read back from the switches by a controller that took over, kept (clean or dirty)
+    RECONCILE = "reconcile"  # a hot key read back from the switches that could not be kept: rules out, copies deleted
     HOME = "home"  # a key's gets go to another server than the configured hash says
     HOLD = "hold"  # a plan's warms and load-driven reweights held back (do no harm)
     SERVER_DOWN = "server-down"
@@ -34,4 +37,9 @@ class Decision(str, Enum):
 WARNED = frozenset({Decision.SERVER_DOWN, Decision.SERVER_UP, Decision.SERVER_RESTARTED, Decision.SERVER_MAC,
                     Decision.ERROR})
 
-Decide = Callable[[Decision, "bytes | None", str], None]  # (what, key, reason): the decision log
+
+class Decide(Protocol):
+    """The decision log: what, for which key, why in words; `why`: a key read back that was not kept as it was
+    (controller/adoption.py)."""
+
+    def __call__(self, action: Decision, key: bytes | None, reason: str, why: Distrust | None = None) -> None: ...

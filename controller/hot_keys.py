@@ -18,6 +18,7 @@ from dataplanes.driver import ReplicaWeight, WriteStamp
 class HotKeyState(str, Enum):
     """Where a hot key stands, as the executor knows it (a str: GET /state shows the value)."""
     COPIED = "copied"  # its value copied to the replicas, its rules not yet in the switch (not in the executor's keys)
+    FOUND = "found"  # read back from the switches by a controller that took over, not judged yet (adoption.py)
     NOT_INSTALLED = "not-installed"  # its rules are not in the switch (a reinstall is pending): gets go home
     DIRTY = "dirty"  # installed; gets go home until the copies are known to match the home
     CLEAN = "clean"  # installed and cleared to a write stamp: gets are balanced over the replicas
@@ -67,9 +68,22 @@ TRANSITIONS: dict[tuple[HotKeyState, HotKeyState], Transition] = {
     (S.CLEAN, S.REMOVED): Transition("cool", "the same from clean", Stamp.KEEP),
     (S.NOT_INSTALLED, S.REMOVED): Transition("cool", "cooled: no rules to remove, its extra copies deleted",
                                              Stamp.KEEP),
+    (S.FOUND, S.CLEAN): Transition(
+        "adopt", "clean in every switch that holds it, its lease live, every replica with weight holding its home's "
+        "item: kept as it is, cleared to the counts the switches synced it to", Stamp.SET),
+    (S.FOUND, S.DIRTY): Transition(
+        "adopt dirty", "dirty in a switch (a write counted since its last clear), or not to be trusted as it is (its "
+        "lease ran out, a replica's copy missing or not the home's): held dirty, the home's item copied again, then "
+        "settled", Stamp.KEEP),
+    (S.FOUND, S.REMOVED): Transition(
+        "rebuild", "its rules removed as it was read back (the switches disagree, it names servers the config does "
+        "not have, or the data plane cannot read it back): its extra copies deleted, the plan warms it again",
+        Stamp.KEEP),
 }
 del S
-INITIAL, FINAL = HotKeyState.COPIED, HotKeyState.REMOVED  # a record is made copied, and dropped once removed
+# A record is made copied (a warm), or found (a takeover: HotKey.found), and dropped once removed.
+INITIAL, FOUND, FINAL = HotKeyState.COPIED, HotKeyState.FOUND, HotKeyState.REMOVED
+INITIALS = (INITIAL, FOUND)
 
 
 class IllegalTransition(RuntimeError):
@@ -97,6 +111,14 @@ class HotKey:
     # Changed by `move` alone (read through the properties below):
     _state: HotKeyState = field(default=INITIAL, init=False)
     _cleared: WriteStamp | None = field(default=None, init=False)  # None: a write counted, or held dirty, since
+
+    @classmethod
+    def found(cls, placement: Placement, holding: set[int], synced_cas: int | None, synced_digest: bytes | None,
+              since: float, synced_expiry: float | None = None) -> "HotKey":
+        """The record of a key read back from the switches (controller/adoption.py), in state found."""
+        hot = cls(placement, holding, synced_cas, synced_digest, since, synced_expiry)
+        hot._state = HotKeyState.FOUND
+        return hot
 
     def move(self, to: HotKeyState, stamp: WriteStamp | None = None) -> None:
         """The one way the key changes state, checked against TRANSITIONS (raises IllegalTransition); `stamp`: the
@@ -148,7 +170,7 @@ def transitions_markdown() -> str:
     """The state diagram (Mermaid) and the transition table, both from TRANSITIONS."""
     diagram = ["```mermaid", "stateDiagram-v2"]
     diagram += [f'    state "{s.value}" as {s.name}' for s in HotKeyState]
-    diagram += [f"    [*] --> {INITIAL.name}"]
+    diagram += [f"    [*] --> {initial.name}" for initial in INITIALS]
     diagram += [f"    {a.name} --> {b.name}: {t.event}" for (a, b), t in TRANSITIONS.items()]
     diagram += [f"    {FINAL.name} --> [*]", "```"]
     table = ["| from | to | event | when | its write stamp |", "|---|---|---|---|---|"]

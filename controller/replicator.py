@@ -36,6 +36,10 @@ class Replicator:
         """The item on `server` (None on a miss); raises MetaError if the server cannot be read."""
         return self._client(server).get(key)
 
+    def items(self, server: int, keys: list[bytes]) -> list[StoredItem | None]:
+        """Each key's item on `server` (None on a miss) in one round trip; raises MetaError."""
+        return self._client(server).items(keys)
+
     def version(self, server: int, key: bytes) -> ItemVersion | None:
         """The item's CAS and TTL on `server` (None on a miss); raises MetaError."""
         return self._client(server).version(key)

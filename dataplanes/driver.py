@@ -30,6 +30,7 @@ import functools
 import inspect
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
+from enum import Enum
 from typing import Any, Callable, ClassVar, Mapping, Sequence, TypeVar
 
 from mbalancer.settings import Server
@@ -80,12 +81,41 @@ class StreamId:
         return cls(client_ip, int(client_port), server_ip, int(server_port))
 
 
+class Distrust(str, Enum):
+    """Why the state a new leader found for a key cannot be taken as it is: the key alone is rebuilt (a str: the
+    decision log shows the value). The driver names the first three, the core the others (controller/adoption.py)."""
+    LEASE_EXPIRED = "lease-expired"  # its switch's lease had run out: nobody vouched for its copies meanwhile
+    TABLES_DISAGREE = "tables-disagree"  # switches hold different entries for it (or one that should hold none)
+    NOT_READ_BACK = "not-read-back"  # the data plane started afresh at attach: its rules were removed (P4)
+    NOT_PLACEABLE = "not-placeable"  # its entry names servers the config does not have
+    HOME_UNREADABLE = "home-unreadable"  # its home could not be read: nothing to compare the copies with
+    REPLICA_MISSING = "replica-missing"  # a replica with weight holds no copy of the home's item
+    REPLICA_DIFFERS = "replica-differs"  # a replica's copy is not the home's item (value, flags or expiry)
+    REPLICA_UNREADABLE = "replica-unreadable"  # a replica with weight could not be read
+
+
+# What the driver did about it already: the key's rules are out of every switch (gets go home untouched).
+RULES_REMOVED = frozenset({Distrust.TABLES_DISAGREE, Distrust.NOT_READ_BACK, Distrust.NOT_PLACEABLE})
+
+
 @dataclass(frozen=True)
-class LeftoverKey:
-    """A hot key found in the switch when the driver attached (left by a controller that stopped)."""
+class FoundKey:
+    """A hot key the switches held when the driver attached (installed by a controller that stopped or was
+    deposed), read back: what the data plane does with it now."""
     key: bytes
     home: int
-    servers: tuple[int, ...]  # the servers it was spread over (home included)
+    replicas: tuple[ReplicaWeight, ...]  # as its table weighs them (home among them)
+    synced: WriteStamp | None  # clean: the counts it was cleared to (a write_stamp's counts); None: dirty or held
+    distrust: Distrust | None = None  # why its state cannot be taken as it is (the driver's own reasons)
+
+    def __post_init__(self) -> None:  # (a switch agent sends the enum as its value)
+        if self.distrust is not None and not isinstance(self.distrust, Distrust):
+            object.__setattr__(self, "distrust", Distrust(self.distrust))
+
+    @property
+    def servers(self) -> tuple[int, ...]:
+        """Every server its entry names, the home first."""
+        return tuple(dict.fromkeys((self.home, *(r.server for r in self.replicas))))
 
 
 @dataclass(frozen=True)
@@ -135,11 +165,14 @@ class Driver(ABC):
 
     @abstractmethod
     def attach(self, servers: Sequence[Server], on_mirror: MirrorHandler,
-               on_reconnect: ReconnectHandler | None = None) -> list[LeftoverKey]:
+               on_reconnect: ReconnectHandler | None = None) -> list[FoundKey]:
         """Start: learn the servers, begin delivering the data plane's copies to `on_mirror` (from any thread). Hot
-        keys the switch already holds were not installed by this core: the driver removes their rules (gets go
-        home) and returns them, so the core can delete their extra copies; no slot is reused unchecked. A driver
-        that sees its switch come back empty (restarted, reloaded) forgets what it had installed and calls
+        keys the switches already hold were installed by a controller that stopped: the driver reads each one back
+        (home, replicas and weights, slot, dirty state, whether its lease ran out) and keeps it as installed, so
+        the core can adopt it as it is (no rule removed, no copy deleted; controller/adoption.py). A key whose
+        switches disagree (or that a data plane cannot read back) has its rules removed here, and is returned
+        with why. The switches' lease is left as it was: the core renews it once it has judged every key. A
+        driver that sees its switch come back empty (restarted, reloaded) forgets what it had installed and calls
         `on_reconnect` (from any thread); the core then installs every hot key again."""
 
     @abstractmethod
@@ -270,10 +303,16 @@ class Driver(ABC):
         """Stop delivering mirrors, end the lease (gets go home: nobody keeps the copies fresh any more) and release
         the data plane (tables may stay: the switch keeps forwarding)."""
 
+    def let_go(self) -> None:
+        """Stop delivering mirrors and release the data plane as it is, its lease left to run out by itself: the
+        controller died or lost its connection, and the next one may adopt what the switches hold before then (a
+        switch agent does this when its controller's stream ends). By default: close."""
+        self.close()
+
 
 # --- the interface's calls, listed once ----------------------------------------------------------------------------
-# Every call but attach and close (which each side handles itself). The slot book (dataplanes/slot_book.py) answers
-# HOT_KEY_CALLS for each data plane that keeps one; a driver whose calls run elsewhere forwards CALLS. The forwards
+# Every call but attach, close and let_go (which each side handles itself). The slot book (dataplanes/slot_book.py)
+# answers HOT_KEY_CALLS for each data plane that keeps one; a driver whose calls run elsewhere forwards CALLS. The forwards
 # are derived from these lists (`forwards`), never written out, so a call added here reaches every side.
 HOT_KEY_CALLS = ("install_hot_key", "install_hot_keys", "set_weights", "remove_hot_key", "remove_hot_keys",
                  "set_dirty", "write_stamp", "write_stamps", "clear_dirty", "clear_dirty_keys", "renew_lease",

@@ -9,7 +9,7 @@ from __future__ import annotations
 from abc import abstractmethod
 from typing import Any, Mapping, Sequence
 
-from dataplanes.driver import CALLS, Driver, DriverError, LeftoverKey, MirrorHandler, ReconnectHandler, forwards
+from dataplanes.driver import CALLS, Driver, DriverError, FoundKey, MirrorHandler, ReconnectHandler, forwards
 from mbalancer.settings import Server
 
 
@@ -23,7 +23,7 @@ class ForwardedDriver(Driver):
         """`method` with `args` run by the far driver: its result, or DriverError with its words."""
 
     def attach(self, servers: Sequence[Server], on_mirror: MirrorHandler,
-               on_reconnect: ReconnectHandler | None = None) -> list[LeftoverKey]:
+               on_reconnect: ReconnectHandler | None = None) -> list[FoundKey]:
         self.on_mirror, self.on_reconnect = on_mirror, on_reconnect
         return self._call("attach", (tuple(servers),))
 

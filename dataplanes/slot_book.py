@@ -16,7 +16,8 @@ the same everywhere, whatever the switch:
 
 A switch that came back empty (reloaded, restarted) is handed in again with `use`: every slot is forgotten and the
 core installs its hot keys anew. A driver that holds a book adds only what is its own: how switches are reached,
-leftovers of an earlier controller, forwarding, copies of packets (dataplanes/slot_book_driver.py).
+reading back what an earlier controller left (dataplanes/read_back.py, which hands each key it keeps to `take`),
+forwarding, copies of packets (dataplanes/slot_book_driver.py).
 """
 from __future__ import annotations
 
@@ -101,6 +102,16 @@ class SwitchTables(Protocol):
     def blind_stream(self, stream: StreamId) -> None:
         """The controller cannot follow the connection: its segments are copied once per report."""
 
+    # What a new controller reads back to adopt (dataplanes/read_back.py).
+    def held_keys(self) -> dict[bytes, HotEntry]:
+        """Every hot key the switch holds, with its entry."""
+
+    def synced_counts(self, slot: int) -> tuple[int, int] | None:
+        """The (writes, unsure) the slot's key is clean at; None while it is held dirty."""
+
+    def lease(self) -> int | None:
+        """Until when (CLOCK_MONOTONIC ns) the switch trusts the copies; None where it cannot be read."""
+
     # Many keys at once: a switch reached over the network (P4Runtime) makes each one request; OneByOne below makes
     # them of the calls above, for a switch whose every call is cheap (eBPF maps).
     def install_keys(self, entries: Sequence[tuple[bytes, HotEntry]]) -> list[int]:
@@ -173,6 +184,13 @@ class SlotBook:
         with self.lock:
             self.switches = list(switches)
             self._forget_all()
+
+    def take(self, key: bytes, entry: HotEntry, bases: tuple[int, ...]) -> None:
+        """A key the switches already hold (read back from them: dataplanes/read_back.py), kept as installed: its
+        slot taken, its stamps counted from `bases` (each switch's write count of the slot now)."""
+        with self.lock:
+            self.free_slots.remove(entry.slot)
+            self.entries[key], self.write_bases[key] = entry, bases
 
     def came_back(self, switches: Sequence[SwitchTables]) -> None:
         """The switches returned empty (reloaded, restarted): `use` them and count it."""

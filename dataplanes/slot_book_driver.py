@@ -12,7 +12,8 @@ import threading
 from abc import abstractmethod
 from typing import Any, Sequence
 
-from dataplanes.driver import HOT_KEY_CALLS, Driver, LeftoverKey, MirrorHandler, ReconnectHandler, forwards
+from dataplanes.driver import (HOT_KEY_CALLS, RULES_REMOVED, Driver, FoundKey, MirrorHandler, ReconnectHandler,
+                               forwards)
 from dataplanes.pipeline import MAX_REPLICAS
 from dataplanes.slot_book import SlotBook
 from mbalancer.settings import Server
@@ -42,33 +43,41 @@ class SlotBookDriver(Driver):
     servers = property(lambda self: self.book.servers)
 
     def attach(self, servers: Sequence[Server], on_mirror: MirrorHandler,
-               on_reconnect: ReconnectHandler | None = None) -> list[LeftoverKey]:
+               on_reconnect: ReconnectHandler | None = None) -> list[FoundKey]:
         self.on_mirror, self.on_reconnect = on_mirror, on_reconnect
-        leftovers = self._open(servers)
-        if leftovers:
-            log.warning("removed %d hot keys a previous controller left in the %s: their gets go home",
-                        len(leftovers), self.book.what)
+        found = self._open(servers)
+        if found:
+            removed = [f for f in found if f.distrust in RULES_REMOVED]
+            log.info("read back %d hot keys a previous controller left in the %s (%d removed: %s)", len(found),
+                     self.book.what, len(removed), ", ".join(sorted({f.distrust.value for f in removed})) or "none")
         self._thread = threading.Thread(target=self._watch, name=self.thread_name, daemon=True)
         self._thread.start()
-        return leftovers
+        return found
 
     def _to_book(self, call: str, args: tuple) -> Any:
         """A call of HOT_KEY_CALLS (each one a method of this class, derived from that list): the book's answer."""
         return getattr(self.book, call)(*args)
 
     def close(self) -> None:
+        self._let_go(end_lease=True)
+
+    def let_go(self) -> None:
+        self._let_go(end_lease=False)
+
+    def _let_go(self, end_lease: bool) -> None:
         self._stop.set()
         if self._thread:
             self._thread.join(timeout=2)
         with self.book.lock:
-            self.book.end_lease()
+            if end_lease:
+                self.book.end_lease()
             self._release()
 
     # --- for the drivers --------------------------------------------------------------------------------------
     @abstractmethod
-    def _open(self, servers: Sequence[Server]) -> list[LeftoverKey]:
+    def _open(self, servers: Sequence[Server]) -> list[FoundKey]:
         """Reach the switches, hand them to the book (`book.use`), write what the driver owns there (servers, ports),
-        remove the hot keys an earlier controller left and return them."""
+        read back the hot keys an earlier controller left (dataplanes/read_back.py) and return them."""
 
     @abstractmethod
     def _release(self) -> None:

@@ -21,7 +21,7 @@ TIERS: dict[str, str] = {
     # unit: no root, nothing but what `make install` installs (memcached on loopback), the whole tier in a minute
     "test_cli": "unit", "test_config": "unit", "test_driver_calls": "unit", "test_config_reference": "unit", "test_controller_decisions": "unit", "test_core_defects": "unit",
     "test_docs": "unit", "test_driver_process": "unit", "test_executor": "unit", "test_hot_key_states": "unit",
-    "test_install": "unit",
+    "test_install": "unit", "test_adoption": "unit",
     "test_key_hashes": "unit", "test_layout": "unit", "test_mac_check": "unit", "test_measured_balance": "unit",
     "test_memcache_client": "unit", "test_memcache_fuzz": "unit", "test_memcache_memory": "unit",
     "test_memcache_protocol": "unit",
@@ -44,8 +44,8 @@ TIERS: dict[str, str] = {
     # bmv2: simple_switch_grpc (`make p4`), root
     "test_p4_network": "bmv2", "test_p4_program": "bmv2", "test_p4_sketch": "bmv2",
     # mininet: the Mininet testbed, root (test_fabric_failover needs etcd too)
-    "test_experiments_endtoend": "mininet", "test_fabric_failover": "mininet", "test_mininet_switch": "mininet",
-    "test_mixed_fabric": "mininet",
+    "test_experiments_endtoend": "mininet", "test_fabric_failover": "mininet", "test_failover_adoption": "mininet",
+    "test_mininet_switch": "mininet", "test_mixed_fabric": "mininet",
 }
 
 

@@ -338,8 +338,8 @@ def test_placement_gives_driver_weights():
 def test_the_decision_log_says_the_same_words_as_ever():
     """GET /decisions and /state read each entry's action as these strings: HTTP consumers depend on them."""
     assert {d.value for d in Decision} == {
-        "warm", "cool", "reweight", "skip", "refill", "replay", "expire", "give-up", "error", "reconcile", "home",
-        "hold", "server-down", "server-up", "server-restarted", "server-mac", "server-closed"}
+        "warm", "cool", "reweight", "skip", "refill", "replay", "expire", "give-up", "error", "adopt", "reconcile",
+        "home", "hold", "server-down", "server-up", "server-restarted", "server-mac", "server-closed"}
     assert {c.value for c in ChangeAction} <= {d.value for d in Decision}  # a change is logged as its own kind
     assert {str(d) for d in WARNED} == {"server-down", "server-up", "server-restarted", "server-mac", "error"}
 

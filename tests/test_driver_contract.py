@@ -1,7 +1,8 @@
 """The core/driver contract (dataplanes/driver.py), tested once for every driver in the registry: each is driven
 through install, weights, dirty state (write stamps, writes and unsure requests the data plane counts, the lease),
-remove, refused requests and keys left by an earlier controller, and asked where a get goes (faucet's way of asking
-a fake table; for the eBPF driver the real program answers, in the kernel, through BPF_PROG_TEST_RUN)."""
+remove, refused requests and keys left by an earlier controller (read back and kept), and asked where a get goes
+(faucet's way of asking a fake table; for the eBPF driver the real program answers, in the kernel, through
+BPF_PROG_TEST_RUN)."""
 from __future__ import annotations
 
 import os
@@ -13,7 +14,8 @@ from typing import Callable
 
 import pytest
 
-from dataplanes.driver import Driver, DriverError, HotKeyInstall, MacSighting, ReplicaWeight
+from dataplanes.driver import (RULES_REMOVED, Distrust, Driver, DriverError, HotKeyInstall, MacSighting,
+                               ReplicaWeight)
 from dataplanes.recording.driver import RecordingDriver
 from dataplanes import registry
 from tests.switch_agent import AgentProcess
@@ -49,7 +51,7 @@ def recording_harness():
         if not whole:
             driver.unsure(server, b"")
 
-    yield Harness(driver, route, driver.reconnect, send, lambda: RecordingDriver(driver.tables))  # the same switch
+    yield Harness(driver, route, driver.reconnect, send, driver.successor)
 
 
 def ebpf_harness():
@@ -318,14 +320,33 @@ def test_without_the_lease_every_get_goes_home(harness):
     assert set(spread(harness, b"k", 0)) == {0, 1}
 
 
-def test_a_new_driver_removes_what_an_earlier_controller_left(harness):
+def test_a_new_driver_reads_back_what_an_earlier_controller_left_and_keeps_it(harness):
+    """A controller that takes over (controller/adoption.py): the new driver reads each key back (home, replicas and
+    weights, clean or held dirty) and keeps it as it was, no rule rewritten; it stamps, clears and removes it as
+    its own. A data plane that cannot read back (P4: its pipeline is pushed anew) removes them and says so."""
     harness.driver.install_hot_key(b"k", 0, equal(0, 1, 2))
     clean(harness, b"k")
+    harness.driver.install_hot_key(b"d", 1, equal(1, 3))  # held dirty
+    before = spread(harness, b"k", 0, 60)
     after = harness.successor()
-    left = after.attach(SERVERS, lambda frame: None)
+    found = {f.key: f for f in after.attach(SERVERS, lambda frame: None)}
     try:
-        assert [(x.key, x.home, x.servers) for x in left] == [(b"k", 0, (0, 1, 2))]
-        assert spread(harness, b"k", 0, 30) == {UNTOUCHED: 30}  # gets go home: no slot reused unchecked
+        assert set(found) == {b"k", b"d"}
+        k, d = found[b"k"], found[b"d"]
+        assert (k.home, [r.server for r in k.replicas], d.home, [r.server for r in d.replicas]) == \
+            (0, [0, 1, 2], 1, [1, 3])
+        if k.distrust in RULES_REMOVED:
+            assert spread(harness, b"k", 0, 30) == {UNTOUCHED: 30}  # gets go home: no slot reused unchecked
+            return
+        assert [round(r.weight, 3) for r in k.replicas] == [0.333] * 3 and k.synced is not None and d.synced is None
+        assert k.distrust in (None, Distrust.LEASE_EXPIRED)  # (expired where the earlier one ended it on its way out)
+        after.renew_lease(3600)
+        assert spread(harness, b"k", 0, 60) == before  # balanced as it was
+        assert spread(harness, b"d", 1, 30) == {UNTOUCHED: 30}  # still dirty
+        after.clear_dirty(b"d", after.write_stamp(b"d"))
+        assert set(spread(harness, b"d", 1)) == {1, 3} and after.write_stamp(b"k").writes == 0
+        after.remove_hot_key(b"k")
+        assert spread(harness, b"k", 0, 30) == {UNTOUCHED: 30}
     finally:
         after.close()
 

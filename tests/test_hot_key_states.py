@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from controller.hot_keys import (FINAL, INITIAL, TRANSITIONS, HotKey, HotKeyState, IllegalTransition, Stamp,
-                                 transitions_markdown)
+from controller.hot_keys import (FINAL, FOUND, INITIAL, INITIALS, TRANSITIONS, HotKey, HotKeyState,
+                                 IllegalTransition, Stamp, transitions_markdown)
 from controller.planner import Placement
 from dataplanes.driver import WriteStamp
 
@@ -18,21 +18,25 @@ ROOT = Path(__file__).resolve().parent.parent
 OLD, NEW = WriteStamp(1, ((1, 0),)), WriteStamp(2, ((2, 0),))
 
 
-def route(to: HotKeyState) -> list[HotKeyState]:
-    """The states a new record goes through to reach `to` (shortest, by the table alone)."""
-    paths, todo = {INITIAL: []}, deque([INITIAL])
+def route(to: HotKeyState, start: HotKeyState = INITIAL) -> list[HotKeyState] | None:
+    """The states a record made in `start` goes through to reach `to` (shortest, by the table alone); None: never."""
+    paths, todo = {start: []}, deque([start])
     while todo:
         state = todo.popleft()
         for (a, b) in TRANSITIONS:
             if a is state and b not in paths:
                 paths[b] = paths[state] + [b]
                 todo.append(b)
-    return paths[to]
+    return paths.get(to)
 
 
 def record_in(state: HotKeyState) -> HotKey:
-    """A record brought to `state` by allowed moves, cleared to OLD on the way if it ever was."""
-    hot = HotKey(Placement(b"k", 0, 0, (0, 1), (0.5, 0.5)), {0, 1}, 7, None, 0.0)
+    """A record brought to `state` by allowed moves, cleared to OLD on the way if it ever was (a found one only to
+    reach found)."""
+    placement = Placement(b"k", 0, 0, (0, 1), (0.5, 0.5))
+    if state is FOUND:
+        return HotKey.found(placement, {0, 1}, 7, None, 0.0)
+    hot = HotKey(placement, {0, 1}, 7, None, 0.0)
     for step in route(state):
         hot.move(step, OLD if TRANSITIONS[hot.state, step].stamp is Stamp.SET else None)
     return hot
@@ -61,9 +65,11 @@ def test_every_other_transition_raises_naming_both_states(current, to):
     assert hot.state is current  # refused: nothing moved
 
 
-def test_a_life_begins_copied_ends_removed_and_can_always_end():
+def test_a_life_begins_copied_or_found_ends_removed_and_can_always_end():
     assert HotKey(Placement(b"k", 0, 0, (0,), (1.0,)), {0}, None, None, 0.0).state is INITIAL
-    assert all(route(state) is not None for state in HotKeyState)  # every state reachable
+    assert HotKey.found(Placement(b"k", 0, 0, (0,), (1.0,)), {0}, None, None, 0.0).state is FOUND
+    assert all(any(route(state, start) is not None for start in INITIALS) for state in HotKeyState)  # reachable
+    assert not [pair for pair in TRANSITIONS if pair[1] is FOUND]  # found only by reading the switches back
     assert not [pair for pair in TRANSITIONS if pair[0] is FINAL]  # nothing after removed
     assert all((state, FINAL) in TRANSITIONS for state in HotKeyState if state is not FINAL)  # cool, or refused
 

@@ -151,7 +151,7 @@ def test_the_dirty_rule_sends_gets_home_until_the_sync(network, app):
     home = app.make_hot(b"hot:4", b"v4")
     tables = Tables(network.switch.classifier.pin_dir)
     try:
-        slot = next(entry.slot for key, entry in tables.hot_entries().items() if key == b"hot:4")
+        slot = next(entry.slot for key, entry in tables.held_keys().items() if key == b"hot:4")
         tables.hold(slot)  # as a write the controller has not synced yet leaves it
         before = hits(network)
         client_gets(network, network.server_hosts[home].ip, b"hot:4", 100)

@@ -53,7 +53,7 @@ def ebpf_fabric(planes: list) -> Fabric:
     tables = list(driver.book.switches)
 
     def held(i: int) -> object:  # a free slot's dirty state is written anew by the install that takes it
-        hot = tables[i].hot_entries()
+        hot = tables[i].held_keys()
         return hot, {e.slot: tables[i].synced(e.slot) for e in hot.values()}, [tables[i].filter_count(key)
                                                                                for key in CLEAN + NEW]
 

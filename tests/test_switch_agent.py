@@ -20,7 +20,7 @@ from dataplanes.agent import Settings
 from dataplanes.agent.client import AgentDriver
 from dataplanes.agent.codec import dumps, loads
 from dataplanes.agent.wire import CALL, HELLO, PROTOCOL_KEY
-from dataplanes.driver import (Counters, DriverError, HotKeyInstall, KeyCounters, LeftoverKey, ReplicaWeight,
+from dataplanes.driver import (Counters, Distrust, DriverError, HotKeyInstall, KeyCounters, FoundKey, ReplicaWeight,
                                StreamId, WriteStamp)
 from dataplanes.pipeline import HeavyKey
 from mbalancer.memcache.server import free_port
@@ -66,7 +66,8 @@ def until(condition, what: str) -> None:
 def test_every_value_of_the_driver_interface_crosses_the_wire_and_nothing_else_does():
     values = [None, True, 3, 0.25, "x", b"\x00\xff", (1, (2,)), [b"a"], {b"k": DriverError("no")},
               HotKeyInstall(b"k", 0, (ReplicaWeight(1, 0.5),)), WriteStamp(3, ((1, 2), (0,))), StreamId("a", 1, "b", 2),
-              LeftoverKey(b"k", 0, (0, 1)), Counters({b"k": KeyCounters(5, 1, 2, {0: 3})}, 1, 2, {"packets": 9}),
+              FoundKey(b"k", 0, (ReplicaWeight(0, 0.5), ReplicaWeight(1, 0.5)), WriteStamp(0, ((4, 1),)),
+                       Distrust.LEASE_EXPIRED), Counters({b"k": KeyCounters(5, 1, 2, {0: 3})}, 1, 2, {"packets": 9}),
               HeavyKey(b"k", 7, "10.0.0.1:11211"), SERVERS[0]]
     back = loads(dumps(values))
     assert str(back[8][b"k"]) == "no" and back[:8] == values[:8] and back[9:] == values[9:]
@@ -168,7 +169,7 @@ def test_a_killed_controller_ends_its_lease_at_the_agent_and_the_next_one_takes_
         if controller.poll() is None:
             controller.kill()
             controller.wait()
-    assert "left: driver closed, lease ended" in agent.stop()
+    assert "left: driver let go, its lease left to run out" in agent.stop()
 
 
 def _attaches(driver: AgentDriver) -> bool:

@@ -3,8 +3,8 @@ sent to the agent, the agent's events (mirrored writes, reconnects) read from it
 
 The stream is also the arbitration: attach opens it with the config's election id and fails in one line when the
 agent refuses (a newer or an equal controller drives it). An agent that goes away (restarted, the network cut) is
-tried again every RETRY seconds; once back it is attached anew (the fresh driver there removes what it finds) and
-the core is told to install every hot key again, as when a switch reloads. A deposed controller is not retried:
+tried again every RETRY seconds; once back it is attached anew (what the fresh driver there reads back is removed)
+and the core is told to install every hot key again, as when a switch reloads. A deposed controller is not retried:
 its calls keep failing, in the agent's words.
 """
 from __future__ import annotations
@@ -20,7 +20,7 @@ from dataplanes.agent import Settings
 from dataplanes.agent.codec import CodecError, dumps, loads
 from dataplanes.agent.wire import (CALL, ELECTION_KEY, HELLO, PROTOCOL, PROTOCOL_KEY, SESSION_KEY, STREAM, TOKEN_KEY,
                                    options, read_token, tls_files)
-from dataplanes.driver import DriverError, LeftoverKey, MirrorHandler, ReconnectHandler
+from dataplanes.driver import DriverError, FoundKey, MirrorHandler, ReconnectHandler
 from dataplanes.forwarded_driver import ForwardedDriver
 from mbalancer.settings import ConfigError, Server
 
@@ -56,7 +56,7 @@ class AgentDriver(ForwardedDriver):
                  hello["primary"] or "none")
 
     def attach(self, servers: Sequence[Server], on_mirror: MirrorHandler,
-               on_reconnect: ReconnectHandler | None = None) -> list[LeftoverKey]:
+               on_reconnect: ReconnectHandler | None = None) -> list[FoundKey]:
         self.on_mirror, self.on_reconnect, self._servers = on_mirror, on_reconnect, tuple(servers)
         events = self._open_stream()
         threading.Thread(target=self._read, args=(events,), name="mbalancer-agent-events", daemon=True).start()
@@ -145,7 +145,8 @@ class AgentDriver(ForwardedDriver):
         while not self._closing.wait(RETRY):
             try:
                 events = self._open_stream()
-                self._call("attach", (self._servers,))
+                found = self._call("attach", (self._servers,))
+                self._call("remove_hot_keys", ([f.key for f in found],))  # the core installs every key again
             except Refused as err:
                 self._deposed = str(err)
                 log.error("%s", err)

@@ -12,13 +12,13 @@ import dataclasses
 import json
 from typing import Any
 
-from dataplanes.driver import (Counters, DriverError, ForwardingEntry, HotKeyInstall, KeyCounters, LeftoverKey,
+from dataplanes.driver import (Counters, DriverError, ForwardingEntry, HotKeyInstall, KeyCounters, FoundKey,
                                MacSighting, ReplicaWeight, StreamId, WriteStamp)
 from dataplanes.pipeline import HeavyKey
 from mbalancer.settings import Server
 
 RECORDS = {cls.__name__: cls for cls in (Counters, ForwardingEntry, HeavyKey, HotKeyInstall, KeyCounters,
-                                         LeftoverKey, MacSighting, ReplicaWeight, Server, StreamId, WriteStamp)}
+                                         FoundKey, MacSighting, ReplicaWeight, Server, StreamId, WriteStamp)}
 
 
 class CodecError(ValueError):

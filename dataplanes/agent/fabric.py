@@ -22,9 +22,9 @@ from typing import Any, Callable, Mapping, Sequence
 
 from dataplanes.agent import Settings
 from dataplanes.agent.client import AgentDriver, answers
-from dataplanes.driver import (Counters, Driver, DriverError, ForwardingEntry, HotKeyInstall, LeftoverKey,
-                               MacSighting, MirrorHandler, ReconnectHandler, ReplicaWeight, StreamId, WriteStamp,
-                               merge_sightings, raise_refused)
+from dataplanes.driver import (RULES_REMOVED, Counters, Distrust, Driver, DriverError, ForwardingEntry, FoundKey,
+                               HotKeyInstall, MacSighting, MirrorHandler, ReconnectHandler, ReplicaWeight, StreamId,
+                               WriteStamp, merge_sightings, raise_refused)
 from dataplanes.reach import count_answering
 from mbalancer.settings import ConfigError, Server
 
@@ -112,7 +112,7 @@ class FabricDriver(Driver):
 
     # --- the driver interface --------------------------------------------------------------------------------
     def attach(self, servers: Sequence[Server], on_mirror: MirrorHandler,
-               on_reconnect: ReconnectHandler | None = None) -> list[LeftoverKey]:
+               on_reconnect: ReconnectHandler | None = None) -> list[FoundKey]:
         where = {name: box for box, names in enumerate(self.racks) for name in names}
         unknown = sorted(set(where) - {s.name for s in servers})
         if unknown:
@@ -123,13 +123,33 @@ class FabricDriver(Driver):
         self.box_of = [where[s.name] for s in servers]
         self.box_at = {(s.ip, s.port): where[s.name] for s in servers}
         self.on_reconnect = on_reconnect
-        leftovers: list[LeftoverKey] = []
+        found: dict[bytes, dict[int, FoundKey]] = {}  # key -> box -> as that box read it back
         for index, box in enumerate(self.boxes):
-            leftovers += box.attach(servers, on_mirror, lambda index=index: self._came_back(index))
+            for key in box.attach(servers, on_mirror, lambda index=index: self._came_back(index)):
+                found.setdefault(key.key, {})[index] = key
             box.set_tcp_homes(self._rack(index))
         log.info("fabric: %d boxes, servers by box: %s", len(self.boxes),
                  "; ".join(f"box {i + 1}: {' '.join(names) or 'none (spine)'}" for i, names in enumerate(self.racks)))
-        return leftovers
+        return [self._adopted(key, by_box) for key, by_box in found.items()]
+
+    def _adopted(self, key: bytes, by_box: dict[int, FoundKey]) -> FoundKey:
+        """A key read back from the boxes: held where its home's leaf alone holds it (and holds it whole); else its
+        rules go from every box that has them (another leaf balancing it would miss the writes from other racks)."""
+        home_box = next((self.box_of[f.home] for f in by_box.values() if 0 <= f.home < len(self.box_of)), None)
+        only = by_box.get(home_box) if list(by_box) == [home_box] else None
+        if only is not None and only.distrust not in RULES_REMOVED:
+            with self.lock:
+                self.held[key] = home_box
+            return only
+        for box, f in by_box.items():
+            if f.distrust not in RULES_REMOVED:
+                refused = self.boxes[box].remove_hot_keys([key])
+                if refused:
+                    log.warning("fabric: box %d: %r, held where it should not be, not removed: %s", box + 1, key,
+                                refused[key])
+        first = by_box.get(home_box) or next(iter(by_box.values()))
+        why = first.distrust if first.distrust in RULES_REMOVED else Distrust.TABLES_DISAGREE
+        return FoundKey(key, first.home, first.replicas, None, why)
 
     def _rack(self, index: int) -> list[int]:
         """The servers cabled to box `index`: the homes whose TCP connections its TCP path takes (at the home's

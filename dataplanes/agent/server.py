@@ -5,9 +5,11 @@ is the primary, the only one whose calls are taken and the only one that gets th
 reconnects). A higher id deposes the primary at once (its stream ends with `deposed`, its later calls are refused
 by the agent itself, so a controller that lost an election cannot write even if it does not know yet); a lower one
 is refused; an equal one from another controller while the primary's stream is open is refused (two controllers
-with the same id are a misconfiguration, not a succession). When the primary's stream ends (the controller
-stopped, died, or lost the network), the agent closes the driver, which ends the lease in the data plane: every
-get goes home until a controller attaches again. The agent holds the switch's local ownership lock
+with the same id are a misconfiguration, not a succession). When the primary's stream ends (the controller died or
+lost the network), the agent lets its driver go and leaves the lease in the data plane to run out by itself: a
+controller that attaches before then (the next leader) reads the switch's hot keys back and adopts them as they are,
+and balancing goes on as it went; if none does, every get goes home once it has run out. A controller that stops
+(its `close`) ends the lease at once. The agent holds the switch's local ownership lock
 (mbalancer/ownership.py) for as long as it serves, so no local controller writes it behind the agent's back.
 """
 from __future__ import annotations
@@ -220,13 +222,13 @@ class SwitchAgent:
             if self.primary is not session:
                 return
             self.primary = None
-            log.info("the primary controller %s left: driver closed, lease ended (gets go home until a controller "
-                     "attaches)", session.peer)
-            self._close_driver()
+            log.info("the primary controller %s left: driver let go, its lease left to run out (a controller that "
+                     "attaches before then adopts the switch's hot keys as they are)", session.peer)
+            self._close_driver(end_lease=False)
 
     def _run(self, method: str, args: tuple, session: Session) -> Any:
-        if method == "attach":  # a new controller: the switch as a fresh driver finds it (leftovers reconciled)
-            self._close_driver()
+        if method == "attach":  # a new controller: the switch as a fresh driver finds it (its hot keys read back)
+            self._close_driver(end_lease=False)
             if self.used:
                 self.driver = self.kind.make_driver(self.driver_settings)
             self.used = self.attached = True
@@ -245,9 +247,13 @@ class SwitchAgent:
         if primary is not None:
             primary.put(event)
 
-    def _close_driver(self) -> None:
+    def _close_driver(self, end_lease: bool = True) -> None:
+        """Closed (the lease ended: gets go home), or let go with the lease left to run out by itself."""
         if self.attached:
-            self.driver.close()
+            if end_lease:
+                self.driver.close()
+            else:
+                self.driver.let_go()
             self.attached = False
 
     def _not_primary(self, election_id: int) -> str:

@@ -5,7 +5,7 @@ Each copy (a switch, or a classifier) has its own maps, pinned under its directo
 written to all of them, so a key is balanced by the first switch on its path (later switches see the "already
 balanced" mark). Maps are written through the bpf syscall (dataplanes/bpf/bpf_syscall.py says why). What this
 adds to the book is the BPF side of reaching the switches: opening the maps from their pins and writing the
-servers there, removing the hot keys a previous controller left (at attach, before any slot is handed out), and
+servers there, reading back the hot keys a previous controller left (at attach, before any slot is handed out), and
 noticing a copy that was reloaded (its pins lead to new maps): the maps are reopened and every slot forgotten.
 """
 from __future__ import annotations
@@ -18,8 +18,9 @@ from typing import Sequence
 
 from dataplanes.bpf.bpf_syscall import BpfError
 from dataplanes.bpf.tables import Tables
-from dataplanes.driver import DriverError, ForwardingEntry, LeftoverKey, MacSighting, StreamId, merge_sightings
+from dataplanes.driver import DriverError, ForwardingEntry, FoundKey, MacSighting, StreamId, merge_sightings
 from dataplanes.pipeline import own_addresses
+from dataplanes.read_back import read_back
 from dataplanes.slot_book import SlotBook
 from mbalancer.memcache.addresses import resolve_ipv4
 from mbalancer.settings import Server
@@ -47,12 +48,16 @@ class KeyTables(SlotBook):
         self.trusted = tuple(trusted)
         self.tcp_homes: tuple[int, ...] | None = None  # whose connections the TCP path takes; None: every server's
 
-    def attach(self, servers: Sequence[Server]) -> list[LeftoverKey]:
-        """Open every copy's maps, write the servers there, and remove the hot keys a previous controller left."""
+    def attach(self, servers: Sequence[Server]) -> list[FoundKey]:
+        """Open every copy's maps, write the servers there, and read back the hot keys a previous controller left
+        (dataplanes/read_back.py: kept where the copies agree)."""
         with self.lock:
             self.servers = tuple(servers)
             self.use(self._open())
-            return self._remove_leftovers()
+            try:
+                return read_back(self)
+            except ERRORS as err:
+                raise DriverError(f"reading back the hot keys left in the {self.what}: {err}") from None
 
     def set_forwarding(self, entries: Sequence[ForwardingEntry]) -> None:
         with self.lock:
@@ -158,24 +163,13 @@ class KeyTables(SlotBook):
                 for ip in sorted(own_addresses(self.servers) | set(self.trusted)):
                     tables.trust(ip)
                 self._write_tcp_homes(tables)
-                tables.set_lease(self.lease_until)
+                if self.lease_until:  # (a copy that came back); at attach, the lease found is read back
+                    tables.set_lease(self.lease_until)
         except ERRORS as err:
             for tables in opened:
                 tables.close()
             raise DriverError(f"{self.what} tables: {err}") from None
         return opened
-
-    def _remove_leftovers(self) -> list[LeftoverKey]:
-        """Remove the hot keys a previous controller left (their copies may be stale; this core never synced them)."""
-        found: dict[bytes, LeftoverKey] = {}
-        try:
-            for tables in self.switches:
-                for key, entry in tables.hot_entries().items():
-                    tables.delete_hot(key)
-                    found[key] = LeftoverKey(key, entry.home, tuple(entry.servers))
-        except ERRORS as err:
-            raise DriverError(f"removing the hot keys left in the switch: {err}") from None
-        return list(found.values())
 
     def _close_tables(self) -> None:
         for tables in self.switches:

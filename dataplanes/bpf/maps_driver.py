@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Sequence
 
 from dataplanes.bpf.key_tables import KeyTables
-from dataplanes.driver import ForwardingEntry, LeftoverKey, StreamId
+from dataplanes.driver import ForwardingEntry, FoundKey, StreamId
 from dataplanes.slot_book_driver import SlotBookDriver
 from mbalancer.settings import Server
 
@@ -33,7 +33,7 @@ class BpfMapsDriver(SlotBookDriver):
     def switches_gone(self) -> list[str]:
         return [p.name for p in self.book.pin_dirs if not (p / "prog").exists()]
 
-    def _open(self, servers: Sequence[Server]) -> list[LeftoverKey]:
+    def _open(self, servers: Sequence[Server]) -> list[FoundKey]:
         return self.book.attach(servers)
 
     def _release(self) -> None:

@@ -154,7 +154,7 @@ class Tables(OneByOne):
         raw = self.maps["hot_keys"].lookup(key_entry(key))
         return None if raw is None else hot_value(raw)
 
-    def hot_entries(self) -> dict[bytes, HotEntry]:
+    def held_keys(self) -> dict[bytes, HotEntry]:
         """Every hot key the switch holds (e.g. left by a controller that stopped)."""
         values = (self.maps["hot_keys"].lookup(raw) for raw in self.maps["hot_keys"].keys())
         return dict(hot_value(raw) for raw in values if raw is not None)
@@ -209,6 +209,11 @@ class Tables(OneByOne):
     def hold(self, slot: int) -> None:
         """Dirty until the controller says otherwise, whatever the counts."""
         self.set_synced(slot, HELD, 0)
+
+    def synced_counts(self, slot: int) -> tuple[int, int] | None:
+        """The counts the slot's key is clean at; None while held."""
+        synced = self.synced(slot)
+        return None if synced[0] == HELD else synced
 
     def dirty(self, slot: int, home: int) -> bool:
         """The pipeline's dirty test for a key in `slot` homed on `home` (the lease aside)."""

@@ -207,7 +207,7 @@ def status(name: str) -> dict:
     try:
         lease_ns = tables.lease()
         sketch_until_ns, _ = tables.sketch_control()
-        hot = tables.hot_entries()
+        hot = tables.held_keys()
         report = {"name": name, "ports": list(record.ports) if record else None,
                   "netns": record.netns if record else None,  # "": the machine's own (or one with no name)
                   "memcached_ports": sorted(tables.memcached_ports()), "hot_keys": len(hot),

@@ -30,7 +30,7 @@ from dataplanes.bpf.key_tables import KeyTables, resolve_trusted
 from dataplanes.bpf.maps_driver import BpfMapsDriver
 from dataplanes.slot_book_driver import WATCH_EVERY
 from dataplanes.bpf.program import CLASSIFIER, bpffs_problem
-from dataplanes.driver import (Counters, Driver, DriverError, LeftoverKey, MirrorHandler, ReconnectHandler,
+from dataplanes.driver import (RULES_REMOVED, Counters, Driver, DriverError, FoundKey, MirrorHandler, ReconnectHandler,
                                ReplicaWeight)
 from dataplanes.openflow import SELECTIONS, Settings, messages
 from dataplanes.openflow.weights import bucket_weights
@@ -96,11 +96,15 @@ class OpenflowDriver(BpfMapsDriver):
 
     # --- the switch half ----------------------------------------------------------------------------------------
     def attach(self, servers: Sequence[Server], on_mirror: MirrorHandler,
-               on_reconnect: ReconnectHandler | None = None) -> list[LeftoverKey]:
-        leftovers = super().attach(servers, on_mirror, on_reconnect)
+               on_reconnect: ReconnectHandler | None = None) -> list[FoundKey]:
+        found = super().attach(servers, on_mirror, on_reconnect)
+        with self._switch_lock:  # keys read back from the classifier: their groups as its weights say
+            for key in found:
+                if key.distrust not in RULES_REMOVED:
+                    self.buckets[self.book.slot_of(key.key)] = self._buckets(key.replicas)
         for dp in self.channel.switches():  # connected before the core started
             self.switch_connected(dp)
-        return leftovers
+        return found
 
     def switch_connected(self, dp: Any) -> None:
         """A switch (re)connected: it gets every rule from the record (it may have restarted empty)."""
@@ -200,6 +204,10 @@ class OpenflowDriver(BpfMapsDriver):
 
     def close(self) -> None:
         super().close()  # the lease ends in the classifier first: every get goes home, whatever the rules say
+        self.channel.close()
+
+    def let_go(self) -> None:
+        super().let_go()
         self.channel.close()
 
     # --- the classifier half, as BpfMapsDriver has it, but for its reloads ------------------------------------

@@ -16,7 +16,7 @@ import time
 from collections import OrderedDict
 from typing import Any, Sequence
 
-from dataplanes.driver import DriverError, ForwardingEntry, LeftoverKey, StreamId
+from dataplanes.driver import Distrust, DriverError, ForwardingEntry, FoundKey, ReplicaWeight, StreamId
 from dataplanes.p4 import Settings
 from dataplanes.p4 import entries as e
 from dataplanes.p4.client import P4RuntimeClient, first_come_election_id
@@ -123,8 +123,8 @@ class P4RuntimeDriver(SlotBookDriver):
             return [t.synced(slot) for t in self.book.switches]
 
     # --- the switches -----------------------------------------------------------------------------------------
-    def _open(self, servers: Sequence[Server]) -> list[LeftoverKey]:
-        leftovers: dict[bytes, LeftoverKey] = {}
+    def _open(self, servers: Sequence[Server]) -> list[FoundKey]:
+        leftovers: dict[bytes, FoundKey] = {}
         with self.book.lock:
             self.book.servers = tuple(servers)
             try:
@@ -150,7 +150,7 @@ class P4RuntimeDriver(SlotBookDriver):
         client.connect()
         return client
 
-    def _prepare(self, client: P4RuntimeClient) -> list[LeftoverKey]:
+    def _prepare(self, client: P4RuntimeClient) -> list[FoundKey]:
         """Read what a previous controller left, push the pipeline, write what the driver owns there."""
         cookie = client.pipeline_cookie()
         leftovers = self._leftovers(client) if cookie == self.pipeline.cookie else []
@@ -211,8 +211,10 @@ class P4RuntimeDriver(SlotBookDriver):
             except P4Error as err:
                 log.debug("nothing to remove: %s", err)
 
-    def _leftovers(self, client: P4RuntimeClient) -> list[LeftoverKey]:
-        """The hot keys in the switch's tables (a previous controller's), with the servers of their ranges."""
+    def _leftovers(self, client: P4RuntimeClient) -> list[FoundKey]:
+        """The hot keys in the switch's tables (a previous controller's), with the servers of their ranges: not
+        adopted (the pipeline is pushed anew at attach, which empties its tables and registers), so each is
+        rebuilt by the core."""
         keys: dict[int, tuple[bytes, int]] = {}  # slot -> key, home
         for entity in client.read([e.table_entry(self.pipeline, "hot_keys", {})], "the hot keys left"):
             match, hot = e.match_of(self.pipeline, "hot_keys", entity), e.params_of(self.pipeline, "hot", entity)
@@ -221,8 +223,12 @@ class P4RuntimeDriver(SlotBookDriver):
         for entity in client.read([e.table_entry(self.pipeline, "replicas", {})], "the replicas left"):
             slot = e.match_of(self.pipeline, "replicas", entity)["meta.slot"]
             servers.setdefault(slot, set()).add(e.params_of(self.pipeline, "to_replica", entity)["server"])
-        return [LeftoverKey(key, home, tuple(sorted(servers.get(slot, set()) | {home})))
-                for slot, (key, home) in keys.items()]
+        found = []
+        for slot, (key, home) in keys.items():
+            replicas = sorted(servers.get(slot, set()) | {home})
+            found.append(FoundKey(key, home, tuple(ReplicaWeight(s, 1 / len(replicas)) for s in replicas), None,
+                                  Distrust.NOT_READ_BACK))  # its rules are removed, the pipeline pushed anew
+        return found
 
     def _watch(self) -> None:
         """Reconnect switches whose stream broke; then every switch starts afresh and the core reinstalls."""

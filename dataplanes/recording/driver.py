@@ -8,8 +8,9 @@ tables decide dirty state as a pipeline does, so there is no second implementati
 passes the switch is played by a test: `mirror(frame, key)` counts a write to the key at its home and delivers the
 copy, `count_write(key)` counts one whose copy never comes, `unsure(server, frame)` a request nobody can read;
 `reconnect()` plays a switch that came back empty; `macs` is what it reports of the servers' MACs; `refuse(...)`
-makes chosen calls fail as a network driver's would; `leftover(...)` plays keys a previous controller left behind
-(a driver made on another's `tables` finds that one's keys, as a restarted controller finds its switch's).
+makes chosen calls fail as a network driver's would; `leftover(...)` plays keys a previous controller left behind,
+`lease_left(...)` the switches' lease, and `successor()` a controller that takes over the same switches (a driver
+made on another's `tables` finds that one's keys and reads them back, as a new leader finds its switch's).
 """
 from __future__ import annotations
 
@@ -20,9 +21,10 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any, Mapping, Sequence
 
-from dataplanes.driver import (KEYED_CALLS, ONE_KEY_CALLS, Counters, DriverError, ForwardingEntry, LeftoverKey,
+from dataplanes.driver import (KEYED_CALLS, ONE_KEY_CALLS, Counters, DriverError, ForwardingEntry, FoundKey,
                                MacSighting, MirrorHandler, ReconnectHandler, ReplicaWeight)
 from dataplanes.pipeline import WEIGHT_ONE, cumulative_weights
+from dataplanes.read_back import read_back
 from dataplanes.recording.tables import MemoryTables, TablesError
 from dataplanes.slot_book import HotEntry, SlotBook
 from dataplanes.slot_book_driver import SlotBookDriver
@@ -70,7 +72,7 @@ class RecordingDriver(SlotBookDriver):
 
     # --- the driver interface beyond the book ---------------------------------------------------------------------
     def attach(self, servers: Sequence[Server], on_mirror: MirrorHandler,
-               on_reconnect: ReconnectHandler | None = None) -> list[LeftoverKey]:
+               on_reconnect: ReconnectHandler | None = None) -> list[FoundKey]:
         self._check("attach")
         return super().attach(servers, on_mirror, on_reconnect)
 
@@ -177,31 +179,48 @@ class RecordingDriver(SlotBookDriver):
             self.book.came_back(self.tables)
         self._came_back()
 
-    def leftover(self, key: bytes, home: int, servers: tuple[int, ...]) -> None:
-        """Before attach: the switches hold `key`, installed by a controller that is gone."""
+    def leftover(self, key: bytes, home: int, replicas: Sequence[ReplicaWeight] | Sequence[int],
+                 clean: bool = False) -> None:
+        """Before attach: the switches hold `key` in a slot of its own (held dirty, or `clean` at the counts they
+        have), installed by a controller that is gone; replicas given as servers are weighed equally."""
+        weights = [r if isinstance(r, ReplicaWeight) else ReplicaWeight(r, 1 / len(replicas)) for r in replicas]
         for tables in self.tables:
-            tables.hot[key] = HotEntry(len(tables.hot), home, servers,
-                                       tuple(cumulative_weights([1 / len(servers)] * len(servers))))
+            slot = next(n for n in range(len(tables.hot) + 1) if n not in {e.slot for e in tables.hot.values()})
+            tables.hot[key] = HotEntry(slot, home, tuple(r.server for r in weights),
+                                       tuple(cumulative_weights([r.weight for r in weights])))
+            tables.synced[slot] = (tables.written[slot], tables.unsure_counts[home]) if clean else None
+
+    def lease_left(self, seconds: float) -> None:
+        """The switches' lease runs out `seconds` from now (0: it has run out): what they trust, whoever set it."""
+        with self.book.lock:
+            for tables in self.tables:
+                tables.lease_ns = time.monotonic_ns() + int(seconds * 1e9) if seconds > 0 else 0
+
+    def successor(self) -> "RecordingDriver":
+        """A new driver on the same switches (a controller that took over): it finds their tables, counts and lease
+        as they are."""
+        return type(self)(self.tables)
 
     # --- the slot book driver's parts -----------------------------------------------------------------------------
-    def _open(self, servers: Sequence[Server]) -> list[LeftoverKey]:
-        """The switches as they are: what an earlier controller left there is removed, and returned."""
-        found: dict[bytes, LeftoverKey] = {}
+    def _open(self, servers: Sequence[Server]) -> list[FoundKey]:
+        """The switches as they are: what an earlier controller left there is read back and kept where they agree
+        (dataplanes/read_back.py); the lease is left as it was, for the core to renew once it has judged each key."""
         with self.book.lock:
             self.book.servers = tuple(servers)
             self.book.use(self.tables)
+            found = read_back(self.book)
             for tables in self.tables:
-                for key, entry in list(tables.hot.items()):
-                    tables.delete_hot(key, entry)
-                    found[key] = LeftoverKey(key, entry.home, entry.servers)
-                self._fill(tables)
-        return list(found.values())
+                self._handled(tables)
+        return found
 
     def _fill(self, tables: MemoryTables) -> None:
-        """What the driver writes to a switch it opens: closes so far handled (an earlier controller's), the lease."""
+        """What the driver writes to a switch that came back empty: closes so far handled, the lease."""
+        self._handled(tables)
+        tables.set_lease(self.book.lease_until)
+
+    def _handled(self, tables: MemoryTables) -> None:
         for server in range(len(self.book.servers)):
             tables.set_closes_handled(server, tables.closes(server))
-        tables.set_lease(self.book.lease_until)
 
     def _release(self) -> None:
         pass  # the tables stay, as a switch's do

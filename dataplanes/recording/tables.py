@@ -103,6 +103,19 @@ class MemoryTables:
     def blind_stream(self, stream: StreamId) -> None:
         self._request()
 
+    # --- what a new controller reads back to adopt (dataplanes/read_back.py) ----------------------------------
+    def held_keys(self) -> dict[bytes, HotEntry]:
+        self._request()
+        return dict(self.hot)
+
+    def synced_counts(self, slot: int) -> tuple[int, int] | None:
+        self._request()
+        return self.synced.get(slot)
+
+    def lease(self) -> int:
+        self._request()
+        return self.lease_ns
+
     # --- a call on many keys, one request ----------------------------------------------------------------------
     def install_keys(self, entries: Sequence[tuple[bytes, HotEntry]]) -> list[int]:
         self._request()

@@ -111,7 +111,7 @@ def _events(decisions: list[dict], fault: Fault) -> list[dict]:
     """The decisions about the faulted server (or all, for a control-plane fault)."""
     marker = f"server {FAULTED} "
     return [d for d in decisions
-            if fault.server is None or marker in d["reason"] or d["action"] in ("replay", "reconcile")]
+            if fault.server is None or marker in d["reason"] or d["action"] in ("replay", "adopt", "reconcile")]
 
 
 def _false_removals(decisions: list[dict], fault: Fault) -> int:

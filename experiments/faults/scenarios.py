@@ -11,7 +11,7 @@ end. What each stands for:
     slow_link       the link to the server shaped to 200 kbit/s (tc tbf): its replies queue; back: unshaped
     udp_wedge       a 30-byte datagram ("set x 0 0 1000000" and 3 bytes) wedges a memcached 1.6 UDP reader (TCP
                     still answers); sent until every reader is wedged; back: memcached restarted
-    controller_kill the controller process killed (SIGKILL); back: started again (it finds the old entries)
+    controller_kill the controller process killed (SIGKILL); back: started again (it reads back the old entries)
     standby_takeover a standby controller started (--standby), then the active one killed (SIGKILL): the standby
                     takes over the moment it dies; back: nothing to do
     switch_reload   the data plane unloaded and loaded again (every table empty); back: nothing to do

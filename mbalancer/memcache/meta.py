@@ -74,7 +74,14 @@ class MetaClient:
 
     def get(self, key: bytes) -> StoredItem | None:
         """The item with its flags, remaining TTL and CAS, or None on a miss."""
-        reply = self._call(b"mg %s v f t c\r\n" % _checked(key))
+        return self._item_of(self._call(b"mg %s v f t c\r\n" % _checked(key)))
+
+    def items(self, keys: list[bytes]) -> list[StoredItem | None]:
+        """Each key's item (None for a miss) in one round trip: the requests are pipelined."""
+        replies = self._calls(b"".join(b"mg %s v f t c\r\n" % _checked(key) for key in keys), len(keys))
+        return [self._item_of(reply) for reply in replies]
+
+    def _item_of(self, reply: MetaReply) -> StoredItem | None:
         if reply.code == "EN":
             return None
         if reply.code != "VA":
