@@ -110,6 +110,7 @@ class SlotBookDriver(Driver):
         with self.book.lock:
             self.book.end_lease()
             self._release()
+        self.book.fan_out.close()
 
     # --- for the drivers --------------------------------------------------------------------------------------
     @abstractmethod

@@ -17,6 +17,7 @@ from collections import OrderedDict
 from typing import Any, Sequence
 
 from dataplanes.driver import DriverError, ForwardingEntry, LeftoverKey, StreamId
+from dataplanes.fan_out import FanOut
 from dataplanes.p4 import Settings
 from dataplanes.p4 import entries as e
 from dataplanes.p4.client import P4RuntimeClient, first_come_election_id
@@ -52,7 +53,9 @@ class P4RuntimeDriver(SlotBookDriver):
             raise DriverError("no P4Runtime switch given ([dataplane.p4] switches, or --switch HOST:PORT)")
         if not 0 <= settings.election_id < 1 << 64:
             raise DriverError(f"dataplane.p4.election_id: 0 to 2^64-1 (got {settings.election_id})")
-        super().__init__(SlotBook("P4 data plane", (P4Error,)))
+        if settings.parallel < 1:
+            raise DriverError(f"dataplane.p4.parallel: at least 1 switch at once (got {settings.parallel})")
+        super().__init__(SlotBook("P4 data plane", (P4Error,), FanOut(settings.parallel, "mbalancer-p4-writes")))
         self.settings, self.pipeline = settings, pipeline
         self.clients: list[P4RuntimeClient] = []
         self.forwarding: dict[str, int] = {}  # destination MAC -> port, as written

@@ -1,7 +1,8 @@
 """A simulated fabric: N switches whose hot-key tables are kept in memory, driven through the slot book
 (dataplanes/slot_book.py), the bookkeeping the eBPF and P4 drivers use for their own N switches. Each request to a
 switch (a single call, or a call on many keys: P4Runtime's one WriteRequest) takes `delay` seconds, what reaching a
-switch across the network costs; the book writes the switches one after the other, as the real drivers do. For
+switch across the network costs; the book writes `width` switches at once (1: one after the other), as the P4
+driver does (`[dataplane.p4] parallel`). For
 measuring one controller against many switches and servers without them (experiments/benchmarks/
 bench_controller_scale.py); no packet is forwarded and nothing is counted but the requests.
 """
@@ -12,6 +13,7 @@ from collections import Counter
 from typing import Sequence
 
 from dataplanes.driver import ForwardingEntry, LeftoverKey, StreamId
+from dataplanes.fan_out import FanOut
 from dataplanes.pipeline import COUNTERS
 from dataplanes.slot_book import HotEntry, KeyCounts, SlotBook
 from dataplanes.slot_book_driver import SlotBookDriver
@@ -102,6 +104,10 @@ class MemoryTables:
         for key, _ in entries:
             self.hot.pop(key, None)
 
+    def key_counts_many(self, slot_replicas: Sequence[tuple[int, int]]) -> list[KeyCounts]:
+        self._request()
+        return [KeyCounts(0, 0, 0, [0] * replicas) for _, replicas in slot_replicas]
+
     def write_counts(self, slot_homes: Sequence[tuple[int, int]]) -> list[tuple[int, int]]:
         self._request()
         return [(self.written[slot], 0) for slot, _ in slot_homes]
@@ -113,12 +119,13 @@ class MemoryTables:
 
 
 class SimulatedFabric(SlotBookDriver):
-    """`switches` simulated switches, each request to one taking `delay` seconds."""
+    """`switches` simulated switches, each request to one taking `delay` seconds, `width` of them written at once."""
 
     name = "simulated fabric"
 
-    def __init__(self, switches: int, delay: float = 0.0):
-        super().__init__(SlotBook(f"simulated fabric of {switches} switches", (RuntimeError,)))
+    def __init__(self, switches: int, delay: float = 0.0, width: int = 1):
+        super().__init__(SlotBook(f"simulated fabric of {switches} switches", (RuntimeError,),
+                                  FanOut(width, "mbalancer-fabric")))
         self.tables = [MemoryTables(delay) for _ in range(switches)]
 
     @property
