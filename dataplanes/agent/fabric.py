@@ -10,9 +10,10 @@ leaves through first, makes the reply seem to come from the home. Spines hold no
 
 Every call of the driver interface goes to the box holding the key (or the server) it names; the lease, the
 counters and attach go to every box. A call on many keys goes to every box it names at once, one call in flight per
-box (`parallel` boxes at a time, dataplanes/fan_out.py), so a change costs about one round trip, not one per box. A box that comes back empty (its agent restarted, its switch reloaded) has its
-keys forgotten here, and the core installs every key again: the boxes that kept theirs take the install as new
-weights with the key held dirty, which is what an install is.
+box (`parallel` boxes at a time, dataplanes/fan_out.py), so a change costs about one round trip, not one per box.
+A box that comes back empty (its agent restarted, its switch reloaded) has its keys forgotten here, and the core
+installs every key again: the boxes that kept theirs take the install as new weights with the key held dirty, which
+is what an install is.
 """
 from __future__ import annotations
 

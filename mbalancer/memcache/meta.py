@@ -4,16 +4,20 @@ Why meta commands: `mg <key> v f t c` returns the value, the client flags, the *
 round trip, so a copy keeps the item's expiry (a classic `get` cannot tell it) and the coherence logic can tell
 whether a write has been applied (the CAS changes on every write). Any socket or protocol error raises
 MetaError; the connection is then dropped and the next call reconnects.
+
+The calls on many keys (get_many, set_many, delete_many) pipeline their commands: all are sent, then the replies read
+in order, one round trip for them all. Each key gets its own outcome: a refusal (EX, NS, ...) is that key's alone;
+a connection that fails fails the keys not answered yet (their outcome is unknown).
 """
 from __future__ import annotations
 
 import socket
 from dataclasses import dataclass
-from typing import Callable, TypeVar
+from typing import Callable, Sequence, TypeVar
 
 from mbalancer.memcache.addresses import ServerAddress
 from mbalancer.memcache.keys import key_problem
-from mbalancer.memcache.replies import MetaReply, parse_reply
+from mbalancer.memcache.replies import MetaReply, StatusReply, parse_reply
 from mbalancer.memcache.results import NotParsed
 
 NO_EXPIRY = -1  # mg's remaining TTL for an item that never expires
@@ -54,7 +58,21 @@ class MetaClient:
 
     def get(self, key: bytes) -> StoredItem | None:
         """The item with its flags, remaining TTL and CAS, or None on a miss."""
-        reply = self._call(b"mg %s v f t c\r\n" % _checked(key))
+        return self._item_of(self._call(_get_command(key)))
+
+    def get_many(self, keys: Sequence[bytes]) -> list[StoredItem | None | Exception]:
+        """get of each key, pipelined: the item, None (a miss), or that key's MetaError or ValueError (a bad key)."""
+        return self._many([lambda key=key: _get_command(key) for key in keys], self._item_of)
+
+    def set_many(self, items: Sequence[tuple[bytes, StoredItem, int | None]]) -> list[int | Exception]:
+        """set of each (key, item, if_cas), pipelined: the copy's CAS, or that key's MetaError or ValueError."""
+        return self._many([lambda i=i: _set_command(*i) for i in items], self._stored_cas)
+
+    def delete_many(self, keys: Sequence[tuple[bytes, int | None]]) -> list[bool | Exception]:
+        """delete of each (key, if_cas), pipelined: whether it was there, or that key's MetaError or ValueError."""
+        return self._many([lambda k=k: _delete_command(*k) for k in keys], self._deleted)
+
+    def _item_of(self, reply: MetaReply) -> StoredItem | None:
         if reply.code == "EN":
             return None
         if reply.code != "VA":
@@ -88,11 +106,9 @@ class MetaClient:
     def set(self, key: bytes, item: StoredItem, if_cas: int | None = None) -> int:
         """Store a copy with the same flags and remaining TTL; returns the copy's CAS on this server. With `if_cas`,
         only if the item there still has that CAS (MetaError otherwise: it changed, or is gone)."""
-        # exptime 0 means "never" to memcached, so an item with less than a second left keeps 1 s.
-        exptime = 0 if item.ttl == NO_EXPIRY else max(item.ttl, 1)
-        compare = b"" if if_cas is None else b" C%d" % if_cas
-        command = b"ms %s %d F%d T%d c%s\r\n" % (_checked(key), len(item.value), item.flags, exptime, compare)
-        reply = self._call(command + item.value + b"\r\n")
+        return self._stored_cas(self._call(_set_command(key, item, if_cas)))
+
+    def _stored_cas(self, reply: MetaReply) -> int:
         flags = _flag_values(reply.flags)
         if reply.code != "HD":
             raise MetaError(f"{self.server}: ms answered {reply.code}" + (
@@ -101,8 +117,9 @@ class MetaClient:
 
     def delete(self, key: bytes, if_cas: int | None = None) -> bool:
         """Delete the key; False if it was not there. With `if_cas`, only if the item still has that CAS."""
-        compare = b"" if if_cas is None else b" C%d" % if_cas
-        reply = self._call(b"md %s%s\r\n" % (_checked(key), compare))
+        return self._deleted(self._call(_delete_command(key, if_cas)))
+
+    def _deleted(self, reply: MetaReply) -> bool:
         if reply.code == "EX":
             raise MetaError(f"{self.server}: md answered EX (the item is not the one expected)")
         if reply.code not in ("HD", "NF"):
@@ -134,6 +151,34 @@ class MetaClient:
         """Send `requests` (count of them, pipelined) and read their replies in order."""
         return self._exchange(requests, lambda sock: [self._read_reply(sock) for _ in range(count)])
 
+    def _many(self, commands: Sequence[Callable[[], bytes]], outcome: Callable[[MetaReply], T]) -> list[T | Exception]:
+        """Each command made (a bad key: its ValueError), all sent at once, their replies read in order and each
+        turned into its `outcome` (a MetaError it raises is that command's); a connection that fails fails the commands
+        not answered yet."""
+        outcomes: list = [None] * len(commands)
+        sent: list[tuple[int, bytes]] = []
+        for i, command in enumerate(commands):
+            try:
+                sent.append((i, command()))
+            except ValueError as err:
+                outcomes[i] = err
+        replies: list[MetaReply | StatusReply] = []
+        try:
+            if sent:
+                self._exchange(b"".join(c for _, c in sent),
+                               lambda sock: [replies.append(self._read_reply(sock, True)) for _ in sent])
+        except MetaError as err:
+            for i, _ in sent[len(replies):]:
+                outcomes[i] = err
+        for (i, _), reply in zip(sent, replies):
+            try:
+                if isinstance(reply, StatusReply):
+                    raise MetaError(f"{self.server}: {reply.status} {reply.message}")
+                outcomes[i] = outcome(reply)
+            except MetaError as err:
+                outcomes[i] = err
+        return outcomes
+
     def _exchange(self, request: bytes, read: Callable[[socket.socket], T]) -> T:
         """Send `request` and `read` its answer; any failure closes the connection (its state is unknown) and is a
         MetaError."""
@@ -160,12 +205,17 @@ class MetaClient:
             self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         return self._sock
 
-    def _read_reply(self, sock: socket.socket) -> MetaReply:
+    def _read_reply(self, sock: socket.socket, server_errors: bool = False) -> MetaReply | StatusReply:
+        """The next reply; with `server_errors`, a SERVER_ERROR too (memcached refused that one command, e.g. a value
+        too large, and read past it: the next reply is the next command's)."""
         while True:
             reply = parse_reply(self._buffer)
             if isinstance(reply, NotParsed) and reply.incomplete:
                 self._receive(sock)
                 continue
+            if server_errors and isinstance(reply, StatusReply) and reply.status == "SERVER_ERROR":
+                del self._buffer[:reply.size]
+                return reply
             if not isinstance(reply, MetaReply):
                 what = reply.reason if isinstance(reply, NotParsed) else getattr(reply, "status", type(reply))
                 raise MetaError(f"{self.server}: not a meta reply ({what})")
@@ -187,6 +237,23 @@ class MetaClient:
         if not chunk:
             raise MetaError(f"{self.server}: connection closed")
         self._buffer += chunk
+
+
+def _get_command(key: bytes) -> bytes:
+    return b"mg %s v f t c\r\n" % _checked(key)
+
+
+def _set_command(key: bytes, item: StoredItem, if_cas: int | None) -> bytes:
+    # exptime 0 means "never" to memcached, so an item with less than a second left keeps 1 s.
+    exptime = 0 if item.ttl == NO_EXPIRY else max(item.ttl, 1)
+    compare = b"" if if_cas is None else b" C%d" % if_cas
+    command = b"ms %s %d F%d T%d c%s\r\n" % (_checked(key), len(item.value), item.flags, exptime, compare)
+    return command + item.value + b"\r\n"
+
+
+def _delete_command(key: bytes, if_cas: int | None) -> bytes:
+    compare = b"" if if_cas is None else b" C%d" % if_cas
+    return b"md %s%s\r\n" % (_checked(key), compare)
 
 
 def _checked(key: bytes) -> bytes:
