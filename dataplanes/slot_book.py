@@ -161,10 +161,13 @@ class SlotBook:
     """The hot keys of one data plane's switches; thread-safe (the core's worker writes, HTTP threads and the
     driver's own thread read)."""
 
-    def __init__(self, what: str, errors: tuple[type[Exception], ...], fan_out: FanOut | None = None):
+    def __init__(self, what: str, errors: tuple[type[Exception], ...], fan_out: FanOut | None = None,
+                 slots: int = MAX_HOT):
         """`what` names the data plane in errors; `errors` are what its adapters raise; `fan_out` writes the switches
-        (by default one after the other: a switch whose every call is cheap, the eBPF maps)."""
+        (by default one after the other: a switch whose every call is cheap, the eBPF maps); `slots`: the hot keys
+        its tables hold."""
         self.what = what
+        self.max_hot = slots
         self.errors = errors
         self.fan_out = fan_out or FanOut(1)
         self.switches: list[SwitchTables] = []
@@ -348,7 +351,7 @@ class SlotBook:
     def _forget_all(self) -> None:
         self.entries: dict[bytes, HotEntry] = {}
         self.write_bases: dict[bytes, tuple[int, ...]] = {}  # each switch's write count of the slot at install
-        self.free_slots = list(range(MAX_HOT - 1, -1, -1))
+        self.free_slots = list(range(self.max_hot - 1, -1, -1))
 
     def _entry(self, slot: int, home: int, replicas: Sequence[ReplicaWeight]) -> HotEntry:
         if not 1 <= len(replicas) <= MAX_REPLICAS:
@@ -371,7 +374,7 @@ class SlotBook:
                 if not 1 <= len(key) <= MAX_KEY:
                     raise DriverError(f"key of {len(key)} bytes: the {self.what} takes 1 to {MAX_KEY}")
                 if not self.free_slots:
-                    raise DriverError(f"all {MAX_HOT} hot-key slots are in use")
+                    raise DriverError(f"all {self.max_hot} hot-key slots are in use")
                 self._reachable()
                 entry = self._entry(self.free_slots[-1], install.home, install.replicas)  # refused: nothing taken
             except DriverError as err:
