@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
-from typing import Callable, Container
+from typing import Callable, Collection, Container
 
 from controller.decisions import Decision
 from controller.hot_keys import HotKey, HotKeyState
@@ -96,32 +96,25 @@ class Coherence:
         self._settle(key, hot)
 
     def poll(self, idle: bool = True) -> None:
-        """Every poll_every seconds: each clean hot key's CAS at its home (one round trip per home), for writes no
+        """Every poll_every seconds: each clean hot key's CAS at its home (every home at once), for writes no
         switch saw (a client on the server's own host, a path around the switch). A changed one is made dirty and
         synced. Done when the core is idle, or once it is a whole interval late."""
         now = self.clock()
         if not self.poll_every or now < self.next_poll or (not idle and now < self.next_poll + self.poll_every):
             return
         self.next_poll = now + self.poll_every
-        by_home: dict[int, list[bytes]] = {}
-        for key, hot in self.hot.items():
-            if not hot.dirty and hot.installed:
-                by_home.setdefault(hot.placement.home, []).append(key)
-        for home, keys in by_home.items():
-            try:
-                found = self.replicator.versions(home, keys)
-            except MetaError:
-                continue  # the health checker deals with servers that do not answer
-            for key, version in zip(keys, found):
-                hot = self.hot.get(key)
-                if hot is None:
-                    continue
-                if self._expiring(hot):
-                    self._hold_until_expired(key, hot)
-                elif not self._matches(hot, version) and not self._seen(key, hot) and not self._moved(key, hot):
-                    self.unseen_writes += 1
-                    self._protect(key, hot, "its home changed (value or TTL) without a write the switch saw")
-                    self._settle(key, hot)  # pushes the home's item, then clears
+        found = self.replicator.versions_many([(key, hot.placement.home) for key, hot in self.hot.items()
+                                               if not hot.dirty and hot.installed])  # every home at once
+        for key, version in found.items():
+            hot = self.hot.get(key)
+            if hot is None or isinstance(version, MetaError):
+                continue  # (the health checker deals with servers that do not answer)
+            if self._expiring(hot):
+                self._hold_until_expired(key, hot)
+            elif not self._matches(hot, version) and not self._seen(key, hot) and not self._moved(key, hot):
+                self.unseen_writes += 1
+                self._protect(key, hot, "its home changed (value or TTL) without a write the switch saw")
+                self._settle(key, hot)  # pushes the home's item, then clears
 
     def _matches(self, hot: HotKey, version: ItemVersion | None) -> bool:
         """True if the home holds the item the copies were made from: the same CAS and the same expiry (gat, touch
@@ -232,34 +225,52 @@ class Coherence:
     def _settle_together(self, keys: list[bytes]) -> set[bytes]:
         """Settle keys just installed: one stamp read and one clear for all whose copies match their home as they are
         (the usual case); every other key, or all if the stamps cannot be read, settles on its own (_settle), in the
-        same order of steps. Returns the keys cleared."""
+        same order of steps. Returns the keys cleared. Why each other key left the common path is counted in
+        `settled_alone`."""
         ready, alone, checked = [], [], set()  # checked: the home's version was read (a sync round spent)
         for key in keys:
             if self._may_settle(key, self.hot[key]):
                 (alone if self.hot[key].placement.home in self.unarmed else ready).append(key)
+            else:
+                self.settled_alone["settled later (not installed, or a command to its home is cut)"] += 1
+        self.settled_alone["its home was home to no hot key (unsure requests not rearmed)"] += len(alone)
         try:
             stamps = self.driver.write_stamps(ready) if ready else {}
         except DriverError as err:
             log.info("stamps of %d keys not read together (%s): each on its own", len(ready), err)
             stamps, alone = {}, alone + ready
+            self.settled_alone["the stamps could not be read together"] += len(ready)
         waits: dict[int, float] = {}  # home -> _unreadable_wait, read after the stamps as _settle does
         matching: dict[bytes, WriteStamp] = {}
         for key, stamp in stamps.items():
             hot, home = self.hot[key], self.hot[key].placement.home
+            why = "the copy of a write the switch counted is not in yet"
             try:
                 if self._mirrors_in(key, hot, stamp):
                     if home not in waits:
                         waits[home] = self._unreadable_wait(home)
+                    why = "a request to its home nobody could read just passed"
                     if waits[home] == 0:
                         checked.add(key)
-                        if self._matches(hot, self.replicator.version(home, key)) and not self._expiring(hot):
-                            matching[key] = stamp
-                            continue
+                        continue
             except (MetaError, DriverError) as err:
                 log.info("%r settles on its own: %s", key, err)
+                why = "its home or the switch could not be read"
+            self.settled_alone[why] += 1
+            alone.append(key)
+        versions = self._home_versions(checked)  # every home's CAS after the stamps, pipelined
+        for key in [key for key in stamps if key in checked]:
+            hot = self.hot[key]
+            if not isinstance(versions[key], MetaError) and self._matches(hot, versions[key]) \
+                    and not self._expiring(hot):
+                matching[key] = stamps[key]
+                continue
+            self.settled_alone["its home changed since the copy (or it expires soon)" if not isinstance(
+                versions[key], MetaError) else "its home or the switch could not be read"] += 1
             alone.append(key)
         refused = self.driver.clear_dirty_keys(matching) if matching else {}
         cleared = set()
+        after = self._home_versions([key for key in matching if key not in refused])  # after the clear
         for key, stamp in matching.items():
             hot = self.hot[key]
             if key in refused:  # as a clear refused in _settle: retried later
@@ -267,10 +278,11 @@ class Coherence:
                 continue
             hot.move(HotKeyState.CLEAN, stamp)
             try:
-                if self._still_clean(key, hot, stamp):
+                if self._still_clean(key, hot, stamp, after[key]):
                     cleared.add(key)
                     continue
                 self._dirty(key, hot)
+                self.settled_alone["its home changed just after the clear"] += 1
                 alone.append(key)
             except (MetaError, DriverError) as err:
                 self._settle_failed(key, hot, err)
@@ -287,13 +299,22 @@ class Coherence:
             return False
         return True
 
-    def _still_clean(self, key: bytes, hot: HotKey, stamp: WriteStamp) -> bool:
+    def _still_clean(self, key: bytes, hot: HotKey, stamp: WriteStamp,
+                     version: ItemVersion | None | MetaError | bool = False) -> bool:
         """Just cleared to `stamp`: whether it may stay so. Any change at the home since is a write the data plane
         counted after the stamp (the key is dirty there, and that write's copy is on its way), unless the data plane
         counted none: two writers' writes were then applied in the other order than they passed the switch, or one
-        went around it, and the key must be synced again. Raises MetaError, DriverError."""
-        return self._matches(hot, self.replicator.version(hot.placement.home, key)) or \
-            self.driver.write_stamp(key).counts != stamp.counts
+        went around it, and the key must be synced again. `version`: the home's, read after the clear (False: read
+        it here). Raises MetaError, DriverError."""
+        if version is False:
+            version = self.replicator.version(hot.placement.home, key)
+        if isinstance(version, MetaError):
+            raise version
+        return self._matches(hot, version) or self.driver.write_stamp(key).counts != stamp.counts
+
+    def _home_versions(self, keys: Collection[bytes]) -> dict[bytes, ItemVersion | None | MetaError]:
+        """Each key's CAS and TTL at its home, read for all at once (or its MetaError)."""
+        return self.replicator.versions_many([(key, self.hot[key].placement.home) for key in keys]) if keys else {}
 
     def _settle_failed(self, key: bytes, hot: HotKey, err: Exception, attempt: int = 0) -> None:
         if not hot.dirty:  # cleared, then the check or the hold failed: the copies may be stale

@@ -552,7 +552,7 @@ class ControllerCore:
         return {**self.counts, "copies": self.replicator.copies, "bytes_copied": self.replicator.bytes_copied,
                 "copy_failures": self.replicator.failures, "mirrors_lost": self.executor.mirrors_lost,
                 "writes_found_by_polling": self.executor.unseen_writes,
-                "cas_moves": self.executor.cas_moves,
+                "cas_moves": self.executor.cas_moves, "settled_alone": dict(self.executor.settled_alone),
                 "stream_boundaries_proven": self.streams.resumed, "stream_segments_lost": self.streams.lost,
                 "streams_blind": self.streams.blinded,
                 "sync_ms": self.executor.sync_times.summary()}

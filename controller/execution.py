@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import Counter
 from typing import Callable, NamedTuple
 
 from controller.coherence import Coherence, _errors, digest
@@ -68,6 +69,7 @@ class Executor(Coherence):
         self.sync_times = SyncTimes()  # mirrored write -> every replica updated
         self.down: set[int] = set()
         self.refused: dict[bytes, Retry] = {}  # installs the driver refused: not tried again before `due`
+        self.settled_alone: Counter[str] = Counter()  # why fresh keys left the common settle (_settle_together)
         self.mirrors_lost = 0  # copies of counted writes that never reached the core
         self.unseen_writes = 0  # changes at a home found by polling, not by a mirrored write
         self.cas_moves = 0  # new CAS at a home with the same value (memcached relinked the item)

@@ -9,20 +9,21 @@ copy that timed out may still land later (the kernel delivers what was sent once
 e.g. after a hang); by then the replica was refilled, its CAS changed, and the late copy is refused instead of
 overwriting a newer value. A copy whose outcome is unknown is forgotten, so the next write there is a refill.
 
-Many keys at once (read_many, write_many, delete_many: a hot-set change) are pipelined per server, `depth` commands
-per round trip, each key's error still its own; a depth of 1 is one round trip per copy, as single calls are.
+Many keys at once (read_many, write_many, delete_many, versions_many: a hot-set change) are pipelined: `depth`
+commands sent to every server they name before any reply is read, so a change costs a few round trips, not one per
+copy; each key's error is still its own. A depth of 1 is one round trip per copy, one server after the other, as
+single calls are.
 """
 from __future__ import annotations
 
 import logging
-from typing import Callable, Iterable, Sequence, TypeVar
+from typing import Callable, Iterable, Sequence
 
 from mbalancer.memcache.addresses import ServerAddress
 from mbalancer.memcache.meta import ItemVersion, MetaClient, MetaError, StoredItem
 
 log = logging.getLogger(__name__)
 DEFAULT_DEPTH = 64  # commands per round trip to one server (a change of 1,000 keys on 256 servers: ~28 copies each)
-Outcome = TypeVar("Outcome")
 
 
 class Replicator:
@@ -87,9 +88,18 @@ class Replicator:
         for key, server in reads:
             by_server.setdefault(server, []).append(key)
         found: dict[bytes, StoredItem | None | MetaError] = {}
-        for server, keys in by_server.items():
-            outcomes = self._pipelined(server, keys, lambda client, chunk: client.get_many(chunk))
-            found.update((key, _meta_error(o)) for key, o in zip(keys, outcomes))
+        for server, outcomes in self._pipelined("get", by_server).items():
+            found.update((key, _meta_error(o)) for key, o in zip(by_server[server], outcomes))
+        return found
+
+    def versions_many(self, keys: Sequence[tuple[bytes, int]]) -> dict[bytes, ItemVersion | None | MetaError]:
+        """Each (key, its home)'s CAS and TTL there (None on a miss) or the MetaError of that key, pipelined."""
+        by_server: dict[int, list[bytes]] = {}
+        for key, server in keys:
+            by_server.setdefault(server, []).append(key)
+        found: dict[bytes, ItemVersion | None | MetaError] = {}
+        for server, outcomes in self._pipelined("version", by_server).items():
+            found.update((key, _meta_error(o)) for key, o in zip(by_server[server], outcomes))
         return found
 
     def write_many(self, copies: Sequence[tuple[bytes, StoredItem, Iterable[int]]], update: bool = False
@@ -103,9 +113,8 @@ class Replicator:
                 self.copy_cas.pop((key, server), None)  # unknown until the write answers
                 by_server.setdefault(server, []).append((key, item, expected))
         failed: dict[bytes, dict[int, str]] = {}
-        for server, writes in by_server.items():
-            outcomes = self._pipelined(server, writes, lambda client, chunk: client.set_many(chunk))
-            for (key, item, _), outcome in zip(writes, outcomes):
+        for server, outcomes in self._pipelined("set", by_server).items():
+            for (key, item, _), outcome in zip(by_server[server], outcomes):
                 if isinstance(outcome, Exception):
                     failed.setdefault(key, {})[server] = str(outcome)
                 else:
@@ -124,25 +133,35 @@ class Replicator:
                 expected = self.copy_cas.pop((key, server), None) if update else None
                 by_server.setdefault(server, []).append((key, expected))
         failed: dict[bytes, dict[int, str]] = {}
-        for server, keys in by_server.items():
-            outcomes = self._pipelined(server, keys, lambda client, chunk: client.delete_many(chunk))
-            for (key, _), outcome in zip(keys, outcomes):
+        for server, outcomes in self._pipelined("delete", by_server).items():
+            for (key, _), outcome in zip(by_server[server], outcomes):
                 if isinstance(outcome, Exception):
                     failed.setdefault(key, {})[server] = str(outcome)
         self.failures += sum(len(f) for f in failed.values())
         return failed
 
-    def _pipelined(self, server: int, commands: list, send: Callable[[MetaClient, list], list[Outcome]]
-                   ) -> list[Outcome | Exception]:
-        """`send(client, chunk)` for each chunk of `depth` commands to the server: every command's outcome, in order
-        (a server not worth trying: its error for each)."""
-        try:
-            client = self._client(server)
-        except MetaError as err:
-            return [err] * len(commands)
-        outcomes: list = []
-        for start in range(0, len(commands), self.depth):
-            outcomes += send(client, commands[start:start + self.depth])
+    def _pipelined(self, kind: str, by_server: dict[int, list]) -> dict[int, list]:
+        """The commands of `kind` (MetaClient.send_many) to each server, `depth` at a time: each round sends a chunk
+        to every server, then reads their replies (with depth 1, each command's reply before the next is sent).
+        Every command's outcome, per server in order (a server not worth trying: its error for each)."""
+        outcomes: dict[int, list] = {}
+        clients: dict[int, MetaClient] = {}
+        for server, commands in by_server.items():
+            try:
+                clients[server] = self._client(server)
+                outcomes[server] = []
+            except MetaError as err:
+                outcomes[server] = [err] * len(commands)
+        for start in range(0, max((len(c) for c in by_server.values()), default=0), self.depth):
+            chunks = {server: by_server[server][start:start + self.depth] for server in clients
+                      if start < len(by_server[server])}
+            if self.depth == 1:  # one round trip each
+                for server, chunk in chunks.items():
+                    outcomes[server] += clients[server].receive_many(clients[server].send_many(kind, chunk))
+                continue
+            pending = {server: clients[server].send_many(kind, chunk) for server, chunk in chunks.items()}
+            for server, sent in pending.items():
+                outcomes[server] += clients[server].receive_many(sent)
         return outcomes
 
     def _client(self, server: int) -> MetaClient:

@@ -366,10 +366,11 @@ class SlotBook:
                     ) -> list[tuple[bytes, HotEntry]]:
         """A free slot and the entry for each install the book can take; the others in `refused`, with why."""
         batch: list[tuple[bytes, HotEntry]] = []
+        taken: set[bytes] = set()
         for install in installs:
             key = install.key
             try:
-                if key in self.entries or any(key == k for k, _ in batch):
+                if key in self.entries or key in taken:
                     raise DriverError(f"{key!r} is already installed")
                 if not 1 <= len(key) <= MAX_KEY:
                     raise DriverError(f"key of {len(key)} bytes: the {self.what} takes 1 to {MAX_KEY}")
@@ -382,6 +383,7 @@ class SlotBook:
                 continue
             self.free_slots.pop()
             batch.append((key, entry))
+            taken.add(key)
         return batch
 
     def _write_installs(self, batch: list[tuple[bytes, HotEntry]]) -> None:

@@ -62,15 +62,63 @@ class MetaClient:
 
     def get_many(self, keys: Sequence[bytes]) -> list[StoredItem | None | Exception]:
         """get of each key, pipelined: the item, None (a miss), or that key's MetaError or ValueError (a bad key)."""
-        return self._many([lambda key=key: _get_command(key) for key in keys], self._item_of)
+        return self.receive_many(self.send_many("get", keys))
 
     def set_many(self, items: Sequence[tuple[bytes, StoredItem, int | None]]) -> list[int | Exception]:
         """set of each (key, item, if_cas), pipelined: the copy's CAS, or that key's MetaError or ValueError."""
-        return self._many([lambda i=i: _set_command(*i) for i in items], self._stored_cas)
+        return self.receive_many(self.send_many("set", items))
 
     def delete_many(self, keys: Sequence[tuple[bytes, int | None]]) -> list[bool | Exception]:
         """delete of each (key, if_cas), pipelined: whether it was there, or that key's MetaError or ValueError."""
-        return self._many([lambda k=k: _delete_command(*k) for k in keys], self._deleted)
+        return self.receive_many(self.send_many("delete", keys))
+
+    def send_many(self, kind: str, args: Sequence) -> "Pending":
+        """Send a command of `kind` (get, set, delete, version: the calls above) for each of `args` at once, without
+        reading the replies: receive_many reads them (another server's can be sent meanwhile). A bad key's command is
+        not sent: its ValueError is its outcome."""
+        build, outcome = {"get": (_get_command, self._item_of), "set": (lambda a: _set_command(*a), self._stored_cas),
+                          "delete": (lambda a: _delete_command(*a), self._deleted),
+                          "version": (_version_command, self._version_of)}[kind]
+        pending = Pending([None] * len(args), [], outcome)
+        commands = []
+        for i, arg in enumerate(args):
+            try:
+                commands.append(build(arg))
+                pending.sent.append(i)
+            except ValueError as err:
+                pending.outcomes[i] = err
+        try:
+            if commands:
+                self._connected().sendall(b"".join(commands))
+        except OSError as err:
+            self.close()
+            pending.error = MetaError(f"{self.server}: {err.strerror or err}")
+        return pending
+
+    def receive_many(self, pending: "Pending") -> list:
+        """The outcome of each command send_many sent: its reply's meaning, or that command's MetaError (a SERVER_ERROR
+        is the command's alone; a connection that fails fails the commands not answered yet)."""
+        replies: list[MetaReply | StatusReply] = []
+        try:
+            if pending.error is not None:
+                raise pending.error
+            if pending.sent:
+                sock = self._connected()
+                for _ in pending.sent:
+                    replies.append(self._read_reply(sock, True))
+        except (OSError, MetaError) as err:
+            self.close()
+            error = err if isinstance(err, MetaError) else MetaError(f"{self.server}: {err.strerror or err}")
+            for i in pending.sent[len(replies):]:
+                pending.outcomes[i] = error
+        for i, reply in zip(pending.sent, replies):
+            try:
+                if isinstance(reply, StatusReply):
+                    raise MetaError(f"{self.server}: {reply.status} {reply.message}")
+                pending.outcomes[i] = pending.outcome(reply)
+            except MetaError as err:
+                pending.outcomes[i] = err
+        return pending.outcomes
 
     def _item_of(self, reply: MetaReply) -> StoredItem | None:
         if reply.code == "EN":
@@ -89,7 +137,7 @@ class MetaClient:
 
     def versions(self, keys: list[bytes]) -> list[ItemVersion | None]:
         """The CAS and remaining TTL of each key (None for a miss) in one round trip: the requests are pipelined."""
-        replies = self._calls(b"".join(b"mg %s c t\r\n" % _checked(key) for key in keys), len(keys))
+        replies = self._calls(b"".join(_version_command(key) for key in keys), len(keys))
         return [self._version_of(reply) for reply in replies]
 
     def _version_of(self, reply: MetaReply) -> ItemVersion | None:
@@ -151,34 +199,6 @@ class MetaClient:
         """Send `requests` (count of them, pipelined) and read their replies in order."""
         return self._exchange(requests, lambda sock: [self._read_reply(sock) for _ in range(count)])
 
-    def _many(self, commands: Sequence[Callable[[], bytes]], outcome: Callable[[MetaReply], T]) -> list[T | Exception]:
-        """Each command made (a bad key: its ValueError), all sent at once, their replies read in order and each
-        turned into its `outcome` (a MetaError it raises is that command's); a connection that fails fails the commands
-        not answered yet."""
-        outcomes: list = [None] * len(commands)
-        sent: list[tuple[int, bytes]] = []
-        for i, command in enumerate(commands):
-            try:
-                sent.append((i, command()))
-            except ValueError as err:
-                outcomes[i] = err
-        replies: list[MetaReply | StatusReply] = []
-        try:
-            if sent:
-                self._exchange(b"".join(c for _, c in sent),
-                               lambda sock: [replies.append(self._read_reply(sock, True)) for _ in sent])
-        except MetaError as err:
-            for i, _ in sent[len(replies):]:
-                outcomes[i] = err
-        for (i, _), reply in zip(sent, replies):
-            try:
-                if isinstance(reply, StatusReply):
-                    raise MetaError(f"{self.server}: {reply.status} {reply.message}")
-                outcomes[i] = outcome(reply)
-            except MetaError as err:
-                outcomes[i] = err
-        return outcomes
-
     def _exchange(self, request: bytes, read: Callable[[socket.socket], T]) -> T:
         """Send `request` and `read` its answer; any failure closes the connection (its state is unknown) and is a
         MetaError."""
@@ -237,6 +257,20 @@ class MetaClient:
         if not chunk:
             raise MetaError(f"{self.server}: connection closed")
         self._buffer += chunk
+
+
+@dataclass
+class Pending:
+    """Commands sent to one server whose replies are not read yet (MetaClient.send_many, receive_many)."""
+
+    outcomes: list  # per command: its outcome once known (a bad key's ValueError at once)
+    sent: list[int]  # the commands sent, by index, in order
+    outcome: Callable[[MetaReply], object]  # a reply's meaning (raises MetaError)
+    error: MetaError | None = None  # the send failed: every command sent fails with it
+
+
+def _version_command(key: bytes) -> bytes:
+    return b"mg %s c t\r\n" % _checked(key)
 
 
 def _get_command(key: bytes) -> bytes:
