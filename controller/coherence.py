@@ -233,7 +233,8 @@ class Coherence:
                 (alone if self.hot[key].placement.home in self.unarmed else ready).append(key)
             else:
                 self.settled_alone["settled later (not installed, or a command to its home is cut)"] += 1
-        self.settled_alone["its home was home to no hot key (unsure requests not rearmed)"] += len(alone)
+        if alone:
+            self.settled_alone["its home was home to no hot key (unsure requests not rearmed)"] += len(alone)
         try:
             stamps = self.driver.write_stamps(ready) if ready else {}
         except DriverError as err:

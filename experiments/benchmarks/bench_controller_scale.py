@@ -118,8 +118,9 @@ def run_case(memcached: list[MemcachedServer], switches: int, hot: int, rounds: 
 
 
 def report_of(keys: list[bytes]) -> dict:
-    return {"time": time.time(), "interval": 1.0, "rate": 100_000.0,
-            "top": [{"key": k.decode(), "rate": 5000.0 - i} for i, k in enumerate(keys)]}
+    rates = [1000.0 + len(keys) - i for i in range(len(keys))]  # hottest first, every one hot
+    return {"time": time.time(), "interval": 1.0, "rate": 2 * sum(rates),
+            "top": [{"key": k.decode(), "rate": rate} for k, rate in zip(keys, rates)]}
 
 
 def _clean(driver: SimulatedFabric, key: bytes) -> bool:

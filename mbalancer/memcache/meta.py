@@ -21,6 +21,7 @@ from mbalancer.memcache.replies import MetaReply, StatusReply, parse_reply
 from mbalancer.memcache.results import NotParsed
 
 NO_EXPIRY = -1  # mg's remaining TTL for an item that never expires
+MAX_ITEM = 1024 * 1024 * 1024  # the largest item memcached stores (-I 1024m): a copy reads what the home holds
 T = TypeVar("T")
 
 
@@ -229,7 +230,7 @@ class MetaClient:
         """The next reply; with `server_errors`, a SERVER_ERROR too (memcached refused that one command, e.g. a value
         too large, and read past it: the next reply is the next command's)."""
         while True:
-            reply = parse_reply(self._buffer)
+            reply = parse_reply(self._buffer, MAX_ITEM)
             if isinstance(reply, NotParsed) and reply.incomplete:
                 self._receive(sock)
                 continue
