@@ -165,9 +165,11 @@ class ControllerCore:
     def _remove_leftovers(self, leftovers: list) -> None:
         """Hot keys a previous controller left in the switch: the driver removed their rules; their extra copies
         were synced by nobody here, so they are deleted (the clients' gets for them go home meanwhile)."""
+        extras_of = {left.key: [s for s in left.servers if s != left.home and 0 <= s < len(self.config.servers)]
+                     for left in leftovers}
+        failures = self.replicator.delete_many(list(extras_of.items()))  # every server at once
         for left in leftovers:
-            extras = [s for s in left.servers if s != left.home and 0 <= s < len(self.config.servers)]
-            failed = self.replicator.delete(left.key, extras)
+            extras, failed = extras_of[left.key], failures.get(left.key, {})
             self._decide(Decision.RECONCILE, left.key, f"left in the switch by an earlier controller: rules removed, "
                                                        f"copies on {extras} deleted" + (
                                                            f" (failed on {sorted(failed)}: stale there, unused)"

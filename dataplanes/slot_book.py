@@ -162,12 +162,13 @@ class SlotBook:
     driver's own thread read)."""
 
     def __init__(self, what: str, errors: tuple[type[Exception], ...], fan_out: FanOut | None = None,
-                 slots: int = MAX_HOT):
+                 slots: int | range = MAX_HOT):
         """`what` names the data plane in errors; `errors` are what its adapters raise; `fan_out` writes the switches
         (by default one after the other: a switch whose every call is cheap, the eBPF maps); `slots`: the hot keys
-        its tables hold."""
+        its tables hold, or the range of slots this book may use (a key-range shard's, docs/scale.md)."""
         self.what = what
-        self.max_hot = slots
+        self.slot_range = range(slots) if isinstance(slots, int) else slots
+        self.max_hot = len(self.slot_range)
         self.errors = errors
         self.fan_out = fan_out or FanOut(1)
         self.switches: list[SwitchTables] = []
@@ -351,7 +352,7 @@ class SlotBook:
     def _forget_all(self) -> None:
         self.entries: dict[bytes, HotEntry] = {}
         self.write_bases: dict[bytes, tuple[int, ...]] = {}  # each switch's write count of the slot at install
-        self.free_slots = list(range(self.max_hot - 1, -1, -1))
+        self.free_slots = list(reversed(self.slot_range))
 
     def _entry(self, slot: int, home: int, replicas: Sequence[ReplicaWeight]) -> HotEntry:
         if not 1 <= len(replicas) <= MAX_REPLICAS:

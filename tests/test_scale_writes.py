@@ -428,3 +428,28 @@ def test_each_programs_hot_key_slots_are_the_controllers():
     p4 = re.search(r"#define MB_MAX_HOT (\d+)", (REPO / "p4src/headers.p4").read_text())
     assert int(ebpf.group(1)) == MAX_HOT >= 10_000 and int(p4.group(1)) == P4_MAX_HOT
     assert SimulatedFabric(1).book.max_hot == MAX_HOT
+
+
+def test_a_key_range_shards_new_controller_removes_its_own_range_and_no_other():
+    """The simulated sharding of docs/scale.md: two controllers' fabrics over the same switches, each in its range
+    of slots; the first's successor finds and removes the first's keys, and the second's stay as they were."""
+    tables = [MemoryTables() for _ in range(3)]
+    shards = [range(0, 100), range(100, 200)]
+    first, second = (SimulatedFabric(3, width=3, tables=tables, slots=slots) for slots in shards)
+    for driver, keys in ((first, [b"a1", b"a2"]), (second, [b"b1", b"b2"])):
+        assert driver.attach(SERVERS, lambda frame: None) == []
+        assert driver.install_hot_keys([HotKeyInstall(k, 0, EVEN) for k in keys]) == {}
+        assert driver.clear_dirty_keys(driver.write_stamps(keys)) == {}
+        driver.renew_lease(60)
+    assert {first.book.slots[b"a1"], first.book.slots[b"a2"]} <= set(shards[0])
+    kept = [{k: (e, t.synced[e.slot]) for k, e in t.hot.items() if k.startswith(b"b")} for t in tables]
+    first.close()  # its lease ends, the other shard's does not
+    assert all(t.shard_leases[0] == 0 and t.shard_leases[100] > 0 for t in tables)
+    successor = SimulatedFabric(3, width=3, tables=tables, slots=shards[0])
+    left = successor.attach(SERVERS, lambda frame: None)
+    try:
+        assert sorted(k.key for k in left) == [b"a1", b"a2"]
+        assert [{k: (e, t.synced[e.slot]) for k, e in t.hot.items()} for t in tables] == kept
+    finally:
+        successor.close()
+        second.close()

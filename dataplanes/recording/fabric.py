@@ -5,16 +5,22 @@ switch across the network costs; the book writes `width` switches at once (1: on
 driver does (`[dataplane.p4] parallel`). For
 measuring one controller against many switches and servers without them (experiments/benchmarks/
 bench_controller_scale.py); no packet is forwarded and nothing is counted but the requests.
+
+Key-range shards (docs/scale.md, "Where it would shard"): several fabrics over the same switches, each driving its
+own range of slots (`slots`) through a ShardTables view, whose lease is its shard's alone; a switch serves one
+request at a time, whichever controller sent it. A shard's new controller removes the keys it finds in its own
+range, and no other.
 """
 from __future__ import annotations
 
+import threading
 import time
 from collections import Counter
 from typing import Sequence
 
 from dataplanes.driver import ForwardingEntry, LeftoverKey, StreamId
 from dataplanes.fan_out import FanOut
-from dataplanes.pipeline import COUNTERS
+from dataplanes.pipeline import COUNTERS, MAX_HOT
 from dataplanes.slot_book import HotEntry, KeyCounts, SlotBook
 from dataplanes.slot_book_driver import SlotBookDriver
 from mbalancer.settings import Server
@@ -32,11 +38,14 @@ class MemoryTables:
         self.written: Counter = Counter()  # slot -> writes counted (none here: no packet passes)
         self.synced: dict[int, tuple[int, int] | None] = {}  # slot -> (writes, unsure) it is clean at; None: held
         self.lease_ns = 0
+        self.shard_leases: dict[int, int] = {}  # a key-range shard's first slot -> its lease (ShardTables)
+        self._serving = threading.Lock()  # one request at a time, whoever sent it
 
     def _request(self) -> None:
-        self.requests += 1
-        if self.delay:
-            time.sleep(self.delay)
+        with self._serving:
+            self.requests += 1
+            if self.delay:
+                time.sleep(self.delay)
 
     # --- one call, one request ---------------------------------------------------------------------------------
     def set_hot(self, key: bytes, entry: HotEntry, old: HotEntry | None) -> None:
@@ -118,15 +127,33 @@ class MemoryTables:
             self.synced[slot] = (writes, unsure)
 
 
+class ShardTables:
+    """A key-range shard's view of a switch's tables: its lease is the shard's (an election id and a lease per slot
+    range, where the agent today has one per switch); the rest is the switch's."""
+
+    def __init__(self, tables: MemoryTables, slots: range):
+        self.tables, self.slots = tables, slots
+
+    def set_lease(self, until_ns: int) -> None:
+        self.tables._request()
+        self.tables.shard_leases[self.slots.start] = until_ns
+
+    def __getattr__(self, name: str):
+        return getattr(self.tables, name)
+
+
 class SimulatedFabric(SlotBookDriver):
-    """`switches` simulated switches, each request to one taking `delay` seconds, `width` of them written at once."""
+    """`switches` simulated switches, each request to one taking `delay` seconds, `width` of them written at once;
+    or, as a key-range shard, the `slots` range of shared `tables`."""
 
     name = "simulated fabric"
 
-    def __init__(self, switches: int, delay: float = 0.0, width: int = 1):
+    def __init__(self, switches: int, delay: float = 0.0, width: int = 1,
+                 tables: list[MemoryTables] | None = None, slots: range | None = None):
         super().__init__(SlotBook(f"simulated fabric of {switches} switches", (RuntimeError,),
-                                  FanOut(width, "mbalancer-fabric")))
-        self.tables = [MemoryTables(delay) for _ in range(switches)]
+                                  FanOut(width, "mbalancer-fabric"), slots if slots is not None else MAX_HOT))
+        self.tables = tables if tables is not None else [MemoryTables(delay) for _ in range(switches)]
+        self.shard = slots
 
     @property
     def requests(self) -> int:
@@ -139,8 +166,14 @@ class SimulatedFabric(SlotBookDriver):
     def _open(self, servers: Sequence[Server]) -> list[LeftoverKey]:
         with self.book.lock:
             self.book.servers = tuple(servers)
-            self.book.use(self.tables)
-        return []
+            if self.shard is None:
+                self.book.use(self.tables)
+                return []
+            self.book.use([ShardTables(t, self.shard) for t in self.tables])
+            left = {key: entry for t in self.tables for key, entry in list(t.hot.items()) if entry.slot in self.shard}
+            for tables in self.tables:  # what a previous controller of this shard left: its rules out
+                tables.delete_keys([(key, entry) for key, entry in left.items() if key in tables.hot])
+        return [LeftoverKey(key, entry.home, (entry.home, *entry.servers)) for key, entry in left.items()]
 
     def _release(self) -> None:
         pass

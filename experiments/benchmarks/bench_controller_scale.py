@@ -28,10 +28,12 @@ import statistics
 import sys
 import tempfile
 import time
+import zlib
 from pathlib import Path
 
 from controller.core import ControllerCore
-from dataplanes.recording.fabric import SimulatedFabric
+from dataplanes.pipeline import MAX_HOT
+from dataplanes.recording.fabric import MemoryTables, SimulatedFabric
 from mbalancer.config import parse_config
 from mbalancer.memcache.meta import MetaClient, StoredItem
 from mbalancer.memcache.server import MemcachedServer
@@ -117,6 +119,88 @@ def run_case(memcached: list[MemcachedServer], switches: int, hot: int, rounds: 
             client.close()
 
 
+def run_sharded(memcached: list[MemcachedServer], switches: int, hot: int, shards: int, rounds: int, rtt_ms: float,
+                parallel: int = 32, depth: int = 64) -> dict:
+    """Key-range shards (docs/scale.md): `shards` controllers over the same switches, each owning a range of the key
+    hash and of every switch's slots, each changing its H / shards keys when its report comes (all at once); then
+    one shard's controller fails over (stopped, a new one started on its range, which removes what it finds there
+    and installs anew) while the other shards' entries on every switch are compared before and after."""
+    delay, per_shard = rtt_ms / 1000, hot // shards
+    tables = [MemoryTables(delay) for _ in range(switches)]
+    ranges = [range(s * MAX_HOT // shards, (s + 1) * MAX_HOT // shards) for s in range(shards)]
+    config = parse_config({"servers": [{"name": f"s{i}", "ip": "127.0.0.1", "mac": f"02:00:00:00:{i >> 8:02x}:"
+                                        f"{i & 255:02x}", "port": m.port} for i, m in enumerate(memcached)],
+                           "balancing": {"hot": per_shard, "hysteresis": 1},
+                           "monitor": {"capacity": max(per_shard, 1024)}, "controller": {"copy_depth": depth}})
+
+    def start(shard: int) -> ControllerCore:
+        return ControllerCore(config, SimulatedFabric(switches, delay, parallel, tables, ranges[shard]),
+                              probe_health=False).start()
+
+    cores = [start(shard) for shard in range(shards)]
+    clients = [MetaClient(s.address) for s in config.servers]
+    try:
+        sets = [[_shard_keys(f"shard:{switches}:{which}", shard, shards, per_shard) for shard in range(shards)]
+                for which in (0, 1)]
+        for key in (key for which in sets for keys in which for key in keys):
+            clients[cores[0].key_hash.server_of(key)].set(key, StoredItem(VALUE, 0, -1, 0))
+        _change_all(cores, sets[0])  # warm-up
+        change_ms, requests = [], []
+        for round_ in range(rounds):
+            sent = sum(t.requests for t in tables)
+            change_ms.append(_change_all(cores, sets[(round_ + 1) % 2]))
+            requests.append(sum(t.requests for t in tables) - sent)
+        current = sets[rounds % 2]
+        _check_clean(cores, current)
+        victim = 0
+        others = _entries_outside(tables, ranges[victim])
+        cores[victim].stop()
+        started = time.monotonic()
+        cores[victim] = start(victim)
+        _change_all([cores[victim]], [current[victim]])
+        failover_ms = 1000 * (time.monotonic() - started)
+        _check_clean(cores, current)
+        return {"shards": shards, "servers": len(memcached), "switches": switches, "hot": hot,
+                "change_ms_median": round(statistics.median(change_ms), 1), "change_ms_max": round(max(change_ms), 1),
+                "requests_per_change": int(statistics.median(requests)),
+                "failover_rebuild_ms": round(failover_ms, 1), "other_shards_keys": sum(map(len, others)),
+                "other_shards_untouched": _entries_outside(tables, ranges[victim]) == others}
+    finally:
+        for core in cores:
+            core.stop()
+        for client in clients:
+            client.close()
+
+
+def _shard_keys(prefix: str, shard: int, shards: int, count: int) -> list[bytes]:
+    """`count` keys whose hash falls in the shard's range of the key space."""
+    keys = (b"%s:%d" % (prefix.encode(), i) for i in range(100 * count * shards))
+    return [key for key in keys if zlib.crc32(key) * shards >> 32 == shard][:count]
+
+
+def _change_all(cores: list[ControllerCore], sets: list[list[bytes]]) -> float:
+    """Every core's report at once; ms until every core is idle again."""
+    started = time.monotonic()
+    for core, keys in zip(cores, sets):
+        core.submit_report(report_of(keys))
+    for core in cores:
+        if not core.wait_idle(300):
+            raise RuntimeError("a shard's core did not finish its hot-set change in 300 s")
+    return 1000 * (time.monotonic() - started)
+
+
+def _check_clean(cores: list[ControllerCore], sets: list[list[bytes]]) -> None:
+    for core, keys in zip(cores, sets):
+        if unclean := [k for k in keys if not _clean(core.driver, k)]:
+            raise RuntimeError(f"{len(unclean)} of a shard's keys are not installed clean on every switch")
+
+
+def _entries_outside(tables: list[MemoryTables], slots: range) -> list[dict]:
+    """Per switch, every hot key outside `slots` with its entry and synced counts."""
+    return [{key: (entry, t.synced.get(entry.slot)) for key, entry in t.hot.items() if entry.slot not in slots}
+            for t in tables]
+
+
 def report_of(keys: list[bytes]) -> dict:
     rates = [1000.0 + len(keys) - i for i in range(len(keys))]  # hottest first, every one hot
     return {"time": time.time(), "interval": 1.0, "rate": 2 * sum(rates),
@@ -167,6 +251,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--paths", default=",".join(PATHS), help="one-by-one, parallel or both (side by side)")
     parser.add_argument("--parallel", type=int, default=32, help="the parallel path: switches written at once")
     parser.add_argument("--depth", type=int, default=64, help="the parallel path: copies per round trip to a server")
+    parser.add_argument("--shards", type=int, default=0,
+                        help="also: this many key-range controllers over the most switches, at each H (0: none)")
     parser.add_argument("--out", type=Path, default=Path("results/scale"))
     parser.add_argument("--target-ms", type=float, default=1000.0,
                         help="every change of the smallest H within this (the controller benchmark's target)")
@@ -188,6 +274,12 @@ def main(argv: list[str] | None = None) -> int:
             rows.append(run_case(memcached[:servers], switches, hot, args.rounds, rtt_ms, path, args.parallel,
                                  args.depth))
             stderr_progress(f"{what}: {rows[-1]['change_ms_median']:.0f} ms")
+        sharded = []
+        for hot in (map(int, args.hot.split(",")) if args.shards else ()):
+            switches = max(map(int, args.switches.split(",")))
+            stderr_progress(f"{args.shards} key-range shards: {max(counts)} servers, {switches} switches, H = {hot}")
+            sharded.append(run_sharded(memcached, switches, hot, args.shards, args.rounds, rtt_ms, args.parallel,
+                                       args.depth))
         end_progress()
     finally:
         for server in memcached:
@@ -202,6 +294,11 @@ def main(argv: list[str] | None = None) -> int:
         if r["settled_alone_per_change"]:
             print(f"left the common path ({r['path']}, {r['servers']} servers, {r['switches']} switches, H = "
                   f"{r['hot']}): {r['settled_alone_why']}")
+    for r in sharded:
+        print(f"{r['shards']} key-range shards, {r['servers']} servers, {r['switches']} switches, H = {r['hot']}: "
+              f"change p50 {r['change_ms_median']:g} ms (max {r['change_ms_max']:g}), {r['requests_per_change']} "
+              f"requests; one shard's failover rebuilt in {r['failover_rebuild_ms']:g} ms, the other shards' "
+              f"{r['other_shards_keys']} switch entries {'untouched' if r['other_shards_untouched'] else 'CHANGED'}")
     write_outputs(rows, args.out)
     smallest = min(r["hot"] for r in rows)
     targets = [{"path": r["path"], "servers": r["servers"], "switches": r["switches"], "hot": r["hot"],
@@ -213,7 +310,8 @@ def main(argv: list[str] | None = None) -> int:
               f"slowest change {t['change_ms_max']:g} ms: {'met' if t['met'] else 'MISSED'}")
     met = all(r["change_ms_max"] <= args.target_ms for r in rows if r["hot"] == smallest) and \
         all(t["met"] for t in targets)
-    print(json.dumps({"rtt_ms": rtt_ms, "rows": rows, "targets": targets, "out": str(args.out),
+    met = met and all(r["other_shards_untouched"] for r in sharded)
+    print(json.dumps({"rtt_ms": rtt_ms, "rows": rows, "targets": targets, "sharded": sharded, "out": str(args.out),
                       "target_ms": args.target_ms, "met": met}))
     return 0 if met else 1
 
