@@ -223,19 +223,20 @@ def write_outputs(rows: list[dict], out: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     fig, ax = plt.subplots(figsize=(8, 5))
-    for path, style in zip(PATHS, ("--", "-")):
-        for servers in sorted({r["servers"] for r in rows}):
-            for hot in sorted({r["hot"] for r in rows}):
-                line = sorted((r["switches"], r["change_ms_median"]) for r in rows
-                              if r["servers"] == servers and r["hot"] == hot and r["path"] == path)
-                if line:
-                    ax.plot(*zip(*line), style, marker="o", label=f"{path}: {servers} servers, H = {hot}")
+    cases = [(n, h) for n in sorted({r["servers"] for r in rows}) for h in sorted({r["hot"] for r in rows})]
+    for path, style in zip(PATHS, ("--", "-")):  # a case has one colour: dashed one by one, solid in parallel
+        for colour, (servers, hot) in enumerate(cases):
+            line = sorted((r["switches"], r["change_ms_median"]) for r in rows
+                          if r["servers"] == servers and r["hot"] == hot and r["path"] == path)
+            if line:
+                ax.plot(*zip(*line), style, marker="o", color=f"C{colour % 10}",
+                        label=f"{path}: {servers} servers, H = {hot}")
     ax.set_xlabel("switches")
     ax.set_ylabel("hot-set change, ms (median)")
     ax.set_yscale("log")
     ax.set_title(f"One controller: a change of all H hot keys (request round trip {rows[0]['rtt_ms']} ms)")
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=7, ncol=2)
     fig.tight_layout()
     fig.savefig(out / "scale.png", dpi=120)
     plt.close(fig)
