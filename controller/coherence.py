@@ -14,8 +14,10 @@ from __future__ import annotations
 import hashlib
 import logging
 import time
+from collections import Counter
+from dataclasses import dataclass
 from enum import Enum
-from typing import Callable, Container, Mapping
+from typing import Callable, Collection, Container, Mapping
 
 from controller.decisions import Decide, Decision
 from controller.hot_keys import HotKey, HotKeyState
@@ -44,6 +46,19 @@ class Step(Enum):
     STOP = "stop"  # not now: a retry is scheduled (or the key is held until its item expires)
 
 
+Read = ItemVersion | None | MetaError | DriverError | bool  # what a round read for a key (or why it could not)
+
+
+@dataclass(frozen=True)
+class Facts:
+    """What a key's step decides on, read for every key of the round at once, in the order the step checks them:
+    after the stamps, whether the copies of the writes they count are in; then its home's wait for requests nobody
+    could read (None: not read, the copies are not in); then its home's CAS and TTL (False: not read)."""
+    mirrors_in: bool | MetaError | DriverError
+    wait: float | DriverError | None
+    version: Read
+
+
 class Coherence:
     """The copies' freshness (see the module docstring)."""
 
@@ -67,6 +82,8 @@ class Coherence:
         self.mirrors_lost = 0  # copies of counted writes that never reached the core
         self.unseen_writes = 0  # changes at a home found by polling, not by a mirrored write
         self.cas_moves = 0  # new CAS at a home with the same value (memcached relinked the item)
+        self.settled_alone: Counter[str] = Counter()  # why keys did not clear in their settle's round: another round
+        # or a retry (a hot-set change's keys clear together in one round, the common path: docs/scale.md)
 
     # --- the interface: what the executor calls (the core's calls too) ------------------------------------------------
     def count_mirror(self, key: bytes | None, server: int) -> None:
@@ -130,32 +147,25 @@ class Coherence:
         self.settle([key])
 
     def poll(self, idle: bool = True) -> None:
-        """Every poll_every seconds: each clean hot key's CAS at its home (one round trip per home), for writes no
+        """Every poll_every seconds: each clean hot key's CAS at its home (every home at once), for writes no
         switch saw (a client on the server's own host, a path around the switch). A changed one is made dirty and
         synced. Done when the core is idle, or once it is a whole interval late."""
         now = self.clock()
         if not self.poll_every or now < self.next_poll or (not idle and now < self.next_poll + self.poll_every):
             return
         self.next_poll = now + self.poll_every
-        by_home: dict[int, list[bytes]] = {}
-        for key, hot in self.hot.items():
-            if not hot.dirty and hot.installed:
-                by_home.setdefault(hot.placement.home, []).append(key)
-        for home, keys in by_home.items():
-            try:
-                found = self.replicator.versions(home, keys)
-            except MetaError:
-                continue  # the health checker deals with servers that do not answer
-            for key, version in zip(keys, found):
-                hot = self.hot.get(key)
-                if hot is None:
-                    continue
-                if self._expiring(hot):
-                    self._hold_until_expired(key, hot)
-                elif not self._matches(hot, version) and not self._seen(key, hot) and not self._moved(key, hot):
-                    self.unseen_writes += 1
-                    self.guard.protect(key, hot, "its home changed (value or TTL) without a write the switch saw")
-                    self.settle([key])  # pushes the home's item, then clears
+        found = self.replicator.versions_many([(key, hot.placement.home) for key, hot in self.hot.items()
+                                               if not hot.dirty and hot.installed])  # every home at once
+        for key, version in found.items():
+            hot = self.hot.get(key)
+            if hot is None or isinstance(version, MetaError):
+                continue  # (the health checker deals with servers that do not answer)
+            if self._expiring(hot):
+                self._hold_until_expired(key, hot)
+            elif not self._matches(hot, version) and not self._seen(key, hot) and not self._moved(key, hot):
+                self.unseen_writes += 1
+                self.guard.protect(key, hot, "its home changed (value or TTL) without a write the switch saw")
+                self.settle([key])  # pushes the home's item, then clears
 
     def poll_due(self) -> float | None:
         """When the next poll of the homes is due, while some key is clean (nothing else finds a write that went
@@ -305,36 +315,67 @@ class Coherence:
             log.info("stamps of %d keys not read together (%s): each on its own", len(keys), err)
             rounds = [self._round([key], attempt) for key in keys]
             return set().union(*(done for done, _ in rounds)), [key for _, again in rounds for key in again]
-        waits: dict[int, float] = {}  # home -> _unreadable_wait, read once a round, after the stamps
-        steps = {key: self._step(key, self.hot[key], stamp, waits, attempt) for key, stamp in stamps.items()}
+        facts = self._facts(stamps)
+        steps = {key: self._step(key, self.hot[key], facts[key], attempt) for key in stamps}
         cleared, held = self._clear({key: stamps[key] for key, step in steps.items() if step is Step.CLEAR}, attempt)
         return cleared, self._pushed([key for key, step in steps.items() if step is Step.PUSH] + held, attempt)
 
-    def _step(self, key: bytes, hot: HotKey, stamp: WriteStamp, waits: dict[int, float], attempt: int) -> Step:
-        """A key's step of a round, given the write stamp just read, in the one order that keeps gets correct: the
-        copy of every write the stamp counts handled here; no request nobody could read too recent for the home to
-        have applied it (one the stamp counts); the home's item the copies'; the item not about to expire."""
-        home = hot.placement.home
+    def _facts(self, stamps: Mapping[bytes, WriteStamp]) -> dict[bytes, Facts]:
+        """What each key's step needs, read for all the round's keys at once (each home's wait once, every home's
+        CAS pipelined), in the order the step checks it."""
+        mirrors: dict[bytes, bool | MetaError | DriverError] = {}
+        for key, stamp in stamps.items():
+            try:
+                mirrors[key] = self._mirrors_in(key, self.hot[key], stamp)
+            except (MetaError, DriverError) as err:
+                mirrors[key] = err
+        waits: dict[int, float | DriverError] = {}  # home -> _unreadable_wait, read once a round, after the stamps
+        for key in [key for key in stamps if mirrors[key] is True]:
+            home = self.hot[key].placement.home
+            if home not in waits:
+                try:
+                    waits[home] = self._unreadable_wait(home)
+                except DriverError as err:
+                    waits[home] = err
+        wait_of = {key: waits.get(self.hot[key].placement.home) if mirrors[key] is True else None for key in stamps}
+        versions = self._home_versions([key for key in stamps if wait_of[key] == 0])
+        return {key: Facts(mirrors[key], wait_of[key], versions.get(key, False)) for key in stamps}
+
+    def _step(self, key: bytes, hot: HotKey, facts: Facts, attempt: int) -> Step:
+        """A key's step of a round, given what the round read, in the one order that keeps gets correct: the copy of
+        every write the stamp counts handled here; no request nobody could read too recent for the home to have
+        applied it (one the stamp counts); the home's item the copies'; the item not about to expire."""
         try:
-            if not self._mirrors_in(key, hot, stamp):
+            if not _raised(facts.mirrors_in):
+                self._left("the copy of a write the switch counted is not in yet")
                 self.guard.schedule(RetryKind.SETTLE, key, KEY_LEVEL, "the copy of a counted write is on its way",
                                     attempt, delay=MIRROR_WAIT)
                 return Step.STOP
-            if home not in waits:
-                waits[home] = self._unreadable_wait(home)
-            if waits[home] > 0:
+            if _raised(facts.wait) > 0:
+                self._left("a request to its home nobody could read just passed")
                 self.guard.schedule(RetryKind.SETTLE, key, KEY_LEVEL, "a request nobody could read just passed",
-                                    attempt, delay=waits[home])
+                                    attempt, delay=facts.wait)
                 return Step.STOP
-            if not self._matches(hot, self.replicator.version(home, key)):
+            if not self._matches(hot, _raised(facts.version)):
+                self._left("its home changed since the copy")
                 return Step.PUSH
             if self._expiring(hot):
+                self._left("its item expires soon")
                 self._hold_until_expired(key, hot)
                 return Step.STOP
             return Step.CLEAR
         except (MetaError, DriverError) as err:
+            self._left("its home or the switch could not be read")
             self._settle_failed(key, hot, err, attempt)
             return Step.STOP
+
+    def _left(self, why: str) -> None:
+        """A key that does not clear in this round, and why (the state's counters.settled_alone)."""
+        self.settled_alone[why] += 1
+
+    def _home_versions(self, keys: Collection[bytes]) -> dict[bytes, ItemVersion | None | MetaError]:
+        """Each key's CAS and TTL at its home, read for all at once (or its MetaError)."""
+        return self.replicator.versions_many([(key, self.hot[key].placement.home) for key in keys]) if keys else {}
 
     def _armed(self, keys: list[bytes], attempt: int) -> list[bytes]:
         """The keys whose homes copy their requests nobody can read (a home left unarmed is rearmed first: from now
@@ -358,16 +399,19 @@ class Coherence:
         except DriverError as err:
             refused = dict.fromkeys(stamps, err)
         cleared, held = set(), []
+        after = self._home_versions([key for key in stamps if key not in refused])  # every home's, after the clear
         for key, stamp in stamps.items():
             hot = self.hot[key]
             if key in refused:
+                self._left("the switch refused its clear")
                 self._settle_failed(key, hot, refused[key], attempt)
                 continue
             hot.move(HotKeyState.CLEAN, stamp)
             try:
-                if self._still_clean(key, hot, stamp):
+                if self._still_clean(key, hot, stamp, after[key]):
                     cleared.add(key)
                     continue
+                self._left("its home changed just after the clear")
                 self.guard.hold_dirty(key, hot)  # and synced again
                 held.append(key)
             except (MetaError, DriverError) as err:
@@ -396,13 +440,14 @@ class Coherence:
             return False
         return True
 
-    def _still_clean(self, key: bytes, hot: HotKey, stamp: WriteStamp) -> bool:
-        """Just cleared to `stamp`: whether it may stay so. Any change at the home since is a write the data plane
-        counted after the stamp (the key is dirty there, and that write's copy is on its way), unless the data plane
-        counted none: two writers' writes were then applied in the other order than they passed the switch, or one
-        went around it, and the key must be synced again. Raises MetaError, DriverError."""
-        return self._matches(hot, self.replicator.version(hot.placement.home, key)) or \
-            self.driver.write_stamp(key).counts != stamp.counts
+    def _still_clean(self, key: bytes, hot: HotKey, stamp: WriteStamp,
+                     version: ItemVersion | None | MetaError) -> bool:
+        """Just cleared to `stamp`: whether it may stay so, given its home's `version` read after the clear. Any
+        change at the home since is a write the data plane counted after the stamp (the key is dirty there, and that
+        write's copy is on its way), unless the data plane counted none: two writers' writes were then applied in the
+        other order than they passed the switch, or one went around it, and the key must be synced again. Raises
+        MetaError, DriverError."""
+        return self._matches(hot, _raised(version)) or self.driver.write_stamp(key).counts != stamp.counts
 
     def _settle_failed(self, key: bytes, hot: HotKey, err: Exception, attempt: int = 0) -> None:
         if not hot.dirty:  # cleared, then the check or the hold failed: the copies may be stale
@@ -455,6 +500,13 @@ def digest(item: StoredItem | None) -> bytes | None:
     if item is None:
         return None
     return hashlib.blake2b(item.value, digest_size=16, key=str(item.flags).encode()).digest()
+
+
+def _raised(read: Read | float) -> Read | float:
+    """What a round read for a key, or the error it met raised now (in the step, where it is handled)."""
+    if isinstance(read, (MetaError, DriverError)):
+        raise read
+    return read
 
 
 def _errors(failed: dict[int, str]) -> str:

@@ -9,8 +9,9 @@ Threads, not asyncio (ryu-manager greens plain threads with eventlet; an asyncio
 - one lease thread renews the core's lease on the data plane: if this process dies or hangs, the switch stops
   trusting the copies within `controller.lease` seconds.
 `state()` may be called from any thread and never waits for the worker (whose batch may spend seconds copying to a
-slow server): the worker publishes a snapshot of its state after every batch and every decision; state() adds the
-servers' health and the data plane's counters, read when asked.
+slow server): the worker publishes a snapshot of its state after every batch and after a decision (unless those
+snapshots, H hot keys each, would take more than PUBLISH_SHARE of its time: a change of 1,000 keys is 2,000
+decisions); state() adds the servers' health and the data plane's counters, read when asked.
 """
 from __future__ import annotations
 
@@ -48,6 +49,8 @@ COPY_TIMEOUT = 0.5  # seconds a copy to or read from one server may take
 COUNT_EVERY = 1.0  # seconds between reads of the switch's per-key counters (the rates the planner trusts)
 STALE_AFTER = 3  # intervals (monitor reports, counter reads) without a new one: the figures from them are stale
 BATCH_MAX = 1_000  # events handled in one batch at most (health changes wait at most for one batch's parsing)
+PUBLISH_SHARE = 0.1  # of the worker's time, at most, for the snapshots published after decisions (each H keys long:
+# one per decision made a change of H keys cost H x H, 20 s at H = 1,000)
 
 
 class ControllerCore:
@@ -62,7 +65,7 @@ class ControllerCore:
                                [f"{s.ip}:{s.port}" for s in config.servers], driver.max_replicas)
         self.health = HealthTracker(len(addresses), config.controller.health_failures, config.controller.health_hold)
         self.macs = MacWatch(config.servers)  # each server's MAC against what the switch saw (mac_check.py)
-        self.replicator = Replicator(addresses, COPY_TIMEOUT, self.health.unavailable)
+        self.replicator = Replicator(addresses, COPY_TIMEOUT, self.health.unavailable, config.controller.copy_depth)
         self.streams = TcpStreams(driver, clock)  # connections the data plane reads as streams
         self.executor = Executor(driver, self.replicator, self._decide, clock,
                                  poll_every=config.controller.poll_interval,
@@ -86,6 +89,7 @@ class ControllerCore:
         self.started = clock()
         self.lock = threading.Lock()  # guards `decisions` (appended by the worker, read by HTTP threads)
         self._snapshot: dict[str, Any] = {}
+        self._published_at, self._publish_cost = float("-inf"), 0.0  # perf_counter s: the last snapshot, its cost
         self._worker: threading.Thread | None = None
         self._events: queue.Queue[Event] = queue.Queue()
         self._urgent: deque[HealthChange] = deque()  # handled even in the middle of a batch
@@ -446,8 +450,9 @@ class ControllerCore:
             self.decisions.append(entry)
         self.counts[f"decisions_{action.value}"] += 1
         log.log(logging.WARNING if action in WARNED else logging.INFO, "%s %s: %s", action, entry["key"] or "", reason)
-        if threading.current_thread() is self._worker:  # the state moved on
-            self._publish()
+        if threading.current_thread() is self._worker and \
+                time.perf_counter() - self._published_at >= self._publish_cost / PUBLISH_SHARE:
+            self._publish()  # the state moved on (the batch's end publishes it anyway)
 
     def decisions_made(self) -> list[dict[str, Any]]:
         """The decisions kept (DECISIONS_KEPT), oldest first; from any thread."""
@@ -510,6 +515,7 @@ class ControllerCore:
 
     def _publish(self) -> None:
         """The worker's state as JSON-ready data, for state() (only the worker calls this)."""
+        started = time.perf_counter()
         self._snapshot = {
             "config": {"hot": self.config.balancing.hot, "target": self.config.balancing.target,
                        "groups": [list(g) for g in self.planner.groups], "mode": self.config.balancing.mode,
@@ -524,6 +530,8 @@ class ControllerCore:
                          "attempt": r.attempt, "error": r.last_error} for r in self.executor.pending_retries()],
             "counters": self._counters_state(),
         }
+        self._published_at = time.perf_counter()
+        self._publish_cost = self._published_at - started
 
     def _servers_state(self, loads: list[float], measured: list[float] | None) -> list[dict[str, Any]]:
         """Per server: health, the load the plan works with (measured and rebalanced, or estimated), and the gets
@@ -555,7 +563,7 @@ class ControllerCore:
         return {**self.counts, "copies": self.replicator.copies, "bytes_copied": self.replicator.bytes_copied,
                 "copy_failures": self.replicator.failures, "mirrors_lost": self.executor.mirrors_lost,
                 "writes_found_by_polling": self.executor.unseen_writes,
-                "cas_moves": self.executor.cas_moves,
+                "cas_moves": self.executor.cas_moves, "settled_alone": dict(self.executor.settled_alone),
                 "stream_boundaries_proven": self.streams.resumed, "stream_segments_lost": self.streams.lost,
                 "streams_blind": self.streams.blinded,
                 "sync_ms": self.executor.sync_times.summary()}

@@ -40,7 +40,7 @@ from controller.replicator import Replicator
 from controller.sync_times import SyncTimes
 from controller.retries import BACKOFF_FIRST, KEY_LEVEL, KEY_RETRIES, Retry, RetryKind, RetryScheduler
 from dataplanes.driver import Driver, DriverError, HotKeyInstall
-from mbalancer.memcache.meta import MetaError
+from mbalancer.memcache.meta import MetaError, StoredItem
 
 log = logging.getLogger(__name__)
 
@@ -104,6 +104,7 @@ class Executor:
     mirrors_lost = property(lambda self: self.coherence.mirrors_lost)
     unseen_writes = property(lambda self: self.coherence.unseen_writes)
     cas_moves = property(lambda self: self.coherence.cas_moves)
+    settled_alone = property(lambda self: self.coherence.settled_alone)
     sync_times: SyncTimes = property(lambda self: self.coherence.sync_times)
 
     # --- the plan -----------------------------------------------------------------------------------------------
@@ -122,11 +123,7 @@ class Executor:
     def warm(self, changes: list[Change]) -> None:
         """Copy each key to its replicas, install every key whose copies took in one driver call, then settle them
         together (dirty until the copies are known to match)."""
-        copied: dict[bytes, Copied] = {}
-        for change in changes:
-            made = self._copy(change)
-            if made is not None:
-                copied[change.key] = made
+        copied = self._copy_all(changes)
         if not copied:
             return
         refused = self.driver.install_hot_keys([HotKeyInstall(key, hot.placement.home, hot.weights())
@@ -151,30 +148,44 @@ class Executor:
                         f"{1000 * (self.clock() - started):.1f} ms{left}"
                         + (f"; copy failed on {_errors(failed)}, retrying" if failed else ""))
 
-    def _copy(self, change: Change) -> Copied | None:
-        """The key's value copied from its home to its replicas: its record (not yet installed), the copies that
-        failed and when it started; None (and why, decided) if it cannot be warmed now."""
-        key, p = change.key, change.placement
+    def _copy_all(self, changes: list[Change]) -> dict[bytes, Copied]:
+        """Each key's value copied from its home to its replicas, the reads and the copies pipelined per server: its
+        record (not yet installed), the copies that failed and when it started; a key that cannot be warmed now is
+        left out (and why, decided)."""
         started = self.clock()
+        wanted = [change for change in changes if not self._refused_now(change.key, started)]
+        items = self.replicator.read_many([(change.key, change.placement.home) for change in wanted])
+        copies: list[tuple[Change, StoredItem, list[int]]] = []
+        for change in wanted:
+            key, p, item = change.key, change.placement, items[change.key]
+            if isinstance(item, MetaError):
+                self.decide(Decision.SKIP, key, f"cannot read it from its home server {p.home}: {item}")
+            elif item is None:
+                self.decide(Decision.SKIP, key, f"not stored on its home server {p.home}: nothing to copy yet")
+            else:
+                copies.append((change, item, [s for s, w in zip(p.replicas, p.weights) if s != p.home and w > 0]))
+        failures = self.replicator.write_many([(change.key, item, targets) for change, item, targets in copies])
+        copied: dict[bytes, Copied] = {}
+        for change, item, targets in copies:
+            key, p, failed = change.key, change.placement, failures.get(change.key, {})
+            holding = {p.home} | (set(targets) - set(failed))
+            if len(holding) < 2:
+                self.decide(Decision.SKIP, key, f"no replica took the copy: {_errors(failed)}")
+                continue
+            self.guard.cancel(key, RetryKind.DELETE)
+            hot = HotKey(p, holding, item.cas, digest(item), since=started,
+                         synced_expiry=self.coherence.expiry(item.ttl))
+            copied[key] = Copied(hot, failed, started, len(item.value))
+        return copied
+
+    def _refused_now(self, key: bytes, now: float) -> bool:
+        """True (and why, decided) if the driver refused the key's rules and its back-off has not ended."""
         refused = self.refused.get(key)
-        if refused is not None and refused.due > started:
-            return self.decide(Decision.SKIP, key, f"the driver refused its rules {refused.attempt} time(s) ("
-                                                   f"{refused.last_error}); next try in {refused.due - started:.1f} s")
-        try:
-            item = self.replicator.read(p.home, key)
-        except MetaError as err:
-            return self.decide(Decision.SKIP, key, f"cannot read it from its home server {p.home}: {err}")
-        if item is None:
-            return self.decide(Decision.SKIP, key, f"not stored on its home server {p.home}: nothing to copy yet")
-        targets = [s for s, w in zip(p.replicas, p.weights) if s != p.home and w > 0]
-        failed = self.replicator.write(key, item, targets)
-        holding = {p.home} | (set(targets) - set(failed))
-        if len(holding) < 2:
-            return self.decide(Decision.SKIP, key, f"no replica took the copy: {_errors(failed)}")
-        self.guard.cancel(key, RetryKind.DELETE)
-        hot = HotKey(p, holding, item.cas, digest(item), since=started,
-                     synced_expiry=self.coherence.expiry(item.ttl))
-        return Copied(hot, failed, started, len(item.value))
+        if refused is None or refused.due <= now:
+            return False
+        self.decide(Decision.SKIP, key, f"the driver refused its rules {refused.attempt} time(s) ("
+                                        f"{refused.last_error}); next try in {refused.due - now:.1f} s")
+        return True
 
     def _refused_install(self, key: bytes, made: Copied, err: DriverError) -> None:
         """The driver refused a new key's rules: its copies go, and it is not tried again before its back-off."""
@@ -192,6 +203,7 @@ class Executor:
         cooling = [c for c in changes if c.key in self.hot]
         installed = [c.key for c in cooling if self.hot[c.key].installed]
         refused = self.driver.remove_hot_keys(installed) if installed else {}
+        removed: list[tuple[Change, list[int]]] = []
         for change in cooling:
             key = change.key
             if key in refused:
@@ -203,10 +215,12 @@ class Executor:
             hot.move(HotKeyState.REMOVED)
             self.guard.cancel(key, RetryKind.REFILL, RetryKind.RULES, RetryKind.SETTLE, RetryKind.INSTALL,
                               RetryKind.COOL)
-            extras = [s for s in hot.placement.replicas if s != hot.placement.home]
-            for server, error in self.replicator.delete(key, extras).items():
-                self.guard.schedule(RetryKind.DELETE, key, server, error)
-            self.decide(Decision.COOL, key, f"{change.reason}; rules removed, then copies on {extras} deleted")
+            removed.append((change, [s for s in hot.placement.replicas if s != hot.placement.home]))
+        failures = self.replicator.delete_many([(change.key, extras) for change, extras in removed])
+        for change, extras in removed:
+            for server, error in failures.get(change.key, {}).items():
+                self.guard.schedule(RetryKind.DELETE, change.key, server, error)
+            self.decide(Decision.COOL, change.key, f"{change.reason}; rules removed, then copies on {extras} deleted")
 
     def reweight(self, change: Change) -> None:
         """New weights; if the driver refuses, the old ones stay (both are safe) and the next report asks again."""

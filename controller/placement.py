@@ -23,8 +23,9 @@ def replicas_of(home: int, group: Sequence[int], loads: np.ndarray | None = None
     replicas = sorted(set(group) | {home})
     if limit is None or len(replicas) <= limit:
         return tuple(replicas)
-    others = sorted((s for s in replicas if s != home), key=lambda s: (loads[s] if loads is not None else 0, s))
-    return tuple(sorted([home] + others[:limit - 1]))
+    others = np.array([s for s in replicas if s != home])
+    by_load = np.lexsort((others, loads[others] if loads is not None else np.zeros(len(others))))  # ties: by index
+    return tuple(sorted([home, *(int(s) for s in others[by_load[:limit - 1]])]))
 
 
 def least_loaded_group(groups: Sequence[Sequence[int]], loads: np.ndarray) -> int:

@@ -15,7 +15,7 @@ from mbalancer.settings import Server
 
 MAX_KEY = 250  # memcached's own key limit: a longer key is not a key, its request passes untouched
 MAX_REPLICAS = 8  # servers a hot key can be spread over
-MAX_HOT = 4096  # hot-key slots
+MAX_HOT = 16384  # hot-key slots of the eBPF program and the OpenFlow classifier (the same program): map sizes only
 WEIGHT_ONE = 65536  # the request hash's range: a replica's weight is its share of 0..65535
 # the switch counters, in the programs' order
 COUNTERS = ("packets", "memcached", "unparsed", "balanced", "already_balanced", "mirrored", "replies_rewritten",

@@ -8,9 +8,12 @@ the same everywhere, whatever the switch:
   removed or its install refused, and its counters start from zero when it is reused;
 - a key is installed held dirty, with the write count its slot had before it (its write base), so the stamp says
   how many writes to this key were counted since, summed over every switch;
+- every switch is written with one request in flight per switch, all at once (the book's FanOut, dataplanes/
+  fan_out.py; a width of 1 writes them one after the other and stops at the first refusal);
 - a refused request leaves the switches and the book as they were: a half-done install, weight change or clear is
-  undone on the switches written before the one that refused (a clear is held dirty again); a refused remove or
-  hold may leave earlier switches with the key out or held, which is the safe side, and which a retry finishes;
+  undone on the switches that took it (a clear is held dirty again); a refused remove or hold may leave other
+  switches (one after the other: the earlier ones) with the key out or held, which is the safe side, and which a
+  retry finishes;
 - counters are summed over the switches, per key and per replica;
 - the lease is kept as an absolute time (CLOCK_MONOTONIC ns) and written again to a switch that comes back.
 
@@ -29,6 +32,7 @@ from typing import Callable, Mapping, Protocol, Sequence
 
 from dataplanes.driver import (Counters, DriverError, HotKeyInstall, KeyCounters, ReplicaWeight, StreamId,
                                WriteStamp, raise_refused)
+from dataplanes.fan_out import FanOut, Outcomes
 from dataplanes.pipeline import MAX_HOT, MAX_KEY, MAX_REPLICAS, cumulative_weights
 from mbalancer.settings import Server
 
@@ -83,6 +87,9 @@ class SwitchTables(Protocol):
 
     def key_counts(self, slot: int, replicas: int) -> KeyCounts:
         """The slot's counters, `replicas` of them per replica."""
+
+    def key_counts_many(self, slot_replicas: Sequence[tuple[int, int]]) -> list[KeyCounts]:
+        """key_counts of each (slot, replicas): one request to a switch reached over the network."""
 
     def counters(self) -> dict[str, int]:
         """The switch's own counters, by the names in dataplanes/pipeline.py COUNTERS (a data plane may add its own)."""
@@ -152,6 +159,9 @@ class OneByOne:
         for slot, writes, unsure in synced:
             self.set_synced(slot, writes, unsure)
 
+    def key_counts_many(self: SwitchTables, slot_replicas: Sequence[tuple[int, int]]) -> list[KeyCounts]:
+        return [self.key_counts(slot, replicas) for slot, replicas in slot_replicas]
+
 
 def keys_named(keys: Sequence[bytes]) -> str:
     """The key, or how many, for a message about a request on many keys."""
@@ -162,10 +172,16 @@ class SlotBook:
     """The hot keys of one data plane's switches; thread-safe (the core's worker writes, HTTP threads and the
     driver's own thread read)."""
 
-    def __init__(self, what: str, errors: tuple[type[Exception], ...]):
-        """`what` names the data plane in errors; `errors` are what its adapters raise."""
+    def __init__(self, what: str, errors: tuple[type[Exception], ...], fan_out: FanOut | None = None,
+                 slots: int | range = MAX_HOT):
+        """`what` names the data plane in errors; `errors` are what its adapters raise; `fan_out` writes the switches
+        (by default one after the other: a switch whose every call is cheap, the eBPF maps); `slots`: the hot keys
+        its tables hold, or the range of slots this book may use (a key-range shard's, docs/scale.md)."""
         self.what = what
+        self.slot_range = range(slots) if isinstance(slots, int) else slots
+        self.max_hot = len(self.slot_range)
         self.errors = errors
+        self.fan_out = fan_out or FanOut(1)
         self.switches: list[SwitchTables] = []
         self.servers: tuple[Server, ...] = ()
         self.lease_until = 0  # CLOCK_MONOTONIC ns: the lease as last renewed (written again to a switch that returns)
@@ -262,7 +278,7 @@ class SlotBook:
             entries = [(key, self.entry_of(key)) for key in keys]
             what = keys_named([k for k, _ in entries])
             try:
-                counts = [s.write_counts([(e.slot, e.home) for _, e in entries]) for s in self.switches]
+                counts = self._on_each(lambda _, s: s.write_counts([(e.slot, e.home) for _, e in entries])).results()
             except self.errors as err:
                 raise DriverError(f"write counts of {what}: {err}") from None
             stamps = {}
@@ -317,21 +333,26 @@ class SlotBook:
             log.info("lease not ended: %s", err)
 
     def read_counters(self) -> Counters:
+        """Summed over the switches that are up: two requests to each (its own counters, then every key's)."""
         counters = Counters()
         with self.lock:
+            entries = list(self.entries.items())
+            cells = [(entry.slot, len(entry.servers)) for _, entry in entries]
+            up = [switch for switch in self.switches if switch.up]
             try:
-                for switch in self.switches:
-                    if switch.up:
-                        self._add_counts(switch, counters)
+                read = self.fan_out.run([lambda s=s: (s.counters(), s.key_counts_many(cells)) for s in up],
+                                        self.errors).results()
             except self.errors as err:
                 raise DriverError(f"reading counters: {err}") from None
+        for own, counts in read:
+            _add_counts(entries, own, counts, counters)
         return counters
 
     def switch_counters(self) -> list[dict[str, int]]:
         """Each switch's own counters (packets, balanced, mirrored, ...)."""
         with self.lock:
             try:
-                return [s.counters() for s in self.switches]
+                return self._on_each(lambda _, s: s.counters()).results()
             except self.errors as err:
                 raise DriverError(f"reading switch counters: {err}") from None
 
@@ -349,7 +370,7 @@ class SlotBook:
     def _forget_all(self) -> None:
         self.entries: dict[bytes, HotEntry] = {}
         self.write_bases: dict[bytes, tuple[int, ...]] = {}  # each switch's write count of the slot at install
-        self.free_slots = list(range(MAX_HOT - 1, -1, -1))
+        self.free_slots = list(reversed(self.slot_range))
 
     def _entry(self, slot: int, home: int, replicas: Sequence[ReplicaWeight]) -> HotEntry:
         if not 1 <= len(replicas) <= MAX_REPLICAS:
@@ -364,15 +385,16 @@ class SlotBook:
                     ) -> list[tuple[bytes, HotEntry]]:
         """A free slot and the entry for each install the book can take; the others in `refused`, with why."""
         batch: list[tuple[bytes, HotEntry]] = []
+        taken: set[bytes] = set()
         for install in installs:
             key = install.key
             try:
-                if key in self.entries or any(key == k for k, _ in batch):
+                if key in self.entries or key in taken:
                     raise DriverError(f"{key!r} is already installed")
                 if not 1 <= len(key) <= MAX_KEY:
                     raise DriverError(f"key of {len(key)} bytes: the {self.what} takes 1 to {MAX_KEY}")
                 if not self.free_slots:
-                    raise DriverError(f"all {MAX_HOT} hot-key slots are in use")
+                    raise DriverError(f"all {self.max_hot} hot-key slots are in use")
                 self._reachable()
                 entry = self._entry(self.free_slots[-1], install.home, install.replicas)  # refused: nothing taken
             except DriverError as err:
@@ -380,20 +402,19 @@ class SlotBook:
                 continue
             self.free_slots.pop()
             batch.append((key, entry))
+            taken.add(key)
         return batch
 
     def _write_installs(self, batch: list[tuple[bytes, HotEntry]]) -> None:
         """`batch` into every switch, or (refused) out of every switch again and its slots freed."""
-        try:
-            bases = [switch.install_keys(batch) for switch in self.switches]
-        except self.errors as err:
-            for switch in self.switches:
-                try:
-                    switch.delete_keys(batch)
-                except self.errors as undo_err:
-                    log.warning("could not remove the half-installed keys: %s", undo_err)
+        written = self._on_each(lambda _, s: s.install_keys(batch))
+        if written.failed:
+            undone = self._on_each(lambda _, s: s.delete_keys(batch), every=True)
+            for _, undo_err in undone.failed:
+                log.warning("could not remove the half-installed keys: %s", undo_err)
             self.free_slots.extend(entry.slot for _, entry in batch)
-            raise DriverError(f"install {keys_named([k for k, _ in batch])}: {err}") from None
+            raise DriverError(f"install {keys_named([k for k, _ in batch])}: {written.failed[0][1]}") from None
+        bases = written.outcomes
         for i, (key, entry) in enumerate(batch):
             self.entries[key] = entry
             self.write_bases[key] = tuple(b[i] for b in bases)
@@ -406,7 +427,7 @@ class SlotBook:
     def server_closes(self, server: int) -> tuple:
         with self.lock:
             try:
-                return tuple(t.closes(server) for t in self.switches)
+                return tuple(self._on_each(lambda _, t: t.closes(server)).results())
             except self.errors as err:
                 raise DriverError(f"closes of server {server}: {err}") from None
 
@@ -415,8 +436,11 @@ class SlotBook:
             if len(closes) != len(self.switches):
                 raise DriverError(f"closes of server {server}: read from {len(closes)} switches, {len(self.switches)} "
                                   f"now")
-            counts = iter(closes)
-            self._each(lambda t: t.set_closes_handled(server, next(counts)), f"closes of server {server}")
+            self._reachable()
+            try:
+                self._on_each(lambda i, t: t.set_closes_handled(server, closes[i])).results()
+            except self.errors as err:
+                raise DriverError(f"closes of server {server}: {err}") from None
 
     def resume_stream(self, stream: StreamId, seq: int) -> None:
         with self.lock:
@@ -428,49 +452,59 @@ class SlotBook:
 
     def _each_or_undo(self, write: Callable[[int, SwitchTables], object], undo: Callable[[SwitchTables], object],
                       what: str, undo_refusing: bool = False) -> None:
-        """`write(index, switch)` to every switch in turn; if one refuses, `undo` on those written before it (and on
-        the refusing one too with `undo_refusing`: a write it may have applied in part), so the switches are as they
-        were."""
-        done: list[SwitchTables] = []
-        try:
-            for i, switch in enumerate(self.switches):
-                if undo_refusing:
-                    done.append(switch)
-                write(i, switch)
-                if not undo_refusing:
-                    done.append(switch)
-        except self.errors as err:
-            for switch in reversed(done):
-                try:
-                    undo(switch)
-                except self.errors as undo_err:  # the next request on the key finds it as this one left it
-                    log.warning("%s: refused (%s), and not undone on a switch: %s", what, err, undo_err)
-            raise DriverError(f"{what}: {err}") from None
+        """`write(index, switch)` to every switch; if one refuses, `undo` on those that took it (and on the refusing
+        ones too with `undo_refusing`: a write a switch may have applied in part), so the switches are as they were."""
+        written = self._on_each(write)
+        if not written.failed:
+            return
+        err = written.failed[0][1]
+        again = set(written.done + ([i for i, _ in written.failed] if undo_refusing else []))
+        undone = self._on_each(lambda i, s: undo(s), every=True, only=again)
+        for _, undo_err in undone.failed:  # the next request on the key finds it as this one left it
+            log.warning("%s: refused (%s), and not undone on a switch: %s", what, err, undo_err)
+        raise DriverError(f"{what}: {err}") from None
 
     def _each(self, write: Callable[[SwitchTables], object], what: str, reachable_only: bool = False) -> None:
         if not reachable_only:
             self._reachable()
+        switches = [s for s in self.switches if s.up or not reachable_only]
         try:
-            for switch in self.switches:
-                if switch.up or not reachable_only:
-                    write(switch)
+            self.fan_out.run([lambda s=s: write(s) for s in switches], self.errors).results()
         except self.errors as err:
             raise DriverError(f"{what}: {err}") from None
 
-    def _add_counts(self, switch: SwitchTables, counters: Counters) -> None:
-        own = switch.counters()
-        counters.unparsed += own["unparsed"]
-        counters.unsure += own["unsure"]
-        for name, value in own.items():
-            counters.switch[name] = counters.switch.get(name, 0) + value
-        for key, entry in self.entries.items():
-            counts = switch.key_counts(entry.slot, len(entry.servers))
-            total = counters.keys.setdefault(key, KeyCounters())
-            total.gets += counts.gets
-            total.home_while_dirty += counts.home_while_dirty
-            total.mirrored += counts.mirrored
-            for server, n in zip(entry.servers, counts.per_replica):
-                total.per_replica[server] = total.per_replica.get(server, 0) + n
+    def _on_each(self, call: Callable[[int, SwitchTables], object], every: bool = False,
+                 only: set[int] | None = None) -> Outcomes:
+        """`call(index, switch)` on every switch (`only` those indexes), at once (the book's fan-out); `every`: an
+        undo, which one after the other too goes on past a refusal, the last switch written first."""
+        calls = [lambda i=i, s=s: call(i, s) for i, s in enumerate(self.switches) if only is None or i in only]
+        if every and self.fan_out.width == 1:
+            return Outcomes([_one(c, self.errors) for c in reversed(calls)][::-1])
+        return self.fan_out.run(calls, self.errors)
+
+
+def _add_counts(entries: Sequence[tuple[bytes, HotEntry]], own: dict[str, int], counts: Sequence[KeyCounts],
+                counters: Counters) -> None:
+    """One switch's counters (`own`, and `counts` of each of `entries`) added to `counters`."""
+    counters.unparsed += own["unparsed"]
+    counters.unsure += own["unsure"]
+    for name, value in own.items():
+        counters.switch[name] = counters.switch.get(name, 0) + value
+    for (key, entry), key_counts in zip(entries, counts):
+        total = counters.keys.setdefault(key, KeyCounters())
+        total.gets += key_counts.gets
+        total.home_while_dirty += key_counts.home_while_dirty
+        total.mirrored += key_counts.mirrored
+        for server, n in zip(entry.servers, key_counts.per_replica):
+            total.per_replica[server] = total.per_replica.get(server, 0) + n
+
+
+def _one(call: Callable[[], object], errors: tuple[type[Exception], ...]) -> object:
+    """The call's result, or the error of `errors` it raised."""
+    try:
+        return call()
+    except errors as err:
+        return err
 
 
 def _or_one_by_one(keys: Sequence[bytes], batch: Callable[[], None],

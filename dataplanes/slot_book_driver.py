@@ -72,6 +72,7 @@ class SlotBookDriver(Driver):
             if end_lease:
                 self.book.end_lease()
             self._release()
+        self.book.fan_out.close()
 
     # --- for the drivers --------------------------------------------------------------------------------------
     @abstractmethod

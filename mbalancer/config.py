@@ -53,6 +53,8 @@ class Controller:
     health_udp: bool = True  # probe over UDP too (the protocol balanced gets use); false for TCP-only servers
     lease: float = 1.0  # seconds the switch trusts the copies without hearing from the controller
     poll_interval: float = 0.5  # seconds between CAS checks of every hot key at its home (writes around the switch)
+    copy_depth: int = 64  # copies (reads, deletes) sent to one server per round trip in a hot-set change (1: each its
+    # own round trip)
     etcd: tuple[str, ...] = ()  # every etcd member's endpoint (http://HOST:PORT): controllers elect one leader there,
     # each asking the member that answered last and the next when it does not; empty: none
     election_key: str = "/mbalancer/leader"  # the key the leader holds (one per fleet of switches)
@@ -167,6 +169,8 @@ def parse_config(raw: dict[str, Any]) -> Config:
     if not (controller.health_timeout > 0 and math.isfinite(controller.health_timeout)):
         raise ConfigError(f"controller.health_timeout: must be a positive number of seconds "
                           f"(got {controller.health_timeout})")
+    if controller.copy_depth < 1:
+        raise ConfigError(f"controller.copy_depth: at least 1 copy per round trip (got {controller.copy_depth})")
     if controller.health_failures < 1:
         raise ConfigError(f"controller.health_failures: at least 1 probe (got {controller.health_failures})")
     for name in ("health_hold", "lease", "poll_interval"):

@@ -79,13 +79,17 @@ def test_controller_benchmark_prints_warm_and_sync_times():
 
 def test_controller_scale_benchmark_drives_a_simulated_fabric_and_plots_it(tmp_path):
     report = run_benchmark("bench_controller_scale.py", "--servers", "4", "--switches", "1,3", "--hot", "3",
-                           "--rounds", "2", "--rtt-ms", "0.2", "--out", str(tmp_path))
-    rows = {r["switches"]: r for r in report["rows"]}
-    assert set(rows) == {1, 3} and report["rtt_ms"] == 0.2
-    # a change is one request of each kind per switch: remove, install, stamps, clear
-    assert rows[1]["requests_per_change"] == 4 and rows[3]["requests_per_change"] == 12
-    assert rows[1]["copies_per_change"] == rows[3]["copies_per_change"] > 0
-    assert (tmp_path / "scale.csv").read_text().count("\n") == 3 and (tmp_path / "scale.png").stat().st_size > 0
+                           "--rounds", "2", "--rtt-ms", "0.2", "--shards", "3", "--out", str(tmp_path))
+    rows = {(r["path"], r["switches"]): r for r in report["rows"]}
+    assert set(rows) == {(p, s) for p in ("one-by-one", "parallel") for s in (1, 3)} and report["rtt_ms"] == 0.2
+    # a change is one request of each kind per switch (remove, install, stamps, clear), in parallel as one by one
+    assert all(r["requests_per_change"] == 4 * s for (_, s), r in rows.items())
+    assert len({r["copies_per_change"] for r in rows.values()}) == 1 and rows["parallel", 1]["copies_per_change"] > 0
+    assert all(r["settled_alone_per_change"] == 0 for r in rows.values())  # the common path holds
+    assert (tmp_path / "scale.csv").read_text().count("\n") == 5 and (tmp_path / "scale.png").stat().st_size > 0
+    sharded = report["sharded"][0]  # three key-range controllers over the three switches, one failing over
+    assert (sharded["shards"], sharded["switches"]) == (3, 3) and sharded["other_shards_untouched"]
+    assert sharded["other_shards_keys"] == 2 * 3  # the other two shards' key on each switch
 
 
 def test_ebpf_switch_benchmark_prints_rates_side_by_side():

@@ -169,11 +169,19 @@ class LandingWrites(Replicator):
         self.landed = 0
 
     def version(self, server, key):
+        self._land(server, key)
+        return super().version(server, key)
+
+    def versions_many(self, keys):  # a fresh key's settle reads every home's CAS at once
+        for key, server in keys:
+            self._land(server, key)
+        return super().versions_many(keys)
+
+    def _land(self, server, key):
         if self.landing > 0 and server == 0:
             self.landing -= 1
             self.landed += 1
             self.clients[0].set(key, StoredItem(b"v-landed-%d" % self.landed, 0, -1, 0))
-        return super().version(server, key)
 
 
 class Batches(RecordingDriver):

@@ -14,7 +14,7 @@ from dataplanes.p4.driver import P4RuntimeDriver
 from dataplanes.p4 import Settings
 from dataplanes.p4.bmv2 import free_port
 from dataplanes.p4.pipeline import FLOOD_GROUP, MIRROR_SESSION, Pipeline
-from dataplanes.pipeline import MAX_HOT
+from dataplanes.p4.pipeline import MAX_HOT
 from mbalancer.config import Server
 from tests.p4runtime_server import CheckingServer
 
@@ -60,7 +60,7 @@ def test_attach_pushes_the_pipeline_and_writes_servers_ports_and_sessions(server
 def test_the_controllers_sizes_are_the_programs():
     """What pipeline.py and the driver assume of p4src/headers.p4, against the committed P4Info."""
     from dataplanes.pipeline import COUNTERS
-    from dataplanes.pipeline import MAX_HOT, MAX_REPLICAS
+    from dataplanes.pipeline import MAX_REPLICAS
     from dataplanes.p4.pipeline import STREAM_RESUMES
     info = Pipeline().p4info
     tables = {t.preamble.name.split(".")[-1]: t.size for t in info.tables}

@@ -42,3 +42,4 @@ class Settings:
     tls_ca: str = ""  # the CA that signed the other side's certificate; the agent then requires client certificates
     max_message: int = 4 << 20  # bytes one request or answer may take (a counters read of 4096 keys: ~1 MB)
     timeout: float = 10.0  # controller: seconds a call may take
+    parallel: int = 16  # controller, a fabric: boxes written at once, one call in flight each (1: one after another)

@@ -9,26 +9,30 @@ get carries the home's index in its IP ID (dataplanes/bpf/src/rewrite.h), so the
 leaves through first, makes the reply seem to come from the home. Spines hold no key: they forward.
 
 Every call of the driver interface goes to the box holding the key (or the server) it names; the lease, the
-counters and attach go to every box. A box that comes back empty (its agent restarted, its switch reloaded) has its
-keys forgotten here, and the core installs every key again: the boxes that kept theirs take the install as new
-weights with the key held dirty, which is what an install is.
+counters and attach go to every box. A call on many keys goes to every box it names at once, one call in flight per
+box (`parallel` boxes at a time, dataplanes/fan_out.py), so a change costs about one round trip, not one per box.
+A box that comes back empty (its agent restarted, its switch reloaded) has its keys forgotten here, and the core
+installs every key again: the boxes that kept theirs take the install as new weights with the key held dirty, which
+is what an install is.
 """
 from __future__ import annotations
 
 import logging
 import threading
 from dataclasses import replace
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Iterator, Mapping, Sequence, TypeVar
 
 from dataplanes.agent import Settings
 from dataplanes.agent.client import AgentDriver, answers
 from dataplanes.driver import (RULES_REMOVED, Counters, Distrust, Driver, DriverError, ForwardingEntry, FoundKey,
                                HotKeyInstall, MacSighting, MirrorHandler, ReconnectHandler, ReplicaWeight, StreamId,
                                WriteStamp, merge_sightings, raise_refused)
+from dataplanes.fan_out import FanOut
 from dataplanes.reach import count_answering
 from mbalancer.settings import ConfigError, Server
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 # data planes whose program names the home to the replica's switch (FABRIC_CASES); none: the recording driver
 FABRIC_KINDS = ("ebpf", "p4", "openflow", "none")
 
@@ -61,6 +65,9 @@ class FabricDriver(Driver):
 
     def __init__(self, settings: Settings, connect: Callable[[Settings], Driver] = AgentDriver):
         boxes = [parse_box(entry) for entry in settings.boxes]
+        if settings.parallel < 1:
+            raise ConfigError(f"dataplane.agent.parallel: at least 1 box at once (got {settings.parallel})")
+        self.fan_out = FanOut(settings.parallel, "mbalancer-fabric")
         named = [name for _, names in boxes for name in names]
         if twice := sorted({name for name in named if named.count(name) > 1}):
             raise ConfigError(f"dataplane.agent.boxes: {', '.join(twice)} cabled to more than one box")
@@ -175,10 +182,10 @@ class FabricDriver(Driver):
             for install in installs:
                 (again if install.key in self.held else fresh.setdefault(self.box_of[install.home], [])
                  ).append(install)
-        for box, batch in fresh.items():
-            refused.update(self.boxes[box].install_hot_keys(batch))
+        for box, refused_here in self._per_box(fresh, lambda box, batch: box.install_hot_keys(batch)):
+            refused.update(refused_here)
             with self.lock:
-                self.held.update({i.key: box for i in batch if i.key not in refused})
+                self.held.update({i.key: box for i in fresh[box] if i.key not in refused_here})
         for install in again:  # a box that kept the key while another came back empty
             try:
                 self.set_weights(install.key, install.replicas)
@@ -195,11 +202,11 @@ class FabricDriver(Driver):
 
     def remove_hot_keys(self, keys: Sequence[bytes]) -> dict[bytes, DriverError]:
         refused: dict[bytes, DriverError] = {}
-        for box, batch in self._by_box(keys, refused).items():
-            refused_here = self.boxes[box].remove_hot_keys(batch)
+        groups = self._by_box(keys, refused)
+        for box, refused_here in self._per_box(groups, lambda box, batch: box.remove_hot_keys(batch)):
             refused.update(refused_here)
             with self.lock:
-                for key in batch:
+                for key in groups[box]:
                     if key not in refused_here:
                         self.held.pop(key, None)
         return refused
@@ -216,8 +223,8 @@ class FabricDriver(Driver):
     def write_stamps(self, keys: Sequence[bytes]) -> dict[bytes, WriteStamp]:
         refused: dict[bytes, DriverError] = {}
         stamps: dict[bytes, WriteStamp] = {}
-        for box, batch in self._by_box(keys, refused).items():
-            stamps.update(self.boxes[box].write_stamps(batch))
+        for _, stamps_here in self._per_box(self._by_box(keys, refused), lambda box, batch: box.write_stamps(batch)):
+            stamps.update(stamps_here)
         raise_refused(refused)
         return stamps
 
@@ -226,8 +233,10 @@ class FabricDriver(Driver):
 
     def clear_dirty_keys(self, stamps: Mapping[bytes, WriteStamp]) -> dict[bytes, DriverError]:
         refused: dict[bytes, DriverError] = {}
-        for box, batch in self._by_box(list(stamps), refused).items():
-            refused.update(self.boxes[box].clear_dirty_keys({key: stamps[key] for key in batch}))
+        groups = self._by_box(list(stamps), refused)
+        for _, refused_here in self._per_box(
+                groups, lambda box, batch: box.clear_dirty_keys({key: stamps[key] for key in batch})):
+            refused.update(refused_here)
         return refused
 
     def renew_lease(self, seconds: float) -> None:
@@ -239,8 +248,7 @@ class FabricDriver(Driver):
 
     def read_counters(self) -> Counters:
         total = Counters()
-        for box in self.boxes:
-            counters = box.read_counters()
+        for counters in self.fan_out.run([box.read_counters for box in self.boxes], (DriverError,)).results():
             total.keys.update(counters.keys)  # a key is on one box
             total.unparsed += counters.unparsed
             total.unsure += counters.unsure
@@ -249,7 +257,8 @@ class FabricDriver(Driver):
         return total
 
     def switch_counters(self) -> list[dict[str, int]]:
-        return [counts for box in self.boxes for counts in box.switch_counters()]
+        per_box = self.fan_out.run([box.switch_counters for box in self.boxes], (DriverError,)).results()
+        return [counts for counts_of_box in per_box for counts in counts_of_box]
 
     def stream_start(self, stream: StreamId) -> int | None:
         box = self._stream_box(stream)
@@ -295,14 +304,34 @@ class FabricDriver(Driver):
                 box.close()
             except DriverError as err:
                 log.info("closing a box: %s", err)
+        self.fan_out.close()
 
     def _every(self, call: Callable[[Driver], None]) -> None:
-        """`call` on every box; the first refusal raised once all were asked (one box down holds back no other)."""
-        errors = []
-        for box in self.boxes:
-            try:
-                call(box)
-            except DriverError as err:
-                errors.append(err)
+        """`call` on every box at once; the first refusal raised once all were asked (one box down holds back no
+        other, one after the other too)."""
+        calls = [lambda box=box: call(box) for box in self.boxes]
+        if self.fan_out.width == 1:
+            errors = [err for err in (_refusal(c) for c in calls) if err is not None]
+        else:
+            errors = [err for _, err in self.fan_out.run(calls, (DriverError,)).failed]
         if errors:
             raise errors[0]
+
+    def _per_box(self, groups: Mapping[int, list], call: Callable[[Driver, list], T]) -> Iterator[tuple[int, T]]:
+        """`call(box, its batch)` for each box of `groups`, every box at once; yields (box index, what it returned)
+        for each box that answered, then raises the first box's DriverError if one raised (one after the other, the
+        boxes after it are not asked: as before)."""
+        order = list(groups)
+        outcomes = self.fan_out.run([lambda b=b: call(self.boxes[b], groups[b]) for b in order], (DriverError,))
+        for i in outcomes.done:
+            yield order[i], outcomes.outcomes[i]
+        if outcomes.failed:
+            raise outcomes.failed[0][1]
+
+
+def _refusal(call: Callable[[], object]) -> DriverError | None:
+    try:
+        call()
+    except DriverError as err:
+        return err
+    return None

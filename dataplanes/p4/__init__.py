@@ -27,6 +27,7 @@ class Settings:
     # writes one, in a fabric a flood tree), else 1..16
     ports: tuple[int, ...] = ()
     timeout: float = 5.0  # seconds a P4Runtime call may take before the driver gives up on it
+    parallel: int = 16  # switches written at once, one request in flight each (1: one after the other)
     trusted: tuple[str, ...] = field(default=())  # extra controller addresses whose copies never make a server unsure
     # P4Runtime arbitration: 0, the first controller to come stays primary; an etcd election sets its own (above)
     election_id: int = 0

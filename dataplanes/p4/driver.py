@@ -17,10 +17,11 @@ from collections import OrderedDict
 from typing import Any, Sequence
 
 from dataplanes.driver import Distrust, DriverError, ForwardingEntry, FoundKey, ReplicaWeight, StreamId
+from dataplanes.fan_out import FanOut
 from dataplanes.p4 import Settings
 from dataplanes.p4 import entries as e
 from dataplanes.p4.client import P4RuntimeClient, first_come_election_id
-from dataplanes.p4.pipeline import P4Error, Pipeline
+from dataplanes.p4.pipeline import MAX_HOT, P4Error, Pipeline
 from dataplanes.p4.sketch import P4Sketch
 from dataplanes.p4.tables import P4Tables, lease_fields
 from dataplanes.pipeline import own_addresses
@@ -52,7 +53,10 @@ class P4RuntimeDriver(SlotBookDriver):
             raise DriverError("no P4Runtime switch given ([dataplane.p4] switches, or --switch HOST:PORT)")
         if not 0 <= settings.election_id < 1 << 64:
             raise DriverError(f"dataplane.p4.election_id: 0 to 2^64-1 (got {settings.election_id})")
-        super().__init__(SlotBook("P4 data plane", (P4Error,)))
+        if settings.parallel < 1:
+            raise DriverError(f"dataplane.p4.parallel: at least 1 switch at once (got {settings.parallel})")
+        super().__init__(SlotBook("P4 data plane", (P4Error,), FanOut(settings.parallel, "mbalancer-p4-writes"),
+                                  slots=MAX_HOT))
         self.settings, self.pipeline = settings, pipeline
         self.clients: list[P4RuntimeClient] = []
         self.forwarding: dict[str, int] = {}  # destination MAC -> port, as written

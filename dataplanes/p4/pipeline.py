@@ -27,6 +27,7 @@ COMPILER = "p4c-bm2-ss"  # p4c's bmv2 back end (the `p4c` driver runs it too)
 SWITCH = "simple_switch_grpc"
 
 # Numbers the program defines that the controller must agree with (p4src/headers.p4)
+MAX_HOT = 4096  # hot-key slots, p4src/headers.p4's MB_MAX_HOT (bmv2's replicas table holds MAX_REPLICAS per key)
 MIRROR_SESSION = 100
 FLOOD_GROUP = 1
 STREAM_RESUMES = 1 << 14  # MB_STREAM_BITS: the `stream_resumes` table's size

@@ -208,6 +208,20 @@ class P4Tables:
         values = [r.counter_entry.data.packet_count for r in self.client.read(reads, f"counters of slot {slot}")]
         return KeyCounts(values[0], values[1], values[2] - self.mirrored_base.get(slot, 0), values[3:])
 
+    def key_counts_many(self, slot_replicas: Sequence[tuple[int, int]]) -> list[KeyCounts]:
+        """key_counts of each (slot, replicas) in one ReadRequest."""
+        if not slot_replicas:
+            return []
+        cells = [[(name, slot) for name in ("key_gets", "key_home_while_dirty", "key_mirrored")]
+                 + [("key_per_replica", slot * MAX_REPLICAS + p) for p in range(replicas)]
+                 for slot, replicas in slot_replicas]
+        values = iter(self._counts([cell for cells_of in cells for cell in cells_of], "counters of the hot keys"))
+        counts = []
+        for (slot, replicas) in slot_replicas:
+            gets, home, mirrored, *per_replica = (next(values) for _ in range(3 + replicas))
+            counts.append(KeyCounts(gets, home, mirrored - self.mirrored_base.get(slot, 0), per_replica))
+        return counts
+
     def counters(self) -> dict[str, int]:
         read = self.client.read([e.counter_read(self.pipeline, "switch_counters"),
                                  e.counter_read(self.pipeline, "cloned")], "switch counters")

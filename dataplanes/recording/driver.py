@@ -23,7 +23,8 @@ from typing import Any, Mapping, Sequence
 
 from dataplanes.driver import (KEYED_CALLS, ONE_KEY_CALLS, Counters, DriverError, ForwardingEntry, FoundKey,
                                MacSighting, MirrorHandler, ReconnectHandler, ReplicaWeight)
-from dataplanes.pipeline import WEIGHT_ONE, cumulative_weights
+from dataplanes.fan_out import FanOut
+from dataplanes.pipeline import MAX_HOT, WEIGHT_ONE, cumulative_weights
 from dataplanes.read_back import read_back
 from dataplanes.recording.tables import MemoryTables, TablesError
 from dataplanes.slot_book import HotEntry, SlotBook
@@ -59,9 +60,11 @@ class RecordingDriver(SlotBookDriver):
     counts_gets = False  # no switch counts gets in a dry run (a test that plays them through `route` sets True)
     thread_name = "mbalancer-recording"
 
-    def __init__(self, tables: Sequence[MemoryTables] | None = None, what: str = "recording data plane"):
-        """tables: the switches (default: one, empty); another driver's to find what it left there."""
-        super().__init__(SlotBook(what, (TablesError,)))
+    def __init__(self, tables: Sequence[MemoryTables] | None = None, what: str = "recording data plane",
+                 fan_out: FanOut | None = None, slots: int | range = MAX_HOT):
+        """tables: the switches (default: one, empty); another driver's to find what it left there; fan_out: how
+        many the book writes at once (default: one after the other); slots: the book's (a key-range shard's)."""
+        super().__init__(SlotBook(what, (TablesError,), fan_out, slots))
         self.tables = list(tables) if tables is not None else [MemoryTables()]
         self.calls: deque[Call] = deque(maxlen=CALLS_KEPT)
         self.forwarding: tuple[ForwardingEntry, ...] = ()
@@ -207,11 +210,15 @@ class RecordingDriver(SlotBookDriver):
         (dataplanes/read_back.py); the lease is left as it was, for the core to renew once it has judged each key."""
         with self.book.lock:
             self.book.servers = tuple(servers)
-            self.book.use(self.tables)
+            self.book.use(self._views())
             found = read_back(self.book)
             for tables in self.tables:
                 self._handled(tables)
         return found
+
+    def _views(self) -> list[MemoryTables]:
+        """What the book writes: the switches' tables themselves."""
+        return self.tables
 
     def _fill(self, tables: MemoryTables) -> None:
         """What the driver writes to a switch that came back empty: closes so far handled, the lease."""

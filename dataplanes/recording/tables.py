@@ -10,6 +10,7 @@ switch across the network costs.
 """
 from __future__ import annotations
 
+import threading
 import time
 from collections import Counter
 from typing import Sequence
@@ -40,11 +41,14 @@ class MemoryTables:
         self.counts: dict[int, KeyCounts] = {}  # slot -> its counters since they were reset
         self.switch: Counter = Counter()  # the switch-wide counters, by the names of dataplanes/pipeline.py COUNTERS
         self.lease_ns = 0
+        self.shard_leases: dict[int, int] = {}  # a key-range shard's first slot -> its lease (fabric.py ShardTables)
+        self._serving = threading.Lock()  # one request at a time, whoever sent it (the book writes switches at once)
 
     def _request(self) -> None:
-        self.requests += 1
-        if self.delay:
-            time.sleep(self.delay)
+        with self._serving:
+            self.requests += 1
+            if self.delay:
+                time.sleep(self.delay)
 
     # --- one call, one request ---------------------------------------------------------------------------------
     def set_hot(self, key: bytes, entry: HotEntry, old: HotEntry | None) -> None:
@@ -77,6 +81,9 @@ class MemoryTables:
 
     def key_counts(self, slot: int, replicas: int) -> KeyCounts:
         self._request()
+        return self._counts_of(slot, replicas)
+
+    def _counts_of(self, slot: int, replicas: int) -> KeyCounts:
         counts = self.counts.get(slot, KeyCounts(0, 0, 0, []))
         return KeyCounts(counts.gets, counts.home_while_dirty, counts.mirrored,
                          (counts.per_replica + [0] * replicas)[:replicas])
@@ -129,6 +136,10 @@ class MemoryTables:
         self._request()
         for key, _ in entries:
             self.hot.pop(key, None)
+
+    def key_counts_many(self, slot_replicas: Sequence[tuple[int, int]]) -> list[KeyCounts]:
+        self._request()
+        return [self._counts_of(slot, replicas) for slot, replicas in slot_replicas]
 
     def write_counts(self, slot_homes: Sequence[tuple[int, int]]) -> list[tuple[int, int]]:
         self._request()

@@ -4,19 +4,24 @@ Why meta commands: `mg <key> v f t c` returns the value, the client flags, the *
 round trip, so a copy keeps the item's expiry (a classic `get` cannot tell it) and the coherence logic can tell
 whether a write has been applied (the CAS changes on every write). Any socket or protocol error raises
 MetaError; the connection is then dropped and the next call reconnects.
+
+The calls on many keys (get_many, set_many, delete_many) pipeline their commands: all are sent, then the replies read
+in order, one round trip for them all. Each key gets its own outcome: a refusal (EX, NS, ...) is that key's alone;
+a connection that fails fails the keys not answered yet (their outcome is unknown).
 """
 from __future__ import annotations
 
 import socket
 from dataclasses import dataclass
-from typing import Callable, Protocol, TypeVar
+from typing import Callable, Protocol, Sequence, TypeVar
 
 from mbalancer.memcache.addresses import ServerAddress
 from mbalancer.memcache.keys import key_problem
-from mbalancer.memcache.replies import MetaReply, parse_reply
+from mbalancer.memcache.replies import MetaReply, StatusReply, parse_reply
 from mbalancer.memcache.results import NotParsed
 
 NO_EXPIRY = -1  # mg's remaining TTL for an item that never expires
+MAX_ITEM = 1024 * 1024 * 1024  # the largest item memcached stores (-I 1024m): a copy reads what the home holds
 T = TypeVar("T")
 
 
@@ -74,12 +79,72 @@ class MetaClient:
 
     def get(self, key: bytes) -> StoredItem | None:
         """The item with its flags, remaining TTL and CAS, or None on a miss."""
-        return self._item_of(self._call(b"mg %s v f t c\r\n" % _checked(key)))
+        return self._item_of(self._call(_get_command(key)))
 
     def items(self, keys: list[bytes]) -> list[StoredItem | None]:
         """Each key's item (None for a miss) in one round trip: the requests are pipelined."""
         replies = self._calls(b"".join(b"mg %s v f t c\r\n" % _checked(key) for key in keys), len(keys))
         return [self._item_of(reply) for reply in replies]
+
+    def get_many(self, keys: Sequence[bytes]) -> list[StoredItem | None | Exception]:
+        """get of each key, pipelined: the item, None (a miss), or that key's MetaError or ValueError (a bad key)."""
+        return self.receive_many(self.send_many("get", keys))
+
+    def set_many(self, items: Sequence[tuple[bytes, StoredItem, int | None]]) -> list[int | Exception]:
+        """set of each (key, item, if_cas), pipelined: the copy's CAS, or that key's MetaError or ValueError."""
+        return self.receive_many(self.send_many("set", items))
+
+    def delete_many(self, keys: Sequence[tuple[bytes, int | None]]) -> list[bool | Exception]:
+        """delete of each (key, if_cas), pipelined: whether it was there, or that key's MetaError or ValueError."""
+        return self.receive_many(self.send_many("delete", keys))
+
+    def send_many(self, kind: str, args: Sequence) -> "Pending":
+        """Send a command of `kind` (get, set, delete, version: the calls above) for each of `args` at once, without
+        reading the replies: receive_many reads them (another server's can be sent meanwhile). A bad key's command is
+        not sent: its ValueError is its outcome."""
+        build, outcome = {"get": (_get_command, self._item_of), "set": (lambda a: _set_command(*a), self._stored_cas),
+                          "delete": (lambda a: _delete_command(*a), self._deleted),
+                          "version": (_version_command, self._version_of)}[kind]
+        pending = Pending([None] * len(args), [], outcome)
+        commands = []
+        for i, arg in enumerate(args):
+            try:
+                commands.append(build(arg))
+                pending.sent.append(i)
+            except ValueError as err:
+                pending.outcomes[i] = err
+        try:
+            if commands:
+                self._connected().sendall(b"".join(commands))
+        except OSError as err:
+            self.close()
+            pending.error = MetaError(f"{self.server}: {err.strerror or err}")
+        return pending
+
+    def receive_many(self, pending: "Pending") -> list:
+        """The outcome of each command send_many sent: its reply's meaning, or that command's MetaError (a SERVER_ERROR
+        is the command's alone; a connection that fails fails the commands not answered yet)."""
+        replies: list[MetaReply | StatusReply] = []
+        try:
+            if pending.error is not None:
+                raise pending.error
+            if pending.sent:
+                sock = self._connected()
+                for _ in pending.sent:
+                    replies.append(self._read_reply(sock, True))
+        except (OSError, MetaError) as err:
+            self.close()
+            error = err if isinstance(err, MetaError) else MetaError(f"{self.server}: {err.strerror or err}")
+            for i in pending.sent[len(replies):]:
+                pending.outcomes[i] = error
+        for i, reply in zip(pending.sent, replies):
+            try:
+                if isinstance(reply, StatusReply):
+                    raise MetaError(f"{self.server}: {reply.status} {reply.message}")
+                pending.outcomes[i] = pending.outcome(reply)
+            except MetaError as err:
+                pending.outcomes[i] = err
+        return pending.outcomes
 
     def _item_of(self, reply: MetaReply) -> StoredItem | None:
         if reply.code == "EN":
@@ -98,7 +163,7 @@ class MetaClient:
 
     def versions(self, keys: list[bytes]) -> list[ItemVersion | None]:
         """The CAS and remaining TTL of each key (None for a miss) in one round trip: the requests are pipelined."""
-        replies = self._calls(b"".join(b"mg %s c t\r\n" % _checked(key) for key in keys), len(keys))
+        replies = self._calls(b"".join(_version_command(key) for key in keys), len(keys))
         return [self._version_of(reply) for reply in replies]
 
     def _version_of(self, reply: MetaReply) -> ItemVersion | None:
@@ -115,11 +180,9 @@ class MetaClient:
     def set(self, key: bytes, item: StoredItem, if_cas: int | None = None) -> int:
         """Store a copy with the same flags and remaining TTL; returns the copy's CAS on this server. With `if_cas`,
         only if the item there still has that CAS (MetaError otherwise: it changed, or is gone)."""
-        # exptime 0 means "never" to memcached, so an item with less than a second left keeps 1 s.
-        exptime = 0 if item.ttl == NO_EXPIRY else max(item.ttl, 1)
-        compare = b"" if if_cas is None else b" C%d" % if_cas
-        command = b"ms %s %d F%d T%d c%s\r\n" % (_checked(key), len(item.value), item.flags, exptime, compare)
-        reply = self._call(command + item.value + b"\r\n")
+        return self._stored_cas(self._call(_set_command(key, item, if_cas)))
+
+    def _stored_cas(self, reply: MetaReply) -> int:
         flags = _flag_values(reply.flags)
         if reply.code != "HD":
             raise MetaError(f"{self.server}: ms answered {reply.code}" + (
@@ -128,8 +191,9 @@ class MetaClient:
 
     def delete(self, key: bytes, if_cas: int | None = None) -> bool:
         """Delete the key; False if it was not there. With `if_cas`, only if the item still has that CAS."""
-        compare = b"" if if_cas is None else b" C%d" % if_cas
-        reply = self._call(b"md %s%s\r\n" % (_checked(key), compare))
+        return self._deleted(self._call(_delete_command(key, if_cas)))
+
+    def _deleted(self, reply: MetaReply) -> bool:
         if reply.code == "EX":
             raise MetaError(f"{self.server}: md answered EX (the item is not the one expected)")
         if reply.code not in ("HD", "NF"):
@@ -186,12 +250,17 @@ class MetaClient:
             self._sock = self.connect(self.server, self.timeout)
         return self._sock
 
-    def _read_reply(self, sock: Connection) -> MetaReply:
+    def _read_reply(self, sock: Connection, server_errors: bool = False) -> MetaReply | StatusReply:
+        """The next reply; with `server_errors`, a SERVER_ERROR too (memcached refused that one command, e.g. a value
+        too large, and read past it: the next reply is the next command's)."""
         while True:
-            reply = parse_reply(self._buffer)
+            reply = parse_reply(self._buffer, MAX_ITEM)
             if isinstance(reply, NotParsed) and reply.incomplete:
                 self._receive(sock)
                 continue
+            if server_errors and isinstance(reply, StatusReply) and reply.status == "SERVER_ERROR":
+                del self._buffer[:reply.size]
+                return reply
             if not isinstance(reply, MetaReply):
                 what = reply.reason if isinstance(reply, NotParsed) else getattr(reply, "status", type(reply))
                 raise MetaError(f"{self.server}: not a meta reply ({what})")
@@ -213,6 +282,37 @@ class MetaClient:
         if not chunk:
             raise MetaError(f"{self.server}: connection closed")
         self._buffer += chunk
+
+
+@dataclass
+class Pending:
+    """Commands sent to one server whose replies are not read yet (MetaClient.send_many, receive_many)."""
+
+    outcomes: list  # per command: its outcome once known (a bad key's ValueError at once)
+    sent: list[int]  # the commands sent, by index, in order
+    outcome: Callable[[MetaReply], object]  # a reply's meaning (raises MetaError)
+    error: MetaError | None = None  # the send failed: every command sent fails with it
+
+
+def _version_command(key: bytes) -> bytes:
+    return b"mg %s c t\r\n" % _checked(key)
+
+
+def _get_command(key: bytes) -> bytes:
+    return b"mg %s v f t c\r\n" % _checked(key)
+
+
+def _set_command(key: bytes, item: StoredItem, if_cas: int | None) -> bytes:
+    # exptime 0 means "never" to memcached, so an item with less than a second left keeps 1 s.
+    exptime = 0 if item.ttl == NO_EXPIRY else max(item.ttl, 1)
+    compare = b"" if if_cas is None else b" C%d" % if_cas
+    command = b"ms %s %d F%d T%d c%s\r\n" % (_checked(key), len(item.value), item.flags, exptime, compare)
+    return command + item.value + b"\r\n"
+
+
+def _delete_command(key: bytes, if_cas: int | None) -> bytes:
+    compare = b"" if if_cas is None else b" C%d" % if_cas
+    return b"md %s%s\r\n" % (_checked(key), compare)
 
 
 def _checked(key: bytes) -> bytes:

@@ -9,7 +9,7 @@
 #define MB_KEY_BYTES 252    /* key buffer: 250 bytes, zero padded to a multiple of 4 */
 #define MB_KEY_WORDS 32     /* 8-byte words that cover a key buffer (a hot key's copy has all 256 bytes) */
 #define MB_MAX_REPLICAS 8   /* servers one hot key can be spread over */
-#define MB_MAX_HOT 4096     /* hot keys (slots) */
+#define MB_MAX_HOT 16384    /* hot keys (slots): map sizes only (p4src/headers.p4 has its own) */
 #define MB_MAX_SERVERS 256
 #define MB_MAX_PORTS 32     /* switch ports (flooding walks them) */
 #define MB_FLOW_BUCKETS 65536  /* balanced gets waiting for their reply: buckets of two */
