@@ -37,7 +37,7 @@ TIERS: dict[str, str] = {
     "test_ebpf_program": "root", "test_faults": "root", "test_libmemcached_tools": "root",
     "test_measured_balance_network": "root", "test_monitor_capture": "root", "test_monitor_follows_switch": "root",
     "test_openflow_driver": "root", "test_openflow_network": "root", "test_slot_book_refusals": "root",
-    "test_tcp_path": "root",
+    "test_ryu_failover": "root", "test_tcp_path": "root",
     # etcd: Debian's etcd-server, started by the test
     "test_election": "etcd",
     # bmv2: simple_switch_grpc (`make p4`), root

@@ -139,6 +139,12 @@ def refusals(errors: Sequence) -> str:
     return ", ".join(f"type {m.type} code {m.code}" for m in errors)
 
 
+def role_request(dp, role: int, generation_id: int) -> parser.OFPRoleRequest:
+    """Ask for a controller role (ofp.OFPCR_ROLE_*): MASTER and SLAVE carry the generation id, which the switch
+    refuses (OFPRRFC_STALE) when below the highest it has seen; NOCHANGE asks which role and generation id hold now."""
+    return parser.OFPRoleRequest(dp, role, ofp.OFPCID_UNDEFINED, generation_id)
+
+
 def barrier(dp) -> parser.OFPBarrierRequest:
     return parser.OFPBarrierRequest(dp)
 
