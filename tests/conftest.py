@@ -25,7 +25,7 @@ TIERS: dict[str, str] = {
     "test_key_hashes": "unit", "test_layout": "unit", "test_mac_check": "unit", "test_measured_balance": "unit",
     "test_memcache_client": "unit", "test_memcache_fuzz": "unit", "test_memcache_protocol": "unit",
     "test_memcache_real_server": "unit", "test_monitor_follow": "unit", "test_monitor_hot_keys": "unit",
-    "test_monitor_parsing": "unit", "test_notebooks": "unit", "test_ownership": "unit", "test_simulation_cli": "unit",
+    "test_monitor_parsing": "unit", "test_notebooks": "unit", "test_ownership": "unit", "test_ryu_failover_logic": "unit", "test_simulation_cli": "unit",
     "test_simulation_model": "unit", "test_tiers": "unit", "test_water_filling": "unit",
     # slow: no root either, but 10-30 s a module (load runs, servers killed and restarted, ryu-manager, agents, HTTP
     # servers' timeouts): together they would take the unit tier past its minute
