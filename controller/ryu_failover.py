@@ -118,8 +118,8 @@ class Failover:
             self.standing = Standing.LEADING if self.standing is Standing.CLAIMING else self.standing
         if self.standing is not Standing.LEADING:
             return
-        log.info("mbalancer: leading with election id %d: driving %d switches", election_id,
-                 len(self.switches.connected()))
+        log.info("mbalancer: leading with election id %d (%d switches connected; one that connects later is "
+                 "claimed first)", election_id, len(self.switches.connected()))
         while not stop.wait(WATCH):
             if self.election.lost.is_set():
                 return self.step_down(f"lost the lead in etcd ({self.election.why_lost})")
