@@ -137,10 +137,6 @@ class OpenflowDriver(BpfMapsDriver):
                 self.book.remove_hot_key(key)
                 raise
             self.buckets[slot] = buckets
-            # The barrier confirms the flow, not the datapath's cache: a megaflow an earlier controller's traffic left
-            # for this slot's tag (since revalidated to flood, when the tables were emptied) may serve the first
-            # tagged get until OVS's revalidators catch up; the core clears the key only after this returns.
-            time.sleep(DATAPATH_SETTLE)
 
     # a key's group and flow go out per key: many keys are installed and removed one by one
     install_hot_keys = Driver.install_hot_keys
