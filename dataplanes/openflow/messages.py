@@ -31,6 +31,7 @@ BALANCED_SOURCE = tags.tag(tags.BALANCED, 0)  # a balanced get's source MAC: lea
 # A balanced get's in_port set to none (OVS's NXM in_port, 16 bits: OVS refuses 0 in the OXM one) in its group: OpenFlow
 # drops output to the ingress port, by which a fabric's home leaf may send a get from a spine up to the replica's leaf.
 NO_INGRESS = parser.OFPActionSetField(in_port_nxm=0)
+ANY_GET = (tags.tag(tags.GET, 0), "ff:ff:00:00:00:00")  # (value, mask): a GET tag of any slot
 ETH_DST_ALL_BITS = bytes.fromhex("80000606") + b"\xff" * 6  # OXM ETH_DST (class 0x8000, field 3, 6 bytes): all bits
 
 
@@ -69,9 +70,14 @@ def base_pipeline(dp) -> list:
 
 
 def server_rules(dp, servers: Sequence[Server]) -> list:
-    """Per server: its copies (COPY tag) and its replies' source (REPLY tag)."""
+    """Per server: its copies (COPY tag), its replies' source (REPLY tag), and the gets tagged for a slot that has no
+    rule here (a datapath cache older than the slot's flow, e.g. one of a previous controller's) sent to it as their
+    home: its MAC back, as for any get the switch does not balance, where they would be flooded with the tag as
+    their destination and lost."""
     rules = []
     for index, server in enumerate(servers):
+        rules.append(flow(dp, TAGS, 50, parser.OFPMatch(eth_dst=ANY_GET, eth_type=0x0800, ipv4_dst=server.ip),
+                          apply(set_field(eth_dst=server.mac)) + [goto(L2)]))
         rules.append(flow(dp, TAGS, 100, parser.OFPMatch(eth_dst=tags.tag(tags.COPY, index)), apply(
             set_field(eth_dst=server.mac),
             parser.OFPActionOutput(ofp.OFPP_CONTROLLER, ofp.OFPCML_NO_BUFFER)) + [goto(L2)]))
