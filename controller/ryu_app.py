@@ -92,8 +92,19 @@ class RyuChannel:
         return reply.role, reply.generation_id
 
     def send(self, dp, messages) -> None:
-        for message in messages:
-            self._call(dp, message, None, False, "message")
+        """Every message on its way before the first answer is awaited (each followed by its barrier, in order), so
+        the switch applies a batch back to back: a batch that empties the tables and fills them again (a switch that
+        connects, a new leader taking over under load) leaves no gap of round trips in which packets find no rule
+        (one reply in a run was lost in that gap). The first refusal is raised."""
+        calls = [eventlet.spawn(self._call, dp, message, None, False, "message") for message in messages]
+        refused = None
+        for call in calls:
+            try:
+                call.wait()
+            except DriverError as err:
+                refused = refused or err
+        if refused is not None:
+            raise refused
 
     def ask(self, dp, request) -> list:
         return self._call(dp, request, _reply_class(request), True, "stats request") or []
