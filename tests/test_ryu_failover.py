@@ -27,7 +27,7 @@ from ryu.ofproto import ofproto_v1_5 as ofp
 from controller.ryu_manager import launch
 from dataplanes import registry
 from dataplanes.driver import DriverError
-from dataplanes.openflow import messages
+from dataplanes.openflow import messages, tags
 from mbalancer.config import config_toml, parse_config
 from mbalancer.memcache.hashing import make_hash
 from mbalancer.memcache.meta import MetaClient, StoredItem
@@ -50,12 +50,41 @@ ACCEPTED = re.compile(r"master role accepted, generation id (\d+)")
 REFUSED = re.compile(r"refused this controller \(generation id (\d+)\): .*OFPRRFC_STALE")
 
 
+# Sent from a client's namespace: a memcached get to the server at argv[1] in a frame whose destination MAC is a GET
+# tag of a slot the switch has no rule for (argv[2]); prints the reply, or "none" after a second.
+TAGGED_GET = r"""
+import socket, struct, sys
+server, tag = sys.argv[1], bytes.fromhex(sys.argv[2].replace(":", ""))
+reply = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+reply.bind(("0.0.0.0", 0))
+reply.connect((server, 11211))
+reply.settimeout(1.0)
+me, port = reply.getsockname()
+payload = struct.pack("!HHHH", 7, 0, 1, 0) + b"get rf:tagged\r\n"
+udp = struct.pack("!HHHH", port, 11211, 8 + len(payload), 0) + payload
+ip = struct.pack("!BBHHHBBH4s4s", 0x45, 0, 20 + len(udp), 1, 0, 64, 17, 0, socket.inet_aton(me), socket.inet_aton(server))
+words = sum(struct.unpack("!10H", ip))
+while words >> 16:
+    words = (words & 0xffff) + (words >> 16)
+ip = ip[:10] + struct.pack("!H", ~words & 0xffff) + ip[12:]
+raw = socket.socket(socket.AF_PACKET, socket.SOCK_RAW)
+raw.bind(("eth0", 0))
+mine = bytes.fromhex(open("/sys/class/net/eth0/address").read().strip().replace(":", ""))
+raw.send(tag + mine + b"\x08\x00" + ip + udp)
+try:
+    print(reply.recv(2048)[8:])
+except socket.timeout:
+    print("none")
+"""
+
+
 def test_the_switch_refuses_a_deposed_leaders_flow_mods_and_role_request(tmp_path):
     """Two controllers on one bridge, each with the election id etcd gave it: once the second takes the master role,
     the switch refuses the first's flow-mod and its master request with its (older) generation id."""
     from controller.election import Election
     from dataplanes.openflow.bridge_connection import BridgeConnection
     from dataplanes.openflow.ovs import OpenVSwitch
+    from topologies.claim import Made, NetworkClaim
 
     def flow_mod(link: BridgeConnection) -> None:
         link.send(link.dp, [messages.flow(link.dp, 0, 7, link.dp.ofproto_parser.OFPMatch(in_port=5), [])])
@@ -64,30 +93,33 @@ def test_the_switch_refuses_a_deposed_leaders_flow_mods_and_role_request(tmp_pat
         link.send(link.dp, [messages.role_request(link.dp, ofp.OFPCR_ROLE_MASTER, generation)])
 
     stop = threading.Event()
-    with EtcdServer(tmp_path) as etcd, OpenVSwitch(f"{TAG}x") as ovs:
-        ovs.add_bridge(f"{TAG}x-of", [], "tcp:127.0.0.1:9")  # no controller there: these two connect themselves
-        first, second = (Election((etcd.url,), "/test/ryu", 1, name) for name in ("first", "second"))
-        links = [BridgeConnection(f"unix:{ovs.rundir}/{TAG}x-of.mgmt") for _ in range(2)]
-        try:
-            for link in links:
-                link.start(lambda dp: None, lambda frame: None)
-            old = first.campaign(stop)
-            master(links[0], old)
-            flow_mod(links[0])  # the master writes
-            first.resign()
-            new = second.campaign(stop)
-            assert new > old  # etcd's revisions only grow
-            master(links[1], new)
-            with pytest.raises(DriverError, match="type 1 code 10"):  # OFPET_BAD_REQUEST, OFPBRC_IS_SLAVE
-                flow_mod(links[0])
-            with pytest.raises(DriverError, match="type 11 code 0"):  # OFPET_ROLE_REQUEST_FAILED, OFPRRFC_STALE
+    # the machine's one network at a time: a second Open vSwitch's netdev datapath cannot start beside another's
+    with NetworkClaim("ryu failover roles") as claim, EtcdServer(tmp_path) as etcd:
+        claim.record(Made(switches=[f"{TAG}x"]))
+        with OpenVSwitch(f"{TAG}x") as ovs:
+            ovs.add_bridge(f"{TAG}x-of", [], "tcp:127.0.0.1:9")  # no controller there: these two connect themselves
+            first, second = (Election((etcd.url,), "/test/ryu", 1, name) for name in ("first", "second"))
+            links = [BridgeConnection(f"unix:{ovs.rundir}/{TAG}x-of.mgmt") for _ in range(2)]
+            try:
+                for link in links:
+                    link.start(lambda dp: None, lambda frame: None)
+                old = first.campaign(stop)
                 master(links[0], old)
-            flow_mod(links[1])  # the new master writes
-        finally:
-            stop.set()
-            second.resign()
-            for link in links:
-                link.close()
+                flow_mod(links[0])  # the master writes
+                first.resign()
+                new = second.campaign(stop)
+                assert new > old  # etcd's revisions only grow
+                master(links[1], new)
+                with pytest.raises(DriverError, match="type 1 code 10"):  # OFPET_BAD_REQUEST, OFPBRC_IS_SLAVE
+                    flow_mod(links[0])
+                with pytest.raises(DriverError, match="type 11 code 0"):  # OFPET_ROLE_REQUEST_FAILED, OFPRRFC_STALE
+                    master(links[0], old)
+                flow_mod(links[1])  # the new master writes
+            finally:
+                stop.set()
+                second.resign()
+                for link in links:
+                    link.close()
 
 
 @dataclass
@@ -176,11 +208,11 @@ def test_ryu_managers_fail_over_under_load_and_the_switch_refuses_the_deposed_on
         for host in net.server_hosts:
             net.popen(host, ["memcached", "-l", host.ip, "-p", "11211", "-U", "11211", "-u", "root", "-t", "1"])
         group = [ryu_config(net, tmp_path, f"ryu{i}", etcd) for i in (1, 2, 3)]
+        plain = parse_config({"servers": servers(net)})  # the monitor's config: the servers
         ovs, bridge = net.switch.ovs, net.switch.bridge
         ovs.vsctl("set-controller", bridge, *(f"tcp:127.0.0.1:{r.openflow}" for r in group))  # every candidate
         for uuid in ovs.vsctl("--bare", "--columns=_uuid", "list", "controller").split():
             ovs.vsctl("set", "controller", uuid, "max_backoff=1000")  # a candidate started later is dialled soon
-        plain = parse_config({"servers": servers(net)})  # the monitor's config: the servers
         key_hash = make_hash(plain.balancing.hash, [s.address for s in plain.servers])
         keys = [k for k in (b"rf:%d" % i for i in range(200)) if key_hash.server_of(k) == 0][:KEYS]
         home = net.server_hosts[0]
@@ -189,6 +221,13 @@ def test_ryu_managers_fail_over_under_load_and_the_switch_refuses_the_deposed_on
             group[0].start()
             first = int(group[0].wait_for(ACCEPTED).group(1))
             group[0].wait_for("hot keys installed")  # driven: the pipeline on the switch
+            # a get tagged for a slot with no rule (a datapath cache older than the slot's flow) still goes home
+            for host in net.server_hosts:
+                assert eventually(lambda: memcached_answers(host.ip), timeout=10)
+            MetaClient(plain.servers[1].address).set(b"rf:tagged", StoredItem(b"here", 0, -1, 0))
+            sent = net.run(net.client_hosts[0], [sys.executable, "-c", TAGGED_GET, net.server_hosts[1].ip,
+                                                 tags.tag(tags.GET, 99, 5)])
+            assert "here" in sent.stdout, (sent.stdout, sent.stderr)
             for ryu in group[1:]:
                 ryu.start()
                 ryu.wait_for(r"slave \(generation id \d+\) while a candidate")
