@@ -3,7 +3,8 @@ way: one module, small functions returning messages; the driver decides, the Ryu
 
 The pipeline, three tables:
   LEARN (0)  source MAC -> in_port learned into L2 (OVS's learn action), unless the source is a tag
-  TAGS  (1)  the classifier's tags (dataplanes/openflow/tags.py): GET(slot) -> the slot's select group;
+  TAGS  (1)  the classifier's tags (dataplanes/openflow/tags.py): GET(slot) -> the slot's select group (a GET of a
+             slot with no rule -> its home's MAC back, on to L2);
              COPY(server) -> server's MAC back, a copy to the controller (PacketIn), on to L2;
              REPLY(home) -> home's MAC, IP and UDP port as the source, on to L2; anything else -> L2
   L2    (2)  destination MAC -> port (learned); unknown -> flood
