@@ -168,16 +168,12 @@ def _elect(config, listen: str, stop, fail: Fail):
 
 
 def _etcd_login(settings, fail: Fail) -> tuple[str, str] | None:
-    """(etcd_user, the first line of etcd_password_file), None without a user; fail() in one line if unreadable."""
-    if not settings.etcd_user:
-        return None
+    """(etcd_user, its password), None without a user; fail() in one line if the password cannot be read."""
+    from controller.election import ElectionError, etcd_login
     try:
-        password = open(settings.etcd_password_file).readline().rstrip("\n")
-    except OSError as err:
-        fail(f"controller.etcd_password_file: {settings.etcd_password_file}: cannot read: {err.strerror}")
-    if not password:
-        fail(f"controller.etcd_password_file: {settings.etcd_password_file}: its first line is empty")
-    return settings.etcd_user, password
+        return etcd_login(settings)
+    except ElectionError as err:
+        fail(str(err))
 
 
 def _with_election_id(dataplane, election_id: int):

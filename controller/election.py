@@ -315,6 +315,21 @@ class Election:
         self._tokens[id(client)] = token
 
 
+def etcd_login(settings) -> EtcdLogin:
+    """([controller] etcd_user, the first line of etcd_password_file), None without a user; ElectionError naming the
+    field, in one line, if the password cannot be read."""
+    if not settings.etcd_user:
+        return None
+    try:
+        password = open(settings.etcd_password_file).readline().rstrip("\n")
+    except OSError as err:
+        raise ElectionError(f"controller.etcd_password_file: {settings.etcd_password_file}: cannot read: "
+                            f"{err.strerror}") from None
+    if not password:
+        raise ElectionError(f"controller.etcd_password_file: {settings.etcd_password_file}: its first line is empty")
+    return settings.etcd_user, password
+
+
 def _client(etcd3gw, url: str, timeout: float, tls: EtcdTls = None, login: bool = False):
     parts = urlsplit(url if "://" in url else f"http://{url}")
     if parts.scheme not in ("http", "https") or not parts.hostname or not parts.port:

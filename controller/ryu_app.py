@@ -12,6 +12,9 @@ A thin shim (faucet's way): the core decides and the driver builds the messages;
 - Monitor reports in and the JSON state out through Ryu's own WSGI server, with the same endpoints, JSON and
   errors as `mbalancer controller` (controller/http_api.py: respond), at the config's controller.listen.
 - Decisions go to Ryu's log (the core logs them; ryu-manager's logging prints them).
+- With [controller] etcd, this ryu-manager is one candidate of a failover group (controller/ryu_failover.py): it
+  leads once elected and the master of every switch (OpenFlow roles, its election id as the generation id); until
+  then it is a slave at every switch, and its HTTP API answers 503 (the monitor pushes to the next).
 ryu-manager runs everything on eventlet green threads (it monkey-patches threading), so the core's threads and the
 driver's blocking waits (barriers, stats) are green too and never stall the OpenFlow event loop for long.
 """
@@ -19,10 +22,12 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import threading
 import time
 from pathlib import Path
 
-from controller.ryu_manager import patch_eventlet, register_options
+from controller.ryu_manager import end_ryu_manager, patch_eventlet, register_options
 
 patch_eventlet()
 
@@ -37,10 +42,11 @@ from ryu.controller.handler import DEAD_DISPATCHER, MAIN_DISPATCHER, set_ev_cls 
 from ryu.ofproto import ofproto_v1_5, ofproto_v1_5_parser  # noqa: E402
 
 from controller.core import ControllerCore  # noqa: E402
+from controller.ryu_failover import Failover, RoleRefused, error_name  # noqa: E402
 from dataplanes.driver import DriverError  # noqa: E402
 from dataplanes.driver_process import DriverProcess  # noqa: E402
 from dataplanes.openflow.driver import OpenflowDriver  # noqa: E402
-from dataplanes.openflow.messages import refusals  # noqa: E402
+from dataplanes.openflow.messages import refusals, role_request  # noqa: E402
 from controller.http_api import ENDPOINTS, JSON, encode, respond  # noqa: E402
 from mbalancer.ownership import Ownership, OwnershipError  # noqa: E402
 from dataplanes import registry  # noqa: E402
@@ -59,18 +65,46 @@ register_options()  # in a Ryu config file; mbalancer-ryu-manager has them on it
 
 class RyuChannel:
     """The OpenFlow driver's way to its switches (dataplanes/openflow/driver.py: Channel) over Ryu: each message
-    through Ryu's ofctl service, which follows it with a barrier and returns the switch's error for it, if any."""
+    through Ryu's ofctl service, which follows it with a barrier and returns the switch's error for it, if any.
+    Also the failover group's (controller/ryu_failover.py: Switches): in a group the driver writes only the switches
+    where this controller's master role was accepted (`drive`), of all those connected (`links`)."""
 
     def __init__(self, app: "MBalancerApp"):
         self.app = app
-        self.datapaths: dict[int, object] = {}
+        self.datapaths: dict[int, object] = {}  # the switches the driver writes
+        self.links: dict[int, object] = {}  # every switch connected
 
     def switches(self) -> list:
         return list(self.datapaths.values())
 
+    def connected(self) -> list:
+        return list(self.links.values())
+
+    def drive(self, dp) -> None:
+        if self.links.get(dp.id) is dp:
+            self.datapaths[dp.id] = dp
+            if isinstance(self.app.driver, OpenflowDriver):
+                self.app.driver.switch_connected(dp)
+
+    def ask_role(self, dp, role: int, generation_id: int) -> tuple[int, int]:
+        reply = self._call(dp, role_request(dp, role, generation_id), ofproto_v1_5_parser.OFPRoleReply, False,
+                           "role request")
+        return reply.role, reply.generation_id
+
     def send(self, dp, messages) -> None:
-        for message in messages:
-            self._call(dp, message, None, False, "message")
+        """Every message on its way before the first answer is awaited (each followed by its barrier, in order), so
+        the switch applies a batch back to back: a batch that empties the tables and fills them again (a switch that
+        connects, a new leader taking over under load) leaves no gap of round trips in which packets find no rule
+        (one reply in a run was lost in that gap). The first refusal is raised."""
+        calls = [eventlet.spawn(self._call, dp, message, None, False, "message") for message in messages]
+        refused = None
+        for call in calls:
+            try:
+                call.wait()
+            except DriverError as err:
+                refused = refused or err
+        if refused is not None:
+            raise refused
 
     def ask(self, dp, request) -> list:
         return self._call(dp, request, _reply_class(request), True, "stats request") or []
@@ -88,10 +122,11 @@ class RyuChannel:
                 raise DriverError(f"switch {dp.id:016x} did not answer a {what} within {REPLY_TIMEOUT:.0f} s") \
                     from None
             except ofctl_errors.OFError as err:
-                raise DriverError(f"switch {dp.id:016x} refused a {what}: {_error_text(err)}") from None
+                refused = RoleRefused if what == "role request" else DriverError
+                raise refused(f"switch {dp.id:016x} refused a {what}: {_error_text(err)}") from None
             except ofctl_errors.InvalidDatapath:
                 # just connected: Ryu's ofctl service may see the connection a moment after this app does
-                if dp.id not in self.datapaths or time.monotonic() > deadline:
+                if dp.id not in self.links or time.monotonic() > deadline:
                     raise DriverError(f"switch {dp.id:016x} is not connected") from None
                 eventlet.sleep(0.05)
 
@@ -112,12 +147,16 @@ class MBalancerApp(app_manager.RyuApp):
         key_hash = self._homes()
         self.driver = self._make_driver()
         self.ownership = Ownership(self.driver.owned_switches(), self.config.controller.listen)
-        try:
-            owner = self.ownership.take()
-        except OwnershipError as err:
-            raise SystemExit(f"mbalancer: {err}") from None
-        if owner is not None:  # one controller per switch; no standby inside ryu-manager yet
-            raise SystemExit(f"mbalancer: {owner.describe()}: stop it first")
+        self.stopping = threading.Event()
+        self.core_started = False
+        self.failover = self._failover_group()  # None: no etcd, this one drives alone
+        if self.failover is None:
+            try:
+                owner = self.ownership.take()
+            except OwnershipError as err:
+                raise SystemExit(f"mbalancer: {err}") from None
+            if owner is not None:  # one controller per switch; a failover group elects one through etcd
+                raise SystemExit(f"mbalancer: {owner.describe()}: stop it first, or give both [controller] etcd")
         try:
             self.core = ControllerCore(self.config, self.driver, key_hash)
         except ValueError as err:  # e.g. a skewed hash without --mbalancer-homes
@@ -137,7 +176,31 @@ class MBalancerApp(app_manager.RyuApp):
             host, port = parse_server(self.driver.settings.listen)
             CONF.set_override("ofp_listen_host", host)
             CONF.set_override("ofp_tcp_listen_port", port)
-        kwargs["wsgi"].register(StateApi, {"core": self.core, "access": access})
+        kwargs["wsgi"].register(StateApi, {"core": self.core, "access": access, "failover": self.failover})
+
+    def _failover_group(self) -> Failover | None:
+        """With [controller] etcd: this ryu-manager as a candidate of the group (the election of `mbalancer
+        controller`, controller/election.py)."""
+        settings = self.config.controller
+        if not settings.etcd:
+            return None
+        if not isinstance(self.driver, OpenflowDriver):
+            raise SystemExit("mbalancer: controller.etcd: a Ryu app fails over on OpenFlow switches only (their "
+                             "roles refuse a deposed leader); run `mbalancer controller` for the "
+                             f"{self.config.dataplane.kind} data plane")
+        from controller.election import Election, ElectionError, etcd_login
+        identity = (f"ryu-manager pid {os.getpid()} (http://{settings.listen}, OpenFlow "
+                    f"{self.driver.settings.listen})")
+        try:
+            login = etcd_login(settings)
+        except ElectionError as err:
+            raise SystemExit(f"mbalancer: {err}") from None
+        try:
+            election = Election(settings.etcd, settings.election_key, settings.election_ttl, identity, None,
+                                (settings.etcd_ca, settings.etcd_cert, settings.etcd_key), login)
+        except ElectionError as err:
+            raise SystemExit(f"mbalancer: controller.etcd: {err}") from None
+        return Failover(election, self.ownership, self.channel, self.core_start, end_ryu_manager)
 
     def _homes(self) -> TableHash | None:
         """The key table of --mbalancer-homes, if given."""
@@ -164,29 +227,49 @@ class MBalancerApp(app_manager.RyuApp):
 
     def start(self):
         thread = super().start()
+        if self.failover is not None:  # the core starts once this one leads
+            eventlet.spawn(self.failover.run, self.stopping)
+            return thread
         try:
-            self.core.start()
+            self.core_start()
         except DriverError as err:
             raise SystemExit(f"mbalancer: data plane {self.config.dataplane.kind}: {err}") from None
-        log.info("mbalancer: controller core running (driver %s); state at http://%s/state",
-                 self.driver.name, self.config.controller.listen)
         return thread
 
+    def core_start(self) -> None:
+        self.core.start()
+        self.core_started = True
+        log.info("mbalancer: controller core running (driver %s); state at http://%s/state",
+                 self.driver.name, self.config.controller.listen)
+
     def stop(self):
-        self.core.stop()
+        self.stopping.set()
+        if self.core_started:
+            self.core.stop()
+        if self.failover is not None:
+            self.failover.election.resign()  # the next candidate need not wait for the lease
+        self.ownership.release()
         super().stop()
 
     @set_ev_cls(ofp_event.EventOFPStateChange, [MAIN_DISPATCHER, DEAD_DISPATCHER])
     def _state_change(self, ev):
         dp = ev.datapath
         if ev.state == MAIN_DISPATCHER:
-            self.channel.datapaths[dp.id] = dp
+            self.channel.links[dp.id] = dp
             log.info("mbalancer: switch %016x connected", dp.id)
-            if isinstance(self.driver, OpenflowDriver):  # off the event loop: it waits for the switch's answers
-                eventlet.spawn(self.driver.switch_connected, dp)
-        elif self.channel.datapaths.get(dp.id) is dp:
-            del self.channel.datapaths[dp.id]
+            if self.failover is not None:  # slave, or master before it is driven (off the event loop: it waits)
+                eventlet.spawn(self.failover.connected, dp)
+            elif isinstance(self.driver, OpenflowDriver):
+                eventlet.spawn(self.channel.drive, dp)
+        elif self.channel.links.get(dp.id) is dp:
+            del self.channel.links[dp.id]
+            self.channel.datapaths.pop(dp.id, None)
             log.warning("mbalancer: switch %016x disconnected", dp.id)
+
+    @set_ev_cls(ofp_event.EventOFPRoleStatus, MAIN_DISPATCHER)
+    def _role_status(self, ev):
+        if self.failover is not None:
+            eventlet.spawn(self.failover.demoted, ev.msg.datapath, ev.msg.role, ev.msg.generation_id)
 
     @set_ev_cls(ofp_event.EventOFPPacketIn, MAIN_DISPATCHER)
     def _packet_in(self, ev):
@@ -199,10 +282,14 @@ class StateApi(ControllerBase):
 
     def __init__(self, req, link, data, **config):
         super().__init__(req, link, data, **config)
-        self.core, self.access = data["core"], data["access"]
+        self.core, self.access, self.failover = data["core"], data["access"], data["failover"]
 
 
 def _answer(self, req, **_):
+    if self.failover is not None and not self.failover.leading:  # a candidate: the monitor pushes to the next
+        return Response(status=503, body=encode({"error": f"this ryu-manager does not lead "
+                                                          f"({self.failover.standing.value}): ask the leader"}),
+                        content_type=JSON, charset=None)
     reply = respond(self.core, req.method, req.path, req.headers.get("Content-Length", ""),
                     lambda n: req.body_file.read(n), req.remote_addr or "?", req.headers.get("Authorization", ""),
                     self.access)
@@ -234,7 +321,10 @@ def _route(path: str, name: str):
 
 
 def _error_text(err) -> str:
-    return refusals([m for m in (err.result or []) if hasattr(m, "code")]) or str(err)
+    """The switch's errors, as the driver quotes them, with OpenFlow's name for a role's refusal."""
+    errors = [m for m in (err.result or []) if hasattr(m, "code")]
+    names = [name for m in errors if (name := error_name(m.type, m.code))]
+    return (refusals(errors) + "".join(f" ({name})" for name in names)) or str(err)
 
 
 def _reply_class(request):

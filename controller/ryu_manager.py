@@ -53,25 +53,35 @@ def launch(config: Path | str, log: IO | None = None, homes: Path | None = None)
 def main() -> int:
     patch_eventlet()
     register_options(cli=True)
-    signal.signal(signal.SIGTERM, _interrupt_main_greenlet())  # as Ctrl-C: ryu-manager stops every app
+    import greenlet
+    _MAIN.append(greenlet.getcurrent())  # ryu-manager's, waiting on its apps
+    signal.signal(signal.SIGTERM, lambda *_: _throw_into_main(KeyboardInterrupt))  # as Ctrl-C: every app stops
     from ryu.cmd import manager
     return manager.main() or 0
 
 
-def _interrupt_main_greenlet():
-    """A SIGTERM handler that interrupts the greenlet calling it now (ryu-manager's, waiting on its apps).
+_MAIN: list = []  # the main greenlet, once main() runs
 
-    A handler that raised KeyboardInterrupt itself would raise it in whichever greenlet runs when the signal lands
-    (an app's, the lease's) and end that one alone, leaving ryu-manager running; the hub throws it into the main
-    greenlet instead, where ryu-manager catches it and closes every app (the core ends its lease)."""
-    import greenlet
+
+def end_ryu_manager(status: int) -> None:
+    """End ryu-manager with `status` (an app that must stop: a leader that lost the lead), closing every app first.
+    Under plain ryu-manager (no main() here), SIGTERM to this process instead."""
+    if _MAIN:
+        _throw_into_main(SystemExit(status))
+    else:
+        os.kill(os.getpid(), signal.SIGTERM)
+
+
+def _throw_into_main(exception) -> None:
+    """Raise `exception` in ryu-manager's main greenlet, from any greenlet or a signal handler.
+
+    Raised in whichever greenlet runs when the signal lands (an app's, the lease's) it would end that one alone,
+    leaving ryu-manager running; the hub throws it into the main greenlet instead, where ryu-manager closes every app
+    (the core ends its lease) in its `finally`, then ends (KeyboardInterrupt: status 0; SystemExit: its status)."""
     from eventlet import hubs
-    main_greenlet = greenlet.getcurrent()
-
-    def interrupt(*_) -> None:
-        hubs.get_hub().schedule_call_global(0, main_greenlet.throw, KeyboardInterrupt)
-    return interrupt
+    hubs.get_hub().schedule_call_global(0, _MAIN[0].throw, exception)
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+if __name__ == "__main__":  # as controller.ryu_manager, the module the app imports (one _MAIN)
+    from controller import ryu_manager
+    sys.exit(ryu_manager.main())

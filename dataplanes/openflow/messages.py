@@ -3,7 +3,8 @@ way: one module, small functions returning messages; the driver decides, the Ryu
 
 The pipeline, three tables:
   LEARN (0)  source MAC -> in_port learned into L2 (OVS's learn action), unless the source is a tag
-  TAGS  (1)  the classifier's tags (dataplanes/openflow/tags.py): GET(slot) -> the slot's select group;
+  TAGS  (1)  the classifier's tags (dataplanes/openflow/tags.py): GET(slot) -> the slot's select group (a GET of a
+             slot with no rule -> its home's MAC back, on to L2);
              COPY(server) -> server's MAC back, a copy to the controller (PacketIn), on to L2;
              REPLY(home) -> home's MAC, IP and UDP port as the source, on to L2; anything else -> L2
   L2    (2)  destination MAC -> port (learned); unknown -> flood
@@ -31,6 +32,7 @@ BALANCED_SOURCE = tags.tag(tags.BALANCED, 0)  # a balanced get's source MAC: lea
 # A balanced get's in_port set to none (OVS's NXM in_port, 16 bits: OVS refuses 0 in the OXM one) in its group: OpenFlow
 # drops output to the ingress port, by which a fabric's home leaf may send a get from a spine up to the replica's leaf.
 NO_INGRESS = parser.OFPActionSetField(in_port_nxm=0)
+ANY_GET = (tags.tag(tags.GET, 0), "ff:ff:00:00:00:00")  # (value, mask): a GET tag of any slot
 ETH_DST_ALL_BITS = bytes.fromhex("80000606") + b"\xff" * 6  # OXM ETH_DST (class 0x8000, field 3, 6 bytes): all bits
 
 
@@ -69,9 +71,14 @@ def base_pipeline(dp) -> list:
 
 
 def server_rules(dp, servers: Sequence[Server]) -> list:
-    """Per server: its copies (COPY tag) and its replies' source (REPLY tag)."""
+    """Per server: its copies (COPY tag), its replies' source (REPLY tag), and the gets tagged for a slot that has no
+    rule here (a datapath cache older than the slot's flow, e.g. one of a previous controller's) sent to it as their
+    home: its MAC back, as for any get the switch does not balance, where they would be flooded with the tag as
+    their destination and lost."""
     rules = []
     for index, server in enumerate(servers):
+        rules.append(flow(dp, TAGS, 50, parser.OFPMatch(eth_dst=ANY_GET, eth_type=0x0800, ipv4_dst=server.ip),
+                          apply(set_field(eth_dst=server.mac)) + [goto(L2)]))
         rules.append(flow(dp, TAGS, 100, parser.OFPMatch(eth_dst=tags.tag(tags.COPY, index)), apply(
             set_field(eth_dst=server.mac),
             parser.OFPActionOutput(ofp.OFPP_CONTROLLER, ofp.OFPCML_NO_BUFFER)) + [goto(L2)]))
@@ -137,6 +144,12 @@ def remove_hot(dp, slot: int) -> list:
 def refusals(errors: Sequence) -> str:
     """The switch's error messages, as the driver's one-line refusals quote them: "type 2 code 3, ..."."""
     return ", ".join(f"type {m.type} code {m.code}" for m in errors)
+
+
+def role_request(dp, role: int, generation_id: int) -> parser.OFPRoleRequest:
+    """Ask for a controller role (ofp.OFPCR_ROLE_*): MASTER and SLAVE carry the generation id, which the switch
+    refuses (OFPRRFC_STALE) when below the highest it has seen; NOCHANGE asks which role and generation id hold now."""
+    return parser.OFPRoleRequest(dp, role, ofp.OFPCID_UNDEFINED, generation_id)
 
 
 def barrier(dp) -> parser.OFPBarrierRequest:
