@@ -36,7 +36,7 @@ TIERS: dict[str, str] = {
     "test_deployment": "root", "test_driver_contract": "root", "test_ebpf_network": "root",
     "test_ebpf_program": "root", "test_faults": "root", "test_libmemcached_tools": "root",
     "test_measured_balance_network": "root", "test_monitor_capture": "root", "test_monitor_follows_switch": "root",
-    "test_openflow_driver": "root", "test_openflow_network": "root", "test_slot_book_refusals": "root",
+    "test_openflow_attach": "root", "test_openflow_driver": "root", "test_openflow_network": "root", "test_slot_book_refusals": "root",
     "test_tcp_path": "root",
     # etcd: Debian's etcd-server, started by the test
     "test_election": "etcd",
