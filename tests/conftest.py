@@ -44,6 +44,7 @@ TIERS: dict[str, str] = {
     "test_p4_network": "bmv2", "test_p4_program": "bmv2", "test_p4_sketch": "bmv2",
     # mininet: the Mininet testbed, root (test_fabric_failover needs etcd too)
     "test_experiments_endtoend": "mininet", "test_fabric_failover": "mininet", "test_mininet_switch": "mininet",
+    "test_openflow_fabric_restart": "mininet",
 }
 
 
