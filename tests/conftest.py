@@ -25,7 +25,8 @@ TIERS: dict[str, str] = {
     "test_key_hashes": "unit", "test_layout": "unit", "test_mac_check": "unit", "test_measured_balance": "unit",
     "test_memcache_client": "unit", "test_memcache_fuzz": "unit", "test_memcache_protocol": "unit",
     "test_memcache_real_server": "unit", "test_monitor_follow": "unit", "test_monitor_hot_keys": "unit",
-    "test_monitor_parsing": "unit", "test_notebooks": "unit", "test_ownership": "unit", "test_simulation_cli": "unit",
+    "test_monitor_parsing": "unit", "test_notebooks": "unit", "test_openflow_box": "unit", "test_ownership": "unit",
+    "test_simulation_cli": "unit",
     "test_simulation_model": "unit", "test_tiers": "unit", "test_water_filling": "unit",
     # slow: no root either, but 10-30 s a module (load runs, servers killed and restarted, ryu-manager, agents, HTTP
     # servers' timeouts): together they would take the unit tier past its minute
@@ -36,7 +37,8 @@ TIERS: dict[str, str] = {
     "test_deployment": "root", "test_driver_contract": "root", "test_ebpf_network": "root",
     "test_ebpf_program": "root", "test_faults": "root", "test_libmemcached_tools": "root",
     "test_measured_balance_network": "root", "test_monitor_capture": "root", "test_monitor_follows_switch": "root",
-    "test_openflow_attach": "root", "test_openflow_driver": "root", "test_openflow_network": "root", "test_slot_book_refusals": "root",
+    "test_openflow_attach": "root", "test_openflow_driver": "root", "test_openflow_network": "root",
+    "test_slot_book_refusals": "root",
     "test_tcp_path": "root",
     # etcd: Debian's etcd-server, started by the test
     "test_election": "etcd",

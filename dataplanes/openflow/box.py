@@ -111,8 +111,8 @@ def plan(box: OvsBox, bridge: str, datapath: str = "") -> tuple[str, list[Hook]]
     box.check_running()
     kind = box.datapath(bridge)
     if datapath and datapath != kind:
-        raise BoxError(f"bridge {bridge} runs {DATAPATHS[kind]} (datapath_type {kind}), not {DATAPATHS.get(datapath, datapath)} "
-                       f"as [dataplane.openflow] datapath says")
+        raise BoxError(f"bridge {bridge} runs {DATAPATHS[kind]} (datapath_type {kind}), not "
+                       f"{DATAPATHS.get(datapath, datapath)} as [dataplane.openflow] datapath says")
     hooks = [hook_of(bridge, kind, interface) for interface in box.interfaces(bridge)]
     return kind, hooks
 
@@ -150,7 +150,8 @@ def veth_peer(iface: str) -> tuple[str, str] | None:
         return None
     ifindex = link[0]["ifindex"]
     for netns in _namespaces(nsid):
-        found = [ln for ln in _links(in_netns(netns), None) if ln["ifindex"] == index and ln.get("link_index") == ifindex]
+        found = [ln for ln in _links(in_netns(netns), None)
+                 if ln["ifindex"] == index and ln.get("link_index") == ifindex]
         if found:
             return netns, found[0]["ifname"]
     raise BoxError(f"the far end of {iface} is in a network namespace this box cannot find (netnsid {nsid})")
