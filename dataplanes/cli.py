@@ -28,9 +28,11 @@ DEFAULT_NAME = "mb0"
 
 def register(commands: argparse._SubParsersAction) -> None:
     parser = commands.add_parser(
-        "switch", help="the eBPF switch on this machine's interfaces: attach, detach, status; serve: its agent",
-        description="Run MBalancer's eBPF data plane on interfaces of this machine, remove it, or show it (root); "
-                    "serve this machine's data plane to a controller elsewhere.")
+        "switch", help="the eBPF switch on this machine's interfaces, or the key classifier on an Open vSwitch bridge: "
+                       "attach, detach, status; serve: its agent",
+        description="Run MBalancer's eBPF data plane on interfaces of this machine, or its key classifier on the ports "
+                    "of an Open vSwitch bridge (--dataplane openflow), remove it, or show it (root); serve this "
+                    "machine's data plane to a controller elsewhere.")
     actions = parser.add_subparsers(dest="action", required=True, metavar="ACTION")
     serve = actions.add_parser("serve", help="the switch agent: serve this machine's data plane ([dataplane] kind) "
                                              "to controllers elsewhere, as [dataplane.agent] says")
@@ -41,7 +43,8 @@ def register(commands: argparse._SubParsersAction) -> None:
                        help="stop when process PID, which started this one, ends (tests and testbeds that start "
                             "their agents: killed, they leave none behind); not for systemd")
     serve.set_defaults(run=_serve, fail=serve.error)
-    attach = actions.add_parser("attach", help="load the program and attach it to the ports")
+    attach = actions.add_parser("attach", help="load the program and attach it to the ports (openflow: to every port "
+                                               "of the bridge, where it sees each frame before Open vSwitch does)")
     attach.add_argument("--ports", help="interfaces to switch between, comma-separated (default: the config's "
                                         "[dataplane.ebpf] ports)")
     attach.add_argument("--memcached-port", type=int, action="append",
