@@ -140,9 +140,16 @@ def _serve(args: argparse.Namespace, fail: Fail) -> int:
 
 
 def _dataplane(args: argparse.Namespace, fail: Fail) -> str:
+    """--dataplane; else the config's kind; else, for status and detach, openflow where only key classifiers are
+    attached on this machine (no eBPF switch)."""
     if args.dataplane:
         return args.dataplane
-    return "openflow" if args.config and config_option(args.config, fail).dataplane.kind == "openflow" else "ebpf"
+    if args.config:
+        return "openflow" if config_option(args.config, fail).dataplane.kind == "openflow" else "ebpf"
+    from dataplanes.bpf.program import loaded_switches
+    from dataplanes.openflow.standalone import attached_classifiers
+    only_classifiers = args.action != "attach" and attached_classifiers() and not loaded_switches()
+    return "openflow" if only_classifiers else "ebpf"
 
 
 def _run_openflow(args: argparse.Namespace, fail: Fail) -> int:
