@@ -68,7 +68,8 @@ def register(commands: argparse._SubParsersAction) -> None:
         sub.add_argument("--ovs-rundir", help="openflow: Open vSwitch's run directory, where db.sock is (default: "
                                               "[dataplane.openflow] ovs_rundir, or /var/run/openvswitch)")
         sub.add_argument("--name", help=f"switch name (default: the config's first [dataplane.ebpf] switch, or "
-                                        f"{DEFAULT_NAME})")
+                                        f"{DEFAULT_NAME}; openflow: the key classifier's, [dataplane.openflow] "
+                                        f"classifier or of0)")
         sub.set_defaults(run=_run, fail=sub.error)
 
 

@@ -63,6 +63,7 @@ def box():
             assert eventually(lambda: all(memcached_answers(h.ip) for h in net.server_hosts), timeout=10)
             yield net, ovs
         finally:
+            switch("detach", "--dataplane", "openflow", "--name", TAG)  # after a failed test: pins and record
             ovs.stop()
 
 
@@ -146,7 +147,7 @@ def test_attach_balances_through_the_bridge_and_detach_removes_exactly_what_it_m
         hot_gets_spread_evenly_and_answered_from_home(net, home, agent.read_log)  # who served: memcached's counts
         status = json.loads(switch("status", "--config", str(config), "--json").stdout)
         assert status["hot_keys"] == 1 and status["counters"]["balanced"] >= 900, status
-        plain = switch("status").stdout  # no config: the classifiers, where no eBPF switch is loaded
+        plain = switch("status", "--dataplane", "openflow", "--name", TAG).stdout
         assert plain.startswith(f"{TAG}: bridge {BRIDGE} (netdev datapath);") and "1 hot keys" in plain, plain
     finally:
         controller.stop()

@@ -194,3 +194,13 @@ def _unclassified(record: ClassifierRecord | None) -> list[str] | str | None:
     except BoxError as err:
         return f"unknown: {err}"
     return sorted(set(now) - {h.port for h in record.hooks})
+
+
+def remove_left_over(name: str) -> list[str]:
+    """What a killed run left named after switch `name`: its private Open vSwitch, and a classifier attached under
+    that name with its record (the registry's leftovers hook for the OpenFlow data plane)."""
+    from dataplanes.openflow.ovs import remove_left_over as remove_ovs
+    removed = remove_ovs(name)
+    if record_path(name).exists():
+        removed += [f"classifier {name}: {what}" for what in detach(name)]
+    return removed
