@@ -8,13 +8,14 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+from pathlib import Path
 
 import pytest
 
 from dataplanes import registry
-from dataplanes.bpf.program import CLASSIFIER
+from dataplanes.bpf.program import CLASSIFIER, CLASSIFIER_XDP
 from dataplanes.openflow.ovs import OpenVSwitch
-from dataplanes.openflow.standalone import PREF, record_path
+from dataplanes.openflow.standalone import PREF, _xdp_id, record_path
 from experiments.endtoend.stack import LocalController
 from mbalancer.config import parse_config
 from mbalancer.memcache.hashing import make_hash
@@ -41,10 +42,8 @@ def one_line_failure(done: subprocess.CompletedProcess, *words: str) -> str:
     return lines[0]
 
 
-def tc_filters(netns: str, iface: str, direction: str) -> list[dict]:
-    prefix = ["nsenter", f"--net=/run/netns/{netns}"] if netns else []
-    shown = subprocess.run(prefix + ["tc", "-j", "filter", "show", "dev", iface, direction], capture_output=True,
-                           text=True)
+def tc_filters(iface: str, direction: str) -> list[dict]:
+    shown = subprocess.run(["tc", "-j", "filter", "show", "dev", iface, direction], capture_output=True, text=True)
     return json.loads(shown.stdout or "[]")
 
 
@@ -90,13 +89,16 @@ def test_bad_input_is_one_line_and_leaves_nothing(box, tmp_path):
         one_line_failure(switch("attach", "--config", str(config)), f"port {TAG}-ghost", "is gone")
     finally:
         ovs.vsctl("del-port", BRIDGE, f"{TAG}-ghost")
-    subprocess.run(["ip", "link", "add", f"{TAG}-nic", "type", "bridge"], check=True)  # no far end, as a NIC
+    # a port whose XDP hook holds another program: the classifier must run there
+    other = Path("/sys/fs/bpf") / f"{TAG}-other-xdp"
+    subprocess.run(["bpftool", "prog", "load", str(CLASSIFIER_XDP.object), str(other), "type", "xdp"], check=True)
     try:
-        ovs.vsctl("add-port", BRIDGE, f"{TAG}-nic")
-        one_line_failure(switch("attach", "--config", str(config)), f"port {TAG}-nic", "not a veth", "AF_PACKET")
-        ovs.vsctl("del-port", BRIDGE, f"{TAG}-nic")
+        subprocess.run(["ip", "link", "set", "dev", f"{TAG}-c1", "xdpgeneric", "pinned", str(other)], check=True)
+        one_line_failure(switch("attach", "--config", str(config)), f"the XDP hook of {TAG}-c1 (program",
+                         "holds a program already")
     finally:
-        subprocess.run(["ip", "link", "del", f"{TAG}-nic"])
+        subprocess.run(["ip", "link", "set", "dev", f"{TAG}-c1", "xdpgeneric", "off"])
+        other.unlink()
     ovs.stop_switch()
     try:
         one_line_failure(switch("attach", "--config", str(config)), "ovs-vswitchd is not running")
@@ -112,15 +114,15 @@ def test_attach_balances_through_the_bridge_and_detach_removes_exactly_what_it_m
     net, ovs = box
     config = tmp_path / "box.toml"
     write_config(net, ovs, config)
-    # an operator's own filter on one port's far end: attach goes in beside it, detach leaves it
-    subprocess.run(["tc", "qdisc", "add", "dev", f"{TAG}-r", "clsact"], check=True)
-    subprocess.run(["tc", "filter", "add", "dev", f"{TAG}-r", "egress", "pref", "7", "bpf", "bytecode", "1,6 0 0 0,"],
+    # an operator's own filter on the bridge's internal port: attach goes in beside it, detach leaves it
+    subprocess.run(["tc", "qdisc", "add", "dev", BRIDGE, "clsact"], check=True)
+    subprocess.run(["tc", "filter", "add", "dev", BRIDGE, "egress", "pref", "7", "bpf", "bytecode", "1,6 0 0 0,"],
                    check=True)
     attached = switch("attach", "--config", str(config))
     assert attached.returncode == 0, attached.stderr
     assert f"key classifier {TAG} attached to bridge {BRIDGE} (netdev datapath)" in attached.stderr
-    assert f"{TAG}-s1: tc egress of eth0 (the far end of {TAG}-s1, in network namespace {TAG}-s1)" in attached.stderr
-    assert f"{TAG}-rp: tc egress of {TAG}-r (the far end of {TAG}-rp)" in attached.stderr
+    for port in [h.port for h in net.hosts] + [f"{TAG}-rp"]:  # read through AF_PACKET: XDP runs before it
+        assert f"{port}: XDP of {port};" in attached.stderr and _xdp_id(port) > 0, attached.stderr
     assert f"{BRIDGE}: tc egress of {BRIDGE};" in attached.stderr  # the bridge's own port: this box's stack
     again = switch("attach", "--config", str(config))
     one_line_failure(again, f"key classifier {TAG} is attached to bridge {BRIDGE}", "since")
@@ -155,10 +157,9 @@ def test_attach_balances_through_the_bridge_and_detach_removes_exactly_what_it_m
 
     detached = switch("detach", "--config", str(config))
     assert detached.returncode == 0 and "its record" in detached.stderr, detached.stderr
-    for host in net.hosts:
-        assert not any(f.get("pref") == PREF for f in tc_filters(host.netns, "eth0", "egress"))
-    assert [f.get("pref") for f in tc_filters("", f"{TAG}-r", "egress")] in ([7], [7, 7]), \
-        tc_filters("", f"{TAG}-r", "egress")  # the operator's filter, and nothing of ours
+    assert all(_xdp_id(port) == 0 for port in [h.port for h in net.hosts] + [f"{TAG}-rp"])
+    assert [f.get("pref") for f in tc_filters(BRIDGE, "egress")] in ([7], [7, 7]), \
+        tc_filters(BRIDGE, "egress")  # the operator's filter, and nothing of ours
     assert not (CLASSIFIER.pin_root / TAG).exists() and not record_path(TAG).exists()
     nothing = switch("detach", "--config", str(config))
     assert nothing.returncode == 0 and "nothing to remove" in nothing.stderr

@@ -16,14 +16,20 @@ def port(name: str, kind: str = "", ofport=1, error=None) -> dict:
 
 def test_on_the_kernel_datapath_the_classifier_runs_at_tc_ingress_of_each_port():
     """The kernel datapath's rx handler runs after tc ingress: the port itself, whatever it is (NIC or veth)."""
-    assert hook_of("br0", "system", port("eth1")) == Hook("eth1", "eth1", "", "ingress")
-    assert hook_of("br0", "system", port("eth2", "system")) == Hook("eth2", "eth2", "", "ingress")
+    assert hook_of("br0", "system", port("eth1")) == Hook("eth1", "ingress")
+    assert hook_of("br0", "system", port("eth2", "system")) == Hook("eth2", "ingress")
+
+
+def test_on_the_userspace_datapath_it_runs_at_xdp_of_each_port():
+    """The userspace datapath reads a port through AF_PACKET, which sees a frame before tc ingress, after XDP."""
+    assert hook_of("br0", "netdev", port("eth1")) == Hook("eth1", "xdp")
+    assert hook_of("br0", "netdev", port("eth1")).describe() == "XDP of eth1"
 
 
 @pytest.mark.parametrize("datapath", ["system", "netdev"])
 def test_an_internal_port_gets_it_at_tc_egress_on_either_datapath(datapath):
     """What this box's own stack sends into the switch leaves through the internal port's transmit path."""
-    assert hook_of("br0", datapath, port("br0", "internal")) == Hook("br0", "br0", "", "egress")
+    assert hook_of("br0", datapath, port("br0", "internal")) == Hook("br0", "egress")
     assert hook_of("br0", "netdev", port("tap7", "tap")).direction == "egress"
 
 

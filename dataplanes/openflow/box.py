@@ -5,8 +5,8 @@ Where that is depends on who reads the port (docs/dataplanes/openflow.md, "On yo
 - the kernel datapath (datapath_type system) takes a port's frames in its rx handler, which the kernel runs after
   tc ingress: the classifier at tc ingress of the port itself;
 - the userspace datapath (netdev) reads a port with an AF_PACKET socket, which the kernel feeds before tc ingress, so
-  a mark made there would come too late: the classifier at tc egress of the link's far end (a veth's peer, as the
-  testbed does); a NIC has no far end on this box, so it is refused (an XDP build would run early enough: not done);
+  a mark made there would come too late: the classifier's XDP build on the port (XDP runs before AF_PACKET sees the
+  frame; native where the driver has it, else generic), NIC or veth alike;
 - an internal port (the bridge's own, a tap of the userspace datapath) carries what this box's stack sends into the
   switch through its transmit path: tc egress of the port itself, on either datapath;
 - DPDK, AF_XDP, tunnel and patch ports hand frames to Open vSwitch where no kernel hook sees them first: refused.
@@ -21,8 +21,6 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from dataplanes.bpf.program import in_netns
-from mbalancer.interfaces import NETNS_NAMES
 
 DEFAULT_RUNDIR = "/var/run/openvswitch"  # where Debian's openvswitch-switch keeps db.sock and <bridge>.mgmt
 DATAPATHS = {"system": "the kernel datapath", "netdev": "the userspace datapath"}
@@ -35,16 +33,12 @@ class BoxError(RuntimeError):
 
 @dataclass(frozen=True)
 class Hook:
-    """Where the classifier runs for one port of the bridge."""
-    port: str  # the bridge's interface
-    iface: str  # the interface the classifier is attached to (the port, or its veth peer)
-    netns: str  # "" (this box's namespace), a name under /run/netns, or a path such as /proc/<pid>/ns/net
-    direction: str  # tc hook: ingress or egress
+    """Where the classifier runs for one port of the bridge: on the port's own interface, at `direction`."""
+    port: str
+    direction: str  # tc ingress or egress, or xdp
 
     def describe(self) -> str:
-        where = self.iface if self.iface == self.port else f"{self.iface} (the far end of {self.port}" + \
-            (f", in network namespace {self.netns})" if self.netns else ")")
-        return f"tc {self.direction} of {where}"
+        return f"XDP of {self.port}" if self.direction == "xdp" else f"tc {self.direction} of {self.port}"
 
 
 class OvsBox:
@@ -123,59 +117,8 @@ def hook_of(bridge: str, datapath: str, interface: dict) -> Hook:
         raise BoxError(f"port {name} of bridge {bridge} is gone ({interface.get('error') or 'no OpenFlow port'}): "
                        f"remove it (ovs-vsctl del-port {bridge} {name}) or bring its interface back")
     if kind in ("internal", "tap"):
-        return Hook(name, name, "", "egress")
+        return Hook(name, "egress")
     if kind != "system":
         raise BoxError(f"port {name} of bridge {bridge} is of type {kind}: its frames reach Open vSwitch where no "
                        f"kernel hook sees them first, so no key classifier can run for it")
-    if datapath == "system":
-        return Hook(name, name, "", "ingress")
-    peer = veth_peer(name)
-    if peer is None:
-        raise BoxError(f"port {name} of bridge {bridge} is not a veth: the userspace datapath reads it through "
-                       f"AF_PACKET, which sees each frame before tc ingress, and it has no far end on this box "
-                       f"(use the kernel datapath for NICs)")
-    return Hook(name, peer[1], peer[0], "egress")
-
-
-def veth_peer(iface: str) -> tuple[str, str] | None:
-    """(namespace, name) of a veth's other end ("" for this namespace), or None if `iface` is not a veth; BoxError
-    if the peer is in a namespace that cannot be found."""
-    link = _links([], iface)
-    if not link or link[0].get("linkinfo", {}).get("info_kind") != "veth":
-        return None
-    if "link" in link[0]:  # iproute2 names the peer when it is in this namespace
-        return "", link[0]["link"]
-    index, nsid = link[0].get("link_index"), link[0].get("link_netnsid")
-    if index is None or nsid is None:
-        return None
-    ifindex = link[0]["ifindex"]
-    for netns in _namespaces(nsid):
-        found = [ln for ln in _links(in_netns(netns), None)
-                 if ln["ifindex"] == index and ln.get("link_index") == ifindex]
-        if found:
-            return netns, found[0]["ifname"]
-    raise BoxError(f"the far end of {iface} is in a network namespace this box cannot find (netnsid {nsid})")
-
-
-def _links(prefix: list[str], iface: str | None) -> list[dict]:
-    result = subprocess.run(prefix + ["ip", "-j", "-d", "link", "show"] + (["dev", iface] if iface else []),
-                            capture_output=True, text=True, timeout=TIMEOUT)
-    return json.loads(result.stdout or "[]") if result.returncode == 0 else []
-
-
-def _namespaces(nsid: int) -> list[str]:
-    """Candidates for the namespace this one calls `nsid`: its name if it has one, else every process's."""
-    ids = subprocess.run(["ip", "-j", "netns", "list-id"], capture_output=True, text=True, timeout=TIMEOUT)
-    for entry in json.loads(ids.stdout or "[]") if ids.returncode == 0 else []:
-        if entry.get("nsid") == nsid and entry.get("name") and (NETNS_NAMES / entry["name"]).exists():
-            return [entry["name"]]
-    mine, seen, found = os.stat("/proc/self/ns/net").st_ino, set(), []
-    for pid in sorted((p for p in os.listdir("/proc") if p.isdigit()), key=int):
-        try:
-            inode = os.stat(f"/proc/{pid}/ns/net").st_ino
-        except OSError:
-            continue
-        if inode != mine and inode not in seen:
-            seen.add(inode)
-            found.append(f"/proc/{pid}/ns/net")
-    return found
+    return Hook(name, "ingress" if datapath == "system" else "xdp")

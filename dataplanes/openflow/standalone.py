@@ -2,10 +2,11 @@
 (`mbalancer switch attach | detach | status --dataplane openflow`), as dataplanes/ebpf/standalone.py does for the eBPF
 switch: the switch agent (or `mbalancer controller` on the box) then drives the bridge and the classifier.
 
-attach() records what it makes in RECORDS/<name>.classifier.json before making it: each hook (interface, namespace,
-tc direction) and whether it made the interface's clsact qdisc. The classifier goes in beside whatever tc filters the
-operator has there (its own priority, PREF), so detach() removes exactly what attach made: its filters, the qdiscs
-it made and that hold nothing else, the pins and the record; also after an attach that failed half way.
+attach() records what it makes in RECORDS/<name>.classifier.json before making it: each hook (port, and tc direction
+or XDP) and whether it made the port's clsact qdisc. The classifier goes in beside whatever tc filters the operator
+has there (its own priority, PREF); a port's XDP hook holds one program, so one taken already is refused. detach()
+removes exactly what attach made: its filters, the qdiscs it made that hold nothing else, its XDP programs (by id),
+the pins and the record; also after an attach that failed half way.
 """
 from __future__ import annotations
 
@@ -16,8 +17,9 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Sequence
 
-from dataplanes.bpf.program import CLASSIFIER, DataPlane, DataPlaneError, in_netns, loaded_switches
+from dataplanes.bpf.program import CLASSIFIER, XDP_PIN, DataPlane, DataPlaneError, loaded_switches
 from dataplanes.openflow.box import DATAPATHS, BoxError, Hook, OvsBox, plan
+from mbalancer.interfaces import interface_exists
 
 RECORDS = Path("/run/mbalancer/switches")  # beside the eBPF switches' records: gone after a reboot, as the pins are
 PREF = 49152  # the classifier's tc filter priority on each hook: the operator's own filters keep theirs
@@ -31,7 +33,7 @@ class ClassifierRecord:
     ovs_rundir: str
     memcached_ports: tuple[int, ...]
     hooks: tuple[Hook, ...]
-    made_qdiscs: tuple[str, ...]  # "<netns>:<iface>" of each clsact qdisc attach made
+    made_qdiscs: tuple[str, ...]  # the ports whose clsact qdisc attach made
     attached_unix: float
 
     @staticmethod
@@ -77,21 +79,27 @@ def attach(name: str, bridge: str, rundir: str, memcached_ports: Sequence[int], 
     if others:
         raise BoxError(f"bridge {bridge} has a key classifier already: {others[0].summary()}")
     kind, hooks = plan(OvsBox(rundir), bridge, datapath)
+    if taken := [f"{h.port} (program {_xdp_id(h.port)})" for h in hooks if h.direction == "xdp" and _xdp_id(h.port)]:
+        raise BoxError(f"the XDP hook of {', '.join(taken)} holds a program already: the classifier must run there "
+                       f"(the userspace datapath reads the port before tc ingress)")
     record = ClassifierRecord(name, bridge, kind, rundir, tuple(sorted(set(memcached_ports))), tuple(hooks), (),
                               round(time.time(), 3))
     record.write()
     try:
         plane = DataPlane(name, CLASSIFIER).load()
         _fill(plane, record.memcached_ports)
+        xdp = plane.load_xdp() if any(h.direction == "xdp" for h in hooks) else None
         for hook in hooks:
+            if hook.direction == "xdp":
+                _tc(["ip", "link", "set", "dev", hook.port, "xdp", "pinned", str(xdp)], f"the classifier at "
+                                                                                          f"{hook.describe()}")
+                continue
             if not _has_clsact(hook):  # recorded before it is made: detach removes it whatever happens next
-                record = replace(record, made_qdiscs=record.made_qdiscs + (f"{hook.netns}:{hook.iface}",))
+                record = replace(record, made_qdiscs=record.made_qdiscs + (hook.port,))
                 record.write()
-                _tc(in_netns(hook.netns) + ["tc", "qdisc", "add", "dev", hook.iface, "clsact"],
-                    f"clsact on {hook.iface}")
-            _tc(in_netns(hook.netns) + ["tc", "filter", "add", "dev", hook.iface, hook.direction, "pref", str(PREF),
-                                        "bpf", "direct-action", "object-pinned", str(plane.program_pin)],
-                f"the classifier at {hook.describe()}")
+                _tc(["tc", "qdisc", "add", "dev", hook.port, "clsact"], f"clsact on {hook.port}")
+            _tc(["tc", "filter", "add", "dev", hook.port, hook.direction, "pref", str(PREF), "bpf", "direct-action",
+                 "object-pinned", str(plane.program_pin)], f"the classifier at {hook.describe()}")
     except (DataPlaneError, OSError, subprocess.SubprocessError) as err:
         detach(name)
         raise DataPlaneError(str(err)) from None
@@ -114,15 +122,27 @@ def _tc(args: list[str], what: str) -> None:
 
 
 def _has_clsact(hook: Hook) -> bool:
-    shown = subprocess.run(in_netns(hook.netns) + ["tc", "-j", "qdisc", "show", "dev", hook.iface],
-                           capture_output=True, text=True, timeout=30)
+    shown = subprocess.run(["tc", "-j", "qdisc", "show", "dev", hook.port], capture_output=True, text=True, timeout=30)
     return shown.returncode == 0 and any(q.get("kind") == "clsact" for q in json.loads(shown.stdout or "[]"))
 
 
 def _filters(hook: Hook, direction: str) -> list[dict]:
-    shown = subprocess.run(in_netns(hook.netns) + ["tc", "-j", "filter", "show", "dev", hook.iface, direction],
-                           capture_output=True, text=True, timeout=30)
+    shown = subprocess.run(["tc", "-j", "filter", "show", "dev", hook.port, direction], capture_output=True,
+                           text=True, timeout=30)
     return json.loads(shown.stdout or "[]") if shown.returncode == 0 else []
+
+
+def _xdp_id(port: str) -> int:
+    """The id of the XDP program on `port` (0: none)."""
+    shown = subprocess.run(["ip", "-j", "link", "show", "dev", port], capture_output=True, text=True, timeout=30)
+    links = json.loads(shown.stdout or "[]") if shown.returncode == 0 else []
+    return int(links[0].get("xdp", {}).get("prog", {}).get("id", 0)) if links else 0
+
+
+def _pinned_id(pin: Path) -> int:
+    shown = subprocess.run(["bpftool", "-j", "prog", "show", "pinned", str(pin)], capture_output=True, text=True,
+                           timeout=30)
+    return int(json.loads(shown.stdout).get("id", 0)) if shown.returncode == 0 else 0
 
 
 def detach(name: str) -> list[str]:
@@ -130,19 +150,21 @@ def detach(name: str) -> list[str]:
     what was removed, in words ([] if there was nothing)."""
     record = ClassifierRecord.read(name)
     removed = []
+    ours = _pinned_id(CLASSIFIER.pin_root / name / XDP_PIN)
     for hook in record.hooks if record else ():
         if not _interface_there(hook):
-            removed.append(f"nothing at {hook.describe()} (gone)")
-            continue
-        prefix = in_netns(hook.netns)
-        if any(f.get("pref") == PREF for f in _filters(hook, hook.direction)):
-            subprocess.run(prefix + ["tc", "filter", "del", "dev", hook.iface, hook.direction, "pref", str(PREF)],
-                           capture_output=True, timeout=30)
-            removed.append(f"the classifier at {hook.describe()}")
-        if f"{hook.netns}:{hook.iface}" in record.made_qdiscs and not _filters(hook, "ingress") \
-                and not _filters(hook, "egress"):
-            subprocess.run(prefix + ["tc", "qdisc", "del", "dev", hook.iface, "clsact"], capture_output=True,
-                           timeout=30)
+            removed.append(f"nothing at {hook.describe()} (the port is gone)")
+        elif hook.direction == "xdp":
+            if ours and _xdp_id(hook.port) == ours:  # a program someone put there since stays
+                subprocess.run(["ip", "link", "set", "dev", hook.port, "xdp", "off"], capture_output=True, timeout=30)
+                removed.append(f"the classifier at {hook.describe()}")
+        else:
+            if any(f.get("pref") == PREF for f in _filters(hook, hook.direction)):
+                subprocess.run(["tc", "filter", "del", "dev", hook.port, hook.direction, "pref", str(PREF)],
+                               capture_output=True, timeout=30)
+                removed.append(f"the classifier at {hook.describe()}")
+            if hook.port in record.made_qdiscs and not _filters(hook, "ingress") and not _filters(hook, "egress"):
+                subprocess.run(["tc", "qdisc", "del", "dev", hook.port, "clsact"], capture_output=True, timeout=30)
     plane = DataPlane(name, CLASSIFIER)
     if plane.pin_dir.exists():
         removed.append(f"the pins under {plane.pin_dir}")
@@ -154,12 +176,7 @@ def detach(name: str) -> list[str]:
 
 
 def _interface_there(hook: Hook) -> bool:
-    if hook.netns and not hook.netns.startswith("/") and not Path("/run/netns", hook.netns).exists():
-        return False
-    if hook.netns.startswith("/") and not Path(hook.netns).exists():
-        return False
-    return subprocess.run(in_netns(hook.netns) + ["ip", "link", "show", "dev", hook.iface], capture_output=True,
-                          timeout=30).returncode == 0
+    return interface_exists(hook.port)
 
 
 def status(name: str) -> dict:
