@@ -6,7 +6,9 @@
   /sys/fs/bpf/mbalancer/<name>/, so each switch has its own tables and the driver opens them by path.
 - attach(iface): a clsact qdisc and the pinned program as a direct-action ingress filter (tc object-pinned).
 - The same source built with -DMB_CLASSIFIER is the OpenFlow data plane's key classifier (CLASSIFIER: its own
-  object and pin root, attached at tc egress of the wire side of a switch's ports; dataplanes/openflow/).
+  object and pin root, attached at tc egress of the wire side of a switch's ports; dataplanes/openflow/), and with
+  -DMB_XDP too its XDP build (CLASSIFIER_XDP, loaded on a classifier's pinned maps by load_xdp: for ports that
+  Open vSwitch's userspace datapath reads before tc ingress).
 - add_mirror_link(): the veth pair `<name>-m` (switch side: writes to hot keys are cloned there) <->
   `<name>-mc` (the controller's eBPF driver reads them there); mirror_link_of() is the one place these names are
   made.
