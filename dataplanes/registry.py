@@ -113,7 +113,8 @@ KINDS: dict[str, DataPlaneKind] = {kind.name: kind for kind in (
         mininet_switch="dataplanes.openflow.mininet_switch:OpenflowSwitch",
         namespace_switch="dataplanes.openflow.netns_switch:OvsPorts",
         build="dataplanes.openflow.classifier:build",
-        check="dataplanes.openflow.classifier:available", leftovers="dataplanes.openflow.ovs:remove_left_over"),
+        check="dataplanes.openflow.classifier:available",
+        leftovers="dataplanes.openflow.standalone:remove_left_over"),
     DataPlaneKind(
         "agent", "any of the above on another box, served by its switch agent (mbalancer switch serve) over gRPC",
         settings="dataplanes.agent:Settings", driver="dataplanes.agent.fabric:driver_from_settings",

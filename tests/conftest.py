@@ -19,15 +19,16 @@ MBALANCER = Path(sys.executable).parent / "mbalancer"
 TIER_NAMES = ("unit", "slow", "root", "etcd", "bmv2", "mininet")
 TIERS: dict[str, str] = {
     # unit: no root, nothing but what `make install` installs (memcached on loopback), the whole tier in a minute
-    "test_cli": "unit", "test_config": "unit", "test_driver_calls": "unit", "test_config_reference": "unit", "test_controller_decisions": "unit", "test_core_defects": "unit",
+    "test_cli": "unit", "test_config": "unit", "test_driver_calls": "unit", "test_config_reference": "unit",
+    "test_controller_decisions": "unit", "test_core_defects": "unit",
     "test_docs": "unit", "test_driver_process": "unit", "test_executor": "unit", "test_hot_key_states": "unit",
     "test_install": "unit", "test_adoption": "unit",
     "test_key_hashes": "unit", "test_layout": "unit", "test_mac_check": "unit", "test_measured_balance": "unit",
     "test_memcache_client": "unit", "test_memcache_fuzz": "unit", "test_memcache_memory": "unit",
     "test_memcache_protocol": "unit",
     "test_memcache_real_server": "unit", "test_monitor_follow": "unit", "test_monitor_hot_keys": "unit",
-    "test_monitor_parsing": "unit", "test_notebooks": "unit", "test_ownership": "unit", "test_scale_writes": "unit",
-    "test_ryu_failover_logic": "unit", "test_simulation_cli": "unit",
+    "test_monitor_parsing": "unit", "test_notebooks": "unit", "test_openflow_box": "unit", "test_ownership": "unit",
+    "test_scale_writes": "unit", "test_ryu_failover_logic": "unit", "test_simulation_cli": "unit",
     "test_simulation_model": "unit", "test_tiers": "unit", "test_water_filling": "unit",
     # slow: no root either, but 10-30 s a module (load runs, servers killed and restarted, ryu-manager, agents, HTTP
     # servers' timeouts): together they would take the unit tier past its minute
@@ -38,15 +39,15 @@ TIERS: dict[str, str] = {
     "test_deployment": "root", "test_driver_contract": "root", "test_ebpf_network": "root",
     "test_ebpf_program": "root", "test_faults": "root", "test_libmemcached_tools": "root",
     "test_measured_balance_network": "root", "test_monitor_capture": "root", "test_monitor_follows_switch": "root",
-    "test_openflow_driver": "root", "test_openflow_network": "root", "test_slot_book_refusals": "root",
-    "test_ryu_failover": "root", "test_tcp_path": "root",
+    "test_openflow_attach": "root", "test_openflow_driver": "root", "test_openflow_network": "root",
+    "test_slot_book_refusals": "root", "test_ryu_failover": "root", "test_tcp_path": "root",
     # etcd: Debian's etcd-server, started by the test
     "test_election": "etcd",
     # bmv2: simple_switch_grpc (`make p4`), root
     "test_p4_network": "bmv2", "test_p4_program": "bmv2", "test_p4_sketch": "bmv2",
     # mininet: the Mininet testbed, root (test_fabric_failover needs etcd too)
     "test_experiments_endtoend": "mininet", "test_fabric_failover": "mininet", "test_failover_adoption": "mininet",
-    "test_mininet_switch": "mininet", "test_mixed_fabric": "mininet",
+    "test_mininet_switch": "mininet", "test_mixed_fabric": "mininet", "test_openflow_fabric_restart": "mininet",
 }
 
 

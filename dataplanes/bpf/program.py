@@ -8,7 +8,9 @@
   program owns its hook only: an eBPF switch's port (ingress) may carry a neighbouring Open vSwitch's classifier
   (egress) in a fabric of mixed switches, and neither attaching nor unloading one removes the other.
 - The same source built with -DMB_CLASSIFIER is the OpenFlow data plane's key classifier (CLASSIFIER: its own
-  object and pin root, attached at tc egress of the wire side of a switch's ports; dataplanes/openflow/).
+  object and pin root, attached at tc egress of the wire side of a switch's ports; dataplanes/openflow/), and with
+  -DMB_XDP too its XDP build (CLASSIFIER_XDP, loaded on a classifier's pinned maps by load_xdp: for ports that
+  Open vSwitch's userspace datapath reads before tc ingress).
 - add_mirror_link(): the veth pair `<name>-m` (switch side: writes to hot keys are cloned there) <->
   `<name>-mc` (the controller's eBPF driver reads them there); mirror_link_of() is the one place these names are
   made.
@@ -50,6 +52,11 @@ SWITCH = Program(OBJECT, PIN_ROOT, "ingress")
 # decide, which the TCP splitter asks where a get goes (dataplanes/ebpf/tcp/; not in the classifier's build).
 PROGRAM_PINS = {"mbalancer": "prog", "mbalancer_decide": "decide"}
 CLASSIFIER = Program(HERE / "build" / "classifier.bpf.o", BPFFS / "mbalancer-classifier", "egress", ("MB_CLASSIFIER",))
+# The classifier as an XDP program (-DMB_XDP), for ports whose reader sees a frame before tc ingress (a NIC of Open
+# vSwitch's userspace datapath): loaded beside the tc build, on the same pinned maps, and pinned as XDP_PIN.
+CLASSIFIER_XDP = Program(HERE / "build" / "classifier-xdp.bpf.o", CLASSIFIER.pin_root, "xdp",
+                         ("MB_CLASSIFIER", "MB_XDP"))
+XDP_PIN = "xdp"
 
 
 def mirror_link_of(switch: str) -> tuple[str, str]:
@@ -210,6 +217,16 @@ class DataPlane:
         finally:
             shutil.rmtree(loaded, ignore_errors=True)
         return self
+
+    def load_xdp(self) -> Path:
+        """The classifier's XDP build, loaded on this copy's pinned maps (one set of tables for both hooks) and pinned
+        beside its tc program; its pin."""
+        pin = self.pin_dir / XDP_PIN
+        maps = [m for m in sorted(self.pin_dir.iterdir()) if m.name not in (*PROGRAM_PINS.values(), XDP_PIN)]
+        _run(["bpftool", "prog", "load", str(build(program=CLASSIFIER_XDP)), str(pin), "type", "xdp",
+              *(arg for m in maps for arg in ("map", "name", m.name, "pinned", str(m)))],
+             f"loading the XDP classifier for {self.name}")
+        return pin
 
     def attach(self, iface: str, netns: str | None = None) -> None:
         """Run the program on every packet arriving at `iface` (leaving it, for the classifier), in network

@@ -8,8 +8,10 @@ mirrored writes, unsure requests) reach it. Ryu's OpenFlow 1.5 parser builds and
 ryu-manager; plain threads carry them (no eventlet here).
 
 The connection is kept: when the bridge goes away (ovs-vswitchd restarted, the bridge re-made) it is dialled again
-every RETRY seconds until it answers, and the driver's on_connect puts its whole rule set back, as it does for a
-switch that reconnects to ryu-manager.
+every RETRY seconds until it answers, its port flags are set again (dataplanes/openflow/port_flags.py: ovs-vswitchd
+keeps them in memory only), and then the driver's on_connect puts its whole rule set back, as it does for a switch
+that reconnects to ryu-manager. A connection whose flags cannot all be set is not handed on: no rule that floods
+goes in before the flags that keep the floods loop-free.
 """
 from __future__ import annotations
 
@@ -25,6 +27,7 @@ from ryu.ofproto import ofproto_v1_5 as ofp
 from ryu.ofproto import ofproto_v1_5_parser as parser
 
 from dataplanes.driver import DriverError
+from dataplanes.openflow import port_flags
 from dataplanes.openflow.messages import refusals
 
 log = logging.getLogger(__name__)
@@ -57,9 +60,11 @@ def parse_address(address: str) -> tuple[int, Any]:
 class BridgeConnection:
     """The Channel (dataplanes/openflow/driver.py) to the one bridge at `address`."""
 
-    def __init__(self, address: str):
+    def __init__(self, address: str, flags: dict[str, int] | None = None):
+        """flags: port name -> OpenFlow 1.0 config bits set on every connection (port_flags.parse)."""
         self.address = address
         self.family, self.target = parse_address(address)
+        self.flags = dict(flags or {})
         self.on_connect: Callable[[Any], None] = lambda dp: None
         self.on_packet_in: Callable[[bytes], None] = lambda frame: None
         self.dp: Datapath | None = None
@@ -131,9 +136,26 @@ class BridgeConnection:
             sock.close()
             self._sock = None
             raise
+        try:
+            self._set_flags(self.flags)
+        except DriverError:
+            sock.close()
+            self._sock = None
+            raise
         sock.settimeout(None)
         self.dp = dp
         log.info("connected to the bridge at %s (datapath %016x)", self.address, dp.id)
+
+    def _set_flags(self, flags: dict[str, int]) -> None:
+        if not flags:
+            return
+        done, missing = port_flags.apply(self.family, self.target, self.address, flags)
+        if done:
+            log.info("port flags set on the bridge at %s: %s", self.address,
+                     port_flags.describe({p: flags[p] for p in done}))
+        if missing:  # nothing floods to a port that is not there; set when it comes (a PortStatus)
+            log.warning("the bridge at %s has no port %s yet: its flags are set when it is added", self.address,
+                        ", ".join(missing))
 
     def _keep(self) -> None:
         """Read until the connection ends; then dial again until the bridge answers (or the connection is closed)
@@ -152,6 +174,21 @@ class BridgeConnection:
                 threading.Thread(target=self._connected, args=(self.dp,), name="mbalancer-openflow-connect",
                                  daemon=True).start()
                 break
+
+    def _port_added(self, name: str) -> None:
+        try:
+            self._set_flags({name: self.flags[name]})
+        except DriverError as err:  # the connection is dropped: the next one sets every flag before any rule
+            log.warning("%s; dialling the bridge again", err)
+            self._drop_connection()
+
+    def _drop_connection(self) -> None:
+        sock = self._sock
+        if sock is not None:
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
 
     def _connected(self, dp: Datapath) -> None:
         try:
@@ -176,6 +213,10 @@ class BridgeConnection:
                 pass  # the reader sees the end next
         elif message.msg_type == ofp.OFPT_PACKET_IN:
             self.on_packet_in(bytes(message.data))
+        elif message.msg_type == ofp.OFPT_PORT_STATUS and message.reason == ofp.OFPPR_ADD \
+                and message.desc.name in self.flags:
+            threading.Thread(target=self._port_added, args=(message.desc.name,), name="mbalancer-port-flags",
+                             daemon=True).start()
         elif message.msg_type in (ofp.OFPT_ERROR, ofp.OFPT_BARRIER_REPLY, ofp.OFPT_MULTIPART_REPLY):
             with self._answers:
                 self._replies.setdefault(message.xid, []).append(message)

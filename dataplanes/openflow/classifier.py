@@ -12,11 +12,13 @@ import shutil
 from pathlib import Path
 from typing import Sequence
 
-from dataplanes.bpf.program import CLASSIFIER, DataPlane, DataPlaneError, build as build_program, mount_bpffs
+from dataplanes.bpf.program import (CLASSIFIER, CLASSIFIER_XDP, DataPlane, DataPlaneError, build as build_program,
+                                    mount_bpffs)
 
 
 def build(force: bool = False) -> Path:
-    """`make install`'s build step for the OpenFlow data plane."""
+    """`make install`'s build step for the OpenFlow data plane: the classifier for tc, and for XDP."""
+    build_program(force, CLASSIFIER_XDP)
     return build_program(force, CLASSIFIER)
 
 
@@ -26,8 +28,9 @@ def available() -> str | None:
     for tool in ("bpftool", "tc", "nsenter"):
         if shutil.which(tool) is None:
             return f"{tool} is not installed (install/apt-packages.txt)"
-    if not CLASSIFIER.object.exists():
-        return f"{CLASSIFIER.object} is not built (make install builds it)"
+    for program in (CLASSIFIER, CLASSIFIER_XDP):
+        if not program.object.exists():
+            return f"{program.object} is not built (make install builds it)"
     if importlib.util.find_spec("ryu") is None:
         return "ryu is not installed (make install)"
     try:

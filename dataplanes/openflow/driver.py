@@ -63,8 +63,9 @@ def driver_from_settings(settings: Settings) -> "OpenflowDriver":
         raise DriverError("the OpenFlow data plane is driven from inside ryu-manager (`mbalancer-ryu-manager "
                           "--mbalancer-config FILE controller/ryu_app.py`), or directly on the switch's box with "
                           "dataplane.openflow.connect (docs/dataplanes/openflow.md)")
+    from dataplanes.openflow import port_flags
     from dataplanes.openflow.bridge_connection import BridgeConnection
-    bridge = BridgeConnection(settings.connect)
+    bridge = BridgeConnection(settings.connect, port_flags.parse(settings.port_flags))
     driver = OpenflowDriver(settings, bridge)
     bridge.start(on_connect=driver.switch_connected, on_packet_in=driver.packet_in)
     return driver
@@ -78,6 +79,9 @@ class OpenflowDriver(BpfMapsDriver):
         if settings.selection not in SELECTIONS:
             raise DriverError(f"dataplane.openflow.selection: one of {', '.join(SELECTIONS)} "
                               f"(got {settings.selection!r})")
+        if settings.port_flags and not settings.connect:
+            raise DriverError("dataplane.openflow.port_flags: set by a direct connection to the bridge (connect, as "
+                              "the switch agent has); under ryu-manager set them with ovs-ofctl")
         pin = CLASSIFIER.pin_root / settings.classifier
         if problem := bpffs_problem():
             raise DriverError(problem)

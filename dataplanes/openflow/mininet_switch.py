@@ -2,7 +2,8 @@
 with the key classifier on the far end of each of its links, and ryu-manager running the MBalancer app (started by
 the experiment's stack, not by Mininet) as its controller at `controller`, or a switch agent on its box connected to
 its bridge's management socket (a testbed with agents: topologies/agents.py). Until either programs it, a lone
-NORMAL rule forwards L2, so the testbed can fill its servers first."""
+NORMAL rule forwards L2, so the testbed can fill its servers first. Ports towards `flood_exclude` get no-flood at
+start (NORMAL floods too), and the agent's port_flags set it again whenever ovs-vswitchd comes back."""
 from __future__ import annotations
 
 import subprocess
@@ -82,7 +83,9 @@ class OpenflowSwitch(Switch):
     def box_settings(self) -> dict[str, Any]:
         """The [dataplane.openflow] section of the agent that drives this switch from its box (topologies/agents.py):
         its classifier, and its bridge through the management socket (the box shares this machine's file system)."""
-        return {"classifier": self.name, "connect": f"unix:{self.ovs.rundir}/{self.bridge}.mgmt"}
+        return {"classifier": self.name, "connect": f"unix:{self.ovs.rundir}/{self.bridge}.mgmt",
+                "port_flags": [f"{intf.name} no-flood" for intf in self.intfList()
+                               if intf.name != "lo" and peer_intf(intf).node.name in self.flood_exclude]}
 
     @property
     def box_links(self) -> tuple[str, ...]:

@@ -49,7 +49,7 @@ static __always_inline void mb_count(__u32 which)
 #define MB_TAG_ENTROPY_BITS 10
 enum mb_tag_kind { MB_TAG_GET = 1, MB_TAG_COPY = 2, MB_TAG_REPLY = 3, MB_TAG_BALANCED = 4 };
 
-static __always_inline void mb_tag(struct __sk_buff *skb, int source, __u8 kind, __u16 index, __u16 entropy)
+static __always_inline void mb_tag(struct mb_ctx *skb, int source, __u8 kind, __u16 index, __u16 entropy)
 {
 	struct ethhdr *eth = mb_data(skb);
 	if ((void *)(eth + 1) > mb_data_end(skb))
@@ -73,7 +73,7 @@ static __always_inline __u64 mb_mac_key(const __u8 *mac)
 
 /* forward, learning half: where the packet's source lives. Runs first, before any rewrite: a reply rewritten to
  * carry the home's source MAC must not teach the switch that the home sits behind the replica's port. */
-static __always_inline void mb_learn(struct __sk_buff *skb)
+static __always_inline void mb_learn(struct mb_ctx *skb)
 {
 #ifdef MB_CLASSIFIER
 	return;  /* the OpenFlow switch forwards */
@@ -91,7 +91,7 @@ static __always_inline void mb_learn(struct __sk_buff *skb)
 /* server_macs_seen: the source MAC of a TCP segment from a server's address (every health probe of the controller
  * brings some). UDP replies are not used: in a fabric, a reply rewritten upstream carries a replica's MAC with the
  * home's address. Written only when it changes. */
-static __always_inline void mb_note_server_mac(struct __sk_buff *skb, const struct mb_packet *pkt)
+static __always_inline void mb_note_server_mac(struct mb_ctx *skb, const struct mb_packet *pkt)
 {
 #ifdef MB_CLASSIFIER
 	return;  /* the OpenFlow switch rewrites and forwards: the controller does not compare its MACs */
@@ -114,14 +114,14 @@ static __always_inline void mb_note_server_mac(struct __sk_buff *skb, const stru
 /* forward: out of the port the destination MAC was learned on, or flooded. `hairpin`: the switch rewrote the
  * destination, so the port it came in by is a way out too (a fabric's home leaf sends a balanced get back up to a
  * spine). `server`: the server a balanced get was rewritten to; flooded, it is counted against that server's MAC. */
-static __always_inline int mb_send(struct __sk_buff *skb, int hairpin, __u32 server)
+static __always_inline int mb_send(struct mb_ctx *skb, int hairpin, __u32 server)
 {
 #ifdef MB_CLASSIFIER
-	return TC_ACT_OK;  /* on to the wire: the OpenFlow switch forwards */
-#endif
+	return MB_PASS;  /* on to the wire: the OpenFlow switch forwards */
+#else
 	struct ethhdr *eth = mb_data(skb);  /* read in place (after any rewrite: pointers taken anew) */
 	if ((void *)(eth + 1) > mb_data_end(skb))
-		return TC_ACT_SHOT;
+		return MB_DROP;
 	__u32 in = hairpin ? 0 : skb->ingress_ifindex;
 	__u64 dst = mb_mac_key(eth->h_dest);
 	__u32 *out = (eth->h_dest[0] & 1) ? 0 : bpf_map_lookup_elem(&forward, &dst);
@@ -129,7 +129,7 @@ static __always_inline int mb_send(struct __sk_buff *skb, int hairpin, __u32 ser
 		return bpf_redirect(*out, 0);
 	if (out) {
 		mb_count(MB_C_DROPPED);  /* the destination is behind the port it came from */
-		return TC_ACT_SHOT;
+		return MB_DROP;
 	}
 	mb_count(MB_C_FLOODED);
 	struct mb_server_seen *seen = server == MB_NO_SERVER ? 0 : bpf_map_lookup_elem(&server_macs_seen, &server);
@@ -144,10 +144,11 @@ static __always_inline int mb_send(struct __sk_buff *skb, int hairpin, __u32 ser
 		if (*port != in)
 			bpf_clone_redirect(skb, *port, 0);
 	}
-	return TC_ACT_SHOT;  /* every copy has been sent */
+	return MB_DROP;  /* every copy has been sent */
+#endif
 }
 
-static __always_inline int mb_forward(struct __sk_buff *skb)
+static __always_inline int mb_forward(struct mb_ctx *skb)
 {
 	return mb_send(skb, 0, MB_NO_SERVER);
 }
@@ -226,17 +227,17 @@ static __always_inline int mb_dirty(const struct mb_hot *hot)
 
 /* Copy the packet to the controller (a mirrored write, or an unsure request it must check) and send it on to
  * `server`, its destination. */
-static __always_inline void mb_clone_to_controller(struct __sk_buff *skb, __u32 server)
+static __always_inline void mb_clone_to_controller(struct mb_ctx *skb, __u32 server)
 {
 #ifdef MB_CLASSIFIER
 	mb_tag(skb, 0, MB_TAG_COPY, server, 0);  /* the switch restores the server's MAC and copies it up */
 	mb_count(MB_C_CLONED);
-	return;
-#endif
+#else
 	__u32 zero = 0;
 	struct mb_settings *cfg = bpf_map_lookup_elem(&settings, &zero);
 	if (cfg && cfg->controller_ifindex && bpf_clone_redirect(skb, cfg->controller_ifindex, 0) == 0)
 		mb_count(MB_C_CLONED);
+#endif
 }
 
 static __always_inline struct mb_stream_id mb_stream_of(const struct mb_packet *pkt)
@@ -251,7 +252,7 @@ static __always_inline struct mb_stream_id mb_stream_of(const struct mb_packet *
  * segment may also end inside a command, which the connection's next segment would finish: from here on the
  * connection is read as a stream, by the controller (struct mb_stream). `coalesce`: the controller could not read
  * the copy either, so one copy per report is enough (unsure_reported, maps.h). */
-static __always_inline void mb_unsure_copy(struct __sk_buff *skb, struct mb_packet *pkt, int coalesce)
+static __always_inline void mb_unsure_copy(struct mb_ctx *skb, struct mb_packet *pkt, int coalesce)
 {
 	struct mb_server_address address = {.ip = pkt->daddr, .port = pkt->dport};
 	__u32 *server = bpf_map_lookup_elem(&server_index, &address);
@@ -279,7 +280,7 @@ static __always_inline void mb_unsure_copy(struct __sk_buff *skb, struct mb_pack
 	mb_clone_to_controller(skb, *server);
 }
 
-static __always_inline void mb_unsure(struct __sk_buff *skb, struct mb_packet *pkt)
+static __always_inline void mb_unsure(struct mb_ctx *skb, struct mb_packet *pkt)
 {
 	mb_unsure_copy(skb, pkt, 0);
 }
@@ -290,7 +291,7 @@ static __always_inline void mb_unsure(struct __sk_buff *skb, struct mb_packet *p
 /* A request segment of a connection that stopped mid-command (struct mb_stream): unsure, whatever it looks like
  * (`mn\r\n` may be the last bytes of a value), unless it starts where the controller proved a command starts; then
  * it is read on its own again. A connection that ends forgets its entry. 1 if the segment was made unsure. */
-static __always_inline int mb_mid_stream(struct __sk_buff *skb, struct mb_packet *pkt)
+static __always_inline int mb_mid_stream(struct mb_ctx *skb, struct mb_packet *pkt)
 {
 	struct mb_stream_id id = mb_stream_of(pkt);
 	struct mb_stream *stream = bpf_map_lookup_elem(&streams, &id);
@@ -319,7 +320,7 @@ static __always_inline int mb_server_suspect(__u32 server)
  * whatever it held may be gone by its next packet. From now on no get is balanced to it and its hot keys are
  * dirty, until the controller has checked it; the controller gets a copy to learn of it at once (and reads
  * `closes` with every health probe besides). */
-static __always_inline void mb_server_closed(struct __sk_buff *skb, struct mb_packet *pkt)
+static __always_inline void mb_server_closed(struct mb_ctx *skb, struct mb_packet *pkt)
 {
 	struct mb_server_address address = {.ip = pkt->saddr, .port = pkt->sport};
 	__u32 *server = bpf_map_lookup_elem(&server_index, &address);
@@ -374,7 +375,7 @@ static __always_inline __u32 mb_choose(const struct mb_hot *hot, struct mb_key_c
 	return chosen != hot->home && mb_server_suspect(chosen) ? MB_NO_SERVER : chosen;
 }
 
-static __always_inline int mb_hot_get(struct __sk_buff *skb, struct mb_packet *pkt, struct mb_hot *hot)
+static __always_inline int mb_hot_get(struct mb_ctx *skb, struct mb_packet *pkt, struct mb_hot *hot)
 {
 	int dirty;
 	struct mb_key_counters *kc = mb_count_hot_get(hot, &dirty);
@@ -394,10 +395,10 @@ static __always_inline int mb_hot_get(struct __sk_buff *skb, struct mb_packet *p
 	 * any of them, so the flow is remembered whatever the choice. */
 	mb_remember_flow(&flow, hash, hot->home);
 	if (mb_mark_balanced(skb, pkt, hot->home) < 0)  /* for a replica behind another switch (a fabric) */
-		return TC_ACT_SHOT;
+		return MB_DROP;
 	mb_tag(skb, 0, MB_TAG_GET, hot->slot, point >> (16 - MB_TAG_ENTROPY_BITS));
 	mb_count(MB_C_BALANCED);
-	return TC_ACT_OK;
+	return MB_PASS;
 #endif
 	__u32 chosen = mb_choose(hot, kc, point);
 	if (chosen == MB_NO_SERVER)
@@ -408,7 +409,7 @@ static __always_inline int mb_hot_get(struct __sk_buff *skb, struct mb_packet *p
 	if (chosen != hot->home)
 		mb_remember_flow(&flow, hash, hot->home);
 	if (mb_rewrite_destination(skb, pkt, server, hot->home) < 0)
-		return TC_ACT_SHOT;  /* a half-rewritten packet must not leave */
+		return MB_DROP;  /* a half-rewritten packet must not leave */
 	mb_count(MB_C_BALANCED);
 	return mb_send(skb, chosen != hot->home, chosen);
 }
@@ -416,7 +417,7 @@ static __always_inline int mb_hot_get(struct __sk_buff *skb, struct mb_packet *p
 /* A write to a hot key: counted in its slot (which makes it dirty) before it leaves for the home, so no get
  * after it can reach a copy the controller has not synced. `whole`: the packet is this one command and nothing
  * else; if not, its server is also unsure. */
-static __always_inline int mb_set_mirror(struct __sk_buff *skb, struct mb_packet *pkt, struct mb_hot *hot, int whole)
+static __always_inline int mb_set_mirror(struct mb_ctx *skb, struct mb_packet *pkt, struct mb_hot *hot, int whole)
 {
 	__u32 slot = hot->slot, home = hot->home;
 	struct mb_server *server = bpf_map_lookup_elem(&servers, &home);
@@ -441,7 +442,7 @@ static __always_inline int mb_set_mirror(struct __sk_buff *skb, struct mb_packet
 
 /* A get another switch balanced (its IP ID names the home, mb_rewrite_destination): the reply leaves the replica
  * through this switch first, maybe never through the one that balanced it, so this one remembers the home too. */
-static __always_inline void mb_balanced_upstream(struct __sk_buff *skb, struct mb_packet *pkt)
+static __always_inline void mb_balanced_upstream(struct mb_ctx *skb, struct mb_packet *pkt)
 {
 	__u16 id;
 	if (mb_parse_udp_frame(skb, pkt) < 0 || mb_load(skb, pkt->ip_off + 4, &id, sizeof(id)) < 0)
@@ -454,7 +455,7 @@ static __always_inline void mb_balanced_upstream(struct __sk_buff *skb, struct m
 	mb_remember_flow(&flow, mb_flow_hash(&flow), home | MB_FLOW_UPSTREAM);
 }
 
-static __always_inline int mb_reply_source(struct __sk_buff *skb, struct mb_packet *pkt)
+static __always_inline int mb_reply_source(struct mb_ctx *skb, struct mb_packet *pkt)
 {
 	__u16 header[1];
 	if (pkt->payload_len < MB_FRAME_HEADER || mb_load(skb, pkt->payload_off, header, sizeof(header)) < 0)
@@ -471,29 +472,33 @@ static __always_inline int mb_reply_source(struct __sk_buff *skb, struct mb_pack
 		 * rewritten here, the replica's MAC kept, so that no switch on the way learns the home behind this one. */
 		if (*remembered & MB_FLOW_UPSTREAM) {
 			if (mb_rewrite_source(skb, pkt, server, 0) < 0)
-				return TC_ACT_SHOT;
+				return MB_DROP;
 		} else {
 			mb_tag(skb, 1, MB_TAG_REPLY, home, 0);
 		}
 		mb_count(MB_C_REPLIES_REWRITTEN);
-		return TC_ACT_OK;
+		return MB_PASS;
 #endif
 		if (mb_rewrite_source(skb, pkt, server, !(*remembered & MB_FLOW_UPSTREAM)) < 0)
-			return TC_ACT_SHOT;
+			return MB_DROP;
 		mb_count(MB_C_REPLIES_REWRITTEN);
 	}
 	return mb_forward(skb);
 }
 
+#ifdef MB_XDP
+SEC("xdp")
+#else
 SEC("tc")
-int mbalancer(struct __sk_buff *skb)
+#endif
+int mbalancer(struct mb_ctx *skb)
 {
 	struct mb_packet pkt = {};
 	__u32 zero = 0;
 	mb_count(MB_C_PACKETS);
 	int parsed = mb_parse_headers(skb, &pkt);  /* first: it may pull the headers into the linear part */
 	if (parsed == MB_UNREADABLE)
-		return TC_ACT_SHOT;  /* a write among them could not be counted: dropped, as under any memory shortage */
+		return MB_DROP;  /* a write among them could not be counted: dropped, as under any memory shortage */
 	if (!(pkt.frag_off & bpf_htons(MB_IP_BALANCED)))
 		mb_learn(skb);  /* a balanced get keeps its client's MAC but may come back the way it went: not learned */
 #ifdef MB_CLASSIFIER
@@ -595,7 +600,7 @@ unparsed:
  * nothing else is done: no flow remembered, no rewrite, no sketch (the splitter's own get to the chosen server passes
  * a port and is seen there). */
 SEC("tc")
-int mbalancer_decide(struct __sk_buff *skb)
+int mbalancer_decide(struct mb_ctx *skb)
 {
 	struct mb_packet pkt = {};
 	__u32 zero = 0, key_off = 0;
@@ -603,16 +608,16 @@ int mbalancer_decide(struct __sk_buff *skb)
 	if (skb->mark != MB_DECIDE_MARK || skb->ingress_ifindex || mb_parse_headers(skb, &pkt) < 0 ||
 	    pkt.proto != IPPROTO_UDP || mb_parse_udp_frame(skb, &pkt) < 0 ||
 	    mb_parse_command(skb, &pkt, &key_off, &data_field) != MB_CMD_GET)
-		return TC_ACT_SHOT;
+		return MB_DROP;
 	__u32 *addressed = mb_server_at(pkt.daddr, pkt.dport);
 	struct mb_scratch *scratched = bpf_map_lookup_elem(&scratch, &zero);
 	if (!addressed || !scratched)
-		return TC_ACT_SHOT;
+		return MB_DROP;
 	struct mb_key *key = &scratched->key;
 	int exact = 0, maybe_hot = 0, dirty = 1;
 	__u64 hash = 0;
 	if (!mb_read_key(skb, &pkt, key_off, key, &exact, &maybe_hot, &hash))
-		return TC_ACT_SHOT;
+		return MB_DROP;
 	mb_count_tcp(MB_TCP_GETS);
 	/* the controller's own reads go home, even on a connection the splitter took before it was trusted */
 	int trusted = bpf_map_lookup_elem(&trusted_sources, &pkt.saddr) != 0;
@@ -632,7 +637,7 @@ int mbalancer_decide(struct __sk_buff *skb)
 		mb_count_tcp(MB_TCP_BALANCED);
 	skb->cb[0] = MB_DECIDED;
 	skb->cb[1] = chosen;
-	return TC_ACT_OK;
+	return MB_PASS;
 }
 #endif
 

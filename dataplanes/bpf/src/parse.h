@@ -1,7 +1,9 @@
 /* Parsing: Ethernet / IPv4 / UDP or TCP / memcached UDP frame header / ASCII command and key.
  * Headers and short fields are read in place (direct packet access) where they are in the packet's linear part,
  * else with bpf_skb_load_bytes, so paged (non-linear) packets parse the same as linear ones; the key and the rest
- * of a command line are copied with bpf_skb_load_bytes (one call for up to 256 bytes). */
+ * of a command line are copied with bpf_skb_load_bytes (one call for up to 256 bytes). Built with -DMB_XDP (the key
+ * classifier for a port Open vSwitch's userspace datapath reads) the context is an XDP frame, read with
+ * bpf_xdp_load_bytes: mb_ctx below. */
 #ifndef MB_PARSE_H
 #define MB_PARSE_H
 
@@ -12,8 +14,24 @@
 #include <linux/in.h>
 #include <bpf/bpf_helpers.h>
 #include <bpf/bpf_endian.h>
+#include <linux/pkt_cls.h>
 #include "structs.h"
 #include "maps.h"
+
+/* The program's context: a tc program's socket buffer; built with -DMB_XDP (the key classifier only), an XDP
+ * program's frame, for a port whose reader sees frames before tc ingress (a NIC of Open vSwitch's userspace
+ * datapath). Everything below reads and writes the packet through these. */
+#ifdef MB_XDP
+#define mb_ctx xdp_md
+#define MB_PASS XDP_PASS
+#define MB_DROP XDP_DROP
+#define mb_load_bytes bpf_xdp_load_bytes
+#else
+#define mb_ctx __sk_buff
+#define MB_PASS TC_ACT_OK
+#define MB_DROP TC_ACT_SHOT
+#define mb_load_bytes bpf_skb_load_bytes
+#endif
 
 #define MB_IP_BALANCED 0x8000  /* IPv4 reserved flag bit: "already balanced by a switch on the path" */
 #define MB_FRAME_HEADER 8      /* memcached UDP frame: request id, sequence, datagrams, reserved */
@@ -43,17 +61,17 @@ enum mb_command {
 
 /* skb->data and skb->data_end, loaded from the context at each use: left to itself the compiler may keep the
  * field's address (context + offset) in a register and load through it later, which the verifier refuses. */
-static __always_inline void *mb_data(struct __sk_buff *skb)
+static __always_inline void *mb_data(struct mb_ctx *skb)
 {
 	__u64 data;
-	asm volatile("%0 = *(u32 *)(%1 + %2)" : "=r"(data) : "r"(skb), "i"(offsetof(struct __sk_buff, data)));
+	asm volatile("%0 = *(u32 *)(%1 + %2)" : "=r"(data) : "r"(skb), "i"(offsetof(struct mb_ctx, data)));
 	return (void *)(long)data;
 }
 
-static __always_inline void *mb_data_end(struct __sk_buff *skb)
+static __always_inline void *mb_data_end(struct mb_ctx *skb)
 {
 	__u64 end;
-	asm volatile("%0 = *(u32 *)(%1 + %2)" : "=r"(end) : "r"(skb), "i"(offsetof(struct __sk_buff, data_end)));
+	asm volatile("%0 = *(u32 *)(%1 + %2)" : "=r"(end) : "r"(skb), "i"(offsetof(struct mb_ctx, data_end)));
 	return (void *)(long)end;
 }
 
@@ -64,15 +82,17 @@ static __always_inline void *mb_data_end(struct __sk_buff *skb)
  * an unfragmented IPv4 UDP or TCP packet, MB_FIRST_FRAGMENT if it is the first fragment of one (addresses and
  * ports read, nothing after them), -1 otherwise. Headers in paged data (rare on tc ingress) are pulled into the
  * linear part first; if that fails, MB_UNREADABLE: the caller must not forward what it could not check. */
-static __always_inline int mb_parse_headers(struct __sk_buff *skb, struct mb_packet *pkt)
+static __always_inline int mb_parse_headers(struct mb_ctx *skb, struct mb_packet *pkt)
 {
 	void *data = mb_data(skb), *end = mb_data_end(skb);
+#ifndef MB_XDP
 	if (data + MB_HEADERS_MAX > end && data + skb->len > end) {
 		if (bpf_skb_pull_data(skb, skb->len < MB_HEADERS_MAX ? skb->len : MB_HEADERS_MAX) < 0)
 			return MB_UNREADABLE;
 		data = mb_data(skb);
 		end = mb_data_end(skb);
 	}
+#endif
 	struct ethhdr *eth = data;
 	if ((void *)(eth + 1) > end || eth->h_proto != bpf_htons(ETH_P_IP))
 		return -1;
@@ -90,7 +110,11 @@ static __always_inline int mb_parse_headers(struct __sk_buff *skb, struct mb_pac
 	pkt->frag_off = ip->frag_off;
 	pkt->l4_off = pkt->ip_off + ip->ihl * 4;
 	__u32 ip_end = pkt->ip_off + bpf_ntohs(ip->tot_len);  /* Ethernet may pad short frames */
+#ifdef MB_XDP
+	if (data + (ip_end & 0xffff) > end)  /* the verifier keeps a pointer's range; a difference it would not */
+#else
 	if (ip_end > skb->len)
+#endif
 		return -1;
 	__u16 *ports = data + (pkt->l4_off & 0x7f);  /* at most 14 + 60: the mask tells the verifier so */
 	if ((void *)(ports + 2) > end)
@@ -119,18 +143,18 @@ static __always_inline int mb_parse_headers(struct __sk_buff *skb, struct mb_pac
 
 /* Copy `len` (a constant) bytes at `off` into `to`: in place if they are in the linear part, else with the
  * helper. 0 on success. */
-static __always_inline int mb_load(struct __sk_buff *skb, __u32 off, void *to, const __u32 len)
+static __always_inline int mb_load(struct mb_ctx *skb, __u32 off, void *to, const __u32 len)
 {
 	void *data = mb_data(skb), *end = mb_data_end(skb);
 	if (off <= MB_DIRECT_MAX && data + off + len <= end) {
 		__builtin_memcpy(to, data + off, len);
 		return 0;
 	}
-	return bpf_skb_load_bytes(skb, off, to, len);
+	return mb_load_bytes(skb, off, to, len);
 }
 
 /* The memcached UDP frame header of a single-datagram request; moves payload_off past it. 0 if readable. */
-static __always_inline int mb_parse_udp_frame(struct __sk_buff *skb, struct mb_packet *pkt)
+static __always_inline int mb_parse_udp_frame(struct mb_ctx *skb, struct mb_packet *pkt)
 {
 	__u16 header[4];
 	if (pkt->payload_len < MB_FRAME_HEADER || mb_load(skb, pkt->payload_off, header, sizeof(header)) < 0)
@@ -153,7 +177,7 @@ static __always_inline int mb_word(const __u8 *w, const char *s, int n)
 
 /* The command at the start of the payload; sets *key_off to the byte after "<command> ", and *data_field to which
  * field after the key gives the length of its data block (MB_NO_DATA: a one-line command). */
-static __always_inline enum mb_command mb_parse_command(struct __sk_buff *skb, struct mb_packet *pkt, __u32 *key_off,
+static __always_inline enum mb_command mb_parse_command(struct mb_ctx *skb, struct mb_packet *pkt, __u32 *key_off,
 							__u8 *data_field)
 {
 	__u8 w[8] = {};
@@ -168,7 +192,7 @@ static __always_inline enum mb_command mb_parse_command(struct __sk_buff *skb, s
 	/* 8 bytes where there are (the common case, read in place); else the size masked to 1..8 for the verifier
 	 * (unchanged: already 6..7) */
 	if (n == 8 ? mb_load(skb, pkt->payload_off, w, 8) < 0
-		   : bpf_skb_load_bytes(skb, pkt->payload_off, w, ((n - 1) & 7) + 1) < 0)
+		   : mb_load_bytes(skb, pkt->payload_off, w, ((n - 1) & 7) + 1) < 0)
 		return MB_CMD_OTHER;
 #define MB_IS(word, kind, field) \
 	if (mb_word(w, word " ", sizeof(word))) { *key_off = pkt->payload_off + sizeof(word); *data_field = field; \
@@ -285,7 +309,7 @@ static long mb_scan_words(__u64 i, void *ctx)
  * else: a single-key get the switch may balance. *hash is the key's hash (tables.py key_hash): hot_keys is keyed
  * by it, its top bits are the key's hot_filter bucket. *maybe_hot is set when hot_filter counts a hot key in that
  * bucket. The bytes past the key's length are whatever the packet held there. */
-static __always_inline __u8 mb_read_key(struct __sk_buff *skb, struct mb_packet *pkt, __u32 key_off,
+static __always_inline __u8 mb_read_key(struct mb_ctx *skb, struct mb_packet *pkt, __u32 key_off,
 					struct mb_key *key, int *exact, int *maybe_hot, __u64 *hash)
 {
 	__u32 end = pkt->payload_off + pkt->payload_len;
@@ -296,7 +320,7 @@ static __always_inline __u8 mb_read_key(struct __sk_buff *skb, struct mb_packet 
 		avail = MB_KEY_BYTES;
 	/* Sizes are masked to 1..256 for the verifier (the value is unchanged: already 1..252); struct mb_scratch
 	 * has room past the key for that. */
-	if (bpf_skb_load_bytes(skb, key_off, key->bytes, ((avail - 1) & 0xff) + 1) < 0)
+	if (mb_load_bytes(skb, key_off, key->bytes, ((avail - 1) & 0xff) + 1) < 0)
 		return 0;
 	struct mb_scan scan = {.key = key, .avail = avail};
 	bpf_loop((MB_WORDS + MB_WORDS_PER_CALL - 1) / MB_WORDS_PER_CALL, mb_scan_words, &scan, 0);
@@ -410,7 +434,7 @@ static long mb_scan_line(__u64 i, void *ctx)
 /* True if the payload is exactly one command whose key ends at key_end: its line ends with "\r\n", then its data
  * block and "\r\n" if it has one, then nothing. Only then can the pipeline be sure the packet holds no other
  * write (pipelined commands, the rest of an earlier command's data). For mg, also that it changes nothing. */
-static __always_inline int mb_whole_command(struct __sk_buff *skb, struct mb_packet *pkt, __u32 key_end,
+static __always_inline int mb_whole_command(struct mb_ctx *skb, struct mb_packet *pkt, __u32 key_end,
 					    __u8 data_field, enum mb_command command)
 {
 	__u32 end = pkt->payload_off + pkt->payload_len;
@@ -421,7 +445,7 @@ static __always_inline int mb_whole_command(struct __sk_buff *skb, struct mb_pac
 	if (avail > MB_LINE_BYTES)
 		avail = MB_LINE_BYTES;
 	struct mb_scratch *scratched = bpf_map_lookup_elem(&scratch, &zero);
-	if (!scratched || bpf_skb_load_bytes(skb, key_end, scratched->line, ((avail - 1) & 0xff) + 1) < 0)
+	if (!scratched || mb_load_bytes(skb, key_end, scratched->line, ((avail - 1) & 0xff) + 1) < 0)
 		return 0;
 	struct mb_line line = {.avail = avail, .data_field = data_field};
 	bpf_loop(MB_LINE_BYTES, mb_scan_line, &line, 0);
@@ -429,7 +453,7 @@ static __always_inline int mb_whole_command(struct __sk_buff *skb, struct mb_pac
 		return 0;
 	__u32 line_end = key_end + line.cr + 2;  /* past "\r\n" */
 	__u8 lf = 0;
-	if (bpf_skb_load_bytes(skb, line_end - 1, &lf, 1) < 0 || lf != '\n')
+	if (mb_load_bytes(skb, line_end - 1, &lf, 1) < 0 || lf != '\n')
 		return 0;
 	if (data_field == MB_NO_DATA)
 		return line_end == end;

@@ -26,7 +26,7 @@ static __always_inline __u16 mb_csum_update(__u16 check, const __u16 *old, const
 
 /* The Ethernet, IPv4 and UDP headers in place; 0 if they are not all in the linear part (mb_parse_headers made
  * sure they are, so only a broken packet fails here). */
-static __always_inline int mb_headers(struct __sk_buff *skb, struct mb_packet *pkt, struct ethhdr **eth,
+static __always_inline int mb_headers(struct mb_ctx *skb, struct mb_packet *pkt, struct ethhdr **eth,
 				      struct iphdr **ip, struct udphdr **udp)
 {
 	void *data = mb_data(skb), *end = mb_data_end(skb);
@@ -53,7 +53,7 @@ static __always_inline void mb_udp_check_update(struct udphdr *udp, const __u16 
  * datagram, whose ID nothing reads), so that a switch further on, the replica's, can make the reply seem to come from
  * the home when the reply does not pass this one (a fabric that balances at the home's leaf). Written in place (one
  * pass fixes both checksums, where the helpers took nine calls). */
-static __always_inline int mb_rewrite_destination(struct __sk_buff *skb, struct mb_packet *pkt,
+static __always_inline int mb_rewrite_destination(struct mb_ctx *skb, struct mb_packet *pkt,
 						  const struct mb_server *server, __u32 home)
 {
 	struct ethhdr *eth;
@@ -76,7 +76,7 @@ static __always_inline int mb_rewrite_destination(struct __sk_buff *skb, struct 
 
 /* The key classifier's half of that rewrite: marked as balanced, the home's index in the IP ID, the destination
  * left for the OpenFlow switch to choose (its select group may pick any replica, the home included). */
-static __always_inline int mb_mark_balanced(struct __sk_buff *skb, struct mb_packet *pkt, __u32 home)
+static __always_inline int mb_mark_balanced(struct mb_ctx *skb, struct mb_packet *pkt, __u32 home)
 {
 	struct ethhdr *eth;
 	struct iphdr *ip;
@@ -93,7 +93,7 @@ static __always_inline int mb_mark_balanced(struct __sk_buff *skb, struct mb_pac
 }
 
 /* reply_source's rewrite: the reply leaves as if from `home` (in place, as above); its MAC too if `mac`. */
-static __always_inline int mb_rewrite_source(struct __sk_buff *skb, struct mb_packet *pkt, const struct mb_server *home,
+static __always_inline int mb_rewrite_source(struct mb_ctx *skb, struct mb_packet *pkt, const struct mb_server *home,
 					     int mac)
 {
 	struct ethhdr *eth;

@@ -73,7 +73,7 @@ static __always_inline int mb_splitter_socket(struct bpf_sock *sk, const struct 
 }
 
 /* 1 if this switch's splitter holds the segment's connection (or, `syn`, listens for it). */
-static __always_inline int mb_splitter_holds(struct __sk_buff *skb, const struct mb_packet *pkt, int syn,
+static __always_inline int mb_splitter_holds(struct mb_ctx *skb, const struct mb_packet *pkt, int syn,
 					     const struct mb_tcp_path *path)
 {
 	struct bpf_sock_tuple tuple = {.ipv4 = {.saddr = pkt->saddr, .daddr = pkt->daddr, .sport = pkt->sport,
@@ -100,7 +100,7 @@ static __always_inline int mb_takes_home(const __u32 *server)
 
 /* 1 if the SYN is this namespace's own connect (the box itself, the controller on it): its socket is here, waiting
  * for the answer. The splitter, which lives here too, could not connect on from the same address and port. */
-static __always_inline int mb_own_connect(struct __sk_buff *skb, const struct mb_packet *pkt)
+static __always_inline int mb_own_connect(struct mb_ctx *skb, const struct mb_packet *pkt)
 {
 	struct bpf_sock_tuple tuple = {.ipv4 = {.saddr = pkt->daddr, .daddr = pkt->saddr, .sport = pkt->dport,
 						.dport = pkt->sport}};
@@ -114,9 +114,12 @@ static __always_inline int mb_own_connect(struct __sk_buff *skb, const struct mb
 
 /* The segment is for the splitter: to its port, or -1 if it is not. `to_port`, `from_port`: its destination's
  * and its source's port are memcached ports. */
-static __always_inline int mb_steer_tcp(struct __sk_buff *skb, const struct mb_packet *pkt, int to_port,
+static __always_inline int mb_steer_tcp(struct mb_ctx *skb, const struct mb_packet *pkt, int to_port,
 					int from_port)
 {
+#ifdef MB_XDP
+	return -1;  /* the TCP path is the eBPF switch's, never the classifier's (and XDP may not look up sockets) */
+#endif
 	struct mb_tcp_path *path = mb_tcp_path();
 	if (!path || pkt->proto != IPPROTO_TCP || skb->ingress_ifindex == path->ifindex)
 		return -1;
@@ -146,7 +149,7 @@ static __always_inline int mb_steer_tcp(struct __sk_buff *skb, const struct mb_p
 
 /* 1 if the frame comes from the splitter; a TCP one gets its destination's MAC (the splitter's side does no ARP):
  * a configured server's, or a client's as its segments taught it. */
-static __always_inline int mb_from_splitter(struct __sk_buff *skb, const struct mb_packet *pkt)
+static __always_inline int mb_from_splitter(struct mb_ctx *skb, const struct mb_packet *pkt)
 {
 	struct mb_tcp_path *path = mb_tcp_path();
 	if (!path || skb->ingress_ifindex != path->ifindex)
