@@ -47,9 +47,11 @@ class Replicator:
         """The item on `server` (None on a miss); raises MetaError if the server cannot be read."""
         return self._client(server).get(key)
 
-    def items(self, server: int, keys: list[bytes]) -> list[StoredItem | None]:
-        """Each key's item on `server` (None on a miss) in one round trip; raises MetaError."""
-        return self._client(server).items(keys)
+    def items(self, server: int, keys: list[bytes]) -> list[StoredItem | None | MetaError]:
+        """Each key's item on `server` (None on a miss, or that key's MetaError), pipelined; raises MetaError if the
+        server is not worth trying now."""
+        return [MetaError(str(got)) if isinstance(got, ValueError) else got
+                for got in self._client(server).get_many(keys)]
 
     def version(self, server: int, key: bytes) -> ItemVersion | None:
         """The item's CAS and TTL on `server` (None on a miss); raises MetaError."""

@@ -81,11 +81,6 @@ class MetaClient:
         """The item with its flags, remaining TTL and CAS, or None on a miss."""
         return self._item_of(self._call(_get_command(key)))
 
-    def items(self, keys: list[bytes]) -> list[StoredItem | None]:
-        """Each key's item (None for a miss) in one round trip: the requests are pipelined."""
-        replies = self._calls(b"".join(b"mg %s v f t c\r\n" % _checked(key) for key in keys), len(keys))
-        return [self._item_of(reply) for reply in replies]
-
     def get_many(self, keys: Sequence[bytes]) -> list[StoredItem | None | Exception]:
         """get of each key, pipelined: the item, None (a miss), or that key's MetaError or ValueError (a bad key)."""
         return self.receive_many(self.send_many("get", keys))
