@@ -112,6 +112,12 @@ def app(network, tmp_path, request):
     running.stop()
     for host in network.server_hosts:
         tcp_client(ServerAddress(host.ip)).flush_all()
+    tables = Tables(network.switch.classifier.pin_dir)
+    try:  # each test's app starts on empty tables: it would adopt what this one left (controller/adoption.py)
+        for key, entry in tables.held_keys().items():
+            tables.delete_hot(key, entry)
+    finally:
+        tables.close()
 
 
 def test_hot_gets_are_spread_by_weight_and_answered_from_the_home_address(network, app):

@@ -47,11 +47,13 @@ def memory_fabric() -> Fabric:
 
 
 def ebpf_fabric(planes: list) -> Fabric:
-    """A driver on three loaded programs; it removes what the previous test's driver left in them as it attaches."""
+    """A driver on three loaded programs; it reads back what the previous test's driver left in them as it attaches
+    (and keeps it, as a new leader does), so it removes those keys first: each test starts from empty tables."""
     from dataplanes import registry
     kind = registry.get("ebpf")
     driver = kind.make_driver(kind.parse_settings({"switches": [p.name for p in planes]}))
-    driver.attach(SERVERS, lambda frame: None)
+    found = driver.attach(SERVERS, lambda frame: None)
+    assert driver.remove_hot_keys([f.key for f in found]) == {}
     tables = list(driver.book.switches)
 
     def held(i: int) -> object:  # a free slot's dirty state is written anew by the install that takes it

@@ -193,7 +193,7 @@ def status(name: str) -> dict:
                   "hooks": [{**asdict(h), "where": h.describe(), "there": _interface_there(h)}
                             for h in record.hooks] if record else None,
                   "unclassified_ports": _unclassified(record),
-                  "memcached_ports": sorted(tables.memcached_ports()), "hot_keys": len(tables.hot_entries()),
+                  "memcached_ports": sorted(tables.memcached_ports()), "hot_keys": len(tables.held_keys()),
                   "lease_left_s": round(max(tables.lease() - time.monotonic_ns(), 0) / 1e9, 3),
                   "counters": tables.counters(), "sketch_read": sketch_until_ns > time.monotonic_ns(),
                   "attached_unix": record.attached_unix if record else None}
