@@ -210,10 +210,11 @@ def _rebuild(executor: "Executor", verdicts: Sequence[Verdict]) -> None:
             executor.decide(Decision.ERROR, verdict.key, f"read back not placeable, its rules not removed: "
                                                          f"{refused[verdict.key]}; its gets may be balanced until "
                                                          f"they are")
-            continue
-        extras = [s for s in verdict.servers[1:] if s < len(executor.replicator.clients)]
-        for server, error in executor.replicator.delete(verdict.key, extras).items():
-            executor.guard.schedule(RetryKind.DELETE, verdict.key, server, error)
+    extras = [(v.key, [s for s in v.servers[1:] if s < len(executor.replicator.clients)])
+              for v in verdicts if v.key not in refused]
+    for key, failed in executor.replicator.delete_many(extras).items():  # every server at once
+        for server, error in failed.items():
+            executor.guard.schedule(RetryKind.DELETE, key, server, error)
 
 
 def _placement(key: FoundKey, group_of: Callable[[Sequence[int]], int]) -> Placement:

@@ -17,7 +17,7 @@ single calls are.
 from __future__ import annotations
 
 import logging
-from typing import Callable, Iterable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 from mbalancer.memcache.addresses import ServerAddress
 from mbalancer.memcache.meta import Connect, ItemVersion, MetaClient, MetaError, StoredItem, tcp_connect
@@ -48,18 +48,9 @@ class Replicator:
         return self._client(server).get(key)
 
     def items(self, server: int, keys: list[bytes]) -> list[StoredItem | None | MetaError]:
-        """Each key's item on `server` (None on a miss, or that key's MetaError), pipelined; raises MetaError if the
-        server is not worth trying now."""
-        return [MetaError(str(got)) if isinstance(got, ValueError) else got
-                for got in self._client(server).get_many(keys)]
-
-    def version(self, server: int, key: bytes) -> ItemVersion | None:
-        """The item's CAS and TTL on `server` (None on a miss); raises MetaError."""
-        return self._client(server).version(key)
-
-    def versions(self, server: int, keys: list[bytes]) -> list[ItemVersion | None]:
-        """The CAS and TTL of each key on `server` in one round trip; raises MetaError."""
-        return self._client(server).versions(keys)
+        """Each key's item on `server` (None on a miss), or that key's MetaError (the server's, if it is not worth
+        trying now), pipelined."""
+        return [_meta_error(outcome) for outcome in self._pipelined("get", {server: keys})[server]]
 
     def write(self, key: bytes, item: StoredItem, targets: Iterable[int], update: bool = False) -> dict[int, str]:
         """Store `item` on each target; `update`: only over the copy made last (conditional on its CAS; a target
@@ -92,21 +83,20 @@ class Replicator:
 
     def read_many(self, reads: Sequence[tuple[bytes, int]]) -> dict[bytes, StoredItem | None | MetaError]:
         """Each (key, its home)'s item there (None on a miss) or the MetaError of that key, pipelined per home."""
-        by_server: dict[int, list[bytes]] = {}
-        for key, server in reads:
-            by_server.setdefault(server, []).append(key)
-        found: dict[bytes, StoredItem | None | MetaError] = {}
-        for server, outcomes in self._pipelined("get", by_server).items():
-            found.update((key, _meta_error(o)) for key, o in zip(by_server[server], outcomes))
-        return found
+        return self._at_homes("get", reads)
 
     def versions_many(self, keys: Sequence[tuple[bytes, int]]) -> dict[bytes, ItemVersion | None | MetaError]:
         """Each (key, its home)'s CAS and TTL there (None on a miss) or the MetaError of that key, pipelined."""
+        return self._at_homes("version", keys)
+
+    def _at_homes(self, kind: str, pairs: Sequence[tuple[bytes, int]]) -> dict[bytes, Any]:
+        """The command of `kind` for each (key, server), pipelined per server: each key's outcome, a bad key's
+        ValueError as a MetaError."""
         by_server: dict[int, list[bytes]] = {}
-        for key, server in keys:
+        for key, server in pairs:
             by_server.setdefault(server, []).append(key)
-        found: dict[bytes, ItemVersion | None | MetaError] = {}
-        for server, outcomes in self._pipelined("version", by_server).items():
+        found: dict[bytes, Any] = {}
+        for server, outcomes in self._pipelined(kind, by_server).items():
             found.update((key, _meta_error(o)) for key, o in zip(by_server[server], outcomes))
         return found
 

@@ -168,10 +168,6 @@ class LandingWrites(Replicator):
         self.landing = 0
         self.landed = 0
 
-    def version(self, server, key):
-        self._land(server, key)
-        return super().version(server, key)
-
     def versions_many(self, keys):  # a fresh key's settle reads every home's CAS at once
         for key, server in keys:
             self._land(server, key)
