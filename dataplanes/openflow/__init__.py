@@ -15,6 +15,8 @@ box.py, standalone.py  the classifier on a bridge of this box's own Open vSwitch
              openflow` (where on each port it must run, kernel or userspace datapath; the record detach undoes)
 driver.py    the controller's driver, run inside ryu-manager by controller/ryu_app.py, or on the switch's box
 bridge_connection.py  the driver's direct OpenFlow connection to a bridge on its box (no ryu-manager between)
+port_flags.py  port flags (no-flood) set again on every connection to a bridge, over OpenFlow 1.0
+wire.py      reading OpenFlow off a socket (both connections above)
 netns_switch.py, mininet_switch.py  the switch of the namespace and Mininet topologies
 """
 from __future__ import annotations

@@ -29,6 +29,7 @@ from ryu.ofproto import ofproto_v1_5_parser as parser
 from dataplanes.driver import DriverError
 from dataplanes.openflow import port_flags
 from dataplanes.openflow.messages import refusals
+from dataplanes.openflow.wire import read_exactly
 
 log = logging.getLogger(__name__)
 REPLY_TIMEOUT = 5.0  # seconds the bridge may take to answer a barrier or a stats request (as under ryu-manager)
@@ -276,11 +277,11 @@ class BridgeConnection:
             self._answers.notify_all()
 
     def _read_one(self, sock: socket.socket) -> Any:
-        header = _read_exactly(sock, 8)
+        header = read_exactly(sock, 8)
         version, msg_type, length, xid = struct.unpack("!BBHI", header)
         if length < 8:
             raise DriverError(f"the bridge at {self.address} sent a message of length {length}")
-        body = _read_exactly(sock, length - 8)
+        body = read_exactly(sock, length - 8)
         if version != ofp.OFP_VERSION:  # the hello before negotiation; nothing else comes in another version
             return _Header(version, msg_type, xid)
         return any_version.msg(self.dp or Datapath(0), version, msg_type, length, xid, header + body)
@@ -306,13 +307,3 @@ def _complete(replies: list) -> bool:
     last = replies[-1] if replies else None
     return last is not None and (last.msg_type == ofp.OFPT_ERROR or (
         last.msg_type == ofp.OFPT_MULTIPART_REPLY and not last.flags & ofp.OFPMPF_REPLY_MORE))
-
-
-def _read_exactly(sock: socket.socket, n: int) -> bytes:
-    data = b""
-    while len(data) < n:
-        chunk = sock.recv(n - len(data))
-        if not chunk:
-            raise OSError("the connection closed")
-        data += chunk
-    return data

@@ -23,6 +23,7 @@ from ryu.ofproto import ofproto_v1_0 as ofp10
 from ryu.ofproto import ofproto_v1_0_parser as parser10
 
 from dataplanes.driver import DriverError
+from dataplanes.openflow.wire import read_exactly
 
 # OpenFlow 1.0 port config bits by the names ovs-ofctl mod-port gives them
 FLAGS = {"down": ofp10.OFPPC_PORT_DOWN, "no-receive": ofp10.OFPPC_NO_RECV, "no-flood": ofp10.OFPPC_NO_FLOOD,
@@ -86,9 +87,9 @@ def _send(sock: socket.socket, message: Any, xid: int) -> None:
 
 def _read(sock: socket.socket) -> tuple[int, bytes]:
     """(type, whole message) of the next message, any version."""
-    header = _exactly(sock, 8)
+    header = read_exactly(sock, 8)
     _, msg_type, length, _ = struct.unpack("!BBHI", header)
-    return msg_type, header + _exactly(sock, max(length, 8) - 8)
+    return msg_type, header + read_exactly(sock, max(length, 8) - 8)
 
 
 def _until(sock: socket.socket, msg_type: int, address: str) -> Any:
@@ -105,13 +106,3 @@ def _until(sock: socket.socket, msg_type: int, address: str) -> Any:
             return any_version.msg(_Datapath(), ofp10.OFP_VERSION, kind, len(raw), struct.unpack("!I", raw[4:8])[0],
                                    raw)
     raise DriverError(f"the bridge at {address} did not answer a port flag request")
-
-
-def _exactly(sock: socket.socket, n: int) -> bytes:
-    data = b""
-    while len(data) < n:
-        chunk = sock.recv(n - len(data))
-        if not chunk:
-            raise OSError("the connection closed")
-        data += chunk
-    return data
