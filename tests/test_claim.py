@@ -6,12 +6,13 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
 
 from dataplanes.bpf.program import PIN_ROOT, available
-from topologies.claim import NetworkClaim
+from topologies.claim import WAIT_ENV, NetworkClaim
 from topologies.netns import NamespaceNetwork
 from topologies.shapes import TopologyError
 
@@ -71,3 +72,26 @@ def test_a_corrupt_record_is_ignored(tmp_path):
     with NetworkClaim("test", directory=tmp_path):
         pass
     assert (tmp_path / "network.lock").read_text() == "{}"
+
+
+def test_with_a_wait_a_second_claim_takes_its_turn_and_without_one_is_refused(tmp_path, monkeypatch):
+    first = NetworkClaim("first", directory=tmp_path).take()
+    events = []
+    monkeypatch.setenv(WAIT_ENV, "0.3")
+    with pytest.raises(TopologyError, match="another MBalancer network is running"):
+        NetworkClaim("second", directory=tmp_path).take()
+    monkeypatch.setenv(WAIT_ENV, "30")
+
+    def release() -> None:
+        events.append("first released")
+        first.release()
+    threading.Timer(0.3, release).start()
+    with NetworkClaim("second", directory=tmp_path):
+        events.append("second taken")
+    assert events == ["first released", "second taken"]
+
+
+def test_a_wait_that_is_not_a_number_is_named_in_one_line(tmp_path, monkeypatch):
+    monkeypatch.setenv(WAIT_ENV, "soon")
+    with pytest.raises(TopologyError, match=f"^{WAIT_ENV}: a number of seconds \\(got 'soon'\\)$"):
+        NetworkClaim("test", directory=tmp_path).take()
