@@ -32,6 +32,8 @@ import re
 import threading
 import time
 import warnings
+from dataclasses import dataclass
+from enum import Enum
 from typing import Callable
 from urllib.parse import urlsplit
 
@@ -47,6 +49,24 @@ TOKEN_REFUSED = ("invalid auth token", "user name is empty", "auth token")  # et
 
 class ElectionError(RuntimeError):
     """etcd cannot be used (unreachable, refused, a bad endpoint); the message says which and why."""
+
+
+class Role(str, Enum):
+    """Where a candidate stands; LEADER only between its election and its loss or resignation."""
+    IDLE = "idle"  # not campaigning (made, or stopped while a candidate)
+    CANDIDATE = "candidate"
+    LEADER = "leader"
+    LOST = "lost"  # no longer leads: renewals did not get through in time, etcd said the lease went, or handed over
+    RESIGNED = "resigned"  # gave the lead up itself (a controller that stops)
+
+
+@dataclass(frozen=True)
+class RoleChange:
+    """One change of role, at a time of this process's monotonic clock."""
+    at: float
+    role: Role
+    election_id: int | None
+    why: str = ""
 
 
 class Election:
@@ -77,6 +97,16 @@ class Election:
         self.reached: tuple[int, int] | None = None  # the latest probe's answer
         self._probed = threading.Event()  # set by each probe
         self._published: tuple[int, tuple[int, int]] | None = None  # (lease, reached) in etcd now
+        self.requests = 0  # requests sent to etcd members: a candidate waiting through an outage sends few
+        self.events: list[RoleChange] = []  # every change of role, oldest first
+        self._changing = threading.Lock()  # the role changes once per cause: a loss and a resignation race
+
+    @property
+    def role(self) -> Role:
+        return self.events[-1].role if self.events else Role.IDLE
+
+    def _become(self, role: Role, why: str = "") -> None:
+        self.events.append(RoleChange(time.monotonic(), role, self.election_id, why))
 
     def leader(self) -> str | None:
         """Who leads now (its identity), None if nobody does."""
@@ -87,6 +117,7 @@ class Election:
         """Wait until this candidate leads: its election id; None if `stop` was set first. The first request to
         etcd raises ElectionError if no endpoint answers; later, the candidate waits until one does."""
         lease_id = self._grant()
+        self._become(Role.CANDIDATE)
         if self.reach is not None:
             threading.Thread(target=self._probe, args=(stop,), name="mbalancer-reach", daemon=True).start()
             self._probed.wait(self.ttl)  # its first answer, before it compares itself with the others
@@ -105,12 +136,14 @@ class Election:
                 outage = None
             if elected is not None:
                 self.lease_id, self.election_id = lease_id, elected
+                self._become(Role.LEADER)
                 threading.Thread(target=self._keep, name="mbalancer-election", daemon=True).start()
                 return self.election_id
             if better is not None and better != deferred_to:
                 log.info("candidate: %s; waiting while it is a candidate", better)
             deferred_to = better
             stop.wait(POLL)
+        self._become(Role.IDLE, "stopped while a candidate")
         try:
             self._revoke(lease_id)
         except ElectionError as err:
@@ -197,7 +230,10 @@ class Election:
         through, where etcd answers again): the next candidate need not wait for the lease to run out."""
         if self.lease_id is not None and not self._revoked:
             self._revoked = True  # once: another thread's resign (the controller's, on a lost lead) revokes nothing
-            self.lost.set()
+            with self._changing:
+                if not self.lost.is_set():
+                    self._become(Role.RESIGNED)
+                self.lost.set()
             try:
                 self._revoke(self.lease_id)
             except ElectionError as err:
@@ -241,11 +277,13 @@ class Election:
                 return
 
     def _give_up(self, why: str) -> None:
-        if self.lost.is_set():
-            return  # resigned meanwhile: nothing was lost
-        log.error("lost the lead (election id %s): %s", self.election_id, why)
-        self.why_lost = why
-        self.lost.set()
+        with self._changing:
+            if self.lost.is_set():
+                return  # resigned meanwhile, or lost already: nothing more was lost
+            log.error("lost the lead (election id %s): %s", self.election_id, why)
+            self.why_lost = why
+            self._become(Role.LOST, why)
+            self.lost.set()
 
     def _grant(self) -> int:
         return self._ask(lambda client: client.lease(self.ttl)).id
@@ -265,6 +303,7 @@ class Election:
         for step in range(len(self.clients)):
             index = (self._current + step) % len(self.clients)
             client = self.clients[index]
+            self.requests += 1
             try:
                 answer = self._logged_in(client, request)
             except (self._etcd3gw.exceptions.ConnectionFailedError,
