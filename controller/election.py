@@ -102,6 +102,12 @@ class Election:
         self._changing = threading.Lock()  # the role changes once per cause: a loss and a resignation race
 
     @property
+    def renewed(self) -> float:
+        """The monotonic time the last renewal that got through was sent: etcd cannot let the lease run out before
+        this plus the TTL."""
+        return self._renewed
+
+    @property
     def role(self) -> Role:
         return self.events[-1].role if self.events else Role.IDLE
 
