@@ -5,7 +5,11 @@ others wait for the key to go (the leader stopped, died, or lost etcd: its lease
 anew leads. The revision at which the key was created is the leader's election id: etcd's revisions only grow, so a
 later leader's id is always higher, and a switch agent that has seen it refuses every earlier leader's writes
 (dataplanes/agent/server.py) even while that one still believes it leads. A leader that cannot renew its lease in
-time has lost: it stops driving (the controller exits, saying so) rather than wait to learn it from the switches.
+time has lost: it stops driving (the controller exits, saying so) rather than wait to learn it from the switches. In
+time is before etcd could let the lease run out (the TTL counted from the sending of its last renewal that got
+through), less LEAD_GUARD for the controller to stop, whatever request is in flight then: etcd without a quorum
+answers nobody, and no other candidate is elected while this one leads. Every change of role is a typed event
+(`events`), on this process's monotonic clock.
 etcd decides; nothing here is a consensus of its own. etcd runs as a cluster (three members): every member's
 endpoint is given, and each request goes to the member that answered last; one that does not answer within a quarter
 of the TTL (gone, frozen, cut off) is passed over for the next, which is asked first from then on, so a leader renews
@@ -40,6 +44,8 @@ from urllib.parse import urlsplit
 log = logging.getLogger(__name__)
 POLL = 0.1  # seconds between a candidate's tries while another leads (the key's absence is checked, not watched)
 REQUEST_TIMEOUT = 2.0  # seconds a member has to answer, a quarter of the TTL if less: time left for the next one
+LEAD_GUARD = 0.2  # seconds before etcd could let its lease run out that a leader stops (a quarter of the TTL if less):
+# time for the controller to stop driving (controller/cli.py looks every 50 ms)
 HAND_OVER_AFTER = 2  # renewals in a row (a third of a TTL apart) that saw a candidate reach more: not one lost probe
 Reach = Callable[[float], "tuple[int, int]"]  # (timeout) -> (switches answering, switches)
 EtcdTls = "tuple[str, str, str] | None"  # (CA, client certificate, its key) files, "" where not given
@@ -90,6 +96,8 @@ class Election:
         self.lease_id: int | None = None
         self.election_id: int | None = None
         self._renewed = 0.0  # monotonic time the last renewal that got through was sent (etcd renewed after it)
+        self._guard = min(LEAD_GUARD, ttl / 4)
+        self._unrenewed = "etcd did not answer in time"  # why the latest renewal did not get through
         self._revoked = False
         self.lost = threading.Event()  # set once the leader could not keep its lease, or handed over
         self.why_lost = ""
@@ -144,6 +152,7 @@ class Election:
                 self.lease_id, self.election_id = lease_id, elected
                 self._become(Role.LEADER)
                 threading.Thread(target=self._keep, name="mbalancer-election", daemon=True).start()
+                threading.Thread(target=self._watch, name="mbalancer-lead-deadline", daemon=True).start()
                 return self.election_id
             if better is not None and better != deferred_to:
                 log.info("candidate: %s; waiting while it is a candidate", better)
@@ -247,10 +256,8 @@ class Election:
 
     def _keep(self) -> None:
         """Renew the lease a third of its TTL after the last renewal was sent, again at once (every POLL) while one
-        does not get through. Lost when etcd says the lease is gone, or when no renewal got through for a whole TTL
-        counted from the sending of the last one that did (etcd may have expired the lease by then, and another
-        candidate lead). Handed over when another candidate reached more switches at HAND_OVER_AFTER renewals in a
-        row."""
+        does not get through. Lost when etcd says the lease is gone (or, by _watch, when no renewal got through in
+        time). Handed over when another candidate reached more switches at HAND_OVER_AFTER renewals in a row."""
         outreached = 0  # renewals in a row at which a candidate reached more switches
         wait = self.ttl / 3
         while not self.lost.wait(max(0.0, wait)):
@@ -261,9 +268,7 @@ class Election:
                     self._give_up("etcd says its lease ran out")
                     return
             except ElectionError as err:
-                if time.monotonic() - self._renewed >= self.ttl:
-                    self._give_up(f"no renewal for {self.ttl} s ({err})")
-                    return
+                self._unrenewed = str(err)
                 wait = POLL
                 continue
             self._renewed = sent
@@ -281,6 +286,19 @@ class Election:
                     log.warning("could not resign (the lease runs out by itself): %s", err)
                 self._give_up(f"handed over to a candidate that reaches more switches: {better}")
                 return
+
+    def _watch(self) -> None:
+        """Lost once no renewal got through for the TTL less the guard, counted from the sending of the last one that
+        did, whatever request is in flight then (one that waits on every member in turn may take 3/4 of a TTL): etcd
+        counts the TTL from a renewal's arrival, so this leader has stopped before etcd could let its lease run out
+        and elect another, even where renewals fail for want of an etcd quorum."""
+        while not self.lost.wait(max(0.0, self._lead_ends() - time.monotonic())):
+            if time.monotonic() >= self._lead_ends():
+                self._give_up(f"no renewal got through for {self.ttl - self._guard:g} s ({self._unrenewed})")
+                return
+
+    def _lead_ends(self) -> float:
+        return self._renewed + self.ttl - self._guard
 
     def _give_up(self, why: str) -> None:
         with self._changing:
