@@ -89,6 +89,7 @@ class Election:
         self._etcd3gw = etcd3gw
         timeout = min(REQUEST_TIMEOUT, ttl / 4)
         self.clients = [_client(etcd3gw, url, timeout, tls, login is not None) for url in endpoints]
+        self.endpoints = tuple(endpoints)
         self._current = 0  # the endpoint that answered last: asked first
         self.login = login
         self._tokens: dict[int, str] = {}  # id(client) -> the auth token etcd gave it
@@ -108,6 +109,11 @@ class Election:
         self.requests = 0  # requests sent to etcd members: a candidate waiting through an outage sends few
         self.events: list[RoleChange] = []  # every change of role, oldest first
         self._changing = threading.Lock()  # the role changes once per cause: a loss and a resignation race
+
+    @property
+    def member(self) -> str:
+        """The endpoint asked first now: the one that answered last."""
+        return self.endpoints[self._current]
 
     @property
     def renewed(self) -> float:

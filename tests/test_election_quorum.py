@@ -13,9 +13,7 @@ What must hold, read from etcd's history of the election key and from the candid
 The times (to stop, to elect again) are printed, not asserted: they depend on the machine."""
 from __future__ import annotations
 
-import os
 import re
-import signal
 import subprocess
 import threading
 import time
@@ -29,7 +27,7 @@ from mbalancer.memcache.server import MemcachedServer
 from tests.conftest import MBALANCER
 from tests.etcd_server import EtcdCluster, available
 from tests.switch_agent import AgentProcess, hello
-from tests.test_election import controller_config, identity_pid
+from tests.test_election import controller_config, identity_pid, logged
 from topologies.etcd import peer_cuts_available
 
 pytestmark = pytest.mark.skipif(available() is not None, reason=str(available()))
@@ -55,10 +53,14 @@ class Candidates:
             thread.join(WAIT)
 
 
-def candidates(etcd: EtcdCluster, key: str, first: dict[str, int]) -> Candidates:
-    """a elected, then b and c campaigning; first: the member each asks first."""
+def candidates(etcd: EtcdCluster, key: str, first: dict[str, int], alone: bool = False) -> Candidates:
+    """a elected, then b and c campaigning; first: the member each asks first (then the others in turn); alone: a
+    is given its first member's endpoint alone."""
     urls = etcd.urls
-    elections = {name: Election(tuple(urls[first[name]:] + urls[:first[name]]), key, TTL, name) for name in "abc"}
+    asks = {name: urls[first[name]:] + urls[:first[name]] for name in "abc"}
+    if alone:
+        asks["a"] = asks["a"][:1]
+    elections = {name: Election(tuple(asks[name]), key, TTL, name) for name in "abc"}
     stop = threading.Event()
     assert elections["a"].campaign(stop) is not None
     threads = [threading.Thread(target=lambda: elections["a"].lost.wait() and elections["a"].resign(), daemon=True)]
@@ -157,4 +159,153 @@ def test_without_a_quorum_the_leader_stops_before_its_lease_can_run_out_and_one_
         assert [who for _, _, who, _ in spans][0] == "a" and len(spans) == 2, spans
         assert_one_leader_at_a_time(spans)
         assert_one_holder_at_a_time(etcd, run.key, spans)
+
+
+
+# --- a member cut off from its peers ----------------------------------------------------------------------------
+@pytest.mark.skipif(peer_cuts_available() is not None, reason=str(peer_cuts_available()))
+@pytest.mark.parametrize("alone", [False, True], ids=["a knows every member", "a knows its member alone"])
+@pytest.mark.parametrize("cut", ["etcd's raft leader", "a follower"])
+def test_a_member_cut_off_from_its_peers_keeps_no_leader_and_one_leader_remains(tmp_path, cut, alone):
+    """The member a talks to (and b asks first) is cut off from the other two, its clients still reaching it: etcd's
+    raft leader (which renews leases by itself until it sees it lost its quorum) or a follower. For three TTLs and
+    after the cut heals, one candidate leads at a time, and the one that leads talks to a member of the majority; a
+    either turned to one and leads on, or (given its member alone, as a controller cut off with it) stopped before
+    its lease could run out, and b or c leads."""
+    with EtcdCluster(tmp_path, peer_cuts=True) as etcd:
+        m = 0
+        etcd.move_raft_leader(m if cut == "etcd's raft leader" else 1)
+        run = candidates(etcd, "/test/partition", {"a": m, "b": m, "c": 1}, alone)
+        a = run.elections["a"]
+        try:
+            cut_at = time.monotonic()
+            etcd.cut_peers(m)
+            turned_at = until(lambda: a.member != etcd.urls[m] or a.lost.is_set(), WAIT)
+            how = "stopped leading" if a.lost.is_set() else f"turned to member {etcd.urls.index(a.member)}"
+            how += f" {turned_at - cut_at:.2f} s after the cut"
+            if alone:
+                until(lambda: any(run.elections[n].role == Role.LEADER for n in "bc"))
+                how += f", and b or c leads {time.monotonic() - cut_at:.2f} s after it"
+            time.sleep(max(0.0, cut_at + OUTAGE - time.monotonic()))
+            during = [(name, e.role, e.member) for name, e in run.elections.items()]
+            outcome = "a leads on" if a.role == Role.LEADER else f"a stopped ({a.why_lost})"
+            etcd.heal_peers(m)
+            time.sleep(2 * TTL)
+            after = [(name, e.role, e.member) for name, e in run.elections.items()]
+            spans = leading(run.elections)
+        finally:
+            run.end()
+        print(f"{cut} cut off: a {how}; three TTLs later {outcome}; "
+              f"leaders in turn: {[(who, id_) for _, _, who, id_ in spans]}")
+        for state in (during, after):
+            leaders = [(name, member) for name, role, member in state if role == Role.LEADER]
+            assert len(leaders) == 1, state
+            assert state is after or leaders[0][1] != etcd.urls[m], f"a leader through the cut member: {state}"
+        assert_one_leader_at_a_time(spans)
+        assert_one_holder_at_a_time(etcd, run.key, spans)
+        assert (spans[0][2], len(spans)) == ("a", 2 if alone else 1), spans
+        if any(e.role == Role.LOST for e in a.events):
+            stopped = next(e for e in a.events if e.role == Role.LOST)
+            assert stopped.at < a.renewed + TTL, "a led on past the time etcd could let its lease run out"
+
+
+# --- controllers and a switch ----------------------------------------------------------------------------------
+@pytest.mark.skipif(peer_cuts_available() is not None, reason=str(peer_cuts_available()))
+def test_a_controller_cut_off_with_its_member_stops_driving_before_its_successor_reaches_the_switch(tmp_path):
+    """c0 leads, given member 0 alone (a controller cut off together with its etcd member); c1 and c2 know every
+    member. Member 0 is cut off from its peers: c0 cannot renew, stops (exit 1) and closes its session with the
+    switch before etcd can let its lease run out, so the agent sees it stop before the successor, elected on the
+    two members left, attaches: the successor is not fenced in, the old leader not deposed by it."""
+    with EtcdCluster(tmp_path, peer_cuts=True) as etcd, MemcachedServer() as memcached:
+        urls = etcd.urls
+        agent = AgentProcess(tmp_path, "none", {})
+        logs = [tmp_path / f"c{i}.log" for i in range(3)]
+        processes: list[subprocess.Popen] = []
+        try:
+            start_controllers(agent, memcached, logs, [urls[:1], urls[1:] + urls[:1], urls[2:] + urls[:2]], processes)
+            first = int(re.search(r"election id (\d+)", logged(logs[0])).group(1))
+            until(lambda: hello(agent.address, agent.token_file)["primary_election_id"] == first)
+            cut_at = time.monotonic()
+            etcd.cut_peers(0)
+            assert processes[0].wait(timeout=WAIT) == 1
+            until(lambda: (hello(agent.address, agent.token_file)["primary_election_id"] or 0) > first)
+            print(f"after member 0 was cut off its peers, with c0: a successor drives the agent "
+                  f"{time.monotonic() - cut_at:.2f} s after the cut")
+        finally:
+            stop_controllers(processes)
+            said = agent.stop()
+        assert "lost the lead" in logged(logs[0]), logged(logs[0])[-2000:]
+        stopped = said.find("stopped: driver closed, lease ended")  # the agent's words for c0's close
+        successor = re.search(r"controller \S+ \(election id (\d+)\) (is the primary|deposes)", said[stopped:])
+        assert stopped >= 0 and successor and successor.group(2) == "is the primary", said
+        assert "deposes" not in said, said
+
+
+def start_controllers(agent: AgentProcess, memcached: MemcachedServer, logs: list[Path],
+                      endpoints: list[list[str]], processes: list[subprocess.Popen]) -> None:
+    """Controller i, logging to logs[i] and given endpoints[i], into `processes` (stop_controllers stops them), in
+    turn: the first leads, the others wait."""
+    for i, log in enumerate(logs):
+        config = controller_config(log.parent, log.stem, agent, endpoints[i], memcached)
+        processes.append(subprocess.Popen([str(MBALANCER), "controller", "--config", str(config)],
+                                          stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=log.open("w")))
+        until(lambda: ("Ctrl-C stops" if i == 0 else "standby: ") in logged(log))
+
+
+def stop_controllers(processes: list[subprocess.Popen]) -> None:
+    for process in processes:
+        if process.poll() is None:
+            process.terminate()
+            process.wait(timeout=30)
+
+
+# --- controllers and a switch without an etcd quorum ------------------------------------------------------------
+def test_without_a_quorum_the_leading_controller_stops_its_switch_ends_the_lease_and_one_standby_drives_it_after(
+        tmp_path):
+    """Real `mbalancer controller` processes on a switch agent: c0 leads through member 0, c1 and c2 wait. Members 1
+    and 2 freeze: c0 stops (exit 1, "lost the lead") and closes its session, so the agent ends the switch's lease at
+    once (gets go home, no primary); the standbys wait on. With the quorum back, one standby is elected and drives
+    the agent with a higher election id; one holder of the key at a time in etcd's history."""
+    with EtcdCluster(tmp_path) as etcd, MemcachedServer() as memcached:
+        urls = etcd.urls
+        agent = AgentProcess(tmp_path, "none", {})
+        logs = [tmp_path / f"c{i}.log" for i in range(3)]
+        processes: list[subprocess.Popen] = []
+        try:
+            start_controllers(agent, memcached, logs, [urls[i:] + urls[:i] for i in range(3)], processes)
+            first = int(re.search(r"election id (\d+)", logged(logs[0])).group(1))
+            until(lambda: hello(agent.address, agent.token_file)["primary_election_id"] == first)
+
+            lost_at = time.monotonic()
+            lose_quorum(etcd, [1, 2], "frozen")
+            closed = until(lambda: hello(agent.address, agent.token_file)["primary_election_id"] is None)
+            assert processes[0].wait(timeout=WAIT) == 1
+            print(f"the leading controller closed its session with the switch {closed - lost_at:.2f} s after the "
+                  f"quorum went, and exited {time.monotonic() - lost_at:.2f} s after it")
+            said = hello(agent.address, agent.token_file)
+            assert said["primary_election_id"] is None and said["highest_election_id"] == first, said
+            time.sleep(max(0.0, lost_at + OUTAGE - time.monotonic()))
+            assert [p.poll() for p in processes[1:]] == [None, None], [logged(log)[-1000:] for log in logs[1:]]
+
+            back_at = time.monotonic()
+            regain_quorum(etcd, [1, 2], "frozen")
+            until(lambda: any("elected through etcd" in logged(log) for log in logs[1:]))
+            successor = next(i for i in (1, 2) if "elected through etcd" in logged(logs[i]))
+            second = int(re.search(r"elected through etcd, election id (\d+)", logged(logs[successor])).group(1))
+            until(lambda: hello(agent.address, agent.token_file)["primary_election_id"] == second)
+            print(f"c{successor} (election id {second}) drives the agent {time.monotonic() - back_at:.2f} s after the "
+                  f"quorum came back")
+            time.sleep(2 * TTL)
+            held = etcd.holders("/mbalancer/leader")
+            elected = [i for i in range(3) if "elected through etcd" in logged(logs[i])]
+        finally:
+            stop_controllers(processes)
+            said = agent.stop()
+        assert "lost the lead" in logged(logs[0]) and elected == [0, successor], elected
+        assert [(created, identity_pid(who)) for created, _, who in held] == [
+            (first, processes[0].pid), (second, processes[successor].pid)], held
+        assert held[0][1] <= held[1][0] and second > first, held
+        assert "stopped: driver closed, lease ended" in said, said
+        for log in logs:
+            assert "Traceback" not in logged(log), logged(log)[-2000:]
 
