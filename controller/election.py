@@ -46,7 +46,9 @@ POLL = 0.1  # seconds between a candidate's tries while another leads (the key's
 REQUEST_TIMEOUT = 2.0  # seconds a member has to answer, a quarter of the TTL if less: time left for the next one
 LEAD_GUARD = 0.2  # seconds before etcd could let its lease run out that a leader stops (a quarter of the TTL if less):
 # time for the controller to stop driving (controller/cli.py looks every 50 ms)
-HAND_OVER_AFTER = 2  # renewals in a row (a third of a TTL apart) that saw a candidate reach more: not one lost probe
+RENEW_EVERY = 0.25  # of the TTL, between renewals: one that waits a member's timeout (a quarter) and then goes
+# through the next member still lands before the lead ends (a TTL less LEAD_GUARD after the last one)
+HAND_OVER_AFTER = 2  # renewals in a row (a quarter of a TTL apart) that saw a candidate reach more: not one lost probe
 Reach = Callable[[float], "tuple[int, int]"]  # (timeout) -> (switches answering, switches)
 EtcdTls = "tuple[str, str, str] | None"  # (CA, client certificate, its key) files, "" where not given
 EtcdLogin = "tuple[str, str] | None"  # (user, password) where etcd's auth is on
@@ -261,11 +263,11 @@ class Election:
                 log.warning("could not resign (the lease runs out by itself): %s", err)
 
     def _keep(self) -> None:
-        """Renew the lease a third of its TTL after the last renewal was sent, again at once (every POLL) while one
+        """Renew the lease a quarter of its TTL after the last renewal was sent, again at once (every POLL) while one
         does not get through. Lost when etcd says the lease is gone (or, by _watch, when no renewal got through in
         time). Handed over when another candidate reached more switches at HAND_OVER_AFTER renewals in a row."""
         outreached = 0  # renewals in a row at which a candidate reached more switches
-        wait = self.ttl / 3
+        wait = self.ttl * RENEW_EVERY
         while not self.lost.wait(max(0.0, wait)):
             sent = time.monotonic()
             try:
@@ -278,7 +280,7 @@ class Election:
                 wait = POLL
                 continue
             self._renewed = sent
-            wait = sent + self.ttl / 3 - time.monotonic()
+            wait = sent + self.ttl * RENEW_EVERY - time.monotonic()
             try:
                 self._publish(self.lease_id)
                 better = self._better_candidate()
