@@ -10,6 +10,10 @@ What must hold, read from etcd's history of the election key and from the candid
   (no crash, a bounded number of requests); once the quorum is back exactly one of them is elected;
 - a member cut off from its peers: a leader that talks to it turns to another member or stops, and nobody leads
   through it; one leader throughout.
+The same with real `mbalancer controller` processes on a switch agent: a leader that loses its quorum, or is cut off
+with its member, closes its session with the switch (the switch's lease ends, gets go home) before a successor
+attaches. The members are frozen (SIGSTOP) or killed (SIGKILL, then started again on their data); a member is cut
+off from its peers by a cgroup eBPF program dropping its peer-port traffic (root: those tests skip without it).
 The times (to stop, to elect again) are printed, not asserted: they depend on the machine."""
 from __future__ import annotations
 
