@@ -10,7 +10,10 @@ import re
 import signal
 import subprocess
 import time
+from contextlib import contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Iterator
 
 import pytest
 
@@ -134,6 +137,51 @@ def says(path: Path, words: str) -> float:
     return time.monotonic() - started
 
 
+@dataclass
+class Fleet:
+    """Controllers on one switch agent: controller i logs to logs[i]; `first` is the first leader's election id;
+    `agent_log` the agent's log once stopped."""
+    agent: AgentProcess
+    logs: list[Path]
+    processes: list[subprocess.Popen] = field(default_factory=list)
+    first: int = 0
+    agent_log: str = ""
+
+
+@contextmanager
+def controllers_on_an_agent(folder: Path, endpoints: list[list[str]]) -> Iterator[Fleet]:
+    """A memcached, a switch agent and controller i given endpoints[i] (in the order it asks them), started in turn:
+    the first leads and drives the agent, the others wait. On leaving, the controllers stop, then the agent."""
+    with MemcachedServer() as memcached:
+        fleet = Fleet(AgentProcess(folder, "none", {}), [folder / f"c{i}.log" for i in range(len(endpoints))])
+        try:
+            for i, log in enumerate(fleet.logs):
+                config = controller_config(folder, log.stem, fleet.agent, endpoints[i], memcached)
+                fleet.processes.append(subprocess.Popen(
+                    [str(MBALANCER), "controller", "--config", str(config)], stdin=subprocess.DEVNULL,
+                    stdout=subprocess.DEVNULL, stderr=log.open("w")))
+                says(log, "Ctrl-C stops" if i == 0 else "standby: ")
+            fleet.first = int(re.search(r"election id (\d+)", logged(fleet.logs[0])).group(1))
+            primary_becomes(fleet.agent, fleet.first)
+            yield fleet
+        finally:
+            for process in fleet.processes:
+                if process.poll() is None:
+                    process.terminate()
+                    process.wait(timeout=30)
+            fleet.agent_log = fleet.agent.stop()
+
+
+def elected_among(logs: list[Path], among: tuple[int, ...]) -> tuple[int, int]:
+    """The first controller of `among` whose log says it was elected (within WAIT), and its election id."""
+    deadline = time.monotonic() + WAIT
+    while not (elected := [i for i in among if "elected through etcd" in logged(logs[i])]):
+        assert time.monotonic() < deadline, [logged(logs[i])[-1000:] for i in among]
+        time.sleep(0.02)
+    said = re.search(r"elected through etcd, election id (\d+)", logged(logs[elected[0]]))
+    return elected[0], int(said.group(1))
+
+
 def test_a_three_member_etcd_loses_a_member_then_the_leaders_own_and_one_controller_leads_throughout(tmp_path):
     """etcd as production runs it: three members, every controller given every endpoint, controller i asking member
     i first. A member the leader does not talk to is cut off (SIGSTOP: silent, its connections open): the leader keeps
@@ -142,62 +190,40 @@ def test_a_three_member_etcd_loses_a_member_then_the_leaders_own_and_one_control
     members left and drives the agent. Who led is read from etcd's own history of the election key, not from clocks:
     one holder at a time, each created after the one before was deleted, each the controller that said it was
     elected with that revision as its election id, and none but the killed leader ever lost the lead."""
-    with EtcdCluster(tmp_path) as etcd, MemcachedServer() as memcached:
-        urls = etcd.urls
-        agent = AgentProcess(tmp_path, "none", {})
-        logs = [tmp_path / f"c{i}.log" for i in range(3)]
-        processes: list[subprocess.Popen] = []
-        try:
-            for i, log in enumerate(logs):
-                config = controller_config(tmp_path, f"c{i}", agent, urls[i:] + urls[:i], memcached)
-                processes.append(subprocess.Popen([str(MBALANCER), "controller", "--config", str(config)],
-                                                  stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                                  stderr=log.open("w")))
-                says(log, "Ctrl-C stops" if i == 0 else "standby: ")
-            first = int(re.search(r"election id (\d+)", logged(logs[0])).group(1))
-            primary_becomes(agent, first)
+    with EtcdCluster(tmp_path) as etcd, \
+            controllers_on_an_agent(tmp_path, [etcd.urls[i:] + etcd.urls[:i] for i in range(3)]) as fleet:
+        urls, agent, logs, processes, first = etcd.urls, fleet.agent, fleet.logs, fleet.processes, fleet.first
 
-            # 1. a member the leader does not talk to (nor etcd's raft leader: that one stalls every member, and
-            # bench_etcd_failover.py measures it): the leader leads on
-            cut = next(i for i in range(3) if i not in (member_of(logs[0], urls), etcd.raft_leader()))
-            etcd.freeze(cut)
-            time.sleep(2)  # two TTLs: long enough for the leader to lose its lease, if it could
-            assert [h[:2] for h in etcd.holders(KEY)] == [(first, None)], etcd.holders(KEY)
-            etcd.thaw(cut)
+        # 1. a member the leader does not talk to (nor etcd's raft leader: that one stalls every member, and
+        # bench_etcd_failover.py measures it): the leader leads on
+        cut = next(i for i in range(3) if i not in (member_of(logs[0], urls), etcd.raft_leader()))
+        etcd.freeze(cut)
+        time.sleep(2)  # two TTLs: long enough for the leader to lose its lease, if it could
+        assert [h[:2] for h in etcd.holders(KEY)] == [(first, None)], etcd.holders(KEY)
+        etcd.thaw(cut)
 
-            cut = member_of(logs[0], urls)  # 2. the member the leader talks to (etcd's raft leader moved off it)
-            if etcd.raft_leader() == cut:
-                etcd.move_raft_leader((cut + 1) % 3)
-            turns, frozen_at = logged(logs[0]).count("etcd: now through"), time.monotonic()
-            etcd.freeze(cut)
-            while logged(logs[0]).count("etcd: now through") == turns:
-                assert time.monotonic() - frozen_at < WAIT, logged(logs[0])[-2000:]
-                time.sleep(0.02)
-            print(f"the leader turns from member {cut} to {member_of(logs[0], urls)} "
-                  f"{time.monotonic() - frozen_at:.2f} s after member {cut} froze")
-            time.sleep(2)
-            assert [h[:2] for h in etcd.holders(KEY)] == [(first, None)], etcd.holders(KEY)
-            assert hello(agent.address, agent.token_file)["primary_election_id"] == first
+        cut = member_of(logs[0], urls)  # 2. the member the leader talks to (etcd's raft leader moved off it)
+        if etcd.raft_leader() == cut:
+            etcd.move_raft_leader((cut + 1) % 3)
+        turns, frozen_at = logged(logs[0]).count("etcd: now through"), time.monotonic()
+        etcd.freeze(cut)
+        while logged(logs[0]).count("etcd: now through") == turns:
+            assert time.monotonic() - frozen_at < WAIT, logged(logs[0])[-2000:]
+            time.sleep(0.02)
+        print(f"the leader turns from member {cut} to {member_of(logs[0], urls)} "
+              f"{time.monotonic() - frozen_at:.2f} s after member {cut} froze")
+        time.sleep(2)
+        assert [h[:2] for h in etcd.holders(KEY)] == [(first, None)], etcd.holders(KEY)
+        assert hello(agent.address, agent.token_file)["primary_election_id"] == first
 
-            killed_at = time.monotonic()  # 3. the leader killed, its member still cut off: a takeover
-            os.kill(processes[0].pid, signal.SIGKILL)
-            deadline = time.monotonic() + WAIT
-            while not (elected := [i for i in (1, 2) if "elected through etcd" in logged(logs[i])]):
-                assert time.monotonic() < deadline, [logged(log)[-1000:] for log in logs[1:]]
-                time.sleep(0.02)
-            successor = elected[0]
-            second = int(re.search(r"elected through etcd, election id (\d+)", logged(logs[successor])).group(1))
-            primary_becomes(agent, second)
-            print(f"after kill -9 with the leader's member cut off: c{successor} (election id {second}) drives the "
-                  f"agent {time.monotonic() - killed_at:.2f} s after the kill")
-            held = etcd.holders(KEY)
-            before = [logged(log) for log in logs]  # the stop below hands the lead on once more
-        finally:
-            for process in processes:
-                if process.poll() is None:
-                    process.terminate()
-                    process.wait(timeout=30)
-            agent.stop()
+        killed_at = time.monotonic()  # 3. the leader killed, its member still cut off: a takeover
+        os.kill(processes[0].pid, signal.SIGKILL)
+        successor, second = elected_among(logs, (1, 2))
+        primary_becomes(agent, second)
+        print(f"after kill -9 with the leader's member cut off: c{successor} (election id {second}) drives the "
+              f"agent {time.monotonic() - killed_at:.2f} s after the kill")
+        held = etcd.holders(KEY)
+        before = [logged(log) for log in logs]  # the stop below hands the lead on once more
     (old, deleted, old_identity), (new, still, new_identity) = held  # one holder at a time, in order
     assert old == first < deleted < new == second and still is None, held
     assert identity_pid(old_identity) == processes[0].pid and identity_pid(new_identity) == processes[successor].pid

@@ -1,0 +1,273 @@
+"""The controllers' election (controller/election.py) when etcd itself fails worse than one member: a three-member
+etcd loses its quorum (two members frozen or killed), and a member is cut off from its peers while its clients still
+reach it (a partition inside etcd). Real etcd members on loopback (topologies/etcd.py); the candidates are Elections
+in this process, each giving every member's endpoint (its own member first), so that their typed role changes are on
+one clock.
+
+What must hold, read from etcd's history of the election key and from the candidates' own role changes:
+- quorum lost: the leader cannot renew; it stops leading before its lease could run out in etcd (the TTL counted from
+  the sending of its last renewal that got through), so no other can be elected while it leads; the candidates wait
+  (no crash, a bounded number of requests); once the quorum is back exactly one of them is elected;
+- a member cut off from its peers: a leader that talks to it turns to another member or stops, and nobody leads
+  through it; one leader throughout.
+The same with real `mbalancer controller` processes on a switch agent: a leader that loses its quorum, or is cut off
+with its member, closes its session with the switch (the switch's lease ends, gets go home) before a successor
+attaches. The members are frozen (SIGSTOP) or killed (SIGKILL, then started again on their data); a member is cut
+off from its peers by a cgroup eBPF program dropping its peer-port traffic (root: those tests skip without it).
+The times (to stop, to elect again) are printed, not asserted: they depend on the machine."""
+from __future__ import annotations
+
+import re
+import threading
+import time
+from dataclasses import dataclass
+
+import pytest
+
+from controller.election import POLL, Election, Role
+from tests.etcd_server import EtcdCluster, available
+from tests.switch_agent import hello
+from tests.test_election import controllers_on_an_agent, elected_among, identity_pid, logged
+from topologies.etcd import peer_cuts_available
+
+pytestmark = pytest.mark.skipif(available() is not None, reason=str(available()))
+TTL = 1  # the controllers' default election_ttl
+WAIT = 20.0  # seconds any one change may take at most (about 1-2 s here)
+OUTAGE = 3.0  # seconds etcd stays without its quorum: three TTLs, time enough for a lease to run out
+
+
+@dataclass
+class Candidates:
+    """Candidates a, b, c on one cluster, a leading; b and c campaigning in threads."""
+    etcd: EtcdCluster
+    key: str
+    elections: dict[str, Election]
+    stop: threading.Event
+    threads: list[threading.Thread]
+
+    def end(self) -> None:
+        self.stop.set()
+        for election in self.elections.values():
+            election.resign()
+        for thread in self.threads:
+            thread.join(WAIT)
+
+
+def candidates(etcd: EtcdCluster, key: str, first: dict[str, int], alone: bool = False) -> Candidates:
+    """a elected, then b and c campaigning; first: the member each asks first (then the others in turn); alone: a
+    is given its first member's endpoint alone."""
+    urls = etcd.urls
+    asks = {name: urls[first[name]:] + urls[:first[name]] for name in "abc"}
+    if alone:
+        asks["a"] = asks["a"][:1]
+    elections = {name: Election(tuple(asks[name]), key, TTL, name) for name in "abc"}
+    stop = threading.Event()
+    assert elections["a"].campaign(stop) is not None
+    threads = [threading.Thread(target=lambda: elections["a"].lost.wait() and elections["a"].resign(), daemon=True)]
+    threads += [threading.Thread(target=elections[name].campaign, args=(stop,), daemon=True) for name in "bc"]
+    for thread in threads:
+        thread.start()
+    until(lambda: all(elections[name].role == Role.CANDIDATE and elections[name].requests > 3 for name in "bc"))
+    return Candidates(etcd, key, elections, stop, threads)
+
+
+def until(condition, wait: float = WAIT) -> float:
+    """The monotonic time `condition()` was first seen true (polled every 10 ms); fails after `wait` s."""
+    deadline = time.monotonic() + wait
+    while not condition():
+        assert time.monotonic() < deadline, f"nothing happened in {wait:g} s"
+        time.sleep(0.01)
+    return time.monotonic()
+
+
+def leading(elections: dict[str, Election]) -> list[tuple[float, float, str, int]]:
+    """Every span of a lead from the candidates' own role changes, oldest first: (elected at, stopped leading at or
+    inf, who, election id)."""
+    spans = []
+    for name, election in elections.items():
+        events = list(election.events)
+        for i, change in enumerate(events):
+            if change.role == Role.LEADER:
+                ended = next((e.at for e in events[i + 1:] if e.role != Role.LEADER), float("inf"))
+                spans.append((change.at, ended, name, change.election_id))
+    return sorted(spans)
+
+
+def assert_one_leader_at_a_time(spans: list[tuple[float, float, str, int]]) -> None:
+    for (_, ended, who, _), (began, _, next_who, _) in zip(spans, spans[1:]):
+        assert ended < began, f"{who} still led when {next_who} was elected: {spans}"
+
+
+def assert_one_holder_at_a_time(etcd: EtcdCluster, key: str, spans: list[tuple[float, float, str, int]]) -> None:
+    """etcd's history of the key: one holder at a time, each the candidate that says it was elected with that
+    revision."""
+    held = etcd.holders(key)
+    for (_, gone, _), (created, _, _) in zip(held, held[1:]):
+        assert gone is not None and gone <= created, held
+    assert [(created, who) for created, _, who in held] == [(id_, who) for _, _, who, id_ in spans], (held, spans)
+
+
+# --- quorum lost ------------------------------------------------------------------------------------------------
+def lose_quorum(etcd: EtcdCluster, members: list[int], how: str) -> None:
+    for index in members:
+        etcd.freeze(index) if how == "frozen" else etcd.kill(index)
+
+
+def regain_quorum(etcd: EtcdCluster, members: list[int], how: str) -> None:
+    for index in members:
+        etcd.thaw(index) if how == "frozen" else etcd.restart(index)
+
+
+@pytest.mark.parametrize("how", ["frozen", "killed"])
+@pytest.mark.parametrize("survivor", ["the leader's member", "another member"])
+def test_without_a_quorum_the_leader_stops_before_its_lease_can_run_out_and_one_leader_follows(tmp_path, how,
+                                                                                                survivor):
+    """Two of three members go (frozen: silent; killed: refusing), one stays: the member a talks to, or another. a
+    stops leading within a TTL of its last renewal that got through (before etcd could let its lease run out); b and
+    c wait as candidates, with a bounded number of requests; with the quorum back, one of them is elected, once."""
+    with EtcdCluster(tmp_path) as etcd:
+        run = candidates(etcd, "/test/quorum", {"a": 0, "b": 1, "c": 2})
+        a = run.elections["a"]
+        try:
+            stays = 0 if survivor == "the leader's member" else 1
+            gone = [i for i in range(3) if i != stays]
+            asked = {name: e.requests for name, e in run.elections.items()}
+            lost_at = time.monotonic()
+            lose_quorum(etcd, gone, how)
+            assert a.lost.wait(OUTAGE), "a still leads without a quorum"
+            stopped = next(e for e in a.events if e.role == Role.LOST)
+            print(f"{how}, {survivor} stays: a stopped leading {stopped.at - lost_at:.2f} s after the quorum went, "
+                  f"{stopped.at - a.renewed:.2f} s after sending its last renewal that got through ({stopped.why})")
+            assert stopped.at < a.renewed + TTL, "a led on past the time etcd could let its lease run out"
+            time.sleep(max(0.0, lost_at + OUTAGE - time.monotonic()))
+            outage = time.monotonic() - lost_at
+            for name in "bc":
+                candidate = run.elections[name]
+                sent = candidate.requests - asked[name]
+                assert candidate.role == Role.CANDIDATE and run.threads["abc".index(name)].is_alive(), candidate.events
+                # a round asks each member at most twice (its lease, then the key) and waits POLL before the next
+                assert sent <= 2 * 3 * (outage / POLL + 1), f"{name} sent {sent} requests in {outage:.1f} s: it spins"
+            back_at = time.monotonic()
+            regain_quorum(etcd, gone, how)
+            healthy_at = time.monotonic()
+            elected = until(lambda: any(run.elections[n].role == Role.LEADER for n in "bc"))
+            print(f"{how}: one leader again {elected - back_at:.2f} s after the members were let back "
+                  f"({elected - healthy_at:.2f} s after they were healthy)")
+            time.sleep(2 * TTL)  # and nobody else is elected meanwhile
+            spans = leading(run.elections)
+        finally:
+            run.end()
+        assert [who for _, _, who, _ in spans][0] == "a" and len(spans) == 2, spans
+        assert_one_leader_at_a_time(spans)
+        assert_one_holder_at_a_time(etcd, run.key, spans)
+
+
+
+# --- a member cut off from its peers ----------------------------------------------------------------------------
+@pytest.mark.skipif(peer_cuts_available() is not None, reason=str(peer_cuts_available()))
+@pytest.mark.parametrize("alone", [False, True], ids=["a knows every member", "a knows its member alone"])
+@pytest.mark.parametrize("cut", ["etcd's raft leader", "a follower"])
+def test_a_member_cut_off_from_its_peers_keeps_no_leader_and_one_leader_remains(tmp_path, cut, alone):
+    """The member a talks to (and b asks first) is cut off from the other two, its clients still reaching it: etcd's
+    raft leader (which renews leases by itself until it sees it lost its quorum) or a follower. For three TTLs and
+    after the cut heals, one candidate leads at a time, and the one that leads talks to a member of the majority; a
+    either turned to one and leads on, or (given its member alone, as a controller cut off with it) stopped before
+    its lease could run out, and b or c leads."""
+    with EtcdCluster(tmp_path, peer_cuts=True) as etcd:
+        m = 0
+        etcd.move_raft_leader(m if cut == "etcd's raft leader" else 1)
+        run = candidates(etcd, "/test/partition", {"a": m, "b": m, "c": 1}, alone)
+        a = run.elections["a"]
+        try:
+            cut_at = time.monotonic()
+            etcd.cut_peers(m)
+            turned_at = until(lambda: a.member != etcd.urls[m] or a.lost.is_set(), WAIT)
+            how = "stopped leading" if a.lost.is_set() else f"turned to member {etcd.urls.index(a.member)}"
+            how += f" {turned_at - cut_at:.2f} s after the cut"
+            if alone:
+                until(lambda: any(run.elections[n].role == Role.LEADER for n in "bc"))
+                how += f", and b or c leads {time.monotonic() - cut_at:.2f} s after it"
+            time.sleep(max(0.0, cut_at + OUTAGE - time.monotonic()))
+            during = [(name, e.role, e.member) for name, e in run.elections.items()]
+            outcome = "a leads on" if a.role == Role.LEADER else f"a stopped ({a.why_lost})"
+            etcd.heal_peers(m)
+            time.sleep(2 * TTL)
+            after = [(name, e.role, e.member) for name, e in run.elections.items()]
+            spans = leading(run.elections)
+        finally:
+            run.end()
+        print(f"{cut} cut off: a {how}; three TTLs later {outcome}; "
+              f"leaders in turn: {[(who, id_) for _, _, who, id_ in spans]}")
+        for state in (during, after):
+            leaders = [(name, member) for name, role, member in state if role == Role.LEADER]
+            assert len(leaders) == 1, state
+            assert state is after or leaders[0][1] != etcd.urls[m], f"a leader through the cut member: {state}"
+        assert_one_leader_at_a_time(spans)
+        assert_one_holder_at_a_time(etcd, run.key, spans)
+        assert (spans[0][2], len(spans)) == ("a", 2 if alone else 1), spans
+        if any(e.role == Role.LOST for e in a.events):
+            stopped = next(e for e in a.events if e.role == Role.LOST)
+            assert stopped.at < a.renewed + TTL, "a led on past the time etcd could let its lease run out"
+
+
+# --- controllers and a switch ----------------------------------------------------------------------------------
+@pytest.mark.skipif(peer_cuts_available() is not None, reason=str(peer_cuts_available()))
+def test_a_controller_cut_off_with_its_member_stops_driving_before_its_successor_reaches_the_switch(tmp_path):
+    """c0 leads, given member 0 alone (a controller cut off together with its etcd member); c1 and c2 know every
+    member. Member 0 is cut off from its peers: c0 cannot renew, stops (exit 1) and closes its session with the
+    switch before etcd can let its lease run out, so the agent sees it stop before the successor, elected on the
+    two members left, attaches: the successor is not fenced in, the old leader not deposed by it."""
+    with EtcdCluster(tmp_path, peer_cuts=True) as etcd, controllers_on_an_agent(
+            tmp_path, [etcd.urls[:1], etcd.urls[1:] + etcd.urls[:1], etcd.urls[2:] + etcd.urls[:2]]) as fleet:
+        cut_at = time.monotonic()
+        etcd.cut_peers(0)
+        assert fleet.processes[0].wait(timeout=WAIT) == 1
+        successor, second = elected_among(fleet.logs, (1, 2))
+        until(lambda: hello(fleet.agent.address, fleet.agent.token_file)["primary_election_id"] == second)
+        print(f"after member 0 was cut off its peers, with c0: c{successor} drives the agent "
+              f"{time.monotonic() - cut_at:.2f} s after the cut")
+    said = fleet.agent_log
+    assert "lost the lead" in logged(fleet.logs[0]), logged(fleet.logs[0])[-2000:]
+    stopped = said.find("stopped: driver closed, lease ended")  # the agent's words for c0's close
+    attached = re.search(r"controller \S+ \(election id (\d+)\) (is the primary|deposes)", said[stopped:])
+    assert stopped >= 0 and attached and attached.groups() == (str(second), "is the primary"), said
+    assert "deposes" not in said, said
+
+
+# --- controllers and a switch without an etcd quorum ------------------------------------------------------------
+def test_without_a_quorum_the_leading_controller_stops_its_switch_ends_the_lease_and_one_standby_drives_it_after(
+        tmp_path):
+    """Real `mbalancer controller` processes on a switch agent: c0 leads through member 0, c1 and c2 wait. Members 1
+    and 2 freeze: c0 stops (exit 1, "lost the lead") and closes its session, so the agent ends the switch's lease at
+    once (gets go home, no primary); the standbys wait on. With the quorum back, one standby is elected and drives
+    the agent with a higher election id; one holder of the key at a time in etcd's history."""
+    with EtcdCluster(tmp_path) as etcd, \
+            controllers_on_an_agent(tmp_path, [etcd.urls[i:] + etcd.urls[:i] for i in range(3)]) as fleet:
+        agent, logs, processes, first = fleet.agent, fleet.logs, fleet.processes, fleet.first
+        lost_at = time.monotonic()
+        lose_quorum(etcd, [1, 2], "frozen")
+        closed = until(lambda: hello(agent.address, agent.token_file)["primary_election_id"] is None)
+        assert processes[0].wait(timeout=WAIT) == 1
+        print(f"the leading controller closed its session with the switch {closed - lost_at:.2f} s after the "
+              f"quorum went, and exited {time.monotonic() - lost_at:.2f} s after it")
+        said = hello(agent.address, agent.token_file)
+        assert said["primary_election_id"] is None and said["highest_election_id"] == first, said
+        time.sleep(max(0.0, lost_at + OUTAGE - time.monotonic()))
+        assert [p.poll() for p in processes[1:]] == [None, None], [logged(log)[-1000:] for log in logs[1:]]
+
+        back_at = time.monotonic()
+        regain_quorum(etcd, [1, 2], "frozen")
+        successor, second = elected_among(logs, (1, 2))
+        until(lambda: hello(agent.address, agent.token_file)["primary_election_id"] == second)
+        print(f"c{successor} (election id {second}) drives the agent {time.monotonic() - back_at:.2f} s after the "
+              f"quorum came back")
+        time.sleep(2 * TTL)
+        held = etcd.holders("/mbalancer/leader")
+        elected = [i for i in range(3) if "elected through etcd" in logged(logs[i])]
+    assert "lost the lead" in logged(logs[0]) and elected == [0, successor], elected
+    assert [(created, identity_pid(who)) for created, _, who in held] == [
+        (first, processes[0].pid), (second, processes[successor].pid)], held
+    assert held[0][1] <= held[1][0] and second > first, held
+    assert "stopped: driver closed, lease ended" in fleet.agent_log, fleet.agent_log
+    for log in logs:
+        assert "Traceback" not in logged(log), logged(log)[-2000:]
