@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import subprocess
 import time
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Sequence
 
