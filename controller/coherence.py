@@ -519,7 +519,3 @@ def _raised(read: Read | float) -> Read | float:
     if isinstance(read, (MetaError, DriverError)):
         raise read
     return read
-
-
-def _errors(failed: dict[int, str]) -> str:
-    return "; ".join(f"server {s}: {e}" for s, e in failed.items()) or "none"
