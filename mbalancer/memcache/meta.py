@@ -275,7 +275,7 @@ class Pending:
     error: MetaError | None = None  # the send failed: every command sent fails with it
 
 
-def _only(outcomes: list) -> object:
+def _only(outcomes: list[T | Exception]) -> T:
     """The outcome of a call of one command through the pipelined path (send_many): its value, or its error raised."""
     (outcome,) = outcomes
     if isinstance(outcome, Exception):
