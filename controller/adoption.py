@@ -22,7 +22,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 from enum import Enum
-from typing import TYPE_CHECKING, Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Callable, Iterable, Mapping, Protocol, Sequence
 
 from controller.coherence import EXPIRY_SLACK, digest
 from controller.decisions import Decision
@@ -38,6 +38,16 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 Read = StoredItem | None | MetaError  # what a server held of a key (None: nothing), or why it could not be read
 UNKNOWN_CAS = -1  # the copies' CAS of a key whose home could not be read: its settle pushes before it clears
+
+
+class AdoptionCoherence(Protocol):
+    """What adoption asks of coherence (controller/coherence.py Coherence), and all it asks
+    (tests/test_adoption.py checks that adoption calls nothing else of it)."""
+
+    def expiry(self, ttl: int) -> float | None: ...  # when an item with `ttl` seconds left expires
+    def push(self, key: bytes, hot: HotKey, item: StoredItem | None) -> None: ...  # the replicas made the home's
+    def rearm_homes(self, homes: Iterable[int]) -> None: ...  # unreadable requests to them copied again
+    def settle(self, keys: list[bytes], attempt: int = 0) -> set[bytes]: ...  # cleared once the copies match
 
 
 class Treatment(str, Enum):
@@ -119,6 +129,7 @@ def adopt(executor: "Executor", found: Sequence[FoundKey], servers: int, group_o
           ) -> list[Verdict]:
     """Judge every key read back and carry each verdict out through the executor (its records, driver and
     replicator); the verdicts, each logged with why."""
+    coherence: AdoptionCoherence = executor.coherence
     reads = read_items(executor, found)
     verdicts = [judge(key, reads[key.key], servers) for key in found]
     now = executor.clock()
@@ -129,22 +140,22 @@ def adopt(executor: "Executor", found: Sequence[FoundKey], servers: int, group_o
         home = reads[key.key].get(key.home)
         item = home if isinstance(home, StoredItem) else None
         hot = HotKey.found(_placement(key, group_of), set(verdict.holding), item.cas if item else None,
-                           digest(item), now, executor.coherence.expiry(item.ttl) if item else None)
+                           digest(item), now, coherence.expiry(item.ttl) if item else None)
         for server in verdict.holding - {key.home}:  # later updates of these copies are conditional on them
             if isinstance(copy := reads[key.key].get(server), StoredItem):
                 executor.replicator.copy_cas[(key.key, server)] = copy.cas
         kept[key.key] = hot
     _rebuild(executor, [v for v in verdicts if v.treatment is Treatment.REBUILT])
-    settle = _keep(executor, found, verdicts, kept, reads)
-    executor.coherence.settle([k for k in settle if k in executor.hot and executor.hot[k].installed])
+    settle = _keep(executor, coherence, found, verdicts, kept, reads)
+    coherence.settle([k for k in settle if k in executor.hot and executor.hot[k].installed])
     for verdict in verdicts:
         executor.decide(Decision.RECONCILE if verdict.treatment is Treatment.REBUILT else Decision.ADOPT,
                         verdict.key, _reason(verdict), why=verdict.why)
     return verdicts
 
 
-def _keep(executor: "Executor", found: Sequence[FoundKey], verdicts: Sequence[Verdict], kept: dict[bytes, HotKey],
-          reads: Mapping[bytes, Mapping[int, Read]]) -> list[bytes]:
+def _keep(executor: "Executor", coherence: AdoptionCoherence, found: Sequence[FoundKey], verdicts: Sequence[Verdict],
+          kept: dict[bytes, HotKey], reads: Mapping[bytes, Mapping[int, Read]]) -> list[bytes]:
     """The records of the keys kept, in the executor: clean ones as they are, the others held dirty (their copies made
     again where not trusted). Returns the keys to settle."""
     settle = []
@@ -174,14 +185,10 @@ def _keep(executor: "Executor", found: Sequence[FoundKey], verdicts: Sequence[Ve
             if isinstance(home, MetaError):  # pushed by its first settle that reads the home: a CAS no item has
                 hot.synced_cas = UNKNOWN_CAS  # never matches, not even an absent item's (None)
             else:
-                executor.coherence.push(key.key, hot, home)
+                coherence.push(key.key, hot, home)
         for server in set(key.servers) - hot.holding:  # a replica at weight 0 without the item: refilled
             executor.guard.schedule(RetryKind.REFILL, key.key, server, "found without the home's item")
-    for home in sorted({executor.hot[k].placement.home for k in kept if k in executor.hot}):
-        try:  # the next request to it nobody can read is copied again (a predecessor may have had its copy)
-            executor.coherence.rearm(home)
-        except DriverError:
-            executor.coherence.unarmed.add(home)  # rearmed by the first settle of one of its keys
+    coherence.rearm_homes({executor.hot[k].placement.home for k in kept if k in executor.hot})
     return settle + _written_since(executor, [k for k in kept if k in executor.hot and not executor.hot[k].dirty])
 
 

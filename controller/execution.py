@@ -31,7 +31,7 @@ import logging
 import time
 from typing import Callable, NamedTuple
 
-from controller.coherence import Coherence, _errors, digest
+from controller.coherence import Coherence, digest
 from controller.decisions import Decide, Decision
 from controller.hot_keys import HotKey, HotKeyState
 from controller.key_guard import KeyGuard
@@ -350,3 +350,8 @@ class Executor:
         self.guard.set_weights(key, hot)
         self.decide(Decision.REFILL, key, f"server {server} holds the value again; weights " + ", ".join(
             f"{r.server}={r.weight:.2f}" for r in hot.weights()))
+
+
+def _errors(failed: dict[int, str]) -> str:
+    """Copies that failed, by server, for the decision log."""
+    return "; ".join(f"server {s}: {e}" for s, e in failed.items()) or "none"

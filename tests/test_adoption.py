@@ -5,11 +5,16 @@ can trust are kept as they were, with no table write and no copy made or deleted
 rebuilt, and the decision log says why in a typed field."""
 from __future__ import annotations
 
+import ast
+import inspect
 import time
+from pathlib import Path
 
 import pytest
 
-from controller.adoption import Treatment, judge, same_item
+from controller import adoption
+from controller.adoption import AdoptionCoherence, Treatment, judge, same_item
+from controller.coherence import Coherence
 from controller.core import ControllerCore
 from dataplanes.driver import Distrust, FoundKey, ReplicaWeight, WriteStamp
 from dataplanes.read_back import read_back
@@ -84,6 +89,79 @@ def test_an_item_is_the_same_within_the_whole_seconds_memcached_counts():
     assert same_item(StoredItem(b"v", 0, 100, 1), StoredItem(b"v", 0, 102, 2))
     assert not same_item(StoredItem(b"v", 0, 100, 1), StoredItem(b"v", 0, 103, 2))
     assert same_item(None, None) and not same_item(None, ITEM)
+
+
+# --- what adoption asks of coherence: its declared interface, and nothing else ------------------------------------
+DECLARED = "AdoptionCoherence"
+
+
+def coherence_leaks(source: str) -> list[str]:
+    """Where adoption's code reaches coherence other than through AdoptionCoherence: `x.coherence` anywhere but as
+    the value of a variable declared AdoptionCoherence; such a variable (or parameter) used for anything but a member
+    of the interface, or passed on to a parameter not declared so; a private name imported from coherence.py."""
+    tree = ast.parse(source)
+    members = {name for name in vars(AdoptionCoherence) if not name.startswith("_")}
+    functions = {f.name: f for f in ast.walk(tree) if isinstance(f, ast.FunctionDef)}
+    declared = {a.arg for f in functions.values() for a in f.args.args if ast.unparse(a.annotation or ast.Pass())
+                == DECLARED}
+    declared |= {n.target.id for n in ast.walk(tree) if isinstance(n, ast.AnnAssign) and ast.unparse(n.annotation)
+                 == DECLARED}
+    allowed = {id(n.value) for n in ast.walk(tree) if isinstance(n, ast.AnnAssign)
+               and ast.unparse(n.annotation) == DECLARED}
+    passed = {}  # id of a name passed as a call's argument -> whether the parameter there is declared so
+    for call in (n for n in ast.walk(tree) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)):
+        params = functions[call.func.id].args.args if call.func.id in functions else []
+        for i, arg in enumerate(call.args):
+            passed[id(arg)] = i < len(params) and ast.unparse(params[i].annotation or ast.Pass()) == DECLARED
+    leaks = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and node.attr == "coherence" and id(node) not in allowed:
+            leaks.append(f"line {node.lineno}: {ast.unparse(node)} not declared {DECLARED}")
+        elif isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in declared:
+            if node.attr not in members:
+                leaks.append(f"line {node.lineno}: {ast.unparse(node)} is not in {DECLARED}")
+            allowed.add(id(node.value))
+        elif isinstance(node, ast.ImportFrom) and node.module == "controller.coherence":
+            leaks += [f"line {node.lineno}: imports {a.name}" for a in node.names if a.name.startswith("_")]
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Name) and node.id in declared and isinstance(node.ctx, ast.Load) \
+                and id(node) not in allowed and not passed.get(id(node)):
+            leaks.append(f"line {node.lineno}: {node.id} passed on or used as a whole, not as {DECLARED}")
+    return leaks
+
+
+def test_adoption_asks_coherence_only_what_its_interface_declares():
+    assert coherence_leaks(Path(adoption.__file__).read_text()) == []
+
+
+def test_coherence_answers_the_interface_adoption_declares_with_its_signatures():
+    members = [name for name in vars(AdoptionCoherence) if not name.startswith("_")]
+    assert members, "the interface declares nothing"
+    for name in members:
+        assert inspect.signature(getattr(Coherence, name)) == inspect.signature(getattr(AdoptionCoherence, name)), \
+            name
+
+
+def test_the_check_sees_each_way_around_the_interface():
+    bad = """
+from controller.coherence import _errors
+def adopt(executor):
+    coherence: AdoptionCoherence = executor.coherence
+    coherence.unarmed.add(1)
+    executor.coherence.rearm(2)
+    _keep(coherence)
+    _fine(coherence)
+    other = coherence
+def _keep(c):
+    c.push()
+def _fine(c: AdoptionCoherence):
+    c.settle([])
+"""
+    assert [leak.partition(": ")[2] for leak in coherence_leaks(bad)] == [
+        "imports _errors", "coherence.unarmed is not in AdoptionCoherence",
+        "executor.coherence not declared AdoptionCoherence",
+        "coherence passed on or used as a whole, not as AdoptionCoherence",
+        "coherence passed on or used as a whole, not as AdoptionCoherence"]
 
 
 # --- the read-back over a slot book's switches ---------------------------------------------------------------------
