@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from dataplanes.driver import DriverError, ReplicaWeight
+from dataplanes.driver import Distrust, DriverError, ReplicaWeight
 from dataplanes.bpf.program import CLASSIFIER, DataPlane, available as ebpf_available
 from dataplanes.bpf.tables import Tables
 from dataplanes.openflow import Settings, tags
@@ -22,6 +22,8 @@ from tests.conftest import eventually
 from dataplanes.openflow.driver import OpenflowDriver, driver_from_settings
 from dataplanes.openflow import messages
 from tests.openflow_switch import Datapath, RecordedSwitch
+from ryu.ofproto import ofproto_v1_5 as ofp
+from ryu.ofproto import ofproto_v1_5_parser as parser
 
 SERVERS = (Server("s1", "10.0.0.1", "02:00:00:00:00:01"), Server("s2", "10.0.0.2", "02:00:00:00:00:02"),
            Server("s3", "10.0.0.3", "02:00:00:00:00:03", 11311))
@@ -119,11 +121,67 @@ def test_a_switch_that_connects_again_gets_the_same_rules(driver, switch):
     driver.install_hot_key(b"a", 0, replicas(0.5, 0.5, 0.0))
     driver.install_hot_key(b"b", 1, replicas(0.1, 0.6, 0.3))
     flows, groups = dict(switch.flows), {g: switch.weights(g) for g in switch.groups}
-    switch.flows.clear()
-    switch.groups.clear()  # restarted empty
+    switch.restart()
     driver.switch_connected(switch.dp)
     assert switch.flows.keys() == flows.keys()
     assert {g: switch.weights(g) for g in switch.groups} == groups
+
+
+def rules_written(sent) -> list:
+    return [m for m in sent if isinstance(m, (parser.OFPFlowMod, parser.OFPGroupMod))]
+
+
+def test_a_driver_that_takes_over_keeps_every_flow_and_group_that_agrees_and_writes_none(classifier, switch):
+    """A new leader (or an agent's controller come back) reads the groups and flows back from the switch: the ones
+    its classifier entries agree with stay as they are, weights solved again from the entries' rounded shares
+    included."""
+    first = OpenflowDriver(Settings(classifier=classifier.name), switch)
+    first.attach(SERVERS, lambda frame: None)
+    first.install_hot_key(b"a", 0, replicas(0.5, 0.5, 0.0))
+    first.install_hot_key(b"b", 1, replicas(0.1, 0.6, 0.3))
+    first.renew_lease(30)
+    first.let_go()  # its lease left to run out: the next one adopts
+    before, switch.sent = (dict(switch.flows), {g: switch.weights(g) for g in switch.groups}), []
+    second = OpenflowDriver(Settings(classifier=classifier.name), switch)
+    try:
+        found = second.attach(SERVERS, lambda frame: None)
+        assert {f.key: f.distrust for f in found} == {b"a": None, b"b": None}
+        assert rules_written(switch.sent) == [], switch.sent  # read back, nothing written
+        assert (switch.flows, {g: switch.weights(g) for g in switch.groups}) == before
+        second.set_weights(b"b", replicas(0.2, 0.5, 0.3))  # goes on from there
+        assert list(switch.weights(messages.group_id(second.slots[b"b"])).values()) == bucket_weights([0.2, 0.5, 0.3])
+    finally:
+        second.close()
+
+
+def test_a_key_whose_group_disagrees_with_its_classifier_entry_is_rebuilt_alone(classifier, switch):
+    first = OpenflowDriver(Settings(classifier=classifier.name), switch)
+    first.attach(SERVERS, lambda frame: None)
+    for key, home in ((b"a", 0), (b"b", 1), (b"c", 2)):
+        first.install_hot_key(key, home, replicas(0.5, 0.5, 0.0))
+    slots = dict(first.slots)
+    first.renew_lease(30)
+    first.let_go()
+    # b's group sends gets to server 3 too (a copy nobody keeps in sync); c's flow is gone
+    switch.apply(messages.hot_group(switch.dp, slots[b"b"], [(0, SERVERS[0], 100), (2, SERVERS[2], 100)], "hash",
+                                    add=False)[0])
+    switch.apply(messages.remove_hot(switch.dp, slots[b"c"])[0])
+    switch.sent = []
+    second = OpenflowDriver(Settings(classifier=classifier.name), switch)
+    tables = Tables(classifier.pin_dir)
+    try:
+        found = {f.key: f for f in second.attach(SERVERS, lambda frame: None)}
+        assert {k: f.distrust for k, f in found.items()} == {b"a": None, b"b": Distrust.RULES_DISAGREE,
+                                                             b"c": Distrust.RULES_DISAGREE}
+        assert set(second.slots) == {b"a"} and set(tables.held_keys()) == {b"a"}  # no get tagged for b or c
+        assert set(switch.groups) == {messages.group_id(slots[b"a"])}
+        assert [switch.group_of_get(slots[k]) for k in (b"a", b"b", b"c")] == [messages.group_id(slots[b"a"]),
+                                                                                None, None]
+        assert all(m.command in (ofp.OFPFC_DELETE_STRICT, ofp.OFPGC_DELETE) for m in rules_written(switch.sent)), \
+            switch.sent  # a's group and flow untouched: only b's and c's rules removed
+    finally:
+        tables.close()
+        second.close()
 
 
 def test_gets_per_replica_come_from_the_bucket_counters(driver, switch):
