@@ -36,7 +36,11 @@ from typing import Any, Callable, ClassVar, Mapping, Sequence, TypeVar
 from mbalancer.settings import Server
 
 MirrorHandler = Callable[[bytes], None]  # called with each packet copied to the controller, a whole Ethernet frame
-ReconnectHandler = Callable[[], None]  # called when the switch came back empty (restarted, reloaded)
+# Called when the switch came back: with no arguments when it came back empty (restarted, reloaded: every hot key is
+# installed again); with (found, lost) when it came back holding hot keys (a switch agent whose controller's stream
+# dropped, attached anew): `found` read back as at attach (adopted), `lost` the keys it no longer holds (installed
+# again; None: every hot key not found).
+ReconnectHandler = Callable[..., None]
 
 
 class DriverError(RuntimeError):
