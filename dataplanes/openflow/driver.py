@@ -213,7 +213,7 @@ class OpenflowDriver(BpfMapsDriver):
             except DriverError as err:
                 log.warning("switch %s: the rules were not all taken (%s)", _dpid(dp), err)
                 return
-        log.info("switch %s: %s%d rules written (the pipeline, %d servers and %d hot keys as the driver has them)",
+        log.info("switch %s connected: %s%d rules written; pipeline, %d server rules and %d hot keys installed",
                  _dpid(dp), kept, len(batch), len(self.servers), len(self.buckets))
     def packet_in(self, frame: bytes) -> None:
         """A copy the switch sent up (COPY tag): a mirrored write or an unsure request."""

@@ -267,5 +267,14 @@ def _weight(bucket) -> int:
 
 
 def _json(value) -> str:
+    """Ryu's JSON of a message part, without the lengths serializing fills in (a message not sent yet has none)."""
     parts = value if isinstance(value, list) else [value]
-    return json.dumps([p.to_jsondict() for p in parts], sort_keys=True, default=str)
+    return json.dumps([_no_lengths(p.to_jsondict()) for p in parts], sort_keys=True, default=str)
+
+
+def _no_lengths(value):
+    if isinstance(value, dict):
+        return {k: _no_lengths(v) for k, v in value.items() if k not in ("len", "length")}
+    if isinstance(value, list):
+        return [_no_lengths(v) for v in value]
+    return value
