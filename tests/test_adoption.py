@@ -304,3 +304,29 @@ def test_a_key_whose_home_could_not_be_read_back_is_pushed_from_its_home_before_
         assert not any(second.driver.dirty(k) for k in KEYS)
     finally:
         second.stop()
+
+
+def test_a_switch_that_came_back_holding_its_keys_is_adopted_and_only_what_it_lost_installed_again(servers):
+    """A switch agent whose controller's stream dropped and came back: the agent's fresh driver reads the switch back
+    and the same core adopts what it holds (on_reconnect(found, lost), adoption.came_back): no rule written for the
+    keys it still holds; the one it lost is installed again."""
+    core, driver = first_leader(servers)
+    kept, lost = KEYS[:2], KEYS[2]
+    try:
+        driver.remove_hot_key(lost)  # the switch lost one key meanwhile
+        fresh = driver.successor()  # the agent's fresh driver on the same switch
+        found = fresh.attach(core.config.servers, lambda frame: None)
+        fresh.let_go()
+        assert sorted(f.key for f in found) == kept
+        driver.calls.clear()
+        core.submit_reconnect(found, None)
+        assert core.wait_idle()
+        assert [c.key for c in driver.calls_of("install_hot_key")] == [lost]
+        assert [m for m in writes_to_the_switch(driver) if m not in ("install_hot_key", "clear_dirty")] == []
+        assert [c.key for c in driver.calls_of("clear_dirty")] == [lost]  # the kept ones stay clean as they were
+        why = {d["key"]: (d["action"], d.get("why")) for d in core.decisions_made() if d["action"] == "adopt"}
+        assert why == {k.decode(): ("adopt", None) for k in kept}
+        assert [d["action"] for d in core.decisions_made()].count("replay") == 1
+        assert [(h["key"], h["state"]) for h in core.state()["hot_keys"]] == [(k.decode(), "clean") for k in KEYS]
+    finally:
+        core.stop()
