@@ -241,6 +241,24 @@ def test_every_message_decodes_with_open_vswitchs_own_parser():
         assert expected in text, expected
 
 
+def test_a_group_read_back_is_the_group_sent():
+    """What a switch answers a group desc with reads back as the group the driver sends: OVS's selection-method
+    property (Ryu had no parser for it: the reply was dropped) and every bucket's properties, the last one's too
+    (Ryu read them on past the bucket's end, into the next bucket or the group's property)."""
+    from ryu.ofproto import ofproto_parser
+    dp = Datapath()
+    for selection in ("hash", "dp_hash", "default"):
+        sent = messages.hot_group(dp, 3, [(0, SERVERS[0], 100), (1, SERVERS[1], 50), (2, SERVERS[2], 9)], selection,
+                                  add=True)[0]
+        sent.set_xid(1)
+        sent.serialize()
+        back = ofproto_parser.msg(dp, ofp.OFP_VERSION, ofp.OFPT_GROUP_MOD, len(sent.buf), 1, bytes(sent.buf))
+        assert back is not None and [len(b.properties) for b in back.buckets] == [1, 1, 1]
+        assert messages.group_of(back) == messages.group_of(sent)
+        assert not messages.group_of(back).same(messages.group_of(messages.hot_group(
+            dp, 3, [(0, SERVERS[0], 100), (1, SERVERS[2], 50), (2, SERVERS[1], 9)], selection, add=True)[0]), 64)
+
+
 def test_tags_round_trip_and_refuse_what_is_not_one():
     assert tags.tag(tags.GET, 0x0102, 0x0304) == "0e:01:01:02:03:04"
     assert tags.parse_tag("0e:01:01:02:03:04") == (tags.GET, 0x0102, 0x0304)

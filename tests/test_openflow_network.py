@@ -269,6 +269,17 @@ def stop_load(stop: Path, loads: list) -> tuple[dict, dict]:
     return tuple(json.loads(load.communicate(timeout=60)[0].strip().splitlines()[-1]) for load in loads)
 
 
+def settled(app: App, net: NamespaceNetwork, homes: dict[bytes, int], dumped: float, stop: Path, loads: list
+            ) -> tuple[float, dict[str, float], dict, tuple[dict, dict]]:
+    """Once both keys are clean again (and a second more of load): the seconds since the rules' ages were `dumped`,
+    their ages now, the state, and what the load counted."""
+    assert eventually(lambda: all((app.hot(k) or {}).get("dirty") is False for k in homes), timeout=20), \
+        app.state()["decisions"][-20:]
+    time.sleep(1.0)
+    since = time.monotonic() - dumped
+    return since, rule_ages(net), app.state(), stop_load(stop, loads)
+
+
 def key_counts(state: dict, key: bytes) -> dict:
     return state["counters"]["data_plane"]["keys"][key.decode()]
 
@@ -290,12 +301,7 @@ def test_an_agent_whose_stream_is_cut_under_load_adopts_what_the_switch_holds(ne
         app.relay.cut()
         assert eventually(lambda: core.counts["reconnects"] > counts_before.get("reconnects", 0), timeout=30), \
             app.log()[-3000:]
-        assert eventually(lambda: all((app.hot(k) or {}).get("dirty") is False for k in homes), timeout=20), \
-            app.state()["decisions"][-20:]
-        time.sleep(1.0)
-        since = time.monotonic() - dumped
-        ages_after, after = rule_ages(network), app.state()
-        writes, reads = stop_load(stop, loads)
+        since, ages_after, after, (writes, reads) = settled(app, network, homes, dumped, stop, loads)
     finally:
         app.stop()
         emptied(network)
@@ -328,12 +334,7 @@ def test_a_ryu_manager_killed_and_started_again_keeps_every_flow_and_group(netwo
         os.kill(app.controller.process.pid, signal.SIGKILL)
         app.controller.process.wait(timeout=30)
         app.controller.start()  # the same config: adopts what the killed one left
-        assert eventually(lambda: all((app.hot(k) or {}).get("dirty") is False for k in homes), timeout=20), \
-            app.state()["decisions"][-20:]
-        time.sleep(1.0)
-        since = time.monotonic() - dumped
-        ages_after, after = rule_ages(network), app.state()
-        writes, reads = stop_load(stop, loads)
+        since, ages_after, after, (writes, reads) = settled(app, network, homes, dumped, stop, loads)
     finally:
         app.stop()
         emptied(network)

@@ -151,6 +151,17 @@ class SelectionMethod:
 
 
 parser.OFPGroupProp.register_type(ofp.OFPGPT_EXPERIMENTER)(SelectionMethod)
+_ryu_bucket = parser.OFPBucket.parser
+
+
+def _whole_bucket(buf, offset: int):
+    """Ryu's bucket parser reads a bucket's properties on past its end (into the next bucket, or the group's own
+    properties, where a length of 0 made it loop for ever): it is given the bucket alone."""
+    (length,) = struct.unpack_from("!H", buf, offset)
+    return _ryu_bucket(buf[offset:offset + length], 0)
+
+
+parser.OFPBucket.parser = staticmethod(_whole_bucket)
 
 
 def hot_flow(dp, slot: int) -> list:
