@@ -6,6 +6,7 @@ import os
 import re
 import shutil
 import socket
+import struct
 import subprocess
 import time
 
@@ -241,22 +242,31 @@ def test_every_message_decodes_with_open_vswitchs_own_parser():
         assert expected in text, expected
 
 
-def test_a_group_read_back_is_the_group_sent():
-    """What a switch answers a group desc with reads back as the group the driver sends: OVS's selection-method
-    property (Ryu had no parser for it: the reply was dropped) and every bucket's properties, the last one's too
-    (Ryu read them on past the bucket's end, into the next bucket or the group's property)."""
+def test_groups_read_back_are_the_groups_sent():
+    """What a switch answers a group desc with reads back as the groups the driver sent: OVS's selection-method
+    property (Ryu had no parser for it: the reply was dropped), every bucket's properties and every group's (Ryu read
+    a bucket's, and a group's, on past its end into the next one, and looped for ever on a length of 0 there)."""
     from ryu.ofproto import ofproto_parser
     dp = Datapath()
-    for selection in ("hash", "dp_hash", "default"):
-        sent = messages.hot_group(dp, 3, [(0, SERVERS[0], 100), (1, SERVERS[1], 50), (2, SERVERS[2], 9)], selection,
-                                  add=True)[0]
-        sent.set_xid(1)
-        sent.serialize()
-        back = ofproto_parser.msg(dp, ofp.OFP_VERSION, ofp.OFPT_GROUP_MOD, len(sent.buf), 1, bytes(sent.buf))
+    sent, entries = [], b""
+    for slot, selection in enumerate(("hash", "dp_hash", "default")):
+        group = messages.hot_group(dp, slot, [(0, SERVERS[0], 100), (1, SERVERS[1], 50), (2, SERVERS[2], 9)],
+                                   selection, add=True)[0]
+        group.set_xid(1)
+        group.serialize()
+        back = ofproto_parser.msg(dp, ofp.OFP_VERSION, ofp.OFPT_GROUP_MOD, len(group.buf), 1, bytes(group.buf))
         assert back is not None and [len(b.properties) for b in back.buckets] == [1, 1, 1]
-        assert messages.group_of(back) == messages.group_of(sent)
-        assert not messages.group_of(back).same(messages.group_of(messages.hot_group(
-            dp, 3, [(0, SERVERS[0], 100), (1, SERVERS[2], 50), (2, SERVERS[1], 9)], selection, add=True)[0]), 64)
+        assert messages.group_of(back) == messages.group_of(group)
+        rest = bytes(group.buf[24:])  # the group mod's buckets and properties, as a group desc carries them
+        entries += struct.pack("!HBxIH6x", 16 + len(rest), group.type, group.group_id, group.bucket_array_len) + rest
+        sent.append(group)
+    reply = struct.pack("!BBHIHH4x", ofp.OFP_VERSION, ofp.OFPT_MULTIPART_REPLY, 16 + len(entries), 1,
+                        ofp.OFPMP_GROUP_DESC, 0) + entries
+    held = messages.held_groups([ofproto_parser.msg(dp, ofp.OFP_VERSION, ofp.OFPT_MULTIPART_REPLY, len(reply), 1,
+                                                    reply)])
+    assert held == {g.group_id: messages.group_of(g) for g in sent}
+    assert not held[1].same(messages.group_of(messages.hot_group(  # another replica in a bucket
+        dp, 0, [(0, SERVERS[0], 100), (1, SERVERS[2], 50), (2, SERVERS[1], 9)], "hash", add=True)[0]), 64)
 
 
 def test_tags_round_trip_and_refuse_what_is_not_one():

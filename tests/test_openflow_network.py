@@ -299,8 +299,9 @@ def test_an_agent_whose_stream_is_cut_under_load_adopts_what_the_switch_holds(ne
         before, counts_before = app.state(), dict(core.counts)
         ages, dumped = rule_ages(network), time.monotonic()
         app.relay.cut()
-        assert eventually(lambda: core.counts["reconnects"] > counts_before.get("reconnects", 0), timeout=30), \
-            app.log()[-3000:]
+        reconnected = eventually(lambda: core.counts["reconnects"] > counts_before.get("reconnects", 0), timeout=30)
+        Path("/tmp/ofx/agent.log").write_text(app.log())  # DEBUG
+        assert reconnected, app.log()[-3000:]
         since, ages_after, after, (writes, reads) = settled(app, network, homes, dumped, stop, loads)
     finally:
         app.stop()

@@ -151,17 +151,20 @@ class SelectionMethod:
 
 
 parser.OFPGroupProp.register_type(ofp.OFPGPT_EXPERIMENTER)(SelectionMethod)
-_ryu_bucket = parser.OFPBucket.parser
 
 
-def _whole_bucket(buf, offset: int):
-    """Ryu's bucket parser reads a bucket's properties on past its end (into the next bucket, or the group's own
-    properties, where a length of 0 made it loop for ever): it is given the bucket alone."""
-    (length,) = struct.unpack_from("!H", buf, offset)
-    return _ryu_bucket(buf[offset:offset + length], 0)
+def _alone(ryu_parser):
+    """Ryu's parsers of a bucket and of a group desc read their properties on past their own end (into the next
+    bucket or group, where a length of 0 made them loop for ever): each is given its own bytes alone (its length is
+    its first 16 bits)."""
+    def parse(buf, offset: int):
+        (length,) = struct.unpack_from("!H", buf, offset)
+        return ryu_parser(buf[offset:offset + length], 0)
+    return staticmethod(parse)
 
 
-parser.OFPBucket.parser = staticmethod(_whole_bucket)
+parser.OFPBucket.parser = _alone(parser.OFPBucket.parser)
+parser.OFPGroupDescStats.parser = _alone(parser.OFPGroupDescStats.parser)
 
 
 def hot_flow(dp, slot: int) -> list:
