@@ -269,11 +269,11 @@ def stop_load(stop: Path, loads: list) -> tuple[dict, dict]:
     return tuple(json.loads(load.communicate(timeout=60)[0].strip().splitlines()[-1]) for load in loads)
 
 
-def settled(app: App, net: NamespaceNetwork, homes: dict[bytes, int], dumped: float, stop: Path, loads: list
+def settled(app: App, net: NamespaceNetwork, keys: tuple[bytes, ...], dumped: float, stop: Path, loads: list
             ) -> tuple[float, dict[str, float], dict, tuple[dict, dict]]:
-    """Once both keys are clean again (and a second more of load): the seconds since the rules' ages were `dumped`,
+    """Once `keys` are clean again (and a second more of load): the seconds since the rules' ages were `dumped`,
     their ages now, the state, and what the load counted."""
-    assert eventually(lambda: all((app.hot(k) or {}).get("dirty") is False for k in homes), timeout=20), \
+    assert eventually(lambda: all((app.hot(k) or {}).get("dirty") is False for k in keys), timeout=20), \
         app.state()["decisions"][-20:]
     time.sleep(1.0)
     since = time.monotonic() - dumped
@@ -299,10 +299,10 @@ def test_an_agent_whose_stream_is_cut_under_load_adopts_what_the_switch_holds(ne
         before, counts_before = app.state(), dict(core.counts)
         ages, dumped = rule_ages(network), time.monotonic()
         app.relay.cut()
-        reconnected = eventually(lambda: core.counts["reconnects"] > counts_before.get("reconnects", 0), timeout=30)
-        Path("/tmp/ofx/agent.log").write_text(app.log())  # DEBUG
-        assert reconnected, app.log()[-3000:]
-        since, ages_after, after, (writes, reads) = settled(app, network, homes, dumped, stop, loads)
+        assert eventually(lambda: core.counts["reconnects"] > counts_before.get("reconnects", 0), timeout=30), \
+            app.log()[-3000:]
+        since, ages_after, after, (writes, reads) = settled(app, network, tuple(homes), dumped, stop, loads)
+        cuts = app.relay.cuts
     finally:
         app.stop()
         emptied(network)
@@ -310,7 +310,7 @@ def test_an_agent_whose_stream_is_cut_under_load_adopts_what_the_switch_holds(ne
             ("reconnects", "decisions_replay", "decisions_warm", "decisions_cool", "decisions_reconcile",
              "decisions_adopt", "adopted_kept_clean", "adopted_kept_dirty", "adopted_resynced", "adopted_rebuilt")}
     sent_home = key_counts(after, READ_ONLY)["home_while_dirty"] - key_counts(before, READ_ONLY)["home_while_dirty"]
-    print(f"stream cut {app.relay.cuts} time(s): {made}; writer {writes}, reader {reads}; read-only key's gets sent "
+    print(f"stream cut {cuts} time(s): {made}; writer {writes}, reader {reads}; read-only key's gets sent "
           f"home since: {sent_home}; {len(ages)} flows and groups, aged {since:.2f} s more")
     assert made["reconnects"] == 1 and made["decisions_adopt"] == 2, made
     assert made["decisions_replay"] == made["decisions_warm"] == made["decisions_cool"] == 0, made
@@ -335,7 +335,9 @@ def test_a_ryu_manager_killed_and_started_again_keeps_every_flow_and_group(netwo
         os.kill(app.controller.process.pid, signal.SIGKILL)
         app.controller.process.wait(timeout=30)
         app.controller.start()  # the same config: adopts what the killed one left
-        since, ages_after, after, (writes, reads) = settled(app, network, homes, dumped, stop, loads)
+        # (the written key is kept dirty and settles once its lost copies are given up, which a steady writer
+        # delays: the copies of the writes made while no ryu-manager ran never came)
+        since, ages_after, after, (writes, reads) = settled(app, network, (READ_ONLY,), dumped, stop, loads)
     finally:
         app.stop()
         emptied(network)
