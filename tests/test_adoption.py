@@ -153,6 +153,32 @@ def test_a_fabric_keeps_a_key_at_its_homes_leaf_alone_and_removes_it_wherever_el
     fabric.write_stamp(b"home")  # the fabric routes it to its box
 
 
+def test_a_fabric_box_that_comes_back_concerns_only_its_own_keys():
+    """A box whose agent's stream came back hands its read-back keys on (to adopt) with the keys it lost; one that
+    came back empty, its own keys as lost. The other boxes' keys are in neither: nothing of theirs is installed
+    again."""
+    from dataplanes.agent import Settings
+    from dataplanes.agent.fabric import FabricDriver
+    boxes: list[RecordingDriver] = []
+
+    def connect(settings) -> RecordingDriver:
+        boxes.append(RecordingDriver())
+        return boxes[-1]
+    fabric = FabricDriver(Settings(boxes=("10.0.1.2:9600 s0", "10.0.1.6:9600 s1")), connect)
+    leaf0, leaf1 = boxes
+    servers = [Server(f"s{i}", f"10.0.0.{i + 1}", f"02:00:00:00:00:0{i + 1}", 11211) for i in range(2)]
+    came_back = []
+    fabric.attach(servers, lambda frame: None, lambda *args: came_back.append(args))
+    for key, home in ((b"a0", 0), (b"b0", 0), (b"a1", 1)):
+        fabric.install_hot_key(key, home, [ReplicaWeight(home, 0.5), ReplicaWeight(1 - home, 0.5)])
+    kept = next(f for f in leaf0.successor().attach(servers, lambda frame: None) if f.key == b"a0")
+    leaf0.on_reconnect([kept], None)  # (as its AgentDriver calls it) back holding a0 only: b0 was lost
+    leaf1.on_reconnect()  # back empty
+    assert [(sorted(f.key for f in found), sorted(lost)) for found, lost in came_back] == \
+        [([b"a0"], [b"b0"]), ([], [b"a1"])]
+    assert fabric.held == {b"a0": 0}
+
+
 # --- a core taking over --------------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def servers():
