@@ -154,6 +154,26 @@ def adopt(executor: "Executor", found: Sequence[FoundKey], servers: int, group_o
     return verdicts
 
 
+def came_back(executor: "Executor", found: Sequence[FoundKey], lost: Sequence[bytes] | None, servers: int,
+              group_of: Callable[[Sequence[int]], int]) -> list[Verdict]:
+    """The switches' keys read back (at start, or from a switch that came back holding them: a switch agent whose
+    controller's stream dropped) adopted as a new leader adopts them, the records this core had of them replaced;
+    `lost` (None: every key held and not found) installed again, and the keys rebuilt forgotten (the plan warms them
+    again)."""
+    held = {key.key for key in found}
+    lost = [k for k in executor.hot if k not in held] if lost is None else [k for k in lost if k not in held]
+    for key in held & set(executor.hot):
+        executor.guard.cancel(key, RetryKind.RULES, RetryKind.SETTLE, RetryKind.INSTALL)
+    verdicts = adopt(executor, found, servers, group_of) if found else []
+    for verdict in verdicts:
+        if verdict.treatment is Treatment.REBUILT and executor.hot.pop(verdict.key, None) is not None:
+            executor.guard.cancel(verdict.key, RetryKind.REFILL, RetryKind.RULES, RetryKind.SETTLE, RetryKind.INSTALL,
+                                  RetryKind.COOL)
+    if lost:
+        executor.replay(lost)
+    return verdicts
+
+
 def _keep(executor: "Executor", coherence: AdoptionCoherence, found: Sequence[FoundKey], verdicts: Sequence[Verdict],
           kept: dict[bytes, HotKey], reads: Mapping[bytes, Mapping[int, Read]]) -> list[bytes]:
     """The records of the keys kept, in the executor: clean ones as they are, the others held dirty (their copies made

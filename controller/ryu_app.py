@@ -328,7 +328,9 @@ def _error_text(err) -> str:
 
 
 def _reply_class(request):
-    return {ofproto_v1_5_parser.OFPGroupStatsRequest: ofproto_v1_5_parser.OFPGroupStatsReply}[type(request)]
+    return {ofproto_v1_5_parser.OFPGroupStatsRequest: ofproto_v1_5_parser.OFPGroupStatsReply,
+            ofproto_v1_5_parser.OFPGroupDescStatsRequest: ofproto_v1_5_parser.OFPGroupDescStatsReply,
+            ofproto_v1_5_parser.OFPFlowDescStatsRequest: ofproto_v1_5_parser.OFPFlowDescStatsReply}[type(request)]
 
 
 _routes()

@@ -231,6 +231,32 @@ def test_a_fabric_keeps_a_key_at_its_homes_leaf_alone_and_removes_it_wherever_el
     fabric.write_stamp(b"home")  # the fabric routes it to its box
 
 
+def test_a_fabric_box_that_comes_back_concerns_only_its_own_keys():
+    """A box whose agent's stream came back hands its read-back keys on (to adopt) with the keys it lost; one that
+    came back empty, its own keys as lost. The other boxes' keys are in neither: nothing of theirs is installed
+    again."""
+    from dataplanes.agent import Settings
+    from dataplanes.agent.fabric import FabricDriver
+    boxes: list[RecordingDriver] = []
+
+    def connect(settings) -> RecordingDriver:
+        boxes.append(RecordingDriver())
+        return boxes[-1]
+    fabric = FabricDriver(Settings(boxes=("10.0.1.2:9600 s0", "10.0.1.6:9600 s1")), connect)
+    leaf0, leaf1 = boxes
+    servers = [Server(f"s{i}", f"10.0.0.{i + 1}", f"02:00:00:00:00:0{i + 1}", 11211) for i in range(2)]
+    came_back = []
+    fabric.attach(servers, lambda frame: None, lambda *args: came_back.append(args))
+    for key, home in ((b"a0", 0), (b"b0", 0), (b"a1", 1)):
+        fabric.install_hot_key(key, home, [ReplicaWeight(home, 0.5), ReplicaWeight(1 - home, 0.5)])
+    kept = next(f for f in leaf0.successor().attach(servers, lambda frame: None) if f.key == b"a0")
+    leaf0.on_reconnect([kept], None)  # (as its AgentDriver calls it) back holding a0 only: b0 was lost
+    leaf1.on_reconnect()  # back empty
+    assert [(sorted(f.key for f in found), sorted(lost)) for found, lost in came_back] == \
+        [([b"a0"], [b"b0"]), ([], [b"a1"])]
+    assert fabric.held == {b"a0": 0}
+
+
 # --- a core taking over --------------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def servers():
@@ -382,3 +408,29 @@ def test_a_key_whose_home_could_not_be_read_back_is_pushed_from_its_home_before_
         assert not any(second.driver.dirty(k) for k in KEYS)
     finally:
         second.stop()
+
+
+def test_a_switch_that_came_back_holding_its_keys_is_adopted_and_only_what_it_lost_installed_again(servers):
+    """A switch agent whose controller's stream dropped and came back: the agent's fresh driver reads the switch back
+    and the same core adopts what it holds (on_reconnect(found, lost), adoption.came_back): no rule written for the
+    keys it still holds; the one it lost is installed again."""
+    core, driver = first_leader(servers)
+    kept, lost = KEYS[:2], KEYS[2]
+    try:
+        driver.remove_hot_key(lost)  # the switch lost one key meanwhile
+        fresh = driver.successor()  # the agent's fresh driver on the same switch
+        found = fresh.attach(core.config.servers, lambda frame: None)
+        fresh.let_go()
+        assert sorted(f.key for f in found) == kept
+        driver.calls.clear()
+        core.submit_reconnect(found, None)
+        assert core.wait_idle()
+        assert [c.key for c in driver.calls_of("install_hot_key")] == [lost]
+        assert [m for m in writes_to_the_switch(driver) if m not in ("install_hot_key", "clear_dirty")] == []
+        assert [c.key for c in driver.calls_of("clear_dirty")] == [lost]  # the kept ones stay clean as they were
+        why = {d["key"]: (d["action"], d.get("why")) for d in core.decisions_made() if d["action"] == "adopt"}
+        assert why == {k.decode(): ("adopt", None) for k in kept}
+        assert [d["action"] for d in core.decisions_made()].count("replay") == 1
+        assert [(h["key"], h["state"]) for h in core.state()["hot_keys"]] == [(k.decode(), "clean") for k in KEYS]
+    finally:
+        core.stop()
