@@ -119,7 +119,7 @@ class OpenflowDriver(BpfMapsDriver):
             for slot, buckets in self.buckets.items():
                 rules += self._group(dp, slot, buckets, add=True) + messages.hot_flow(dp, slot)
             try:
-                self.channel.send(dp, rules)
+                self.channel.send(dp, messages.atomic(dp, rules))  # no packet finds the tables emptied
             except DriverError as err:
                 log.warning("switch %s: the rules were not all taken (%s)", _dpid(dp), err)
                 return
