@@ -144,6 +144,23 @@ def test_the_switch_refuses_a_deposed_leaders_flow_mods_and_role_request(tmp_pat
                     link.close()
 
 
+def test_a_candidate_deletes_the_leader_key_only_while_it_names_the_given_leader(tmp_path):
+    """Election.depose on a real etcd: the key of a leader that ended goes (a compare on its value), another's stays."""
+    from controller.election import Election
+    stop = threading.Event()
+    with EtcdServer(tmp_path) as etcd:
+        first, second = (Election((etcd.url,), "/test/depose", 5, name) for name in ("first", "second"))
+        try:
+            assert first.campaign(stop) is not None
+            assert not second.depose("someone else") and second.leader() == "first"
+            assert second.depose("first") and second.leader() is None  # not after its 5 s lease: now
+            assert second.campaign(stop) is not None and second.leader() == "second"
+        finally:
+            stop.set()
+            first.resign()
+            second.resign()
+
+
 @dataclass
 class RyuManager:
     """One ryu-manager of the group: its config (its own OpenFlow and HTTP ports), its process and log."""
