@@ -212,12 +212,13 @@ def servers(net) -> list[dict]:
     return [{"name": h.name, "ip": h.ip, "mac": h.mac} for h in net.server_hosts]
 
 
-def ryu_config(net, folder: Path, name: str, etcd: EtcdServer) -> RyuManager:
+def ryu_config(net, folder: Path, name: str, etcd: EtcdServer, ttl: int = 1) -> RyuManager:
+    """ttl: its election_ttl (seconds)."""
     http, openflow = f"127.0.0.1:{free_port()}", free_port()
     config = parse_config({
         "servers": servers(net),
         "balancing": {"hot": KEYS, "hysteresis": 1, "mode": "equal"},
-        "controller": {"listen": http, "etcd": [etcd.url], "election_ttl": 1, "election_key": "/test/ryu-group"},
+        "controller": {"listen": http, "etcd": [etcd.url], "election_ttl": ttl, "election_key": "/test/ryu-group"},
         "dataplane": {"kind": "openflow", "openflow": {"classifier": TAG, "listen": f"127.0.0.1:{openflow}"}}})
     path = folder / f"{name}.toml"
     path.write_text(config_toml(config))
@@ -258,6 +259,7 @@ def served(net, seconds: float) -> list[int]:
 REFILLS = 20  # times the leader claims the switch again and refills its tables, under load
 REFILLED = "hot keys installed"  # the driver's line for a switch given every rule again
 BACKOFF = 2.1  # seconds connected: longer than OVS's backoff (1 s, counted in whole seconds) resets it to 1 s
+MAX_BACKOFF = 8.0  # OVS's backoff at most (seconds): where it got to while ryu-manager was starting
 
 
 def start_load(net, folder: Path, modes: tuple[str, ...], keys: list[bytes]) -> tuple[list[subprocess.Popen], Path]:
@@ -306,6 +308,13 @@ def home_keys(plain) -> list[bytes]:
     return [k for k in (b"rf:%d" % i for i in range(200)) if key_hash.server_of(k) == 0][:KEYS]
 
 
+def pipeline_drops(ovs) -> int:
+    """Packets ovs-vswitchd's pipeline dropped so far for want of a rule (its coverage counter)."""
+    said = subprocess.run(["ovs-appctl", "-t", "ovs-vswitchd", "coverage/read-counter", "drop_action_of_pipeline"],
+                          env=ovs.env, check=True, capture_output=True, text=True, timeout=WAIT).stdout
+    return int(said.strip())
+
+
 def reconnect(ovs, bridge: str) -> None:
     """The bridge drops its controller connections and dials them again (not del-controller and set-controller:
     a bridge left with no controller flushes its flows, as does one that gets its first)."""
@@ -321,7 +330,7 @@ def test_the_leader_refills_a_switch_it_claims_again_under_load_and_no_get_is_lo
     with NamespaceNetwork(servers=2, clients=1, tag=TAG, dataplane="openflow") as net, EtcdServer(tmp_path) as etcd:
         for host in net.server_hosts:
             net.popen(host, ["memcached", "-l", host.ip, "-p", "11211", "-U", "11211", "-u", "root", "-t", "1"])
-        ryu = ryu_config(net, tmp_path, "ryu1", etcd)
+        ryu = ryu_config(net, tmp_path, "ryu1", etcd, ttl=5)  # alone: no lease of 1 s to lose on a busy machine
         plain = parse_config({"servers": servers(net)})
         ovs, bridge = net.switch.ovs, net.switch.bridge
         target = f"tcp:127.0.0.1:{ryu.openflow}"
@@ -331,6 +340,7 @@ def test_the_leader_refills_a_switch_it_claims_again_under_load_and_no_get_is_lo
         try:
             ryu.start()
             ryu.wait_for(REFILLED)
+            connected = time.monotonic()
             for host in net.server_hosts:
                 assert eventually(lambda: memcached_answers(host.ip), timeout=10)
             for key in keys:
@@ -339,6 +349,8 @@ def test_the_leader_refills_a_switch_it_claims_again_under_load_and_no_get_is_lo
             loads, stop = start_load(net, tmp_path, ("reads",), keys)
             balancing(ryu)
             before = served(net, 0.5)
+            time.sleep(max(0.0, connected + MAX_BACKOFF + 1 - time.monotonic()))  # its backoff back to 1 s
+            dropped = pipeline_drops(ovs)
             for _ in range(REFILLS):
                 refills = ryu.said().count(REFILLED)
                 reconnect(ovs, bridge)
@@ -347,10 +359,12 @@ def test_the_leader_refills_a_switch_it_claims_again_under_load_and_no_get_is_lo
                     assert time.monotonic() < deadline and ryu.process.poll() is None, ryu.said()[-3000:]
                     time.sleep(0.01)
                 time.sleep(BACKOFF)  # connected that long, the bridge dials again after 1 s, not twice as long
+            dropped = pipeline_drops(ovs) - dropped
             after = served(net, 0.5)
             [reads] = load_counts(loads, stop)
-            print(f"{REFILLS} refills under load: the reading client {reads}; gets served per server in 0.5 s before "
-                  f"{before}, after {after}")
+            print(f"{REFILLS} refills under load: the reading client {reads}; packets the switch found no rule for: "
+                  f"{dropped}; gets served per server in 0.5 s before {before}, after {after}")
+            assert dropped == 0  # no packet met the tables emptied
             assert reads["unanswered"] == 0 and reads["miss"] == 0 and reads["found"] > 0, reads
             assert before[1] > 0 and after[1] > 0, (before, after)  # balanced gets, each looked up by the switch
         finally:
