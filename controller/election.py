@@ -250,6 +250,15 @@ class Election:
                     return int(held["create_revision"])
         return None
 
+    def depose(self, leader: str) -> bool:
+        """Delete the key if `leader` (an identity) still holds it: a leader known to have ended (a Ryu candidate saw
+        its process's owner lock freed, controller/ryu_failover.py), so the next candidate need not wait for its
+        lease to run out. True if deleted; the election still decides who leads next."""
+        reply = self._ask(lambda client: client.transaction({
+            "compare": [{"key": _b64(self.key), "result": "EQUAL", "target": "VALUE", "value": _b64(leader)}],
+            "success": [{"request_delete_range": {"key": _b64(self.key)}}], "failure": []}))
+        return bool(reply.get("succeeded"))
+
     def resign(self) -> None:
         """Give up the lead at once (a controller that stops, or one that lost it because its renewals did not get
         through, where etcd answers again): the next candidate need not wait for the lease to run out."""

@@ -33,6 +33,7 @@ class RecordedSwitch:
         self.sent: list = []
         self.refuse_groups = False
         self.bucket_packets: dict[int, list[int]] = {}  # what group stats answer
+        self.bundle: list | None = None  # the messages of the open bundle, applied together at its commit
 
     def switches(self) -> list:
         return [self.dp]
@@ -60,7 +61,16 @@ class RecordedSwitch:
         return [parser.OFPGroupStatsReply(dp, body=body)]
 
     def apply(self, m) -> None:
-        if isinstance(m, parser.OFPFlowMod):
+        if isinstance(m, parser.OFPBundleCtrlMsg):  # as OVS does: nothing of a bundle shows before its commit
+            if m.type == ofp.OFPBCT_OPEN_REQUEST:
+                self.bundle = []
+            elif m.type == ofp.OFPBCT_COMMIT_REQUEST:
+                held, self.bundle = self.bundle or [], None
+                for message in held:
+                    self.apply(message)
+        elif isinstance(m, parser.OFPBundleAddMsg):
+            self.bundle.append(m.message)
+        elif isinstance(m, parser.OFPFlowMod):
             key = (m.table_id, m.priority, str(m.match.to_jsondict()))
             if m.command == ofp.OFPFC_ADD:
                 self.flows[key], self.flow_mods[key] = m.instructions, m

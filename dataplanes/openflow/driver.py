@@ -209,7 +209,7 @@ class OpenflowDriver(BpfMapsDriver):
                     f"they were, ")
         if batch:
             try:
-                self.channel.send(dp, batch)
+                self.channel.send(dp, messages.atomic(dp, batch))  # no packet finds the tables half written
             except DriverError as err:
                 log.warning("switch %s: the rules were not all taken (%s)", _dpid(dp), err)
                 return

@@ -14,6 +14,7 @@ tag, the in_port to none: a fabric's home leaf may send the get back the way it 
 """
 from __future__ import annotations
 
+import itertools
 import json
 import struct
 from dataclasses import dataclass
@@ -37,6 +38,8 @@ BALANCED_SOURCE = tags.tag(tags.BALANCED, 0)  # a balanced get's source MAC: lea
 NO_INGRESS = parser.OFPActionSetField(in_port_nxm=0)
 ANY_GET = (tags.tag(tags.GET, 0), "ff:ff:00:00:00:00")  # (value, mask): a GET tag of any slot
 ETH_DST_ALL_BITS = bytes.fromhex("80000606") + b"\xff" * 6  # OXM ETH_DST (class 0x8000, field 3, 6 bytes): all bits
+ATOMIC = ofp.OFPBF_ATOMIC | ofp.OFPBF_ORDERED
+_bundle_ids = itertools.count(1)  # a bundle's id is the connection's; a new one each time never meets a stale one
 
 
 def flow(dp, table: int, priority: int, match, instructions: list, command: int = ofp.OFPFC_ADD, **kw):
@@ -177,6 +180,17 @@ def remove_hot(dp, slot: int) -> list:
     return [flow(dp, TAGS, 200, parser.OFPMatch(eth_dst=tags.tag_match(tags.GET, slot)), [],
                  command=ofp.OFPFC_DELETE_STRICT, out_port=ofp.OFPP_ANY, out_group=ofp.OFPG_ANY),
             delete_group(dp, group_id(slot))]
+
+
+def atomic(dp, batch: Sequence) -> list:
+    """`batch` as one OpenFlow bundle (OF1.4+; Open vSwitch takes flow and group mods in one since 2.6): the switch
+    applies it all at the commit, in order, and a packet meets the tables as they were before or after, never half
+    way. Without it, a batch that empties the tables and fills them again (a switch that connects, a new master at a
+    takeover) lets the packets looked up in between find no rule: dropped (Open vSwitch's drop_action_of_pipeline)."""
+    bundle = next(_bundle_ids) & 0xffffffff
+    return [parser.OFPBundleCtrlMsg(dp, bundle, ofp.OFPBCT_OPEN_REQUEST, ATOMIC, []),
+            *(parser.OFPBundleAddMsg(dp, bundle, ATOMIC, message, []) for message in batch),
+            parser.OFPBundleCtrlMsg(dp, bundle, ofp.OFPBCT_COMMIT_REQUEST, ATOMIC, [])]
 
 
 def refusals(errors: Sequence) -> str:
