@@ -83,8 +83,9 @@ class StreamId:
 
 class Distrust(str, Enum):
     """Why the state a new leader found for a key cannot be taken as it is: the key alone is rebuilt (a str: the
-    decision log shows the value). The driver names the first three, the core the others (controller/adoption.py)."""
+    decision log shows the value). The driver names the first five, the core the others (controller/adoption.py)."""
     LEASE_EXPIRED = "lease-expired"  # its switch's lease had run out: nobody vouched for its copies meanwhile
+    LEASE_UNKNOWN = "lease-unknown"  # a switch could not tell its lease (P4: a program without the lease query)
     TABLES_DISAGREE = "tables-disagree"  # switches hold different entries for it (or one that should hold none)
     NOT_READ_BACK = "not-read-back"  # the data plane started afresh at attach: its rules were removed (P4)
     NOT_PLACEABLE = "not-placeable"  # its entry names servers the config does not have
