@@ -37,6 +37,9 @@ LEASE_US_MAX = (1 << 32) - 1  # the packet_out's lease_us field
 BASE = struct.Struct(">Q")  # hot_metadata: the slot's mirrored count at install, then a server index per replica
 SERVER = struct.Struct(">H")
 UNKNOWN_SERVER = 0xFFFF  # a replica read back without its server (an entry with no metadata): no config has it
+# seconds a lease query's answer is awaited (bmv2 answers in ms): one not answered only makes a takeover resync the
+# switch's keys, so it is not worth the whole P4Runtime timeout of a takeover
+LEASE_QUERY_WAIT = 1.0
 
 
 class P4Tables:
@@ -51,6 +54,7 @@ class P4Tables:
         self.lease_answers: queue.Queue[int] = queue.Queue()  # answers to lease queries (µs left)
         self.lease_asked: int | None = None  # CLOCK_MONOTONIC ns a lease query went out, until its answer is taken
         self.found_synced: dict[int, tuple[int, int]] = {}  # the `synced` entries as held_keys read them
+        self.found_ranges: dict[int, set[tuple[int, int]]] = {}  # slot -> its ranges as held_keys read them
 
     @property
     def up(self) -> bool:
@@ -66,6 +70,7 @@ class P4Tables:
         except P4Error:  # bmv2 applies a batch update by update: put back what was there
             self._quietly(self._weight_updates(key, entry, old), f"restore {key!r}")
             raise
+        self.found_ranges.pop(entry.slot, None)  # its ranges are the entry's now
 
     def delete_hot(self, key: bytes, entry: HotEntry) -> None:
         self.delete_keys([(key, entry)])
@@ -78,6 +83,8 @@ class P4Tables:
         bases = self._counts([("key_mirrored", slot) for slot in slots], "the slots' write counts")
         updates = [e.update(e.MODIFY, r) for slot in slots for r in self._counter_resets(slot)]
         updates += [e.update(e.DELETE, self._synced(slot)) for slot in slots if slot in self.synced_slots]
+        updates += [e.update(e.DELETE, self._range(slot, low, high))  # ranges read back of no key (a crash between
+                    for slot in slots for low, high in sorted(self.found_ranges.pop(slot, ()))]  # a remove's writes)
         for (key, entry), base in zip(entries, bases):
             updates += self._install_updates(key, entry, base)
         self.synced_slots.difference_update(slots)
@@ -89,8 +96,9 @@ class P4Tables:
         """Every key out of hot_keys first (its gets and writes go home untouched from then on), then the slots' other
         entries; an entry not there (a failed install never wrote it) is no error."""
         updates = [e.update(e.DELETE, self._hot(key)) for key, _ in entries]
-        for _, entry in entries:
-            updates += self._range_updates(entry.slot, entry, None)
+        for _, entry in entries:  # (ranges read back that are not the entry's: a switch that disagreed, gone too)
+            held = {(low, high) for low, high, _ in ranges(entry)} | self.found_ranges.pop(entry.slot, set())
+            updates += [e.update(e.DELETE, self._range(entry.slot, low, high)) for low, high in sorted(held)]
             updates.append(e.update(e.DELETE, self._synced(entry.slot)))
             self.synced_slots.discard(entry.slot)
         self.client.write(updates, f"remove {keys_named([k for k, _ in entries])}", missing_ok=True)
@@ -149,10 +157,10 @@ class P4Tables:
         read: dict[str, list] = {t: [] for t in tables}
         for entity in self.client.read([e.table_entry(self.pipeline, t, {}) for t in tables], "the hot keys held"):
             read[ids[entity.table_entry.table_id]].append(entity)
-        ranges: dict[int, dict[int, tuple[int, int, int]]] = {}  # slot -> position -> (low, high, server)
+        found: dict[int, dict[int, tuple[int, int, int]]] = {}  # slot -> position -> (low, high, server)
         for entity in read["replicas"]:
             match, to = e.match_of(self.pipeline, "replicas", entity), e.params_of(self.pipeline, "to_replica", entity)
-            ranges.setdefault(match["meta.slot"], {})[to["position"]] = (*match["meta.point"], to["server"])
+            found.setdefault(match["meta.slot"], {})[to["position"]] = (*match["meta.point"], to["server"])
         held = {}
         for entity in read["hot_keys"]:
             match, hot = e.match_of(self.pipeline, "hot_keys", entity), e.params_of(self.pipeline, "hot", entity)
@@ -160,7 +168,8 @@ class P4Tables:
             servers, base = read_metadata(entity.table_entry.metadata)
             if base is not None:
                 self.mirrored_base[hot["slot"]] = base
-            held[key] = read_entry(hot["slot"], hot["home"], servers, ranges.get(hot["slot"], {}))
+            held[key] = read_entry(hot["slot"], hot["home"], servers, found.get(hot["slot"], {}))
+        self.found_ranges = {slot: {(low, high) for low, high, _ in at.values()} for slot, at in found.items()}
         self.found_synced = {}
         for entity in read["synced"]:
             synced = e.params_of(self.pipeline, "synced_to", entity)
@@ -190,15 +199,15 @@ class P4Tables:
 
     def lease_left(self) -> int | None:
         """Microseconds left on the lease as the switch answers a lease query (0: over, or never given); None if it
-        gives no answer within the timeout (a program without the query drops it)."""
+        gives no answer in time (a program without the query drops it)."""
         if self.lease_asked is None:
             self.ask_lease()
-        deadline = self.lease_asked + int(self.client.timeout * 1e9)
+        wait = min(self.client.timeout, LEASE_QUERY_WAIT)
         try:
-            return self.lease_answers.get(timeout=max(deadline - time.monotonic_ns(), 0) / 1e9)
+            return self.lease_answers.get(timeout=max(self.lease_asked + wait * 1e9 - time.monotonic_ns(), 0) / 1e9)
         except queue.Empty:
-            log.warning("%s: no answer to a lease query within %g s: the lease is not known", self.client.address,
-                        self.client.timeout)
+            log.warning("%s: no answer to a lease query within %g s (a program without op 3?): the lease is not "
+                        "known", self.client.address, wait)
             return None
 
     def lease(self) -> int | None:
