@@ -280,6 +280,38 @@ def test_a_key_two_switches_disagree_on_is_rebuilt_alone():
             s.stop()
 
 
+def test_a_lease_querys_answer_and_a_rearms_go_each_to_its_own_caller(server, driver):
+    """Both come as PacketIns with a `report`: 1 (a rearm's, µs since the server's latest unsure request) and 2 (a
+    lease query's, µs left), each to its own queue, whichever comes first."""
+    driver.renew_lease(30)
+    (tables,) = driver.book.switches
+    tables.ask_lease()  # its answer comes before the rearm's: not taken for it
+    assert driver.unsure_quiet(0) == pytest.approx((2 ** 48 - 1) / 1e6)  # never an unsure request
+    assert 25_000_000 < tables.lease_left() <= 30_000_000
+
+
+def test_an_entry_read_back_is_the_one_written_or_none_the_book_keeps():
+    """read_entry, the inverse of `ranges`: the weights from the ranges, the replicas from the metadata (or, without
+    it, from the ranges, a replica with no range unknown); ranges that are not the replicas' give no weights."""
+    from dataplanes.p4.tables import UNKNOWN_SERVER, hot_metadata, ranges, read_entry, read_metadata
+    from dataplanes.pipeline import cumulative_weights
+    from dataplanes.read_back import placeable
+    from dataplanes.slot_book import HotEntry
+    for servers, weights in (((1, 0, 3), (0.5, 0.0, 0.5)), ((2,), (1.0,)), ((0, 1, 2), (0.0, 0.0, 1.0)),
+                             ((3, 1), (0.2, 0.8)), ((0, 1, 2, 3), (0.3, 0.3, 0.4, 0.0))):
+        entry = HotEntry(7, servers[0], servers, tuple(cumulative_weights(weights)))
+        found = {p: (low, high, servers[p]) for low, high, p in ranges(entry)}
+        assert read_metadata(hot_metadata(servers, 41)) == (servers, 41)
+        assert read_entry(7, servers[0], servers, found) == entry
+        assert read_entry(7, servers[0], None, found).servers == tuple(
+            servers[p] if p in found else UNKNOWN_SERVER for p in range(max(found) + 1))
+    gap = {0: (0, 99, 1), 1: (200, 65535, 3)}  # 100..199 is nobody's
+    assert not placeable(read_entry(7, 1, (1, 3), gap), 4)
+    assert not placeable(read_entry(7, 1, (1, 0, 3), {0: (0, 32767, 1), 2: (32768, 65535, 2)}), 4)  # not replica 2
+    assert not placeable(read_entry(7, 1, None, {0: (0, 32767, 1), 2: (32768, 65535, 3)}), 4)  # position 1 unknown
+    assert read_metadata(b"") == (None, None) and read_metadata(b"\x00" * 9) == (None, None)
+
+
 def test_a_switch_running_another_pipeline_gets_this_one(server, driver):
     """Another program's tables are not ours to read: the pipeline is pushed, and nothing is read back."""
     driver.install_hot_key(b"left", 2, [ReplicaWeight(2, 0.5), ReplicaWeight(3, 0.5)])
