@@ -87,7 +87,7 @@ class Distrust(str, Enum):
     LEASE_EXPIRED = "lease-expired"  # its switch's lease had run out: nobody vouched for its copies meanwhile
     LEASE_UNKNOWN = "lease-unknown"  # a switch could not tell its lease (P4: a program without the lease query)
     TABLES_DISAGREE = "tables-disagree"  # switches hold different entries for it (or one that should hold none)
-    NOT_READ_BACK = "not-read-back"  # the data plane started afresh at attach: its rules were removed (P4)
+    NOT_READ_BACK = "not-read-back"  # the data plane started afresh at attach: its rules were removed
     NOT_PLACEABLE = "not-placeable"  # its entry names servers the config does not have
     HOME_UNREADABLE = "home-unreadable"  # its home could not be read: nothing to compare the copies with
     REPLICA_MISSING = "replica-missing"  # a replica with weight holds no copy of the home's item
