@@ -8,8 +8,9 @@ each replica (one pipelined read per server) and judges each key alone (`judge`,
   flags, expiry): nothing is written anywhere; its gets go on being balanced as they were;
 - kept dirty: dirty in a switch (a write counted since its last clear): its home's item pushed to its replicas and
   settled, as after a write;
-- resynced: not to be trusted as it is (its lease ran out, a replica's copy missing, unreadable or not the home's,
-  its home unreadable): held dirty (its gets go home), the home's item copied to its replicas again, then settled;
+- resynced: not to be trusted as it is (its lease ran out or is not known, a replica's copy missing, unreadable or
+  not the home's, its home unreadable): held dirty (its gets go home), the home's item copied to its replicas again,
+  then settled;
 - rebuilt: its rules are out (the switches disagreed, it names servers the config does not have, or the data plane
   cannot read back): its extra copies are deleted and the plan warms it again.
 
@@ -84,8 +85,8 @@ def judge(found: FoundKey, reads: Mapping[int, Read], servers: int) -> Verdict:
         return Verdict(found.key, Treatment.RESYNCED, Distrust.HOME_UNREADABLE, frozenset({found.home}), named,
                        str(home))
     holding = frozenset({found.home} | {s for s in named if s != found.home and same_item(reads.get(s), home)})
-    if found.distrust is Distrust.LEASE_EXPIRED:
-        return Verdict(found.key, Treatment.RESYNCED, Distrust.LEASE_EXPIRED, holding, named)
+    if found.distrust in (Distrust.LEASE_EXPIRED, Distrust.LEASE_UNKNOWN):
+        return Verdict(found.key, Treatment.RESYNCED, found.distrust, holding, named)
     if found.synced is None:  # as after a write: its home's item pushed to its replicas, then settled
         return Verdict(found.key, Treatment.KEPT_DIRTY, None, holding, named)
     for why, bad in ((Distrust.REPLICA_UNREADABLE, [s for s in weighted if isinstance(reads.get(s), MetaError)]),

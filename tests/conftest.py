@@ -44,7 +44,7 @@ TIERS: dict[str, str] = {
     # etcd: Debian's etcd-server, started by the test
     "test_election": "etcd", "test_election_quorum": "etcd",
     # bmv2: simple_switch_grpc (`make p4`), root
-    "test_p4_network": "bmv2", "test_p4_program": "bmv2", "test_p4_sketch": "bmv2",
+    "test_p4_adoption": "bmv2", "test_p4_network": "bmv2", "test_p4_program": "bmv2", "test_p4_sketch": "bmv2",
     # mininet: the Mininet testbed, root (test_fabric_failover needs etcd too)
     "test_experiments_endtoend": "mininet", "test_fabric_failover": "mininet", "test_failover_adoption": "mininet",
     "test_mininet_switch": "mininet", "test_mixed_fabric": "mininet", "test_openflow_fabric_restart": "mininet",

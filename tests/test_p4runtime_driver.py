@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from dataplanes.driver import DriverError, ForwardingEntry, HotKeyInstall, ReplicaWeight
+from dataplanes.driver import Distrust, DriverError, ForwardingEntry, HotKeyInstall, ReplicaWeight
 from dataplanes.p4.driver import P4RuntimeDriver
 from dataplanes.p4 import Settings
 from dataplanes.p4.bmv2 import free_port
@@ -164,13 +164,161 @@ def test_refused_requests_change_nothing(server, driver):
     assert len(entries(server, "hot_keys")) == 1
 
 
-def test_a_new_driver_reports_the_keys_left_and_starts_the_switch_afresh(server, driver):
-    driver.install_hot_key(b"left", 2, [ReplicaWeight(2, 0.5), ReplicaWeight(3, 0.5)])
-    driver.close()  # a controller that stopped (or was killed: its stream ends either way)
-    after = P4RuntimeDriver(Settings(switches=(server.address,)), Pipeline())
+def successor_of(driver: P4RuntimeDriver, servers: list, **settings) -> P4RuntimeDriver:
+    """A controller that takes over from `driver`, which stopped without ending its lease (killed, or deposed)."""
+    driver.let_go()
+    after = P4RuntimeDriver(Settings(switches=tuple(driver.settings.switches), **settings), Pipeline())
+    after.found = {k.key: k for k in after.attach(servers, lambda frame: None)}
+    return after
+
+
+def left_behind(driver: P4RuntimeDriver) -> None:
+    """Three keys as a controller leaves them: `clean` (cleared), `dirty` (held), `wide` with a replica at weight 0
+    (it has no range: its server rides in the entry's metadata), the lease running, forwarding written."""
+    driver.install_hot_key(b"clean", 2, [ReplicaWeight(2, 0.5), ReplicaWeight(3, 0.5)])
+    driver.install_hot_key(b"dirty", 0, [ReplicaWeight(0, 0.25), ReplicaWeight(1, 0.75)])
+    driver.install_hot_key(b"wide", 1, [ReplicaWeight(1, 0.5), ReplicaWeight(0, 0.0), ReplicaWeight(3, 0.5)])
+    driver.clear_dirty_keys(driver.write_stamps([b"clean", b"wide"]))
+    driver.renew_lease(60)
+    driver.set_forwarding([ForwardingEntry(s.mac, "1") for s in SERVERS])
+
+
+def test_a_new_driver_adopts_what_the_switch_holds_and_writes_nothing(server, driver):
+    """A switch that runs this pipeline is not pushed again: every key is read back whole (home, every replica,
+    weights, slot, clean or held) and kept in the book; with the same config not one Write reaches the switch,
+    and the new driver goes on from there (the dirty key cleared, forwarding and weights changed in place)."""
+    left_behind(driver)
+    slots, writes = driver.slots, len(server.writes)
+    after = successor_of(driver, SERVERS, ports=(1, 2, 3), trusted=("10.0.0.254",))
     try:
-        left = after.attach(SERVERS, lambda frame: None)
-        assert [(k.key, k.home, k.servers) for k in left] == [(b"left", 2, (2, 3))]
+        found = after.found
+        assert {k: (f.home, [(r.server, r.weight) for r in f.replicas], f.synced is not None, f.distrust)
+                for k, f in found.items()} == {
+            b"clean": (2, [(2, 0.5), (3, 0.5)], True, None),
+            b"dirty": (0, [(0, 0.25), (1, 0.75)], False, None),
+            b"wide": (1, [(1, 0.5), (0, 0.0), (3, 0.5)], True, None)}
+        assert after.slots == slots and len(server.writes) == writes  # no pipeline, no entry written
+        after.clear_dirty(b"dirty", after.write_stamp(b"dirty"))  # its `synced` entry inserted, as for its own
+        after.set_forwarding([ForwardingEntry(s.mac, "2") for s in SERVERS])  # modified, not inserted twice
+        assert [params(e) for e in entries(server, "forward")] == [[2]] * len(SERVERS)
+        after.set_weights(b"wide", [ReplicaWeight(1, 0.5), ReplicaWeight(2, 0.5), ReplicaWeight(3, 0.0)])
+        after.remove_hot_keys([b"clean"])
+    finally:
+        after.close()
+    again = P4RuntimeDriver(Settings(switches=(server.address,)), Pipeline())
+    try:  # the weights changed the replicas: what the entry carries changed with them
+        found = {k.key: k for k in again.attach(SERVERS, lambda frame: None)}
+        assert [(r.server, r.weight) for r in found[b"wide"].replicas] == [(1, 0.5), (2, 0.5), (3, 0.0)]
+        assert set(found) == {b"wide", b"dirty"} and found[b"dirty"].synced is not None
+    finally:
+        again.close()
+
+
+def test_the_driver_entries_are_made_what_the_config_says(server, driver):
+    """A successor with another config: entries of a server it no longer has deleted, changed ones modified, new
+    ones inserted, none inserted twice; a key that names the server gone is not kept (not placeable) and its rules
+    are out."""
+    left_behind(driver)
+    moved = [SERVERS[0], Server("s1", SERVERS[1].ip, "02:00:00:00:00:99", SERVERS[1].port), SERVERS[2]]
+    after = successor_of(driver, moved)
+    try:
+        assert sorted(tuple(params(e)) for e in entries(server, "servers")) == sorted(
+            (int(s.mac.replace(":", ""), 16), (10 << 24) + i + 1, s.port) for i, s in enumerate(moved))
+        assert len(entries(server, "server_index")) == len(entries(server, "closing_servers")) == 3
+        assert {k: f.distrust for k, f in after.found.items()} == {
+            b"clean": Distrust.NOT_PLACEABLE, b"wide": Distrust.NOT_PLACEABLE, b"dirty": None}
+        assert sorted(after.slots) == [b"dirty"] and len(entries(server, "hot_keys")) == 1
+    finally:
+        after.close()
+
+
+def test_a_switch_that_cannot_tell_its_lease_has_its_keys_resynced():
+    """A program without the lease query (op 3) answers nothing: the lease is not known, and no key is trusted as
+    clean (each resynced), whatever its table says."""
+    server = CheckingServer(lease_query=False).start()
+    driver = P4RuntimeDriver(Settings(switches=(server.address,), timeout=0.5), Pipeline())
+    try:
+        driver.attach(SERVERS, lambda frame: None)
+        left_behind(driver)
+        after = successor_of(driver, SERVERS, timeout=0.5)
+        assert {k.distrust for k in after.found.values()} == {Distrust.LEASE_UNKNOWN}
+        after.close()
+    finally:
+        server.stop()
+
+
+def test_an_ended_lease_is_read_back_as_ended(server, driver):
+    left_behind(driver)
+    driver.renew_lease(0)
+    after = successor_of(driver, SERVERS)
+    try:
+        assert {k.distrust for k in after.found.values()} == {Distrust.LEASE_EXPIRED}
+    finally:
+        after.close()
+
+
+def test_a_key_two_switches_disagree_on_is_rebuilt_alone():
+    """Two switches, one of which lost a key's range: that key alone is taken out of both (tables-disagree); the
+    others are kept on both."""
+    servers = [CheckingServer().start() for _ in range(2)]
+    driver = P4RuntimeDriver(Settings(switches=tuple(s.address for s in servers)), Pipeline())
+    try:
+        driver.attach(SERVERS, lambda frame: None)
+        left_behind(driver)
+        store = servers[1].entries
+        (lost,) = [k for k, v in store.items() if v.table_id == Pipeline().table("replicas").id
+                   and params(v)[0] == 3 and int.from_bytes(v.match[0].exact.value, "big") == driver.slots[b"clean"]]
+        del store[lost]
+        after = successor_of(driver, SERVERS)
+        assert {k: f.distrust for k, f in after.found.items()} == {
+            b"clean": Distrust.TABLES_DISAGREE, b"dirty": None, b"wide": None}
+        assert sorted(after.slots) == [b"dirty", b"wide"]
+        assert [len(entries(s, "hot_keys")) for s in servers] == [2, 2]
+        after.close()
+    finally:
+        for s in servers:
+            s.stop()
+
+
+def test_a_lease_querys_answer_and_a_rearms_go_each_to_its_own_caller(server, driver):
+    """Both come as PacketIns with a `report`: 1 (a rearm's, µs since the server's latest unsure request) and 2 (a
+    lease query's, µs left), each to its own queue, whichever comes first."""
+    driver.renew_lease(30)
+    (tables,) = driver.book.switches
+    tables.ask_lease()  # its answer comes before the rearm's: not taken for it
+    assert driver.unsure_quiet(0) == pytest.approx((2 ** 48 - 1) / 1e6)  # never an unsure request
+    assert 25_000_000 < tables.lease_left() <= 30_000_000
+
+
+def test_an_entry_read_back_is_the_one_written_or_none_the_book_keeps():
+    """read_entry, the inverse of `ranges`: the weights from the ranges, the replicas from the metadata (or, without
+    it, from the ranges, a replica with no range unknown); ranges that are not the replicas' give no weights."""
+    from dataplanes.p4.tables import UNKNOWN_SERVER, hot_metadata, ranges, read_entry, read_metadata
+    from dataplanes.pipeline import cumulative_weights
+    from dataplanes.read_back import placeable
+    from dataplanes.slot_book import HotEntry
+    for servers, weights in (((1, 0, 3), (0.5, 0.0, 0.5)), ((2,), (1.0,)), ((0, 1, 2), (0.0, 0.0, 1.0)),
+                             ((3, 1), (0.2, 0.8)), ((0, 1, 2, 3), (0.3, 0.3, 0.4, 0.0))):
+        entry = HotEntry(7, servers[0], servers, tuple(cumulative_weights(weights)))
+        found = {p: (low, high, servers[p]) for low, high, p in ranges(entry)}
+        assert read_metadata(hot_metadata(servers, 41)) == (servers, 41)
+        assert read_entry(7, servers[0], servers, found) == entry
+        assert read_entry(7, servers[0], None, found).servers == tuple(
+            servers[p] if p in found else UNKNOWN_SERVER for p in range(max(found) + 1))
+    gap = {0: (0, 99, 1), 1: (200, 65535, 3)}  # 100..199 is nobody's
+    assert not placeable(read_entry(7, 1, (1, 3), gap), 4)
+    assert not placeable(read_entry(7, 1, (1, 0, 3), {0: (0, 32767, 1), 2: (32768, 65535, 2)}), 4)  # not replica 2
+    assert not placeable(read_entry(7, 1, None, {0: (0, 32767, 1), 2: (32768, 65535, 3)}), 4)  # position 1 unknown
+    assert read_metadata(b"") == (None, None) and read_metadata(b"\x00" * 9) == (None, None)
+
+
+def test_a_switch_running_another_pipeline_gets_this_one(server, driver):
+    """Another program's tables are not ours to read: the pipeline is pushed, and nothing is read back."""
+    driver.install_hot_key(b"left", 2, [ReplicaWeight(2, 0.5), ReplicaWeight(3, 0.5)])
+    server.cookie = Pipeline().cookie ^ 1  # as if another build ran there
+    after = successor_of(driver, SERVERS)
+    try:
+        assert after.found == {} and server.cookie == Pipeline().cookie
         assert entries(server, "hot_keys") == []
     finally:
         after.close()
