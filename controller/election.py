@@ -14,11 +14,11 @@ etcd decides; nothing here is a consensus of its own. etcd runs as a cluster (th
 endpoint is given, and each request goes to the member that answered last; one that does not answer within a quarter
 of the TTL (gone, frozen, cut off) is passed over for the next, which is asked first from then on, so a leader renews
 through another member before its lease runs out. A candidate waits through an etcd that does not answer (a member
-gone, etcd electing its own leader): only its first contact fails the controller. With https:// endpoints the
-controller checks etcd's certificate against `etcd_ca` and shows its own (`etcd_cert`, `etcd_key`), for an etcd run
-with --client-cert-auth; a refused handshake is said in one line. Where etcd's auth is on, it logs in as
-`etcd_user` (its password in `etcd_password_file`) and sends the token etcd gives on every request, logging in again
-when etcd says the token is no longer valid; a refused login is said in one line.
+gone, etcd electing its own leader, no quorum): only a first contact without an answer fails the controller. With
+https:// endpoints the controller checks etcd's certificate against `etcd_ca` and shows its own (`etcd_cert`,
+`etcd_key`), for an etcd run with --client-cert-auth; a refused handshake is said in one line. Where etcd's auth is
+on, it logs in as `etcd_user` (its password in `etcd_password_file`) and sends the token etcd gives on every request,
+logging in again when etcd says the token is no longer valid; a refused login is said in one line.
 
 Which candidate should lead is the one that reaches the most switches (a controller cut off from one switch drives
 the others only). When its data plane can probe that (the registry's `reach`: switch agents answering a Hello,
@@ -103,6 +103,8 @@ class Election:
         self._renewed = 0.0  # monotonic time the last renewal that got through was sent (etcd renewed after it)
         self._guard = min(LEAD_GUARD, ttl / 4)
         self._unrenewed = "etcd did not answer in time"  # why the latest renewal did not get through
+        self._due = 0.0  # monotonic time the renewal thread should send its next renewal
+        self._late = 0.0  # how late it sent one at most since the last that got through (a starved process)
         self._revoked = False
         self.lost = threading.Event()  # set once the leader could not keep its lease, or handed over
         self.why_lost = ""
@@ -111,6 +113,7 @@ class Election:
         self._probed = threading.Event()  # set by each probe
         self._published: tuple[int, tuple[int, int]] | None = None  # (lease, reached) in etcd now
         self.requests = 0  # requests sent to etcd members: a candidate waiting through an outage sends few
+        self._answered = False  # some member answered some request: later outages are waited through
         self.events: list[RoleChange] = []  # every change of role, oldest first
         self._changing = threading.Lock()  # the role changes once per cause: a loss and a resignation race
 
@@ -140,7 +143,12 @@ class Election:
     def campaign(self, stop: threading.Event) -> int | None:
         """Wait until this candidate leads: its election id; None if `stop` was set first. The first request to
         etcd raises ElectionError if no endpoint answers; later, the candidate waits until one does."""
-        lease_id = self._grant()
+        try:
+            lease_id: int | None = self._grant()
+        except ElectionError:
+            if not self._answered:
+                raise  # the first contact: etcd is unreachable or refuses this controller
+            lease_id = None  # etcd answered before (leader(), a standby's look): wait for it, as below
         self._become(Role.CANDIDATE)
         if self.reach is not None:
             threading.Thread(target=self._probe, args=(stop,), name="mbalancer-reach", daemon=True).start()
@@ -161,6 +169,7 @@ class Election:
             if elected is not None:
                 self.lease_id, self.election_id = lease_id, elected
                 self._become(Role.LEADER)
+                self._due = self._renewed + self.ttl * RENEW_EVERY
                 threading.Thread(target=self._keep, name="mbalancer-election", daemon=True).start()
                 threading.Thread(target=self._watch, name="mbalancer-lead-deadline", daemon=True).start()
                 return self.election_id
@@ -170,15 +179,16 @@ class Election:
             stop.wait(POLL)
         self._become(Role.IDLE, "stopped while a candidate")
         try:
-            self._revoke(lease_id)
+            if lease_id is not None:
+                self._revoke(lease_id)
         except ElectionError as err:
             log.warning("could not revoke the candidate's lease (it runs out by itself): %s", err)
         return None
 
-    def _try_to_lead(self, lease_id: int) -> tuple[int, str | None, int | None]:
+    def _try_to_lead(self, lease_id: int | None) -> tuple[int, str | None, int | None]:
         """One round of a candidate: (its lease, a better candidate it waits for or None, its election id if it
         leads now or None)."""
-        if self._refresh(lease_id) <= 0:  # the candidate's own lease lives while it waits (etcd stalled: anew)
+        if lease_id is None or self._refresh(lease_id) <= 0:  # its own lease lives while it waits (else anew)
             return self._grant(), None, None
         self._publish(lease_id)
         if (better := self._better_candidate()) is not None:
@@ -272,6 +282,7 @@ class Election:
         wait = self.ttl * RENEW_EVERY
         while not self.lost.wait(max(0.0, wait)):
             sent = time.monotonic()
+            self._late = max(self._late, sent - self._due)  # this thread woke late: the machine is busy
             try:
                 if self._refresh(self.lease_id) <= 0:
                     self._revoked = True  # nothing left to revoke
@@ -280,9 +291,11 @@ class Election:
             except ElectionError as err:
                 self._unrenewed = str(err)
                 wait = POLL
+                self._due = time.monotonic() + wait
                 continue
-            self._renewed = sent
+            self._renewed, self._late = sent, 0.0
             wait = sent + self.ttl * RENEW_EVERY - time.monotonic()
+            self._due = sent + self.ttl * RENEW_EVERY
             try:
                 self._publish(self.lease_id)
                 better = self._better_candidate()
@@ -304,7 +317,8 @@ class Election:
         and elect another, even where renewals fail for want of an etcd quorum."""
         while not self.lost.wait(max(0.0, self._lead_ends() - time.monotonic())):
             if time.monotonic() >= self._lead_ends():
-                self._give_up(f"no renewal got through for {self.ttl - self._guard:g} s ({self._unrenewed})")
+                late = f"; renewals were sent up to {self._late:.2f} s late: a busy machine" * (self._late > POLL)
+                self._give_up(f"no renewal got through for {self.ttl - self._guard:g} s ({self._unrenewed}{late})")
                 return
 
     def _lead_ends(self) -> float:
@@ -348,6 +362,7 @@ class Election:
                 said = str(err).strip().splitlines()
                 errors.append(f"{client.host}:{client.port}: {said[0] if said else type(err).__name__}")
                 continue
+            self._answered = True
             if index != self._current:
                 log.warning("etcd: now through %s:%s (%s)", client.host, client.port, "; ".join(errors))
                 self._current = index
