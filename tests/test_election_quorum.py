@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from controller.election import POLL, Election, Role
+from controller.election import LEAD_GUARD, POLL, Election, Role
 from tests.etcd_server import EtcdCluster, available
 from tests.switch_agent import hello
 from tests.test_election import agreed_history, controllers_on_an_agent, elected_among, logged
@@ -145,7 +145,8 @@ def assert_stopped_in_time(election: Election) -> None:
     for change in election.events:
         if change.role == Role.LOST:
             print(f"{election.identity} stopped leading {change.at - election.renewed:.2f} s after sending its last "
-                  f"renewal that got through: {change.why}")
+                  f"renewal that got through, {change.at - (election.renewed + TTL - LEAD_GUARD):.3f} s past its "
+                  f"deadline (of a guard of {LEAD_GUARD} s)")
             assert change.at < election.renewed + TTL, "led on past the time etcd could let its lease run out"
 
 
