@@ -316,8 +316,9 @@ class Election:
         counts the TTL from a renewal's arrival, so this leader has stopped before etcd could let its lease run out
         and elect another, even where renewals fail for want of an etcd quorum."""
         while not self.lost.wait(max(0.0, self._lead_ends() - time.monotonic())):
-            if time.monotonic() >= self._lead_ends():
-                late = f"; renewals were sent up to {self._late:.2f} s late: a busy machine" * (self._late > POLL)
+            if (now := time.monotonic()) >= self._lead_ends():
+                late = max(self._late, now - self._lead_ends())  # threads that woke late: a starved process
+                late = f"; this process ran up to {late:.2f} s late: a busy machine" * (late > POLL)
                 self._give_up(f"no renewal got through for {self.ttl - self._guard:g} s ({self._unrenewed}{late})")
                 return
 
