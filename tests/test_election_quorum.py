@@ -46,11 +46,13 @@ class Candidates:
     threads: list[threading.Thread]
 
     def end(self) -> None:
+        """The candidates stop campaigning, then the leader resigns: nobody takes over after the run."""
         self.stop.set()
+        for thread in self.threads[1:]:  # b's and c's campaigns
+            thread.join(WAIT)
         for election in self.elections.values():
             election.resign()
-        for thread in self.threads:
-            thread.join(WAIT)
+        self.threads[0].join(WAIT)
 
 
 def candidates(etcd: EtcdCluster, key: str, first: dict[str, int], alone: bool = False) -> Candidates:
