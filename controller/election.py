@@ -12,7 +12,7 @@ answers nobody, and no other candidate is elected while this one leads. Every ch
 (`events`), on this process's monotonic clock.
 etcd decides; nothing here is a consensus of its own. etcd runs as a cluster (three members): every member's
 endpoint is given, and each request goes to the member that answered last; one that does not answer within a quarter
-of the TTL (gone, frozen, cut off) is passed over for the next, which is asked first from then on, so a leader renews
+of the TTL (gone, frozen, cut off; FIRST_TIMEOUT until one answered) is passed over for the next, which is asked first from then on, so a leader renews
 through another member before its lease runs out. A candidate waits through an etcd that does not answer (a member
 gone, etcd electing its own leader, no quorum): only a first contact without an answer fails the controller. With
 https:// endpoints the controller checks etcd's certificate against `etcd_ca` and shows its own (`etcd_cert`,
@@ -44,6 +44,8 @@ from urllib.parse import urlsplit
 log = logging.getLogger(__name__)
 POLL = 0.1  # seconds between a candidate's tries while another leads (the key's absence is checked, not watched)
 REQUEST_TIMEOUT = 2.0  # seconds a member has to answer, a quarter of the TTL if less: time left for the next one
+FIRST_TIMEOUT = REQUEST_TIMEOUT  # seconds a member has to answer until one did: a first contact keeps no lease in
+# time, and a busy member takes longer than a quarter of a TTL for a TLS handshake (it said "unreachable")
 LOGIN_TIMEOUT = REQUEST_TIMEOUT  # seconds for a login: etcd checks the password with bcrypt (~0.1 s of CPU), which a
 # busy member takes longer than a quarter of a TTL to do; a login is not a renewal (once, or when a token went)
 LEAD_GUARD = 0.2  # seconds before etcd could let its lease run out that a leader stops (a quarter of the TTL if less):
@@ -91,8 +93,8 @@ class Election:
             warnings.simplefilter("ignore")
             import etcd3gw  # here: a controller without etcd does not import it
         self._etcd3gw = etcd3gw
-        timeout = min(REQUEST_TIMEOUT, ttl / 4)
-        self.clients = [_client(etcd3gw, url, timeout, tls, login is not None) for url in endpoints]
+        self._timeout = min(REQUEST_TIMEOUT, ttl / 4)  # once a member answered: time left for the next one
+        self.clients = [_client(etcd3gw, url, FIRST_TIMEOUT, tls, login is not None) for url in endpoints]
         self.endpoints = tuple(endpoints)
         self._current = 0  # the endpoint that answered last: asked first
         self.login = login
@@ -363,7 +365,10 @@ class Election:
                 said = str(err).strip().splitlines()
                 errors.append(f"{client.host}:{client.port}: {said[0] if said else type(err).__name__}")
                 continue
-            self._answered = True
+            if not self._answered:
+                self._answered = True
+                for each in self.clients:
+                    each.timeout = self._timeout
             if index != self._current:
                 log.warning("etcd: now through %s:%s (%s)", client.host, client.port, "; ".join(errors))
                 self._current = index

@@ -340,3 +340,18 @@ def test_a_standby_that_saw_etcd_answer_waits_through_an_outage_before_its_first
             stop.set()
             election.resign()
             thread.join(WAIT)
+
+
+def test_a_first_contact_waits_for_a_member_slower_than_a_quarter_of_the_ttl(tmp_path):
+    """A member that answers a first contact after 0.5 s (a busy one: a TLS handshake, bcrypt) is waited for, not
+    called unreachable: only a renewal must come within a quarter of the TTL; after that contact, one does."""
+    with EtcdCluster(tmp_path) as etcd:
+        election = Election((etcd.urls[0],), "/test/slow", TTL, "first")
+        etcd.freeze(0)
+        thaw = threading.Timer(0.5, etcd.thaw, args=(0,))
+        thaw.start()
+        try:
+            assert election.leader() is None  # asked while frozen, answered once thawed
+        finally:
+            thaw.join()
+        assert [client.timeout for client in election.clients] == [TTL / 4]
