@@ -12,10 +12,10 @@ answers nobody, and no other candidate is elected while this one leads. Every ch
 (`events`), on this process's monotonic clock.
 etcd decides; nothing here is a consensus of its own. etcd runs as a cluster (three members): every member's
 endpoint is given, and each request goes to the member that answered last; one that does not answer within a quarter
-of the TTL (gone, frozen, cut off; FIRST_TIMEOUT until one answered) is passed over for the next, which is asked first from then on, so a leader renews
-through another member before its lease runs out. A candidate waits through an etcd that does not answer (a member
-gone, etcd electing its own leader, no quorum): only a first contact without an answer fails the controller. With
-https:// endpoints the controller checks etcd's certificate against `etcd_ca` and shows its own (`etcd_cert`,
+of the TTL (gone, frozen, cut off; FIRST_TIMEOUT until one answered) is passed over for the next, which is asked
+first from then on, so a leader renews through another member before its lease runs out. A candidate waits through
+an etcd that does not answer (a member gone, etcd electing its own leader, no quorum): only a first contact without
+an answer fails the controller. With https:// endpoints the controller checks etcd's certificate against `etcd_ca` and shows its own (`etcd_cert`,
 `etcd_key`), for an etcd run with --client-cert-auth; a refused handshake is said in one line. Where etcd's auth is
 on, it logs in as `etcd_user` (its password in `etcd_password_file`) and sends the token etcd gives on every request,
 logging in again when etcd says the token is no longer valid; a refused login is said in one line.
