@@ -17,8 +17,9 @@ first from then on, so a leader renews through another member before its lease r
 an etcd that does not answer (a member gone, etcd electing its own leader, no quorum): only a first contact without
 an answer fails the controller. With https:// endpoints the controller checks etcd's certificate against `etcd_ca`
 and shows its own (`etcd_cert`, `etcd_key`), for an etcd run with --client-cert-auth; a refused handshake is said in
-one line. Where etcd's auth is on, it logs in as `etcd_user` (its password in `etcd_password_file`) and sends the token etcd gives on every request,
-logging in again when etcd says the token is no longer valid; a refused login is said in one line.
+one line. Where etcd's auth is on, it logs in as `etcd_user` (its password in `etcd_password_file`) and sends the
+token etcd gives on every request, logging in again when etcd says the token is no longer valid; a refused login is
+said in one line.
 
 Which candidate should lead is the one that reaches the most switches (a controller cut off from one switch drives
 the others only). When its data plane can probe that (the registry's `reach`: switch agents answering a Hello,
