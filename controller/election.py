@@ -351,6 +351,7 @@ class Election:
     def _ask(self, request):
         """`request(client)` on the endpoint that answered last, else on the next one that answers, which is asked
         first from then on (said in the log); ElectionError naming every one that did not."""
+        import requests  # etcd3gw's own HTTP client: an answer cut off midway (a member killed) is its error alone
         errors = []
         for step in range(len(self.clients)):
             index = (self._current + step) % len(self.clients)
@@ -358,8 +359,8 @@ class Election:
             self.requests += 1
             try:
                 answer = self._logged_in(client, request)
-            except (self._etcd3gw.exceptions.ConnectionFailedError,
-                    self._etcd3gw.exceptions.ConnectionTimeoutError) as err:
+            except (self._etcd3gw.exceptions.ConnectionFailedError, self._etcd3gw.exceptions.ConnectionTimeoutError,
+                    requests.exceptions.RequestException) as err:
                 errors.append(f"{client.host}:{client.port}: {_unreachable(err)}")
                 continue
             except self._etcd3gw.exceptions.Etcd3Exception as err:

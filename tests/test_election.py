@@ -438,3 +438,33 @@ def test_with_etcds_auth_on_a_controller_logs_in_and_a_wrong_password_cannot_lea
             memcached.stop()
     last = done.stderr.strip().splitlines()[-1]
     assert done.returncode == 2 and "user root not logged in" in last and "Traceback" not in done.stderr, done.stderr
+
+
+def test_a_member_whose_answer_breaks_off_midway_is_passed_over(tmp_path):
+    """A member killed while it answers leaves a response cut off midway (requests' ChunkedEncodingError, which
+    etcd3gw does not wrap): the next member is asked, as for one that does not answer (before: the error escaped and
+    a waiting candidate's thread died). The cut-off member is a socket of the test's own that does just that."""
+    import socket
+    import threading
+
+    from controller.election import Election
+    listener = socket.create_server(("127.0.0.1", 0))
+
+    def break_off() -> None:
+        while True:
+            try:
+                connection, _ = listener.accept()
+            except OSError:
+                return  # closed: the test is over
+            with connection:
+                connection.recv(65536)
+                connection.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+                                   b"Transfer-Encoding: chunked\r\n\r\n40\r\n{\"header\"")
+    threading.Thread(target=break_off, daemon=True).start()
+    try:
+        with EtcdServer(tmp_path) as etcd:
+            broken = f"http://127.0.0.1:{listener.getsockname()[1]}"
+            election = Election((broken, etcd.url), "/mbalancer/test-broken", 1, "me")
+            assert election.leader() is None and election.member == etcd.url
+    finally:
+        listener.close()
