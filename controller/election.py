@@ -12,13 +12,14 @@ answers nobody, and no other candidate is elected while this one leads. Every ch
 (`events`), on this process's monotonic clock.
 etcd decides; nothing here is a consensus of its own. etcd runs as a cluster (three members): every member's
 endpoint is given, and each request goes to the member that answered last; one that does not answer within a quarter
-of the TTL (gone, frozen, cut off) is passed over for the next, which is asked first from then on, so a leader renews
-through another member before its lease runs out. A candidate waits through an etcd that does not answer (a member
-gone, etcd electing its own leader): only its first contact fails the controller. With https:// endpoints the
-controller checks etcd's certificate against `etcd_ca` and shows its own (`etcd_cert`, `etcd_key`), for an etcd run
-with --client-cert-auth; a refused handshake is said in one line. Where etcd's auth is on, it logs in as
-`etcd_user` (its password in `etcd_password_file`) and sends the token etcd gives on every request, logging in again
-when etcd says the token is no longer valid; a refused login is said in one line.
+of the TTL (gone, frozen, cut off; FIRST_TIMEOUT until one answered) is passed over for the next, which is asked
+first from then on, so a leader renews through another member before its lease runs out. A candidate waits through
+an etcd that does not answer (a member gone, etcd electing its own leader, no quorum): only a first contact without
+an answer fails the controller. With https:// endpoints the controller checks etcd's certificate against `etcd_ca`
+and shows its own (`etcd_cert`, `etcd_key`), for an etcd run with --client-cert-auth; a refused handshake is said in
+one line. Where etcd's auth is on, it logs in as `etcd_user` (its password in `etcd_password_file`) and sends the
+token etcd gives on every request, logging in again when etcd says the token is no longer valid; a refused login is
+said in one line.
 
 Which candidate should lead is the one that reaches the most switches (a controller cut off from one switch drives
 the others only). When its data plane can probe that (the registry's `reach`: switch agents answering a Hello,
@@ -44,6 +45,8 @@ from urllib.parse import urlsplit
 log = logging.getLogger(__name__)
 POLL = 0.1  # seconds between a candidate's tries while another leads (the key's absence is checked, not watched)
 REQUEST_TIMEOUT = 2.0  # seconds a member has to answer, a quarter of the TTL if less: time left for the next one
+FIRST_TIMEOUT = REQUEST_TIMEOUT  # seconds a member has to answer until one did: a first contact keeps no lease in
+# time, and a busy member takes longer than a quarter of a TTL for a TLS handshake (it said "unreachable")
 LOGIN_TIMEOUT = REQUEST_TIMEOUT  # seconds for a login: etcd checks the password with bcrypt (~0.1 s of CPU), which a
 # busy member takes longer than a quarter of a TTL to do; a login is not a renewal (once, or when a token went)
 LEAD_GUARD = 0.2  # seconds before etcd could let its lease run out that a leader stops (a quarter of the TTL if less):
@@ -91,8 +94,8 @@ class Election:
             warnings.simplefilter("ignore")
             import etcd3gw  # here: a controller without etcd does not import it
         self._etcd3gw = etcd3gw
-        timeout = min(REQUEST_TIMEOUT, ttl / 4)
-        self.clients = [_client(etcd3gw, url, timeout, tls, login is not None) for url in endpoints]
+        self._timeout = min(REQUEST_TIMEOUT, ttl / 4)  # once a member answered: time left for the next one
+        self.clients = [_client(etcd3gw, url, FIRST_TIMEOUT, tls, login is not None) for url in endpoints]
         self.endpoints = tuple(endpoints)
         self._current = 0  # the endpoint that answered last: asked first
         self.login = login
@@ -103,6 +106,8 @@ class Election:
         self._renewed = 0.0  # monotonic time the last renewal that got through was sent (etcd renewed after it)
         self._guard = min(LEAD_GUARD, ttl / 4)
         self._unrenewed = "etcd did not answer in time"  # why the latest renewal did not get through
+        self._due = 0.0  # monotonic time the renewal thread should send its next renewal
+        self._late = 0.0  # how late it sent one at most since the last that got through (a starved process)
         self._revoked = False
         self.lost = threading.Event()  # set once the leader could not keep its lease, or handed over
         self.why_lost = ""
@@ -111,6 +116,7 @@ class Election:
         self._probed = threading.Event()  # set by each probe
         self._published: tuple[int, tuple[int, int]] | None = None  # (lease, reached) in etcd now
         self.requests = 0  # requests sent to etcd members: a candidate waiting through an outage sends few
+        self._answered = False  # some member answered some request: later outages are waited through
         self.events: list[RoleChange] = []  # every change of role, oldest first
         self._changing = threading.Lock()  # the role changes once per cause: a loss and a resignation race
 
@@ -140,7 +146,12 @@ class Election:
     def campaign(self, stop: threading.Event) -> int | None:
         """Wait until this candidate leads: its election id; None if `stop` was set first. The first request to
         etcd raises ElectionError if no endpoint answers; later, the candidate waits until one does."""
-        lease_id = self._grant()
+        try:
+            lease_id: int | None = self._grant()
+        except ElectionError:
+            if not self._answered:
+                raise  # the first contact: etcd is unreachable or refuses this controller
+            lease_id = None  # etcd answered before (leader(), a standby's look): wait for it, as below
         self._become(Role.CANDIDATE)
         if self.reach is not None:
             threading.Thread(target=self._probe, args=(stop,), name="mbalancer-reach", daemon=True).start()
@@ -161,6 +172,7 @@ class Election:
             if elected is not None:
                 self.lease_id, self.election_id = lease_id, elected
                 self._become(Role.LEADER)
+                self._due = self._renewed + self.ttl * RENEW_EVERY
                 threading.Thread(target=self._keep, name="mbalancer-election", daemon=True).start()
                 threading.Thread(target=self._watch, name="mbalancer-lead-deadline", daemon=True).start()
                 return self.election_id
@@ -170,15 +182,16 @@ class Election:
             stop.wait(POLL)
         self._become(Role.IDLE, "stopped while a candidate")
         try:
-            self._revoke(lease_id)
+            if lease_id is not None:
+                self._revoke(lease_id)
         except ElectionError as err:
             log.warning("could not revoke the candidate's lease (it runs out by itself): %s", err)
         return None
 
-    def _try_to_lead(self, lease_id: int) -> tuple[int, str | None, int | None]:
+    def _try_to_lead(self, lease_id: int | None) -> tuple[int, str | None, int | None]:
         """One round of a candidate: (its lease, a better candidate it waits for or None, its election id if it
         leads now or None)."""
-        if self._refresh(lease_id) <= 0:  # the candidate's own lease lives while it waits (etcd stalled: anew)
+        if lease_id is None or self._refresh(lease_id) <= 0:  # its own lease lives while it waits (else anew)
             return self._grant(), None, None
         self._publish(lease_id)
         if (better := self._better_candidate()) is not None:
@@ -281,6 +294,7 @@ class Election:
         wait = self.ttl * RENEW_EVERY
         while not self.lost.wait(max(0.0, wait)):
             sent = time.monotonic()
+            self._late = max(self._late, sent - self._due)  # this thread woke late: the machine is busy
             try:
                 if self._refresh(self.lease_id) <= 0:
                     self._revoked = True  # nothing left to revoke
@@ -289,9 +303,11 @@ class Election:
             except ElectionError as err:
                 self._unrenewed = str(err)
                 wait = POLL
+                self._due = time.monotonic() + wait
                 continue
-            self._renewed = sent
+            self._renewed, self._late = sent, 0.0
             wait = sent + self.ttl * RENEW_EVERY - time.monotonic()
+            self._due = sent + self.ttl * RENEW_EVERY
             try:
                 self._publish(self.lease_id)
                 better = self._better_candidate()
@@ -312,8 +328,10 @@ class Election:
         counts the TTL from a renewal's arrival, so this leader has stopped before etcd could let its lease run out
         and elect another, even where renewals fail for want of an etcd quorum."""
         while not self.lost.wait(max(0.0, self._lead_ends() - time.monotonic())):
-            if time.monotonic() >= self._lead_ends():
-                self._give_up(f"no renewal got through for {self.ttl - self._guard:g} s ({self._unrenewed})")
+            if (now := time.monotonic()) >= self._lead_ends():
+                late = max(self._late, now - self._lead_ends())  # threads that woke late: a starved process
+                late = f"; this process ran up to {late:.2f} s late: a busy machine" * (late > POLL)
+                self._give_up(f"no renewal got through for {self.ttl - self._guard:g} s ({self._unrenewed}{late})")
                 return
 
     def _lead_ends(self) -> float:
@@ -342,6 +360,7 @@ class Election:
     def _ask(self, request):
         """`request(client)` on the endpoint that answered last, else on the next one that answers, which is asked
         first from then on (said in the log); ElectionError naming every one that did not."""
+        import requests  # etcd3gw's own HTTP client: an answer cut off midway (a member killed) is its error alone
         errors = []
         for step in range(len(self.clients)):
             index = (self._current + step) % len(self.clients)
@@ -349,14 +368,18 @@ class Election:
             self.requests += 1
             try:
                 answer = self._logged_in(client, request)
-            except (self._etcd3gw.exceptions.ConnectionFailedError,
-                    self._etcd3gw.exceptions.ConnectionTimeoutError) as err:
+            except (self._etcd3gw.exceptions.ConnectionFailedError, self._etcd3gw.exceptions.ConnectionTimeoutError,
+                    requests.exceptions.RequestException) as err:
                 errors.append(f"{client.host}:{client.port}: {_unreachable(err)}")
                 continue
             except self._etcd3gw.exceptions.Etcd3Exception as err:
                 said = str(err).strip().splitlines()
                 errors.append(f"{client.host}:{client.port}: {said[0] if said else type(err).__name__}")
                 continue
+            if not self._answered:
+                self._answered = True
+                for each in self.clients:
+                    each.timeout = self._timeout
             if index != self._current:
                 log.warning("etcd: now through %s:%s (%s)", client.host, client.port, "; ".join(errors))
                 self._current = index
