@@ -47,8 +47,6 @@ POLL = 0.1  # seconds between a candidate's tries while another leads (the key's
 REQUEST_TIMEOUT = 2.0  # seconds a member has to answer, a quarter of the TTL if less: time left for the next one
 FIRST_TIMEOUT = REQUEST_TIMEOUT  # seconds a member has to answer until one did: a first contact keeps no lease in
 # time, and a busy member takes longer than a quarter of a TTL for a TLS handshake (it said "unreachable")
-LOGIN_TIMEOUT = REQUEST_TIMEOUT  # seconds for a login: etcd checks the password with bcrypt (~0.1 s of CPU), which a
-# busy member takes longer than a quarter of a TTL to do; a login is not a renewal (once, or when a token went)
 LEAD_GUARD = 0.2  # seconds before etcd could let its lease run out that a leader stops (a quarter of the TTL if less):
 # time for the controller to stop driving (controller/cli.py looks every 50 ms)
 RENEW_EVERY = 0.25  # of the TTL, between renewals: one that waits a member's timeout (a quarter) and then goes
@@ -405,9 +403,10 @@ class Election:
         """etcd's /v3/auth/authenticate: the token every later request of this client carries."""
         import requests  # etcd3gw's own HTTP client
         user, password = self.login
-        try:
+        try:  # not a quarter of the TTL: etcd checks the password with bcrypt (~0.1 s of CPU, longer on a busy
+            # member), and a login is not a renewal
             answer = client.session.post(f"{client.base_url}/v3/auth/authenticate",
-                                         json={"name": user, "password": password}, timeout=LOGIN_TIMEOUT)
+                                         json={"name": user, "password": password}, timeout=REQUEST_TIMEOUT)
         except requests.exceptions.RequestException as err:  # as etcd3gw says it: the next endpoint is tried
             raise self._etcd3gw.exceptions.ConnectionFailedError(str(err)) from err
         if answer.status_code != 200:

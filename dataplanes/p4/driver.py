@@ -200,8 +200,7 @@ class P4RuntimeDriver(SlotBookDriver):
         for entity in client.read([e.table_entry(self.pipeline, t, {}) for t in tables], "the switch's own entries"):
             if entity.table_entry.table_id == forward_id:
                 match = e.match_of(self.pipeline, "forward", entity)
-                mac = ":".join(f"{b:02x}" for b in match["hdr.ethernet.dst"].to_bytes(6, "big"))
-                self.forwarded[client.address][mac] = e.params_of(self.pipeline, "to_port", entity)["port"]
+                self.forwarded[client.address][e.mac_text(match["hdr.ethernet.dst"])] = e.params_of(self.pipeline, "to_port", entity)["port"]
             else:
                 found[e.entry_key(entity)] = entity
         updates = []

@@ -109,6 +109,11 @@ def mac_value(mac: str) -> int:
     return int(mac.replace(":", ""), 16)
 
 
+def mac_text(value: int) -> str:
+    """mac_value's inverse: the MAC a match field holds, as the config writes it."""
+    return ":".join(f"{b:02x}" for b in value.to_bytes(6, "big"))
+
+
 def ip_value(ip: str) -> int:
     return int(ipaddress.IPv4Address(ip))
 
