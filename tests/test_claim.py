@@ -21,6 +21,13 @@ pytestmark = pytest.mark.skipif(why_not is not None, reason=f"eBPF data plane ca
 
 ROOT = Path(__file__).resolve().parent.parent
 
+
+@pytest.fixture(autouse=True)
+def refused_at_once(monkeypatch):
+    """These tests are about a second network being refused: a suite run with MBALANCER_NETWORK_WAIT would have it
+    wait instead (and a holder started here wait on this process's network), so each test starts without it."""
+    monkeypatch.delenv(WAIT_ENV, raising=False)
+
 # Builds a namespace network, says so, then waits to be killed.
 HOLDER = """
 import sys, time
