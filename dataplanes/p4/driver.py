@@ -290,12 +290,20 @@ class P4RuntimeDriver(SlotBookDriver):
         while not self._stop.wait(RECONNECT_EVERY):
             with self.book.lock:
                 self._broken |= {i for i, c in enumerate(self.clients) if c.down}
-                if not self._broken:
-                    continue
+                down = [i for i in sorted(self._broken) if self.clients[i].down]
+            if not self._broken:
+                continue
+            reached = self._reach(down)  # outside the lock: a switch out of reach holds up no call (renewals)
+            if reached is None:
+                continue
+            with self.book.lock:
+                for index, client in reached.items():
+                    self.clients[index].close()
+                    self.clients[index] = client
                 try:
                     found = self._reconnect()
                 except P4Error as err:
-                    log.info("P4Runtime switch still unreachable: %s", err)
+                    log.info("P4Runtime switch reached, not yet taken back: %s", err)
                     continue
                 self._broken = set()
             if found is None:
@@ -303,14 +311,23 @@ class P4RuntimeDriver(SlotBookDriver):
             elif self.on_reconnect is not None:
                 self.on_reconnect(found, None)
 
+    def _reach(self, indexes: Sequence[int]) -> dict[int, P4RuntimeClient] | None:
+        """A new client for each switch at `indexes`; None (and none kept) if one cannot be reached yet."""
+        reached: dict[int, P4RuntimeClient] = {}
+        try:
+            for index in indexes:
+                reached[index] = self._client(self.settings.switches[index])
+        except P4Error as err:
+            log.info("P4Runtime switch still unreachable: %s", err)
+            for client in reached.values():
+                client.close()
+            return None
+        return reached
+
     def _reconnect(self) -> list[FoundKey] | None:
-        """Under the lock: reach the broken switches again. Where each still runs this pipeline and holds hot keys
+        """Under the lock, the broken switches reached again. Where each still runs this pipeline and holds hot keys
         (its stream broke, the switch went on: `_kept`), what they hold is read back and returned for the core to
         adopt; else every switch starts afresh (None), the lease written again."""
-        for index in sorted(self._broken):
-            if self.clients[index].down:
-                self.clients[index].close()
-                self.clients[index] = self._client(self.settings.switches[index])
         tables = [P4Tables(c, self.pipeline) for c in self.clients]
         if all(self._kept(tables[i]) for i in self._broken):
             return self._read_back_again(tables)
