@@ -75,10 +75,17 @@ class AgentDriver(ForwardedDriver):
         except DriverError as err:
             log.info("closing: %s", err)
         finally:
-            self._closing.set()
-            if self._stream is not None:
-                self._stream.cancel()
-            self.channel.close()
+            self.let_go()
+
+    def let_go(self) -> None:
+        """The stream ended without a `close`: the agent lets its driver go with the lease left to run out by itself
+        (dataplanes/agent/server.py `_ended`), as when this controller dies."""
+        if self._closing.is_set():
+            return
+        self._closing.set()
+        if self._stream is not None:
+            self._stream.cancel()
+        self.channel.close()
 
     # --- inside ----------------------------------------------------------------------------------------------------
     def _call(self, method: str, args: tuple) -> Any:
