@@ -20,7 +20,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import OrderedDict
-from typing import Any, Sequence
+from typing import Any, Iterable, Sequence
 
 from dataplanes.driver import DriverError, ForwardingEntry, FoundKey, StreamId
 from dataplanes.fan_out import FanOut
@@ -365,7 +365,7 @@ class P4RuntimeDriver(SlotBookDriver):
                  "(only the keys that disagree are rebuilt)", len(self._broken), len(found))
         return found
 
-    def _lease_again(self, indexes) -> None:
+    def _lease_again(self, indexes: Iterable[int]) -> None:
         """The lease as last renewed, written again to the switches at `indexes` (a switch that was out of reach
         missed its renewals)."""
         if self.book.lease_until:
