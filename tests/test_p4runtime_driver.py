@@ -327,6 +327,38 @@ def test_a_switch_whose_stream_drops_is_adopted_and_one_back_empty_starts_every_
                 s.stop()
 
 
+def test_a_p4_box_whose_stream_drops_is_adopted_through_its_switch_agent(tmp_path):
+    """The same behind a switch agent (`mbalancer switch serve`, kind p4: a fabric's bmv2 box): the agent's driver
+    reconnects on its own and what it read back reaches the controller over the agent's stream (`on_reconnect(found,
+    None)`), not one Write on the switch."""
+    from dataplanes.agent import Settings as AgentSettings
+    from dataplanes.agent.client import AgentDriver
+    from tests.switch_agent import AgentProcess
+    from tests.tcp_relay import TcpRelay
+    server = CheckingServer(lease_query=False).start()
+    came_back: queue.Queue = queue.Queue()
+    with TcpRelay(("127.0.0.1", server.port)) as relay:
+        agent = AgentProcess(tmp_path, "p4", {"switches": [relay.address], "timeout": 1.0})
+        driver = None
+        try:
+            driver = AgentDriver(AgentSettings(address=agent.address, token_file=str(agent.token_file), kind="p4"))
+            driver.attach(SERVERS, lambda frame: None, lambda *args: came_back.put(args))
+            driver.install_hot_key(b"k", 0, [ReplicaWeight(0, 0.5), ReplicaWeight(1, 0.5)])
+            driver.clear_dirty(b"k", driver.write_stamp(b"k"))
+            driver.renew_lease(60)
+            writes = len(server.writes)
+            relay.cut()
+            found, lost = came_back.get(timeout=15)
+            assert lost is None and [(k.key, k.synced is not None, k.distrust) for k in found] == [(b"k", True, None)]
+            assert len(server.writes) == writes
+        finally:
+            if driver is not None:
+                driver.close()
+            said = agent.stop()
+            server.stop()
+    assert "Traceback" not in said, said
+
+
 def test_a_lease_querys_answer_and_a_rearms_go_each_to_its_own_caller(server, driver):
     """Both come as PacketIns with a `report`: 1 (a rearm's, µs since the server's latest unsure request) and 2 (a
     lease query's, µs left), each to its own queue, whichever comes first."""

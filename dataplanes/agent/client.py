@@ -137,7 +137,7 @@ class AgentDriver(ForwardedDriver):
                 if event[0] == "mirror" and self.on_mirror is not None:
                     self.on_mirror(event[1])
                 elif event[0] == "reconnect" and self.on_reconnect is not None:
-                    self.on_reconnect()
+                    self.on_reconnect(*event[1:])  # (found, lost) from a switch that came back holding keys
                 elif event[0] == "deposed":
                     self._deposed = f"deposed by a controller with election id {event[1]}: calls refused"
                     log.error("%s: %s", self.where, self._deposed)
