@@ -100,15 +100,38 @@ def _run_controller(args: argparse.Namespace, fail: Fail) -> int:
     if stop.is_set():
         print("mbalancer controller: stopping on a signal: the switches' lease ends, every get goes home",
               file=sys.stderr, flush=True)
-    core.stop()  # first: a leader that lost stops driving before etcd could elect another (the servers take ~1 s)
+    _stop_driving(core, lost)  # first: a leader that lost stops before etcd could elect another (servers take ~1 s)
     for server in servers:
         server.shutdown()
     _resign(election)
     if lost:
-        print(f"mbalancer controller: lost the lead ({election.why_lost}): stopped; the switches refuse its writes "
-              f"once the next leader reaches them", file=sys.stderr, flush=True)
+        print(f"mbalancer controller: lost the lead ({election.why_lost}): stopped, the switches let go with their "
+              f"lease running out by itself ({config.controller.lease:g} s), for the next leader to adopt their hot "
+              f"keys as they are; the switches refuse its writes once the next leader reaches them",
+              file=sys.stderr, flush=True)
         return 1
     return 0
+
+
+def _stop_driving(core: ControllerCore, lost: bool) -> None:
+    """Stop the core. A controller stopped on purpose (a signal) ends the switches' lease: every get goes home at
+    once, as nobody may come after it. A leader that lost its lead lets the switches go with their lease running
+    out by itself: ending it would send every hot key's gets home until the next leader renews it, and the next
+    leader, finding it ended, would resync every key instead of keeping the balanced, clean ones as they are.
+
+    Why that is safe:
+    - the leader has stopped driving first: core.stop joins the worker (no more table writes or copies) and the
+      lease thread (no renewal after it), and the driver delivers no more copies; the switches refuse it anyway
+      once its successor reaches them (election ids, P4Runtime arbitration, the local owner lock);
+    - the lease is not what keeps writes during the handover from being served stale: the switch counts every
+      write (and every request it cannot read) to a hot key before the home sees it, controller or not, so a key
+      written after its last clear is dirty in the switch (its gets go home) until a controller syncs it; the copy
+      the deposed leader no longer handles is not needed, as the successor reads the key back dirty and pushes its
+      home's item (docs/architecture.md, "A controller that takes over");
+    - what the lease bounds is how long copies go unwatched (a replica that lost its copy): at most
+      `controller.lease` after the last renewal, as after a `kill -9`, and the successor compares every copy with
+      its home before it keeps a key."""
+    core.stop(end_lease=not lost)
 
 
 def _bind(core: ControllerCore, listen: str, access: Access, metrics_listen: str, fail: Fail) -> list[HttpServer]:

@@ -121,12 +121,18 @@ class ControllerCore:
                  self.driver.name)
         return self
 
-    def stop(self) -> None:
+    def stop(self, end_lease: bool = True) -> None:
+        """Stop every thread (no more renewals, copies or writes), then close the driver: its lease ended, so every
+        get goes home at once; or, `end_lease` False, let go with the lease left to run out by itself, for a
+        successor to adopt the switches' keys balanced (a leader that lost its lead: controller/cli.py says why)."""
         self._stop.set()
         self._events.put(Stop())
         for thread in self._threads:
             thread.join(timeout=5)
-        self.driver.close()
+        if end_lease:
+            self.driver.close()
+        else:
+            self.driver.let_go()
         self.replicator.close()
         if self.server_gets is not None:
             self.server_gets.close()

@@ -20,13 +20,16 @@ from dataplanes.pipeline import MAX_HOT, MAX_REPLICAS, WEIGHT_ONE
 from dataplanes.slot_book import HotEntry, SlotBook
 
 
-def read_back(book: SlotBook, now_ns: int | None = None) -> list[FoundKey]:
+def read_back(book: SlotBook, now_ns: int | None = None, lease_until: int | None = None) -> list[FoundKey]:
     """Every hot key the book's switches hold (the switches just handed in with `use`), kept in the book where they
-    agree; raises what the switches' adapters raise (the caller names it)."""
+    agree; raises what the switches' adapters raise (the caller names it). `lease_until`: the lease as the
+    controller reading back gave it and held it since (a driver that reconnects its own switches: ns, 0 if ended),
+    taken instead of asking the switches, none of which can have a later one."""
     now_ns = time.monotonic_ns() if now_ns is None else now_ns
     with book.lock:
         held = [switch.held_keys() for switch in book.switches]
-        leases = [switch.lease() for switch in book.switches] if any(held) else []
+        leases = [] if not any(held) else [lease_until] if lease_until is not None else \
+            [switch.lease() for switch in book.switches]
         lease_distrust = (Distrust.LEASE_UNKNOWN if None in leases else
                           Distrust.LEASE_EXPIRED if any(lease <= now_ns for lease in leases) else None)
         agreed, refused = _agreed(held, len(book.servers))

@@ -11,8 +11,8 @@ What must hold, read from etcd's history of the election key and from the candid
 - a member cut off from its peers: a leader that talks to it turns to another member or stops, and nobody leads
   through it; one leader throughout.
 The same with real `mbalancer controller` processes on a switch agent: a leader that loses its quorum, or is cut off
-with its member, closes its session with the switch (the switch's lease ends, gets go home) before a successor
-attaches. The members are frozen (SIGSTOP) or killed (SIGKILL, then started again on their data); a member is cut
+with its member, ends its session with the switch before a successor attaches (the agent lets its driver go, the
+switch's lease left to run out by itself: controller/cli.py `_stop_driving`). The members are frozen (SIGSTOP) or killed (SIGKILL, then started again on their data); a member is cut
 off from its peers by a cgroup eBPF program dropping its peer-port traffic (root: those tests skip without it).
 The times (to stop, to elect again) are printed, not asserted: they depend on the machine."""
 from __future__ import annotations
@@ -260,7 +260,7 @@ def test_a_member_cut_off_from_its_peers_keeps_no_leader_and_one_leader_remains(
 @pytest.mark.skipif(peer_cuts_available() is not None, reason=str(peer_cuts_available()))
 def test_a_controller_cut_off_with_its_member_stops_driving_before_its_successor_reaches_the_switch(tmp_path):
     """c0 leads, given member 0 alone (a controller cut off together with its etcd member); c1 and c2 know every
-    member. Member 0 is cut off from its peers: c0 cannot renew, stops (exit 1) and closes its session with the
+    member. Member 0 is cut off from its peers: c0 cannot renew, stops (exit 1) and ends its session with the
     switch before etcd can let its lease run out, so the agent sees it stop before the successor, elected on the
     two members left, attaches: the successor is not fenced in, the old leader not deposed by it."""
     with EtcdCluster(tmp_path, peer_cuts=True) as etcd, controllers_on_an_agent(
@@ -274,18 +274,18 @@ def test_a_controller_cut_off_with_its_member_stops_driving_before_its_successor
               f"{time.monotonic() - cut_at:.2f} s after the cut")
     said = fleet.agent_log
     assert "lost the lead" in logged(fleet.logs[0]), logged(fleet.logs[0])[-2000:]
-    stopped = said.find("stopped: driver closed, lease ended")  # the agent's words for c0's close
+    stopped = said.find("left: driver let go, its lease left to run out")  # the agent's words for c0's end
     attached = re.search(r"controller \S+ \(election id (\d+)\) (is the primary|deposes)", said[stopped:])
     assert stopped >= 0 and attached and attached.groups() == (str(second), "is the primary"), said
     assert "deposes" not in said, said
 
 
 # --- controllers and a switch without an etcd quorum ------------------------------------------------------------
-def test_without_a_quorum_the_leading_controller_stops_its_switch_ends_the_lease_and_one_standby_drives_it_after(
-        tmp_path):
+def test_without_a_quorum_the_leading_controller_stops_lets_its_switch_go_and_one_standby_drives_it_after(tmp_path):
     """Real `mbalancer controller` processes on a switch agent: c0 leads through member 0, c1 and c2 wait. Members 1
-    and 2 freeze: c0 stops (exit 1, "lost the lead") and closes its session, so the agent ends the switch's lease at
-    once (gets go home, no primary); the standbys wait on. With the quorum back, one standby is elected and drives
+    and 2 freeze: c0 stops (exit 1, "lost the lead") and ends its session, so the agent has no primary and lets its
+    driver go, the switch's lease left to run out by itself (a successor would adopt the keys as they are; none can
+    be elected without a quorum, and gets go home once it has run out); the standbys wait on. With the quorum back, one standby is elected and drives
     the agent with a higher election id; one holder of the key at a time in etcd's history."""
     with EtcdCluster(tmp_path) as etcd, \
             controllers_on_an_agent(tmp_path, [etcd.urls[i:] + etcd.urls[:i] for i in range(3)]) as fleet:
@@ -294,7 +294,7 @@ def test_without_a_quorum_the_leading_controller_stops_its_switch_ends_the_lease
         lose_quorum(etcd, [1, 2], "frozen")
         closed = until(lambda: hello(agent.address, agent.token_file)["primary_election_id"] is None)
         assert processes[0].wait(timeout=WAIT) == 1
-        print(f"the leading controller closed its session with the switch {closed - lost_at:.2f} s after the "
+        print(f"the leading controller ended its session with the switch {closed - lost_at:.2f} s after the "
               f"quorum went, and exited {time.monotonic() - lost_at:.2f} s after it")
         said = hello(agent.address, agent.token_file)
         assert said["primary_election_id"] is None and said["highest_election_id"] == first, said
@@ -314,7 +314,7 @@ def test_without_a_quorum_the_leading_controller_stops_its_switch_ends_the_lease
     assert primary in [created for created, _, _ in held[1:]] or (primary is None and held[2:]), (primary, held)
     if held[2:]:  # the successor's renewals held up past its deadline on a busy machine: another leads
         print(f"a lead change more than expected (a busy machine): {held}")
-    assert "stopped: driver closed, lease ended" in fleet.agent_log, fleet.agent_log
+    assert "left: driver let go, its lease left to run out" in fleet.agent_log, fleet.agent_log
     for log in logs:
         assert "Traceback" not in logged(log), logged(log)[-2000:]
 

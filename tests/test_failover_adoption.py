@@ -2,7 +2,8 @@
 switch agents, two `mbalancer controller` processes elected through etcd, memcached on two servers, one client writing
 and reading two keys (one homed on each server) and another only reading two keys homed on the first server, so
 that this server's share of gets shows whether those keys are balanced. The leader is killed (SIGKILL) under
-load; the other one takes over and adopts what the switches hold (controller/adoption.py).
+load, or cut off from etcd (it loses its lead and stops, letting the switches go with their lease running); the
+other one takes over and adopts what the switches hold (controller/adoption.py).
 
 Asserted, independent of the machine's speed: every key adopted, none rebuilt, no key cooled, warmed again or
 reinstalled (each key's switch counters go on from where they were: an install resets them); not one get of the
@@ -33,8 +34,8 @@ from tests.conftest import MBALANCER, why_no_mininet
 from tests.etcd_server import EtcdServer, available
 from tests.switch_agent import hello
 from tests.test_p4_adoption import lease_query_compiled
-from tests.test_fabric_failover import (LOAD, WAIT, Controller, controller_config, elected_id, monitor_config,
-                                        next_leader, said, servers_table, state)
+from tests.test_fabric_failover import (LOAD, WAIT, Controller, controller_config, elected_id, ended_saying,
+                                        monitor_config, next_leader, said, servers_table, state)
 
 why_not = why_no_mininet() or available()
 pytestmark = pytest.mark.skipif(why_not is not None, reason=str(why_not))
@@ -116,6 +117,22 @@ P4_WHY_NOT = registry.get("p4").available() or (None if lease_query_compiled() e
 @pytest.mark.parametrize("dataplane", ["ebpf", pytest.param("p4", marks=pytest.mark.skipif(
     P4_WHY_NOT is not None, reason=f"no bmv2 boxes that tell their lease: {P4_WHY_NOT}"))])
 def test_a_leader_killed_under_load_is_not_noticed(tmp_path, dataplane):
+    fail_over(tmp_path, dataplane, KILLED)
+
+
+def test_a_leader_that_loses_its_lead_under_load_lets_the_switches_go_balanced(tmp_path):
+    """The leader cut off from etcd: it cannot renew, loses its lead and stops (exit 1) before etcd lets its lease
+    run out, letting the agents go with the switches' lease running (controller/cli.py `_stop_driving`), so the
+    successor adopts every key as it is, as after a kill: not one get of the read-only keys sent home, no key
+    resynced, no stale read of the keys written throughout."""
+    fail_over(tmp_path, "ebpf", CUT_FROM_ETCD)
+
+
+KILLED, CUT_FROM_ETCD = "kill -9 of the leader", "the leader cut off from etcd (its lead lost)"
+
+
+def fail_over(tmp_path: Path, dataplane: str, fault: str) -> None:
+    """The testbed under load, the leader made to fail by `fault`, and what the successor did, asserted."""
     from topologies.testbed import Testbed, TestbedSpec
     spec = TestbedSpec(topology="leafspine", servers=2, clients=2, leaves=2, spines=2, agents=True, controllers=2,
                        dataplane=dataplane)
@@ -151,7 +168,10 @@ def test_a_leader_killed_under_load_is_not_noticed(tmp_path, dataplane):
             time.sleep(2)  # the level before the kill
             before = state(group[0].config)
             killed = time.monotonic()
-            os.kill(group[0].process.pid, signal.SIGKILL)
+            if fault == KILLED:
+                os.kill(group[0].process.pid, signal.SIGKILL)
+            else:
+                bed.lan.cut(bed.lan_host(group[0].name), bed.lan_host("etcd"))
             leader = next_leader(group[1:])
             election_id = elected_id(leader.log)
             boxes, token = list(bed.dataplane().settings.boxes), Path(bed.dataplane().settings.token_file)
@@ -161,6 +181,8 @@ def test_a_leader_killed_under_load_is_not_noticed(tmp_path, dataplane):
             took = time.monotonic() - killed
             time.sleep(max(killed + AFTER - time.monotonic(), 0))
             after = state(leader.config)
+            if fault == CUT_FROM_ETCD:
+                ended_saying(group[0], "lost the lead")
             stop.touch()
             counts, reads = (json.loads(load.communicate(timeout=WAIT)[0].strip().splitlines()[-1]) for load in loads)
         finally:
@@ -177,7 +199,7 @@ def test_a_leader_killed_under_load_is_not_noticed(tmp_path, dataplane):
         spread = {k.decode(): {server: n - key_counts(before)[k.decode()]["per_replica"].get(server, 0)
                                for server, n in key_counts(after)[k.decode()]["per_replica"].items()}
                   for k in keys}  # where each key's gets went from just before the kill on, as the switches counted
-        print(f"kill -9 of the leader: {leader.name} drives every box {took:.2f} s after; busiest server's share "
+        print(f"{fault}: {leader.name} drives every box {took:.2f} s after; busiest server's share "
               f"{level:.3f} before the kill (its windows at most {noise:.3f} off it), "
               f"{min(windows):.3f}-{max(windows):.3f} in {len(windows)} windows of {1000 * WINDOW:.0f} ms over the "
               f"{AFTER:g} s after it (at most {worst:.3f} off; mean {sum(windows) / len(windows):.3f}); "

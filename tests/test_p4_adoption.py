@@ -66,20 +66,7 @@ class Switch:
         return seen
 
     def snapshot(self) -> set[bytes]:
-        """Every entry of the hot-key tables and every cell of the counters, as the switch gives them (a Read of
-        its own, no arbitration): serialized, to compare as sets."""
-        from dataplanes.p4 import entries as e
-        from dataplanes.p4.pipeline import Pipeline
-        pipeline = Pipeline()
-        entities = [e.table_entry(pipeline, t, {}) for t in (*KEY_TABLES, "servers", "forward")]
-        entities += [e.counter_read(pipeline, c) for c in COUNTERS]
-        channel = grpc.insecure_channel(self.bmv2.address)
-        try:
-            stub = p4runtime_pb2_grpc.P4RuntimeStub(channel)
-            replies = stub.Read(p4runtime_pb2.ReadRequest(device_id=1, entities=entities), timeout=10)
-            return {entity.SerializeToString(deterministic=True) for reply in replies for entity in reply.entities}
-        finally:
-            channel.close()
+        return snapshot(self.bmv2.address)
 
     def close(self) -> None:
         self.bmv2.stop()
@@ -109,6 +96,39 @@ def set_request(key: bytes) -> bytes:
     """A set of `key` to server 0 over TCP (its home in this test): counted as a write where the key is hot."""
     from tests.pipeline_fixtures import request_to
     return request_to(SERVERS[0], b"set " + key + b" 0 0 1\r\nx\r\n", udp=False)
+
+
+def snapshot(address: str) -> set[bytes]:
+    """Every entry of the hot-key tables and every cell of the counters, as the switch at `address` gives them (a
+    Read of its own, no arbitration): serialized, to compare as sets."""
+    from dataplanes.p4 import entries as e
+    from dataplanes.p4.pipeline import Pipeline
+    pipeline = Pipeline()
+    entities = [e.table_entry(pipeline, t, {}) for t in (*KEY_TABLES, "servers", "forward")]
+    entities += [e.counter_read(pipeline, c) for c in COUNTERS]
+    channel = grpc.insecure_channel(address)
+    try:
+        stub = p4runtime_pb2_grpc.P4RuntimeStub(channel)
+        replies = stub.Read(p4runtime_pb2.ReadRequest(device_id=1, entities=entities), timeout=10)
+        return {entity.SerializeToString(deterministic=True) for reply in replies for entity in reply.entities}
+    finally:
+        channel.close()
+
+
+def slot_counts(snapshot: set[bytes], slot: int) -> set[bytes]:
+    """The counter cells of a snapshot that belong to `slot`: its gets, sent home, mirrored, and per replica."""
+    from dataplanes.p4.pipeline import Pipeline
+    from dataplanes.pipeline import MAX_REPLICAS
+    pipeline, found = Pipeline(), set()
+    per_slot = {pipeline.counter(c) for c in ("key_gets", "key_home_while_dirty", "key_mirrored")}
+    for raw in snapshot:
+        entity = p4runtime_pb2.Entity.FromString(raw)
+        cell = entity.counter_entry if entity.HasField("counter_entry") else None
+        if cell is not None and (cell.counter_id in per_slot and cell.index.index == slot or
+                                 cell.counter_id == pipeline.counter("key_per_replica")
+                                 and cell.index.index // MAX_REPLICAS == slot):
+            found.add(raw)
+    return found
 
 
 def of_slot(snapshot: set[bytes], slot: int, key: bytes) -> set[bytes]:

@@ -6,6 +6,7 @@ skips elsewhere."""
 from __future__ import annotations
 
 import os
+import time
 
 import pytest
 
@@ -15,7 +16,7 @@ from mbalancer.memcache.addresses import ServerAddress
 from mbalancer.memcache.client import tcp_client
 from tests.conftest import eventually, memcached_answers
 from tests.test_ebpf_network import (  # noqa: F401  (collected here: pytest runs them with the fixtures below)
-    client_gets, config_of, hits, make_hot, test_a_set_is_mirrored_and_gets_go_home_until_the_copies_are_fresh,
+    client_gets, closes_handled, config_of, hits, make_hot, test_a_set_is_mirrored_and_gets_go_home_until_the_copies_are_fresh,
     test_cold_keys_and_multi_gets_reach_their_home,
     test_hot_gets_are_spread_by_weight_and_answered_from_the_home_address,
     test_malformed_requests_and_long_keys_reach_the_server_untouched, test_the_dirty_bit_sends_gets_home,
@@ -112,3 +113,98 @@ def test_the_ryu_app_balances_and_mirrors_writes_through_its_p4_driver_process(n
         assert eventually(lambda: synced(1), timeout=20), app.state()["decisions"][-3:]  # the mirrored copy came
     finally:
         assert app.stop() == 0, app.log()[-2000:]
+
+
+def test_a_stream_cut_under_gets_is_adopted_and_a_switch_restarted_empty_gets_everything_again(network):
+    """The controller's P4Runtime connection cut (a relay in front of bmv2, which goes on) while a client gets and
+    sets: a set crosses the switch (counted: its key dirty there; its copy lost with the stream), the lease runs out,
+    and a range of a third key is deleted by another controller meanwhile. Healed: the driver reconnects and the core
+    adopts what the switch holds, as a new leader would but knowing its own lease: the key nobody touched is kept
+    with nothing written (its entries and counters read the same), the one set is settled from its home, the one
+    whose range went is rebuilt alone, and no get reads the old value. Then bmv2 is restarted (empty): the pipeline
+    and every key go on again. What each reconnect wrote is printed side by side."""
+    from dataclasses import replace
+    from dataplanes.p4 import entries as e
+    from dataplanes.p4.client import P4RuntimeClient, P4RuntimeError
+    from dataplanes.p4.pipeline import Pipeline
+    from mbalancer.memcache.meta import MetaClient, StoredItem
+    from tests.tcp_relay import TcpRelay
+    from tests.test_p4_adoption import of_slot, slot_counts, snapshot
+    bmv2, pipeline = network.switch.bmv2, Pipeline()
+    kept, written, cut = keys = [b"rc:kept", b"rc:set", b"rc:cut"]
+    host, port = bmv2.address.rsplit(":", 1)
+    with TcpRelay((host, int(port))) as relay:
+        kind = registry.get("p4")
+        driver = kind.make_driver(kind.parse_settings({**network.switch.driver_settings(),
+                                                       "switches": [relay.address]}))
+        config = config_of(network)
+        core = ControllerCore(replace(config, balancing=replace(config.balancing, hot=3)), driver,
+                              probe_health=False).start()
+        ip = {key: network.server_hosts[core.key_hash.server_of(key)].ip for key in keys}
+        try:
+            for key in keys:
+                MetaClient(core.config.servers[core.key_hash.server_of(key)].address).set(
+                    key, StoredItem(b"old", 0, -1, 0))
+            core.submit_report({"time": time.time(), "interval": 1.0, "rate": 1000.0,
+                                "top": [{"key": k.decode(), "rate": 500.0} for k in keys]})
+            assert eventually(lambda: all(k in core.executor.hot and not core.executor.hot[k].dirty for k in keys)
+                              and closes_handled(core), timeout=30), core.state()["decisions"][-5:]
+            slots = dict(driver.slots)
+            relay.cut(hold=True)
+            assert eventually(lambda: driver.clients[0].down, timeout=10)
+            stored = client_gets(network, ip[written], written, 1, b"set rc:set 0 0 3\r\nnew\r\n")
+            assert stored["values"] == {"STORED\r\n": 1}, stored
+            fresh = {"VALUE rc:set 0 3\r\nnew\r\nEND\r\n"}
+            assert set(client_gets(network, ip[written], written, 30)["values"]) == fresh  # home: dirty there
+            client_gets(network, ip[kept], kept, 30)
+            other = P4RuntimeClient(bmv2.address, 1, election_id=1)  # another controller, while this one is away
+            assert eventually(lambda: _connected(other, P4RuntimeError), timeout=10)
+            try:
+                ranges = [r for r in other.read([e.table_entry(pipeline, "replicas", {})], "ranges")
+                          if e.match_of(pipeline, "replicas", r)["meta.slot"] == slots[cut]]
+                other.write([e.update(e.DELETE, ranges[0])], "a range of rc:cut")
+            finally:
+                other.close()
+            before, reconnects, decided = snapshot(bmv2.address), core.counts["reconnects"], len(core.decisions_made())
+            relay.heal()
+            assert eventually(lambda: core.counts["reconnects"] > reconnects and core.wait_idle()
+                              and written in core.executor.hot and not core.executor.hot[written].dirty,
+                              timeout=30), core.state()["decisions"][-5:]
+            after, adopted = snapshot(bmv2.address), (driver.clients[0].writes, driver.clients[0].updates)
+            verdicts = {d["key"]: (d["action"], d.get("why")) for d in core.decisions_made()[decided:]
+                        if d["action"] in ("adopt", "reconcile", "replay", "warm")}
+            assert verdicts == {"rc:kept": ("adopt", None), "rc:set": ("adopt", None),
+                                "rc:cut": ("reconcile", "not-placeable")}, verdicts
+            assert driver.reconnects == 0 and cut not in driver.slots and of_slot(after, slots[cut], cut) == set()
+            assert of_slot(after, slots[kept], kept) == of_slot(before, slots[kept], kept) != set()  # not rewritten
+            assert slot_counts(after, slots[kept]) == slot_counts(before, slots[kept])  # no counter reset
+            assert driver.slots[kept] == slots[kept] and driver.slots[written] == slots[written]
+            for key, value in ((kept, "old"), (written, "new")):  # balanced again, never an old value
+                spread = hits(network)
+                got = client_gets(network, ip[key], key, 90)["values"]
+                assert set(got) == {f"VALUE {key.decode()} 0 3\r\n{value}\r\nEND\r\n"}, got
+                spread = [a - b for a, b in zip(hits(network), spread)]
+                assert min(spread) > 10, spread
+
+            network.switch.reload()  # restarted: empty (then bootstrapped with this pipeline, no hot key)
+            assert eventually(lambda: driver.reconnects == 1 and core.wait_idle() and all(
+                k in driver.slots and not core.executor.hot[k].dirty for k in (kept, written)), timeout=30), \
+                core.state()["decisions"][-5:]
+            reinstalled = (driver.clients[0].writes, driver.clients[0].updates)
+            print(f"P4Runtime writes on reconnect: stream cut, switch went on (adopted): {adopted[0]} requests, "
+                  f"{adopted[1]} updates; switch restarted empty (everything again, as every reconnect did before): "
+                  f"{reinstalled[0]} requests, {reinstalled[1]} updates")
+            assert adopted[1] < reinstalled[1]
+        finally:
+            core.stop()
+    for host_ in network.server_hosts:
+        tcp_client(ServerAddress(host_.ip)).flush_all()
+    empty_hot_keys(bmv2.address)
+
+
+def _connected(client, errors) -> bool:
+    try:
+        client.connect()
+        return True
+    except errors:
+        return False

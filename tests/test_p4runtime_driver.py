@@ -4,6 +4,7 @@ those entries is for the bmv2 tests (tests/test_p4_program.py, the driver contra
 from __future__ import annotations
 
 import os
+import queue
 import time
 from pathlib import Path
 
@@ -16,6 +17,7 @@ from dataplanes.p4.bmv2 import free_port
 from dataplanes.p4.pipeline import FLOOD_GROUP, MIRROR_SESSION
 from dataplanes.p4.pipeline import MAX_HOT
 from mbalancer.config import Server
+from tests.conftest import eventually
 from tests.p4runtime_server import CheckingServer, answering_pipeline
 
 SERVERS = [Server(f"s{i}", f"10.0.0.{i + 1}", f"02:00:00:00:00:{i + 1:02x}", 11211 + (i == 2)) for i in range(4)]
@@ -278,6 +280,83 @@ def test_a_key_two_switches_disagree_on_is_rebuilt_alone():
     finally:
         for s in servers:
             s.stop()
+
+
+def test_a_switch_whose_stream_drops_is_adopted_and_one_back_empty_starts_every_switch_afresh():
+    """Two switches, the first behind a relay whose connections the test cuts (the switch goes on), with the
+    committed program, which cannot tell its lease (no op 3). The driver reconnects and hands the core what the
+    switches hold (`on_reconnect(found, None)`) without one Write: every key read back as it was, the lease its own
+    (clean keys stay clean, none `lease-unknown`), but the key whose range the first switch lost meanwhile, taken out
+    of both (tables-disagree). Cut again with an empty switch behind the relay (restarted): the pipeline goes on
+    both switches again and the core is told to install everything again (`on_reconnect()`)."""
+    from dataplanes.p4.pipeline import Pipeline
+    from tests.tcp_relay import TcpRelay
+    servers = [CheckingServer(lease_query=False).start() for _ in range(2)]
+    came_back: queue.Queue = queue.Queue()
+    with TcpRelay(("127.0.0.1", servers[0].port)) as relay:
+        driver = P4RuntimeDriver(Settings(switches=(relay.address, servers[1].address), timeout=1.0), Pipeline())
+        try:
+            driver.attach(SERVERS, lambda frame: None, lambda *args: came_back.put(args))
+            left_behind(driver)
+            slots, writes = driver.slots, [len(s.writes) for s in servers]
+            relay.cut(hold=True)
+            assert eventually(lambda: driver.clients[0].down, timeout=10)
+            store = servers[0].entries  # one range of `wide` lost on the first switch while it was out of reach
+            del store[next(k for k, v in store.items() if v.table_id == Pipeline().table("replicas").id
+                           and int.from_bytes(v.match[0].exact.value, "big") == slots[b"wide"])]
+            lease_outs = len(servers[0].packet_outs)
+            relay.heal()
+            found, lost = came_back.get(timeout=10)
+            assert lost is None and {k.key: (k.synced is not None, k.distrust) for k in found} == {
+                b"clean": (True, None), b"dirty": (False, None), b"wide": (False, Distrust.TABLES_DISAGREE)}
+            assert driver.slots == {k: v for k, v in slots.items() if k != b"wide"} and driver.reconnects == 0
+            assert [len(s.writes) - w for s, w in zip(servers, writes)] == [1, 1]  # `wide` out of each, alone
+            assert len(servers[0].packet_outs) == lease_outs + 1  # its lease written again (it missed renewals)
+
+            empty = CheckingServer(lease_query=False).start()
+            servers.append(empty)
+            relay.upstream = ("127.0.0.1", empty.port)
+            relay.cut()
+            assert came_back.get(timeout=10) == () and driver.reconnects == 1 and driver.slots == {}
+            assert empty.cookie == servers[1].cookie == Pipeline().cookie
+            assert [len(entries(s, "servers")) for s in (empty, servers[1])] == [len(SERVERS)] * 2
+            assert [len(entries(s, "hot_keys")) for s in (empty, servers[1])] == [0, 0]
+        finally:
+            driver.close()
+            for s in servers:
+                s.stop()
+
+
+def test_a_p4_box_whose_stream_drops_is_adopted_through_its_switch_agent(tmp_path):
+    """The same behind a switch agent (`mbalancer switch serve`, kind p4: a fabric's bmv2 box): the agent's driver
+    reconnects on its own and what it read back reaches the controller over the agent's stream (`on_reconnect(found,
+    None)`), not one Write on the switch."""
+    from dataplanes.agent import Settings as AgentSettings
+    from dataplanes.agent.client import AgentDriver
+    from tests.switch_agent import AgentProcess
+    from tests.tcp_relay import TcpRelay
+    server = CheckingServer(lease_query=False).start()
+    came_back: queue.Queue = queue.Queue()
+    with TcpRelay(("127.0.0.1", server.port)) as relay:
+        agent = AgentProcess(tmp_path, "p4", {"switches": [relay.address], "timeout": 1.0})
+        driver = None
+        try:
+            driver = AgentDriver(AgentSettings(address=agent.address, token_file=str(agent.token_file), kind="p4"))
+            driver.attach(SERVERS, lambda frame: None, lambda *args: came_back.put(args))
+            driver.install_hot_key(b"k", 0, [ReplicaWeight(0, 0.5), ReplicaWeight(1, 0.5)])
+            driver.clear_dirty(b"k", driver.write_stamp(b"k"))
+            driver.renew_lease(60)
+            writes = len(server.writes)
+            relay.cut()
+            found, lost = came_back.get(timeout=15)
+            assert lost is None and [(k.key, k.synced is not None, k.distrust) for k in found] == [(b"k", True, None)]
+            assert len(server.writes) == writes
+        finally:
+            if driver is not None:
+                driver.close()
+            said = agent.stop()
+            server.stop()
+    assert "Traceback" not in said, said
 
 
 def test_a_lease_querys_answer_and_a_rearms_go_each_to_its_own_caller(server, driver):

@@ -75,10 +75,17 @@ class AgentDriver(ForwardedDriver):
         except DriverError as err:
             log.info("closing: %s", err)
         finally:
-            self._closing.set()
-            if self._stream is not None:
-                self._stream.cancel()
-            self.channel.close()
+            self.let_go()
+
+    def let_go(self) -> None:
+        """The stream ended without a `close`: the agent lets its driver go with the lease left to run out by itself
+        (dataplanes/agent/server.py `_ended`), as when this controller dies."""
+        if self._closing.is_set():
+            return
+        self._closing.set()
+        if self._stream is not None:
+            self._stream.cancel()
+        self.channel.close()
 
     # --- inside ----------------------------------------------------------------------------------------------------
     def _call(self, method: str, args: tuple) -> Any:
@@ -130,7 +137,7 @@ class AgentDriver(ForwardedDriver):
                 if event[0] == "mirror" and self.on_mirror is not None:
                     self.on_mirror(event[1])
                 elif event[0] == "reconnect" and self.on_reconnect is not None:
-                    self.on_reconnect()
+                    self.on_reconnect(*event[1:])  # (found, lost) from a switch that came back holding keys
                 elif event[0] == "deposed":
                     self._deposed = f"deposed by a controller with election id {event[1]}: calls refused"
                     log.error("%s: %s", self.where, self._deposed)

@@ -308,9 +308,16 @@ class FabricDriver(Driver):
         return [name for box in self.boxes for name in box.switches_gone()]
 
     def close(self) -> None:
+        self._each_box(lambda box: box.close())
+
+    def let_go(self) -> None:
+        self._each_box(lambda box: box.let_go())
+
+    def _each_box(self, end: Callable[[Driver], None]) -> None:
+        """Every box closed or let go, one after the other (a box that refuses holds back no other)."""
         for box in self.boxes:
             try:
-                box.close()
+                end(box)
             except DriverError as err:
                 log.info("closing a box: %s", err)
         self.fan_out.close()

@@ -240,7 +240,7 @@ class SwitchAgent:
             session.put(("closed",))
             return None
         return answer(self.driver, method, args, lambda frame: self._event(("mirror", frame)),
-                      lambda: self._event(("reconnect",)))
+                      lambda *came_back: self._event(("reconnect", *came_back)))
 
     def _event(self, event: tuple) -> None:
         primary = self.primary  # read without the lock: a driver's thread must not wait behind a call

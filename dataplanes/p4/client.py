@@ -103,6 +103,7 @@ class P4RuntimeClient:
         self._arbitration_error = ""
         self._closed = False
         self.down = False  # the stream broke (the switch stopped or restarted): a new client is needed
+        self.writes = self.updates = 0  # Write requests sent, and their updates (what a reconnect cost: tests count)
         self._reader: threading.Thread | None = None
 
     # --- the stream -----------------------------------------------------------------------------------------
@@ -209,6 +210,7 @@ class P4RuntimeClient:
         if not request.updates:
             return
         request.election_id.low = self.election_id
+        self.writes, self.updates = self.writes + 1, self.updates + len(request.updates)
         try:
             self._stub.Write(request, timeout=self.timeout)
         except grpc.RpcError as err:

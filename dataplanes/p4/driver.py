@@ -7,17 +7,20 @@ P4 switch's own: the pipeline, the servers, ports and sessions, forwarding, and 
 on the stream. At attach a switch that already runs this pipeline (its cookie names the same compiled program) is
 adopted: nothing is pushed, the driver's own entries are made what the config says (inserted, modified or deleted
 where they differ), and its hot keys are read back as they are (dataplanes/read_back.py; P4Tables.held_keys). A
-switch running another pipeline, or none, gets the pipeline pushed. A switch whose stream breaks (stopped,
-restarted) is reconnected by the driver's thread: the pipeline goes back on every switch, the book forgets its
-slots and the core is asked to install everything again (the copies of writes the broken stream did not bring are
-lost: only a reinstall is sure to catch them).
+switch running another pipeline, or none, gets the pipeline pushed. A switch whose stream breaks (the connection
+cut, the switch stopped or restarted) is reconnected by the driver's thread. One that went on meanwhile (this
+pipeline, its hot keys still there) is adopted as at attach: every switch's keys read back into the book and handed
+to the core (`on_reconnect(found, None)`, controller/adoption.py came_back), which keeps what agrees with nothing
+written; the copies of writes the broken stream did not bring are not needed, as the switch counted those writes
+(their keys read back dirty, and settled). One that came back empty gets the pipeline again, and so does every
+other switch: the book forgets its slots and the core installs everything again.
 """
 from __future__ import annotations
 
 import logging
 import time
 from collections import OrderedDict
-from typing import Any, Sequence
+from typing import Any, Iterable, Sequence
 
 from dataplanes.driver import DriverError, ForwardingEntry, FoundKey, StreamId
 from dataplanes.fan_out import FanOut
@@ -70,7 +73,7 @@ class P4RuntimeDriver(SlotBookDriver):
         self.forwarded: dict[str, dict[str, int]] = {}  # switch address -> its forward entries (MAC -> port)
         # P4Runtime arbitration: the first controller stays primary, unless elected through etcd (a higher id)
         self.election_id = settings.election_id or first_come_election_id()
-        self._restart_pending = False  # a switch broke: every switch starts afresh once all are reached
+        self._broken: set[int] = set()  # switches whose stream broke, by index: reached again by `_watch`
         # connection -> where its unread stretch began, as the copies of its segments carry it (registers cannot be
         # read over P4Runtime)
         self._stream_starts: OrderedDict[StreamId, int] = OrderedDict()
@@ -282,32 +285,92 @@ class P4RuntimeDriver(SlotBookDriver):
         return read_back(self.book)
 
     def _watch(self) -> None:
-        """Reconnect switches whose stream broke; then every switch starts afresh and the core reinstalls."""
+        """Reconnect switches whose stream broke; then the core adopts what they hold, or (a switch came back
+        empty) every switch starts afresh and the core reinstalls."""
         while not self._stop.wait(RECONNECT_EVERY):
             with self.book.lock:
-                self._restart_pending |= any(c.down for c in self.clients)
-                if not self._restart_pending:
-                    continue
+                self._broken |= {i for i, c in enumerate(self.clients) if c.down}
+                down = [i for i in sorted(self._broken) if self.clients[i].down]
+            if not self._broken:
+                continue
+            reached = self._reach(down)  # outside the lock: a switch out of reach holds up no call (renewals)
+            if reached is None:
+                continue
+            with self.book.lock:
+                for index, client in reached.items():
+                    self.clients[index].close()
+                    self.clients[index] = client
                 try:
-                    self._reconnect()
+                    found = self._reconnect()
                 except P4Error as err:
-                    log.info("P4Runtime switch still unreachable: %s", err)
+                    log.info("P4Runtime switch reached, not yet taken back: %s", err)
                     continue
-                self._restart_pending = False
-            self._came_back()
+                self._broken = set()
+            if found is None:
+                self._came_back()
+            elif self.on_reconnect is not None:
+                self.on_reconnect(found, None)
 
-    def _reconnect(self) -> None:
-        """Under the lock: reconnect the broken switches, then start every switch afresh, the lease written again."""
-        for index, old in enumerate(self.clients):
-            if old.down:
-                old.close()
-                self.clients[index] = self._client(self.settings.switches[index])
+    def _reach(self, indexes: Sequence[int]) -> dict[int, P4RuntimeClient] | None:
+        """A new client for each switch at `indexes`; None (and none kept) if one cannot be reached yet."""
+        reached: dict[int, P4RuntimeClient] = {}
+        try:
+            for index in indexes:
+                reached[index] = self._client(self.settings.switches[index])
+        except P4Error as err:
+            log.info("P4Runtime switch still unreachable: %s", err)
+            for client in reached.values():
+                client.close()
+            return None
+        return reached
+
+    def _reconnect(self) -> list[FoundKey] | None:
+        """Under the lock, the broken switches reached again. Where each still runs this pipeline and holds hot keys
+        (its stream broke, the switch went on: `_kept`), what they hold is read back and returned for the core to
+        adopt; else every switch starts afresh (None), the lease written again."""
+        tables = [P4Tables(c, self.pipeline) for c in self.clients]
+        if all(self._kept(tables[i]) for i in self._broken):
+            return self._read_back_again(tables)
         for client in self.clients:
             self._prepare(client, adopt=False)
         self.book.came_back([P4Tables(c, self.pipeline) for c in self.clients])
+        self._lease_again(range(len(self.clients)))
+        return None
+
+    def _kept(self, tables: P4Tables) -> bool:
+        """Whether a switch whose stream broke went on meanwhile: it runs this pipeline and holds hot keys (or the
+        book holds none). A restarted switch holds none: bootstrapped (Bmv2Switch.bootstrap) it even runs this
+        pipeline, and adopting it would have every key of the other switches rebuilt for disagreeing with it."""
+        return tables.client.pipeline_cookie() == self.pipeline.cookie and (
+            not self.book.entries or bool(tables.held_keys()))
+
+    def _read_back_again(self, tables: list[P4Tables]) -> list[FoundKey]:
+        """Under the lock, the broken switches reached again and each kept: their driver entries made what the config
+        says (`_adopt`: nothing written where they are), then every switch's hot keys read back into the book as at
+        attach (dataplanes/read_back.py), with one difference: the lease is this controller's own, which it held all
+        along (`book.lease_until`), not asked of the switches (the committed program cannot answer op 3).
+
+        Why that is safe: a switch's lease stands for a controller watching its copies; a new leader that cannot
+        tell whether the switch went unwatched resyncs every key. This controller watched all along (its health
+        probes, its renewals), and what it missed of the broken switch, the copies of writes that crossed it, the
+        switch counted (a write or unsure request counted since a key's clear makes it dirty there, lease or not):
+        those keys read back dirty and are settled. A switch whose lease ran out meanwhile sent gets home, the safe
+        side. Only a lease this controller ended, or let run out, makes its keys resynced (`lease-expired`)."""
+        for index in sorted(self._broken):
+            self._prepare(tables[index].client, adopt=True)
+        self.book.use(tables)
+        found = read_back(self.book, lease_until=self.book.lease_until)
+        self._lease_again(self._broken)
+        log.info("%d P4 switch(es) reached again, still holding their hot keys: %d read back for the core to adopt "
+                 "(only the keys that disagree are rebuilt)", len(self._broken), len(found))
+        return found
+
+    def _lease_again(self, indexes: Iterable[int]) -> None:
+        """The lease as last renewed, written again to the switches at `indexes` (a switch that was out of reach
+        missed its renewals)."""
         if self.book.lease_until:
-            for tables in self.book.switches:
-                tables.set_lease(self.book.lease_until)
+            for index in sorted(indexes):
+                self.book.switches[index].set_lease(self.book.lease_until)
 
     def stream_start(self, stream: StreamId) -> int | None:
         return self._stream_starts.get(stream)
