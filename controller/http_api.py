@@ -106,12 +106,20 @@ class HttpServer:
             self._front.shutdown()
         server = self._server
         server.task_dispatcher.shutdown(timeout=2)
-        for channel in list(server._map.values()):  # the listener and every client connection: the loop then ends
-            channel.close()
-        if self._thread is not None:
+        if self._thread is not None and self._thread.is_alive():
+            # Closed from the serving loop's own thread (waitress runs a trigger's thunks there): closed from this one,
+            # the listener could go while the loop accepts a connection, and waitress logs a traceback for it.
+            server.trigger.pull_trigger(lambda: _close_channels(server))
             self._thread.join(timeout=3)
+        _close_channels(server)  # never started, or its loop did not end in time
         if self._folder is not None:
             shutil.rmtree(self._folder, ignore_errors=True)
+
+
+def _close_channels(server) -> None:
+    """Close the listener, the trigger and every client connection: waitress's loop ends once none is left."""
+    for channel in list(server._map.values()):
+        channel.close()
 
 
 def serve(core: ControllerCore, address: tuple[str, int], body_timeout: int = BODY_TIMEOUT,

@@ -2,10 +2,12 @@
 from __future__ import annotations
 
 import json
+import logging
 import re
 import socket
 import struct
 import subprocess
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -342,3 +344,31 @@ def test_the_monitor_says_in_one_line_when_the_p4_switchs_controller_is_not_ther
     assert done.returncode == 1
     assert done.stderr.strip().splitlines()[-1].startswith("mbalancer monitor: the controller at http://127.0.0.1:")
     assert "Traceback" not in done.stderr
+
+
+def test_shutting_down_while_clients_connect_logs_no_traceback(api, caplog):
+    """A deposed leader stops its HTTP server while monitors still connect: the listener is closed by the serving
+    loop itself, so waitress never accepts on a socket another thread closed (it logged that with a traceback)."""
+    core, _ = api
+    for _ in range(20):
+        http = start_serving(serve(core, ("127.0.0.1", 0)))
+        address = ("127.0.0.1", http.server_address[1])
+        stop = time.monotonic() + 5
+
+        def connect() -> None:
+            while time.monotonic() < stop:  # until the port is closed, at most 5 s
+                try:
+                    socket.create_connection(address, timeout=1).close()
+                except OSError:
+                    return
+
+        clients = [threading.Thread(target=connect) for _ in range(4)]
+        for client in clients:
+            client.start()
+        time.sleep(0.05)
+        with caplog.at_level(logging.WARNING, logger="waitress"):
+            http.shutdown()
+        stop = 0
+        for client in clients:
+            client.join(timeout=5)
+        assert not [r for r in caplog.records if r.exc_info], caplog.text[-2000:]
