@@ -30,7 +30,7 @@
  * - Registers cannot be read or written over P4Runtime (PI refuses both). Counts the data plane compares are
  *   registers (writes per slot, unsure per server) with a twin counter the controller reads; what the controller
  *   writes (the synced counts) is a table entry (`synced`); the lease is renewed by a PacketOut, which stores
- *   the switch's own clock + lease_us.
+ *   the switch's own clock + lease_us, and read by another, answered with a PacketIn of the microseconds left.
  * - Checksums are updated incrementally (RFC 1624) as in eBPF: v1model's update_checksum_with_payload would have
  *   to list every header of the parsed command line.
  * - Learned MACs and balanced gets live in hash-indexed registers: a newer entry takes an older one's place where
@@ -319,16 +319,24 @@ control MbIngress(inout headers_t hdr, inout metadata_t meta, inout standard_met
 
     apply {
         if (hdr.packet_out.isValid()) {  /* from the controller */
-            if (hdr.packet_out.op == 1) {
+            if (hdr.packet_out.op == OP_LEASE) {
                 lease_until.write(0, std.ingress_global_timestamp + (bit<48>)hdr.packet_out.lease_us);
                 lease_renewals.count(0);  /* the controller waits for it: a lease it ends is over when it returns */
-            } else if (hdr.packet_out.op == 2 && hdr.packet_out.server < MB_MAX_SERVERS) {
+            } else if (hdr.packet_out.op == OP_REARM && hdr.packet_out.server < MB_MAX_SERVERS) {
                 unsure_reported.write(hdr.packet_out.server, 0);
                 bit<48> last;
                 unsure_last.read(last, hdr.packet_out.server);
                 meta.quiet_us = last == 0 ? 48w0xffffffffffff : std.ingress_global_timestamp - last;
-                meta.report = 1;
+                meta.report = REPORT_QUIET;
                 std.egress_spec = MB_CPU_PORT;  /* the answer: a PacketIn */
+                return;
+            } else if (hdr.packet_out.op == OP_LEASE_QUERY) {
+                bit<48> until;
+                lease_until.read(until, 0);
+                bit<48> now = std.ingress_global_timestamp;
+                meta.quiet_us = until > now ? until - now : 0;  /* never given: until is 0 */
+                meta.report = REPORT_LEASE_LEFT;
+                std.egress_spec = MB_CPU_PORT;
                 return;
             }
             mark_to_drop(std);
@@ -721,9 +729,9 @@ control MbIngress(inout headers_t hdr, inout metadata_t meta, inout standard_met
 control MbEgress(inout headers_t hdr, inout metadata_t meta, inout standard_metadata_t std) {
     counter(1, CounterType.packets) cloned;
     apply {
-        if (meta.report == 1) {  /* the answer to a rearm */
+        if (meta.report != REPORT_NONE) {  /* an answer to the controller: a rearm's, a lease query's */
             hdr.packet_in.setValid();
-            hdr.packet_in.report = 1;
+            hdr.packet_in.report = meta.report;
             hdr.packet_in.quiet_us = meta.quiet_us;
         } else if (std.instance_type == 1) {  /* the ingress clone: to the controller, as a PacketIn */
             hdr.packet_in.setValid();

@@ -290,7 +290,7 @@ class P4Tables:
 
 
 PACKET_OUT = ("op", "lease_us", "server")  # the packet_out header's fields (p4src/headers.p4)
-OP_LEASE, OP_REARM = 1, 2
+OP_LEASE, OP_REARM, OP_LEASE_QUERY = 1, 2, 3  # the packet_out's op (p4src/headers.p4: OP_*)
 
 
 def lease_fields(pipeline: Pipeline) -> tuple[tuple[int, int], tuple[int, int]]:
