@@ -215,12 +215,23 @@ struct metadata_t {
     bit<1> line_found;     /* '\r' found within MB_LINE_BYTES */
     bit<8> fields;         /* fields of the line started */
     bit<1> in_field;
-    bit<1> line_wide;      /* the data length is read (or there is none): the rest of the line goes 8 bytes at a time */
     bit<64> number;        /* the data length */
     bit<8> digits;
     bit<1> bad_number;
     bit<1> changes;        /* a flag that makes a meta command change the item (T, N, I) */
-    /* ingress */
+    /* ingress: what each job decided, for the jobs after it (p4src/mbalancer.p4, MbIngress) */
+    bit<1> parsed;         /* classify: an IPv4 UDP or TCP packet whose lengths add up, wholly in the frame */
+    bit<1> reply;          /* classify: a UDP datagram from a memcached port (reply_source may rewrite it) */
+    bit<1> server_closed;  /* classify: a FIN or RST from the memcached of a server of the config */
+    bit<1> unparsed;       /* read_request: a request the pipeline cannot read (its server unsure, copy coalesced) */
+    bit<1> unsure_it;      /* read_request: a request not exactly one command the pipeline reads */
+    bit<1> whole;          /* read_request: the payload is exactly one whole command */
+    bit<1> balance;        /* read_request: a single-key UDP get of a hot key (hot_get decides where it goes) */
+    bit<1> mirror;         /* read_request: a write to a hot key's home (set_mirror) */
+    bit<1> sketch_it;      /* read_request: a get (of a multi-key one, its first key) the sketch counts */
+    bit<1> upstream;       /* read_request: a get another switch balanced: its IP ID names the home (a fabric) */
+    bit<1> rewrite_source; /* reply_source: the reply leaves with the home's IP and port, */
+    bit<1> keep_mac;       /* ... and keeps the replica's MAC (the get was balanced upstream) */
     bit<1> request;        /* to a memcached port */
     bit<1> dest_known;     /* the destination is a server of the config */
     bit<32> dest_server;
