@@ -160,7 +160,7 @@ control MbControllerOps(inout headers_t hdr, inout metadata_t meta, inout standa
             bit<48> until;
             lease_until.read(until, 0);
             bit<48> now = std.ingress_global_timestamp;
-            meta.quiet_us = until > now ? until - now : 0;  /* never given: until is 0 */
+            meta.quiet_us = until > now ? until - now : 48w0;  /* never given: until is 0 */
             meta.report = REPORT_LEASE_LEFT;
             std.egress_spec = MB_CPU_PORT;
             return;
