@@ -792,20 +792,21 @@ control MbForward(inout headers_t hdr, inout metadata_t meta, inout standard_met
     }
 }
 
-/* The ingress: one job per control above, in this order; each reads what the ones before it decided (metadata). */
+/* The ingress: one job per control above, in this order; each reads what the ones before it decided (metadata).
+ * (The instances are not named as any object inside them: those keep their own names, MbIngress.<name>.) */
 control MbIngress(inout headers_t hdr, inout metadata_t meta, inout standard_metadata_t std) {
     MbControllerOps() controller_ops;
     MbLearn() learn;
     MbClassify() classify;
     MbReadRequest() read_request;
-    MbSketch() sketch;
+    MbSketch() sketching;
     MbServerClosed() server_closed;
     MbSetMirror() set_mirror;
     MbUnsureRequest() unsure_request;
     MbHotGet() hot_get;
     MbReplySource() reply_source;
     MbRewrite() rewrite;
-    MbForward() forward;
+    MbForward() forwarding;
 
     action server_address(bit<48> mac, bit<32> ip, bit<16> port) {
         meta.server_hit = 1;
@@ -829,7 +830,7 @@ control MbIngress(inout headers_t hdr, inout metadata_t meta, inout standard_met
         learn.apply(hdr, meta, std);
         classify.apply(hdr, meta, std);
         read_request.apply(hdr, meta, std);
-        sketch.apply(hdr, meta, std);
+        sketching.apply(hdr, meta, std);
         if (meta.unparsed == 1) {
             count(C_UNPARSED);
             meta.unsure_it = 1;
@@ -861,7 +862,7 @@ control MbIngress(inout headers_t hdr, inout metadata_t meta, inout standard_met
         if (meta.clone_it == 1) {
             clone_preserving_field_list(CloneType.I2E, (bit<32>)MB_MIRROR_SESSION, MB_COPY_FIELDS);
         }
-        forward.apply(hdr, meta, std);
+        forwarding.apply(hdr, meta, std);
     }
 }
 
