@@ -8,8 +8,9 @@ each replica (one pipelined read per server) and judges each key alone (`judge`,
   flags, expiry): nothing is written anywhere; its gets go on being balanced as they were;
 - kept dirty: dirty in a switch (a write counted since its last clear): its home's item pushed to its replicas and
   settled, as after a write;
-- resynced: not to be trusted as it is (its lease ran out, a replica's copy missing, unreadable or not the home's,
-  its home unreadable): held dirty (its gets go home), the home's item copied to its replicas again, then settled;
+- resynced: not to be trusted as it is (its lease ran out or is not known, a replica's copy missing, unreadable or
+  not the home's, its home unreadable): held dirty (its gets go home), the home's item copied to its replicas again,
+  then settled;
 - rebuilt: its rules are out (the switches disagreed, it names servers the config does not have, or the data plane
   cannot read back): its extra copies are deleted and the plan warms it again.
 
@@ -22,7 +23,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 from enum import Enum
-from typing import TYPE_CHECKING, Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Callable, Iterable, Mapping, Protocol, Sequence
 
 from controller.coherence import EXPIRY_SLACK, digest
 from controller.decisions import Decision
@@ -38,6 +39,16 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 Read = StoredItem | None | MetaError  # what a server held of a key (None: nothing), or why it could not be read
 UNKNOWN_CAS = -1  # the copies' CAS of a key whose home could not be read: its settle pushes before it clears
+
+
+class AdoptionCoherence(Protocol):
+    """What adoption asks of coherence (controller/coherence.py Coherence), and all it asks
+    (tests/test_adoption.py checks that adoption calls nothing else of it)."""
+
+    def expiry(self, ttl: int) -> float | None: ...  # when an item with `ttl` seconds left expires
+    def push(self, key: bytes, hot: HotKey, item: StoredItem | None) -> None: ...  # the replicas made the home's
+    def rearm_homes(self, homes: Iterable[int]) -> None: ...  # unreadable requests to them copied again
+    def settle(self, keys: list[bytes], attempt: int = 0) -> set[bytes]: ...  # cleared once the copies match
 
 
 class Treatment(str, Enum):
@@ -74,8 +85,8 @@ def judge(found: FoundKey, reads: Mapping[int, Read], servers: int) -> Verdict:
         return Verdict(found.key, Treatment.RESYNCED, Distrust.HOME_UNREADABLE, frozenset({found.home}), named,
                        str(home))
     holding = frozenset({found.home} | {s for s in named if s != found.home and same_item(reads.get(s), home)})
-    if found.distrust is Distrust.LEASE_EXPIRED:
-        return Verdict(found.key, Treatment.RESYNCED, Distrust.LEASE_EXPIRED, holding, named)
+    if found.distrust in (Distrust.LEASE_EXPIRED, Distrust.LEASE_UNKNOWN):
+        return Verdict(found.key, Treatment.RESYNCED, found.distrust, holding, named)
     if found.synced is None:  # as after a write: its home's item pushed to its replicas, then settled
         return Verdict(found.key, Treatment.KEPT_DIRTY, None, holding, named)
     for why, bad in ((Distrust.REPLICA_UNREADABLE, [s for s in weighted if isinstance(reads.get(s), MetaError)]),
@@ -119,6 +130,7 @@ def adopt(executor: "Executor", found: Sequence[FoundKey], servers: int, group_o
           ) -> list[Verdict]:
     """Judge every key read back and carry each verdict out through the executor (its records, driver and
     replicator); the verdicts, each logged with why."""
+    coherence: AdoptionCoherence = executor.coherence
     reads = read_items(executor, found)
     verdicts = [judge(key, reads[key.key], servers) for key in found]
     now = executor.clock()
@@ -129,22 +141,42 @@ def adopt(executor: "Executor", found: Sequence[FoundKey], servers: int, group_o
         home = reads[key.key].get(key.home)
         item = home if isinstance(home, StoredItem) else None
         hot = HotKey.found(_placement(key, group_of), set(verdict.holding), item.cas if item else None,
-                           digest(item), now, executor.coherence.expiry(item.ttl) if item else None)
+                           digest(item), now, coherence.expiry(item.ttl) if item else None)
         for server in verdict.holding - {key.home}:  # later updates of these copies are conditional on them
             if isinstance(copy := reads[key.key].get(server), StoredItem):
                 executor.replicator.copy_cas[(key.key, server)] = copy.cas
         kept[key.key] = hot
     _rebuild(executor, [v for v in verdicts if v.treatment is Treatment.REBUILT])
-    settle = _keep(executor, found, verdicts, kept, reads)
-    executor.coherence.settle([k for k in settle if k in executor.hot and executor.hot[k].installed])
+    settle = _keep(executor, coherence, found, verdicts, kept, reads)
+    coherence.settle([k for k in settle if k in executor.hot and executor.hot[k].installed])
     for verdict in verdicts:
         executor.decide(Decision.RECONCILE if verdict.treatment is Treatment.REBUILT else Decision.ADOPT,
                         verdict.key, _reason(verdict), why=verdict.why)
     return verdicts
 
 
-def _keep(executor: "Executor", found: Sequence[FoundKey], verdicts: Sequence[Verdict], kept: dict[bytes, HotKey],
-          reads: Mapping[bytes, Mapping[int, Read]]) -> list[bytes]:
+def came_back(executor: "Executor", found: Sequence[FoundKey], lost: Sequence[bytes] | None, servers: int,
+              group_of: Callable[[Sequence[int]], int]) -> list[Verdict]:
+    """The switches' keys read back (at start, or from a switch that came back holding them: a switch agent whose
+    controller's stream dropped) adopted as a new leader adopts them, the records this core had of them replaced;
+    `lost` (None: every key held and not found) installed again, and the keys rebuilt forgotten (the plan warms them
+    again)."""
+    held = {key.key for key in found}
+    lost = [k for k in executor.hot if k not in held] if lost is None else [k for k in lost if k not in held]
+    for key in held & set(executor.hot):
+        executor.guard.cancel(key, RetryKind.RULES, RetryKind.SETTLE, RetryKind.INSTALL)
+    verdicts = adopt(executor, found, servers, group_of) if found else []
+    for verdict in verdicts:
+        if verdict.treatment is Treatment.REBUILT and executor.hot.pop(verdict.key, None) is not None:
+            executor.guard.cancel(verdict.key, RetryKind.REFILL, RetryKind.RULES, RetryKind.SETTLE, RetryKind.INSTALL,
+                                  RetryKind.COOL)
+    if lost:
+        executor.replay(lost)
+    return verdicts
+
+
+def _keep(executor: "Executor", coherence: AdoptionCoherence, found: Sequence[FoundKey], verdicts: Sequence[Verdict],
+          kept: dict[bytes, HotKey], reads: Mapping[bytes, Mapping[int, Read]]) -> list[bytes]:
     """The records of the keys kept, in the executor: clean ones as they are, the others held dirty (their copies made
     again where not trusted). Returns the keys to settle."""
     settle = []
@@ -174,14 +206,10 @@ def _keep(executor: "Executor", found: Sequence[FoundKey], verdicts: Sequence[Ve
             if isinstance(home, MetaError):  # pushed by its first settle that reads the home: a CAS no item has
                 hot.synced_cas = UNKNOWN_CAS  # never matches, not even an absent item's (None)
             else:
-                executor.coherence.push(key.key, hot, home)
+                coherence.push(key.key, hot, home)
         for server in set(key.servers) - hot.holding:  # a replica at weight 0 without the item: refilled
             executor.guard.schedule(RetryKind.REFILL, key.key, server, "found without the home's item")
-    for home in sorted({executor.hot[k].placement.home for k in kept if k in executor.hot}):
-        try:  # the next request to it nobody can read is copied again (a predecessor may have had its copy)
-            executor.coherence.rearm(home)
-        except DriverError:
-            executor.coherence.unarmed.add(home)  # rearmed by the first settle of one of its keys
+    coherence.rearm_homes({executor.hot[k].placement.home for k in kept if k in executor.hot})
     return settle + _written_since(executor, [k for k in kept if k in executor.hot and not executor.hot[k].dirty])
 
 

@@ -100,9 +100,9 @@ def _run_controller(args: argparse.Namespace, fail: Fail) -> int:
     if stop.is_set():
         print("mbalancer controller: stopping on a signal: the switches' lease ends, every get goes home",
               file=sys.stderr, flush=True)
+    core.stop()  # first: a leader that lost stops driving before etcd could elect another (the servers take ~1 s)
     for server in servers:
         server.shutdown()
-    core.stop()
     _resign(election)
     if lost:
         print(f"mbalancer controller: lost the lead ({election.why_lost}): stopped; the switches refuse its writes "

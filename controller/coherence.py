@@ -4,7 +4,8 @@ why each step is safe).
 
 An object with a declared interface (`Coherence`): it is given what it works on (the executor's records of the hot
 keys, the driver, the replicator, the key guard with the retries, the decision log, the clock) and calls nothing
-above it; the executor (controller/execution.py) calls its public methods, and passes the core's calls on. Every
+above it; the executor (controller/execution.py) calls its public methods, and passes the core's calls on; adoption
+(controller/adoption.py) calls the few its AdoptionCoherence declares. Every
 clear goes through one settle (`settle`), whose round is one read of the keys' write stamps, then one step per key
 (`_step`: the checks in the one order that keeps gets correct), then one clear of the keys the step found ready.
 Only the core's worker thread calls in here.
@@ -17,7 +18,7 @@ import time
 from collections import Counter
 from dataclasses import dataclass
 from enum import Enum
-from typing import Callable, Collection, Container, Mapping
+from typing import Callable, Collection, Container, Iterable, Mapping
 
 from controller.decisions import Decide, Decision
 from controller.hot_keys import HotKey, HotKeyState
@@ -85,7 +86,7 @@ class Coherence:
         self.settled_alone: Counter[str] = Counter()  # why keys did not clear in their settle's round: another round
         # or a retry (a hot-set change's keys clear together in one round, the common path: docs/scale.md)
 
-    # --- the interface: what the executor calls (the core's calls too) ------------------------------------------------
+    # --- the interface: what the executor calls (the core's calls too), and adoption -------------------------------
     def count_mirror(self, key: bytes | None, server: int) -> None:
         """A copied packet whose first request writes `key` to `server`: if that is the key's home, the data plane
         counted it as one write to the key (before any of the batch is synced)."""
@@ -121,7 +122,7 @@ class Coherence:
             self.unarmed.add(server)
             return
         try:
-            self.rearm(server)
+            self._rearm(server)
         except DriverError as err:
             return self.guard.schedule(RetryKind.HOME_CHECK, b"", server, str(err), attempt)
         for key in homed:
@@ -178,8 +179,35 @@ class Coherence:
         """When an item with `ttl` seconds left expires, on this clock (None: never)."""
         return None if ttl == NO_EXPIRY else self.clock() + ttl
 
+    def push(self, key: bytes, hot: HotKey, item: StoredItem | None) -> None:
+        """Make every holding replica match the home's item; replicas that fail lose their weight now."""
+        replicas = sorted(hot.holding - {hot.placement.home})
+        if item is None:
+            failed = self.replicator.delete(key, replicas, update=True)
+        else:
+            failed = self.replicator.write(key, item, replicas, update=True)
+        hot.synced_cas = item.cas if item is not None else None
+        hot.synced_digest = digest(item)
+        hot.synced_expiry = self.expiry(item.ttl) if item is not None else None
+        if failed:
+            hot.holding -= set(failed)
+            self.guard.set_weights(key, hot)
+            for server, error in failed.items():
+                self.guard.schedule(RetryKind.REFILL, key, server, error)
+
+    def rearm_homes(self, homes: Iterable[int]) -> None:
+        """Copy the next request nobody can read to each of `homes` again (a controller that takes over: the one
+        before may have had the copy the data plane coalesced it into); a home the switch cannot rearm now is left
+        unarmed, and the first settle of one of its keys rearms it."""
+        for home in sorted(homes):
+            try:
+                self._rearm(home)
+            except DriverError as err:
+                self.unarmed.add(home)
+                log.info("server %d not rearmed (%s): the first settle of one of its keys rearms it", home, err)
+
     # --- inside -------------------------------------------------------------------------------------------------
-    def rearm(self, server: int) -> None:
+    def _rearm(self, server: int) -> None:
         self.driver.rearm_unsure(server)
         self.unarmed.discard(server)
 
@@ -268,22 +296,6 @@ class Coherence:
                 return item
             self.sleep(delay)
             delay = min(2 * delay, 0.01)
-
-    def push(self, key: bytes, hot: HotKey, item: StoredItem | None) -> None:
-        """Make every holding replica match the home's item; replicas that fail lose their weight now."""
-        replicas = sorted(hot.holding - {hot.placement.home})
-        if item is None:
-            failed = self.replicator.delete(key, replicas, update=True)
-        else:
-            failed = self.replicator.write(key, item, replicas, update=True)
-        hot.synced_cas = item.cas if item is not None else None
-        hot.synced_digest = digest(item)
-        hot.synced_expiry = self.expiry(item.ttl) if item is not None else None
-        if failed:
-            hot.holding -= set(failed)
-            self.guard.set_weights(key, hot)
-            for server, error in failed.items():
-                self.guard.schedule(RetryKind.REFILL, key, server, error)
 
     # --- the settle: one round for one key or many ---------------------------------------------------------------
     def settle(self, keys: list[bytes], attempt: int = 0) -> set[bytes]:
@@ -383,7 +395,7 @@ class Coherence:
         failed: dict[int, DriverError] = {}
         for home in sorted({self.hot[key].placement.home for key in keys} & self.unarmed):
             try:
-                self.rearm(home)
+                self._rearm(home)
             except DriverError as err:
                 failed[home] = err
         for key in keys:
@@ -507,7 +519,3 @@ def _raised(read: Read | float) -> Read | float:
     if isinstance(read, (MetaError, DriverError)):
         raise read
     return read
-
-
-def _errors(failed: dict[int, str]) -> str:
-    return "; ".join(f"server {s}: {e}" for s, e in failed.items()) or "none"

@@ -23,7 +23,7 @@ from collections import Counter, deque
 from typing import Any, Callable, Sequence
 
 from dataplanes.driver import Distrust, Driver, DriverError, FoundKey
-from controller.adoption import adopt, summary
+from controller.adoption import came_back, summary
 from controller.decisions import WARNED, Decision
 from controller.events import Closed, Event, HealthChange, Mirror, Reconnect, Report, ServerChange, Stop, Wake
 from controller.execution import Executor
@@ -159,17 +159,19 @@ class ControllerCore:
         self._urgent.append(HealthChange(server, ServerChange(change), error))
         self._events.put(Wake())
 
-    def submit_reconnect(self) -> None:
-        """The driver's switch came back empty: queue the replay of every hot key."""
-        self._events.put(Reconnect())
+    def submit_reconnect(self, found: Sequence[FoundKey] | None = None, lost: Sequence[bytes] | None = None) -> None:
+        """The driver's switch came back: empty (no arguments), queue the replay of every hot key; or holding `found`
+        (read back), queue their adoption and the replay of `lost` (None: every hot key not found)."""
+        self._events.put(Reconnect(None if found is None else tuple(found), None if lost is None else tuple(lost)))
 
-    def _adopt(self, found: list[FoundKey]) -> None:
-        """Hot keys a previous controller left in the switches, read back by the driver: each judged and kept as it
-        is, settled, resynced or rebuilt (controller/adoption.py)."""
-        if not found:
-            return
+    def _adopt(self, found: list[FoundKey], lost: Sequence[bytes] | None = ()) -> None:
+        """Hot keys a previous controller left in the switches (or this one, in a switch that came back holding
+        them), read back by the driver: each judged and kept as it is, settled, resynced or rebuilt
+        (controller/adoption.py); the keys the switch lost installed again (`lost`; None: all not found)."""
         started = self.clock()
-        verdicts = adopt(self.executor, found, len(self.config.servers), self._group_of)
+        verdicts = came_back(self.executor, found, lost, len(self.config.servers), self._group_of)
+        if not verdicts:
+            return
         for verdict in verdicts:
             self.counts[f"adopted_{verdict.treatment.name.lower()}"] += 1
         log.info("took over %d hot keys from the switches in %.1f ms: %s", len(found),
@@ -217,7 +219,10 @@ class ControllerCore:
         for event in batch:
             if isinstance(event, Reconnect):
                 self.counts["reconnects"] += 1
-                self.executor.replay()
+                if event.found is None:
+                    self.executor.replay()
+                else:
+                    self._adopt(list(event.found), event.lost)
         for event in batch:
             if isinstance(event, Report):
                 self._on_report(event.report, event.received)

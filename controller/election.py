@@ -5,16 +5,21 @@ others wait for the key to go (the leader stopped, died, or lost etcd: its lease
 anew leads. The revision at which the key was created is the leader's election id: etcd's revisions only grow, so a
 later leader's id is always higher, and a switch agent that has seen it refuses every earlier leader's writes
 (dataplanes/agent/server.py) even while that one still believes it leads. A leader that cannot renew its lease in
-time has lost: it stops driving (the controller exits, saying so) rather than wait to learn it from the switches.
+time has lost: it stops driving (the controller exits, saying so) rather than wait to learn it from the switches. In
+time is before etcd could let the lease run out (the TTL counted from the sending of its last renewal that got
+through), less LEAD_GUARD for the controller to stop, whatever request is in flight then: etcd without a quorum
+answers nobody, and no other candidate is elected while this one leads. Every change of role is a typed event
+(`events`), on this process's monotonic clock.
 etcd decides; nothing here is a consensus of its own. etcd runs as a cluster (three members): every member's
 endpoint is given, and each request goes to the member that answered last; one that does not answer within a quarter
-of the TTL (gone, frozen, cut off) is passed over for the next, which is asked first from then on, so a leader renews
-through another member before its lease runs out. A candidate waits through an etcd that does not answer (a member
-gone, etcd electing its own leader): only its first contact fails the controller. With https:// endpoints the
-controller checks etcd's certificate against `etcd_ca` and shows its own (`etcd_cert`, `etcd_key`), for an etcd run
-with --client-cert-auth; a refused handshake is said in one line. Where etcd's auth is on, it logs in as
-`etcd_user` (its password in `etcd_password_file`) and sends the token etcd gives on every request, logging in again
-when etcd says the token is no longer valid; a refused login is said in one line.
+of the TTL (gone, frozen, cut off; FIRST_TIMEOUT until one answered) is passed over for the next, which is asked
+first from then on, so a leader renews through another member before its lease runs out. A candidate waits through
+an etcd that does not answer (a member gone, etcd electing its own leader, no quorum): only a first contact without
+an answer fails the controller. With https:// endpoints the controller checks etcd's certificate against `etcd_ca`
+and shows its own (`etcd_cert`, `etcd_key`), for an etcd run with --client-cert-auth; a refused handshake is said in
+one line. Where etcd's auth is on, it logs in as `etcd_user` (its password in `etcd_password_file`) and sends the
+token etcd gives on every request, logging in again when etcd says the token is no longer valid; a refused login is
+said in one line.
 
 Which candidate should lead is the one that reaches the most switches (a controller cut off from one switch drives
 the others only). When its data plane can probe that (the registry's `reach`: switch agents answering a Hello,
@@ -32,13 +37,21 @@ import re
 import threading
 import time
 import warnings
+from dataclasses import dataclass
+from enum import Enum
 from typing import Callable
 from urllib.parse import urlsplit
 
 log = logging.getLogger(__name__)
 POLL = 0.1  # seconds between a candidate's tries while another leads (the key's absence is checked, not watched)
 REQUEST_TIMEOUT = 2.0  # seconds a member has to answer, a quarter of the TTL if less: time left for the next one
-HAND_OVER_AFTER = 2  # renewals in a row (a third of a TTL apart) that saw a candidate reach more: not one lost probe
+FIRST_TIMEOUT = REQUEST_TIMEOUT  # seconds a member has to answer until one did: a first contact keeps no lease in
+# time, and a busy member takes longer than a quarter of a TTL for a TLS handshake (it said "unreachable")
+LEAD_GUARD = 0.2  # seconds before etcd could let its lease run out that a leader stops (a quarter of the TTL if less):
+# time for the controller to stop driving (controller/cli.py looks every 50 ms)
+RENEW_EVERY = 0.25  # of the TTL, between renewals: one that waits a member's timeout (a quarter) and then goes
+# through the next member still lands before the lead ends (a TTL less LEAD_GUARD after the last one)
+HAND_OVER_AFTER = 2  # renewals in a row (a quarter of a TTL apart) that saw a candidate reach more: not one lost probe
 Reach = Callable[[float], "tuple[int, int]"]  # (timeout) -> (switches answering, switches)
 EtcdTls = "tuple[str, str, str] | None"  # (CA, client certificate, its key) files, "" where not given
 EtcdLogin = "tuple[str, str] | None"  # (user, password) where etcd's auth is on
@@ -47,6 +60,24 @@ TOKEN_REFUSED = ("invalid auth token", "user name is empty", "auth token")  # et
 
 class ElectionError(RuntimeError):
     """etcd cannot be used (unreachable, refused, a bad endpoint); the message says which and why."""
+
+
+class Role(str, Enum):
+    """Where a candidate stands; LEADER only between its election and its loss or resignation."""
+    IDLE = "idle"  # not campaigning (made, or stopped while a candidate)
+    CANDIDATE = "candidate"
+    LEADER = "leader"
+    LOST = "lost"  # no longer leads: renewals did not get through in time, etcd said the lease went, or handed over
+    RESIGNED = "resigned"  # gave the lead up itself (a controller that stops)
+
+
+@dataclass(frozen=True)
+class RoleChange:
+    """One change of role, at a time of this process's monotonic clock."""
+    at: float
+    role: Role
+    election_id: int | None
+    why: str = ""
 
 
 class Election:
@@ -61,8 +92,9 @@ class Election:
             warnings.simplefilter("ignore")
             import etcd3gw  # here: a controller without etcd does not import it
         self._etcd3gw = etcd3gw
-        timeout = min(REQUEST_TIMEOUT, ttl / 4)
-        self.clients = [_client(etcd3gw, url, timeout, tls, login is not None) for url in endpoints]
+        self._timeout = min(REQUEST_TIMEOUT, ttl / 4)  # once a member answered: time left for the next one
+        self.clients = [_client(etcd3gw, url, FIRST_TIMEOUT, tls, login is not None) for url in endpoints]
+        self.endpoints = tuple(endpoints)
         self._current = 0  # the endpoint that answered last: asked first
         self.login = login
         self._tokens: dict[int, str] = {}  # id(client) -> the auth token etcd gave it
@@ -70,6 +102,10 @@ class Election:
         self.lease_id: int | None = None
         self.election_id: int | None = None
         self._renewed = 0.0  # monotonic time the last renewal that got through was sent (etcd renewed after it)
+        self._guard = min(LEAD_GUARD, ttl / 4)
+        self._unrenewed = "etcd did not answer in time"  # why the latest renewal did not get through
+        self._due = 0.0  # monotonic time the renewal thread should send its next renewal
+        self._late = 0.0  # how late it sent one at most since the last that got through (a starved process)
         self._revoked = False
         self.lost = threading.Event()  # set once the leader could not keep its lease, or handed over
         self.why_lost = ""
@@ -77,6 +113,28 @@ class Election:
         self.reached: tuple[int, int] | None = None  # the latest probe's answer
         self._probed = threading.Event()  # set by each probe
         self._published: tuple[int, tuple[int, int]] | None = None  # (lease, reached) in etcd now
+        self.requests = 0  # requests sent to etcd members: a candidate waiting through an outage sends few
+        self._answered = False  # some member answered some request: later outages are waited through
+        self.events: list[RoleChange] = []  # every change of role, oldest first
+        self._changing = threading.Lock()  # the role changes once per cause: a loss and a resignation race
+
+    @property
+    def member(self) -> str:
+        """The endpoint asked first now: the one that answered last."""
+        return self.endpoints[self._current]
+
+    @property
+    def renewed(self) -> float:
+        """The monotonic time the last renewal that got through was sent: etcd cannot let the lease run out before
+        this plus the TTL."""
+        return self._renewed
+
+    @property
+    def role(self) -> Role:
+        return self.events[-1].role if self.events else Role.IDLE
+
+    def _become(self, role: Role, why: str = "") -> None:
+        self.events.append(RoleChange(time.monotonic(), role, self.election_id, why))
 
     def leader(self) -> str | None:
         """Who leads now (its identity), None if nobody does."""
@@ -86,7 +144,13 @@ class Election:
     def campaign(self, stop: threading.Event) -> int | None:
         """Wait until this candidate leads: its election id; None if `stop` was set first. The first request to
         etcd raises ElectionError if no endpoint answers; later, the candidate waits until one does."""
-        lease_id = self._grant()
+        try:
+            lease_id: int | None = self._grant()
+        except ElectionError:
+            if not self._answered:
+                raise  # the first contact: etcd is unreachable or refuses this controller
+            lease_id = None  # etcd answered before (leader(), a standby's look): wait for it, as below
+        self._become(Role.CANDIDATE)
         if self.reach is not None:
             threading.Thread(target=self._probe, args=(stop,), name="mbalancer-reach", daemon=True).start()
             self._probed.wait(self.ttl)  # its first answer, before it compares itself with the others
@@ -105,22 +169,27 @@ class Election:
                 outage = None
             if elected is not None:
                 self.lease_id, self.election_id = lease_id, elected
+                self._become(Role.LEADER)
+                self._due = self._renewed + self.ttl * RENEW_EVERY
                 threading.Thread(target=self._keep, name="mbalancer-election", daemon=True).start()
+                threading.Thread(target=self._watch, name="mbalancer-lead-deadline", daemon=True).start()
                 return self.election_id
             if better is not None and better != deferred_to:
                 log.info("candidate: %s; waiting while it is a candidate", better)
             deferred_to = better
             stop.wait(POLL)
+        self._become(Role.IDLE, "stopped while a candidate")
         try:
-            self._revoke(lease_id)
+            if lease_id is not None:
+                self._revoke(lease_id)
         except ElectionError as err:
             log.warning("could not revoke the candidate's lease (it runs out by itself): %s", err)
         return None
 
-    def _try_to_lead(self, lease_id: int) -> tuple[int, str | None, int | None]:
+    def _try_to_lead(self, lease_id: int | None) -> tuple[int, str | None, int | None]:
         """One round of a candidate: (its lease, a better candidate it waits for or None, its election id if it
         leads now or None)."""
-        if self._refresh(lease_id) <= 0:  # the candidate's own lease lives while it waits (etcd stalled: anew)
+        if lease_id is None or self._refresh(lease_id) <= 0:  # its own lease lives while it waits (else anew)
             return self._grant(), None, None
         self._publish(lease_id)
         if (better := self._better_candidate()) is not None:
@@ -192,40 +261,51 @@ class Election:
                     return int(held["create_revision"])
         return None
 
+    def depose(self, leader: str) -> bool:
+        """Delete the key if `leader` (an identity) still holds it: a leader known to have ended (a Ryu candidate saw
+        its process's owner lock freed, controller/ryu_failover.py), so the next candidate need not wait for its
+        lease to run out. True if deleted; the election still decides who leads next."""
+        reply = self._ask(lambda client: client.transaction({
+            "compare": [{"key": _b64(self.key), "result": "EQUAL", "target": "VALUE", "value": _b64(leader)}],
+            "success": [{"request_delete_range": {"key": _b64(self.key)}}], "failure": []}))
+        return bool(reply.get("succeeded"))
+
     def resign(self) -> None:
         """Give up the lead at once (a controller that stops, or one that lost it because its renewals did not get
         through, where etcd answers again): the next candidate need not wait for the lease to run out."""
         if self.lease_id is not None and not self._revoked:
             self._revoked = True  # once: another thread's resign (the controller's, on a lost lead) revokes nothing
-            self.lost.set()
+            with self._changing:
+                if not self.lost.is_set():
+                    self._become(Role.RESIGNED)
+                self.lost.set()
             try:
                 self._revoke(self.lease_id)
             except ElectionError as err:
                 log.warning("could not resign (the lease runs out by itself): %s", err)
 
     def _keep(self) -> None:
-        """Renew the lease a third of its TTL after the last renewal was sent, again at once (every POLL) while one
-        does not get through. Lost when etcd says the lease is gone, or when no renewal got through for a whole TTL
-        counted from the sending of the last one that did (etcd may have expired the lease by then, and another
-        candidate lead). Handed over when another candidate reached more switches at HAND_OVER_AFTER renewals in a
-        row."""
+        """Renew the lease a quarter of its TTL after the last renewal was sent, again at once (every POLL) while one
+        does not get through. Lost when etcd says the lease is gone (or, by _watch, when no renewal got through in
+        time). Handed over when another candidate reached more switches at HAND_OVER_AFTER renewals in a row."""
         outreached = 0  # renewals in a row at which a candidate reached more switches
-        wait = self.ttl / 3
+        wait = self.ttl * RENEW_EVERY
         while not self.lost.wait(max(0.0, wait)):
             sent = time.monotonic()
+            self._late = max(self._late, sent - self._due)  # this thread woke late: the machine is busy
             try:
                 if self._refresh(self.lease_id) <= 0:
                     self._revoked = True  # nothing left to revoke
                     self._give_up("etcd says its lease ran out")
                     return
             except ElectionError as err:
-                if time.monotonic() - self._renewed >= self.ttl:
-                    self._give_up(f"no renewal for {self.ttl} s ({err})")
-                    return
+                self._unrenewed = str(err)
                 wait = POLL
+                self._due = time.monotonic() + wait
                 continue
-            self._renewed = sent
-            wait = sent + self.ttl / 3 - time.monotonic()
+            self._renewed, self._late = sent, 0.0
+            wait = sent + self.ttl * RENEW_EVERY - time.monotonic()
+            self._due = sent + self.ttl * RENEW_EVERY
             try:
                 self._publish(self.lease_id)
                 better = self._better_candidate()
@@ -240,12 +320,29 @@ class Election:
                 self._give_up(f"handed over to a candidate that reaches more switches: {better}")
                 return
 
+    def _watch(self) -> None:
+        """Lost once no renewal got through for the TTL less the guard, counted from the sending of the last one that
+        did, whatever request is in flight then (one that waits on every member in turn may take 3/4 of a TTL): etcd
+        counts the TTL from a renewal's arrival, so this leader has stopped before etcd could let its lease run out
+        and elect another, even where renewals fail for want of an etcd quorum."""
+        while not self.lost.wait(max(0.0, self._lead_ends() - time.monotonic())):
+            if (now := time.monotonic()) >= self._lead_ends():
+                late = max(self._late, now - self._lead_ends())  # threads that woke late: a starved process
+                late = f"; this process ran up to {late:.2f} s late: a busy machine" * (late > POLL)
+                self._give_up(f"no renewal got through for {self.ttl - self._guard:g} s ({self._unrenewed}{late})")
+                return
+
+    def _lead_ends(self) -> float:
+        return self._renewed + self.ttl - self._guard
+
     def _give_up(self, why: str) -> None:
-        if self.lost.is_set():
-            return  # resigned meanwhile: nothing was lost
-        log.error("lost the lead (election id %s): %s", self.election_id, why)
-        self.why_lost = why
-        self.lost.set()
+        with self._changing:
+            if self.lost.is_set():
+                return  # resigned meanwhile, or lost already: nothing more was lost
+            log.error("lost the lead (election id %s): %s", self.election_id, why)
+            self.why_lost = why
+            self._become(Role.LOST, why)
+            self.lost.set()
 
     def _grant(self) -> int:
         return self._ask(lambda client: client.lease(self.ttl)).id
@@ -261,20 +358,26 @@ class Election:
     def _ask(self, request):
         """`request(client)` on the endpoint that answered last, else on the next one that answers, which is asked
         first from then on (said in the log); ElectionError naming every one that did not."""
+        import requests  # etcd3gw's own HTTP client: an answer cut off midway (a member killed) is its error alone
         errors = []
         for step in range(len(self.clients)):
             index = (self._current + step) % len(self.clients)
             client = self.clients[index]
+            self.requests += 1
             try:
                 answer = self._logged_in(client, request)
-            except (self._etcd3gw.exceptions.ConnectionFailedError,
-                    self._etcd3gw.exceptions.ConnectionTimeoutError) as err:
+            except (self._etcd3gw.exceptions.ConnectionFailedError, self._etcd3gw.exceptions.ConnectionTimeoutError,
+                    requests.exceptions.RequestException) as err:
                 errors.append(f"{client.host}:{client.port}: {_unreachable(err)}")
                 continue
             except self._etcd3gw.exceptions.Etcd3Exception as err:
                 said = str(err).strip().splitlines()
                 errors.append(f"{client.host}:{client.port}: {said[0] if said else type(err).__name__}")
                 continue
+            if not self._answered:
+                self._answered = True
+                for each in self.clients:
+                    each.timeout = self._timeout
             if index != self._current:
                 log.warning("etcd: now through %s:%s (%s)", client.host, client.port, "; ".join(errors))
                 self._current = index
@@ -300,9 +403,10 @@ class Election:
         """etcd's /v3/auth/authenticate: the token every later request of this client carries."""
         import requests  # etcd3gw's own HTTP client
         user, password = self.login
-        try:
+        try:  # not a quarter of the TTL: etcd checks the password with bcrypt (~0.1 s of CPU, longer on a busy
+            # member), and a login is not a renewal
             answer = client.session.post(f"{client.base_url}/v3/auth/authenticate",
-                                         json={"name": user, "password": password}, timeout=client.timeout)
+                                         json={"name": user, "password": password}, timeout=REQUEST_TIMEOUT)
         except requests.exceptions.RequestException as err:  # as etcd3gw says it: the next endpoint is tried
             raise self._etcd3gw.exceptions.ConnectionFailedError(str(err)) from err
         if answer.status_code != 200:

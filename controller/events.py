@@ -41,7 +41,10 @@ class Closed:
 
 @dataclass(frozen=True)
 class Reconnect:
-    """The driver's switch came back empty: every hot key is installed again."""
+    """The driver's switch came back: empty (found None), every hot key installed again; or holding `found` (read
+    back: adopted) without `lost` (installed again; None: every hot key not found)."""
+    found: tuple | None = None
+    lost: tuple | None = None
 
 
 @dataclass(frozen=True)

@@ -29,9 +29,9 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Callable, NamedTuple
+from typing import Callable, NamedTuple, Sequence
 
-from controller.coherence import Coherence, _errors, digest
+from controller.coherence import Coherence, digest
 from controller.decisions import Decide, Decision
 from controller.hot_keys import HotKey, HotKeyState
 from controller.key_guard import KeyGuard
@@ -237,15 +237,19 @@ class Executor:
         self.decide(Decision.REWEIGHT, change.key, f"{change.reason}: " + ", ".join(
             f"{r.server}={r.weight:.2f}" for r in hot.weights()))
 
-    def replay(self) -> None:
-        """The switch came back empty: every hot key is installed again, dirty (its copies may have missed writes
-        while no rule mirrored them), in one driver call, then settled against the home's CAS."""
-        for key, hot in self.hot.items():
+    def replay(self, keys: Sequence[bytes] | None = None) -> None:
+        """The switch came back empty (or without `keys`): every hot key (of `keys`) is installed again, dirty (its
+        copies may have missed writes while no rule mirrored them), in one driver call, then settled against the
+        home's CAS."""
+        keys = list(self.hot) if keys is None else [key for key in keys if key in self.hot]
+        for key in keys:
+            hot = self.hot[key]
             if hot.installed:  # (one whose rules are out already has nothing more to lose)
                 hot.move(HotKeyState.NOT_INSTALLED)
             self.guard.cancel(key, RetryKind.RULES, RetryKind.SETTLE, RetryKind.INSTALL)
-        self._install(list(self.hot))
-        self.decide(Decision.REPLAY, None, f"the data plane came back empty: {len(self.hot)} hot keys installed again")
+        self._install(keys)
+        how = "empty" if len(keys) == len(self.hot) else f"without {len(keys)} of its {len(self.hot)} hot keys"
+        self.decide(Decision.REPLAY, None, f"the data plane came back {how}: {len(keys)} hot keys installed again")
 
     # --- health -------------------------------------------------------------------------------------------------
     def server_down(self, server: int) -> None:
@@ -350,3 +354,8 @@ class Executor:
         self.guard.set_weights(key, hot)
         self.decide(Decision.REFILL, key, f"server {server} holds the value again; weights " + ", ".join(
             f"{r.server}={r.weight:.2f}" for r in hot.weights()))
+
+
+def _errors(failed: dict[int, str]) -> str:
+    """Copies that failed, by server, for the decision log."""
+    return "; ".join(f"server {s}: {e}" for s, e in failed.items()) or "none"

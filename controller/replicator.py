@@ -11,8 +11,8 @@ overwriting a newer value. A copy whose outcome is unknown is forgotten, so the 
 
 Many keys at once (read_many, write_many, delete_many, versions_many: a hot-set change) are pipelined: `depth`
 commands sent to every server they name before any reply is read, so a change costs a few round trips, not one per
-copy; each key's error is still its own. A depth of 1 is one round trip per copy, one server after the other, as
-single calls are.
+copy; each key's error is still its own. A depth of 1 is one round trip per copy, one server after the other. The
+calls on one key (write, delete: a push of one key's item) are those of many with one key, its servers at once.
 """
 from __future__ import annotations
 
@@ -54,32 +54,14 @@ class Replicator:
 
     def write(self, key: bytes, item: StoredItem, targets: Iterable[int], update: bool = False) -> dict[int, str]:
         """Store `item` on each target; `update`: only over the copy made last (conditional on its CAS; a target
-        without a known copy is written as it is). Returns {server: error} for the ones that failed."""
-        failed = {}
-        for server in targets:
-            expected = self.copy_cas.pop((key, server), None) if update else None
-            self.copy_cas.pop((key, server), None)  # unknown until the write answers
-            try:
-                self.copy_cas[(key, server)] = self._client(server).set(key, item, expected)
-                self.copies += 1
-                self.bytes_copied += len(item.value)
-            except (MetaError, ValueError) as err:
-                failed[server] = str(err)
-        self.failures += len(failed)
-        return failed
+        without a known copy is written as it is). Returns {server: error} for the ones that failed. (write_many
+        of one key.)"""
+        return self.write_many([(key, item, targets)], update).get(key, {})
 
     def delete(self, key: bytes, targets: Iterable[int], update: bool = False) -> dict[int, str]:
         """Delete the key on each target (absent counts as done; `update`: only the copy made last); returns
-        {server: error} for failures."""
-        failed = {}
-        for server in targets:
-            expected = self.copy_cas.pop((key, server), None) if update else None
-            try:
-                self._client(server).delete(key, expected)
-            except MetaError as err:
-                failed[server] = str(err)
-        self.failures += len(failed)
-        return failed
+        {server: error} for failures. (delete_many of one key.)"""
+        return self.delete_many([(key, targets)], update).get(key, {})
 
     def read_many(self, reads: Sequence[tuple[bytes, int]]) -> dict[bytes, StoredItem | None | MetaError]:
         """Each (key, its home)'s item there (None on a miss) or the MetaError of that key, pipelined per home."""

@@ -42,7 +42,7 @@ from ryu.controller.handler import DEAD_DISPATCHER, MAIN_DISPATCHER, set_ev_cls 
 from ryu.ofproto import ofproto_v1_5, ofproto_v1_5_parser  # noqa: E402
 
 from controller.core import ControllerCore  # noqa: E402
-from controller.ryu_failover import Failover, RoleRefused, error_name  # noqa: E402
+from controller.ryu_failover import Failover, RoleRefused, error_name, identity  # noqa: E402
 from dataplanes.driver import DriverError  # noqa: E402
 from dataplanes.driver_process import DriverProcess  # noqa: E402
 from dataplanes.openflow.driver import OpenflowDriver  # noqa: E402
@@ -189,14 +189,13 @@ class MBalancerApp(app_manager.RyuApp):
                              "roles refuse a deposed leader); run `mbalancer controller` for the "
                              f"{self.config.dataplane.kind} data plane")
         from controller.election import Election, ElectionError, etcd_login
-        identity = (f"ryu-manager pid {os.getpid()} (http://{settings.listen}, OpenFlow "
-                    f"{self.driver.settings.listen})")
+        me = identity(os.getpid(), settings.listen, self.driver.settings.listen)
         try:
             login = etcd_login(settings)
         except ElectionError as err:
             raise SystemExit(f"mbalancer: {err}") from None
         try:
-            election = Election(settings.etcd, settings.election_key, settings.election_ttl, identity, None,
+            election = Election(settings.etcd, settings.election_key, settings.election_ttl, me, None,
                                 (settings.etcd_ca, settings.etcd_cert, settings.etcd_key), login)
         except ElectionError as err:
             raise SystemExit(f"mbalancer: controller.etcd: {err}") from None
@@ -328,7 +327,9 @@ def _error_text(err) -> str:
 
 
 def _reply_class(request):
-    return {ofproto_v1_5_parser.OFPGroupStatsRequest: ofproto_v1_5_parser.OFPGroupStatsReply}[type(request)]
+    return {ofproto_v1_5_parser.OFPGroupStatsRequest: ofproto_v1_5_parser.OFPGroupStatsReply,
+            ofproto_v1_5_parser.OFPGroupDescStatsRequest: ofproto_v1_5_parser.OFPGroupDescStatsReply,
+            ofproto_v1_5_parser.OFPFlowDescStatsRequest: ofproto_v1_5_parser.OFPFlowDescStatsReply}[type(request)]
 
 
 _routes()

@@ -17,6 +17,11 @@ refuses a deposed leader, by OpenFlow's controller roles.
   down: it asks every switch for SLAVE with its own generation id (refused, OFPRRFC_STALE, where a successor is master
   already; accepted where none is yet) and ends ryu-manager with status 1, as `mbalancer controller` exits when it
   loses the lead, for systemd to start it again as a candidate.
+- A candidate watches that lock too: the kernel frees it the moment the leader's process ends (kill -9 included), so a
+  candidate that sees it freed deletes the leader's election key if the key still names that holder (pid and HTTP
+  address), and the election goes on at once instead of after the leader's lease ran out (election_ttl, plus up to
+  half a second of etcd's own lease checks). A leader that stops resigns before it frees the lock; one that is alive
+  but cut off (frozen, partitioned) holds the lock, and its lease decides as before.
 The logic is plain Python over a Switches interface (the Ryu app implements it over Ryu's connections).
 """
 from __future__ import annotations
@@ -30,7 +35,7 @@ from ryu.ofproto import ofproto_v1_5 as ofp
 
 from controller.election import Election, ElectionError
 from dataplanes.driver import DriverError
-from mbalancer.ownership import Ownership, OwnershipError
+from mbalancer.ownership import STANDBY_POLL, Owner, Ownership, OwnershipError
 
 log = logging.getLogger("mbalancer.ryu")
 WATCH = 0.05  # seconds between the leader's looks at its election
@@ -64,6 +69,17 @@ class Switches(Protocol):
         """The driver may write this switch from now on (this controller is master there)."""
 
 
+def identity(pid: int, listen: str, openflow: str) -> str:
+    """A ryu-manager's name in the election (the leader key's value): its pid and HTTP address first, as its owner
+    lock records them."""
+    return f"ryu-manager pid {pid} (http://{listen}, OpenFlow {openflow})"
+
+
+def names(leader: str, owner: Owner) -> bool:
+    """Whether the election key's value `leader` names the controller that held the owner lock."""
+    return leader.startswith(f"ryu-manager pid {owner.pid} (http://{owner.listen},")
+
+
 def error_name(kind: int, code: int) -> str | None:
     return ROLE_ERRORS.get((kind, code))
 
@@ -95,6 +111,8 @@ class Failover:
             leader = self.election.leader()
             if leader is not None:
                 log.info("mbalancer: standby: %s leads; a candidate, slave at every switch", leader)
+            threading.Thread(target=self._watch_owner, args=(stop,), name="mbalancer-owner-watch",
+                             daemon=True).start()
             election_id = self.election.campaign(stop)
         except ElectionError as err:
             log.error("mbalancer: controller.etcd: %s", err)
@@ -125,6 +143,26 @@ class Failover:
                 return self.step_down(f"lost the lead in etcd ({self.election.why_lost})")
             if self.standing is Standing.DEPOSED:
                 return
+
+    def _watch_owner(self, stop: threading.Event) -> None:
+        """While a candidate: the owner lock's holder, every STANDBY_POLL; once freed, its election key deleted if it
+        still names it (the module's docstring says why that is safe)."""
+        held: Owner | None = None
+        while self.standing is Standing.CANDIDATE and not stop.wait(STANDBY_POLL):
+            owner = next((o for s in self.ownership.switches if (o := Ownership.holder(s, self.ownership.owners_dir))),
+                         None)
+            if owner is None and held is not None and self.standing is Standing.CANDIDATE:
+                self._depose(held)
+            held = owner
+
+    def _depose(self, ended: Owner) -> None:
+        try:
+            leader = self.election.leader()
+            if leader is not None and names(leader, ended) and self.election.depose(leader):
+                log.warning("mbalancer: the leader ended (%s freed its owner lock): its election key deleted, not "
+                            "waiting for its lease to run out", leader)
+        except ElectionError as err:  # its lease runs out by itself
+            log.warning("mbalancer: controller.etcd: %s", err)
 
     def _take_classifier(self, stop: threading.Event) -> bool:
         try:

@@ -41,10 +41,13 @@ def register_options(cli: bool = False) -> None:
             pass  # registered already, the other way
 
 
-def launch(config: Path | str, log: IO | None = None, homes: Path | None = None) -> subprocess.Popen:
+def launch(config: Path | str, log: IO | None = None, homes: Path | None = None,
+           log_config: Path | None = None) -> subprocess.Popen:
     """ryu-manager with the MBalancer app in a process of its own (tests, experiments); stop it with
-    mbalancer.processes.stop_process (SIGTERM: the app ends its lease and leaves the switch forwarding)."""
-    extra = ["--mbalancer-homes", str(homes)] if homes else []
+    mbalancer.processes.stop_process (SIGTERM: the app ends its lease and leaves the switch forwarding).
+    log_config: a logging config file (ryu-manager's --log-config-file), e.g. for timestamps on every line."""
+    extra = (["--mbalancer-homes", str(homes)] if homes else []) + \
+        (["--log-config-file", str(log_config)] if log_config else [])
     return subprocess.Popen([sys.executable, "-m", "controller.ryu_manager", "--mbalancer-config", str(config),
                              *extra, str(APP)], stdout=log, stderr=subprocess.STDOUT if log else None,
                             stdin=subprocess.DEVNULL)

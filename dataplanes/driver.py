@@ -36,7 +36,11 @@ from typing import Any, Callable, ClassVar, Mapping, Sequence, TypeVar
 from mbalancer.settings import Server
 
 MirrorHandler = Callable[[bytes], None]  # called with each packet copied to the controller, a whole Ethernet frame
-ReconnectHandler = Callable[[], None]  # called when the switch came back empty (restarted, reloaded)
+# Called when the switch came back: with no arguments when it came back empty (restarted, reloaded: every hot key is
+# installed again); with (found, lost) when it came back holding hot keys (a switch agent whose controller's stream
+# dropped, attached anew): `found` read back as at attach (adopted), `lost` the keys it no longer holds (installed
+# again; None: every hot key not found).
+ReconnectHandler = Callable[..., None]
 
 
 class DriverError(RuntimeError):
@@ -83,10 +87,11 @@ class StreamId:
 
 class Distrust(str, Enum):
     """Why the state a new leader found for a key cannot be taken as it is: the key alone is rebuilt (a str: the
-    decision log shows the value). The driver names the first three, the core the others (controller/adoption.py)."""
+    decision log shows the value). The driver names the first five, the core the others (controller/adoption.py)."""
     LEASE_EXPIRED = "lease-expired"  # its switch's lease had run out: nobody vouched for its copies meanwhile
+    LEASE_UNKNOWN = "lease-unknown"  # a switch could not tell its lease (P4: a program without the lease query)
     TABLES_DISAGREE = "tables-disagree"  # switches hold different entries for it (or one that should hold none)
-    NOT_READ_BACK = "not-read-back"  # the data plane started afresh at attach: its rules were removed (P4)
+    RULES_DISAGREE = "rules-disagree"  # a switch's rules for it (an OpenFlow group or flow) are not its table entry's
     NOT_PLACEABLE = "not-placeable"  # its entry names servers the config does not have
     HOME_UNREADABLE = "home-unreadable"  # its home could not be read: nothing to compare the copies with
     REPLICA_MISSING = "replica-missing"  # a replica with weight holds no copy of the home's item
@@ -95,7 +100,8 @@ class Distrust(str, Enum):
 
 
 # What the driver did about it already: the key's rules are out of every switch (gets go home untouched).
-RULES_REMOVED = frozenset({Distrust.TABLES_DISAGREE, Distrust.NOT_READ_BACK, Distrust.NOT_PLACEABLE})
+RULES_REMOVED = frozenset({Distrust.TABLES_DISAGREE, Distrust.RULES_DISAGREE,
+                           Distrust.NOT_PLACEABLE})
 
 
 @dataclass(frozen=True)

@@ -125,7 +125,7 @@ class DriverProcess(ForwardedDriver):
             elif kind == "mirror" and self.on_mirror is not None:
                 self.on_mirror(message[1])
             elif kind == "reconnect" and self.on_reconnect is not None:
-                self.on_reconnect()
+                self.on_reconnect(*message[1:])
         self._results.put(("error", None, f"the {self.kind} driver process exited"))
 
 
@@ -168,7 +168,7 @@ class _Child:
         if self.driver is None:
             raise DriverError(f"the driver process takes no {method!r} before its driver is made")
         return answer(self.driver, method, args, lambda frame: self.send(("mirror", frame)),
-                      lambda: self.send(("reconnect",)))
+                      lambda *came_back: self.send(("reconnect", *came_back)))
 
 
 def main() -> int:

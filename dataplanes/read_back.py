@@ -2,7 +2,8 @@
 
 A new leader's driver opens the switches its predecessor wrote and finds their hot keys in place: each key's entry
 (slot, home, replicas and weights), each switch's write and unsure counts and the counts the key was synced to
-(clean, or held dirty), and each switch's lease. Where every switch holds the same entry, the key is kept in the
+(clean, or held dirty), and each switch's lease (one that ran out, or that a switch cannot tell, and no key is
+trusted as it is: each is resynced). Where every switch holds the same entry, the key is kept in the
 book as installed (its slot taken, its stamps counted from now): nothing in the switches changes, and gets go on
 as they went. A key the switches disagree on (another entry, missing on one, a slot two keys claim) or whose entry
 names a server the config does not have cannot be kept by the book: it is deleted from every switch holding it,
@@ -25,8 +26,9 @@ def read_back(book: SlotBook, now_ns: int | None = None) -> list[FoundKey]:
     now_ns = time.monotonic_ns() if now_ns is None else now_ns
     with book.lock:
         held = [switch.held_keys() for switch in book.switches]
-        leases = [switch.lease() for switch in book.switches]
-        expired = any(lease is not None and lease <= now_ns for lease in leases)
+        leases = [switch.lease() for switch in book.switches] if any(held) else []
+        lease_distrust = (Distrust.LEASE_UNKNOWN if None in leases else
+                          Distrust.LEASE_EXPIRED if any(lease <= now_ns for lease in leases) else None)
         agreed, refused = _agreed(held, len(book.servers))
         found = []
         for key, (entry, why) in refused.items():
@@ -34,12 +36,16 @@ def read_back(book: SlotBook, now_ns: int | None = None) -> list[FoundKey]:
                 if key in holds:
                     switch.delete_hot(key, holds[key])
             found.append(FoundKey(key, entry.home, replica_weights(entry), None, why))
-        for key, entry in agreed.items():
-            counts = tuple((s.writes(entry.slot), s.unsure(entry.home)) for s in book.switches)
+        entries = list(agreed.items())  # each switch's counts of every key in one call, every switch at once
+        cells = [(entry.slot, entry.home) for _, entry in entries]
+        counted = book.fan_out.run([lambda s=s: s.write_counts(cells) for s in book.switches],
+                                   book.errors).results() if entries else []
+        for i, (key, entry) in enumerate(entries):
+            counts = tuple(of_switch[i] for of_switch in counted)
             clean = all(s.synced_counts(entry.slot) == c for s, c in zip(book.switches, counts))
             book.take(key, entry, tuple(writes for writes, _ in counts))
             found.append(FoundKey(key, entry.home, replica_weights(entry), WriteStamp(0, counts) if clean else None,
-                                  Distrust.LEASE_EXPIRED if expired else None))
+                                  lease_distrust))
         return found
 
 

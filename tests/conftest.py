@@ -42,9 +42,9 @@ TIERS: dict[str, str] = {
     "test_openflow_attach": "root", "test_openflow_driver": "root", "test_openflow_network": "root",
     "test_slot_book_refusals": "root", "test_ryu_failover": "root", "test_tcp_path": "root",
     # etcd: Debian's etcd-server, started by the test
-    "test_election": "etcd",
+    "test_election": "etcd", "test_election_quorum": "etcd",
     # bmv2: simple_switch_grpc (`make p4`), root
-    "test_p4_network": "bmv2", "test_p4_program": "bmv2", "test_p4_sketch": "bmv2",
+    "test_p4_adoption": "bmv2", "test_p4_network": "bmv2", "test_p4_program": "bmv2", "test_p4_sketch": "bmv2",
     # mininet: the Mininet testbed, root (test_fabric_failover needs etcd too)
     "test_experiments_endtoend": "mininet", "test_fabric_failover": "mininet", "test_failover_adoption": "mininet",
     "test_mininet_switch": "mininet", "test_mixed_fabric": "mininet", "test_openflow_fabric_restart": "mininet",

@@ -28,9 +28,12 @@ class RecordedSwitch:
         self.dp = Datapath()
         self.flows: dict[tuple, list] = {}  # (table, priority, match) -> instructions
         self.groups: dict[int, list] = {}  # group id -> buckets
+        self.flow_mods: dict[tuple, parser.OFPFlowMod] = {}  # what flow and group desc answer
+        self.group_mods: dict[int, parser.OFPGroupMod] = {}
         self.sent: list = []
         self.refuse_groups = False
         self.bucket_packets: dict[int, list[int]] = {}  # what group stats answer
+        self.bundle: list | None = None  # the messages of the open bundle, applied together at its commit
 
     def switches(self) -> list:
         return [self.dp]
@@ -46,27 +49,52 @@ class RecordedSwitch:
         """Nothing held."""
 
     def ask(self, dp, request) -> list:
+        if isinstance(request, parser.OFPFlowDescStatsRequest):
+            return [parser.OFPFlowDescStatsReply(dp, body=[parser.OFPFlowDesc(
+                m.table_id, m.priority, m.idle_timeout, m.hard_timeout, m.flags, m.importance, m.cookie, m.match,
+                None, m.instructions) for m in self.flow_mods.values()])]
+        if isinstance(request, parser.OFPGroupDescStatsRequest):
+            return [parser.OFPGroupDescStatsReply(dp, body=[parser.OFPGroupDescStats(
+                m.type, m.group_id, m.buckets, m.properties) for m in self.group_mods.values()])]
         body = [parser.OFPGroupStats(group_id=g, bucket_stats=[parser.OFPBucketCounter(n, 0) for n in counts])
                 for g, counts in self.bucket_packets.items()]
         return [parser.OFPGroupStatsReply(dp, body=body)]
 
     def apply(self, m) -> None:
-        if isinstance(m, parser.OFPFlowMod):
+        if isinstance(m, parser.OFPBundleCtrlMsg):  # as OVS does: nothing of a bundle shows before its commit
+            if m.type == ofp.OFPBCT_OPEN_REQUEST:
+                self.bundle = []
+            elif m.type == ofp.OFPBCT_COMMIT_REQUEST:
+                held, self.bundle = self.bundle or [], None
+                for message in held:
+                    self.apply(message)
+        elif isinstance(m, parser.OFPBundleAddMsg):
+            self.bundle.append(m.message)
+        elif isinstance(m, parser.OFPFlowMod):
             key = (m.table_id, m.priority, str(m.match.to_jsondict()))
             if m.command == ofp.OFPFC_ADD:
-                self.flows[key] = m.instructions
+                self.flows[key], self.flow_mods[key] = m.instructions, m
             elif m.command == ofp.OFPFC_DELETE and m.table_id == ofp.OFPTT_ALL:
                 self.flows.clear()
+                self.flow_mods.clear()
             elif m.command == ofp.OFPFC_DELETE_STRICT:
                 self.flows.pop(key, None)
+                self.flow_mods.pop(key, None)
         elif isinstance(m, parser.OFPGroupMod):
             if m.command in (ofp.OFPGC_ADD, ofp.OFPGC_MODIFY):
-                self.groups[m.group_id] = m.buckets
+                self.groups[m.group_id], self.group_mods[m.group_id] = m.buckets, m
                 self.bucket_packets.pop(m.group_id, None)  # new buckets count afresh
             elif m.group_id == ofp.OFPG_ALL:
                 self.groups.clear()
+                self.group_mods.clear()
             else:
                 self.groups.pop(m.group_id, None)
+                self.group_mods.pop(m.group_id, None)
+
+    def restart(self) -> None:
+        """Empty, as a restarted switch is."""
+        for table in (self.flows, self.groups, self.flow_mods, self.group_mods):
+            table.clear()
 
     def group_of_get(self, slot: int) -> int | None:
         """The group a get tagged GET(slot) is sent to, by the recorded flows."""

@@ -2,8 +2,10 @@
 accepts: for the P4Runtime driver's message encoding where no bmv2 is installed (CI). It is no switch: it forwards
 nothing and counts nothing; tests/test_p4_program.py and the driver contract run the driver against bmv2.
 
-The one behaviour it plays: a PacketOut adds one to the counter `lease_renewals` (the driver waits for that count
-when it renews the lease). What it refuses, as bmv2's server does: unknown table, field, action or parameter ids;
+The behaviours it plays: a PacketOut adds one to the counter `lease_renewals` (the driver waits for that count
+when it renews the lease); a rearm (op 2) is answered; a lease query (op 3) is answered with the microseconds left
+of the latest lease (op 1), as p4src/mbalancer.p4 does, unless made without it (`lease_query=False`: a program
+that drops it). What it refuses, as bmv2's server does: unknown table, field, action or parameter ids;
 an action the table does not take; values wider than their field or not in canonical form; a range or exact match
 on the wrong kind of field; INSERT of an entry that exists, MODIFY or DELETE of one that does not (a batch goes on
 past a refused update and names each, as bmv2's does); writes from a controller that is not primary (the primary:
@@ -12,6 +14,7 @@ the highest election id among the open streams).
 from __future__ import annotations
 
 import threading
+import time
 from concurrent import futures
 
 import grpc
@@ -37,9 +40,12 @@ def canonical(value: bytes, bitwidth: int, what: str) -> None:
 
 
 class CheckingServer(p4runtime_pb2_grpc.P4RuntimeServicer):
-    def __init__(self, sizes: dict[str, int] | None = None):
-        """sizes: tables held smaller than the P4Info says, by name (an INSERT past it is RESOURCE_EXHAUSTED)."""
+    def __init__(self, sizes: dict[str, int] | None = None, lease_query: bool = True):
+        """sizes: tables held smaller than the P4Info says, by name (an INSERT past it is RESOURCE_EXHAUSTED);
+        lease_query: answer op 3."""
         self.sizes = sizes or {}
+        self.lease_query = lease_query
+        self.lease_until = 0  # time.monotonic_ns() until which the latest lease PacketOut runs
         self.requests = {"write": 0, "read": 0}  # Write and Read RPCs taken
         self.p4info: p4info_pb2.P4Info | None = None
         self.cookie: int | None = None
@@ -86,7 +92,7 @@ class CheckingServer(p4runtime_pb2_grpc.P4RuntimeServicer):
                 elif kind == "packet":
                     with self.lock:
                         self.packet_outs.append(request.packet)
-                        answer = self._rearm_answer(request.packet)
+                        answer = self._answer(request.packet)
                     if answer is not None:
                         yield answer
         finally:
@@ -143,6 +149,10 @@ class CheckingServer(p4runtime_pb2_grpc.P4RuntimeServicer):
                         if entry.table_id == wanted.table_id and (not wanted.match or self._key(entry) ==
                                                                   self._key(wanted)):
                             reply.entities.add().table_entry.CopyFrom(entry)
+                elif entity.HasField("packet_replication_engine_entry"):
+                    found = self.pre.get(self._pre_key(entity.packet_replication_engine_entry))
+                    if found is not None:
+                        reply.entities.add().packet_replication_engine_entry.CopyFrom(found)
                 elif entity.HasField("counter_entry"):
                     counter = self._counter(entity.counter_entry.counter_id)
                     indexes = ([entity.counter_entry.index.index] if entity.counter_entry.HasField("index")
@@ -166,14 +176,25 @@ class CheckingServer(p4runtime_pb2_grpc.P4RuntimeServicer):
     def _ops(self, op: int) -> int:
         return sum(1 for packet in self.packet_outs if self._op(packet) == op)
 
-    def _rearm_answer(self, packet) -> p4runtime_pb2.StreamMessageResponse | None:
-        """A rearm (op 2) is answered as the switch does: a PacketIn, report 1, nothing unsure ever."""
-        if self._op(packet) != 2:
+    def _answer(self, packet) -> p4runtime_pb2.StreamMessageResponse | None:
+        """As the switch answers: a rearm (op 2) with a PacketIn, report 1, nothing unsure ever; a lease query
+        (op 3) with report 2 and the lease's microseconds left. A lease (op 1) is taken."""
+        op = self._op(packet)
+        if op == 1:
+            lease_us = next(int.from_bytes(m.value, "big") for m in packet.metadata
+                            if m.metadata_id == self._metadata("packet_out")["lease_us"])
+            self.lease_until = time.monotonic_ns() + lease_us * 1000
+        if op == 2:
+            report, value = b"\x01", b"\xff" * 6
+        elif op == 3 and self.lease_query:
+            left = max(self.lease_until - time.monotonic_ns(), 0) // 1000
+            report, value = b"\x02", left.to_bytes(6, "big")
+        else:
             return None
         fields = self._metadata("packet_in")
         reply = p4runtime_pb2.StreamMessageResponse()
-        reply.packet.metadata.add(metadata_id=fields["report"], value=b"\x01")
-        reply.packet.metadata.add(metadata_id=fields["quiet_us"], value=b"\xff" * 6)
+        reply.packet.metadata.add(metadata_id=fields["report"], value=report)
+        reply.packet.metadata.add(metadata_id=fields["quiet_us"], value=value)
         return reply
 
     # --- checks ---------------------------------------------------------------------------------------------
@@ -190,9 +211,7 @@ class CheckingServer(p4runtime_pb2_grpc.P4RuntimeServicer):
                         entity.table_entry, update.type)
         elif entity.HasField("packet_replication_engine_entry"):
             pre = entity.packet_replication_engine_entry
-            key = (pre.WhichOneof("type"), pre.clone_session_entry.session_id
-                   or pre.multicast_group_entry.multicast_group_id)
-            self._store(self.pre, key, pre, update.type)
+            self._store(self.pre, self._pre_key(pre), pre, update.type)
         elif entity.HasField("counter_entry"):
             counter = self._counter(entity.counter_entry.counter_id)
             if entity.counter_entry.index.index >= counter.size:
@@ -200,6 +219,10 @@ class CheckingServer(p4runtime_pb2_grpc.P4RuntimeServicer):
             self.counter_writes.append(entity.counter_entry)
         else:
             raise Refused(grpc.StatusCode.UNIMPLEMENTED, f"entity {entity.WhichOneof('entity')}")
+
+    @staticmethod
+    def _pre_key(pre: p4runtime_pb2.PacketReplicationEngineEntry) -> tuple:
+        return pre.WhichOneof("type"), pre.clone_session_entry.session_id or pre.multicast_group_entry.multicast_group_id
 
     @staticmethod
     def _store(store: dict, key: tuple, value, kind: int) -> None:
@@ -266,3 +289,13 @@ class CheckingServer(p4runtime_pb2_grpc.P4RuntimeServicer):
     @staticmethod
     def _key(entry: p4runtime_pb2.TableEntry) -> tuple:
         return tuple(sorted(m.SerializeToString() for m in entry.match)) + (entry.priority,)
+
+
+def answering_pipeline():
+    """The committed program's P4Info and JSON, taken as answering the lease query (op 3) as this server does: the
+    driver asks only a program that compares packet_out.op with 3 (dataplanes/p4/pipeline.py packet_out_ops)."""
+    from dataplanes.p4.pipeline import Pipeline
+    from dataplanes.p4.tables import OP_LEASE_QUERY
+    pipeline = Pipeline()
+    pipeline.packet_out_ops = pipeline.packet_out_ops | {OP_LEASE_QUERY}
+    return pipeline

@@ -5,11 +5,16 @@ can trust are kept as they were, with no table write and no copy made or deleted
 rebuilt, and the decision log says why in a typed field."""
 from __future__ import annotations
 
+import ast
+import inspect
 import time
+from pathlib import Path
 
 import pytest
 
-from controller.adoption import Treatment, judge, same_item
+from controller import adoption
+from controller.adoption import AdoptionCoherence, Treatment, judge, same_item
+from controller.coherence import Coherence
 from controller.core import ControllerCore
 from dataplanes.driver import Distrust, FoundKey, ReplicaWeight, WriteStamp
 from dataplanes.read_back import read_back
@@ -86,6 +91,79 @@ def test_an_item_is_the_same_within_the_whole_seconds_memcached_counts():
     assert same_item(None, None) and not same_item(None, ITEM)
 
 
+# --- what adoption asks of coherence: its declared interface, and nothing else ------------------------------------
+DECLARED = "AdoptionCoherence"
+
+
+def coherence_leaks(source: str) -> list[str]:
+    """Where adoption's code reaches coherence other than through AdoptionCoherence: `x.coherence` anywhere but as
+    the value of a variable declared AdoptionCoherence; such a variable (or parameter) used for anything but a member
+    of the interface, or passed on to a parameter not declared so; a private name imported from coherence.py."""
+    tree = ast.parse(source)
+    members = {name for name in vars(AdoptionCoherence) if not name.startswith("_")}
+    functions = {f.name: f for f in ast.walk(tree) if isinstance(f, ast.FunctionDef)}
+    declared = {a.arg for f in functions.values() for a in f.args.args if ast.unparse(a.annotation or ast.Pass())
+                == DECLARED}
+    declared |= {n.target.id for n in ast.walk(tree) if isinstance(n, ast.AnnAssign) and ast.unparse(n.annotation)
+                 == DECLARED}
+    allowed = {id(n.value) for n in ast.walk(tree) if isinstance(n, ast.AnnAssign)
+               and ast.unparse(n.annotation) == DECLARED}
+    passed = {}  # id of a name passed as a call's argument -> whether the parameter there is declared so
+    for call in (n for n in ast.walk(tree) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)):
+        params = functions[call.func.id].args.args if call.func.id in functions else []
+        for i, arg in enumerate(call.args):
+            passed[id(arg)] = i < len(params) and ast.unparse(params[i].annotation or ast.Pass()) == DECLARED
+    leaks = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and node.attr == "coherence" and id(node) not in allowed:
+            leaks.append(f"line {node.lineno}: {ast.unparse(node)} not declared {DECLARED}")
+        elif isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in declared:
+            if node.attr not in members:
+                leaks.append(f"line {node.lineno}: {ast.unparse(node)} is not in {DECLARED}")
+            allowed.add(id(node.value))
+        elif isinstance(node, ast.ImportFrom) and node.module == "controller.coherence":
+            leaks += [f"line {node.lineno}: imports {a.name}" for a in node.names if a.name.startswith("_")]
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Name) and node.id in declared and isinstance(node.ctx, ast.Load) \
+                and id(node) not in allowed and not passed.get(id(node)):
+            leaks.append(f"line {node.lineno}: {node.id} passed on or used as a whole, not as {DECLARED}")
+    return leaks
+
+
+def test_adoption_asks_coherence_only_what_its_interface_declares():
+    assert coherence_leaks(Path(adoption.__file__).read_text()) == []
+
+
+def test_coherence_answers_the_interface_adoption_declares_with_its_signatures():
+    members = [name for name in vars(AdoptionCoherence) if not name.startswith("_")]
+    assert members, "the interface declares nothing"
+    for name in members:
+        assert inspect.signature(getattr(Coherence, name)) == inspect.signature(getattr(AdoptionCoherence, name)), \
+            name
+
+
+def test_the_check_sees_each_way_around_the_interface():
+    bad = """
+from controller.coherence import _errors
+def adopt(executor):
+    coherence: AdoptionCoherence = executor.coherence
+    coherence.unarmed.add(1)
+    executor.coherence.rearm(2)
+    _keep(coherence)
+    _fine(coherence)
+    other = coherence
+def _keep(c):
+    c.push()
+def _fine(c: AdoptionCoherence):
+    c.settle([])
+"""
+    assert [leak.partition(": ")[2] for leak in coherence_leaks(bad)] == [
+        "imports _errors", "coherence.unarmed is not in AdoptionCoherence",
+        "executor.coherence not declared AdoptionCoherence",
+        "coherence passed on or used as a whole, not as AdoptionCoherence",
+        "coherence passed on or used as a whole, not as AdoptionCoherence"]
+
+
 # --- the read-back over a slot book's switches ---------------------------------------------------------------------
 def book_of(switches: int) -> tuple[SlotBook, list[MemoryTables]]:
     book = SlotBook("test switches", (RuntimeError,))
@@ -151,6 +229,32 @@ def test_a_fabric_keeps_a_key_at_its_homes_leaf_alone_and_removes_it_wherever_el
     assert (list(leaf0.table), list(leaf1.table), list(spine.table)) == ([b"home"], [], [])
     assert fabric.held == {b"home": 0}
     fabric.write_stamp(b"home")  # the fabric routes it to its box
+
+
+def test_a_fabric_box_that_comes_back_concerns_only_its_own_keys():
+    """A box whose agent's stream came back hands its read-back keys on (to adopt) with the keys it lost; one that
+    came back empty, its own keys as lost. The other boxes' keys are in neither: nothing of theirs is installed
+    again."""
+    from dataplanes.agent import Settings
+    from dataplanes.agent.fabric import FabricDriver
+    boxes: list[RecordingDriver] = []
+
+    def connect(settings) -> RecordingDriver:
+        boxes.append(RecordingDriver())
+        return boxes[-1]
+    fabric = FabricDriver(Settings(boxes=("10.0.1.2:9600 s0", "10.0.1.6:9600 s1")), connect)
+    leaf0, leaf1 = boxes
+    servers = [Server(f"s{i}", f"10.0.0.{i + 1}", f"02:00:00:00:00:0{i + 1}", 11211) for i in range(2)]
+    came_back = []
+    fabric.attach(servers, lambda frame: None, lambda *args: came_back.append(args))
+    for key, home in ((b"a0", 0), (b"b0", 0), (b"a1", 1)):
+        fabric.install_hot_key(key, home, [ReplicaWeight(home, 0.5), ReplicaWeight(1 - home, 0.5)])
+    kept = next(f for f in leaf0.successor().attach(servers, lambda frame: None) if f.key == b"a0")
+    leaf0.on_reconnect([kept], None)  # (as its AgentDriver calls it) back holding a0 only: b0 was lost
+    leaf1.on_reconnect()  # back empty
+    assert [(sorted(f.key for f in found), sorted(lost)) for found, lost in came_back] == \
+        [([b"a0"], [b"b0"]), ([], [b"a1"])]
+    assert fabric.held == {b"a0": 0}
 
 
 # --- a core taking over --------------------------------------------------------------------------------------------
@@ -304,3 +408,29 @@ def test_a_key_whose_home_could_not_be_read_back_is_pushed_from_its_home_before_
         assert not any(second.driver.dirty(k) for k in KEYS)
     finally:
         second.stop()
+
+
+def test_a_switch_that_came_back_holding_its_keys_is_adopted_and_only_what_it_lost_installed_again(servers):
+    """A switch agent whose controller's stream dropped and came back: the agent's fresh driver reads the switch back
+    and the same core adopts what it holds (on_reconnect(found, lost), adoption.came_back): no rule written for the
+    keys it still holds; the one it lost is installed again."""
+    core, driver = first_leader(servers)
+    kept, lost = KEYS[:2], KEYS[2]
+    try:
+        driver.remove_hot_key(lost)  # the switch lost one key meanwhile
+        fresh = driver.successor()  # the agent's fresh driver on the same switch
+        found = fresh.attach(core.config.servers, lambda frame: None)
+        fresh.let_go()
+        assert sorted(f.key for f in found) == kept
+        driver.calls.clear()
+        core.submit_reconnect(found, None)
+        assert core.wait_idle()
+        assert [c.key for c in driver.calls_of("install_hot_key")] == [lost]
+        assert [m for m in writes_to_the_switch(driver) if m not in ("install_hot_key", "clear_dirty")] == []
+        assert [c.key for c in driver.calls_of("clear_dirty")] == [lost]  # the kept ones stay clean as they were
+        why = {d["key"]: (d["action"], d.get("why")) for d in core.decisions_made() if d["action"] == "adopt"}
+        assert why == {k.decode(): ("adopt", None) for k in kept}
+        assert [d["action"] for d in core.decisions_made()].count("replay") == 1
+        assert [(h["key"], h["state"]) for h in core.state()["hot_keys"]] == [(k.decode(), "clean") for k in KEYS]
+    finally:
+        core.stop()

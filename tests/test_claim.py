@@ -6,12 +6,13 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
 
 from dataplanes.bpf.program import PIN_ROOT, available
-from topologies.claim import NetworkClaim
+from topologies.claim import WAIT_ENV, NetworkClaim
 from topologies.netns import NamespaceNetwork
 from topologies.shapes import TopologyError
 
@@ -19,6 +20,13 @@ why_not = available() if os.geteuid() == 0 else "needs root (namespaces, bpf)"
 pytestmark = pytest.mark.skipif(why_not is not None, reason=f"eBPF data plane cannot run here: {why_not}")
 
 ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(autouse=True)
+def refused_at_once(monkeypatch):
+    """These tests are about a second network being refused: a suite run with MBALANCER_NETWORK_WAIT would have it
+    wait instead (and a holder started here wait on this process's network), so each test starts without it."""
+    monkeypatch.delenv(WAIT_ENV, raising=False)
 
 # Builds a namespace network, says so, then waits to be killed.
 HOLDER = """
@@ -71,3 +79,26 @@ def test_a_corrupt_record_is_ignored(tmp_path):
     with NetworkClaim("test", directory=tmp_path):
         pass
     assert (tmp_path / "network.lock").read_text() == "{}"
+
+
+def test_with_a_wait_a_second_claim_takes_its_turn_and_without_one_is_refused(tmp_path, monkeypatch):
+    first = NetworkClaim("first", directory=tmp_path).take()
+    events = []
+    monkeypatch.setenv(WAIT_ENV, "0.3")
+    with pytest.raises(TopologyError, match="another MBalancer network is running"):
+        NetworkClaim("second", directory=tmp_path).take()
+    monkeypatch.setenv(WAIT_ENV, "30")
+
+    def release() -> None:
+        events.append("first released")
+        first.release()
+    threading.Timer(0.3, release).start()
+    with NetworkClaim("second", directory=tmp_path):
+        events.append("second taken")
+    assert events == ["first released", "second taken"]
+
+
+def test_a_wait_that_is_not_a_number_is_named_in_one_line(tmp_path, monkeypatch):
+    monkeypatch.setenv(WAIT_ENV, "soon")
+    with pytest.raises(TopologyError, match=f"^{WAIT_ENV}: a number of seconds \\(got 'soon'\\)$"):
+        NetworkClaim("test", directory=tmp_path).take()

@@ -6,12 +6,13 @@ import os
 import re
 import shutil
 import socket
+import struct
 import subprocess
 import time
 
 import pytest
 
-from dataplanes.driver import DriverError, ReplicaWeight
+from dataplanes.driver import Distrust, DriverError, ReplicaWeight
 from dataplanes.bpf.program import CLASSIFIER, DataPlane, available as ebpf_available
 from dataplanes.bpf.tables import Tables
 from dataplanes.openflow import Settings, tags
@@ -22,6 +23,8 @@ from tests.conftest import eventually
 from dataplanes.openflow.driver import OpenflowDriver, driver_from_settings
 from dataplanes.openflow import messages
 from tests.openflow_switch import Datapath, RecordedSwitch
+from ryu.ofproto import ofproto_v1_5 as ofp
+from ryu.ofproto import ofproto_v1_5_parser as parser
 
 SERVERS = (Server("s1", "10.0.0.1", "02:00:00:00:00:01"), Server("s2", "10.0.0.2", "02:00:00:00:00:02"),
            Server("s3", "10.0.0.3", "02:00:00:00:00:03", 11311))
@@ -119,11 +122,67 @@ def test_a_switch_that_connects_again_gets_the_same_rules(driver, switch):
     driver.install_hot_key(b"a", 0, replicas(0.5, 0.5, 0.0))
     driver.install_hot_key(b"b", 1, replicas(0.1, 0.6, 0.3))
     flows, groups = dict(switch.flows), {g: switch.weights(g) for g in switch.groups}
-    switch.flows.clear()
-    switch.groups.clear()  # restarted empty
+    switch.restart()
     driver.switch_connected(switch.dp)
     assert switch.flows.keys() == flows.keys()
     assert {g: switch.weights(g) for g in switch.groups} == groups
+
+
+def rules_written(sent) -> list:
+    return [m for m in sent if isinstance(m, (parser.OFPFlowMod, parser.OFPGroupMod))]
+
+
+def test_a_driver_that_takes_over_keeps_every_flow_and_group_that_agrees_and_writes_none(classifier, switch):
+    """A new leader (or an agent's controller come back) reads the groups and flows back from the switch: the ones
+    its classifier entries agree with stay as they are, weights solved again from the entries' rounded shares
+    included."""
+    first = OpenflowDriver(Settings(classifier=classifier.name), switch)
+    first.attach(SERVERS, lambda frame: None)
+    first.install_hot_key(b"a", 0, replicas(0.5, 0.5, 0.0))
+    first.install_hot_key(b"b", 1, replicas(0.1, 0.6, 0.3))
+    first.renew_lease(30)
+    first.let_go()  # its lease left to run out: the next one adopts
+    before, switch.sent = (dict(switch.flows), {g: switch.weights(g) for g in switch.groups}), []
+    second = OpenflowDriver(Settings(classifier=classifier.name), switch)
+    try:
+        found = second.attach(SERVERS, lambda frame: None)
+        assert {f.key: f.distrust for f in found} == {b"a": None, b"b": None}
+        assert rules_written(switch.sent) == [], switch.sent  # read back, nothing written
+        assert (switch.flows, {g: switch.weights(g) for g in switch.groups}) == before
+        second.set_weights(b"b", replicas(0.2, 0.5, 0.3))  # goes on from there
+        assert list(switch.weights(messages.group_id(second.slots[b"b"])).values()) == bucket_weights([0.2, 0.5, 0.3])
+    finally:
+        second.close()
+
+
+def test_a_key_whose_group_disagrees_with_its_classifier_entry_is_rebuilt_alone(classifier, switch):
+    first = OpenflowDriver(Settings(classifier=classifier.name), switch)
+    first.attach(SERVERS, lambda frame: None)
+    for key, home in ((b"a", 0), (b"b", 1), (b"c", 2)):
+        first.install_hot_key(key, home, replicas(0.5, 0.5, 0.0))
+    slots = dict(first.slots)
+    first.renew_lease(30)
+    first.let_go()
+    # b's group sends gets to server 3 too (a copy nobody keeps in sync); c's flow is gone
+    switch.apply(messages.hot_group(switch.dp, slots[b"b"], [(0, SERVERS[0], 100), (2, SERVERS[2], 100)], "hash",
+                                    add=False)[0])
+    switch.apply(messages.remove_hot(switch.dp, slots[b"c"])[0])
+    switch.sent = []
+    second = OpenflowDriver(Settings(classifier=classifier.name), switch)
+    tables = Tables(classifier.pin_dir)
+    try:
+        found = {f.key: f for f in second.attach(SERVERS, lambda frame: None)}
+        assert {k: f.distrust for k, f in found.items()} == {b"a": None, b"b": Distrust.RULES_DISAGREE,
+                                                             b"c": Distrust.RULES_DISAGREE}
+        assert set(second.slots) == {b"a"} and set(tables.held_keys()) == {b"a"}  # no get tagged for b or c
+        assert set(switch.groups) == {messages.group_id(slots[b"a"])}
+        assert [switch.group_of_get(slots[k]) for k in (b"a", b"b", b"c")] == [messages.group_id(slots[b"a"]),
+                                                                                None, None]
+        assert all(m.command in (ofp.OFPFC_DELETE_STRICT, ofp.OFPGC_DELETE) for m in rules_written(switch.sent)), \
+            switch.sent  # a's group and flow untouched: only b's and c's rules removed
+    finally:
+        tables.close()
+        second.close()
 
 
 def test_gets_per_replica_come_from_the_bucket_counters(driver, switch):
@@ -181,6 +240,33 @@ def test_every_message_decodes_with_open_vswitchs_own_parser():
                      "priority=200,dl_dst=0e:01:00:03:00:00/ff:ff:ff:ff:00:00 cookie:0x4d42 out_port:0 actions=group:4",
                      "DEL_STRICT table:1 priority=200,dl_dst=0e:01:00:03:00:00/ff:ff:ff:ff:00:00"):
         assert expected in text, expected
+
+
+def test_groups_read_back_are_the_groups_sent():
+    """What a switch answers a group desc with reads back as the groups the driver sent: OVS's selection-method
+    property (Ryu had no parser for it: the reply was dropped), every bucket's properties and every group's (Ryu read
+    a bucket's, and a group's, on past its end into the next one, and looped for ever on a length of 0 there)."""
+    from ryu.ofproto import ofproto_parser
+    dp = Datapath()
+    sent, entries = [], b""
+    for slot, selection in enumerate(("hash", "dp_hash", "default")):
+        group = messages.hot_group(dp, slot, [(0, SERVERS[0], 100), (1, SERVERS[1], 50), (2, SERVERS[2], 9)],
+                                   selection, add=True)[0]
+        group.set_xid(1)
+        group.serialize()
+        back = ofproto_parser.msg(dp, ofp.OFP_VERSION, ofp.OFPT_GROUP_MOD, len(group.buf), 1, bytes(group.buf))
+        assert back is not None and [len(b.properties) for b in back.buckets] == [1, 1, 1]
+        assert messages.group_of(back) == messages.group_of(group)
+        rest = bytes(group.buf[24:])  # the group mod's buckets and properties, as a group desc carries them
+        entries += struct.pack("!HBxIH6x", 16 + len(rest), group.type, group.group_id, group.bucket_array_len) + rest
+        sent.append(group)
+    reply = struct.pack("!BBHIHH4x", ofp.OFP_VERSION, ofp.OFPT_MULTIPART_REPLY, 16 + len(entries), 1,
+                        ofp.OFPMP_GROUP_DESC, 0) + entries
+    held = messages.held_groups([ofproto_parser.msg(dp, ofp.OFP_VERSION, ofp.OFPT_MULTIPART_REPLY, len(reply), 1,
+                                                    reply)])
+    assert held == {g.group_id: messages.group_of(g) for g in sent}
+    assert not held[1].same(messages.group_of(messages.hot_group(  # another replica in a bucket
+        dp, 0, [(0, SERVERS[0], 100), (1, SERVERS[2], 50), (2, SERVERS[1], 9)], "hash", add=True)[0]), 64)
 
 
 def test_tags_round_trip_and_refuse_what_is_not_one():

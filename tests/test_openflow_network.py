@@ -6,9 +6,15 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import signal
+import subprocess
 import sys
+import time
 import urllib.error
 import urllib.request
+
+from pathlib import Path
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
@@ -23,8 +29,11 @@ from mbalancer.memcache.meta import MetaClient, StoredItem
 from mbalancer.memcache.server import free_port
 from dataplanes import registry
 from dataplanes.bpf.tables import Tables
+from dataplanes.openflow.messages import L2
 from tests.conftest import eventually, memcached_answers
 from tests.switch_agent import AgentProcess
+from tests.tcp_relay import TcpRelay
+from tests.test_fabric_failover import LOAD
 from tests.test_ebpf_network import (client_gets, cold_and_multi_gets_reach_their_home,
                                      hot_gets_spread_evenly_and_answered_from_home, hits)
 from topologies.netns import NamespaceNetwork
@@ -59,15 +68,22 @@ class App:
     via a switch agent on the switch's box (`mbalancer switch serve`, connected to the bridge's management socket:
     no ryu-manager) driven by a controller core over its wire; and what a test asks of either."""
 
-    def __init__(self, net: NamespaceNetwork, tmp_path, via: str):
+    def __init__(self, net: NamespaceNetwork, tmp_path, via: str, relayed: bool = False):
+        """relayed: the controller reaches the agent through a TcpRelay (self.relay) that a test can cut."""
         self.config = config_of(net)
         self.key_hash = make_hash(self.config.balancing.hash, [s.address for s in self.config.servers])
         self.agent: AgentProcess | None = None
+        self.relay: TcpRelay | None = None
         if via == "agent":
             self.agent = AgentProcess(tmp_path, "openflow", {
                 "classifier": TAG, "connect": f"unix:{net.switch.ovs.rundir}/{net.switch.bridge}.mgmt"})
+            address = self.agent.address
+            if relayed:
+                host, _, port = address.rpartition(":")
+                self.relay = TcpRelay((host, int(port))).__enter__()
+                address = self.relay.address
             self.controller = LocalController(config_of(net, {"kind": "agent", "agent": {
-                "address": self.agent.address, "kind": "openflow", "token_file": str(self.agent.token_file)}}),
+                "address": address, "kind": "openflow", "token_file": str(self.agent.token_file)}}),
                 self.key_hash, tmp_path)
         else:
             self.controller = RyuController(self.config, self.key_hash, tmp_path)
@@ -91,6 +107,8 @@ class App:
         if self.agent is None:
             return self.controller.stop()
         self.controller.stop()
+        if self.relay is not None:
+            self.relay.__exit__(None, None, None)
         self.agent.stop()
         return self.agent.process.returncode
 
@@ -110,10 +128,16 @@ def app(network, tmp_path, request):
     running = App(network, tmp_path, request.param)
     yield running
     running.stop()
+    emptied(network)
+
+
+def emptied(network) -> None:
+    """Servers flushed, the classifier's hot keys gone: each test's app starts on empty tables (it would adopt what
+    the one before left: controller/adoption.py)."""
     for host in network.server_hosts:
         tcp_client(ServerAddress(host.ip)).flush_all()
     tables = Tables(network.switch.classifier.pin_dir)
-    try:  # each test's app starts on empty tables: it would adopt what this one left (controller/adoption.py)
+    try:
         for key, entry in tables.held_keys().items():
             tables.delete_hot(key, entry)
     finally:
@@ -192,6 +216,138 @@ def test_the_app_stops_cleanly_and_ends_its_lease(network, app):
         assert tables.lease() == 0  # nobody keeps the copies fresh any more: every hot get goes home
     finally:
         tables.close()
+
+
+# --- taking over what the switch holds (issue 47 item 2) ----------------------------------------------------------
+READ_ONLY, WRITTEN = b"hot:r", b"hot:w"
+PACE = 0.0005  # seconds the load's clients wait between requests
+
+
+def rule_ages(net: NamespaceNetwork) -> dict[str, float]:
+    """Open vSwitch's own age (duration) of each flow and group on the bridge, but the learned L2 flows: a rule written
+    again, or deleted and added, starts from 0."""
+    ovs, bridge = net.switch.ovs, net.switch.bridge
+    ages = {f"table={table} {rule}": float(age) for age, table, rule in re.findall(
+        r"duration=([\d.]+)s, table=(\d+),.*?(priority=\S+)", ovs.ofctl("dump-flows", bridge))}
+    ages.update({f"group {number}": float(age) for number, age in re.findall(
+        r"group_id=(\d+),duration=([\d.]+)s", ovs.ofctl("dump-group-stats", bridge))})
+    return {rule: age for rule, age in ages.items() if not rule.startswith(f"table={L2} priority=10,")}
+
+
+def untouched(before: dict[str, float], after: dict[str, float], since: float) -> dict[str, tuple]:
+    """The rules of `before` that are gone from `after`, or younger there than the `since` seconds between the two
+    dumps (written again meanwhile): rule -> (age before, age after)."""
+    return {rule: (age, after.get(rule)) for rule, age in before.items()
+            if rule not in after or after[rule] < since}
+
+
+def both_hot(app: App) -> dict[bytes, int]:
+    """READ_ONLY and WRITTEN made hot in one report, and clean: their homes."""
+    homes = {key: app.key_hash.server_of(key) for key in (READ_ONLY, WRITTEN)}
+    for key, home in homes.items():
+        MetaClient(app.config.servers[home].address).set(key, StoredItem(b"v0", 0, -1, 0))
+    app.controller.report([(READ_ONLY, 500.0), (WRITTEN, 500.0)])
+    assert eventually(lambda: all((app.hot(k) or {}).get("dirty") is False for k in homes), timeout=20), \
+        app.state()["decisions"]
+    return homes
+
+
+def start_load(net: NamespaceNetwork, tmp_path, homes: dict[bytes, int]) -> tuple[Path, list]:
+    """A client writing WRITTEN and reading it back (stale and miss counted), another only reading READ_ONLY (the
+    fabric failover test's load); touch the path returned to stop them."""
+    (tmp_path / "load.py").write_text(LOAD)
+    stop = tmp_path / "stop"
+    loads = [net.popen(net.client_hosts[0], [sys.executable, str(tmp_path / "load.py"), mode, str(stop), str(PACE),
+                                             f"{net.server_hosts[homes[key]].ip}={key.decode()}"],
+                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for mode, key in (("writes", WRITTEN), ("reads", READ_ONLY))]
+    return stop, loads
+
+
+def stop_load(stop: Path, loads: list) -> tuple[dict, dict]:
+    stop.touch()
+    return tuple(json.loads(load.communicate(timeout=60)[0].strip().splitlines()[-1]) for load in loads)
+
+
+def settled(app: App, net: NamespaceNetwork, keys: tuple[bytes, ...], dumped: float, stop: Path, loads: list
+            ) -> tuple[float, dict[str, float], dict, tuple[dict, dict]]:
+    """Once `keys` are clean again (and a second more of load): the seconds since the rules' ages were `dumped`,
+    their ages now, the state, and what the load counted."""
+    assert eventually(lambda: all((app.hot(k) or {}).get("dirty") is False for k in keys), timeout=20), \
+        app.state()["decisions"][-20:]
+    time.sleep(1.0)
+    since = time.monotonic() - dumped
+    return since, rule_ages(net), app.state(), stop_load(stop, loads)
+
+
+def key_counts(state: dict, key: bytes) -> dict:
+    return state["counters"]["data_plane"]["keys"][key.decode()]
+
+
+def test_an_agent_whose_stream_is_cut_under_load_adopts_what_the_switch_holds(network, tmp_path):
+    """The network between the controller and the switch agent is cut under load (every connection through it
+    ends): the agent lets its driver go, the controller comes back, the agent's fresh driver reads back the
+    classifier's keys and Open vSwitch's flows and groups, and the controller adopts them. Nothing is installed
+    again (no replay, no warm), no flow or group of the bridge is written again (Open vSwitch's own ages go on), the
+    read-only key's gets are balanced all along (none sent home), and no get is stale or missed."""
+    app = App(network, tmp_path, "agent", relayed=True)
+    core = app.controller.core
+    try:
+        homes = both_hot(app)
+        stop, loads = start_load(network, tmp_path, homes)
+        time.sleep(1.5)
+        before, counts_before = app.state(), dict(core.counts)
+        ages, dumped = rule_ages(network), time.monotonic()
+        app.relay.cut()
+        assert eventually(lambda: core.counts["reconnects"] > counts_before.get("reconnects", 0), timeout=30), \
+            app.log()[-3000:]
+        since, ages_after, after, (writes, reads) = settled(app, network, tuple(homes), dumped, stop, loads)
+        cuts = app.relay.cuts
+    finally:
+        app.stop()
+        emptied(network)
+    made = {name: core.counts[name] - counts_before.get(name, 0) for name in
+            ("reconnects", "decisions_replay", "decisions_warm", "decisions_cool", "decisions_reconcile",
+             "decisions_adopt", "adopted_kept_clean", "adopted_kept_dirty", "adopted_resynced", "adopted_rebuilt")}
+    sent_home = key_counts(after, READ_ONLY)["home_while_dirty"] - key_counts(before, READ_ONLY)["home_while_dirty"]
+    print(f"stream cut {cuts} time(s): {made}; writer {writes}, reader {reads}; read-only key's gets sent "
+          f"home since: {sent_home}; {len(ages)} flows and groups, aged {since:.2f} s more")
+    assert made["reconnects"] == 1 and made["decisions_adopt"] == 2, made
+    assert made["decisions_replay"] == made["decisions_warm"] == made["decisions_cool"] == 0, made
+    assert made["decisions_reconcile"] == made["adopted_rebuilt"] == 0, made
+    assert untouched(ages, ages_after, since) == {}
+    assert key_counts(after, READ_ONLY)["gets"] >= key_counts(before, READ_ONLY)["gets"]
+    assert sent_home == 0
+    assert writes["stale"] == 0 and writes["miss"] == 0 and reads["miss"] == 0, (writes, reads)
+    assert writes["fresh"] > 0 and reads["found"] > 0 and "Traceback" not in app.log()
+
+
+def test_a_ryu_manager_killed_and_started_again_keeps_every_flow_and_group(network, tmp_path):
+    """ryu-manager killed (SIGKILL: its lease left in the classifier) and started again under load: the new app
+    adopts the classifier's keys, and when the bridge connects to it, reads its flows and groups back and writes
+    none of them again (Open vSwitch's own ages go on)."""
+    app = App(network, tmp_path, "ryu")
+    try:
+        homes = both_hot(app)
+        stop, loads = start_load(network, tmp_path, homes)
+        time.sleep(1.0)
+        ages, dumped = rule_ages(network), time.monotonic()
+        os.kill(app.controller.process.pid, signal.SIGKILL)
+        app.controller.process.wait(timeout=30)
+        app.controller.start()  # the same config: adopts what the killed one left
+        # (the written key is kept dirty and settles once its lost copies are given up, which a steady writer
+        # delays: the copies of the writes made while no ryu-manager ran never came)
+        since, ages_after, after, (writes, reads) = settled(app, network, (READ_ONLY,), dumped, stop, loads)
+    finally:
+        app.stop()
+        emptied(network)
+    actions = [(d["action"], d["key"], d.get("why")) for d in after["decisions"]]
+    print(f"ryu-manager killed and started again: {actions[:6]}; writer {writes}, reader {reads}; {len(ages)} flows "
+          f"and groups, aged {since:.2f} s more")
+    assert sorted(a for a in actions if a[0] == "adopt") == [("adopt", k.decode(), None) for k in (READ_ONLY, WRITTEN)]
+    assert not [a for a in actions if a[0] in ("replay", "warm", "cool", "reconcile")], actions
+    assert untouched(ages, ages_after, since) == {}
+    assert writes["stale"] == 0 and reads["miss"] == 0 and writes["miss"] == 0, (writes, reads)
 
 
 @pytest.mark.parametrize("app", ["ryu"], indirect=True)

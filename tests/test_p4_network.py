@@ -40,9 +40,24 @@ def network():
 def core(network):
     core = ControllerCore(config_of(network), network.driver(), probe_health=False).start()
     yield core
-    core.stop()  # the next core's driver finds what this one left and removes it
+    core.stop()
     for host in network.server_hosts:
         tcp_client(ServerAddress(host.ip)).flush_all()
+    empty_hot_keys(network.switch.bmv2.address)  # each test's core starts afresh: it would adopt what this one left
+
+
+def empty_hot_keys(address: str) -> None:
+    """Take every hot key out of the switch (its pipeline stays): as a controller that never ran left it."""
+    from dataplanes.p4.client import P4RuntimeClient
+    from dataplanes.p4.pipeline import Pipeline
+    from dataplanes.p4.tables import P4Tables
+    client = P4RuntimeClient(address, 1)
+    try:
+        client.connect()
+        tables = P4Tables(client, Pipeline())
+        tables.delete_keys(list(tables.held_keys().items()))
+    finally:
+        client.close()
 
 
 def test_a_restarted_switch_gets_its_pipeline_and_hot_keys_back(network, core):

@@ -139,7 +139,7 @@ def test_pipeline_fixture(switch, case):
             driver.resume_stream(connection, case.resume)
         if case.blind:
             driver.blind_stream(connection)
-        ports.drain()
+        ports.drain(quiet=0.2)  # a late frame of the case's earlier ones is not its answer
         before, unsure_before = driver.switch_counters()[0], unsure_counts(driver)
         mirrored_before = driver.read_counters().keys[key].mirrored
         copies_before = len(mirrors.frames)

@@ -9,14 +9,14 @@ from pathlib import Path
 
 import pytest
 
-from dataplanes.driver import DriverError, ForwardingEntry, HotKeyInstall, ReplicaWeight
+from dataplanes.driver import Distrust, DriverError, ForwardingEntry, HotKeyInstall, ReplicaWeight
 from dataplanes.p4.driver import P4RuntimeDriver
 from dataplanes.p4 import Settings
 from dataplanes.p4.bmv2 import free_port
-from dataplanes.p4.pipeline import FLOOD_GROUP, MIRROR_SESSION, Pipeline
+from dataplanes.p4.pipeline import FLOOD_GROUP, MIRROR_SESSION
 from dataplanes.p4.pipeline import MAX_HOT
 from mbalancer.config import Server
-from tests.p4runtime_server import CheckingServer
+from tests.p4runtime_server import CheckingServer, answering_pipeline
 
 SERVERS = [Server(f"s{i}", f"10.0.0.{i + 1}", f"02:00:00:00:00:{i + 1:02x}", 11211 + (i == 2)) for i in range(4)]
 
@@ -31,14 +31,14 @@ def server():
 @pytest.fixture
 def driver(server):
     made = P4RuntimeDriver(Settings(switches=(server.address,), ports=(1, 2, 3), trusted=("10.0.0.254",)),
-                           Pipeline())
+                           answering_pipeline())
     made.attach(SERVERS, lambda frame: None)
     yield made
     made.close()
 
 
 def entries(server: CheckingServer, table: str) -> list:
-    table_id = Pipeline().table(table).id
+    table_id = answering_pipeline().table(table).id
     return [e for e in server.entries.values() if e.table_id == table_id]
 
 
@@ -47,7 +47,7 @@ def params(entry) -> list[int]:
 
 
 def test_attach_pushes_the_pipeline_and_writes_servers_ports_and_sessions(server, driver):
-    assert server.cookie == Pipeline().cookie
+    assert server.cookie == answering_pipeline().cookie
     assert sorted(tuple(params(e)) for e in entries(server, "servers")) == [
         (0x020000000001 + i, (10 << 24) + i + 1, s.port) for i, s in enumerate(SERVERS)]
     assert len(entries(server, "memcached_ports")) == len(entries(server, "reply_ports")) == 2  # 11211 and 11212
@@ -62,7 +62,7 @@ def test_the_controllers_sizes_are_the_programs():
     from dataplanes.pipeline import COUNTERS
     from dataplanes.pipeline import MAX_REPLICAS
     from dataplanes.p4.pipeline import STREAM_RESUMES
-    info = Pipeline().p4info
+    info = answering_pipeline().p4info
     tables = {t.preamble.name.split(".")[-1]: t.size for t in info.tables}
     counters = {c.preamble.name.split(".")[-1]: c.size for c in info.counters}
     assert tables["hot_keys"] == tables["synced"] == MAX_HOT and tables["replicas"] == MAX_HOT * MAX_REPLICAS
@@ -92,7 +92,7 @@ def test_a_hot_key_is_its_entry_and_one_range_per_weighted_replica(server, drive
 
 def test_a_hot_set_change_is_five_requests_and_a_key_the_switch_refuses_holds_back_no_other():
     server = CheckingServer(sizes={"hot_keys": 12}).start()  # a switch with room for 12 hot keys
-    driver = P4RuntimeDriver(Settings(switches=(server.address,), ports=(1, 2)), Pipeline())
+    driver = P4RuntimeDriver(Settings(switches=(server.address,), ports=(1, 2)), answering_pipeline())
     try:
         driver.attach(SERVERS, lambda frame: None)
         weights = (ReplicaWeight(0, 0.5), ReplicaWeight(1, 0.5))
@@ -121,7 +121,7 @@ def test_a_reused_slot_starts_its_counters_again(server, driver):
     driver.remove_hot_key(b"a")
     server.counter_writes.clear()
     driver.install_hot_key(b"b", 0, [ReplicaWeight(0, 0.5), ReplicaWeight(1, 0.5)])
-    names = {c.preamble.id: c.preamble.name.split(".")[-1] for c in Pipeline().p4info.counters}
+    names = {c.preamble.id: c.preamble.name.split(".")[-1] for c in answering_pipeline().p4info.counters}
     assert {names[c.counter_id] for c in server.counter_writes} == {"key_gets", "key_home_while_dirty",
                                                                      "key_per_replica"}
     assert all(c.data.packet_count == 0 for c in server.counter_writes)
@@ -135,7 +135,7 @@ def test_the_lease_is_a_packet_out_the_switch_adds_to_its_clock(server, driver):
     deadline = time.monotonic() + 5
     while not server.packet_outs and time.monotonic() < deadline:
         time.sleep(0.01)
-    metadata = Pipeline().packet_metadata["packet_out"]
+    metadata = answering_pipeline().packet_metadata["packet_out"]
     values = {m.metadata_id: int.from_bytes(m.value, "big") for m in server.packet_outs[-1].metadata}
     assert values[metadata["op"][0]] == 1 and set(values) == {metadata[f][0] for f in ("op", "lease_us", "server")}
     assert 2_500_000 - took_us <= values[metadata["lease_us"][0]] <= 2_500_000
@@ -164,13 +164,161 @@ def test_refused_requests_change_nothing(server, driver):
     assert len(entries(server, "hot_keys")) == 1
 
 
-def test_a_new_driver_reports_the_keys_left_and_starts_the_switch_afresh(server, driver):
-    driver.install_hot_key(b"left", 2, [ReplicaWeight(2, 0.5), ReplicaWeight(3, 0.5)])
-    driver.close()  # a controller that stopped (or was killed: its stream ends either way)
-    after = P4RuntimeDriver(Settings(switches=(server.address,)), Pipeline())
+def successor_of(driver: P4RuntimeDriver, servers: list, **settings) -> P4RuntimeDriver:
+    """A controller that takes over from `driver`, which stopped without ending its lease (killed, or deposed)."""
+    driver.let_go()
+    after = P4RuntimeDriver(Settings(switches=tuple(driver.settings.switches), **settings), answering_pipeline())
+    after.found = {k.key: k for k in after.attach(servers, lambda frame: None)}
+    return after
+
+
+def left_behind(driver: P4RuntimeDriver) -> None:
+    """Three keys as a controller leaves them: `clean` (cleared), `dirty` (held), `wide` with a replica at weight 0
+    (it has no range: its server rides in the entry's metadata), the lease running, forwarding written."""
+    driver.install_hot_key(b"clean", 2, [ReplicaWeight(2, 0.5), ReplicaWeight(3, 0.5)])
+    driver.install_hot_key(b"dirty", 0, [ReplicaWeight(0, 0.25), ReplicaWeight(1, 0.75)])
+    driver.install_hot_key(b"wide", 1, [ReplicaWeight(1, 0.5), ReplicaWeight(0, 0.0), ReplicaWeight(3, 0.5)])
+    driver.clear_dirty_keys(driver.write_stamps([b"clean", b"wide"]))
+    driver.renew_lease(60)
+    driver.set_forwarding([ForwardingEntry(s.mac, "1") for s in SERVERS])
+
+
+def test_a_new_driver_adopts_what_the_switch_holds_and_writes_nothing(server, driver):
+    """A switch that runs this pipeline is not pushed again: every key is read back whole (home, every replica,
+    weights, slot, clean or held) and kept in the book; with the same config not one Write reaches the switch,
+    and the new driver goes on from there (the dirty key cleared, forwarding and weights changed in place)."""
+    left_behind(driver)
+    slots, writes = driver.slots, len(server.writes)
+    after = successor_of(driver, SERVERS, ports=(1, 2, 3), trusted=("10.0.0.254",))
     try:
-        left = after.attach(SERVERS, lambda frame: None)
-        assert [(k.key, k.home, k.servers) for k in left] == [(b"left", 2, (2, 3))]
+        found = after.found
+        assert {k: (f.home, [(r.server, r.weight) for r in f.replicas], f.synced is not None, f.distrust)
+                for k, f in found.items()} == {
+            b"clean": (2, [(2, 0.5), (3, 0.5)], True, None),
+            b"dirty": (0, [(0, 0.25), (1, 0.75)], False, None),
+            b"wide": (1, [(1, 0.5), (0, 0.0), (3, 0.5)], True, None)}
+        assert after.slots == slots and len(server.writes) == writes  # no pipeline, no entry written
+        after.clear_dirty(b"dirty", after.write_stamp(b"dirty"))  # its `synced` entry inserted, as for its own
+        after.set_forwarding([ForwardingEntry(s.mac, "2") for s in SERVERS])  # modified, not inserted twice
+        assert [params(e) for e in entries(server, "forward")] == [[2]] * len(SERVERS)
+        after.set_weights(b"wide", [ReplicaWeight(1, 0.5), ReplicaWeight(2, 0.5), ReplicaWeight(3, 0.0)])
+        after.remove_hot_keys([b"clean"])
+    finally:
+        after.close()
+    again = P4RuntimeDriver(Settings(switches=(server.address,)), answering_pipeline())
+    try:  # the weights changed the replicas: what the entry carries changed with them
+        found = {k.key: k for k in again.attach(SERVERS, lambda frame: None)}
+        assert [(r.server, r.weight) for r in found[b"wide"].replicas] == [(1, 0.5), (2, 0.5), (3, 0.0)]
+        assert set(found) == {b"wide", b"dirty"} and found[b"dirty"].synced is not None
+    finally:
+        again.close()
+
+
+def test_the_driver_entries_are_made_what_the_config_says(server, driver):
+    """A successor with another config: entries of a server it no longer has deleted, changed ones modified, new
+    ones inserted, none inserted twice; a key that names the server gone is not kept (not placeable) and its rules
+    are out."""
+    left_behind(driver)
+    moved = [SERVERS[0], Server("s1", SERVERS[1].ip, "02:00:00:00:00:99", SERVERS[1].port), SERVERS[2]]
+    after = successor_of(driver, moved)
+    try:
+        assert sorted(tuple(params(e)) for e in entries(server, "servers")) == sorted(
+            (int(s.mac.replace(":", ""), 16), (10 << 24) + i + 1, s.port) for i, s in enumerate(moved))
+        assert len(entries(server, "server_index")) == len(entries(server, "closing_servers")) == 3
+        assert {k: f.distrust for k, f in after.found.items()} == {
+            b"clean": Distrust.NOT_PLACEABLE, b"wide": Distrust.NOT_PLACEABLE, b"dirty": None}
+        assert sorted(after.slots) == [b"dirty"] and len(entries(server, "hot_keys")) == 1
+    finally:
+        after.close()
+
+
+def test_a_switch_that_cannot_tell_its_lease_has_its_keys_resynced():
+    """A program without the lease query (op 3) answers nothing: the lease is not known, and no key is trusted as
+    clean (each resynced), whatever its table says."""
+    server = CheckingServer(lease_query=False).start()
+    driver = P4RuntimeDriver(Settings(switches=(server.address,), timeout=0.5), answering_pipeline())
+    try:
+        driver.attach(SERVERS, lambda frame: None)
+        left_behind(driver)
+        after = successor_of(driver, SERVERS, timeout=0.5)
+        assert {k.distrust for k in after.found.values()} == {Distrust.LEASE_UNKNOWN}
+        after.close()
+    finally:
+        server.stop()
+
+
+def test_an_ended_lease_is_read_back_as_ended(server, driver):
+    left_behind(driver)
+    driver.renew_lease(0)
+    after = successor_of(driver, SERVERS)
+    try:
+        assert {k.distrust for k in after.found.values()} == {Distrust.LEASE_EXPIRED}
+    finally:
+        after.close()
+
+
+def test_a_key_two_switches_disagree_on_is_rebuilt_alone():
+    """Two switches, one of which lost a key's range: that key alone is taken out of both (tables-disagree); the
+    others are kept on both."""
+    servers = [CheckingServer().start() for _ in range(2)]
+    driver = P4RuntimeDriver(Settings(switches=tuple(s.address for s in servers)), answering_pipeline())
+    try:
+        driver.attach(SERVERS, lambda frame: None)
+        left_behind(driver)
+        store = servers[1].entries
+        (lost,) = [k for k, v in store.items() if v.table_id == answering_pipeline().table("replicas").id
+                   and params(v)[0] == 3 and int.from_bytes(v.match[0].exact.value, "big") == driver.slots[b"clean"]]
+        del store[lost]
+        after = successor_of(driver, SERVERS)
+        assert {k: f.distrust for k, f in after.found.items()} == {
+            b"clean": Distrust.TABLES_DISAGREE, b"dirty": None, b"wide": None}
+        assert sorted(after.slots) == [b"dirty", b"wide"]
+        assert [len(entries(s, "hot_keys")) for s in servers] == [2, 2]
+        after.close()
+    finally:
+        for s in servers:
+            s.stop()
+
+
+def test_a_lease_querys_answer_and_a_rearms_go_each_to_its_own_caller(server, driver):
+    """Both come as PacketIns with a `report`: 1 (a rearm's, µs since the server's latest unsure request) and 2 (a
+    lease query's, µs left), each to its own queue, whichever comes first."""
+    driver.renew_lease(30)
+    (tables,) = driver.book.switches
+    tables.ask_lease()  # its answer comes before the rearm's: not taken for it
+    assert driver.unsure_quiet(0) == pytest.approx((2 ** 48 - 1) / 1e6)  # never an unsure request
+    assert 25_000_000 < tables.lease_left() <= 30_000_000
+
+
+def test_an_entry_read_back_is_the_one_written_or_none_the_book_keeps():
+    """read_entry, the inverse of `ranges`: the weights from the ranges, the replicas from the metadata (or, without
+    it, from the ranges, a replica with no range unknown); ranges that are not the replicas' give no weights."""
+    from dataplanes.p4.tables import UNKNOWN_SERVER, hot_metadata, ranges, read_entry, read_metadata
+    from dataplanes.pipeline import cumulative_weights
+    from dataplanes.read_back import placeable
+    from dataplanes.slot_book import HotEntry
+    for servers, weights in (((1, 0, 3), (0.5, 0.0, 0.5)), ((2,), (1.0,)), ((0, 1, 2), (0.0, 0.0, 1.0)),
+                             ((3, 1), (0.2, 0.8)), ((0, 1, 2, 3), (0.3, 0.3, 0.4, 0.0))):
+        entry = HotEntry(7, servers[0], servers, tuple(cumulative_weights(weights)))
+        found = {p: (low, high, servers[p]) for low, high, p in ranges(entry)}
+        assert read_metadata(hot_metadata(servers, 41)) == (servers, 41)
+        assert read_entry(7, servers[0], servers, found) == entry
+        assert read_entry(7, servers[0], None, found).servers == tuple(
+            servers[p] if p in found else UNKNOWN_SERVER for p in range(max(found) + 1))
+    gap = {0: (0, 99, 1), 1: (200, 65535, 3)}  # 100..199 is nobody's
+    assert not placeable(read_entry(7, 1, (1, 3), gap), 4)
+    assert not placeable(read_entry(7, 1, (1, 0, 3), {0: (0, 32767, 1), 2: (32768, 65535, 2)}), 4)  # not replica 2
+    assert not placeable(read_entry(7, 1, None, {0: (0, 32767, 1), 2: (32768, 65535, 3)}), 4)  # position 1 unknown
+    assert read_metadata(b"") == (None, None) and read_metadata(b"\x00" * 9) == (None, None)
+
+
+def test_a_switch_running_another_pipeline_gets_this_one(server, driver):
+    """Another program's tables are not ours to read: the pipeline is pushed, and nothing is read back."""
+    driver.install_hot_key(b"left", 2, [ReplicaWeight(2, 0.5), ReplicaWeight(3, 0.5)])
+    server.cookie = answering_pipeline().cookie ^ 1  # as if another build ran there
+    after = successor_of(driver, SERVERS)
+    try:
+        assert after.found == {} and server.cookie == answering_pipeline().cookie
         assert entries(server, "hot_keys") == []
     finally:
         after.close()
@@ -178,14 +326,14 @@ def test_a_new_driver_reports_the_keys_left_and_starts_the_switch_afresh(server,
 
 def test_an_unreachable_switch_is_one_clear_error():
     closed = free_port()  # nothing listens there
-    made = P4RuntimeDriver(Settings(switches=(f"127.0.0.1:{closed}",), timeout=0.5), Pipeline())
+    made = P4RuntimeDriver(Settings(switches=(f"127.0.0.1:{closed}",), timeout=0.5), answering_pipeline())
     with pytest.raises(DriverError, match=f"no P4Runtime server at 127.0.0.1:{closed}"):
         made.attach(SERVERS, lambda frame: None)
 
 
 def test_no_switch_given_is_refused():
     with pytest.raises(DriverError, match="no P4Runtime switch"):
-        P4RuntimeDriver(Settings(switches=()), Pipeline())
+        P4RuntimeDriver(Settings(switches=()), answering_pipeline())
 
 
 CONFIG = '[[servers]]\nname = "a"\nip = "127.0.0.1"\nmac = "02:00:00:00:00:01"\n'
@@ -197,7 +345,7 @@ def test_the_controller_command_drives_p4runtime_switches_named_on_its_command_l
     result = run_cli("controller", "--config", str(config), "--driver", "p4runtime", "--switch", server.address,
                      "--duration", "1")
     assert result.returncode == 0, result.stderr
-    assert "driver p4" in result.stderr and server.cookie == Pipeline().cookie  # it pushed the pipeline there
+    assert "driver p4" in result.stderr and server.cookie == answering_pipeline().cookie  # it pushed the pipeline there
 
 
 @pytest.mark.parametrize("extra, args, message", [
@@ -242,7 +390,7 @@ def test_the_ryu_app_drives_a_p4_switch_through_a_driver_process_and_stops_on_si
             except OSError:
                 time.sleep(0.2)
         assert state is not None, log.read_text()
-        assert state["driver"] == "p4runtime" and server.cookie == Pipeline().cookie, state
+        assert state["driver"] == "p4runtime" and server.cookie == answering_pipeline().cookie, state
         assert len(entries(server, "servers")) == 1  # the config's one server, written through the child
         children = children_of(process.pid)
         assert children, "no driver process under ryu-manager"
@@ -267,7 +415,7 @@ def test_a_controller_elected_through_etcd_deposes_one_that_was_not_and_a_later_
     from dataplanes.p4.client import elected_election_id
 
     def made(election_id: int = 0) -> P4RuntimeDriver:
-        return P4RuntimeDriver(Settings(switches=(server.address,), ports=(1,), election_id=election_id), Pipeline())
+        return P4RuntimeDriver(Settings(switches=(server.address,), ports=(1,), election_id=election_id), answering_pipeline())
     unelected, earlier, later = made(), made(elected_election_id(7)), made(elected_election_id(9))
     try:
         unelected.attach(SERVERS, lambda frame: None)
@@ -291,7 +439,7 @@ def test_the_first_controller_stays_primary_and_the_next_is_primary_once_it_is_g
     """First come: a controller started later is refused by the switch's arbitration (told when the primary
     started); once the first closes its stream, a new one is primary."""
     def made() -> P4RuntimeDriver:
-        return P4RuntimeDriver(Settings(switches=(server.address,), ports=(1,)), Pipeline())
+        return P4RuntimeDriver(Settings(switches=(server.address,), ports=(1,)), answering_pipeline())
     first = made()
     first.attach(SERVERS, lambda frame: None)
     second = made()
@@ -325,7 +473,7 @@ def test_a_hot_set_change_is_the_exact_write_request_on_record(server):
     to the encoding shows here as a diff; a deliberate one is recorded again with MBALANCER_RECORD_GOLDEN=1."""
     from google.protobuf import text_format
     driver = P4RuntimeDriver(Settings(switches=(server.address,), ports=(1, 2, 3), trusted=("10.0.0.254",),
-                                      election_id=7), Pipeline())  # not the first-come id, which is the time's
+                                      election_id=7), answering_pipeline())  # not the first-come id, which is the time's
     driver.attach(SERVERS, lambda frame: None)
     try:
         taken = len(server.writes)
@@ -340,3 +488,21 @@ def test_a_hot_set_change_is_the_exact_write_request_on_record(server):
     if os.environ.get("MBALANCER_RECORD_GOLDEN") == "1":
         GOLDEN.write_text(sent)
     assert sent == GOLDEN.read_text()
+
+
+def test_the_ops_a_compiled_program_acts_on_are_read_from_its_json():
+    """The driver asks for the lease only where the program compares packet_out.op with 3: one without the query
+    drops it, and waiting for its answer held every attach up by a second."""
+    import json
+    from dataplanes.p4.pipeline import Pipeline, packet_out_ops
+    assert {1, 2} <= Pipeline().packet_out_ops
+    field = {"type": "field", "value": ["packet_out", "op"]}
+    program = {"pipelines": [{"conditionals": [
+        {"expression": {"type": "expression", "value": {"op": "and", "left": {"type": "expression", "value": {
+            "op": "==", "left": field, "right": {"type": "hexstr", "value": "0x03"}}}, "right": {"type": "bool"}}}},
+        {"expression": {"type": "expression", "value": {"op": "==", "left": {"type": "hexstr", "value": "0x01"},
+                                                          "right": field}}},
+        {"expression": {"type": "expression", "value": {"op": "==", "left": {"type": "field", "value": ["x", "op"]},
+                                                          "right": {"type": "hexstr", "value": "0x07"}}}}]}]}
+    assert packet_out_ops(json.dumps(program).encode()) == {1, 3}
+    assert packet_out_ops(b"not json") == frozenset()

@@ -4,13 +4,15 @@ connection, no etcd (an election that answers at once), the real owner lock in a
 tests/test_ryu_failover.py runs the same logic in real ryu-managers on real Open vSwitch."""
 from __future__ import annotations
 
+import os
 import threading
+import time
 from pathlib import Path
 
 from ryu.ofproto import ofproto_v1_5 as ofp
 
-from controller.ryu_failover import Failover, RoleRefused, Standing
-from mbalancer.ownership import Ownership
+from controller.ryu_failover import Failover, RoleRefused, Standing, identity
+from mbalancer.ownership import STANDBY_POLL, Ownership
 
 
 class Roles:
@@ -58,15 +60,25 @@ class Connection:
 
 
 class Election:
-    """Elected at once with `election_id` (None: never), lost when told."""
+    """Elected at once with `election_id` (None: never), lost when told; its key names `holder` (None: no leader)
+    until deposed."""
 
     def __init__(self, election_id: int | None):
         self.election_id = election_id
         self.lost = threading.Event()
         self.why_lost = ""
+        self.holder: str | None = None
+        self.deposed: list[str] = []
 
     def leader(self) -> str | None:
-        return None
+        return self.holder
+
+    def depose(self, leader: str) -> bool:
+        if leader != self.holder:
+            return False
+        self.deposed.append(leader)
+        self.holder = None
+        return True
 
     def campaign(self, stop: threading.Event) -> int | None:
         if self.election_id is None:
@@ -156,3 +168,33 @@ def test_a_leader_that_loses_its_etcd_lease_becomes_a_slave_and_ends(tmp_path):
     assert wait(lambda: ended == [1])
     thread.join(5)
     assert roles.roles["leader"] == ofp.OFPCR_ROLE_SLAVE  # no successor yet: the switch takes its slave request
+
+
+def test_a_candidate_deletes_the_key_of_a_leader_whose_owner_lock_was_freed(tmp_path):
+    """The leader's process ended (the kernel freed its lock): its key goes, the election need not wait for its lease."""
+    lock = Ownership(["switch"], "127.0.0.1:8081", tmp_path)
+    assert lock.take() is None  # the leader drives
+    waiting, _, _, _ = candidate("second", Roles(), None, tmp_path)
+    waiting.election.holder = leader = identity(os.getpid(), "127.0.0.1:8081", "127.0.0.1:6653")
+    thread, stop = lead(waiting)
+    time.sleep(3 * STANDBY_POLL)  # seen held: nothing done
+    assert waiting.election.deposed == []
+    lock.release()  # as the kernel does when its process ends
+    assert wait(lambda: waiting.election.deposed == [leader])
+    stop.set()
+    thread.join(5)
+
+
+def test_a_freed_lock_deposes_no_leader_the_key_does_not_name_it(tmp_path):
+    """The lock was a frozen, deposed leader's; the key names its successor, which waited for that lock: kept."""
+    lock = Ownership(["switch"], "127.0.0.1:8081", tmp_path)
+    assert lock.take() is None
+    waiting, _, _, _ = candidate("third", Roles(), None, tmp_path)
+    waiting.election.holder = successor = identity(os.getpid(), "127.0.0.1:8082", "127.0.0.1:6654")
+    thread, stop = lead(waiting)
+    time.sleep(3 * STANDBY_POLL)
+    lock.release()
+    time.sleep(5 * STANDBY_POLL)
+    assert waiting.election.deposed == [] and waiting.election.holder == successor
+    stop.set()
+    thread.join(5)

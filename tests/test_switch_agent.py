@@ -184,8 +184,8 @@ def _attaches(driver: AgentDriver) -> bool:
 def test_a_restarted_agent_is_reached_again_and_every_hot_key_installed_anew(tmp_path):
     agent = AgentProcess(tmp_path, "none", {})
     driver = driver_for(agent)
-    reconnected = threading.Event()
-    driver.attach(SERVERS, lambda frame: None, reconnected.set)
+    reconnected, came_back = threading.Event(), []
+    driver.attach(SERVERS, lambda frame: None, lambda *args: (came_back.append(args), reconnected.set()))
     driver.install_hot_key(b"k", 0, [ReplicaWeight(0, 1.0)])
     agent.stop()
     with pytest.raises(DriverError, match="unreachable"):
@@ -193,6 +193,7 @@ def test_a_restarted_agent_is_reached_again_and_every_hot_key_installed_anew(tmp
     again = AgentProcess(tmp_path, "none", {}, address=agent.address)
     try:
         assert reconnected.wait(WAIT), "the controller was not told the agent came back"
+        assert came_back == [([], None)]  # holding nothing (a fresh agent): every key is lost, installed again
         driver.install_hot_key(b"k", 0, [ReplicaWeight(0, 1.0)])  # the fresh agent holds nothing: installed again
         driver.close()
     finally:

@@ -13,6 +13,7 @@ import fcntl
 import logging
 import os
 import subprocess
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -24,6 +25,9 @@ from topologies.shapes import TopologyError
 log = logging.getLogger(__name__)
 
 CLAIM_DIR = Path("/run/mbalancer")
+# Seconds to wait for another network to go before refusing (default: refuse at once). For suites run side by side
+# on one machine: each waits its turn instead of failing.
+WAIT_ENV = "MBALANCER_NETWORK_WAIT"
 
 
 @dataclass
@@ -58,11 +62,10 @@ class NetworkClaim:
         self._fd: int | None = None
 
     def take(self) -> "NetworkClaim":
+        wait = _wait_seconds()
         self.path.parent.mkdir(parents=True, exist_ok=True)
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
+        if not _lock_within(fd, wait):
             holder = read_record(fd).get("pid", "?")
             os.close(fd)
             raise TopologyError(f"another MBalancer network is running on this machine (pid {holder}, "
@@ -102,3 +105,22 @@ class NetworkClaim:
     def __exit__(self, *exc) -> None:
         self.release()
 
+
+def _wait_seconds() -> float:
+    try:
+        return max(float(os.environ.get(WAIT_ENV, "0")), 0.0)
+    except ValueError:
+        raise TopologyError(f"{WAIT_ENV}: a number of seconds (got {os.environ[WAIT_ENV]!r})") from None
+
+
+def _lock_within(fd: int, wait: float) -> bool:
+    """Take the lock on `fd`, trying every 0.2 s for `wait` seconds; False if another holds it all along."""
+    deadline = time.monotonic() + wait
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return True
+        except BlockingIOError:
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.2)

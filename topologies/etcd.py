@@ -5,7 +5,13 @@ tests stalls etcd's fsyncs past a 1 s lease), with a 250 ms election timeout (EL
 back from a partition does not depose etcd's raft leader by calling an election).
 
 A member can be cut off (frozen with SIGSTOP: it holds its connections and answers nothing, as a member behind a
-partition or a stalled disk does) and brought back, or stopped for good; every member is stopped by its PID."""
+partition or a stalled disk does) and brought back, killed and started again on its data, or stopped for good; every
+member is stopped by its PID. With `peer_cuts` (root, clang, bpftool, cgroup v2), a member can also be cut off from
+its peers alone, its clients still answered, as behind a partition between etcd's machines: each member runs in a
+cgroup of its own, and a cgroup eBPF program (etcd_peer_cut.bpf.c) attached to it drops every TCP segment to or from a
+peer port. On loopback the peer ports are all a packet filter can tell the members apart by, and a member's own dials
+to its peers leave from ports nobody chose: its cgroup names them. (No nftables or iptables here; SIGSTOP silences
+the clients too.)"""
 from __future__ import annotations
 
 import base64
@@ -18,10 +24,12 @@ import ssl
 import subprocess
 import tempfile
 import time
+import urllib.parse
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
+from dataplanes.bpf.program import _run, compile_bpf
 from mbalancer.memcache.server import free_port
 from mbalancer.processes import stop_process
 
@@ -30,6 +38,9 @@ START_ATTEMPTS = 3  # a port taken between choosing it and etcd binding it: all 
 # etcd's election timeout: a 1 s lease is honoured (etcd's minimum TTL is 1.5 of them), and etcd has a new raft leader
 # before a 1 s lease held through the member that went is lost (experiments/benchmarks/bench_etcd_failover.py)
 ELECTION_MS = 250
+CGROUPS = Path("/sys/fs/cgroup/unified")  # cgroup v2, where a member's cgroup is made (peer_cuts)
+BPFFS = Path("/sys/fs/bpf")
+PEER_CUT = Path(__file__).with_name("etcd_peer_cut.bpf.c")
 
 
 class EtcdError(RuntimeError):
@@ -38,6 +49,18 @@ class EtcdError(RuntimeError):
 
 def available() -> str | None:
     return None if shutil.which("etcd") else "etcd is missing (apt package etcd-server: make install)"
+
+
+def peer_cuts_available() -> str | None:
+    """None if a member can be cut off from its peers alone here (EtcdCluster(peer_cuts=True)), else why not."""
+    if os.geteuid() != 0:
+        return "cutting a member off its peers needs root (a cgroup and a cgroup eBPF program)"
+    for tool in ("clang", "bpftool"):
+        if shutil.which(tool) is None:
+            return f"{tool} is not installed (install/apt-packages.txt)"
+    if not (CGROUPS / "cgroup.procs").exists() or not BPFFS.is_dir():
+        return f"no cgroup v2 at {CGROUPS} or no bpffs at {BPFFS}"
+    return None
 
 
 @dataclass
@@ -49,18 +72,23 @@ class Member:
     log: Path
     process: subprocess.Popen | None = None
     frozen: bool = False
+    cgroup: Path | None = None  # its own cgroup (peer_cuts)
+    cut: Path | None = None  # the pinned program that cuts it off its peers, while attached
 
 
 class EtcdCluster:
     """`members` etcd members, started together (a static bootstrap) and healthy once the constructor returns."""
 
     def __init__(self, folder: Path, host=None, tls: tuple[Path, Path, Path] | None = None, members: int = 3,
-                 election_ms: int = ELECTION_MS):
+                 election_ms: int = ELECTION_MS, peer_cuts: bool = False):
         """host: a topologies.management.LanHost to run in, every member at its address (default: 127.0.0.1). tls:
         (ca, server, client) of tests/certificates.py: https, client certificates that CA signed required
         (--client-cert-auth), the client's used by the health check. election_ms: etcd's --election-timeout (its
-        heartbeat a tenth of it)."""
+        heartbeat a tenth of it). peer_cuts: each member in a cgroup of its own, for cut_peers (on loopback;
+        peer_cuts_available() says whether it can be)."""
         self.folder, self.host, self.tls, self.size, self.election_ms = folder, host, tls, members, election_ms
+        self.peer_cuts = peer_cuts
+        self.token = ""
         self.context = None
         if tls:
             ca, _, me = tls
@@ -91,24 +119,29 @@ class EtcdCluster:
         self.members = [Member(f"m{i}", f"{scheme}://{ip}:{ports[2 * i]}", f"http://{ip}:{ports[2 * i + 1]}",
                                Path(tempfile.mkdtemp(prefix="mbalancer-etcd-", dir="/dev/shm")),
                                self.folder / f"etcd-m{i}.log") for i in range(self.size)]
-        token = f"mbalancer-test-{secrets.token_hex(4)}"  # no member of another test's cluster joins this one
+        self.token = f"mbalancer-test-{secrets.token_hex(4)}"  # no member of another test's cluster joins this one
         for member in self.members:
-            member.process = self._popen(member, token)
+            if self.peer_cuts:
+                member.cgroup = CGROUPS / f"{self.token}-{member.name}"
+                member.cgroup.mkdir()
+            member.process = self._popen(member)
 
-    def _popen(self, member: Member, token: str) -> subprocess.Popen:
+    def _popen(self, member: Member) -> subprocess.Popen:
         inside = self.host.command() if self.host is not None else []
+        if member.cgroup is not None:  # in its cgroup from the start: a socket belongs to the cgroup it was made in
+            inside = ["sh", "-c", f'echo $$ > {member.cgroup}/cgroup.procs && exec "$@"', "etcd-in-cgroup"]
         secure = []
         if self.tls:
             ca, server, _ = self.tls
             secure = ["--client-cert-auth", "--trusted-ca-file", f"{ca}.crt", "--cert-file", f"{server}.crt",
                       "--key-file", f"{server}.key"]
         cluster = ",".join(f"{m.name}={m.peer}" for m in self.members)
-        with open(member.log, "w") as log:
+        with open(member.log, "a") as log:  # a member started again logs on
             return subprocess.Popen(
                 [*inside, "etcd", "--name", member.name, "--data-dir", str(member.data),
                  "--listen-client-urls", member.url, "--advertise-client-urls", member.url,
                  "--listen-peer-urls", member.peer, "--initial-advertise-peer-urls", member.peer,
-                 "--initial-cluster", cluster, "--initial-cluster-token", token, "--initial-cluster-state", "new",
+                 "--initial-cluster", cluster, "--initial-cluster-token", self.token, "--initial-cluster-state", "new",
                  "--heartbeat-interval", str(self.election_ms // 10), "--election-timeout", str(self.election_ms),
                  "--pre-vote", *secure],
                 stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
@@ -146,6 +179,52 @@ class EtcdCluster:
         if not self._wait_healthy([member]):
             raise EtcdError(f"etcd member {member.name} did not come back: {member.log.read_text()[-1000:]}")
 
+    def kill(self, index: int) -> None:
+        """Member `index` gone (SIGKILL): its ports refuse, its data stays for restart."""
+        member = self.members[index]
+        if member.frozen:
+            os.kill(member.process.pid, signal.SIGCONT)
+            member.frozen = False
+        member.process.kill()
+        member.process.wait()
+
+    def restart(self, index: int) -> None:
+        """Member `index`, killed, started again on its data and ports, once it is healthy (it has a leader)."""
+        member = self.members[index]
+        member.process = self._popen(member)
+        if not self._wait_healthy([member]):
+            raise EtcdError(f"etcd member {member.name} did not come back: {member.log.read_text()[-1000:]}")
+
+    def cut_peers(self, index: int) -> None:
+        """Member `index` cut off from every peer, both ways (its raft traffic dropped), its clients still answered
+        (peer_cuts)."""
+        member = self.members[index]
+        ports = ",".join(str(urllib.parse.urlsplit(m.peer).port) for m in self.members)
+        built = compile_bpf(PEER_CUT, self.folder / f"etcd-peer-cut-{member.name}.o", "the etcd peer cut",
+                            [f"PEERS={ports}"])
+        member.cut = BPFFS / f"{self.token}-{member.name}"
+        _run(["bpftool", "prog", "load", str(built), str(member.cut), "type", "cgroup/skb"], "loading the peer cut")
+        for direction in ("ingress", "egress"):
+            _run(["bpftool", "cgroup", "attach", str(member.cgroup), direction, "pinned", str(member.cut)],
+                 f"attaching the peer cut ({direction})")
+
+    def heal_peers(self, index: int) -> None:
+        """Member `index`'s peers reach it again; returns once it is healthy (it has a leader)."""
+        member = self.members[index]
+        self._uncut(member)
+        if not self._wait_healthy([member]):
+            raise EtcdError(f"etcd member {member.name} did not rejoin: {member.log.read_text()[-1000:]}")
+
+    @staticmethod
+    def _uncut(member: Member) -> None:
+        if member.cut is None:
+            return
+        for direction in ("ingress", "egress"):
+            subprocess.run(["bpftool", "cgroup", "detach", str(member.cgroup), direction, "pinned", str(member.cut)],
+                           capture_output=True)
+        member.cut.unlink(missing_ok=True)
+        member.cut = None
+
     def raft_leader(self) -> int:
         """Which member leads etcd's own raft group now (as the first answering member says)."""
         ids = {}
@@ -155,7 +234,8 @@ class EtcdCluster:
                 continue
             status = self.call(index, "maintenance/status", {})
             ids[int(status["header"]["member_id"])] = index
-            leader = int(status["leader"])
+            if member.cut is None and "leader" in status:  # a member cut off knows of no leader, or an old one
+                leader = int(status["leader"])
         return ids[leader]
 
     def move_raft_leader(self, index: int) -> None:
@@ -204,6 +284,9 @@ class EtcdCluster:
                     member.frozen = False
                 stop_process(member.process, grace=15)
             shutil.rmtree(member.data, ignore_errors=True)
+            self._uncut(member)
+            if member.cgroup is not None and member.cgroup.exists():
+                member.cgroup.rmdir()  # empty now: its member exited
 
     def __enter__(self) -> "EtcdCluster":
         return self

@@ -3,9 +3,10 @@ sent to the agent, the agent's events (mirrored writes, reconnects) read from it
 
 The stream is also the arbitration: attach opens it with the config's election id and fails in one line when the
 agent refuses (a newer or an equal controller drives it). An agent that goes away (restarted, the network cut) is
-tried again every RETRY seconds; once back it is attached anew (what the fresh driver there reads back is removed)
-and the core is told to install every hot key again, as when a switch reloads. A deposed controller is not retried:
-its calls keep failing, in the agent's words.
+tried again every RETRY seconds; once back it is attached anew, and what the fresh driver there reads back goes to
+the core as a new leader's attach hands it over: adopted (controller/adoption.py: what is intact is kept as it is,
+nothing written), the keys the switch no longer holds installed again. A deposed controller is not retried: its
+calls keep failing, in the agent's words.
 """
 from __future__ import annotations
 
@@ -141,12 +142,12 @@ class AgentDriver(ForwardedDriver):
             log.error("%s: an event that is not one (%s): the stream is read again", self.where, err)
 
     def _come_back(self) -> Iterator[bytes] | None:
-        """The stream again, the agent attached again and the core told to install everything; None if closed."""
+        """The stream again, the agent attached again and the core handed what it read back (to adopt; the keys it
+        lost installed again); None if closed."""
         while not self._closing.wait(RETRY):
             try:
                 events = self._open_stream()
                 found = self._call("attach", (self._servers,))
-                self._call("remove_hot_keys", ([f.key for f in found],))  # the core installs every key again
             except Refused as err:
                 self._deposed = str(err)
                 log.error("%s", err)
@@ -154,9 +155,9 @@ class AgentDriver(ForwardedDriver):
             except DriverError as err:
                 log.debug("%s", err)
                 continue
-            log.info("%s: back; every hot key is installed again", self.where)
+            log.info("%s: back, holding %d hot keys: adopted, the others installed again", self.where, len(found))
             if self.on_reconnect is not None:
-                self.on_reconnect()
+                self.on_reconnect(found, None)
             return events
         return None
 

@@ -12,8 +12,9 @@ Every call of the driver interface goes to the box holding the key (or the serve
 counters and attach go to every box. A call on many keys goes to every box it names at once, one call in flight per
 box (`parallel` boxes at a time, dataplanes/fan_out.py), so a change costs about one round trip, not one per box.
 A box that comes back empty (its agent restarted, its switch reloaded) has its keys forgotten here, and the core
-installs every key again: the boxes that kept theirs take the install as new weights with the key held dirty, which
-is what an install is.
+installs those keys again; one that comes back holding its keys (its agent's stream dropped and came back: attached
+anew, it read them back) hands them to the core to adopt, as at attach, and the keys it lost are installed again. The
+other boxes' keys are not touched either way.
 """
 from __future__ import annotations
 
@@ -132,7 +133,8 @@ class FabricDriver(Driver):
         self.on_reconnect = on_reconnect
         found: dict[bytes, dict[int, FoundKey]] = {}  # key -> box -> as that box read it back
         for index, box in enumerate(self.boxes):
-            for key in box.attach(servers, on_mirror, lambda index=index: self._came_back(index)):
+            for key in box.attach(servers, on_mirror,
+                                  lambda *came_back, index=index: self._came_back(index, *came_back)):
                 found.setdefault(key.key, {})[index] = key
             box.set_tcp_homes(self._rack(index))
         log.info("fabric: %d boxes, servers by box: %s", len(self.boxes),
@@ -163,16 +165,23 @@ class FabricDriver(Driver):
         leaf, where their hot keys are balanced; a client's leaf passes them on)."""
         return [server for server, box in enumerate(self.box_of) if box == index]
 
-    def _came_back(self, index: int) -> None:
+    def _came_back(self, index: int, found: Sequence[FoundKey] | None = None, lost: Sequence[bytes] | None = None
+                   ) -> None:
+        """Box `index` came back: empty (found None), or holding `found` (read back, as at attach) without `lost`
+        (None: every key it had and did not find). The core adopts what it holds and installs again what it lost."""
         try:  # an agent attached anew (restarted) has forgotten them; a reloaded switch has them from its driver
             self.boxes[index].set_tcp_homes(self._rack(index))
         except DriverError as err:
             log.warning("fabric: box %d: the TCP path's homes not set again (%s): its TCP path takes every "
                         "connection until they are", index + 1, err)
         with self.lock:
+            had = [key for key, box in self.held.items() if box == index]
             self.held = {key: box for key, box in self.held.items() if box != index}
+        adopted = [self._adopted(key.key, {index: key}) for key in found or ()]
+        held = {key.key for key in adopted}
+        lost = [key for key in had if key not in held] if lost is None else list(lost)
         if self.on_reconnect is not None:
-            self.on_reconnect()
+            self.on_reconnect(adopted, lost)
 
     def install_hot_keys(self, installs: Sequence[HotKeyInstall]) -> dict[bytes, DriverError]:
         refused: dict[bytes, DriverError] = {}

@@ -13,16 +13,15 @@ import os
 import signal
 import subprocess
 import time
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Sequence
 
 from mbalancer.interfaces import IFNAMSIZ, NETNS_NAMES, interface_exists, namespace_name, network_namespace
 from dataplanes.bpf.program import PIN_ROOT, DataPlane, DataPlaneError, loaded_switches, mirror_link_of
+from dataplanes.bpf.records import RECORDS, unload_and_forget, write_record
 from dataplanes.ebpf.tcp.path import SPLITTER, TcpPath
 from dataplanes.ebpf.tcp.path import remove as remove_tcp_path
-
-RECORDS = Path("/run/mbalancer/switches")  # /run: gone after a reboot, as the program and its pins are
 
 
 @dataclass(frozen=True)
@@ -54,8 +53,7 @@ class SwitchRecord:
         return f"network namespace {self.netns}" if self.netns else "the machine's own network namespace"
 
     def write(self) -> None:
-        RECORDS.mkdir(parents=True, exist_ok=True)
-        _record_path(self.name).write_text(json.dumps(asdict(self)) + "\n")
+        write_record(_record_path(self.name), self)
 
 
 def _record_path(name: str) -> Path:
@@ -136,13 +134,7 @@ def detach(name: str) -> list[str]:
             removed.append(f"the mirror link {'/'.join(mirror_link_of(name))}")
     if record and record.tcp:
         removed += _stop_splitter(record) if where == GONE else _remove_tcp_path(record, where)
-    if (PIN_ROOT / name).exists():
-        removed.append(f"the pins under {PIN_ROOT / name}")
-    plane.unload()
-    if _record_path(name).exists():
-        _record_path(name).unlink()
-        removed.append("its record")
-    return removed
+    return removed + unload_and_forget(plane, _record_path(name))
 
 
 def _splitter_state(record: SwitchRecord | None) -> dict | None:

@@ -14,9 +14,16 @@ for balancing. OpenFlow does the rest: the replica choice (a select group per ho
 the controller (PacketIn -> on_mirror), the replies' source, L2, and the per-replica counters (bucket stats).
 
 Order that keeps gets correct: a key's group and flow are live (barrier) before the core can clear it, since the
-classifier only tags clean keys; on removal the classifier stops tagging first, then the rules go. A switch that
-connects (first time, or after a restart that emptied it) gets the whole rule set again from the driver's record;
-the classifier's state did not change, so the core has nothing to redo.
+classifier only tags clean keys; on removal the classifier stops tagging first, then the rules go.
+
+Taking over (a new leader, or an agent's controller whose stream came back): the classifier's keys are read back
+(dataplanes/read_back.py) and so are every switch's flows and groups (flow and group desc). A key whose group (its
+buckets' replicas, ids, actions, selection method, weights within WEIGHT_SLACK) and flow agree with its classifier
+entry on every switch is kept: nothing of it is written. One whose rules disagree, or are missing, is not trusted
+(Distrust.RULES_DISAGREE, logged with why): the classifier stops tagging its gets, its rules go, and the core rebuilds
+it alone. A switch that connects later (first time, or after a restart that emptied it) is read back the same way
+and gets what it lacks, or holds otherwise, from the driver's record, and loses what the record has not; the
+classifier's state did not change, so the core has nothing to redo.
 """
 from __future__ import annotations
 
@@ -24,20 +31,24 @@ import logging
 import threading
 import time
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any, Protocol, Sequence
 
 from dataplanes.bpf.key_tables import KeyTables, resolve_trusted
 from dataplanes.bpf.maps_driver import BpfMapsDriver
 from dataplanes.slot_book_driver import WATCH_EVERY
 from dataplanes.bpf.program import CLASSIFIER, bpffs_problem
-from dataplanes.driver import (RULES_REMOVED, Counters, Driver, DriverError, FoundKey, MirrorHandler, ReconnectHandler,
-                               ReplicaWeight)
+from dataplanes.driver import (RULES_REMOVED, Counters, Distrust, Driver, DriverError, FoundKey, MirrorHandler,
+                               ReconnectHandler, ReplicaWeight)
 from dataplanes.openflow import SELECTIONS, Settings, messages
 from dataplanes.openflow.weights import bucket_weights
 from mbalancer.settings import Server
 
 log = logging.getLogger(__name__)
 DATAPATH_SETTLE = 0.05  # seconds OVS's datapath may keep using a cached bucket after the group changed
+# OVS weight units (of 65535) a group read back may differ by from the one its key's classifier entry gives: the entry
+# holds each share rounded to 1/65536, and the weights solved again from those may move by a unit or two
+WEIGHT_SLACK = 64
 
 
 class Channel(Protocol):
@@ -106,26 +117,104 @@ class OpenflowDriver(BpfMapsDriver):
             for key in found:
                 if key.distrust not in RULES_REMOVED:
                     self.buckets[self.book.slot_of(key.key)] = self._buckets(key.replicas)
-        for dp in self.channel.switches():  # connected before the core started
-            self.switch_connected(dp)
+            switches = self.channel.switches()  # connected before the core started
+            held = {id(dp): self._read_switch(dp) for dp in switches}
+            disagree = self._disagreeing(switches, held)
+            found = [self._distrusted(key, disagree[self.book.slot_of(key.key)])
+                     if key.distrust not in RULES_REMOVED and self.book.slot_of(key.key) in disagree else key
+                     for key in found]
+            for dp in switches:
+                self._reconcile(dp, held[id(dp)])
         return found
 
     def switch_connected(self, dp: Any) -> None:
-        """A switch (re)connected: it gets every rule from the record (it may have restarted empty)."""
+        """A switch (re)connected: what it holds is read back and compared with the record; what agrees stays as it
+        is (no flow or group written), the rest is written (all of it, for a switch that restarted empty)."""
         if not self.servers:
-            return  # not attached yet: attach pushes the rules
+            return  # not attached yet: attach reads it
         with self._switch_lock:
-            rules = messages.base_pipeline(dp) + messages.server_rules(dp, self.servers)
-            for slot, buckets in self.buckets.items():
-                rules += self._group(dp, slot, buckets, add=True) + messages.hot_flow(dp, slot)
+            self._reconcile(dp, self._read_switch(dp))
+
+    # --- a switch's rules read back and compared with the record -------------------------------------------------
+    def _read_switch(self, dp: Any) -> Held | None:
+        """Every flow and group the switch holds; None (logged) if it did not say: then it is written whole."""
+        try:
+            return Held(messages.held_flows(self.channel.ask(dp, messages.flow_descs(dp))),
+                        messages.held_groups(self.channel.ask(dp, messages.group_descs(dp))))
+        except DriverError as err:
+            log.warning("switch %s: its flows and groups not read back (%s): every rule written again", _dpid(dp),
+                        err)
+            return None
+
+    def _disagreeing(self, switches: Sequence[Any], held: dict[int, "Held | None"]) -> dict[int, str]:
+        """The slots whose group or flow in a switch is not what the key's classifier entry says, with why; for the
+        others, the record takes the weights the switches hold (solved again from the entry's rounded shares, they
+        may differ by a unit or two from those first sent)."""
+        disagree: dict[int, str] = {}
+        for slot, buckets in list(self.buckets.items()):
+            for dp in switches:
+                rules = held[id(dp)]
+                if rules is None:
+                    continue
+                expected = messages.group_of(self._group(dp, slot, buckets, add=True)[0])
+                expected_flow = messages.flow_of(messages.hot_flow(dp, slot)[0])
+                group, flow = rules.groups.get(expected.group_id), rules.flows.get(expected_flow.key)
+                if group is None or flow is None:
+                    disagree[slot] = f"switch {_dpid(dp)} holds no {'group' if group is None else 'flow'} for it"
+                elif flow.does != expected_flow.does:
+                    disagree[slot] = f"switch {_dpid(dp)}'s flow for it does not send its gets to its group"
+                elif not group.same(expected, WEIGHT_SLACK):
+                    disagree[slot] = (f"switch {_dpid(dp)}'s group has buckets {_buckets_of(group)}, its classifier "
+                                      f"entry says {_buckets_of(expected)}")
+                else:
+                    weights = {b.position: b.weight for b in group.buckets}
+                    self.buckets[slot] = [(p, s, weights[p]) for p, s, _ in buckets]
+                if slot in disagree:
+                    break
+        return disagree
+
+    def _distrusted(self, key: FoundKey, why: str) -> FoundKey:
+        """A key whose switch rules disagree with its classifier entry: the classifier stops tagging its gets (its
+        rules go from the switches with the rest of what no key of the record owns), and the core rebuilds it."""
+        log.warning("%r read back, not trusted: %s; its rules removed, it is rebuilt", key.key, why)
+        slot = self.book.slot_of(key.key)
+        self.book.remove_hot_key(key.key)
+        self.buckets.pop(slot, None)
+        return FoundKey(key.key, key.home, key.replicas, None, Distrust.RULES_DISAGREE)
+
+    def _reconcile(self, dp: Any, held: "Held | None") -> None:
+        """Write what the switch lacks or holds otherwise, remove what the record has not: groups first (flows point
+        to them), removals last. A switch not read back gets everything, its tables emptied first."""
+        flows = messages.base_pipeline(dp)[2:] + messages.server_rules(dp, self.servers)
+        groups = {}
+        for slot, buckets in self.buckets.items():
+            flows += messages.hot_flow(dp, slot)
+            groups[messages.group_id(slot)] = buckets, slot
+        if held is None:
+            batch = messages.base_pipeline(dp)[:2] + [m for b, slot in groups.values()
+                                                      for m in self._group(dp, slot, b, add=True)] + flows
+            kept = ""
+        else:
+            wanted = {messages.flow_of(m).key: m for m in flows}
+            write_groups = [m for number, (b, slot) in groups.items()
+                            for m in self._group(dp, slot, b, add=number not in held.groups)
+                            if number not in held.groups or not held.groups[number].same(
+                                messages.group_of(m), WEIGHT_SLACK)]
+            write_flows = [m for key, m in wanted.items()
+                           if key not in held.flows or held.flows[key].does != messages.flow_of(m).does]
+            removals = [messages.delete_flow(dp, f) for key, f in held.flows.items() if key not in wanted] + \
+                [messages.delete_group(dp, number) for number in held.groups if number not in groups]
+            batch = write_groups + write_flows + removals
+            kept = (f"{len(wanted) - len(write_flows)} flows and {len(groups) - len(write_groups)} groups kept as "
+                    f"they were, ")
+        if batch:
             try:
-                self.channel.send(dp, rules)
+                self.channel.send(dp, messages.atomic(dp, batch))  # no packet finds the tables half written
             except DriverError as err:
                 log.warning("switch %s: the rules were not all taken (%s)", _dpid(dp), err)
                 return
-        log.info("switch %s connected: pipeline, %d server rules and %d hot keys installed", _dpid(dp),
-                 len(self.servers), len(self.buckets))
-
+        log.info("switch %s connected: %s%d rules written; pipeline, %d server rules and %d hot keys installed",
+                 _dpid(dp), kept, len(batch), len(self.servers), len(self.buckets))
     def packet_in(self, frame: bytes) -> None:
         """A copy the switch sent up (COPY tag): a mirrored write or an unsure request."""
         if self.on_mirror is None or frame[12:14] != b"\x08\x00":
@@ -244,5 +333,16 @@ class OpenflowDriver(BpfMapsDriver):
             self.channel.send(dp, build(dp, messages))
 
 
+@dataclass(frozen=True)
+class Held:
+    """What one switch holds, read back."""
+    flows: dict[messages.FlowKey, messages.Flow]
+    groups: dict[int, messages.Group]
+
+
 def _dpid(dp: Any) -> str:
     return f"{getattr(dp, 'id', 0):016x}"
+
+
+def _buckets_of(group: messages.Group) -> str:
+    return "[" + ", ".join(f"{b.position}: weight {b.weight}" for b in group.buckets) + "]"

@@ -14,8 +14,11 @@ tag, the in_port to none: a fabric's home leaf may send the get back the way it 
 """
 from __future__ import annotations
 
+import itertools
+import json
 import struct
-from typing import Sequence
+from dataclasses import dataclass
+from typing import Any, Sequence
 
 from ryu.ofproto import ofproto_v1_5 as ofp
 from ryu.ofproto import ofproto_v1_5_parser as parser
@@ -26,6 +29,7 @@ from mbalancer.settings import Server
 LEARN, TAGS, L2 = 0, 1, 2
 COOKIE = 0x4d42  # "MB": every flow this driver installs
 L2_IDLE = 300  # seconds a learned MAC stays without traffic
+LEARNED_PRIORITY = 10  # the L2 flows the learn action makes
 NTR_VENDOR_ID = 0x0000154d  # OVS's group selection-method property (an experimenter property of OF1.5 groups)
 NTR_SELECTION_METHOD = 1
 BALANCED_SOURCE = tags.tag(tags.BALANCED, 0)  # a balanced get's source MAC: learned by no switch on its way
@@ -34,6 +38,8 @@ BALANCED_SOURCE = tags.tag(tags.BALANCED, 0)  # a balanced get's source MAC: lea
 NO_INGRESS = parser.OFPActionSetField(in_port_nxm=0)
 ANY_GET = (tags.tag(tags.GET, 0), "ff:ff:00:00:00:00")  # (value, mask): a GET tag of any slot
 ETH_DST_ALL_BITS = bytes.fromhex("80000606") + b"\xff" * 6  # OXM ETH_DST (class 0x8000, field 3, 6 bytes): all bits
+ATOMIC = ofp.OFPBF_ATOMIC | ofp.OFPBF_ORDERED
+_bundle_ids = itertools.count(1)  # a bundle's id is the connection's; a new one each time never meets a stale one
 
 
 def flow(dp, table: int, priority: int, match, instructions: list, command: int = ofp.OFPFC_ADD, **kw):
@@ -56,7 +62,7 @@ def set_field(**field) -> parser.OFPActionSetField:
 def base_pipeline(dp) -> list:
     """Every table emptied, then the rules that do not depend on servers or hot keys."""
     learn = parser.NXActionLearn(
-        table_id=L2, priority=10, idle_timeout=L2_IDLE, cookie=COOKIE,
+        table_id=L2, priority=LEARNED_PRIORITY, idle_timeout=L2_IDLE, cookie=COOKIE,
         specs=[parser.NXFlowSpecMatch(src=("eth_src_nxm", 0), dst=("eth_dst_nxm", 0), n_bits=48),
                parser.NXFlowSpecOutput(src=("in_port_nxm", 0), dst="", n_bits=16)])
     return [
@@ -116,17 +122,52 @@ def selection_method(selection: str) -> list:
 
 class SelectionMethod:
     """OVS's group selection-method property (NTR experimenter; Ryu has no class for it, and its generic one only
-    carries whole 4-byte words): type, length without padding, vendor, type, 4 pad, name (16), parameter (8),
-    then the hashed fields as OXM entries whose value is the mask of bits hashed, padded to 8 bytes."""
+    carries whole 4-byte words, so it cannot read the one OVS sends back either): type, length without padding,
+    vendor, type, 4 pad, name (16), parameter (8), then the hashed fields as OXM entries whose value is the mask of
+    bits hashed, padded to 8 bytes. Registered below as Ryu's parser of every experimenter group property: another
+    experimenter's reads back as its raw bytes (name None)."""
 
-    def __init__(self, name: str, fields: bytes = b""):
-        self.name, self.fields = name, fields
+    def __init__(self, name: str | None, fields: bytes = b"", raw: bytes = b""):
+        self.name, self.fields, self.raw = name, fields, raw
 
     def serialize(self) -> bytearray:
         length = 40 + len(self.fields)
         body = struct.pack("!HHII4x16sQ", ofp.OFPGPT_EXPERIMENTER, length, NTR_VENDOR_ID, NTR_SELECTION_METHOD,
                            self.name.encode(), 0) + self.fields
         return bytearray(body + bytes(-length % 8))
+
+    @classmethod
+    def parser(cls, buf) -> "SelectionMethod":
+        _, length = struct.unpack_from("!HH", buf, 0)
+        if length >= 40:
+            vendor, kind, name = struct.unpack_from("!II4x16s", buf, 4)
+            if (vendor, kind) == (NTR_VENDOR_ID, NTR_SELECTION_METHOD):
+                return cls(name.rstrip(b"\0").decode(errors="replace"), bytes(buf[40:length]))
+        return cls(None, raw=bytes(buf[:length]))
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, SelectionMethod) and (self.name, self.fields, self.raw) == \
+            (other.name, other.fields, other.raw)
+
+    def __repr__(self) -> str:
+        return f"selection_method={self.name}" if self.name is not None else f"experimenter({self.raw.hex()})"
+
+
+parser.OFPGroupProp.register_type(ofp.OFPGPT_EXPERIMENTER)(SelectionMethod)
+
+
+def _alone(ryu_parser):
+    """Ryu's parsers of a bucket and of a group desc read their properties on past their own end (into the next
+    bucket or group, where a length of 0 made them loop for ever): each is given its own bytes alone (its length is
+    its first 16 bits)."""
+    def parse(buf, offset: int):
+        (length,) = struct.unpack_from("!H", buf, offset)
+        return ryu_parser(buf[offset:offset + length], 0)
+    return staticmethod(parse)
+
+
+parser.OFPBucket.parser = _alone(parser.OFPBucket.parser)
+parser.OFPGroupDescStats.parser = _alone(parser.OFPGroupDescStats.parser)
 
 
 def hot_flow(dp, slot: int) -> list:
@@ -138,7 +179,18 @@ def hot_flow(dp, slot: int) -> list:
 def remove_hot(dp, slot: int) -> list:
     return [flow(dp, TAGS, 200, parser.OFPMatch(eth_dst=tags.tag_match(tags.GET, slot)), [],
                  command=ofp.OFPFC_DELETE_STRICT, out_port=ofp.OFPP_ANY, out_group=ofp.OFPG_ANY),
-            parser.OFPGroupMod(dp, ofp.OFPGC_DELETE, ofp.OFPGT_SELECT, group_id(slot))]
+            delete_group(dp, group_id(slot))]
+
+
+def atomic(dp, batch: Sequence) -> list:
+    """`batch` as one OpenFlow bundle (OF1.4+; Open vSwitch takes flow and group mods in one since 2.6): the switch
+    applies it all at the commit, in order, and a packet meets the tables as they were before or after, never half
+    way. Without it, a batch that empties the tables and fills them again (a switch that connects, a new master at a
+    takeover) lets the packets looked up in between find no rule: dropped (Open vSwitch's drop_action_of_pipeline)."""
+    bundle = next(_bundle_ids) & 0xffffffff
+    return [parser.OFPBundleCtrlMsg(dp, bundle, ofp.OFPBCT_OPEN_REQUEST, ATOMIC, []),
+            *(parser.OFPBundleAddMsg(dp, bundle, ATOMIC, message, []) for message in batch),
+            parser.OFPBundleCtrlMsg(dp, bundle, ofp.OFPBCT_COMMIT_REQUEST, ATOMIC, [])]
 
 
 def refusals(errors: Sequence) -> str:
@@ -158,3 +210,99 @@ def barrier(dp) -> parser.OFPBarrierRequest:
 
 def group_stats(dp) -> parser.OFPGroupStatsRequest:
     return parser.OFPGroupStatsRequest(dp, 0, ofp.OFPG_ALL)
+
+
+# --- reading back what a switch holds (a driver that takes over: dataplanes/openflow/driver.py) -----------------------
+# Each flow and group, read back or about to be sent, in one comparable form: what OVS returns for a message it took
+# is the same JSON as the message's own parts (Ryu's to_jsondict), but for a group's bucket properties (Ryu misreads
+# all but the first: the weight) and the learned L2 flows, which no message of ours makes.
+
+def group_descs(dp) -> parser.OFPGroupDescStatsRequest:
+    return parser.OFPGroupDescStatsRequest(dp, 0, ofp.OFPG_ALL)
+
+
+def flow_descs(dp) -> parser.OFPFlowDescStatsRequest:
+    return parser.OFPFlowDescStatsRequest(dp, 0, ofp.OFPTT_ALL, ofp.OFPP_ANY, ofp.OFPG_ANY)
+
+
+FlowKey = tuple  # (table, priority, match as JSON): what OpenFlow tells one flow from another by
+
+
+@dataclass(frozen=True)
+class Flow:
+    key: FlowKey
+    match: Any  # the OFPMatch, to delete it by
+    does: str  # its cookie and instructions, as JSON
+
+
+@dataclass(frozen=True)
+class Bucket:
+    position: int  # the bucket id: the replica's position among the key's replicas
+    weight: int
+    actions: str  # as JSON
+
+
+@dataclass(frozen=True)
+class Group:
+    group_id: int
+    kind: int  # OFPGT_*
+    properties: tuple  # the selection method
+    buckets: tuple[Bucket, ...]
+
+    def same(self, other: "Group", weight_slack: int) -> bool:
+        """The same group, each bucket's weight within `weight_slack` (weights solved again from shares a table
+        holds rounded may differ from the ones first sent by a unit or two)."""
+        return (self.kind, self.properties, [(b.position, b.actions) for b in self.buckets]) == \
+            (other.kind, other.properties, [(b.position, b.actions) for b in other.buckets]) and \
+            all(abs(a.weight - b.weight) <= weight_slack for a, b in zip(self.buckets, other.buckets))
+
+
+def flow_of(message) -> Flow:
+    """A flow mod we send, or a flow desc a switch answered with."""
+    match = message.match
+    return Flow((message.table_id, message.priority, _json(match)), match,
+                f"{message.cookie:#x} {_json(list(message.instructions))}")
+
+
+def group_of(message) -> Group:
+    """A group mod we send, or a group desc a switch answered with."""
+    return Group(message.group_id, message.type, tuple(message.properties),
+                 tuple(Bucket(b.bucket_id, _weight(b), _json(list(b.actions))) for b in message.buckets))
+
+
+def held_flows(replies: Sequence) -> dict[FlowKey, Flow]:
+    """The flows of flow desc replies, but L2's learned ones (the learn action's, not ours to compare)."""
+    flows = (flow_of(f) for reply in replies for f in reply.body)
+    return {f.key: f for f in flows if f.key[:2] != (L2, LEARNED_PRIORITY)}
+
+
+def held_groups(replies: Sequence) -> dict[int, Group]:
+    return {g.group_id: group_of(g) for reply in replies for g in reply.body}
+
+
+def delete_flow(dp, held: Flow) -> parser.OFPFlowMod:
+    table, priority, _ = held.key
+    return parser.OFPFlowMod(dp, table_id=table, command=ofp.OFPFC_DELETE_STRICT, priority=priority,
+                             match=held.match, out_port=ofp.OFPP_ANY, out_group=ofp.OFPG_ANY)
+
+
+def delete_group(dp, number: int) -> parser.OFPGroupMod:
+    return parser.OFPGroupMod(dp, ofp.OFPGC_DELETE, ofp.OFPGT_SELECT, number)
+
+
+def _weight(bucket) -> int:
+    return next((p.weight for p in bucket.properties if isinstance(p, parser.OFPGroupBucketPropWeight)), 0)
+
+
+def _json(value) -> str:
+    """Ryu's JSON of a message part, without the lengths serializing fills in (a message not sent yet has none)."""
+    parts = value if isinstance(value, list) else [value]
+    return json.dumps([_no_lengths(p.to_jsondict()) for p in parts], sort_keys=True, default=str)
+
+
+def _no_lengths(value):
+    if isinstance(value, dict):
+        return {k: _no_lengths(v) for k, v in value.items() if k not in ("len", "length")}
+    if isinstance(value, list):
+        return [_no_lengths(v) for v in value]
+    return value

@@ -18,10 +18,10 @@ from pathlib import Path
 from typing import Sequence
 
 from dataplanes.bpf.program import CLASSIFIER, XDP_PIN, DataPlane, DataPlaneError, loaded_switches
+from dataplanes.bpf.records import RECORDS, unload_and_forget, write_record
 from dataplanes.openflow.box import DATAPATHS, BoxError, Hook, OvsBox, plan
 from mbalancer.interfaces import interface_exists
 
-RECORDS = Path("/run/mbalancer/switches")  # beside the eBPF switches' records: gone after a reboot, as the pins are
 PREF = 49152  # the classifier's tc filter priority on each hook: the operator's own filters keep theirs
 
 
@@ -47,8 +47,7 @@ class ClassifierRecord:
             return None
 
     def write(self) -> None:
-        RECORDS.mkdir(parents=True, exist_ok=True)
-        record_path(self.name).write_text(json.dumps(asdict(self)) + "\n")
+        write_record(record_path(self.name), self)
 
     def summary(self) -> str:
         """What is attached, in one line."""
@@ -165,14 +164,7 @@ def detach(name: str) -> list[str]:
                 removed.append(f"the classifier at {hook.describe()}")
             if hook.port in record.made_qdiscs and not _filters(hook, "ingress") and not _filters(hook, "egress"):
                 subprocess.run(["tc", "qdisc", "del", "dev", hook.port, "clsact"], capture_output=True, timeout=30)
-    plane = DataPlane(name, CLASSIFIER)
-    if plane.pin_dir.exists():
-        removed.append(f"the pins under {plane.pin_dir}")
-        plane.unload()
-    if record_path(name).exists():
-        record_path(name).unlink()
-        removed.append("its record")
-    return removed
+    return removed + unload_and_forget(DataPlane(name, CLASSIFIER), record_path(name))
 
 
 def _interface_there(hook: Hook) -> bool:

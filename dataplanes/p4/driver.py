@@ -3,11 +3,14 @@ p4src/mbalancer.p4 (dataplanes/p4/).
 
 The hot keys are kept in the slot book every data plane shares (dataplanes/slot_book.py), written to each switch
 through its P4Tables adapter (dataplanes/p4/tables.py says how the program holds them). What this driver adds is the
-P4 switch's own: each switch gets the pipeline at attach (a switch that already ran it is first read for the hot
-keys a previous controller left: they are reported, and the fresh pipeline holds none), the servers, ports and
-sessions, forwarding, and mirrored writes arriving as PacketIns on the stream. A switch whose stream breaks
-(stopped, restarted) is reconnected by the driver's thread: the pipeline goes back on every switch, the book
-forgets its slots and the core is asked to install everything again.
+P4 switch's own: the pipeline, the servers, ports and sessions, forwarding, and mirrored writes arriving as PacketIns
+on the stream. At attach a switch that already runs this pipeline (its cookie names the same compiled program) is
+adopted: nothing is pushed, the driver's own entries are made what the config says (inserted, modified or deleted
+where they differ), and its hot keys are read back as they are (dataplanes/read_back.py; P4Tables.held_keys). A
+switch running another pipeline, or none, gets the pipeline pushed. A switch whose stream breaks (stopped,
+restarted) is reconnected by the driver's thread: the pipeline goes back on every switch, the book forgets its
+slots and the core is asked to install everything again (the copies of writes the broken stream did not bring are
+lost: only a reinstall is sure to catch them).
 """
 from __future__ import annotations
 
@@ -16,15 +19,16 @@ import time
 from collections import OrderedDict
 from typing import Any, Sequence
 
-from dataplanes.driver import Distrust, DriverError, ForwardingEntry, FoundKey, ReplicaWeight, StreamId
+from dataplanes.driver import DriverError, ForwardingEntry, FoundKey, StreamId
 from dataplanes.fan_out import FanOut
 from dataplanes.p4 import Settings
 from dataplanes.p4 import entries as e
 from dataplanes.p4.client import P4RuntimeClient, first_come_election_id
 from dataplanes.p4.pipeline import MAX_HOT, P4Error, Pipeline
 from dataplanes.p4.sketch import P4Sketch
-from dataplanes.p4.tables import P4Tables, lease_fields
+from dataplanes.p4.tables import REPORT_LEASE_LEFT, REPORT_QUIET, P4Tables, lease_fields
 from dataplanes.pipeline import own_addresses
+from dataplanes.read_back import read_back
 from dataplanes.slot_book import SlotBook
 from dataplanes.slot_book_driver import SlotBookDriver
 from mbalancer.packets import LINKTYPE_ETHERNET, TCP, destination, memcached_segment
@@ -34,6 +38,9 @@ log = logging.getLogger(__name__)
 RECONNECT_EVERY = 0.5  # seconds between tries to reach a switch whose stream broke
 STREAM_STARTS_KEPT = 65536  # connections whose start a copy told of (the controller follows as many)
 SKETCH_CALLS = ("set_sketch_control", "clear_sketch", "heavy_keys", "take_sketch_destinations", "counters")
+# the tables whose entries the driver writes from the config at attach (forward from the core's entries)
+OWNED_TABLES = ("memcached_ports", "reply_ports", "servers", "server_index", "closing_servers", "trusted_sources",
+                "controller_addresses")
 
 
 def driver_from_settings(settings: Settings) -> "P4RuntimeDriver":
@@ -59,7 +66,8 @@ class P4RuntimeDriver(SlotBookDriver):
                                   slots=MAX_HOT))
         self.settings, self.pipeline = settings, pipeline
         self.clients: list[P4RuntimeClient] = []
-        self.forwarding: dict[str, int] = {}  # destination MAC -> port, as written
+        self.forwarding: dict[str, int] | None = None  # destination MAC -> port, as the core gave them (None: not yet)
+        self.forwarded: dict[str, dict[str, int]] = {}  # switch address -> its forward entries (MAC -> port)
         # P4Runtime arbitration: the first controller stays primary, unless elected through etcd (a higher id)
         self.election_id = settings.election_id or first_come_election_id()
         self._restart_pending = False  # a switch broke: every switch starts afresh once all are reached
@@ -83,9 +91,10 @@ class P4RuntimeDriver(SlotBookDriver):
                 if not entry.port.isdigit():
                     raise DriverError(f"forwarding of {entry.mac}: a bmv2 port is a number (got {entry.port!r})")
                 wanted[entry.mac.lower()] = int(entry.port)
-            updates = self._forwarding_updates(self.forwarding, wanted)
             for client in self.clients:
-                self._write(client, updates, "forwarding")
+                self._write(client, self._forwarding_updates(self.forwarded.get(client.address, {}), wanted),
+                            "forwarding")
+                self.forwarded[client.address] = dict(wanted)
             self.forwarding = wanted
 
     def dirty(self, key: bytes) -> bool:
@@ -128,18 +137,18 @@ class P4RuntimeDriver(SlotBookDriver):
 
     # --- the switches -----------------------------------------------------------------------------------------
     def _open(self, servers: Sequence[Server]) -> list[FoundKey]:
-        leftovers: dict[bytes, FoundKey] = {}
         with self.book.lock:
             self.book.servers = tuple(servers)
             try:
+                kept = []
                 for address in self.settings.switches:
                     self.clients.append(self._client(address))
-                    leftovers.update({k.key: k for k in self._prepare(self.clients[-1])})
+                    kept.append(self._prepare(self.clients[-1], adopt=True))
+                self.book.use([P4Tables(c, self.pipeline) for c in self.clients])
+                return self._read_back() if any(kept) else []
             except P4Error as err:
                 self._release()
                 raise DriverError(str(err)) from None
-            self.book.use([P4Tables(c, self.pipeline) for c in self.clients])
-        return list(leftovers.values())
 
     def _release(self) -> None:
         for client in self.clients:
@@ -154,48 +163,98 @@ class P4RuntimeDriver(SlotBookDriver):
         client.connect()
         return client
 
-    def _prepare(self, client: P4RuntimeClient) -> list[FoundKey]:
-        """Read what a previous controller left, push the pipeline, write what the driver owns there."""
+    def _prepare(self, client: P4RuntimeClient, adopt: bool) -> bool:
+        """Make the switch ready; whether it kept its pipeline and tables. `adopt` and the switch runs this pipeline:
+        adopted (`_adopt`). Otherwise the pipeline is pushed (emptying its tables) and the driver's entries written;
+        hot keys a previous pipeline of the same program held go first (bmv2 swaps a pushed pipeline in only between
+        packets, later)."""
         cookie = client.pipeline_cookie()
-        leftovers = self._leftovers(client) if cookie == self.pipeline.cookie else []
         flood = self.settings.ports or (self._flood_ports(client) if cookie is not None else ()) or range(1, 17)
-        if leftovers:  # their rules go first: bmv2 swaps a pushed pipeline in only between packets, later
-            client.write([e.update(e.DELETE, e.table_entry(
-                self.pipeline, "hot_keys", {"meta.key_len": len(k.key), "meta.key": e.key_value(k.key)}))
-                for k in leftovers], "removing the hot keys left")
+        if adopt and cookie == self.pipeline.cookie:
+            self._adopt(client, flood)
+            return True
+        if cookie == self.pipeline.cookie:
+            tables = P4Tables(client, self.pipeline)
+            tables.delete_keys(list(tables.held_keys().items()))
         if cookie is not None:
             self._remove_sessions(client)
         client.set_pipeline(self.pipeline)
-        client.write(self._switch_entries(flood), "the switch's servers, ports and sessions")
-        return leftovers
-
-    def _switch_entries(self, flood: Sequence[int]) -> list:
-        """What the driver owns in a fresh pipeline: sessions, the servers and their ports, trusted sources,
-        forwarding."""
-        servers = self.book.servers
         updates = [e.update(e.INSERT, e.clone_session(self.settings.cpu_port)),
                    e.update(e.INSERT, e.flood_group(flood))]
+        updates += [e.update(e.INSERT, entity) for entity in self._owned_entries()]
+        client.write(updates + self._forwarding_updates({}, self.forwarding or {}),
+                     "the switch's servers, ports and sessions")
+        self.forwarded[client.address] = dict(self.forwarding or {})
+        return False
+
+    def _adopt(self, client: P4RuntimeClient, flood: Sequence[int]) -> None:
+        """A switch that runs this pipeline keeps it, its hot keys and their counters: the driver's own entries are
+        made what the config says, each inserted, modified or deleted only where it differs (a controller that
+        takes over with the same config writes nothing), the sessions modified where the switch has them. Its
+        forward entries are kept as found until the core gives its own."""
+        log.info("%s runs this pipeline already: its tables are adopted, not pushed again", client.address)
+        tables = (*OWNED_TABLES, "forward")
+        found: dict[tuple, Any] = {}
+        forward_id = self.pipeline.table("forward").id
+        self.forwarded[client.address] = {}
+        for entity in client.read([e.table_entry(self.pipeline, t, {}) for t in tables], "the switch's own entries"):
+            if entity.table_entry.table_id == forward_id:
+                match = e.match_of(self.pipeline, "forward", entity)
+                self.forwarded[client.address][e.mac_text(match["hdr.ethernet.dst"])] = e.params_of(self.pipeline, "to_port", entity)["port"]
+            else:
+                found[e.entry_key(entity)] = entity
+        updates = []
+        for entity in self._owned_entries():
+            held = found.pop(e.entry_key(entity), None)
+            if held is None or e.action_of(held) != e.action_of(entity):
+                updates.append(e.update(e.INSERT if held is None else e.MODIFY, entity))
+        updates += [e.update(e.DELETE, entity) for entity in found.values()]  # of servers the config no longer has
+        updates += self._session_updates(client, flood)
+        if self.forwarding is not None:
+            updates += self._forwarding_updates(self.forwarded[client.address], self.forwarding)
+            self.forwarded[client.address] = dict(self.forwarding)
+        client.write(updates, "the switch's servers, ports and sessions")
+        if updates:
+            log.info("%s: %d of the driver's entries written to match the config", client.address, len(updates))
+
+    def _session_updates(self, client: P4RuntimeClient, flood: Sequence[int]) -> list:
+        """The clone session and flood group, each inserted where the switch has none and modified where it has
+        another."""
+        updates = []
+        for entity in (e.clone_session(self.settings.cpu_port), e.flood_group(flood)):
+            try:
+                held = client.read([entity], "the sessions")
+            except P4Error:  # (bmv2 answers a read of a session it does not have with an error)
+                held = []
+            if not held:
+                updates.append(e.update(e.INSERT, entity))
+            elif not same_session(held[0], entity):
+                updates.append(e.update(e.MODIFY, entity))
+        return updates
+
+    def _owned_entries(self) -> list:
+        """The entries of OWNED_TABLES the config makes: the servers and their ports, trusted sources."""
+        servers = self.book.servers
+        entries = []
         for port in sorted({s.port for s in servers}):
-            updates.append(e.update(e.INSERT, e.table_entry(self.pipeline, "memcached_ports", {"hdr.ports.dst": port},
-                                                            "is_memcached")))
-            updates.append(e.update(e.INSERT, e.table_entry(self.pipeline, "reply_ports", {"hdr.ports.src": port},
-                                                            "NoAction")))
+            entries.append(e.table_entry(self.pipeline, "memcached_ports", {"hdr.ports.dst": port}, "is_memcached"))
+            entries.append(e.table_entry(self.pipeline, "reply_ports", {"hdr.ports.src": port}, "NoAction"))
         for index, server in enumerate(servers):
-            updates.append(e.update(e.INSERT, e.table_entry(
+            entries.append(e.table_entry(
                 self.pipeline, "servers", {"meta.server_wanted": index}, "server_address",
-                {"mac": e.mac_value(server.mac), "ip": e.ip_value(server.ip), "port": server.port})))
-            updates.append(e.update(e.INSERT, e.table_entry(
+                {"mac": e.mac_value(server.mac), "ip": e.ip_value(server.ip), "port": server.port}))
+            entries.append(e.table_entry(
                 self.pipeline, "server_index", {"hdr.ipv4.dst": e.ip_value(server.ip), "hdr.ports.dst": server.port},
-                "server_is", {"server": index})))
-            updates.append(e.update(e.INSERT, e.table_entry(
+                "server_is", {"server": index}))
+            entries.append(e.table_entry(
                 self.pipeline, "closing_servers", {"hdr.ipv4.src": e.ip_value(server.ip), "hdr.ports.src": server.port},
-                "closing_server_is", {"server": index})))
+                "closing_server_is", {"server": index}))
         for ip in sorted(own_addresses(servers) | set(self.settings.trusted)):
-            updates.append(e.update(e.INSERT, e.table_entry(self.pipeline, "trusted_sources",
-                                                            {"hdr.ipv4.src": e.ip_value(ip)}, "is_trusted")))
-            updates.append(e.update(e.INSERT, e.table_entry(self.pipeline, "controller_addresses",
-                                                            {"hdr.ipv4.dst": e.ip_value(ip)}, "is_to_controller")))
-        return updates + self._forwarding_updates({}, self.forwarding)
+            entries.append(e.table_entry(self.pipeline, "trusted_sources", {"hdr.ipv4.src": e.ip_value(ip)},
+                                         "is_trusted"))
+            entries.append(e.table_entry(self.pipeline, "controller_addresses", {"hdr.ipv4.dst": e.ip_value(ip)},
+                                         "is_to_controller"))
+        return entries
 
     def _flood_ports(self, client: P4RuntimeClient) -> list[int]:
         """The ports of the switch's flood group as it has it (its start wrote it: in a fabric, a flood tree)."""
@@ -215,24 +274,12 @@ class P4RuntimeDriver(SlotBookDriver):
             except P4Error as err:
                 log.debug("nothing to remove: %s", err)
 
-    def _leftovers(self, client: P4RuntimeClient) -> list[FoundKey]:
-        """The hot keys in the switch's tables (a previous controller's), with the servers of their ranges: not
-        adopted (the pipeline is pushed anew at attach, which empties its tables and registers), so each is
-        rebuilt by the core."""
-        keys: dict[int, tuple[bytes, int]] = {}  # slot -> key, home
-        for entity in client.read([e.table_entry(self.pipeline, "hot_keys", {})], "the hot keys left"):
-            match, hot = e.match_of(self.pipeline, "hot_keys", entity), e.params_of(self.pipeline, "hot", entity)
-            keys[hot["slot"]] = (match["meta.key"].to_bytes(match["meta.key_len"], "big"), hot["home"])
-        servers: dict[int, set[int]] = {}
-        for entity in client.read([e.table_entry(self.pipeline, "replicas", {})], "the replicas left"):
-            slot = e.match_of(self.pipeline, "replicas", entity)["meta.slot"]
-            servers.setdefault(slot, set()).add(e.params_of(self.pipeline, "to_replica", entity)["server"])
-        found = []
-        for slot, (key, home) in keys.items():
-            replicas = sorted(servers.get(slot, set()) | {home})
-            found.append(FoundKey(key, home, tuple(ReplicaWeight(s, 1 / len(replicas)) for s in replicas), None,
-                                  Distrust.NOT_READ_BACK))  # its rules are removed, the pipeline pushed anew
-        return found
+    def _read_back(self) -> list[FoundKey]:
+        """Under the lock, the switches just handed to the book: every switch asked for its lease at once, then the
+        hot keys read back and kept where the switches agree (dataplanes/read_back.py)."""
+        for tables in self.book.switches:
+            tables.ask_lease()
+        return read_back(self.book)
 
     def _watch(self) -> None:
         """Reconnect switches whose stream broke; then every switch starts afresh and the core reinstalls."""
@@ -256,7 +303,7 @@ class P4RuntimeDriver(SlotBookDriver):
                 old.close()
                 self.clients[index] = self._client(self.settings.switches[index])
         for client in self.clients:
-            self._prepare(client)
+            self._prepare(client, adopt=False)
         self.book.came_back([P4Tables(c, self.pipeline) for c in self.clients])
         if self.book.lease_until:
             for tables in self.book.switches:
@@ -279,11 +326,15 @@ class P4RuntimeDriver(SlotBookDriver):
 
     def _packet_in(self, address: str, payload: bytes, metadata: dict[int, bytes]) -> None:
         fields = self.pipeline.packet_metadata.get("packet_in", {})
-        if "report" in fields and int.from_bytes(metadata.get(fields["report"][0], b""), "big") == 1:
-            quiet_us = int.from_bytes(metadata.get(fields["quiet_us"][0], b""), "big")
+        report = int.from_bytes(metadata.get(fields["report"][0], b""), "big") if "report" in fields else 0
+        if report:  # an answer, no packet: a rearm's (how quiet the server is), a lease query's (µs left)
+            value = int.from_bytes(metadata.get(fields["quiet_us"][0], b""), "big")
             for tables in self.book.switches:
                 if tables.client.address == address:
-                    tables.answer(quiet_us)
+                    if report == REPORT_QUIET:
+                        tables.answer(value)
+                    elif report == REPORT_LEASE_LEFT:
+                        tables.lease_answer(value)
             return
         if self.on_mirror is not None and payload[12:14] == b"\x08\x00":
             self._note_stream_start(payload, metadata)  # before the core reads the copy
@@ -320,3 +371,12 @@ class P4RuntimeDriver(SlotBookDriver):
             client.write(updates, what)
         except P4Error as err:
             raise DriverError(str(err)) from None
+
+
+def same_session(held, wanted) -> bool:
+    """Whether a clone session or multicast group read from the switch replicates to the ports wanted."""
+    def replicas(entity) -> list[tuple[int, int]]:
+        pre = entity.packet_replication_engine_entry
+        kind = pre.WhichOneof("type")
+        return sorted((r.egress_port, r.instance) for r in getattr(pre, kind).replicas)
+    return replicas(held) == replicas(wanted)

@@ -16,13 +16,16 @@ INSERT, MODIFY, DELETE = p4runtime_pb2.Update.INSERT, p4runtime_pb2.Update.MODIF
 
 
 def table_entry(pipeline: Pipeline, table: str, match: Match, action: str | None = None,
-                params: dict[str, int] | None = None, priority: int = 0) -> p4runtime_pb2.Entity:
-    """An entity holding one entry of `table`; `action` None: the entry's key only (a delete, a read)."""
+                params: dict[str, int] | None = None, priority: int = 0, metadata: bytes = b"") -> p4runtime_pb2.Entity:
+    """An entity holding one entry of `table`; `action` None: the entry's key only (a delete, a read). `metadata`:
+    bytes the switch keeps with the entry for the controller and gives back when it is read (P4Runtime's
+    TableEntry.metadata; the program never sees them)."""
     spec = pipeline.table(table)
     entity = p4runtime_pb2.Entity()
     entry = entity.table_entry
     entry.table_id = spec.id
     entry.priority = priority
+    entry.metadata = metadata
     for name, value in match.items():
         if name not in spec.fields:
             raise P4RuntimeError(f"table {table} has no match field {name!r}")
@@ -106,6 +109,11 @@ def mac_value(mac: str) -> int:
     return int(mac.replace(":", ""), 16)
 
 
+def mac_text(value: int) -> str:
+    """mac_value's inverse: the MAC a match field holds, as the config writes it."""
+    return ":".join(f"{b:02x}" for b in value.to_bytes(6, "big"))
+
+
 def ip_value(ip: str) -> int:
     return int(ipaddress.IPv4Address(ip))
 
@@ -137,6 +145,26 @@ def params_of(pipeline: Pipeline, action: str, entity: p4runtime_pb2.Entity) -> 
         return {}
     names = {param_id: name for name, (param_id, _) in act.params.items()}
     return {names[p.param_id]: number(p.value) for p in taken.params}
+
+
+def entry_key(entity: p4runtime_pb2.Entity) -> tuple:
+    """What names a table entry in its table (its table, match and priority): an entry read back and one to write
+    are the same entry where their keys are equal."""
+    entry = entity.table_entry
+    fields = []
+    for field in entry.match:  # by value: a switch may give a value back padded to its field's bytes
+        if field.WhichOneof("field_match_type") == "range":
+            fields.append((field.field_id, number(field.range.low), number(field.range.high)))
+        else:
+            fields.append((field.field_id, number(field.exact.value)))
+    return entry.table_id, tuple(sorted(fields)), entry.priority
+
+
+def action_of(entity: p4runtime_pb2.Entity) -> tuple:
+    """A table entry's action and parameters by value, and its metadata: what a MODIFY would change."""
+    action = entity.table_entry.action.action
+    return (action.action_id, tuple(sorted((p.param_id, number(p.value)) for p in action.params)),
+            entity.table_entry.metadata)
 
 
 def number(value: bytes) -> int:

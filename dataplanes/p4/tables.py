@@ -6,12 +6,20 @@ weights are `replicas` entries, a range of the request hash per replica; its syn
 held dirty). Writes per slot and unsure requests per server are counted in registers, which P4Runtime cannot read;
 each has a twin counter (key_mirrored, server_unsure) that is read instead, and that is never reset (it must stay
 equal to its register), so the slot's mirrored count is given relative to its value at install. The lease
-is a PacketOut the switch adds to its own clock.
+is a PacketOut the switch adds to its own clock; another PacketOut asks how much of it is left (op 3, answered by a
+PacketIn).
+
+What P4Runtime cannot read back of a key otherwise rides with its hot_keys entry as the entry's metadata (bytes the
+switch keeps for the controller, `hot_metadata`): every replica in order, those at weight 0 too (they have no
+range), and the slot's mirrored count at install. So a controller that takes over reads each key back whole
+(`held_keys`), as dataplanes/read_back.py asks.
 """
 from __future__ import annotations
 
+import ipaddress
 import logging
 import queue
+import struct
 import time
 from collections import OrderedDict
 from typing import Sequence
@@ -20,12 +28,18 @@ from dataplanes.p4 import entries as e
 from dataplanes.p4.client import P4RuntimeClient, P4RuntimeError, encode
 from dataplanes.p4.pipeline import STREAM_RESUMES, P4Error, Pipeline
 from dataplanes.driver import StreamId
-from dataplanes.pipeline import COUNTERS, MAX_REPLICAS
+from dataplanes.pipeline import COUNTERS, MAX_REPLICAS, WEIGHT_ONE
 from dataplanes.slot_book import HotEntry, KeyCounts, keys_named
 
 log = logging.getLogger(__name__)
 Range = tuple[int, int, int]  # (low, high, position) of the 16-bit request hash
 LEASE_US_MAX = (1 << 32) - 1  # the packet_out's lease_us field
+BASE = struct.Struct(">Q")  # hot_metadata: the slot's mirrored count at install, then a server index per replica
+SERVER = struct.Struct(">H")
+UNKNOWN_SERVER = 0xFFFF  # a replica read back without its server (an entry with no metadata): no config has it
+# seconds a lease query's answer is awaited (bmv2 answers in ms): one not answered only makes a takeover resync the
+# switch's keys, so it is not worth the whole P4Runtime timeout of a takeover
+LEASE_QUERY_WAIT = 1.0
 
 
 class P4Tables:
@@ -37,6 +51,10 @@ class P4Tables:
         self.resumes: OrderedDict[StreamId, int] = OrderedDict()  # connection -> its `stream_resumes` entry's seq
         self.blind: OrderedDict[StreamId, None] = OrderedDict()  # connections with a `blind_streams` entry
         self.reports: queue.Queue[int] = queue.Queue()  # answers to rearms, as the stream's thread receives them
+        self.lease_answers: queue.Queue[int] = queue.Queue()  # answers to lease queries (µs left)
+        self.lease_asked: int | None = None  # CLOCK_MONOTONIC ns a lease query went out, until its answer is taken
+        self.found_synced: dict[int, tuple[int, int]] = {}  # the `synced` entries as held_keys read them
+        self.found_ranges: dict[int, set[tuple[int, int]]] = {}  # slot -> its ranges as held_keys read them
 
     @property
     def up(self) -> bool:
@@ -48,10 +66,11 @@ class P4Tables:
             self.client.write(self._install_updates(key, entry), f"install {key!r}")
             return
         try:
-            self.client.write(self._range_updates(entry.slot, old, entry), f"weights of {key!r}")
+            self.client.write(self._weight_updates(key, old, entry), f"weights of {key!r}")
         except P4Error:  # bmv2 applies a batch update by update: put back what was there
-            self._quietly(self._range_updates(entry.slot, entry, old), f"restore {key!r}")
+            self._quietly(self._weight_updates(key, entry, old), f"restore {key!r}")
             raise
+        self.found_ranges.pop(entry.slot, None)  # its ranges are the entry's now
 
     def delete_hot(self, key: bytes, entry: HotEntry) -> None:
         self.delete_keys([(key, entry)])
@@ -64,8 +83,10 @@ class P4Tables:
         bases = self._counts([("key_mirrored", slot) for slot in slots], "the slots' write counts")
         updates = [e.update(e.MODIFY, r) for slot in slots for r in self._counter_resets(slot)]
         updates += [e.update(e.DELETE, self._synced(slot)) for slot in slots if slot in self.synced_slots]
-        for key, entry in entries:
-            updates += self._install_updates(key, entry)
+        updates += [e.update(e.DELETE, self._range(slot, low, high))  # ranges read back of no key (a crash between
+                    for slot in slots for low, high in sorted(self.found_ranges.pop(slot, ()))]  # a remove's writes)
+        for (key, entry), base in zip(entries, bases):
+            updates += self._install_updates(key, entry, base)
         self.synced_slots.difference_update(slots)
         self.client.write(updates, f"install {keys_named([k for k, _ in entries])}")
         self.mirrored_base.update(zip(slots, bases))
@@ -75,8 +96,9 @@ class P4Tables:
         """Every key out of hot_keys first (its gets and writes go home untouched from then on), then the slots' other
         entries; an entry not there (a failed install never wrote it) is no error."""
         updates = [e.update(e.DELETE, self._hot(key)) for key, _ in entries]
-        for _, entry in entries:
-            updates += self._range_updates(entry.slot, entry, None)
+        for _, entry in entries:  # (ranges read back that are not the entry's: a switch that disagreed, gone too)
+            held = {(low, high) for low, high, _ in ranges(entry)} | self.found_ranges.pop(entry.slot, set())
+            updates += [e.update(e.DELETE, self._range(entry.slot, low, high)) for low, high in sorted(held)]
             updates.append(e.update(e.DELETE, self._synced(entry.slot)))
             self.synced_slots.discard(entry.slot)
         self.client.write(updates, f"remove {keys_named([k for k, _ in entries])}", missing_ok=True)
@@ -121,6 +143,96 @@ class P4Tables:
             params = e.params_of(self.pipeline, "synced_to", entity)
             return params["written"], params["unsure_count"]
         return None
+
+    # --- what a controller that takes over reads back (dataplanes/read_back.py) --------------------------------
+    def held_keys(self) -> dict[bytes, HotEntry]:
+        """Every hot key the switch holds, with its entry, in one read; with them what this adapter records of the
+        switch's tables is read too (the `synced` entries, which synced_counts then answers from, the slots'
+        mirrored bases, `closes_handled`, `stream_resumes` and `blind_streams`): it goes on from the tables as they
+        are. An entry the switch holds but this controller could not have written (its ranges are not its
+        replicas' cumulative weights, or its metadata is missing and a replica has no range) is given with a
+        server no config has (UNKNOWN_SERVER) or no weights: the book does not keep it (read_back.placeable)."""
+        tables = ("hot_keys", "replicas", "synced", "closes_handled", "stream_resumes", "blind_streams")
+        ids = {self.pipeline.table(t).id: t for t in tables}
+        read: dict[str, list] = {t: [] for t in tables}
+        for entity in self.client.read([e.table_entry(self.pipeline, t, {}) for t in tables], "the hot keys held"):
+            read[ids[entity.table_entry.table_id]].append(entity)
+        found: dict[int, dict[int, tuple[int, int, int]]] = {}  # slot -> position -> (low, high, server)
+        for entity in read["replicas"]:
+            match, to = e.match_of(self.pipeline, "replicas", entity), e.params_of(self.pipeline, "to_replica", entity)
+            found.setdefault(match["meta.slot"], {})[to["position"]] = (*match["meta.point"], to["server"])
+        held = {}
+        for entity in read["hot_keys"]:
+            match, hot = e.match_of(self.pipeline, "hot_keys", entity), e.params_of(self.pipeline, "hot", entity)
+            key = match["meta.key"].to_bytes(match["meta.key_len"], "big")
+            servers, base = read_metadata(entity.table_entry.metadata)
+            if base is not None:
+                self.mirrored_base[hot["slot"]] = base
+            held[key] = read_entry(hot["slot"], hot["home"], servers, found.get(hot["slot"], {}))
+        self.found_ranges = {slot: {(low, high) for low, high, _ in at.values()} for slot, at in found.items()}
+        self.found_synced = {}
+        for entity in read["synced"]:
+            synced = e.params_of(self.pipeline, "synced_to", entity)
+            self.found_synced[e.match_of(self.pipeline, "synced", entity)["meta.slot"]] = (
+                synced["written"], synced["unsure_count"])
+        self.synced_slots = set(self.found_synced)
+        self.handled_servers = {e.match_of(self.pipeline, "closes_handled", entity)["meta.checked_server"]
+                                for entity in read["closes_handled"]}
+        for table, held_streams in (("stream_resumes", self.resumes), ("blind_streams", self.blind)):
+            held_streams.clear()
+            for entity in read[table]:
+                match = e.match_of(self.pipeline, table, entity)
+                held_streams[stream_of(match)] = match.get("hdr.tcp.seq")
+        return held
+
+    def synced_counts(self, slot: int) -> tuple[int, int] | None:
+        """The (writes, unsure) the slot's key is clean at, as held_keys read its `synced` entry; None: held."""
+        return self.found_synced.get(slot)
+
+    def ask_lease(self) -> None:
+        """Ask the switch how much of the lease is left (op 3): `lease` takes the answer, so that every switch is
+        asked before any answer is awaited."""
+        while not self.lease_answers.empty():  # an answer that came after its caller gave up
+            self.lease_answers.get_nowait()
+        self.lease_asked = time.monotonic_ns()
+        if self.answers_lease_query:
+            self._packet_out(OP_LEASE_QUERY)
+
+    @property
+    def answers_lease_query(self) -> bool:
+        """Whether the compiled program acts on op 3 (one without it drops the query: no answer to wait for)."""
+        return OP_LEASE_QUERY in self.pipeline.packet_out_ops
+
+    def lease_left(self) -> int | None:
+        """Microseconds left on the lease as the switch answers a lease query (0: over, or never given); None if it
+        gives no answer in time (a program without the query drops it)."""
+        if self.lease_asked is None:
+            self.ask_lease()
+        if not self.answers_lease_query:
+            log.info("%s: the compiled program has no lease query (op %d): the lease is not known",
+                     self.client.address, OP_LEASE_QUERY)
+            return None
+        wait = min(self.client.timeout, LEASE_QUERY_WAIT)
+        try:
+            return self.lease_answers.get(timeout=max(self.lease_asked + wait * 1e9 - time.monotonic_ns(), 0) / 1e9)
+        except queue.Empty:
+            log.warning("%s: no answer to a lease query within %g s (a program without op 3?): the lease is not "
+                        "known", self.client.address, wait)
+            return None
+
+    def lease(self) -> int | None:
+        """Until when (CLOCK_MONOTONIC ns) the switch trusts the copies: from when the query went out, so never
+        later than the switch's own end; 0 if over; None if the switch does not say."""
+        asked = self.lease_asked if self.lease_asked is not None else time.monotonic_ns()
+        left = self.lease_left()
+        self.lease_asked = None
+        if left is None:
+            return None
+        return asked + left * 1000 if left else 0
+
+    def lease_answer(self, left_us: int) -> None:
+        """A lease query's answer, as its PacketIn brought it."""
+        self.lease_answers.put(left_us)
 
     # --- servers that closed the controller's connections -----------------------------------------------------
     def closes(self, server: int) -> int:
@@ -236,11 +348,23 @@ class P4Tables:
         return counts
 
     # --- entries ----------------------------------------------------------------------------------------------
-    def _hot(self, key: bytes, entry: HotEntry | None = None):
+    def _hot(self, key: bytes, entry: HotEntry | None = None, base: int | None = None):
+        """The key's hot_keys entry (its key only if `entry` is None), with its replicas and the slot's mirrored
+        count at install (`base`; by default as recorded) as metadata."""
         match = {"meta.key_len": len(key), "meta.key": e.key_value(key)}
         if entry is None:
             return e.table_entry(self.pipeline, "hot_keys", match)
-        return e.table_entry(self.pipeline, "hot_keys", match, "hot", {"slot": entry.slot, "home": entry.home})
+        base = self.mirrored_base.get(entry.slot, 0) if base is None else base
+        return e.table_entry(self.pipeline, "hot_keys", match, "hot", {"slot": entry.slot, "home": entry.home},
+                             metadata=hot_metadata(entry.servers, base))
+
+    def _weight_updates(self, key: bytes, old: HotEntry, new: HotEntry) -> list:
+        """From `old` weights to `new` ones: the ranges, and the hot_keys entry's metadata where the replicas
+        differ."""
+        updates = self._range_updates(new.slot, old, new)
+        if old.servers != new.servers:
+            updates.append(e.update(e.MODIFY, self._hot(key, new)))
+        return updates
 
     def _range_updates(self, slot: int, old: HotEntry | None, new: HotEntry | None) -> list:
         """From the `old` entry's ranges to the `new` one's: old ones deleted first (a point between ranges goes
@@ -278,9 +402,9 @@ class P4Tables:
         return resets + [e.counter_write(self.pipeline, "key_per_replica", slot * MAX_REPLICAS + p)
                          for p in range(MAX_REPLICAS)]
 
-    def _install_updates(self, key: bytes, entry: HotEntry) -> list:
+    def _install_updates(self, key: bytes, entry: HotEntry, base: int | None = None) -> list:
         """A new key's ranges, then its hot_keys entry (which makes them live)."""
-        return [*self._range_updates(entry.slot, None, entry), e.update(e.INSERT, self._hot(key, entry))]
+        return [*self._range_updates(entry.slot, None, entry), e.update(e.INSERT, self._hot(key, entry, base))]
 
     def _quietly(self, updates: list, what: str) -> None:
         try:
@@ -291,6 +415,7 @@ class P4Tables:
 
 PACKET_OUT = ("op", "lease_us", "server")  # the packet_out header's fields (p4src/headers.p4)
 OP_LEASE, OP_REARM, OP_LEASE_QUERY = 1, 2, 3  # the packet_out's op (p4src/headers.p4: OP_*)
+REPORT_QUIET, REPORT_LEASE_LEFT = 1, 2  # the packet_in's report: what an answer's quiet_us holds
 
 
 def lease_fields(pipeline: Pipeline) -> tuple[tuple[int, int], tuple[int, int]]:
@@ -312,3 +437,44 @@ def ranges(entry: HotEntry | None) -> tuple[Range, ...]:
             found.append((low, high - 1, position))
         low = max(low, high)
     return tuple(found)
+
+
+def hot_metadata(servers: Sequence[int], base: int) -> bytes:
+    """A hot_keys entry's metadata: the slot's mirrored count at install, then each replica's server index."""
+    return BASE.pack(base) + b"".join(SERVER.pack(server) for server in servers)
+
+
+def read_metadata(metadata: bytes) -> tuple[tuple[int, ...] | None, int | None]:
+    """(replicas, mirrored base) of a hot_keys entry's metadata; (None, None) where it has none of ours."""
+    if len(metadata) < BASE.size + SERVER.size or (len(metadata) - BASE.size) % SERVER.size:
+        return None, None
+    servers = tuple(s for (s,) in SERVER.iter_unpack(metadata[BASE.size:]))
+    return servers, BASE.unpack_from(metadata)[0]
+
+
+def read_entry(slot: int, home: int, servers: tuple[int, ...] | None, found: dict[int, tuple[int, int, int]]
+               ) -> HotEntry:
+    """A hot key's entry from its ranges (position -> (low, high, server)) and its replicas (None: as the ranges
+    name them, UNKNOWN_SERVER where a position has none): the cumulative weights `ranges` wrote them from. Ranges
+    that are not those of its replicas' weights (a gap, an overlap, a server not the replica's, not ending at
+    WEIGHT_ONE) give no weights at all."""
+    if servers is None:
+        servers = tuple(found[p][2] if p in found else UNKNOWN_SERVER
+                        for p in range(max(found, default=-1) + 1))
+    cumulative, low = [], 0
+    for position, server in enumerate(servers):
+        if position in found:
+            start, high, named = found[position]
+            if start != low or named != server or high < start:
+                return HotEntry(slot, home, servers, ())
+            low = high + 1
+        cumulative.append(low)
+    if set(found) - set(range(len(servers))) or low != WEIGHT_ONE:
+        return HotEntry(slot, home, servers, ())
+    return HotEntry(slot, home, servers, tuple(cumulative))
+
+
+def stream_of(match: dict) -> StreamId:
+    """The connection a `stream_resumes` or `blind_streams` entry is keyed by."""
+    return StreamId(str(ipaddress.IPv4Address(match["hdr.ipv4.src"])), match["hdr.ports.src"],
+                    str(ipaddress.IPv4Address(match["hdr.ipv4.dst"])), match["hdr.ports.dst"])

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from mbalancer.memcache.addresses import ServerAddress
+from mbalancer.memcache.meta import MAX_ITEM
 from mbalancer.memcache.requests import Request, parse_request
 from mbalancer.memcache.results import NotParsed, Unreadable
 
@@ -59,7 +60,7 @@ class MemoryMemcached:
         stays, unanswered, until the rest of it comes."""
         replies = []
         while buffer:
-            request = parse_request(bytes(buffer))
+            request = parse_request(bytes(buffer), MAX_ITEM)  # read whole, so ms can refuse it as memcached does
             if isinstance(request, NotParsed):
                 if request.incomplete:
                     break

@@ -5,9 +5,11 @@ round trip, so a copy keeps the item's expiry (a classic `get` cannot tell it) a
 whether a write has been applied (the CAS changes on every write). Any socket or protocol error raises
 MetaError; the connection is then dropped and the next call reconnects.
 
-The calls on many keys (get_many, set_many, delete_many) pipeline their commands: all are sent, then the replies read
-in order, one round trip for them all. Each key gets its own outcome: a refusal (EX, NS, ...) is that key's alone;
-a connection that fails fails the keys not answered yet (their outcome is unknown).
+Every keyed command goes one way, send_many then receive_many: the calls on many keys (get_many, set_many,
+delete_many, and the CAS reads the replicator sends as "version") pipeline their commands, all sent, then the replies
+read in order, one round trip for them all; the calls on one key (get, set, delete) are that path with one key, its
+error raised. Each key gets its own outcome: a refusal (EX, NS, SERVER_ERROR ...) is that key's alone; a connection
+that fails fails the keys not answered yet (their outcome is unknown).
 """
 from __future__ import annotations
 
@@ -79,7 +81,7 @@ class MetaClient:
 
     def get(self, key: bytes) -> StoredItem | None:
         """The item with its flags, remaining TTL and CAS, or None on a miss."""
-        return self._item_of(self._call(_get_command(key)))
+        return _only(self.get_many([key]))
 
     def get_many(self, keys: Sequence[bytes]) -> list[StoredItem | None | Exception]:
         """get of each key, pipelined: the item, None (a miss), or that key's MetaError or ValueError (a bad key)."""
@@ -94,9 +96,9 @@ class MetaClient:
         return self.receive_many(self.send_many("delete", keys))
 
     def send_many(self, kind: str, args: Sequence) -> "Pending":
-        """Send a command of `kind` (get, set, delete, version: the calls above) for each of `args` at once, without
-        reading the replies: receive_many reads them (another server's can be sent meanwhile). A bad key's command is
-        not sent: its ValueError is its outcome."""
+        """Send a command of `kind` (get, set, delete: the calls above; version: mg's CAS and TTL, an ItemVersion) for
+        each of `args` at once, without reading the replies: receive_many reads them (another server's can be sent
+        meanwhile). A bad key's command is not sent: its ValueError is its outcome."""
         build, outcome = {"get": (_get_command, self._item_of), "set": (lambda a: _set_command(*a), self._stored_cas),
                           "delete": (lambda a: _delete_command(*a), self._deleted),
                           "version": (_version_command, self._version_of)}[kind]
@@ -152,15 +154,6 @@ class MetaClient:
         except (KeyError, ValueError):
             raise MetaError(f"{self.server}: mg reply lacks f/t/c: {reply.flags!r}") from None
 
-    def version(self, key: bytes) -> ItemVersion | None:
-        """The item's CAS and remaining TTL, or None on a miss; no value is sent."""
-        return self.versions([key])[0]
-
-    def versions(self, keys: list[bytes]) -> list[ItemVersion | None]:
-        """The CAS and remaining TTL of each key (None for a miss) in one round trip: the requests are pipelined."""
-        replies = self._calls(b"".join(_version_command(key) for key in keys), len(keys))
-        return [self._version_of(reply) for reply in replies]
-
     def _version_of(self, reply: MetaReply) -> ItemVersion | None:
         if reply.code == "EN":
             return None
@@ -175,7 +168,7 @@ class MetaClient:
     def set(self, key: bytes, item: StoredItem, if_cas: int | None = None) -> int:
         """Store a copy with the same flags and remaining TTL; returns the copy's CAS on this server. With `if_cas`,
         only if the item there still has that CAS (MetaError otherwise: it changed, or is gone)."""
-        return self._stored_cas(self._call(_set_command(key, item, if_cas)))
+        return _only(self.set_many([(key, item, if_cas)]))
 
     def _stored_cas(self, reply: MetaReply) -> int:
         flags = _flag_values(reply.flags)
@@ -186,7 +179,7 @@ class MetaClient:
 
     def delete(self, key: bytes, if_cas: int | None = None) -> bool:
         """Delete the key; False if it was not there. With `if_cas`, only if the item still has that CAS."""
-        return self._deleted(self._call(_delete_command(key, if_cas)))
+        return _only(self.delete_many([(key, if_cas)]))
 
     def _deleted(self, reply: MetaReply) -> bool:
         if reply.code == "EX":
@@ -197,7 +190,7 @@ class MetaClient:
 
     def ping(self) -> None:
         """Round trip with the meta no-op; raises MetaError if the server does not answer in time."""
-        reply = self._call(b"mn\r\n")
+        reply = self._exchange(b"mn\r\n", self._read_reply)
         if reply.code != "MN":
             raise MetaError(f"{self.server}: mn answered {reply.code}")
 
@@ -212,13 +205,6 @@ class MetaClient:
             self._sock.close()
         self._sock = None
         self._buffer.clear()
-
-    def _call(self, request: bytes) -> MetaReply:
-        return self._calls(request, 1)[0]
-
-    def _calls(self, requests: bytes, count: int) -> list[MetaReply]:
-        """Send `requests` (count of them, pipelined) and read their replies in order."""
-        return self._exchange(requests, lambda sock: [self._read_reply(sock) for _ in range(count)])
 
     def _exchange(self, request: bytes, read: Callable[[Connection], T]) -> T:
         """Send `request` and `read` its answer; any failure closes the connection (its state is unknown) and is a
@@ -287,6 +273,14 @@ class Pending:
     sent: list[int]  # the commands sent, by index, in order
     outcome: Callable[[MetaReply], object]  # a reply's meaning (raises MetaError)
     error: MetaError | None = None  # the send failed: every command sent fails with it
+
+
+def _only(outcomes: list[T | Exception]) -> T:
+    """The outcome of a call of one command through the pipelined path (send_many): its value, or its error raised."""
+    (outcome,) = outcomes
+    if isinstance(outcome, Exception):
+        raise outcome
+    return outcome
 
 
 def _version_command(key: bytes) -> bytes:
