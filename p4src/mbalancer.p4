@@ -90,12 +90,12 @@ counter(MB_MAX_SERVERS, CounterType.packets) server_unsure;  /* the twin of `uns
 
 const bit<32> NO_SERVER = 0xffffffff;  /* server_wanted: no server lookup */
 
-action count(bit<32> which) {
+@name(".MbIngress.count") action count(bit<32> which) {
     switch_counters.count(which);
 }
 
 /* A 32-bit mix of the request id, client port and address: mb_pick in the eBPF program, the same bits. */
-action mix(out bit<32> h, in bit<32> x) {
+@name(".MbIngress.mix") action mix(out bit<32> h, in bit<32> x) {
     h = x * 0x9E3779B1;
     h = h ^ (h >> 15);
     h = h * 0x85EBCA77;
@@ -103,6 +103,7 @@ action mix(out bit<32> h, in bit<32> x) {
 }
 
 /* Where a connection is kept as a stream (its slot in stream_ids), and its id there. */
+@name(".MbIngress.stream_at")
 action stream_at(in bit<32> src, in bit<16> src_port, in bit<32> dst, in bit<16> dst_port,
                   out bit<32> slot, out bit<64> id) {
     bit<32> h;
@@ -113,7 +114,7 @@ action stream_at(in bit<32> src, in bit<16> src_port, in bit<32> dst, in bit<16>
 
 /* The request may hold writes the pipeline cannot read: every hot key of its server is dirty from now on until
  * the controller has checked them; the controller gets a copy. Requests to no known server are not ours. */
-action make_unsure(in bit<32> server, out bit<1> clone_it) {
+@name(".MbIngress.make_unsure") action make_unsure(in bit<32> server, out bit<1> clone_it) {
     bit<64> n;
     unsure.read(n, server);
     unsure.write(server, n + 1);
@@ -124,6 +125,7 @@ action make_unsure(in bit<32> server, out bit<1> clone_it) {
 
 /* As make_unsure, for a request the controller cannot read either: copied only if no copy of such a request to
  * this server was made since the controller's last rearm (the check that copy starts covers this one). */
+@name(".MbIngress.make_unsure_coalesced")
 action make_unsure_coalesced(in bit<32> server, in bit<48> now, out bit<1> clone_it) {
     bit<64> n;
     unsure.read(n, server);
@@ -458,7 +460,7 @@ control MbSketch(inout headers_t hdr, inout metadata_t meta, inout standard_meta
     }
 
     /* One of the key's cells: counted in this epoch (a cell last counted in another starts again at 1). */
-    action sketch_cell(in bit<32> at, inout bit<32> estimate) {
+    @name(".MbIngress.sketch_cell") action sketch_cell(in bit<32> at, inout bit<32> estimate) {
         bit<48> cell;
         sketch.read(cell, at);
         bit<32> n = 1;
@@ -808,6 +810,10 @@ control MbIngress(inout headers_t hdr, inout metadata_t meta, inout standard_met
     MbRewrite() rewrite;
     MbForward() forwarding;
 
+    action clone_to_controller() {
+        clone_preserving_field_list(CloneType.I2E, (bit<32>)MB_MIRROR_SESSION, MB_COPY_FIELDS);
+    }
+
     action server_address(bit<48> mac, bit<32> ip, bit<16> port) {
         meta.server_hit = 1;
         meta.server_mac = mac;
@@ -860,7 +866,7 @@ control MbIngress(inout headers_t hdr, inout metadata_t meta, inout standard_met
         }
         rewrite.apply(hdr, meta, std);
         if (meta.clone_it == 1) {
-            clone_preserving_field_list(CloneType.I2E, (bit<32>)MB_MIRROR_SESSION, MB_COPY_FIELDS);
+            clone_to_controller();
         }
         forwarding.apply(hdr, meta, std);
     }
