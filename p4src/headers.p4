@@ -66,20 +66,30 @@ header packet_in_t {
     bit<16> ingress_port;
     bit<32> stream_start;  /* with stream 1: the sequence number where its connection's unread stretch began */
     bit<8> stream;         /* 1: a segment of a connection read as a stream (the controller follows it) */
-    bit<8> report;         /* 1: no packet, the answer to a rearm (op 2): */
-    bit<48> quiet_us;      /* ... microseconds since the server's latest coalescable unsure request */
+    bit<8> report;         /* no packet, an answer (REPORT_*): 1 to a rearm (op 2), 2 to a lease query (op 3) */
+    bit<48> quiet_us;      /* report 1: microseconds since the server's latest coalescable unsure request;
+                            * report 2: microseconds left on the controller's lease (0: over, or never given) */
 }
 
 /* From the controller: renew its lease (the pipeline sets the lease's end to its own clock + lease_us, so no clock
- * is shared between switch and controller), or rearm a server's unsure report, answered by a PacketIn saying how
- * long ago its latest coalescable unsure request passed (registers cannot be read over P4Runtime). Anything else
- * from the CPU port is dropped. */
+ * is shared between switch and controller), rearm a server's unsure report, answered by a PacketIn saying how
+ * long ago its latest coalescable unsure request passed, or ask how long the lease has left, answered by a PacketIn
+ * too (registers cannot be read over P4Runtime). Anything else from the CPU port is dropped. */
 @controller_header("packet_out")
 header packet_out_t {
-    bit<8> op;         /* 1: renew the lease; 2: rearm a server's unsure report and answer how quiet it is */
+    bit<8> op;         /* OP_*: 1 renews the lease; 2 rearms a server's unsure report and answers how quiet it is;
+                        * 3 answers how many microseconds the lease has left */
     bit<32> lease_us;  /* op 1: from now; 0 ends it */
     bit<32> server;    /* op 2 */
 }
+/* packet_out.op (dataplanes/p4/tables.py: OP_LEASE, OP_REARM, OP_LEASE_QUERY) */
+const bit<8> OP_LEASE = 1;        /* lease_until = now + lease_us; counted in lease_renewals */
+const bit<8> OP_REARM = 2;        /* unsure_reported[server] = 0; answered: REPORT_QUIET */
+const bit<8> OP_LEASE_QUERY = 3;  /* answered: REPORT_LEASE_LEFT */
+/* packet_in.report: what an answer carries in quiet_us */
+const bit<8> REPORT_NONE = 0;        /* a packet (a copy), not an answer */
+const bit<8> REPORT_QUIET = 1;       /* microseconds since the server's latest coalescable unsure request */
+const bit<8> REPORT_LEASE_LEFT = 2;  /* microseconds left on the lease: lease_until - now, 0 once it is over */
 
 header ethernet_t {
     bit<48> dst;
@@ -205,12 +215,23 @@ struct metadata_t {
     bit<1> line_found;     /* '\r' found within MB_LINE_BYTES */
     bit<8> fields;         /* fields of the line started */
     bit<1> in_field;
-    bit<1> line_wide;      /* the data length is read (or there is none): the rest of the line goes 8 bytes at a time */
     bit<64> number;        /* the data length */
     bit<8> digits;
     bit<1> bad_number;
     bit<1> changes;        /* a flag that makes a meta command change the item (T, N, I) */
-    /* ingress */
+    /* ingress: what each job decided, for the jobs after it (p4src/mbalancer.p4, MbIngress) */
+    bit<1> parsed;         /* classify: an IPv4 UDP or TCP packet whose lengths add up, wholly in the frame */
+    bit<1> reply;          /* classify: a UDP datagram from a memcached port (reply_source may rewrite it) */
+    bit<1> server_closed;  /* classify: a FIN or RST from the memcached of a server of the config */
+    bit<1> unparsed;       /* read_request: a request the pipeline cannot read (its server unsure, copy coalesced) */
+    bit<1> unsure_it;      /* read_request: a request not exactly one command the pipeline reads */
+    bit<1> whole;          /* read_request: the payload is exactly one whole command */
+    bit<1> balance;        /* read_request: a single-key UDP get of a hot key (hot_get decides where it goes) */
+    bit<1> mirror;         /* read_request: a write to a hot key's home (set_mirror) */
+    bit<1> sketch_it;      /* read_request: a get (of a multi-key one, its first key) the sketch counts */
+    bit<1> upstream;       /* read_request: a get another switch balanced: its IP ID names the home (a fabric) */
+    bit<1> rewrite_source; /* reply_source: the reply leaves with the home's IP and port, */
+    bit<1> keep_mac;       /* ... and keeps the replica's MAC (the get was balanced upstream) */
     bit<1> request;        /* to a memcached port */
     bit<1> dest_known;     /* the destination is a server of the config */
     bit<32> dest_server;
@@ -237,7 +258,7 @@ struct metadata_t {
     bit<8> stream;           /* 1: the segment belongs to a connection read as a stream */
     bit<1> mid_stream;       /* a later segment of such a connection: unsure, whatever it looks like */
     bit<1> coalesce;         /* unsure, and unreadable by the controller too: one copy per report is enough */
-    bit<1> report;           /* answer a rearm (op 2) to the controller */
+    bit<8> report;           /* REPORT_*: an answer to the controller (op 2, op 3), in place of the packet */
     bit<1> hairpin;          /* a get this switch balanced: it may leave by the port it came in by, flooded too */
     bit<48> quiet_us;
     bit<32> closing_server;  /* the server whose memcached sent this FIN or RST */

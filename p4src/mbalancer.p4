@@ -23,6 +23,14 @@
  *   counters     per hot key and replica, per server (unsure, closes), switch-wide
  * Anything it cannot read is forwarded untouched.
  *
+ * The ingress is one control per job, applied in this order by MbIngress (bottom of this file), each reading what
+ * the ones before it decided from metadata: MbControllerOps (a PacketOut: the lease, rearms, lease queries),
+ * MbLearn, MbClassify (which ports, servers, sources), MbReadRequest (the command, its key hot or not, streams),
+ * MbSketch, MbServerClosed, MbSetMirror, MbUnsureRequest, MbHotGet, MbReplySource, then the `servers` lookup,
+ * MbRewrite (destination of a balanced get, source of its reply, with the flows that need) and MbForward. State
+ * that more than one job uses is declared once, before them; every table, action, counter and register keeps the
+ * name it has always had in the P4Info (MbIngress.<name>, by @name), so the control plane sees the same program.
+ *
  * Where v1model differs from eBPF in mechanism (the behaviour is the same; tests/pipeline_fixtures.py holds both to
  * it):
  * - Loops: the parser reads the line a byte per state (parser.p4); the weighted choice, a loop over cumulative
@@ -30,7 +38,7 @@
  * - Registers cannot be read or written over P4Runtime (PI refuses both). Counts the data plane compares are
  *   registers (writes per slot, unsure per server) with a twin counter the controller reads; what the controller
  *   writes (the synced counts) is a table entry (`synced`); the lease is renewed by a PacketOut, which stores
- *   the switch's own clock + lease_us.
+ *   the switch's own clock + lease_us, and read by another, answered with a PacketIn of the microseconds left.
  * - Checksums are updated incrementally (RFC 1624) as in eBPF: v1model's update_checksum_with_payload would have
  *   to list every header of the parsed command line.
  * - Learned MACs and balanced gets live in hash-indexed registers: a newer entry takes an older one's place where
@@ -49,50 +57,142 @@ control MbVerifyChecksum(inout headers_t hdr, inout metadata_t meta) {
     apply { }
 }
 
-control MbIngress(inout headers_t hdr, inout metadata_t meta, inout standard_metadata_t std) {
-    /* written by the data plane only */
-    register<bit<64>>(MB_MAX_HOT) writes;          /* per slot: writes mirrored */
-    register<bit<64>>(MB_MAX_SERVERS) unsure;      /* per server: requests it may hold unread writes in */
-    register<bit<48>>(1) lease_until;              /* ingress_global_timestamp (us) until which gets are balanced */
-    register<bit<64>>(1 << MB_FLOW_BITS) flow_ids; /* reply_source: client IP, port, request id of a balanced get */
-    register<bit<32>>(1 << MB_FLOW_BITS) flow_homes;
-    register<bit<48>>(1 << MB_LEARN_BITS) learned_macs;
-    register<bit<9>>(1 << MB_LEARN_BITS) learned_ports;
-    register<bit<64>>(MB_MAX_SERVERS) closes;      /* per server: its memcached closed one of the controller's */
-    register<bit<64>>(1 << MB_CLOSING_BITS) closing;  /* the controller's connections it closed first (their id) */
-    register<bit<64>>(1 << MB_STREAM_BITS) stream_ids;     /* connections read as streams (their id) */
-    register<bit<32>>(1 << MB_STREAM_BITS) stream_starts;  /* ... and where their unread stretch began */
-    register<bit<1>>(MB_MAX_SERVERS) unsure_reported;  /* a coalescable unsure request copied since the last rearm */
-    register<bit<48>>(MB_MAX_SERVERS) unsure_last;     /* when the latest coalescable one passed (us) */
-    register<bit<48>>(MB_SKETCH_ROWS << MB_SKETCH_BITS) sketch;  /* per cell: its epoch (16 bits), its count (32) */
+/* The switch's state that more than one of the ingress's jobs reads or writes, declared once for all of them. Each
+ * keeps the name it had inside MbIngress (@name): the P4Info's names and ids do not depend on where it is
+ * declared, so the driver (dataplanes/p4/) and the golden WriteRequest (tests/golden/) stay as they are. */
+/* written by the data plane only */
+@name(".MbIngress.writes") register<bit<64>>(MB_MAX_HOT) writes;       /* per slot: writes mirrored */
+@name(".MbIngress.unsure") register<bit<64>>(MB_MAX_SERVERS) unsure;   /* per server: requests it may hold unread
+                                                                         * writes in */
+@name(".MbIngress.lease_until")
+register<bit<48>>(1) lease_until;                /* ingress_global_timestamp (us) until which gets are balanced */
+@name(".MbIngress.flow_ids")
+register<bit<64>>(1 << MB_FLOW_BITS) flow_ids;   /* reply_source: client IP, port, request id of a balanced get */
+@name(".MbIngress.flow_homes") register<bit<32>>(1 << MB_FLOW_BITS) flow_homes;
+@name(".MbIngress.learned_macs") register<bit<48>>(1 << MB_LEARN_BITS) learned_macs;
+@name(".MbIngress.learned_ports") register<bit<9>>(1 << MB_LEARN_BITS) learned_ports;
+@name(".MbIngress.closes")
+register<bit<64>>(MB_MAX_SERVERS) closes;        /* per server: its memcached closed one of the controller's */
+@name(".MbIngress.closing")
+register<bit<64>>(1 << MB_CLOSING_BITS) closing; /* the controller's connections it closed first (their id) */
+@name(".MbIngress.stream_ids")
+register<bit<64>>(1 << MB_STREAM_BITS) stream_ids;     /* connections read as streams (their id) */
+@name(".MbIngress.stream_starts")
+register<bit<32>>(1 << MB_STREAM_BITS) stream_starts;  /* ... and where their unread stretch began */
+@name(".MbIngress.unsure_reported")
+register<bit<1>>(MB_MAX_SERVERS) unsure_reported;  /* a coalescable unsure request copied since the last rearm */
+@name(".MbIngress.unsure_last")
+register<bit<48>>(MB_MAX_SERVERS) unsure_last;     /* when the latest coalescable one passed (us) */
+/* read by the controller (P4Runtime counters) */
+@name(".MbIngress.switch_counters") counter(C_COUNT, CounterType.packets) switch_counters;
+@name(".MbIngress.server_unsure")
+counter(MB_MAX_SERVERS, CounterType.packets) server_unsure;  /* the twin of `unsure` */
 
-    /* read by the controller (P4Runtime counters) */
-    counter(C_COUNT, CounterType.packets) switch_counters;
-    counter(MB_MAX_HOT, CounterType.packets) key_gets;
-    counter(MB_MAX_HOT, CounterType.packets) key_home_while_dirty;
-    counter(MB_MAX_HOT, CounterType.packets) key_mirrored;       /* the twin of `writes` */
-    counter(MB_MAX_HOT * MB_MAX_REPLICAS, CounterType.packets) key_per_replica;  /* slot * 8 + position */
-    counter(MB_MAX_SERVERS, CounterType.packets) server_unsure;  /* the twin of `unsure` */
-    counter(MB_MAX_SERVERS, CounterType.packets) server_closes;  /* the twin of `closes` */
-    counter(1, CounterType.packets) lease_renewals;
-    /* gets the sketch counted, per epoch parity: one cell per server, then one for any other destination */
-    counter(2 * (MB_MAX_SERVERS + 1), CounterType.packets) sketch_destinations;
-    counter(2, CounterType.packets) sketch_digests;  /* digests sent, per epoch parity: the reader waits for them */
+const bit<32> NO_SERVER = 0xffffffff;  /* server_wanted: no server lookup */
 
-    action count(bit<32> which) {
-        switch_counters.count(which);
+@name(".MbIngress.count") action count(bit<32> which) {
+    switch_counters.count(which);
+}
+
+/* A 32-bit mix of the request id, client port and address: mb_pick in the eBPF program, the same bits. */
+@name(".MbIngress.mix") action mix(out bit<32> h, in bit<32> x) {
+    h = x * 0x9E3779B1;
+    h = h ^ (h >> 15);
+    h = h * 0x85EBCA77;
+    h = h ^ (h >> 13);
+}
+
+/* Where a connection is kept as a stream (its slot in stream_ids), and its id there. */
+@name(".MbIngress.stream_at")
+action stream_at(in bit<32> src, in bit<16> src_port, in bit<32> dst, in bit<16> dst_port,
+                  out bit<32> slot, out bit<64> id) {
+    bit<32> h;
+    mix(h, src ^ dst ^ ((bit<32>)src_port << 16 | (bit<32>)dst_port));
+    slot = h >> (32 - MB_STREAM_BITS);
+    id = src ++ src_port ++ dst_port;
+}
+
+/* The request may hold writes the pipeline cannot read: every hot key of its server is dirty from now on until
+ * the controller has checked them; the controller gets a copy. Requests to no known server are not ours. */
+@name(".MbIngress.make_unsure") action make_unsure(in bit<32> server, out bit<1> clone_it) {
+    bit<64> n;
+    unsure.read(n, server);
+    unsure.write(server, n + 1);
+    server_unsure.count(server);
+    count(C_UNSURE);
+    clone_it = 1;
+}
+
+/* As make_unsure, for a request the controller cannot read either: copied only if no copy of such a request to
+ * this server was made since the controller's last rearm (the check that copy starts covers this one). */
+@name(".MbIngress.make_unsure_coalesced")
+action make_unsure_coalesced(in bit<32> server, in bit<48> now, out bit<1> clone_it) {
+    bit<64> n;
+    unsure.read(n, server);
+    unsure.write(server, n + 1);
+    server_unsure.count(server);
+    count(C_UNSURE);
+    unsure_last.write(server, now);
+    bit<1> reported;
+    unsure_reported.read(reported, server);
+    unsure_reported.write(server, 1);
+    clone_it = ~reported;
+    if (reported == 1) {
+        count(C_COALESCED);
     }
+}
 
-    /* A 32-bit mix of the request id, client port and address: mb_pick in the eBPF program, the same bits. */
-    action mix(out bit<32> h, in bit<32> x) {
-        h = x * 0x9E3779B1;
-        h = h ^ (h >> 15);
-        h = h * 0x85EBCA77;
-        h = h ^ (h >> 13);
+/* A PacketOut from the controller (packet_out.op, OP_*): renew the lease, rearm a server's report, tell how long
+ * the lease has left. An answer leaves for the CPU port (egress makes it a PacketIn); anything else is dropped. */
+control MbControllerOps(inout headers_t hdr, inout metadata_t meta, inout standard_metadata_t std) {
+    @name(".MbIngress.lease_renewals") counter(1, CounterType.packets) lease_renewals;
+    apply {
+        if (hdr.packet_out.op == OP_LEASE) {
+            lease_until.write(0, std.ingress_global_timestamp + (bit<48>)hdr.packet_out.lease_us);
+            lease_renewals.count(0);  /* the controller waits for it: a lease it ends is over when it returns */
+        } else if (hdr.packet_out.op == OP_REARM && hdr.packet_out.server < MB_MAX_SERVERS) {
+            unsure_reported.write(hdr.packet_out.server, 0);
+            bit<48> last;
+            unsure_last.read(last, hdr.packet_out.server);
+            meta.quiet_us = last == 0 ? 48w0xffffffffffff : std.ingress_global_timestamp - last;
+            meta.report = REPORT_QUIET;
+            std.egress_spec = MB_CPU_PORT;  /* the answer: a PacketIn */
+            return;
+        } else if (hdr.packet_out.op == OP_LEASE_QUERY) {
+            bit<48> until;
+            lease_until.read(until, 0);
+            bit<48> now = std.ingress_global_timestamp;
+            meta.quiet_us = until > now ? until - now : 48w0;  /* never given: until is 0 */
+            meta.report = REPORT_LEASE_LEFT;
+            std.egress_spec = MB_CPU_PORT;
+            return;
+        }
+        mark_to_drop(std);
     }
+}
 
-    /* tables written by the controller */
-    action is_memcached() { meta.request = 1; }
+/* forward, learning half: before any rewrite (a reply leaving with the home's MAC must not teach the switch that
+ * the home sits behind the replica's port); a balanced get keeps its client's MAC but may come back the way it
+ * went (a fabric): not learned. */
+control MbLearn(inout headers_t hdr, inout metadata_t meta, inout standard_metadata_t std) {
+    apply {
+        bit<1> balanced_frame = (bit<1>)(hdr.ipv4.isValid() && (hdr.ipv4.flags_frag & IP_BALANCED) != 0);
+        if (hdr.ethernet.isValid() && hdr.ethernet.src[40:40] == 0 && balanced_frame == 0) {
+            bit<32> h;
+            mix(h, hdr.ethernet.src[47:16] ^ (bit<32>)hdr.ethernet.src[15:0]);
+            bit<32> at = h >> (32 - MB_LEARN_BITS);
+            learned_macs.write(at, hdr.ethernet.src);
+            learned_ports.write(at, std.ingress_port);
+        }
+    }
+}
+
+/* Who the packet is between, from the controller's tables: a request to a memcached port (and to which server of
+ * the config), from the controller's addresses; or a reply from a memcached port, a server's FIN or RST (and to
+ * the controller). */
+control MbClassify(inout headers_t hdr, inout metadata_t meta, inout standard_metadata_t std) {
+    @name(".MbIngress.is_memcached") action is_memcached() { meta.request = 1; }
+    @name(".MbIngress.memcached_ports")
     table memcached_ports {  /* the ports memcached servers listen on: a request goes to one */
         key = { hdr.ports.dst: exact; }
         actions = { is_memcached; NoAction; }
@@ -100,6 +200,7 @@ control MbIngress(inout headers_t hdr, inout metadata_t meta, inout standard_met
         size = 64;
     }
 
+    @name(".MbIngress.reply_ports")
     table reply_ports {  /* the same ports: a reply comes from one */
         key = { hdr.ports.src: exact; }
         actions = { NoAction; }
@@ -107,7 +208,8 @@ control MbIngress(inout headers_t hdr, inout metadata_t meta, inout standard_met
         size = 64;
     }
 
-    action server_is(bit<32> server) { meta.dest_known = 1; meta.dest_server = server; }
+    @name(".MbIngress.server_is") action server_is(bit<32> server) { meta.dest_known = 1; meta.dest_server = server; }
+    @name(".MbIngress.server_index")
     table server_index {  /* which server a request is for */
         key = { hdr.ipv4.dst: exact; hdr.ports.dst: exact; }
         actions = { server_is; NoAction; }
@@ -115,7 +217,8 @@ control MbIngress(inout headers_t hdr, inout metadata_t meta, inout standard_met
         size = MB_MAX_SERVERS;
     }
 
-    action is_trusted() { meta.trusted = 1; }
+    @name(".MbIngress.is_trusted") action is_trusted() { meta.trusted = 1; }
+    @name(".MbIngress.trusted_sources")
     table trusted_sources {  /* the controller's addresses: its copies and reads never make a server unsure */
         key = { hdr.ipv4.src: exact; }
         actions = { is_trusted; NoAction; }
@@ -123,7 +226,8 @@ control MbIngress(inout headers_t hdr, inout metadata_t meta, inout standard_met
         size = 16;
     }
 
-    action closing_server_is(bit<32> server) { meta.closing_server = server; }
+    @name(".MbIngress.closing_server_is") action closing_server_is(bit<32> server) { meta.closing_server = server; }
+    @name(".MbIngress.closing_servers")
     table closing_servers {  /* which server a reply comes from (server_index, the other way round) */
         key = { hdr.ipv4.src: exact; hdr.ports.src: exact; }
         actions = { closing_server_is; NoAction; }
@@ -131,7 +235,8 @@ control MbIngress(inout headers_t hdr, inout metadata_t meta, inout standard_met
         size = MB_MAX_SERVERS;
     }
 
-    action is_to_controller() { meta.to_controller = 1; }
+    @name(".MbIngress.is_to_controller") action is_to_controller() { meta.to_controller = 1; }
+    @name(".MbIngress.controller_addresses")
     table controller_addresses {  /* trusted_sources, as destinations */
         key = { hdr.ipv4.dst: exact; }
         actions = { is_to_controller; NoAction; }
@@ -139,6 +244,39 @@ control MbIngress(inout headers_t hdr, inout metadata_t meta, inout standard_met
         size = 16;
     }
 
+    apply {
+        if (hdr.ipv4.isValid() && meta.ip_end <= (bit<16>)std.packet_length) {
+            meta.parsed = meta.l4;
+            if (hdr.ports.isValid()) {
+                memcached_ports.apply();
+                server_index.apply();
+                trusted_sources.apply();
+            }
+        }
+        if (meta.parsed == 1 && meta.request == 0 && hdr.ipv4.isValid() && hdr.ports.isValid()) {
+            if (reply_ports.apply().hit) {
+                if (hdr.udp.isValid()) {
+                    meta.reply = 1;
+                } else if (hdr.tcp.isValid() && (hdr.tcp.flags & (TCP_FIN | TCP_RST)) != 0) {
+                    meta.server_closed = 1;
+                }
+            }
+        }
+        if (meta.server_closed == 1) {
+            if (!closing_servers.apply().hit) {
+                meta.server_closed = 0;  /* not a server of the config */
+            }
+            controller_addresses.apply();
+        }
+    }
+}
+
+/* A request to a memcached port: what it is (the command the parser read, proved whole or not, its key hot or
+ * cold), and so what the jobs after this one do with it: balance it (hot get), count it in its slot (set mirror),
+ * make its server unsure, count its key (sketch). A TCP connection read as a stream since a segment that was not
+ * exactly one command stays unsure until a segment starts where the controller proved a command starts. */
+control MbReadRequest(inout headers_t hdr, inout metadata_t meta, inout standard_metadata_t std) {
+    @name(".MbIngress.blind_streams")
     table blind_streams {  /* connections the controller cannot follow: their segments' copies are coalesced */
         key = { hdr.ipv4.src: exact; hdr.ports.src: exact; hdr.ipv4.dst: exact; hdr.ports.dst: exact; }
         actions = { NoAction; }
@@ -146,6 +284,7 @@ control MbIngress(inout headers_t hdr, inout metadata_t meta, inout standard_met
         size = 1 << MB_STREAM_BITS;
     }
 
+    @name(".MbIngress.stream_resumes")
     table stream_resumes {  /* a command starts at this segment of this connection, as the controller proved */
         key = { hdr.ipv4.src: exact; hdr.ports.src: exact; hdr.ipv4.dst: exact; hdr.ports.dst: exact;
                 hdr.tcp.seq: exact; }
@@ -154,19 +293,129 @@ control MbIngress(inout headers_t hdr, inout metadata_t meta, inout standard_met
         size = 1 << MB_STREAM_BITS;
     }
 
-    /* Where a connection is kept as a stream (its slot in stream_ids), and its id there. */
-    action stream_at(out bit<32> slot, out bit<64> id) {
-        bit<32> h;
-        mix(h, hdr.ipv4.src ^ hdr.ipv4.dst ^ ((bit<32>)hdr.ports.src << 16 | (bit<32>)hdr.ports.dst));
-        slot = h >> (32 - MB_STREAM_BITS);
-        id = hdr.ipv4.src ++ hdr.ports.src ++ hdr.ports.dst;
+    @name(".MbIngress.hot") action hot(bit<32> slot, bit<32> home) { meta.hot = 1; meta.slot = slot; meta.home = home; }
+    @name(".MbIngress.hot_keys")
+    table hot_keys {  /* the whole key: a cold key never matches */
+        key = { meta.key_len: exact; meta.key: exact; }
+        actions = { hot; NoAction; }
+        const default_action = NoAction;
+        size = MB_MAX_HOT;
     }
 
-    action sketch_on(bit<16> epoch, bit<32> report_from) {
+    apply {
+        if (hdr.ipv4.isValid() && meta.ip_end <= (bit<16>)std.packet_length && meta.first_fragment == 1 &&
+                meta.request == 1) {
+            /* A request too big for one frame (a UDP set of a large value): the server applies it once every
+             * fragment is in, after this first one passes, so marking its server unsure now is in time. */
+            count(C_MEMCACHED);
+            meta.unparsed = 1;
+        } else if (meta.parsed == 1 && meta.request == 1) {
+            count(C_MEMCACHED);
+            if (hdr.tcp.isValid() && (hdr.tcp.flags & (TCP_FIN | TCP_RST)) != 0 && meta.trusted == 1) {
+                /* the controller closes: the server's FIN will answer it */
+                bit<32> h;
+                mix(h, hdr.ipv4.src ^ hdr.ipv4.dst ^ ((bit<32>)hdr.ports.src << 16 | (bit<32>)hdr.ports.dst));
+                closing.write(h >> (32 - MB_CLOSING_BITS), hdr.ipv4.src ++ hdr.ports.src ++ hdr.ports.dst);
+            }
+            if (hdr.tcp.isValid() && (hdr.ipv4.flags_frag & IP_BALANCED) == 0) {
+                bit<32> stream_slot;
+                bit<64> stream_id;
+                stream_at(hdr.ipv4.src, hdr.ports.src, hdr.ipv4.dst, hdr.ports.dst, stream_slot, stream_id);
+                bit<64> stored;
+                stream_ids.read(stored, stream_slot);
+                if (stored == stream_id) {  /* a connection read as a stream: stopped knowing at stream_starts */
+                    if (meta.payload_len > 0) {
+                        if (stream_resumes.apply().hit) {
+                            stream_ids.write(stream_slot, 0);  /* where a command starts: read on its own again */
+                        } else {
+                            meta.mid_stream = 1;
+                            meta.stream = 1;
+                            stream_starts.read(meta.stream_start, stream_slot);
+                            if (blind_streams.apply().hit) {
+                                meta.coalesce = 1;
+                            }
+                        }
+                    }
+                    if ((hdr.tcp.flags & (TCP_FIN | TCP_RST)) != 0) {
+                        stream_ids.write(stream_slot, 0);
+                    }
+                }
+            }
+            if ((hdr.ipv4.flags_frag & IP_BALANCED) != 0) {
+                count(C_ALREADY_BALANCED);
+                meta.upstream = (bit<1>)(hdr.udp.isValid() && hdr.frame.isValid());
+            } else if (meta.mid_stream == 1) {
+                meta.unsure_it = 1;  /* `mn\r\n` may be the last bytes of a value */
+            } else if (meta.payload_len == 0 && meta.command == CMD_NONE) {
+                /* a bare TCP ACK: nothing to read, nothing wrong */
+            } else if (hdr.udp.isValid() && meta.frame_ok == 0) {
+                meta.unparsed = 1;
+            } else {
+                /* commands shorter than 6 bytes: only "mn\r\n" (the eBPF parser's rule) */
+                bit<8> command = meta.command;
+                if (command == CMD_NOOP && !(meta.command_len == 4 && hdr.lf.isValid() && hdr.lf.b == 0x0a)) {
+                    command = CMD_OTHER;
+                } else if (command != CMD_NOOP && meta.command_len < 6) {
+                    command = CMD_OTHER;
+                }
+                /* the payload is exactly this one command: its line ends with "\r\n", then its data block and
+                 * "\r\n" if it has one, then nothing */
+                if (meta.line_found == 1 && meta.bad_number == 0 && hdr.lf.isValid() && hdr.lf.b == 0x0a &&
+                        !(command == CMD_READ && meta.changes == 1)) {
+                    if (meta.data_field == MB_NO_DATA) {
+                        meta.whole = (bit<1>)(meta.remaining == 0);
+                    } else if (meta.fields > meta.data_field) {
+                        meta.whole = (bit<1>)((bit<64>)meta.remaining == meta.number + 2);
+                    }
+                }
+                if (command == CMD_NOOP) {
+                } else if (command == CMD_OTHER || command == CMD_NONE) {
+                    meta.unparsed = 1;
+                } else if (command == CMD_LINE) {
+                    meta.unsure_it = ~meta.whole;
+                } else if (meta.key_len == 0) {
+                    meta.unparsed = 1;
+                } else {
+                    meta.sketch_it = (bit<1>)(command == CMD_GET);
+                    hot_keys.apply();
+                    if (command == CMD_GET && meta.whole == 1 && meta.key_len != 0 && hdr.line[0].b == 0x0d) {
+                        /* a single-key get, and nothing else (over TCP: to its home, untouched) */
+                        meta.balance = meta.hot & (bit<1>)hdr.udp.isValid();
+                    } else if (command == CMD_WRITE && meta.hot == 1) {
+                        if (meta.dest_known == 1 && meta.dest_server == meta.home) {
+                            meta.mirror = 1;
+                            meta.unsure_it = ~meta.whole;
+                        } else {
+                            /* a write to a replica: the controller's own copy (only writes to the home count) */
+                            meta.unsure_it = ~meta.whole;
+                        }
+                    } else {
+                        meta.unsure_it = ~meta.whole;  /* a read, or a write to a cold key */
+                    }
+                }
+            }
+        }
+    }
+}
+
+/* Hot-key detection: while a reader turns it on, every get's key is counted in a count-min sketch (the key's cells
+ * in every row, the least is its estimate), and a get whose estimate reaches the reader's threshold sends a
+ * digest. */
+control MbSketch(inout headers_t hdr, inout metadata_t meta, inout standard_metadata_t std) {
+    @name(".MbIngress.sketch")
+    register<bit<48>>(MB_SKETCH_ROWS << MB_SKETCH_BITS) sketch;  /* per cell: its epoch (16 bits), its count (32) */
+    /* gets the sketch counted, per epoch parity: one cell per server, then one for any other destination */
+    @name(".MbIngress.sketch_destinations")
+    counter(2 * (MB_MAX_SERVERS + 1), CounterType.packets) sketch_destinations;
+    @name(".MbIngress.sketch_digests")
+    counter(2, CounterType.packets) sketch_digests;  /* digests sent, per epoch parity: the reader waits for them */
+
+    @name(".MbIngress.sketch_on") action sketch_on(bit<16> epoch, bit<32> report_from) {
         meta.sketch_on = 1;
         meta.sketch_epoch = epoch;
         meta.report_from = report_from;
     }
+    @name(".MbIngress.sketch_control")
     table sketch_control {  /* the default action, set by the sketch's reader: NoAction is off */
         key = { }
         actions = { sketch_on; NoAction; }
@@ -176,7 +425,8 @@ control MbIngress(inout headers_t hdr, inout metadata_t meta, inout standard_met
 
     /* An estimate of 2^b or more (b >= 9) is reported only at multiples of 2^(b-8): 256 digests per doubling
      * instead of one per get, the last one reported within 1/256 of the estimate (the reader keeps the largest). */
-    action report_every(bit<32> mask) { meta.report_mask = mask; }
+    @name(".MbIngress.report_every") action report_every(bit<32> mask) { meta.report_mask = mask; }
+    @name(".MbIngress.sketch_report_step")
     table sketch_report_step {
         key = { meta.sketch_estimate: ternary; }
         actions = { report_every; }
@@ -210,7 +460,7 @@ control MbIngress(inout headers_t hdr, inout metadata_t meta, inout standard_met
     }
 
     /* One of the key's cells: counted in this epoch (a cell last counted in another starts again at 1). */
-    action sketch_cell(in bit<32> at, inout bit<32> estimate) {
+    @name(".MbIngress.sketch_cell") action sketch_cell(in bit<32> at, inout bit<32> estimate) {
         bit<48> cell;
         sketch.read(cell, at);
         bit<32> n = 1;
@@ -223,258 +473,11 @@ control MbIngress(inout headers_t hdr, inout metadata_t meta, inout standard_met
         }
     }
 
-    action handled_closes(bit<64> count) { meta.handled = count; }
-    table closes_handled {  /* per server, how many of its closes the controller has dealt with; no entry: none */
-        key = { meta.checked_server: exact; }
-        actions = { handled_closes; NoAction; }
-        const default_action = NoAction;
-        size = MB_MAX_SERVERS;
-    }
-
-    action hot(bit<32> slot, bit<32> home) { meta.hot = 1; meta.slot = slot; meta.home = home; }
-    table hot_keys {  /* the whole key: a cold key never matches */
-        key = { meta.key_len: exact; meta.key: exact; }
-        actions = { hot; NoAction; }
-        const default_action = NoAction;
-        size = MB_MAX_HOT;
-    }
-
-    action synced_to(bit<64> written, bit<64> unsure_count) {
-        meta.synced_hit = 1;
-        meta.synced_writes = written;
-        meta.synced_unsure = unsure_count;
-    }
-    table synced {  /* per slot, what the controller synced the copies to; no entry: held dirty */
-        key = { meta.slot: exact; }
-        actions = { synced_to; NoAction; }
-        const default_action = NoAction;
-        size = MB_MAX_HOT;
-    }
-
-    action to_replica(bit<32> server, bit<32> position) {
-        meta.replica_hit = 1;
-        meta.replica = server;
-        meta.replica_position = position;
-    }
-    table replicas {  /* per slot, a range of the 16-bit hash per replica, as wide as its weight */
-        key = { meta.slot: exact; meta.point: range; }
-        actions = { to_replica; NoAction; }
-        const default_action = NoAction;
-        size = MB_MAX_HOT * MB_MAX_REPLICAS;
-    }
-
-    action server_address(bit<48> mac, bit<32> ip, bit<16> port) {
-        meta.server_hit = 1;
-        meta.server_mac = mac;
-        meta.server_ip = ip;
-        meta.server_port = port;
-    }
-    table servers {  /* server index -> MAC, IP, port */
-        key = { meta.server_wanted: exact; }
-        actions = { server_address; NoAction; }
-        const default_action = NoAction;
-        size = MB_MAX_SERVERS;
-    }
-
-    action to_port(bit<9> port) { std.egress_spec = port; }
-    table forward {  /* destination MAC -> port, set by the controller (before what was learned) */
-        key = { hdr.ethernet.dst: exact; }
-        actions = { to_port; NoAction; }
-        const default_action = NoAction;
-        size = 4096;
-    }
-
-    action clone_to_controller() {
-        clone_preserving_field_list(CloneType.I2E, (bit<32>)MB_MIRROR_SESSION, MB_COPY_FIELDS);
-    }
-
-    /* The request may hold writes the pipeline cannot read: every hot key of its server is dirty from now on until
-     * the controller has checked them; the controller gets a copy. Requests to no known server are not ours. */
-    action make_unsure() {
-        bit<64> n;
-        unsure.read(n, meta.dest_server);
-        unsure.write(meta.dest_server, n + 1);
-        server_unsure.count(meta.dest_server);
-        count(C_UNSURE);
-        meta.clone_it = 1;
-    }
-
-    /* As make_unsure, for a request the controller cannot read either: copied only if no copy of such a request to
-     * this server was made since the controller's last rearm (the check that copy starts covers this one). */
-    action make_unsure_coalesced() {
-        bit<64> n;
-        unsure.read(n, meta.dest_server);
-        unsure.write(meta.dest_server, n + 1);
-        server_unsure.count(meta.dest_server);
-        count(C_UNSURE);
-        unsure_last.write(meta.dest_server, std.ingress_global_timestamp);
-        bit<1> reported;
-        unsure_reported.read(reported, meta.dest_server);
-        unsure_reported.write(meta.dest_server, 1);
-        meta.clone_it = ~reported;
-        if (reported == 1) {
-            count(C_COALESCED);
-        }
-    }
-
     apply {
-        if (hdr.packet_out.isValid()) {  /* from the controller */
-            if (hdr.packet_out.op == 1) {
-                lease_until.write(0, std.ingress_global_timestamp + (bit<48>)hdr.packet_out.lease_us);
-                lease_renewals.count(0);  /* the controller waits for it: a lease it ends is over when it returns */
-            } else if (hdr.packet_out.op == 2 && hdr.packet_out.server < MB_MAX_SERVERS) {
-                unsure_reported.write(hdr.packet_out.server, 0);
-                bit<48> last;
-                unsure_last.read(last, hdr.packet_out.server);
-                meta.quiet_us = last == 0 ? 48w0xffffffffffff : std.ingress_global_timestamp - last;
-                meta.report = 1;
-                std.egress_spec = MB_CPU_PORT;  /* the answer: a PacketIn */
-                return;
-            }
-            mark_to_drop(std);
-            return;
-        }
-        count(C_PACKETS);
-        /* forward, learning half: before any rewrite (a reply leaving with the home's MAC must not teach the
-         * switch that the home sits behind the replica's port) */
-        /* a balanced get keeps its client's MAC but may come back the way it went (a fabric): not learned */
-        bit<1> balanced_frame = (bit<1>)(hdr.ipv4.isValid() && (hdr.ipv4.flags_frag & IP_BALANCED) != 0);
-        if (hdr.ethernet.isValid() && hdr.ethernet.src[40:40] == 0 && balanced_frame == 0) {
-            bit<32> h;
-            mix(h, hdr.ethernet.src[47:16] ^ (bit<32>)hdr.ethernet.src[15:0]);
-            bit<32> at = h >> (32 - MB_LEARN_BITS);
-            learned_macs.write(at, hdr.ethernet.src);
-            learned_ports.write(at, std.ingress_port);
-        }
-        bit<1> parsed = 0;
-        if (hdr.ipv4.isValid() && meta.ip_end <= (bit<16>)std.packet_length) {
-            parsed = meta.l4;
-            if (hdr.ports.isValid()) {
-                memcached_ports.apply();
-                server_index.apply();
-                trusted_sources.apply();
-            }
-        }
-        bit<1> reply = 0;
-        bit<1> server_closed = 0;
-        if (parsed == 1 && meta.request == 0 && hdr.ipv4.isValid() && hdr.ports.isValid()) {
-            if (reply_ports.apply().hit) {
-                if (hdr.udp.isValid()) {
-                    reply = 1;
-                } else if (hdr.tcp.isValid() && (hdr.tcp.flags & (TCP_FIN | TCP_RST)) != 0) {
-                    server_closed = 1;
-                }
-            }
-        }
-        if (server_closed == 1) {
-            if (!closing_servers.apply().hit) {
-                server_closed = 0;  /* not a server of the config */
-            }
-            controller_addresses.apply();
-        }
-        bit<1> unparsed = 0;
-        bit<1> unsure_it = 0;
-        bit<32> stream_slot = 0;
-        bit<64> stream_id = 0;
-        bit<1> balance = 0;
-        bit<1> mirror = 0;
-        bit<1> whole = 0;
-        bit<1> sketch_it = 0;  /* a get (of a multi-key one, its first key) the sketch counts */
-        bit<1> upstream = 0;  /* a get another switch balanced: its IP ID names the home (a fabric) */
-        if (hdr.ipv4.isValid() && meta.ip_end <= (bit<16>)std.packet_length && meta.first_fragment == 1 &&
-                meta.request == 1) {
-            /* A request too big for one frame (a UDP set of a large value): the server applies it once every
-             * fragment is in, after this first one passes, so marking its server unsure now is in time. */
-            count(C_MEMCACHED);
-            unparsed = 1;
-        } else if (parsed == 1 && meta.request == 1) {
-            count(C_MEMCACHED);
-            if (hdr.tcp.isValid() && (hdr.tcp.flags & (TCP_FIN | TCP_RST)) != 0 && meta.trusted == 1) {
-                /* the controller closes: the server's FIN will answer it */
-                bit<32> h;
-                mix(h, hdr.ipv4.src ^ hdr.ipv4.dst ^ ((bit<32>)hdr.ports.src << 16 | (bit<32>)hdr.ports.dst));
-                closing.write(h >> (32 - MB_CLOSING_BITS), hdr.ipv4.src ++ hdr.ports.src ++ hdr.ports.dst);
-            }
-            if (hdr.tcp.isValid() && (hdr.ipv4.flags_frag & IP_BALANCED) == 0) {
-                stream_at(stream_slot, stream_id);
-                bit<64> stored;
-                stream_ids.read(stored, stream_slot);
-                if (stored == stream_id) {  /* a connection read as a stream: stopped knowing at stream_starts */
-                    if (meta.payload_len > 0) {
-                        if (stream_resumes.apply().hit) {
-                            stream_ids.write(stream_slot, 0);  /* where a command starts: read on its own again */
-                        } else {
-                            meta.mid_stream = 1;
-                            meta.stream = 1;
-                            stream_starts.read(meta.stream_start, stream_slot);
-                            if (blind_streams.apply().hit) {
-                                meta.coalesce = 1;
-                            }
-                        }
-                    }
-                    if ((hdr.tcp.flags & (TCP_FIN | TCP_RST)) != 0) {
-                        stream_ids.write(stream_slot, 0);
-                    }
-                }
-            }
-            if ((hdr.ipv4.flags_frag & IP_BALANCED) != 0) {
-                count(C_ALREADY_BALANCED);
-                upstream = (bit<1>)(hdr.udp.isValid() && hdr.frame.isValid());
-            } else if (meta.mid_stream == 1) {
-                unsure_it = 1;  /* `mn\r\n` may be the last bytes of a value */
-            } else if (meta.payload_len == 0 && meta.command == CMD_NONE) {
-                /* a bare TCP ACK: nothing to read, nothing wrong */
-            } else if (hdr.udp.isValid() && meta.frame_ok == 0) {
-                unparsed = 1;
-            } else {
-                /* commands shorter than 6 bytes: only "mn\r\n" (the eBPF parser's rule) */
-                bit<8> command = meta.command;
-                if (command == CMD_NOOP && !(meta.command_len == 4 && hdr.lf.isValid() && hdr.lf.b == 0x0a)) {
-                    command = CMD_OTHER;
-                } else if (command != CMD_NOOP && meta.command_len < 6) {
-                    command = CMD_OTHER;
-                }
-                /* the payload is exactly this one command: its line ends with "\r\n", then its data block and
-                 * "\r\n" if it has one, then nothing */
-                if (meta.line_found == 1 && meta.bad_number == 0 && hdr.lf.isValid() && hdr.lf.b == 0x0a &&
-                        !(command == CMD_READ && meta.changes == 1)) {
-                    if (meta.data_field == MB_NO_DATA) {
-                        whole = (bit<1>)(meta.remaining == 0);
-                    } else if (meta.fields > meta.data_field) {
-                        whole = (bit<1>)((bit<64>)meta.remaining == meta.number + 2);
-                    }
-                }
-                if (command == CMD_NOOP) {
-                } else if (command == CMD_OTHER || command == CMD_NONE) {
-                    unparsed = 1;
-                } else if (command == CMD_LINE) {
-                    unsure_it = ~whole;
-                } else if (meta.key_len == 0) {
-                    unparsed = 1;
-                } else {
-                    sketch_it = (bit<1>)(command == CMD_GET);
-                    hot_keys.apply();
-                    if (command == CMD_GET && whole == 1 && meta.key_len != 0 && hdr.line[0].b == 0x0d) {
-                        /* a single-key get, and nothing else (over TCP: to its home, untouched) */
-                        balance = meta.hot & (bit<1>)hdr.udp.isValid();
-                    } else if (command == CMD_WRITE && meta.hot == 1) {
-                        if (meta.dest_known == 1 && meta.dest_server == meta.home) {
-                            mirror = 1;
-                            unsure_it = ~whole;
-                        } else {
-                            /* a write to a replica: the controller's own copy (only writes to the home count) */
-                            unsure_it = ~whole;
-                        }
-                    } else {
-                        unsure_it = ~whole;  /* a read, or a write to a cold key */
-                    }
-                }
-            }
-        }
-        if (sketch_it == 1) {
+        if (meta.sketch_it == 1) {  /* a get (of a multi-key one, its first key) */
             sketch_control.apply();
         }
-        if (meta.sketch_on == 1) {  /* hot-key detection: the key's cells in every row, the least is its estimate */
+        if (meta.sketch_on == 1) {
             bit<32> first;
             bit<16> second;
             hash(first, HashAlgorithm.crc32, 32w0, {meta.key_len, meta.key}, 64w0x100000000);
@@ -497,116 +500,180 @@ control MbIngress(inout headers_t hdr, inout metadata_t meta, inout standard_met
                                                            meta.key_len, meta.key});
             }
         }
-        if (unparsed == 1) {
-            count(C_UNPARSED);
-            unsure_it = 1;
-            meta.coalesce = (bit<1>)hdr.udp.isValid();  /* a TCP one starts a stream: its copy is needed */
-        }
+    }
+}
 
-        if (server_closed == 1 && meta.to_controller == 1) {
-            /* A server's memcached closed a connection of the controller's: it may be dying or restarting, and
-             * whatever it held may be gone by its next packet. No get is balanced to it and its hot keys are dirty
-             * (unsure) until the controller has checked it; the controller gets a copy. */
-            bit<32> h;
-            mix(h, hdr.ipv4.dst ^ hdr.ipv4.src ^ ((bit<32>)hdr.ports.dst << 16 | (bit<32>)hdr.ports.src));
-            bit<32> at = h >> (32 - MB_CLOSING_BITS);
-            bit<64> stored;
-            closing.read(stored, at);
-            if (stored == hdr.ipv4.dst ++ hdr.ports.dst ++ hdr.ports.src) {
-                closing.write(at, 0);  /* the answer to the controller's own close */
-            } else {
-                bit<64> n;
-                closes.read(n, meta.closing_server);
-                closes.write(meta.closing_server, n + 1);
-                server_closes.count(meta.closing_server);
-                meta.dest_server = meta.closing_server;
-                make_unsure();
-            }
-        }
-
-        meta.server_wanted = 0xffffffff;  /* no server lookup */
-        bit<1> rewrite_source = 0;
-        bit<1> keep_mac = 0;  /* the reply to a get balanced upstream keeps the replica's MAC */
-        if (upstream == 1) {
-            meta.server_wanted = (bit<32>)hdr.ipv4.identification;
-        }
-        if (mirror == 1) {  /* set_mirror: counted in the slot (dirty) before it leaves for the home */
+/* A server's memcached closed a connection of the controller's: it may be dying or restarting, and whatever it
+ * held may be gone by its next packet. No get is balanced to it and its hot keys are dirty (unsure) until the
+ * controller has checked it; the controller gets a copy. The FIN that answers the controller's own close does not
+ * count. */
+control MbServerClosed(inout headers_t hdr, inout metadata_t meta, inout standard_metadata_t std) {
+    @name(".MbIngress.server_closes")
+    counter(MB_MAX_SERVERS, CounterType.packets) server_closes;  /* the twin of `closes` */
+    apply {
+        bit<32> h;
+        mix(h, hdr.ipv4.dst ^ hdr.ipv4.src ^ ((bit<32>)hdr.ports.dst << 16 | (bit<32>)hdr.ports.src));
+        bit<32> at = h >> (32 - MB_CLOSING_BITS);
+        bit<64> stored;
+        closing.read(stored, at);
+        if (stored == hdr.ipv4.dst ++ hdr.ports.dst ++ hdr.ports.src) {
+            closing.write(at, 0);  /* the answer to the controller's own close */
+        } else {
             bit<64> n;
-            writes.read(n, meta.slot);
-            writes.write(meta.slot, n + 1);
-            key_mirrored.count(meta.slot);
-            count(C_MIRRORED);
-            meta.clone_it = whole | meta.trusted;  /* else make_unsure clones it (once); the controller's own never
-                                                    * make a server unsure, but are copied */
+            closes.read(n, meta.closing_server);
+            closes.write(meta.closing_server, n + 1);
+            server_closes.count(meta.closing_server);
+            meta.dest_server = meta.closing_server;
+            make_unsure(meta.dest_server, meta.clone_it);
         }
-        if (unsure_it == 1 && meta.dest_known == 1 && meta.trusted == 0) {
-            if (meta.coalesce == 1) {
-                make_unsure_coalesced();
-            } else {
-                make_unsure();
-            }
-            if (hdr.tcp.isValid() && meta.mid_stream == 0) {  /* it may end inside a command: a stream from here */
-                stream_at(stream_slot, stream_id);
-                stream_ids.write(stream_slot, stream_id);
-                stream_starts.write(stream_slot, hdr.tcp.seq);
-                meta.stream = 1;
-                meta.stream_start = hdr.tcp.seq;
-            }
+    }
+}
+
+/* set_mirror: a write to a hot key's home is counted in its slot (dirty) before it leaves for the home, and copied
+ * to the controller. */
+control MbSetMirror(inout headers_t hdr, inout metadata_t meta, inout standard_metadata_t std) {
+    @name(".MbIngress.key_mirrored") counter(MB_MAX_HOT, CounterType.packets) key_mirrored;  /* the twin of `writes` */
+    apply {
+        bit<64> n;
+        writes.read(n, meta.slot);
+        writes.write(meta.slot, n + 1);
+        key_mirrored.count(meta.slot);
+        count(C_MIRRORED);
+        meta.clone_it = meta.whole | meta.trusted;  /* else make_unsure clones it (once); the controller's own never
+                                                     * make a server unsure, but are copied */
+    }
+}
+
+/* A request to a server of the config that is not exactly one command the pipeline reads (and not the
+ * controller's): its server is unsure, and a TCP one starts a stream (it may end inside a command). */
+control MbUnsureRequest(inout headers_t hdr, inout metadata_t meta, inout standard_metadata_t std) {
+    apply {
+        if (meta.coalesce == 1) {
+            make_unsure_coalesced(meta.dest_server, std.ingress_global_timestamp, meta.clone_it);
+        } else {
+            make_unsure(meta.dest_server, meta.clone_it);
         }
-        if (balance == 1) {  /* hot_get */
-            key_gets.count(meta.slot);
-            bit<48> now = std.ingress_global_timestamp;
-            bit<48> until;
-            lease_until.read(until, 0);
-            bit<64> written;
-            writes.read(written, meta.slot);
-            bit<64> unsure_count;
-            unsure.read(unsure_count, meta.home);
-            synced.apply();
-            if (now >= until) {
-                count(C_LEASE_EXPIRED);
-                balance = 0;
-            } else if (meta.synced_hit == 0 || meta.synced_writes != written || meta.synced_unsure != unsure_count) {
-                balance = 0;
-            }
-            if (balance == 0) {
-                key_home_while_dirty.count(meta.slot);  /* clients address the home: unchanged is home */
-            } else {
-                bit<32> h;
-                mix(h, ((bit<32>)hdr.frame.request_id | ((bit<32>)hdr.ports.src << 16)) ^ hdr.ipv4.src);
-                meta.point = h[15:0];
-                replicas.apply();
-                meta.server_wanted = meta.replica_hit == 1 ? meta.replica : meta.home;
-                if (meta.server_wanted != meta.home) {  /* it may have lost its copy since the controller looked */
-                    meta.checked_server = meta.server_wanted;
-                    meta.handled = 0;
-                    closes_handled.apply();
-                    bit<64> closed;
-                    closes.read(closed, meta.server_wanted);
-                    if (closed != meta.handled) {
-                        balance = 0;  /* home, untouched */
-                        meta.server_wanted = 0xffffffff;
-                    }
+        if (hdr.tcp.isValid() && meta.mid_stream == 0) {  /* it may end inside a command: a stream from here */
+            bit<32> stream_slot;
+            bit<64> stream_id;
+            stream_at(hdr.ipv4.src, hdr.ports.src, hdr.ipv4.dst, hdr.ports.dst, stream_slot, stream_id);
+            stream_ids.write(stream_slot, stream_id);
+            stream_starts.write(stream_slot, hdr.tcp.seq);
+            meta.stream = 1;
+            meta.stream_start = hdr.tcp.seq;
+        }
+    }
+}
+
+/* hot_get: a single-key UDP get of a hot key goes home untouched if the key is dirty (writes or unsure requests
+ * since the controller's sync), the lease ran out, or the chosen replica's memcached closed a connection of the
+ * controller's it has not dealt with; else to a replica chosen by weight from a hash of the request id and client.
+ * Decides meta.server_wanted (the rewrite job rewrites). */
+control MbHotGet(inout headers_t hdr, inout metadata_t meta, inout standard_metadata_t std) {
+    @name(".MbIngress.key_gets") counter(MB_MAX_HOT, CounterType.packets) key_gets;
+    @name(".MbIngress.key_home_while_dirty") counter(MB_MAX_HOT, CounterType.packets) key_home_while_dirty;
+
+    @name(".MbIngress.synced_to") action synced_to(bit<64> written, bit<64> unsure_count) {
+        meta.synced_hit = 1;
+        meta.synced_writes = written;
+        meta.synced_unsure = unsure_count;
+    }
+    @name(".MbIngress.synced")
+    table synced {  /* per slot, what the controller synced the copies to; no entry: held dirty */
+        key = { meta.slot: exact; }
+        actions = { synced_to; NoAction; }
+        const default_action = NoAction;
+        size = MB_MAX_HOT;
+    }
+
+    @name(".MbIngress.to_replica") action to_replica(bit<32> server, bit<32> position) {
+        meta.replica_hit = 1;
+        meta.replica = server;
+        meta.replica_position = position;
+    }
+    @name(".MbIngress.replicas")
+    table replicas {  /* per slot, a range of the 16-bit hash per replica, as wide as its weight */
+        key = { meta.slot: exact; meta.point: range; }
+        actions = { to_replica; NoAction; }
+        const default_action = NoAction;
+        size = MB_MAX_HOT * MB_MAX_REPLICAS;
+    }
+
+    @name(".MbIngress.handled_closes") action handled_closes(bit<64> count) { meta.handled = count; }
+    @name(".MbIngress.closes_handled")
+    table closes_handled {  /* per server, how many of its closes the controller has dealt with; no entry: none */
+        key = { meta.checked_server: exact; }
+        actions = { handled_closes; NoAction; }
+        const default_action = NoAction;
+        size = MB_MAX_SERVERS;
+    }
+
+    apply {
+        key_gets.count(meta.slot);
+        bit<48> now = std.ingress_global_timestamp;
+        bit<48> until;
+        lease_until.read(until, 0);
+        bit<64> written;
+        writes.read(written, meta.slot);
+        bit<64> unsure_count;
+        unsure.read(unsure_count, meta.home);
+        synced.apply();
+        if (now >= until) {
+            count(C_LEASE_EXPIRED);
+            meta.balance = 0;
+        } else if (meta.synced_hit == 0 || meta.synced_writes != written || meta.synced_unsure != unsure_count) {
+            meta.balance = 0;
+        }
+        if (meta.balance == 0) {
+            key_home_while_dirty.count(meta.slot);  /* clients address the home: unchanged is home */
+        } else {
+            bit<32> h;
+            mix(h, ((bit<32>)hdr.frame.request_id | ((bit<32>)hdr.ports.src << 16)) ^ hdr.ipv4.src);
+            meta.point = h[15:0];
+            replicas.apply();
+            meta.server_wanted = meta.replica_hit == 1 ? meta.replica : meta.home;
+            if (meta.server_wanted != meta.home) {  /* it may have lost its copy since the controller looked */
+                meta.checked_server = meta.server_wanted;
+                meta.handled = 0;
+                closes_handled.apply();
+                bit<64> closed;
+                closes.read(closed, meta.server_wanted);
+                if (closed != meta.handled) {
+                    meta.balance = 0;  /* home, untouched */
+                    meta.server_wanted = NO_SERVER;
                 }
             }
-        } else if (reply == 1 && hdr.frame.isValid()) {  /* reply_source */
-            bit<64> id = hdr.ipv4.dst ++ hdr.ports.dst ++ hdr.frame.request_id;
-            bit<32> h;
-            mix(h, hdr.ipv4.dst ^ ((bit<32>)hdr.ports.dst << 16 | (bit<32>)hdr.frame.request_id));
-            bit<32> at = h >> (32 - MB_FLOW_BITS);
-            bit<64> stored;
-            flow_ids.read(stored, at);
-            if (stored == id) {
-                flow_homes.read(meta.server_wanted, at);
-                keep_mac = meta.server_wanted[31:31];
-                meta.server_wanted = meta.server_wanted & ~FLOW_UPSTREAM;
-                rewrite_source = 1;
-            }
         }
-        if (meta.server_wanted != 0xffffffff) {
-            servers.apply();
+    }
+}
+
+/* reply_source, finding half: a datagram of the reply to a get this switch balanced (or saw balanced upstream)
+ * leaves with the home's source; which home, the flow remembered says. */
+control MbReplySource(inout headers_t hdr, inout metadata_t meta, inout standard_metadata_t std) {
+    apply {
+        bit<64> id = hdr.ipv4.dst ++ hdr.ports.dst ++ hdr.frame.request_id;
+        bit<32> h;
+        mix(h, hdr.ipv4.dst ^ ((bit<32>)hdr.ports.dst << 16 | (bit<32>)hdr.frame.request_id));
+        bit<32> at = h >> (32 - MB_FLOW_BITS);
+        bit<64> stored;
+        flow_ids.read(stored, at);
+        if (stored == id) {
+            flow_homes.read(meta.server_wanted, at);
+            meta.keep_mac = meta.server_wanted[31:31];
+            meta.server_wanted = meta.server_wanted & ~FLOW_UPSTREAM;
+            meta.rewrite_source = 1;
         }
-        if (upstream == 1 && meta.server_hit == 1 && meta.server_ip != hdr.ipv4.dst) {
+    }
+}
+
+/* The server found rewritten into the packet: a balanced get's destination (and its flow remembered, so its reply
+ * leaves with the home's source), a reply's source; the flow of a get balanced upstream remembered here too.
+ * Checksums are updated for the words that change (RFC 1624: HC' = ~(~HC + ~m + m')). */
+control MbRewrite(inout headers_t hdr, inout metadata_t meta, inout standard_metadata_t std) {
+    @name(".MbIngress.key_per_replica")
+    counter(MB_MAX_HOT * MB_MAX_REPLICAS, CounterType.packets) key_per_replica;  /* slot * 8 + position */
+    apply {
+        if (meta.upstream == 1 && meta.server_hit == 1 && meta.server_ip != hdr.ipv4.dst) {
             /* the reply leaves the replica through this switch first, maybe never through the one that balanced
              * the get: remember the home here too, marked, so the reply gets the home's IP and port here */
             bit<32> h;
@@ -615,7 +682,7 @@ control MbIngress(inout headers_t hdr, inout metadata_t meta, inout standard_met
             flow_ids.write(at, hdr.ipv4.src ++ hdr.ports.src ++ hdr.frame.request_id);
             flow_homes.write(at, (bit<32>)hdr.ipv4.identification | FLOW_UPSTREAM);
         }
-        if (balance == 1 && meta.server_hit == 1) {
+        if (meta.balance == 1 && meta.server_hit == 1) {
             bit<32> chosen = meta.server_wanted;
             meta.hairpin = (bit<1>)(chosen != meta.home);
             if (meta.replica_hit == 1) {
@@ -628,8 +695,7 @@ control MbIngress(inout headers_t hdr, inout metadata_t meta, inout standard_met
                 flow_ids.write(at, hdr.ipv4.src ++ hdr.ports.src ++ hdr.frame.request_id);
                 flow_homes.write(at, meta.home);
             }
-            /* destination rewrite, checksums updated for the words that change (RFC 1624: HC' = ~(~HC + ~m + m')).
-             * The home's index goes in the IP ID (a get is one unfragmented datagram, whose ID nothing reads), so
+            /* The home's index goes in the IP ID (a get is one unfragmented datagram, whose ID nothing reads), so
              * that a switch further on, the replica's, can make the reply seem to come from the home when the reply
              * does not pass this one (a fabric that balances at the home's leaf). */
             bit<16> marked = hdr.ipv4.flags_frag | IP_BALANCED;
@@ -658,7 +724,7 @@ control MbIngress(inout headers_t hdr, inout metadata_t meta, inout standard_met
             hdr.ethernet.dst = meta.server_mac;
             count(C_BALANCED);
         }
-        if (rewrite_source == 1 && meta.server_hit == 1 &&
+        if (meta.rewrite_source == 1 && meta.server_hit == 1 &&
                 (meta.server_ip != hdr.ipv4.src || meta.server_port != hdr.ports.src)) {
             bit<32> sum = (bit<32>)(~hdr.ipv4.checksum)
                 + (bit<32>)(~hdr.ipv4.src[31:16]) + (bit<32>)meta.server_ip[31:16]
@@ -677,16 +743,26 @@ control MbIngress(inout headers_t hdr, inout metadata_t meta, inout standard_met
             }
             hdr.ipv4.src = meta.server_ip;
             hdr.ports.src = meta.server_port;
-            if (keep_mac == 0) {
+            if (meta.keep_mac == 0) {
                 hdr.ethernet.src = meta.server_mac;
             }
             count(C_REPLIES_REWRITTEN);
         }
-        if (meta.clone_it == 1) {
-            clone_to_controller();
-        }
+    }
+}
 
-        /* forward: the controller's entry, else the learned port, else flood */
+/* forward: the controller's entry, else the learned port, else flood. */
+control MbForward(inout headers_t hdr, inout metadata_t meta, inout standard_metadata_t std) {
+    @name(".MbIngress.to_port") action to_port(bit<9> port) { std.egress_spec = port; }
+    @name(".MbIngress.forward")
+    table forward {  /* destination MAC -> port, set by the controller (before what was learned) */
+        key = { hdr.ethernet.dst: exact; }
+        actions = { to_port; NoAction; }
+        const default_action = NoAction;
+        size = 4096;
+    }
+
+    apply {
         if (!hdr.ethernet.isValid()) {
             mark_to_drop(std);
             return;
@@ -718,12 +794,90 @@ control MbIngress(inout headers_t hdr, inout metadata_t meta, inout standard_met
     }
 }
 
+/* The ingress: one job per control above, in this order; each reads what the ones before it decided (metadata).
+ * (The instances are not named as any object inside them: those keep their own names, MbIngress.<name>.) */
+control MbIngress(inout headers_t hdr, inout metadata_t meta, inout standard_metadata_t std) {
+    MbControllerOps() controller_ops;
+    MbLearn() learn;
+    MbClassify() classify;
+    MbReadRequest() read_request;
+    MbSketch() sketching;
+    MbServerClosed() server_closed;
+    MbSetMirror() set_mirror;
+    MbUnsureRequest() unsure_request;
+    MbHotGet() hot_get;
+    MbReplySource() reply_source;
+    MbRewrite() rewrite;
+    MbForward() forwarding;
+
+    action clone_to_controller() {
+        clone_preserving_field_list(CloneType.I2E, (bit<32>)MB_MIRROR_SESSION, MB_COPY_FIELDS);
+    }
+
+    action server_address(bit<48> mac, bit<32> ip, bit<16> port) {
+        meta.server_hit = 1;
+        meta.server_mac = mac;
+        meta.server_ip = ip;
+        meta.server_port = port;
+    }
+    table servers {  /* server index -> MAC, IP, port: the server a get goes to, a reply comes from */
+        key = { meta.server_wanted: exact; }
+        actions = { server_address; NoAction; }
+        const default_action = NoAction;
+        size = MB_MAX_SERVERS;
+    }
+
+    apply {
+        if (hdr.packet_out.isValid()) {  /* from the controller */
+            controller_ops.apply(hdr, meta, std);
+            return;
+        }
+        count(C_PACKETS);
+        learn.apply(hdr, meta, std);
+        classify.apply(hdr, meta, std);
+        read_request.apply(hdr, meta, std);
+        sketching.apply(hdr, meta, std);
+        if (meta.unparsed == 1) {
+            count(C_UNPARSED);
+            meta.unsure_it = 1;
+            meta.coalesce = (bit<1>)hdr.udp.isValid();  /* a TCP one starts a stream: its copy is needed */
+        }
+        if (meta.server_closed == 1 && meta.to_controller == 1) {
+            server_closed.apply(hdr, meta, std);
+        }
+
+        meta.server_wanted = NO_SERVER;
+        if (meta.upstream == 1) {  /* a get another switch balanced: its IP ID names the home (a fabric) */
+            meta.server_wanted = (bit<32>)hdr.ipv4.identification;
+        }
+        if (meta.mirror == 1) {
+            set_mirror.apply(hdr, meta, std);
+        }
+        if (meta.unsure_it == 1 && meta.dest_known == 1 && meta.trusted == 0) {
+            unsure_request.apply(hdr, meta, std);
+        }
+        if (meta.balance == 1) {
+            hot_get.apply(hdr, meta, std);
+        } else if (meta.reply == 1 && hdr.frame.isValid()) {
+            reply_source.apply(hdr, meta, std);
+        }
+        if (meta.server_wanted != NO_SERVER) {
+            servers.apply();
+        }
+        rewrite.apply(hdr, meta, std);
+        if (meta.clone_it == 1) {
+            clone_to_controller();
+        }
+        forwarding.apply(hdr, meta, std);
+    }
+}
+
 control MbEgress(inout headers_t hdr, inout metadata_t meta, inout standard_metadata_t std) {
     counter(1, CounterType.packets) cloned;
     apply {
-        if (meta.report == 1) {  /* the answer to a rearm */
+        if (meta.report != REPORT_NONE) {  /* an answer to the controller: a rearm's, a lease query's */
             hdr.packet_in.setValid();
-            hdr.packet_in.report = 1;
+            hdr.packet_in.report = meta.report;
             hdr.packet_in.quiet_us = meta.quiet_us;
         } else if (std.instance_type == 1) {  /* the ingress clone: to the controller, as a PacketIn */
             hdr.packet_in.setValid();

@@ -33,7 +33,6 @@ from mbalancer.processes import stop_process
 from tests.conftest import MBALANCER, why_no_mininet
 from tests.etcd_server import EtcdServer, available
 from tests.switch_agent import hello
-from tests.test_p4_adoption import lease_query_compiled
 from tests.test_fabric_failover import (LOAD, WAIT, Controller, controller_config, elected_id, ended_saying,
                                         monitor_config, next_leader, said, servers_table, state)
 
@@ -108,10 +107,9 @@ def all_clean(config_path: Path, keys: list[bytes]) -> dict:
         time.sleep(0.1)
 
 
-# bmv2 boxes where simple_switch_grpc is installed (`make p4`) and the program tells its lease (op 3): without it a
-# new leader cannot know whether the switches still trust the copies, and resyncs every key (`lease-unknown`).
-P4_WHY_NOT = registry.get("p4").available() or (None if lease_query_compiled() else
-                                                 "the compiled P4 program has no lease query (op 3)")
+# bmv2 boxes where simple_switch_grpc is installed (`make p4`); the program tells its lease (op 3), so a new leader
+# knows whether the switches still trust the copies.
+P4_WHY_NOT = registry.get("p4").available()
 
 
 @pytest.mark.parametrize("dataplane", ["ebpf", pytest.param("p4", marks=pytest.mark.skipif(

@@ -4,8 +4,8 @@ and lets go without ending its lease, as a killed or deposed controller does; a 
 switches. Nothing is pushed: every table entry and counter reads back the same before and after, but those of the key
 whose tables disagree between the two switches (the test takes a range out of one), which alone is taken out of
 both and reported with why. The kept keys are balanced as they were and go on as the new driver's own. The lease is
-asked of the switch (op 3): where the program answers, kept as it is; where it does not (a program without the
-query), every key is resynced (`lease-unknown`)."""
+asked of the switch (op 3) and kept as it is (a program without the query would have every key resynced,
+`lease-unknown`: tests/test_p4runtime_driver.py)."""
 from __future__ import annotations
 
 import logging
@@ -28,12 +28,6 @@ UNTOUCHED = -1  # the get left as it came: home
 KEY_TABLES = ("hot_keys", "replicas", "synced")
 COUNTERS = ("switch_counters", "key_gets", "key_home_while_dirty", "key_mirrored", "key_per_replica",
             "server_unsure", "lease_renewals")
-
-
-def lease_query_compiled() -> bool:
-    """Whether the committed program answers a lease query (op 3): its source names it."""
-    from dataplanes.p4.pipeline import SOURCE
-    return "OP_LEASE_QUERY" in (SOURCE.parent / "headers.p4").read_text()
 
 
 class Switch:
@@ -176,9 +170,8 @@ def test_a_second_driver_adopts_every_key_and_rebuilds_only_the_one_the_switches
     with caplog.at_level(logging.INFO):
         found = {k.key: k for k in after.attach(SERVERS, lambda frame: None)}
     try:
-        lease = None if lease_query_compiled() else Distrust.LEASE_UNKNOWN
-        assert {k: (f.distrust, f.synced is not None) for k, f in found.items()} == {
-            b"clean": (Distrust.TABLES_DISAGREE, False), b"dirty": (lease, False), b"wide": (lease, True)}
+        assert {k: (f.distrust, f.synced is not None) for k, f in found.items()} == {  # the lease still runs
+            b"clean": (Distrust.TABLES_DISAGREE, False), b"dirty": (None, False), b"wide": (None, True)}
         assert [(r.server, r.weight) for r in found[b"wide"].replicas] == [(1, 0.5), (0, 0.0), (3, 0.5)]
         assert "read back 3 hot keys" in caplog.text and "1 removed: tables-disagree" in caplog.text
         now = [s.snapshot() for s in switches]

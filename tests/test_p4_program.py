@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import queue
 import shutil
 import subprocess
 import time
@@ -22,6 +23,7 @@ from dataplanes.driver import DriverError, ForwardingEntry, ReplicaWeight, Strea
 from dataplanes.p4.driver import P4RuntimeDriver  # noqa: E402
 from dataplanes.p4 import Settings  # noqa: E402
 from dataplanes.p4.bmv2 import Bmv2Switch  # noqa: E402
+from dataplanes.p4.tables import OP_LEASE_QUERY  # noqa: E402
 from dataplanes.p4.pipeline import COMPILER, PROGRAMS, Pipeline, available, compile_program, outputs  # noqa: E402
 from mbalancer.config import Server  # noqa: E402
 from dataplanes.p4.veth_ports import WAIT, Ports  # noqa: E402
@@ -174,6 +176,40 @@ def test_pipeline_fixture(switch, case):
         driver.renew_lease(3600)
         for hot in case.hot:
             driver.remove_hot_key(hot.key)
+
+
+def lease_left_us(driver: P4RuntimeDriver) -> int:
+    """Asks the switch how long the lease has left (a PacketOut, op 3) and returns its answer: the PacketIn with
+    report 2, caught beside the driver's own handler."""
+    tables = driver.book.switches[0]
+    fields = driver.pipeline.packet_metadata["packet_in"]
+    answers: queue.Queue[int] = queue.Queue()
+    handler = tables.client.on_packet
+
+    def catch(payload: bytes, metadata: dict[int, bytes]) -> None:
+        if int.from_bytes(metadata.get(fields["report"][0], b""), "big") == 2:
+            answers.put(int.from_bytes(metadata[fields["quiet_us"][0]], "big"))
+        handler(payload, metadata)
+
+    tables.client.on_packet = catch
+    try:
+        tables._packet_out(OP_LEASE_QUERY)
+        return answers.get(timeout=WAIT)
+    finally:
+        tables.client.on_packet = handler
+
+
+@on_bmv2
+def test_a_lease_query_is_answered_with_the_microseconds_the_lease_has_left(switch):
+    driver, _, _ = switch
+    try:
+        driver.renew_lease(5)
+        left = lease_left_us(driver)
+        assert 0 < left <= 5_000_000
+        driver.renew_lease(0)  # ended: nothing left
+        assert lease_left_us(driver) == 0
+    finally:
+        driver.renew_lease(3600)
 
 
 @on_bmv2
