@@ -314,6 +314,18 @@ def test_every_key_is_copied_with_its_value_flags_and_ttl(trio, replicator):
     assert all(replicator.copy_cas[(k, s)] > 0 for k in wanted for s in (1, 2))  # later updates are conditional
 
 
+def test_a_copy_adopted_from_before_is_updated_only_while_it_is_the_copy_found(trio, replicator):
+    """A copy made before this replicator (adoption: by the controller before) is updated as one written here: only
+    over the copy found, so a write that landed there since is not overwritten."""
+    found = MetaClient(trio[1]).set(b"pipe:found", StoredItem(b"v1", 0, -1, 0))
+    replicator.adopt_copy(b"pipe:found", 1, found)
+    assert replicator.write(b"pipe:found", StoredItem(b"v2", 0, -1, 0), [1], update=True) == {}
+    assert MetaClient(trio[1]).get(b"pipe:found").value == b"v2"
+    replicator.adopt_copy(b"pipe:found", 1, found)  # not the copy there now (v2's)
+    assert set(replicator.write(b"pipe:found", StoredItem(b"v3", 0, -1, 0), [1], update=True)) == {1}
+    assert MetaClient(trio[1]).get(b"pipe:found").value == b"v2"
+
+
 def test_a_copy_that_fails_is_that_keys_alone(trio, replicator):
     wanted = items(6)
     big = StoredItem(b"x" * 1_500_000, 0, -1, 0)  # over the replicas' item size: memcached refuses that one
