@@ -43,17 +43,22 @@ def available() -> str | None:
 def load(name: str, wire_ends: Sequence[tuple[str | None, str]], memcached_ports: Sequence[int] = (11211,)) \
         -> DataPlane:
     """Load the classifier as `name` and attach it to each (network namespace or None, interface) wire end."""
-    from dataplanes.bpf.tables import Tables
     plane = DataPlane(name, CLASSIFIER).load()
     try:
         for netns, iface in wire_ends:
             plane.attach(iface, netns)
-        tables = Tables(plane.pin_dir)
-        try:
-            tables.add_memcached_ports(memcached_ports)
-        finally:
-            tables.close()
+        fill(plane, memcached_ports)
     except BaseException:
         plane.unload()
         raise
     return plane
+
+
+def fill(plane: DataPlane, memcached_ports: Sequence[int]) -> None:
+    """The classifier's memcached ports table: requests to these ports are read (the driver adds each server's)."""
+    from dataplanes.bpf.tables import Tables  # here: tables needs the bpf syscall, importing this module does not
+    tables = Tables(plane.pin_dir)
+    try:
+        tables.add_memcached_ports(memcached_ports)
+    finally:
+        tables.close()

@@ -20,6 +20,7 @@ from typing import Sequence
 from dataplanes.bpf.program import CLASSIFIER, XDP_PIN, DataPlane, DataPlaneError, loaded_switches
 from dataplanes.bpf.records import RECORDS, unload_and_forget, write_record
 from dataplanes.openflow.box import DATAPATHS, BoxError, Hook, OvsBox, plan
+from dataplanes.openflow.classifier import fill
 from mbalancer.interfaces import interface_exists
 
 PREF = 49152  # the classifier's tc filter priority on each hook: the operator's own filters keep theirs
@@ -86,7 +87,7 @@ def attach(name: str, bridge: str, rundir: str, memcached_ports: Sequence[int], 
     record.write()
     try:
         plane = DataPlane(name, CLASSIFIER).load()
-        _fill(plane, record.memcached_ports)
+        fill(plane, record.memcached_ports)
         xdp = plane.load_xdp() if any(h.direction == "xdp" for h in hooks) else None
         for hook in hooks:
             if hook.direction == "xdp":
@@ -103,15 +104,6 @@ def attach(name: str, bridge: str, rundir: str, memcached_ports: Sequence[int], 
         detach(name)
         raise DataPlaneError(str(err)) from None
     return record
-
-
-def _fill(plane: DataPlane, memcached_ports: Sequence[int]) -> None:
-    from dataplanes.bpf.tables import Tables  # needs the bpf syscall; importing this module does not
-    tables = Tables(plane.pin_dir)
-    try:
-        tables.add_memcached_ports(memcached_ports)
-    finally:
-        tables.close()
 
 
 def _tc(args: list[str], what: str) -> None:
