@@ -121,11 +121,18 @@ def compile_bpf(source: Path, target: Path, what: str, defines: Sequence[str] = 
 
 def available() -> str | None:
     """None if this machine can run the eBPF data plane, else why not (for tests that must skip)."""
-    for tool in ("bpftool", "tc", "clang"):
+    return unavailable(("bpftool", "tc", "clang"), (SWITCH,))
+
+
+def unavailable(tools: Sequence[str], programs: Sequence[Program]) -> str | None:
+    """Why `programs` cannot be loaded here with `tools` (a tool not installed, an object not built, no bpffs where
+    pins last), or None: the probes of every data plane built from this source."""
+    for tool in tools:
         if shutil.which(tool) is None:
             return f"{tool} is not installed (install/apt-packages.txt)"
-    if not OBJECT.exists():
-        return f"{OBJECT} is not built (make install builds it)"
+    for program in programs:
+        if not program.object.exists():
+            return f"{program.object} is not built (make install builds it)"
     try:
         mount_bpffs()
     except DataPlaneError as err:
