@@ -17,7 +17,8 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Sequence
 
-from dataplanes.bpf.program import CLASSIFIER, XDP_PIN, DataPlane, DataPlaneError, loaded_switches
+from dataplanes.bpf.program import (CLASSIFIER, XDP_PIN, DataPlane, DataPlaneError, loaded_switches,
+                                    remove_empty_clsact, remove_filters, tc_filters)
 from dataplanes.bpf.records import RECORDS, unload_and_forget, write_record
 from dataplanes.openflow.box import DATAPATHS, BoxError, Hook, OvsBox, plan
 from dataplanes.openflow.classifier import fill
@@ -117,12 +118,6 @@ def _has_clsact(hook: Hook) -> bool:
     return shown.returncode == 0 and any(q.get("kind") == "clsact" for q in json.loads(shown.stdout or "[]"))
 
 
-def _filters(hook: Hook, direction: str) -> list[dict]:
-    shown = subprocess.run(["tc", "-j", "filter", "show", "dev", hook.port, direction], capture_output=True,
-                           text=True, timeout=30)
-    return json.loads(shown.stdout or "[]") if shown.returncode == 0 else []
-
-
 def _xdp_id(port: str) -> int:
     """The id of the XDP program on `port` (0: none)."""
     shown = subprocess.run(["ip", "-j", "link", "show", "dev", port], capture_output=True, text=True, timeout=30)
@@ -150,12 +145,11 @@ def detach(name: str) -> list[str]:
                 subprocess.run(["ip", "link", "set", "dev", hook.port, "xdp", "off"], capture_output=True, timeout=30)
                 removed.append(f"the classifier at {hook.describe()}")
         else:
-            if any(f.get("pref") == PREF for f in _filters(hook, hook.direction)):
-                subprocess.run(["tc", "filter", "del", "dev", hook.port, hook.direction, "pref", str(PREF)],
-                               capture_output=True, timeout=30)
+            if any(f.get("pref") == PREF for f in tc_filters(hook.port, hook.direction)):
+                remove_filters(hook.port, hook.direction, pref=PREF)
                 removed.append(f"the classifier at {hook.describe()}")
-            if hook.port in record.made_qdiscs and not _filters(hook, "ingress") and not _filters(hook, "egress"):
-                subprocess.run(["tc", "qdisc", "del", "dev", hook.port, "clsact"], capture_output=True, timeout=30)
+            if hook.port in record.made_qdiscs:
+                remove_empty_clsact(hook.port)
     return removed + unload_and_forget(DataPlane(name, CLASSIFIER), record_path(name))
 
 
