@@ -58,6 +58,33 @@ def test_one_after_another_stops_at_the_first_refusal_in_parallel_every_call_is_
         parallel.results()
 
 
+@pytest.mark.parametrize("width", [1, 4])
+def test_every_call_is_made_past_a_refusal_when_asked_and_a_defect_is_raised_after_the_last(width):
+    """An undo, a call that one switch down must not hold back from the others (FanOut.run every=True)."""
+    made = []
+
+    def call(i, error=None):
+        def run():
+            made.append(i)
+            if error is not None:
+                raise error
+            return i
+        return run
+
+    fan_out = FanOut(width)
+    try:
+        outcomes = fan_out.run([call(0), call(1, RuntimeError("refused")), call(2), call(3)], (RuntimeError,),
+                               every=True)
+        assert sorted(made) == [0, 1, 2, 3] and outcomes.done == [0, 2, 3] and [i for i, _ in outcomes.failed] == [1]
+        made.clear()
+        with pytest.raises(KeyError):
+            fan_out.run([call(0, KeyError("a defect")), call(1, RuntimeError("refused")), call(2)], (RuntimeError,),
+                        every=True)
+        assert sorted(made) == [0, 1, 2]
+    finally:
+        fan_out.close()
+
+
 def test_an_error_nobody_named_is_raised_once_every_call_has_returned():
     done = threading.Event()
 
