@@ -8,7 +8,6 @@ frame), so ports that are members of a Linux bridge are taken over while attache
 """
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -19,7 +18,7 @@ from typing import Sequence
 
 from mbalancer.interfaces import IFNAMSIZ, NETNS_NAMES, interface_exists, namespace_name, network_namespace
 from dataplanes.bpf.program import PIN_ROOT, DataPlane, DataPlaneError, loaded_switches, mirror_link_of
-from dataplanes.bpf.records import RECORDS, unload_and_forget, write_record
+from dataplanes.bpf.records import RECORDS, read_record, unload_and_forget, write_record
 from dataplanes.ebpf.tcp.path import SPLITTER, TcpPath
 from dataplanes.ebpf.tcp.path import remove as remove_tcp_path
 
@@ -40,14 +39,10 @@ class SwitchRecord:
 
     @staticmethod
     def read(name: str) -> "SwitchRecord | None":
-        try:
-            raw = json.loads(_record_path(name).read_text())
-            return SwitchRecord(raw["name"], tuple(raw["ports"]), tuple(raw["memcached_ports"]), raw["attached_unix"],
-                                int(raw.get("netns_inode", 0)), str(raw.get("netns", "")), bool(raw.get("tcp", False)),
-                                int(raw.get("splitter_pid", 0)), int(raw.get("tcp_table", 0)),
-                                str(raw.get("tcp_missing", "")))
-        except (OSError, ValueError, KeyError, TypeError):
-            return None
+        return read_record(_record_path(name), lambda raw: SwitchRecord(
+            raw["name"], tuple(raw["ports"]), tuple(raw["memcached_ports"]), raw["attached_unix"],
+            int(raw.get("netns_inode", 0)), str(raw.get("netns", "")), bool(raw.get("tcp", False)),
+            int(raw.get("splitter_pid", 0)), int(raw.get("tcp_table", 0)), str(raw.get("tcp_missing", ""))))
 
     def namespace_text(self) -> str:
         return f"network namespace {self.netns}" if self.netns else "the machine's own network namespace"

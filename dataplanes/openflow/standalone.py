@@ -19,7 +19,7 @@ from typing import Sequence
 
 from dataplanes.bpf.program import (CLASSIFIER, XDP_PIN, DataPlane, DataPlaneError, loaded_switches,
                                     remove_empty_clsact, remove_filters, tc_filters)
-from dataplanes.bpf.records import RECORDS, unload_and_forget, write_record
+from dataplanes.bpf.records import RECORDS, read_record, unload_and_forget, write_record
 from dataplanes.openflow.box import DATAPATHS, BoxError, Hook, OvsBox, plan
 from dataplanes.openflow.classifier import fill
 from mbalancer.interfaces import interface_exists
@@ -40,13 +40,9 @@ class ClassifierRecord:
 
     @staticmethod
     def read(name: str) -> "ClassifierRecord | None":
-        try:
-            raw = json.loads(record_path(name).read_text())
-            return ClassifierRecord(raw["name"], raw["bridge"], raw["datapath"], raw["ovs_rundir"],
-                                    tuple(raw["memcached_ports"]), tuple(Hook(**h) for h in raw["hooks"]),
-                                    tuple(raw["made_qdiscs"]), raw["attached_unix"])
-        except (OSError, ValueError, KeyError, TypeError):
-            return None
+        return read_record(record_path(name), lambda raw: ClassifierRecord(
+            raw["name"], raw["bridge"], raw["datapath"], raw["ovs_rundir"], tuple(raw["memcached_ports"]),
+            tuple(Hook(**h) for h in raw["hooks"]), tuple(raw["made_qdiscs"]), raw["attached_unix"]))
 
     def write(self) -> None:
         write_record(record_path(self.name), self)
