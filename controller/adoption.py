@@ -144,7 +144,7 @@ def adopt(executor: "Executor", found: Sequence[FoundKey], servers: int, group_o
                            digest(item), now, coherence.expiry(item.ttl) if item else None)
         for server in verdict.holding - {key.home}:  # later updates of these copies are conditional on them
             if isinstance(copy := reads[key.key].get(server), StoredItem):
-                executor.replicator.copy_cas[(key.key, server)] = copy.cas
+                executor.replicator.adopt_copy(key.key, server, copy.cas)
         kept[key.key] = hot
     _rebuild(executor, [v for v in verdicts if v.treatment is Treatment.REBUILT])
     settle = _keep(executor, coherence, found, verdicts, kept, reads)

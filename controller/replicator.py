@@ -63,6 +63,11 @@ class Replicator:
         {server: error} for failures. (delete_many of one key.)"""
         return self.delete_many([(key, targets)], update).get(key, {})
 
+    def adopt_copy(self, key: bytes, server: int, cas: int) -> None:
+        """A copy of `key` found on `server` (made before this replicator: adoption), with the CAS it holds: later
+        updates there are conditional on it, as on a copy written here."""
+        self.copy_cas[(key, server)] = cas
+
     def read_many(self, reads: Sequence[tuple[bytes, int]]) -> dict[bytes, StoredItem | None | MetaError]:
         """Each (key, its home)'s item there (None on a miss) or the MetaError of that key, pipelined per home."""
         return self._at_homes("get", reads)

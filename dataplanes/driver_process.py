@@ -24,6 +24,7 @@ from typing import Any
 
 from dataplanes.driver import Driver, DriverError
 from dataplanes.forwarded_driver import ForwardedDriver, answer
+from mbalancer.processes import stop_process
 
 log = logging.getLogger(__name__)
 CALL_TIMEOUT = 30.0  # seconds a call may take in the child (the driver's own timeouts are shorter)
@@ -90,11 +91,7 @@ class DriverProcess(ForwardedDriver):
             except DriverError as err:
                 log.info("closing the %s driver process: %s", self.kind, err)
         self._sock.close()
-        try:
-            self.process.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait()
+        stop_process(self.process, asked=True)  # (closed, its end of the socket sees the end: it exits)
 
     # --- inside ----------------------------------------------------------------------------------------------
     def _call(self, method: str, args: tuple, timeout: float = CALL_TIMEOUT) -> Any:

@@ -5,8 +5,9 @@ one. The calls run on a bounded pool of threads (width - 1 of them, made when fi
 makes one of the calls itself), never more. Plain threads, as the core's rule says (ryu-manager greens them).
 
 With width 1, or one switch, the calls are made in the caller's thread one after the other and stop at the first
-refusal, as the drivers always did: the switches after it are not tried. In parallel every switch is tried, and the
-caller learns of each which took the call, which refused it and why, so it can undo the ones that took it.
+refusal, as the drivers always did: the switches after it are not tried (unless the caller asks for `every`: an undo,
+a call that one box down must not hold back from the others). In parallel every switch is tried, and the caller
+learns of each which took the call, which refused it and why, so it can undo the ones that took it.
 """
 from __future__ import annotations
 
@@ -61,20 +62,20 @@ class FanOut:
         self._pool: ThreadPoolExecutor | None = None
         self._lock = threading.Lock()
 
-    def run(self, calls: Sequence[Callable[[], T]], errors: tuple[type[BaseException], ...]) -> Outcomes[T]:
+    def run(self, calls: Sequence[Callable[[], T]], errors: tuple[type[BaseException], ...], every: bool = False
+            ) -> Outcomes[T]:
         """Make every call (each one switch's request); an error of `errors` is its outcome, any other is raised once
-        every call has returned (in parallel, none is left running behind the caller's back)."""
+        every call has returned (in parallel, none is left running behind the caller's back). `every`: one after the
+        other too, the calls after a refusal are made."""
+        if every and (self.width == 1 or len(calls) <= 1):
+            return _checked([_outcome(call, errors) for call in calls])
         if self.width == 1 or len(calls) <= 1:
             return self._one_after_another(calls, errors)
         pool = self._started()
         futures = [pool.submit(_outcome, call, errors) for call in calls[1:]]
         first = _outcome(calls[0], errors)  # the caller's thread makes one call itself
         wait(futures)
-        outcomes = [first, *(f.result() for f in futures)]
-        unexpected = [o for o in outcomes if isinstance(o, _Unexpected)]
-        if unexpected:
-            raise unexpected[0].error
-        return Outcomes(outcomes)
+        return _checked([first, *(f.result() for f in futures)])
 
     def close(self) -> None:
         """The pool's threads end (a later run makes a new one)."""
@@ -106,6 +107,14 @@ class _Unexpected:
 
     def __init__(self, error: BaseException):
         self.error = error
+
+
+def _checked(outcomes: list) -> Outcomes:
+    """The outcomes, once every call has returned; the first error nobody named (by the calls' order) raised."""
+    unexpected = [o for o in outcomes if isinstance(o, _Unexpected)]
+    if unexpected:
+        raise unexpected[0].error
+    return Outcomes(outcomes)
 
 
 def _outcome(call: Callable[[], T], errors: tuple[type[BaseException], ...]):

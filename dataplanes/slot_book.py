@@ -478,8 +478,8 @@ class SlotBook:
         """`call(index, switch)` on every switch (`only` those indexes), at once (the book's fan-out); `every`: an
         undo, which one after the other too goes on past a refusal, the last switch written first."""
         calls = [lambda i=i, s=s: call(i, s) for i, s in enumerate(self.switches) if only is None or i in only]
-        if every and self.fan_out.width == 1:
-            return Outcomes([_one(c, self.errors) for c in reversed(calls)][::-1])
+        if every:  # (one after the other, the last switch first: the calls and their outcomes reversed)
+            return Outcomes(self.fan_out.run(calls[::-1], self.errors, every=True).outcomes[::-1])
         return self.fan_out.run(calls, self.errors)
 
 
@@ -497,14 +497,6 @@ def _add_counts(entries: Sequence[tuple[bytes, HotEntry]], own: dict[str, int], 
         total.mirrored += key_counts.mirrored
         for server, n in zip(entry.servers, key_counts.per_replica):
             total.per_replica[server] = total.per_replica.get(server, 0) + n
-
-
-def _one(call: Callable[[], object], errors: tuple[type[Exception], ...]) -> object:
-    """The call's result, or the error of `errors` it raised."""
-    try:
-        return call()
-    except errors as err:
-        return err
 
 
 def _or_one_by_one(keys: Sequence[bytes], batch: Callable[[], None],

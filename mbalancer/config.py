@@ -8,18 +8,17 @@ from __future__ import annotations
 import ipaddress
 import json
 import math
-import re
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, NoReturn
 
+from mbalancer.macs import MAC
 from mbalancer.memcache.addresses import ServerAddress, parse_server
 from mbalancer.memcache.hashing import parse_hash_spec
 from mbalancer.settings import ConfigError, Server, no_unknown, parse_section, typed
 
 REPLICA_MODES = ("equal", "weighted")
-MAC = re.compile(r"^[0-9a-fA-F]{2}(:[0-9a-fA-F]{2}){5}$")
 
 
 AUTO_REPORT_KEYS = 50  # keys per monitor report with hot = "auto": the most the controller may choose

@@ -6,18 +6,46 @@ import os
 import signal
 import subprocess
 import threading
+from pathlib import Path
 
 
-def stop_process(process: subprocess.Popen, grace: float = 5.0, group: bool = False) -> None:
+def stop_process(process: subprocess.Popen, grace: float = 5.0, group: bool = False, asked: bool = False) -> None:
     """Terminate, then kill after `grace` seconds; waits, so no zombie is left. `group`: the whole process group
-    (a process started with start_new_session=True whose children must go too, e.g. a tool that forks per CPU)."""
+    (a process started with start_new_session=True whose children must go too, e.g. a tool that forks per CPU);
+    `asked`: it was told to end already, its own way (no SIGTERM: it is given `grace` seconds to do so)."""
     if process.poll() is None:
-        _signal(process, signal.SIGTERM, group)
+        if not asked:
+            _signal(process, signal.SIGTERM, group)
         try:
             process.wait(timeout=grace)
         except subprocess.TimeoutExpired:
             _signal(process, signal.SIGKILL, group)
             process.wait()
+
+
+def runs(pid: int, program: str) -> bool:
+    """Whether process `pid` runs `program` (its argv[0] ends with it): a PID kept in a record or pidfile still names
+    the process it was written for, not another that took the number since."""
+    try:
+        return pid > 0 and Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0].endswith(program.encode())
+    except OSError:
+        return False
+
+
+def kill_left_over(pidfile: Path, program: str) -> bool:
+    """Kill (SIGKILL) what a killed run left running: the process whose PID `pidfile` holds, if it still runs
+    `program`; whether it was there."""
+    try:
+        pid = int(pidfile.read_text().strip())
+    except (OSError, ValueError):
+        return False
+    if not runs(pid, program):
+        return False
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:  # it ended meanwhile
+        return False
+    return True
 
 
 def _signal(process: subprocess.Popen, signum: int, group: bool) -> None:

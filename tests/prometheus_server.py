@@ -13,6 +13,7 @@ import urllib.request
 from pathlib import Path
 
 from mbalancer.memcache.server import free_port
+from mbalancer.processes import stop_process
 
 DASHBOARD = Path(__file__).resolve().parent.parent / "install" / "grafana" / "mbalancer-dashboard.json"
 SCRAPE_EVERY = "1s"
@@ -50,13 +51,7 @@ class PrometheusServer:
         self.stop()
 
     def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(timeout=10)
+        stop_process(self.process, grace=20)
         self.log.close()
 
     def _ready(self) -> bool:

@@ -16,6 +16,7 @@ from controller import adoption
 from controller.adoption import AdoptionCoherence, Treatment, judge, same_item
 from controller.coherence import Coherence
 from controller.core import ControllerCore
+from controller.replicator import Replicator
 from dataplanes.driver import Distrust, FoundKey, ReplicaWeight, WriteStamp
 from dataplanes.read_back import read_back
 from dataplanes.recording.driver import RecordingDriver
@@ -162,6 +163,58 @@ def _fine(c: AdoptionCoherence):
         "executor.coherence not declared AdoptionCoherence",
         "coherence passed on or used as a whole, not as AdoptionCoherence",
         "coherence passed on or used as a whole, not as AdoptionCoherence"]
+
+
+# --- the replicator: called through its public methods, never reached into ----------------------------------------
+def replicator_leaks(source: str) -> list[str]:
+    """Where adoption's code reaches into the replicator instead of calling its public methods: a private name or a
+    method Replicator has not called on it; one of its attributes written, or reached through
+    (`replicator.copy_cas[k] = cas`, `replicator.copy_cas.pop(k)`); the replicator itself passed on or kept."""
+    tree = ast.parse(source)
+    parents = {id(child): node for node in ast.walk(tree) for child in ast.iter_child_nodes(node)}
+    methods = {name for name, value in vars(Replicator).items() if callable(value) and not name.startswith("_")}
+    leaks = []
+    for node in ast.walk(tree):
+        if not isinstance(node, (ast.Attribute, ast.Name)):
+            continue
+        parent = parents.get(id(node))
+        where = f"line {node.lineno}: {ast.unparse(node)}"
+        if (node.attr if isinstance(node, ast.Attribute) else node.id) == "replicator":
+            if not isinstance(parent, ast.Attribute):
+                leaks.append(f"{where} passed on or kept, not called")
+        elif isinstance(node, ast.Attribute) and ast.unparse(node.value).rpartition(".")[2] == "replicator":
+            if isinstance(parent, ast.Call) and parent.func is node:
+                if node.attr not in methods:
+                    leaks.append(f"{where} is not a public method of Replicator")
+            elif node.attr.startswith("_") or not isinstance(node.ctx, ast.Load) \
+                    or isinstance(parent, (ast.Attribute, ast.Subscript)):
+                leaks.append(f"{where} reached into, not called")
+    return sorted(leaks, key=lambda leak: int(leak.split()[1].rstrip(":")))
+
+
+def test_adoption_calls_the_replicator_and_reaches_into_none_of_its_state():
+    assert replicator_leaks(Path(adoption.__file__).read_text()) == []
+
+
+def test_the_check_sees_each_way_into_the_replicator():
+    bad = """
+def adopt(executor, key, server):
+    executor.replicator.copy_cas[(key, server)] = 1
+    executor.replicator.copy_cas.pop((key, server))
+    executor.replicator.copies = 0
+    executor.replicator._client(server)
+    executor.replicator.forget(key)
+    copies = len(executor.replicator.clients)
+    mine = executor.replicator
+    executor.replicator.adopt_copy(key, server, 1)
+"""
+    assert [leak.partition(": ")[2] for leak in replicator_leaks(bad)] == [
+        "executor.replicator.copy_cas reached into, not called",
+        "executor.replicator.copy_cas reached into, not called",
+        "executor.replicator.copies reached into, not called",
+        "executor.replicator._client is not a public method of Replicator",
+        "executor.replicator.forget is not a public method of Replicator",
+        "executor.replicator passed on or kept, not called"]
 
 
 # --- the read-back over a slot book's switches ---------------------------------------------------------------------

@@ -20,6 +20,7 @@ from dataplanes.recording.driver import RecordingDriver
 from dataplanes import registry
 from tests.switch_agent import AgentProcess
 from mbalancer.config import Server
+from mbalancer.macs import mac_text
 
 SERVERS = [Server(f"s{i}", f"10.0.0.{i + 1}", f"02:00:00:00:00:{i + 1:02x}", 11211) for i in range(10)]
 UNTOUCHED = -1  # route(): the get left the switch as it came (to its home)
@@ -109,7 +110,7 @@ def openflow_harness():
         out = run(packet)
         if out == packet:
             return UNTOUCHED
-        ip = switch.pick(":".join(f"{b:02x}" for b in out[:6]))
+        ip = switch.pick(mac_text(out[:6]))
         assert ip is not None, "a get was tagged for a key the switch has no group for"
         return by_ip[ip]
 

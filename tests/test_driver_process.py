@@ -1,5 +1,6 @@
 """A driver in a process of its own (dataplanes/driver_process.py), on the recording driver: calls and their errors
-cross the socket, bad requests are one-line errors, and the child never outlives its parent. The P4Runtime driver
+cross the socket, bad requests are one-line errors, and the child never outlives its parent; how the project stops
+the processes it started (mbalancer/processes.py). The P4Runtime driver
 through it, inside ryu-manager, is tests/test_p4runtime_driver.py's and tests/test_p4_network.py's."""
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import pytest
 from dataplanes.driver import DriverError, ReplicaWeight
 from dataplanes.driver_process import DriverProcess
 from mbalancer.config import Server
+from mbalancer.processes import kill_left_over, runs, stop_process
 from tests.conftest import eventually, process_running
 
 SERVERS = [Server(f"s{i}", f"10.0.0.{i + 1}", f"02:00:00:00:00:{i + 1:02x}") for i in range(3)]
@@ -75,3 +77,31 @@ def test_an_answer_that_comes_after_its_call_gave_up_answers_no_later_call(drive
             pass
         assert isinstance(driver.write_stamp(b"k"), WriteStamp)
         assert isinstance(driver.read_counters(), Counters)
+
+
+# --- stopping processes (mbalancer/processes.py) ---------------------------------------------------------------------
+def test_a_process_asked_to_end_its_own_way_is_waited_for_then_killed_not_terminated():
+    ending = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(0.2)"])
+    stop_process(ending, grace=30, asked=True)
+    assert ending.returncode == 0  # it ended by itself: no SIGTERM cut it short
+    stuck = subprocess.Popen([sys.executable, "-c", "import signal, time\n"
+                              "signal.signal(signal.SIGTERM, signal.SIG_IGN)\ntime.sleep(60)"])
+    stop_process(stuck, grace=0.2, asked=True)
+    assert stuck.returncode == -signal.SIGKILL
+
+
+def test_what_a_killed_run_left_is_killed_by_its_pidfile_only_while_the_pid_runs_that_program(tmp_path):
+    left = subprocess.Popen(["sleep", "60"])
+    pidfile = tmp_path / "left.pid"
+    try:
+        pidfile.write_text(f"{left.pid}\n")
+        assert runs(left.pid, "sleep") and not runs(left.pid, "memcached") and not runs(0, "sleep")
+        assert not kill_left_over(pidfile, "memcached") and left.poll() is None  # the PID runs another program now
+        assert kill_left_over(pidfile, "sleep") and left.wait(timeout=10) == -signal.SIGKILL
+        assert not runs(left.pid, "sleep") and not kill_left_over(pidfile, "sleep")  # gone
+        for broken in ("", "not a pid", "-1"):
+            pidfile.write_text(broken)
+            assert not kill_left_over(pidfile, "sleep")
+        assert not kill_left_over(tmp_path / "none.pid", "sleep")
+    finally:
+        stop_process(left)

@@ -13,9 +13,10 @@ import pytest
 from dataplanes.bpf.bpf_syscall import VERIFIER_LIMIT, obj_get, prog_test_run, prog_verified_insns
 from dataplanes.bpf.program import SOURCE, DataPlane, available
 from dataplanes.bpf.tables import (HASH_MUL, STRUCT_SIZES, TCP_COUNTERS, U64_MASK, HotEntry, Tables, key_bucket,
-                                   key_hash, mac_bytes)
+                                   key_hash)
 from dataplanes.pipeline import COUNTERS, cumulative_weights
 from dataplanes.driver import StreamId
+from mbalancer.macs import mac_bytes
 
 pytest.importorskip("scapy.all")
 from scapy.all import IP, Ether  # noqa: E402

@@ -112,3 +112,13 @@ def test_make_install_installs_every_extra_and_a_plain_install_none_of_the_testb
     required = {re.split(r"[=<>!~ ]", spec)[0].lower() for spec in ast.literal_eval(arguments["install_requires"])}
     assert required.isdisjoint({"mininet", "matplotlib", "ryu"}), required  # a switch box's `pip install .`
     assert {"testbed", "plots", "ryu"} <= set(extras)
+
+
+def test_a_data_plane_built_from_the_bpf_source_names_what_is_missing_to_run_here(tmp_path):
+    """The probes every BPF data plane shares (dataplanes/bpf/program.py unavailable): the first tool not installed,
+    else the first object not built; the install step that gives it named."""
+    from dataplanes.bpf.program import Program, unavailable
+    unbuilt = Program(tmp_path / "none.bpf.o", tmp_path / "pins", "ingress")
+    assert unavailable(("sh", "mbalancer-no-such-tool"), (unbuilt,)) == \
+        "mbalancer-no-such-tool is not installed (install/apt-packages.txt)"
+    assert unavailable(("sh",), (unbuilt,)) == f"{unbuilt.object} is not built (make install builds it)"

@@ -1,10 +1,12 @@
-"""Each server's configured MAC against what the switch saw (controller/mac_check.py), as pure logic."""
+"""Each server's configured MAC against what the switch saw (controller/mac_check.py), as pure logic; and the one
+conversion of a MAC between as written and as switches hold it (mbalancer/macs.py)."""
 from __future__ import annotations
 
 import pytest
 
 from controller.mac_check import MacStatus, MacWatch, verdict, verdicts
 from dataplanes.driver import MacSighting, merge_sightings
+from mbalancer.macs import mac_bytes, mac_text
 from mbalancer.settings import Server
 
 CONFIGURED = "02:00:00:00:00:0a"
@@ -48,3 +50,24 @@ def test_a_server_found_wrong_stays_wrong_until_a_restart():
     assert state["status"] == "ok" and state["out_of_rotation"]["status"] == "mismatch"
     with pytest.raises(ValueError, match="1 servers' MACs reported for 2 servers"):
         verdicts(servers, [MacSighting()])
+
+
+# --- a MAC as written and as switches hold it ------------------------------------------------------------------------
+def test_a_mac_goes_to_its_bytes_or_value_and_back_as_the_config_writes_it():
+    assert mac_bytes(CONFIGURED) == mac_bytes(CONFIGURED.upper()) == b"\x02\x00\x00\x00\x00\x0a"
+    assert mac_text(mac_bytes(CONFIGURED.upper())) == CONFIGURED  # lower case, as switches report them
+    assert mac_text(0x02000000000a) == CONFIGURED  # a P4 match field's value
+    assert mac_text(0xffffffffffff) == "ff:ff:ff:ff:ff:ff" and mac_text(0) == "00:00:00:00:00:00"
+
+
+@pytest.mark.parametrize("written", ["02:00:00:00:0a", "02:00:00:00:00:00:0a", "2:0:0:0:0:a", "02-00-00-00-00-0a",
+                                     "02:00:00:00:00:0g", ""])
+def test_what_is_not_a_mac_is_refused_in_one_line(written):
+    with pytest.raises(ValueError, match="is not a MAC address like 02:00:00:00:00:01"):
+        mac_bytes(written)
+
+
+@pytest.mark.parametrize("held", [b"\x02" * 5, b"\x02" * 8, 1 << 48])
+def test_what_holds_no_mac_is_refused(held):
+    with pytest.raises(ValueError, match="holds no MAC address"):
+        mac_text(held)

@@ -1,5 +1,6 @@
 """Where `mbalancer switch attach --dataplane openflow` puts the key classifier on each kind of port, the settings that
-name the bridge, and the agent's port flags, as plain logic (the userspace datapath on real ports:
+name the bridge, the agent's port flags, and the record of what attach made (read back as the eBPF switch's is), as
+plain logic (the userspace datapath on real ports:
 tests/test_openflow_attach.py; the flags restored after a restart: tests/test_openflow_fabric_restart.py)."""
 from __future__ import annotations
 
@@ -7,6 +8,8 @@ import pytest
 
 from dataplanes.driver import DriverError
 from dataplanes.openflow import Settings, port_flags
+from dataplanes.bpf import records
+from dataplanes.openflow import standalone
 from dataplanes.openflow.box import BoxError, Hook, hook_of
 
 
@@ -71,3 +74,21 @@ def test_port_flags_need_a_direct_connection():
     from dataplanes.openflow.driver import OpenflowDriver
     with pytest.raises(DriverError, match="port_flags: set by a direct connection"):
         OpenflowDriver(Settings(port_flags=("eth3 no-flood",)), channel=None)
+
+
+def test_attachs_record_is_read_back_as_written_and_a_broken_one_as_none(tmp_path, monkeypatch):
+    """A record detach cannot read is none (records.read_record): detach then removes what the pins say, nothing
+    else, and never fails on the file."""
+    monkeypatch.setattr(records, "RECORDS", tmp_path)
+    monkeypatch.setattr(standalone, "RECORDS", tmp_path)
+    written = standalone.ClassifierRecord("c1", "br0", "netdev", "/run/ovs", (11211,), (Hook("p1", "xdp"),),
+                                          ("p1",), 1.5)
+    written.write()
+    assert standalone.ClassifierRecord.read("c1") == written and standalone.ClassifierRecord.read("c2") is None
+    path = standalone.record_path("c1")
+    text = path.read_text()
+    for broken in (text[:len(text) // 2], text.replace('"bridge"', '"bridges"'), text.replace('[{"port": "p1", "direction": "xdp"}]', '["p1"]'),
+                   "[]"):
+        assert broken != text
+        path.write_text(broken)
+        assert standalone.ClassifierRecord.read("c1") is None, broken

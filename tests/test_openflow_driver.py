@@ -19,6 +19,7 @@ from dataplanes.openflow import Settings, tags
 from dataplanes.openflow.ovs import OpenVSwitch, available as ovs_available
 from dataplanes.openflow.weights import bucket_weights, win_shares
 from mbalancer.config import Server
+from mbalancer.macs import mac_bytes
 from tests.conftest import eventually
 from dataplanes.openflow.driver import OpenflowDriver, driver_from_settings
 from dataplanes.openflow import messages
@@ -296,7 +297,7 @@ def test_open_vswitch_spreads_tagged_gets_by_the_solved_weights():
             with socket.socket(socket.AF_PACKET, socket.SOCK_RAW) as raw:
                 raw.bind(("mbw-b", 0))
                 for entropy in range(1 << tags.ENTROPY_BITS):
-                    dst = bytes.fromhex(tags.tag(tags.GET, 0, entropy).replace(":", ""))
+                    dst = mac_bytes(tags.tag(tags.GET, 0, entropy))
                     raw.send(dst + bytes.fromhex("020000000099") + b"\x08\x00" + bytes(46))
                     time.sleep(0.0002)  # the userspace datapath's receive queue is not deep
             stats = lambda: [int(n) for n in re.findall(r"bucket\d+:packet_count=(\d+)",  # noqa: E731

@@ -58,6 +58,33 @@ def test_one_after_another_stops_at_the_first_refusal_in_parallel_every_call_is_
         parallel.results()
 
 
+@pytest.mark.parametrize("width", [1, 4])
+def test_every_call_is_made_past_a_refusal_when_asked_and_a_defect_is_raised_after_the_last(width):
+    """An undo, a call that one switch down must not hold back from the others (FanOut.run every=True)."""
+    made = []
+
+    def call(i, error=None):
+        def run():
+            made.append(i)
+            if error is not None:
+                raise error
+            return i
+        return run
+
+    fan_out = FanOut(width)
+    try:
+        outcomes = fan_out.run([call(0), call(1, RuntimeError("refused")), call(2), call(3)], (RuntimeError,),
+                               every=True)
+        assert sorted(made) == [0, 1, 2, 3] and outcomes.done == [0, 2, 3] and [i for i, _ in outcomes.failed] == [1]
+        made.clear()
+        with pytest.raises(KeyError):
+            fan_out.run([call(0, KeyError("a defect")), call(1, RuntimeError("refused")), call(2)], (RuntimeError,),
+                        every=True)
+        assert sorted(made) == [0, 1, 2]
+    finally:
+        fan_out.close()
+
+
 def test_an_error_nobody_named_is_raised_once_every_call_has_returned():
     done = threading.Event()
 
@@ -312,6 +339,18 @@ def test_every_key_is_copied_with_its_value_flags_and_ttl(trio, replicator):
             assert (copy.ttl == -1) if item.ttl == -1 else 3590 <= copy.ttl <= item.ttl, key
     assert replicator.copies == 20 and replicator.failures == 0
     assert all(replicator.copy_cas[(k, s)] > 0 for k in wanted for s in (1, 2))  # later updates are conditional
+
+
+def test_a_copy_adopted_from_before_is_updated_only_while_it_is_the_copy_found(trio, replicator):
+    """A copy made before this replicator (adoption: by the controller before) is updated as one written here: only
+    over the copy found, so a write that landed there since is not overwritten."""
+    found = MetaClient(trio[1]).set(b"pipe:found", StoredItem(b"v1", 0, -1, 0))
+    replicator.adopt_copy(b"pipe:found", 1, found)
+    assert replicator.write(b"pipe:found", StoredItem(b"v2", 0, -1, 0), [1], update=True) == {}
+    assert MetaClient(trio[1]).get(b"pipe:found").value == b"v2"
+    replicator.adopt_copy(b"pipe:found", 1, found)  # not the copy there now (v2's)
+    assert set(replicator.write(b"pipe:found", StoredItem(b"v3", 0, -1, 0), [1], update=True)) == {1}
+    assert MetaClient(trio[1]).get(b"pipe:found").value == b"v2"
 
 
 def test_a_copy_that_fails_is_that_keys_alone(trio, replicator):

@@ -325,13 +325,9 @@ class FabricDriver(Driver):
     def _every(self, call: Callable[[Driver], None]) -> None:
         """`call` on every box at once; the first refusal raised once all were asked (one box down holds back no
         other, one after the other too)."""
-        calls = [lambda box=box: call(box) for box in self.boxes]
-        if self.fan_out.width == 1:
-            errors = [err for err in (_refusal(c) for c in calls) if err is not None]
-        else:
-            errors = [err for _, err in self.fan_out.run(calls, (DriverError,)).failed]
-        if errors:
-            raise errors[0]
+        outcomes = self.fan_out.run([lambda box=box: call(box) for box in self.boxes], (DriverError,), every=True)
+        if outcomes.failed:
+            raise outcomes.failed[0][1]
 
     def _per_box(self, groups: Mapping[int, list], call: Callable[[Driver, list], T]) -> Iterator[tuple[int, T]]:
         """`call(box, its batch)` for each box of `groups`, every box at once; yields (box index, what it returned)
@@ -343,11 +339,3 @@ class FabricDriver(Driver):
             yield order[i], outcomes.outcomes[i]
         if outcomes.failed:
             raise outcomes.failed[0][1]
-
-
-def _refusal(call: Callable[[], object]) -> DriverError | None:
-    try:
-        call()
-    except DriverError as err:
-        return err
-    return None

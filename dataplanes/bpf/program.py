@@ -21,6 +21,7 @@
 """
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import socket
@@ -36,6 +37,7 @@ SOURCE = HERE / "src" / "mbalancer.bpf.c"
 OBJECT = HERE / "build" / "mbalancer.bpf.o"
 BPFFS = Path("/sys/fs/bpf")
 PIN_ROOT = BPFFS / "mbalancer"
+TC_TIMEOUT = 30  # s for one tc command (it answers in milliseconds; a hung one must not hold up an unload)
 
 
 @dataclass(frozen=True)
@@ -121,11 +123,18 @@ def compile_bpf(source: Path, target: Path, what: str, defines: Sequence[str] = 
 
 def available() -> str | None:
     """None if this machine can run the eBPF data plane, else why not (for tests that must skip)."""
-    for tool in ("bpftool", "tc", "clang"):
+    return unavailable(("bpftool", "tc", "clang"), (SWITCH,))
+
+
+def unavailable(tools: Sequence[str], programs: Sequence[Program]) -> str | None:
+    """Why `programs` cannot be loaded here with `tools` (a tool not installed, an object not built, no bpffs where
+    pins last), or None: the probes of every data plane built from this source."""
+    for tool in tools:
         if shutil.which(tool) is None:
             return f"{tool} is not installed (install/apt-packages.txt)"
-    if not OBJECT.exists():
-        return f"{OBJECT} is not built (make install builds it)"
+    for program in programs:
+        if not program.object.exists():
+            return f"{program.object} is not built (make install builds it)"
     try:
         mount_bpffs()
     except DataPlaneError as err:
@@ -233,7 +242,7 @@ class DataPlane:
         namespace `netns` if given: a name under /run/netns or a path such as /proc/<pid>/ns/net."""
         prefix = in_netns(netns)
         if "clsact" in _run(prefix + ["tc", "qdisc", "show", "dev", iface], f"the qdiscs of {iface}"):
-            subprocess.run(prefix + ["tc", "filter", "del", "dev", iface, self.program.hook], capture_output=True)
+            remove_filters(iface, self.program.hook, netns)
         else:
             _run(prefix + ["tc", "qdisc", "add", "dev", iface, "clsact"], f"clsact on {iface}")
         _run(prefix + ["tc", "filter", "add", "dev", iface, self.program.hook, "bpf", "direct-action",
@@ -281,14 +290,31 @@ class DataPlane:
 
 
 def detach(iface: str, hook: str, netns: str | None = None) -> None:
-    """Remove the filters at `hook` of `iface`, and its clsact qdisc if the other hook holds none (a gone interface:
-    nothing to do)."""
-    prefix = in_netns(netns)
-    subprocess.run(prefix + ["tc", "filter", "del", "dev", iface, hook], capture_output=True)
-    other = "egress" if hook == "ingress" else "ingress"
-    shown = subprocess.run(prefix + ["tc", "filter", "show", "dev", iface, other], capture_output=True, text=True)
-    if shown.returncode == 0 and not shown.stdout.strip():
-        subprocess.run(prefix + ["tc", "qdisc", "del", "dev", iface, "clsact"], capture_output=True)
+    """Remove the filters at `hook` of `iface`, and its clsact qdisc if neither hook holds one then (a gone
+    interface: nothing to do)."""
+    remove_filters(iface, hook, netns)
+    remove_empty_clsact(iface, netns)
+
+
+def tc_filters(iface: str, hook: str, netns: str | None = None) -> list[dict]:
+    """The tc filters at `hook` (ingress, egress) of `iface`, as tc shows them ([]: none, or no such interface)."""
+    shown = subprocess.run(in_netns(netns) + ["tc", "-j", "filter", "show", "dev", iface, hook], capture_output=True,
+                           text=True, timeout=TC_TIMEOUT)
+    return json.loads(shown.stdout or "[]") if shown.returncode == 0 else []
+
+
+def remove_filters(iface: str, hook: str, netns: str | None = None, pref: int | None = None) -> None:
+    """Remove the tc filters at `hook` of `iface`: those of priority `pref` only, if given (a gone interface, or no
+    such filter: nothing to do)."""
+    subprocess.run(in_netns(netns) + ["tc", "filter", "del", "dev", iface, hook] +
+                   (["pref", str(pref)] if pref is not None else []), capture_output=True, timeout=TC_TIMEOUT)
+
+
+def remove_empty_clsact(iface: str, netns: str | None = None) -> None:
+    """Remove the clsact qdisc of `iface` if neither of its hooks holds a filter (the operator's stay, and it too)."""
+    if not tc_filters(iface, "ingress", netns) and not tc_filters(iface, "egress", netns):
+        subprocess.run(in_netns(netns) + ["tc", "qdisc", "del", "dev", iface, "clsact"], capture_output=True,
+                       timeout=TC_TIMEOUT)
 
 
 def in_netns(netns: str | None) -> list[str]:

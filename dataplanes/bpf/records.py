@@ -7,11 +7,21 @@ from __future__ import annotations
 import json
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, TypeVar
 
 from dataplanes.bpf.program import DataPlane
 
 RECORDS = Path("/run/mbalancer/switches")  # /run: gone after a reboot, as the programs and their pins are
+T = TypeVar("T")
+
+
+def read_record(path: Path, parse: Callable[[dict], T]) -> T | None:
+    """The record in the JSON file `path`, made by `parse` from its fields; None where there is none, or what is
+    there is not one (cut short, of another version, not JSON)."""
+    try:
+        return parse(json.loads(path.read_text()))
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
 
 
 def write_record(path: Path, record: Any) -> None:

@@ -16,6 +16,7 @@ from dataplanes.pipeline import (COUNTERS, MAX_HOT, MAX_KEY, MAX_REPLICAS, WEIGH
                                  HeavyKey)
 from dataplanes.driver import StreamId
 from dataplanes.slot_book import HotEntry, KeyCounts, OneByOne
+from mbalancer.macs import mac_bytes, mac_text
 
 KEY_BYTES = 252
 KEY_WORDS = 32  # MB_KEY_WORDS: a hot key's copy of its bytes, in 8-byte words
@@ -95,14 +96,6 @@ def hot_value(raw: bytes) -> tuple[bytes, HotEntry]:
     fields = HOT.unpack(raw)
     n, length, key = fields[2], fields[-2], fields[-1]
     return key[:length], HotEntry(fields[0], fields[1], fields[3:3 + n], fields[3 + MAX_REPLICAS:3 + MAX_REPLICAS + n])
-
-
-def mac_bytes(mac: str) -> bytes:
-    return bytes(int(part, 16) for part in mac.split(":"))
-
-
-def mac_text(mac: bytes) -> str:
-    return ":".join(f"{b:02x}" for b in mac[:6])
 
 
 
@@ -298,7 +291,7 @@ class Tables(OneByOne):
 
     def forward(self) -> dict[str, int]:
         table = self.maps["forward"]
-        return {mac_text(key): U32.unpack(table.lookup(key))[0] for key in table.keys()}
+        return {mac_text(key[:6]): U32.unpack(table.lookup(key))[0] for key in table.keys()}
 
     def counter(self, name: str) -> int:
         """One switch counter (summed over CPUs)."""

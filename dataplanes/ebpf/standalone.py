@@ -8,7 +8,6 @@ frame), so ports that are members of a Linux bridge are taken over while attache
 """
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -18,8 +17,9 @@ from pathlib import Path
 from typing import Sequence
 
 from mbalancer.interfaces import IFNAMSIZ, NETNS_NAMES, interface_exists, namespace_name, network_namespace
+from mbalancer.processes import runs
 from dataplanes.bpf.program import PIN_ROOT, DataPlane, DataPlaneError, loaded_switches, mirror_link_of
-from dataplanes.bpf.records import RECORDS, unload_and_forget, write_record
+from dataplanes.bpf.records import RECORDS, read_record, unload_and_forget, write_record
 from dataplanes.ebpf.tcp.path import SPLITTER, TcpPath
 from dataplanes.ebpf.tcp.path import remove as remove_tcp_path
 
@@ -40,14 +40,10 @@ class SwitchRecord:
 
     @staticmethod
     def read(name: str) -> "SwitchRecord | None":
-        try:
-            raw = json.loads(_record_path(name).read_text())
-            return SwitchRecord(raw["name"], tuple(raw["ports"]), tuple(raw["memcached_ports"]), raw["attached_unix"],
-                                int(raw.get("netns_inode", 0)), str(raw.get("netns", "")), bool(raw.get("tcp", False)),
-                                int(raw.get("splitter_pid", 0)), int(raw.get("tcp_table", 0)),
-                                str(raw.get("tcp_missing", "")))
-        except (OSError, ValueError, KeyError, TypeError):
-            return None
+        return read_record(_record_path(name), lambda raw: SwitchRecord(
+            raw["name"], tuple(raw["ports"]), tuple(raw["memcached_ports"]), raw["attached_unix"],
+            int(raw.get("netns_inode", 0)), str(raw.get("netns", "")), bool(raw.get("tcp", False)),
+            int(raw.get("splitter_pid", 0)), int(raw.get("tcp_table", 0)), str(raw.get("tcp_missing", ""))))
 
     def namespace_text(self) -> str:
         return f"network namespace {self.netns}" if self.netns else "the machine's own network namespace"
@@ -144,19 +140,12 @@ def _splitter_state(record: SwitchRecord | None) -> dict | None:
         return {"pid": 0, "running": False, "missing": record.tcp_missing}
     if record is None or not record.tcp:
         return None
-    return {"pid": record.splitter_pid, "running": _is_splitter(record.splitter_pid),
+    return {"pid": record.splitter_pid, "running": runs(record.splitter_pid, SPLITTER.name),
             "log": str(_splitter_log(record.name))}
 
 
 def _splitter_log(name: str) -> Path:
     return RECORDS / f"{name}.splitter.log"
-
-
-def _is_splitter(pid: int) -> bool:
-    try:
-        return pid > 0 and Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0].endswith(SPLITTER.name.encode())
-    except OSError:
-        return False
 
 
 def _remove_tcp_path(record: SwitchRecord, where: str | None) -> list[str]:
@@ -167,7 +156,7 @@ def _remove_tcp_path(record: SwitchRecord, where: str | None) -> list[str]:
 def _stop_splitter(record: SwitchRecord) -> list[str]:
     """Stop the splitter by its pid, if that is still the splitter (also when its namespace is gone: the splitter
     alone keeps that namespace alive)."""
-    if not _is_splitter(record.splitter_pid):
+    if not runs(record.splitter_pid, SPLITTER.name):
         return []
     os.kill(record.splitter_pid, signal.SIGTERM)
     return [f"the TCP splitter (pid {record.splitter_pid})"]

@@ -118,26 +118,21 @@ class BridgeConnection:
         sock = socket.socket(self.family, socket.SOCK_STREAM)
         sock.settimeout(REPLY_TIMEOUT)
         try:
-            sock.connect(self.target)
-            self._sock = sock
-            self._write(sock, parser.OFPHello(Datapath(0)), 1)
-            hello = self._read_one(sock)
-            if hello.version != ofp.OFP_VERSION or hello.msg_type != ofp.OFPT_HELLO:
-                raise DriverError(f"the bridge at {self.address} does not speak OpenFlow 1.5 (give it "
-                                  f"protocols=OpenFlow15)")
-            self._write(sock, parser.OFPFeaturesRequest(Datapath(0)), 2)
-            features = self._read_until(sock, ofp.OFPT_FEATURES_REPLY)
-            dp = Datapath(features.datapath_id)
-            self._write(sock, parser.OFPSetConfig(dp, 0, NO_BUFFER_ALL_BYTES), 3)
-        except OSError as err:
-            sock.close()
-            self._sock = None
-            raise DriverError(f"no Open vSwitch bridge answers at {self.address}: {err.strerror or err}") from None
-        except DriverError:
-            sock.close()
-            self._sock = None
-            raise
-        try:
+            try:
+                sock.connect(self.target)
+                self._sock = sock
+                self._write(sock, parser.OFPHello(Datapath(0)), 1)
+                hello = self._read_one(sock)
+                if hello.version != ofp.OFP_VERSION or hello.msg_type != ofp.OFPT_HELLO:
+                    raise DriverError(f"the bridge at {self.address} does not speak OpenFlow 1.5 (give it "
+                                      f"protocols=OpenFlow15)")
+                self._write(sock, parser.OFPFeaturesRequest(Datapath(0)), 2)
+                features = self._read_until(sock, ofp.OFPT_FEATURES_REPLY)
+                dp = Datapath(features.datapath_id)
+                self._write(sock, parser.OFPSetConfig(dp, 0, NO_BUFFER_ALL_BYTES), 3)
+            except OSError as err:
+                raise DriverError(f"no Open vSwitch bridge answers at {self.address}: {err.strerror or err}") \
+                    from None
             self._set_flags(self.flags)
         except DriverError:
             sock.close()
@@ -181,15 +176,7 @@ class BridgeConnection:
             self._set_flags({name: self.flags[name]})
         except DriverError as err:  # the connection is dropped: the next one sets every flag before any rule
             log.warning("%s; dialling the bridge again", err)
-            self._drop_connection()
-
-    def _drop_connection(self) -> None:
-        sock = self._sock
-        if sock is not None:
-            try:
-                sock.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
+            _shut(self._sock)  # the reader sees the end, drops the connection and dials again
 
     def _connected(self, dp: Datapath) -> None:
         try:
@@ -267,10 +254,7 @@ class BridgeConnection:
     def _drop(self) -> None:
         sock, self._sock, self.dp = self._sock, None, None
         if sock is not None:
-            try:
-                sock.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
+            _shut(sock)
             sock.close()
         with self._answers:
             self._replies.clear()
@@ -294,6 +278,15 @@ class BridgeConnection:
             if message.msg_type == ofp.OFPT_ERROR:
                 raise DriverError(f"the bridge at {self.address} refused the handshake: {refusals([message])}")
         raise DriverError(f"the bridge at {self.address} did not answer the handshake")
+
+
+def _shut(sock: socket.socket | None) -> None:
+    """Both ways of the connection shut (a reader blocked on it wakes), whatever state it is in (None: none)."""
+    if sock is not None:
+        try:
+            sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
 
 
 class _Header:

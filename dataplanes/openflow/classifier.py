@@ -8,12 +8,10 @@ OVS. On a link to another namespace the far end is in that namespace (attached w
 from __future__ import annotations
 
 import importlib.util
-import shutil
 from pathlib import Path
 from typing import Sequence
 
-from dataplanes.bpf.program import (CLASSIFIER, CLASSIFIER_XDP, DataPlane, DataPlaneError, build as build_program,
-                                    mount_bpffs)
+from dataplanes.bpf.program import CLASSIFIER, CLASSIFIER_XDP, DataPlane, build as build_program, unavailable
 
 
 def build(force: bool = False) -> Path:
@@ -25,35 +23,30 @@ def build(force: bool = False) -> Path:
 def available() -> str | None:
     """None if the OpenFlow data plane can run here (classifier built, OVS and Ryu installed), else why not."""
     from dataplanes.openflow.ovs import available as ovs_available
-    for tool in ("bpftool", "tc", "nsenter"):
-        if shutil.which(tool) is None:
-            return f"{tool} is not installed (install/apt-packages.txt)"
-    for program in (CLASSIFIER, CLASSIFIER_XDP):
-        if not program.object.exists():
-            return f"{program.object} is not built (make install builds it)"
     if importlib.util.find_spec("ryu") is None:
         return "ryu is not installed (make install)"
-    try:
-        mount_bpffs()
-    except DataPlaneError as err:
-        return str(err)
-    return ovs_available()
+    return unavailable(("bpftool", "tc", "nsenter"), (CLASSIFIER, CLASSIFIER_XDP)) or ovs_available()
 
 
 def load(name: str, wire_ends: Sequence[tuple[str | None, str]], memcached_ports: Sequence[int] = (11211,)) \
         -> DataPlane:
     """Load the classifier as `name` and attach it to each (network namespace or None, interface) wire end."""
-    from dataplanes.bpf.tables import Tables
     plane = DataPlane(name, CLASSIFIER).load()
     try:
         for netns, iface in wire_ends:
             plane.attach(iface, netns)
-        tables = Tables(plane.pin_dir)
-        try:
-            tables.add_memcached_ports(memcached_ports)
-        finally:
-            tables.close()
+        fill(plane, memcached_ports)
     except BaseException:
         plane.unload()
         raise
     return plane
+
+
+def fill(plane: DataPlane, memcached_ports: Sequence[int]) -> None:
+    """The classifier's memcached ports table: requests to these ports are read (the driver adds each server's)."""
+    from dataplanes.bpf.tables import Tables  # here: tables needs the bpf syscall, importing this module does not
+    tables = Tables(plane.pin_dir)
+    try:
+        tables.add_memcached_ports(memcached_ports)
+    finally:
+        tables.close()

@@ -14,13 +14,12 @@ from __future__ import annotations
 
 import os
 import shutil
-import signal
 import subprocess
 import time
 from pathlib import Path
 from typing import Sequence
 
-from mbalancer.processes import stop_process
+from mbalancer.processes import kill_left_over, stop_process
 
 RUN_ROOT = Path("/run/mbalancer/ovs")
 SCHEMA = Path("/usr/share/openvswitch/vswitch.ovsschema")
@@ -47,12 +46,7 @@ def remove_left_over(name: str) -> list[str]:
     if not rundir.exists():
         return []
     for pidfile in rundir.glob("*.pid"):
-        try:
-            pid = int(pidfile.read_text().strip())
-            if Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0].endswith(pidfile.stem.encode()):
-                os.kill(pid, signal.SIGKILL)  # only if that PID is still the daemon named by its pidfile
-        except (OSError, ValueError):
-            pass
+        kill_left_over(pidfile, pidfile.stem)  # only if that PID is still the daemon named by its pidfile
     for bridge in (rundir / BRIDGES).read_text().split() if (rundir / BRIDGES).exists() else []:
         subprocess.run(["ip", "link", "del", bridge], capture_output=True)  # the netdev datapath's tap
     shutil.rmtree(rundir, ignore_errors=True)

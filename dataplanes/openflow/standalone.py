@@ -17,9 +17,11 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Sequence
 
-from dataplanes.bpf.program import CLASSIFIER, XDP_PIN, DataPlane, DataPlaneError, loaded_switches
-from dataplanes.bpf.records import RECORDS, unload_and_forget, write_record
+from dataplanes.bpf.program import (CLASSIFIER, XDP_PIN, DataPlane, DataPlaneError, loaded_switches,
+                                    remove_empty_clsact, remove_filters, tc_filters)
+from dataplanes.bpf.records import RECORDS, read_record, unload_and_forget, write_record
 from dataplanes.openflow.box import DATAPATHS, BoxError, Hook, OvsBox, plan
+from dataplanes.openflow.classifier import fill
 from mbalancer.interfaces import interface_exists
 
 PREF = 49152  # the classifier's tc filter priority on each hook: the operator's own filters keep theirs
@@ -38,13 +40,9 @@ class ClassifierRecord:
 
     @staticmethod
     def read(name: str) -> "ClassifierRecord | None":
-        try:
-            raw = json.loads(record_path(name).read_text())
-            return ClassifierRecord(raw["name"], raw["bridge"], raw["datapath"], raw["ovs_rundir"],
-                                    tuple(raw["memcached_ports"]), tuple(Hook(**h) for h in raw["hooks"]),
-                                    tuple(raw["made_qdiscs"]), raw["attached_unix"])
-        except (OSError, ValueError, KeyError, TypeError):
-            return None
+        return read_record(record_path(name), lambda raw: ClassifierRecord(
+            raw["name"], raw["bridge"], raw["datapath"], raw["ovs_rundir"], tuple(raw["memcached_ports"]),
+            tuple(Hook(**h) for h in raw["hooks"]), tuple(raw["made_qdiscs"]), raw["attached_unix"]))
 
     def write(self) -> None:
         write_record(record_path(self.name), self)
@@ -86,7 +84,7 @@ def attach(name: str, bridge: str, rundir: str, memcached_ports: Sequence[int], 
     record.write()
     try:
         plane = DataPlane(name, CLASSIFIER).load()
-        _fill(plane, record.memcached_ports)
+        fill(plane, record.memcached_ports)
         xdp = plane.load_xdp() if any(h.direction == "xdp" for h in hooks) else None
         for hook in hooks:
             if hook.direction == "xdp":
@@ -105,15 +103,6 @@ def attach(name: str, bridge: str, rundir: str, memcached_ports: Sequence[int], 
     return record
 
 
-def _fill(plane: DataPlane, memcached_ports: Sequence[int]) -> None:
-    from dataplanes.bpf.tables import Tables  # needs the bpf syscall; importing this module does not
-    tables = Tables(plane.pin_dir)
-    try:
-        tables.add_memcached_ports(memcached_ports)
-    finally:
-        tables.close()
-
-
 def _tc(args: list[str], what: str) -> None:
     result = subprocess.run(args, capture_output=True, text=True, timeout=30)
     if result.returncode:
@@ -123,12 +112,6 @@ def _tc(args: list[str], what: str) -> None:
 def _has_clsact(hook: Hook) -> bool:
     shown = subprocess.run(["tc", "-j", "qdisc", "show", "dev", hook.port], capture_output=True, text=True, timeout=30)
     return shown.returncode == 0 and any(q.get("kind") == "clsact" for q in json.loads(shown.stdout or "[]"))
-
-
-def _filters(hook: Hook, direction: str) -> list[dict]:
-    shown = subprocess.run(["tc", "-j", "filter", "show", "dev", hook.port, direction], capture_output=True,
-                           text=True, timeout=30)
-    return json.loads(shown.stdout or "[]") if shown.returncode == 0 else []
 
 
 def _xdp_id(port: str) -> int:
@@ -158,12 +141,11 @@ def detach(name: str) -> list[str]:
                 subprocess.run(["ip", "link", "set", "dev", hook.port, "xdp", "off"], capture_output=True, timeout=30)
                 removed.append(f"the classifier at {hook.describe()}")
         else:
-            if any(f.get("pref") == PREF for f in _filters(hook, hook.direction)):
-                subprocess.run(["tc", "filter", "del", "dev", hook.port, hook.direction, "pref", str(PREF)],
-                               capture_output=True, timeout=30)
+            if any(f.get("pref") == PREF for f in tc_filters(hook.port, hook.direction)):
+                remove_filters(hook.port, hook.direction, pref=PREF)
                 removed.append(f"the classifier at {hook.describe()}")
-            if hook.port in record.made_qdiscs and not _filters(hook, "ingress") and not _filters(hook, "egress"):
-                subprocess.run(["tc", "qdisc", "del", "dev", hook.port, "clsact"], capture_output=True, timeout=30)
+            if hook.port in record.made_qdiscs:
+                remove_empty_clsact(hook.port)
     return removed + unload_and_forget(DataPlane(name, CLASSIFIER), record_path(name))
 
 

@@ -10,6 +10,8 @@ BALANCED       source of a get the switch balanced (its group writes it, not the
 """
 from __future__ import annotations
 
+from mbalancer.macs import mac_bytes, mac_text
+
 FIRST = 0x0e
 GET, COPY, REPLY, BALANCED = 1, 2, 3, 4
 KINDS = (GET, COPY, REPLY, BALANCED)
@@ -21,7 +23,7 @@ def tag(kind: int, index: int, entropy: int = 0) -> str:
     if kind not in KINDS or not 0 <= index < 1 << 16 or not 0 <= entropy < 1 << 16:
         raise ValueError(f"no tag kind {kind} index {index} entropy {entropy}")
     raw = bytes([FIRST, kind, index >> 8, index & 0xff, entropy >> 8, entropy & 0xff])
-    return ":".join(f"{b:02x}" for b in raw)
+    return mac_text(raw)
 
 
 def tag_match(kind: int, index: int) -> tuple[str, str]:
@@ -31,7 +33,7 @@ def tag_match(kind: int, index: int) -> tuple[str, str]:
 
 def parse_tag(mac: str) -> tuple[int, int, int] | None:
     """(kind, index, entropy) of a tag, None for any other MAC."""
-    raw = bytes.fromhex(mac.replace(":", ""))
-    if len(raw) != 6 or raw[0] != FIRST or raw[1] not in KINDS:
+    raw = mac_bytes(mac)
+    if raw[0] != FIRST or raw[1] not in KINDS:
         return None
     return raw[1], raw[2] << 8 | raw[3], raw[4] << 8 | raw[5]

@@ -9,8 +9,6 @@ checksums to the receiver, which bmv2 is not).
 from __future__ import annotations
 
 import logging
-import os
-import signal
 import socket
 import subprocess
 import time
@@ -18,7 +16,7 @@ from pathlib import Path
 from typing import Sequence
 
 from dataplanes.p4.pipeline import SWITCH, P4Error
-from mbalancer.processes import stop_process
+from mbalancer.processes import kill_left_over, stop_process
 
 log = logging.getLogger(__name__)
 RUN_DIR = Path("/run/mbalancer/bmv2")
@@ -119,12 +117,7 @@ def remove_left_over(name: str) -> list[str]:
     path = pidfile(name)
     if not path.exists():
         return []
-    try:
-        pid = int(path.read_text().strip())
-        if Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0].endswith(SWITCH.encode()):
-            os.kill(pid, signal.SIGKILL)
-    except (OSError, ValueError):
-        pass
+    kill_left_over(path, SWITCH)
     path.unlink(missing_ok=True)
     return [f"bmv2 {name}"]
 

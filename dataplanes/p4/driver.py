@@ -34,6 +34,7 @@ from dataplanes.pipeline import own_addresses
 from dataplanes.read_back import read_back
 from dataplanes.slot_book import SlotBook
 from dataplanes.slot_book_driver import SlotBookDriver
+from mbalancer.macs import mac_text
 from mbalancer.packets import LINKTYPE_ETHERNET, TCP, destination, memcached_segment
 from mbalancer.settings import Server
 
@@ -203,7 +204,7 @@ class P4RuntimeDriver(SlotBookDriver):
         for entity in client.read([e.table_entry(self.pipeline, t, {}) for t in tables], "the switch's own entries"):
             if entity.table_entry.table_id == forward_id:
                 match = e.match_of(self.pipeline, "forward", entity)
-                self.forwarded[client.address][e.mac_text(match["hdr.ethernet.dst"])] = e.params_of(self.pipeline, "to_port", entity)["port"]
+                self.forwarded[client.address][mac_text(match["hdr.ethernet.dst"])] = e.params_of(self.pipeline, "to_port", entity)["port"]
             else:
                 found[e.entry_key(entity)] = entity
         updates = []

@@ -9,6 +9,7 @@ from p4.v1 import p4runtime_pb2
 
 from dataplanes.p4.client import P4RuntimeError, encode
 from dataplanes.p4.pipeline import FLOOD_GROUP, MIRROR_SESSION, Pipeline
+from mbalancer.macs import mac_bytes
 
 Match = dict[str, "int | tuple[int, int]"]  # field -> exact value, or (low, high) for a range
 
@@ -106,12 +107,8 @@ def flood_group(ports: Sequence[int]) -> p4runtime_pb2.Entity:
 
 
 def mac_value(mac: str) -> int:
-    return int(mac.replace(":", ""), 16)
-
-
-def mac_text(value: int) -> str:
-    """mac_value's inverse: the MAC a match field holds, as the config writes it."""
-    return ":".join(f"{b:02x}" for b in value.to_bytes(6, "big"))
+    """A MAC's value in a match field or parameter (macs.mac_text reads it back)."""
+    return int.from_bytes(mac_bytes(mac), "big")
 
 
 def ip_value(ip: str) -> int:
