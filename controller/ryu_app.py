@@ -244,7 +244,7 @@ class MBalancerApp(app_manager.RyuApp):
     def stop(self):
         self.stopping.set()
         if self.core_started:
-            self.core.stop()
+            self.core.stop(end_lease=not (self.failover is not None and self.failover.lets_lease_run))
         if self.failover is not None:
             self.failover.election.resign()  # the next candidate need not wait for the lease
         self.ownership.release()

@@ -104,6 +104,14 @@ class Failover:
     def leading(self) -> bool:
         return self.standing is Standing.LEADING
 
+    @property
+    def lets_lease_run(self) -> bool:
+        """Deposed (lost the lead, demoted or refused by a switch): the core lets the switches go with their lease
+        running, as `mbalancer controller` does (controller/cli.py _stop_driving says why that is safe). Ending it
+        would write the shared classifier's lease to 0 under the successor driving it: every hot get home until its
+        next renewal."""
+        return self.standing is Standing.DEPOSED
+
     def run(self, stop: threading.Event) -> None:
         """Campaign until elected (or `stop`), claim every switch, take the classifier, start the core, then watch the
         election until the lead is lost."""

@@ -137,6 +137,7 @@ def test_the_next_leader_is_master_before_it_drives_and_the_deposed_one_is_refus
     assert new_link.driven and not new_started and roles.told == [("old", ofp.OFPCR_ROLE_SLAVE)]
     old.demoted(old_link.dp, ofp.OFPCR_ROLE_SLAVE, 9)  # the ROLE_STATUS, as the Ryu app hands it on
     assert old.standing is Standing.DEPOSED and old_ended == [1]
+    assert old.lets_lease_run and new.lets_lease_run is False  # the deposed one leaves the lease to its successor
     assert old_link.asked[-1] == (ofp.OFPCR_ROLE_SLAVE, 5)  # stepping down: refused, a higher id is master
     assert roles.roles["new"] == ofp.OFPCR_ROLE_MASTER and roles.generation == 9
     old_stop.set()  # ryu-manager ends: its apps stop, the lock goes
@@ -168,6 +169,18 @@ def test_a_leader_that_loses_its_etcd_lease_becomes_a_slave_and_ends(tmp_path):
     assert wait(lambda: ended == [1])
     thread.join(5)
     assert roles.roles["leader"] == ofp.OFPCR_ROLE_SLAVE  # no successor yet: the switch takes its slave request
+    assert leader.lets_lease_run  # for one to adopt the switches' keys balanced
+
+
+def test_a_leader_stopped_on_purpose_ends_the_lease(tmp_path):
+    """ryu-manager stopped by a signal while it leads: nobody may come after it, so every get goes home at once."""
+    roles = Roles()
+    leader, link, started, ended = candidate("leader", roles, 5, tmp_path)
+    thread, stop = lead(leader)
+    assert wait(lambda: leader.leading)
+    stop.set()
+    thread.join(5)
+    assert not leader.lets_lease_run and not ended
 
 
 def test_a_candidate_deletes_the_key_of_a_leader_whose_owner_lock_was_freed(tmp_path):
