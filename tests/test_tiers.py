@@ -73,3 +73,15 @@ def test_make_test_runs_every_tier_once():
     assert set(runs) == {"offline", "network"}
     assert runs["offline"] | runs["network"] == set(TIER_NAMES) and not runs["offline"] & runs["network"]
     assert runs["network"] >= {tier for tier in TIER_NAMES if tier in ("root", "bmv2", "mininet")}
+
+
+def test_the_network_streams_run_every_network_module_once():
+    """`make test` runs the network tiers as two streams of modules side by side (tests/network_streams.py): a module
+    in neither would never run in CI, one in both twice, and at once beside itself."""
+    from tests.network_streams import NETWORK_TIERS, main, streams
+    split = streams()
+    network = {module for module, tier in TIERS.items() if tier in NETWORK_TIERS}
+    assert set(NETWORK_TIERS) == run_tiers_expressions()["network"]
+    assert sorted(split) == ["namespaces", "testbed"] and all(split.values())
+    assert sorted(split["testbed"] + split["namespaces"]) == sorted(network)
+    assert main(["nosuch"]) == 2
