@@ -11,6 +11,7 @@ mkdir -p /run/mbalancer /run/netns  # mount points (what is in them stays the ma
 # bash, not the command, is the namespace's PID 1: it reaps the orphans a killed test leaves, as init would.
 exec unshare --net --mount --pid --fork --kill-child --mount-proc --propagation private bash -c '
 set -e
+umount -l /sys  # not stacked on the machine'"'"'s: `ip netns exec` unmounts one sysfs, and tc looks for bpffs below it
 mount -t sysfs sysfs /sys
 mount -t bpf bpf /sys/fs/bpf
 mount -t tmpfs tmpfs /sys/fs/cgroup

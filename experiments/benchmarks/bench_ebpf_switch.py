@@ -87,7 +87,9 @@ def attach_sinks(net: NamespaceNetwork, sink: Path) -> None:
         result = net.run(host, ["tc", "filter", "add", "dev", "eth0", "ingress", "bpf", "direct-action", "obj",
                                 str(sink), "sec", "tc"])
         if result.returncode:
-            raise RuntimeError(f"sink on {host.name}: {result.stderr.strip()}")
+            # the machine, not the benchmark: one line, as a tool says it (tc says it over several)
+            raise SystemExit(f"bench_ebpf_switch: the sink did not load on {host.name}: "
+                             f"{' '.join(result.stderr.split())}")
 
 
 def teach_server_macs(net: NamespaceNetwork) -> None:
