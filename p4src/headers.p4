@@ -196,12 +196,38 @@ struct sketch_report_t {
     bit<MB_KEY_BITS> key;
 }
 
-struct metadata_t {
-    /* parser */
+/* Per-packet values the program always writes before it reads them. A header, not metadata: bmv2 zeroes every
+ * metadata field of every packet (a cost per field), a header only has its validity bit reset. Never emitted. */
+header scratch_t {
     bit<16> ip_end;        /* bytes from the frame's start to the end of the IPv4 packet */
     bit<16> payload_len;   /* after the UDP (and frame) or TCP header */
     bit<16> command_len;   /* bytes of the command: the payload after the frame header (UDP), the payload (TCP) */
     bit<16> remaining;     /* payload bytes not yet read */
+    bit<8> data_field;     /* which field after the key is the data length (MB_NO_DATA: none) */
+    bit<32> dest_server;
+    bit<32> slot;
+    bit<32> home;
+    bit<64> synced_writes;
+    bit<64> synced_unsure;
+    bit<16> point;         /* the request's hash: which replica's range it falls in */
+    bit<32> replica;
+    bit<32> replica_position;
+    bit<32> server_wanted;
+    bit<48> server_mac;
+    bit<32> server_ip;
+    bit<16> server_port;
+    bit<48> quiet_us;
+    bit<32> closing_server;  /* the server whose memcached sent this FIN or RST */
+    bit<32> checked_server;  /* closes_handled's key: the replica a get would go to */
+    bit<64> handled;         /* closes_handled: the closes of it the controller has dealt with */
+    bit<16> sketch_epoch;
+    bit<32> report_from;
+    bit<32> sketch_estimate;
+    bit<32> report_mask;     /* sketch_report_step: an estimate is reported where these bits are 0 */
+}
+
+struct metadata_t {
+    /* parser */
     bit<1> l4;             /* an unfragmented IPv4 UDP or TCP packet whose lengths add up */
     bit<1> first_fragment; /* the first fragment of one: ports read, nothing after them */
     bit<1> frame_ok;       /* UDP: a single-datagram frame header was read */
@@ -210,7 +236,6 @@ struct metadata_t {
     bit<8> word_len;
     bit<MB_KEY_BITS> key;  /* the key as a number (its bytes, big-endian): hot_keys matches it with its length */
     bit<8> key_len;        /* 0: no valid key */
-    bit<8> data_field;     /* which field after the key is the data length (MB_NO_DATA: none) */
     bit<16> line_len;      /* bytes of the line read */
     bit<1> line_found;     /* '\r' found within MB_LINE_BYTES */
     bit<8> fields;         /* fields of the line started */
@@ -234,23 +259,11 @@ struct metadata_t {
     bit<1> keep_mac;       /* ... and keeps the replica's MAC (the get was balanced upstream) */
     bit<1> request;        /* to a memcached port */
     bit<1> dest_known;     /* the destination is a server of the config */
-    bit<32> dest_server;
     bit<1> trusted;        /* from the controller: its copies never make a server unsure */
     bit<1> hot;
-    bit<32> slot;
-    bit<32> home;
     bit<1> synced_hit;
-    bit<64> synced_writes;
-    bit<64> synced_unsure;
-    bit<16> point;         /* the request's hash: which replica's range it falls in */
     bit<1> replica_hit;
-    bit<32> replica;
-    bit<32> replica_position;
-    bit<32> server_wanted;
     bit<1> server_hit;
-    bit<48> server_mac;
-    bit<32> server_ip;
-    bit<16> server_port;
     bit<1> clone_it;
     @field_list(MB_COPY_FIELDS)
     bit<32> stream_start;    /* the tracked connection's: where its unread stretch began */
@@ -260,16 +273,9 @@ struct metadata_t {
     bit<1> coalesce;         /* unsure, and unreadable by the controller too: one copy per report is enough */
     bit<8> report;           /* REPORT_*: an answer to the controller (op 2, op 3), in place of the packet */
     bit<1> hairpin;          /* a get this switch balanced: it may leave by the port it came in by, flooded too */
-    bit<48> quiet_us;
-    bit<32> closing_server;  /* the server whose memcached sent this FIN or RST */
     bit<1> to_controller;    /* to one of the controller's addresses */
-    bit<32> checked_server;  /* closes_handled's key: the replica a get would go to */
-    bit<64> handled;         /* closes_handled: the closes of it the controller has dealt with */
     bit<1> sketch_on;        /* sketch_control: a reader counts gets, in this epoch, reporting from this estimate */
-    bit<16> sketch_epoch;
-    bit<32> report_from;
-    bit<32> sketch_estimate;
-    bit<32> report_mask;     /* sketch_report_step: an estimate is reported where these bits are 0 */
+    scratch_t s;           /* written before read: not zeroed per packet */
 }
 
 #endif

@@ -22,7 +22,8 @@
 
 parser MbParser(packet_in pkt, out headers_t hdr, inout metadata_t meta, inout standard_metadata_t std) {
     state start {
-        meta.data_field = MB_NO_DATA;
+        meta.s.setValid();
+        meta.s.data_field = MB_NO_DATA;
         transition select(std.ingress_port) {
             MB_CPU_PORT: parse_packet_out;
             default: parse_ethernet;
@@ -44,7 +45,7 @@ parser MbParser(packet_in pkt, out headers_t hdr, inout metadata_t meta, inout s
 
     state parse_ipv4 {
         pkt.extract(hdr.ipv4);
-        meta.ip_end = 14 + hdr.ipv4.total_len;
+        meta.s.ip_end = 14 + hdr.ipv4.total_len;
         transition select(hdr.ipv4.version, hdr.ipv4.ihl) {
             (4, 5): parse_ipv4_protocol;
             (4, 0 &&& 0xc): accept;   /* ihl 0..3: broken */
@@ -79,8 +80,8 @@ parser MbParser(packet_in pkt, out headers_t hdr, inout metadata_t meta, inout s
     state parse_udp {
         pkt.extract(hdr.ports);
         pkt.extract(hdr.udp);
-        meta.payload_len = meta.ip_end - 14 - ((bit<16>)hdr.ipv4.ihl << 2) - 8;
-        transition select(meta.ip_end < 14 + ((bit<16>)hdr.ipv4.ihl << 2) + 8) {
+        meta.s.payload_len = meta.s.ip_end - 14 - ((bit<16>)hdr.ipv4.ihl << 2) - 8;
+        transition select(meta.s.ip_end < 14 + ((bit<16>)hdr.ipv4.ihl << 2) + 8) {
             true: accept;  /* the IPv4 packet ends inside the UDP header */
             false: parse_udp_payload;
         }
@@ -88,8 +89,8 @@ parser MbParser(packet_in pkt, out headers_t hdr, inout metadata_t meta, inout s
 
     state parse_udp_payload {
         meta.l4 = 1;
-        meta.remaining = meta.payload_len;
-        transition select(meta.payload_len < 8) {
+        meta.s.remaining = meta.s.payload_len;
+        transition select(meta.s.payload_len < 8) {
             true: accept;
             false: parse_frame;
         }
@@ -97,8 +98,8 @@ parser MbParser(packet_in pkt, out headers_t hdr, inout metadata_t meta, inout s
 
     state parse_frame {
         pkt.extract(hdr.frame);
-        meta.remaining = meta.remaining - 8;
-        meta.command_len = meta.remaining;
+        meta.s.remaining = meta.s.remaining - 8;
+        meta.s.command_len = meta.s.remaining;
         transition select(hdr.frame.sequence, hdr.frame.datagrams) {
             (0, 1): frame_ok;  /* sequence 0 of 1 datagram */
             default: accept;
@@ -128,10 +129,10 @@ parser MbParser(packet_in pkt, out headers_t hdr, inout metadata_t meta, inout s
 
     state parse_tcp_payload {
         bit<16> headers = 14 + ((bit<16>)hdr.ipv4.ihl << 2) + ((bit<16>)hdr.tcp.data_offset << 2);
-        meta.payload_len = meta.ip_end - headers;
-        meta.remaining = meta.payload_len;
-        meta.command_len = meta.payload_len;
-        transition select(meta.ip_end < headers) {
+        meta.s.payload_len = meta.s.ip_end - headers;
+        meta.s.remaining = meta.s.payload_len;
+        meta.s.command_len = meta.s.payload_len;
+        transition select(meta.s.ip_end < headers) {
             true: accept;
             false: tcp_ok;
         }
@@ -144,7 +145,7 @@ parser MbParser(packet_in pkt, out headers_t hdr, inout metadata_t meta, inout s
 
     /* The command word: up to 7 bytes, ended by ' ' or '\r'; "get " and "set " in one step. */
     state parse_command {
-        transition select(meta.remaining) {
+        transition select(meta.s.remaining) {
             0: accept;  /* nothing to read: a bare TCP ACK, an empty datagram */
             1 &&& 0xfffc: word_byte;  /* 1 .. 3 */
             default: command4;
@@ -161,18 +162,18 @@ parser MbParser(packet_in pkt, out headers_t hdr, inout metadata_t meta, inout s
 
     state get4 {
         pkt.extract(hdr.command4);
-        meta.remaining = meta.remaining - 4;
+        meta.s.remaining = meta.s.remaining - 4;
         transition get;
     }
 
     state set4 {
         pkt.extract(hdr.command4);
-        meta.remaining = meta.remaining - 4;
+        meta.s.remaining = meta.s.remaining - 4;
         transition write_data_2;
     }
 
     state word_byte {
-        transition select(meta.remaining) {
+        transition select(meta.s.remaining) {
             0: command_other;  /* no end */
             default: word_byte_look;
         }
@@ -191,7 +192,7 @@ parser MbParser(packet_in pkt, out headers_t hdr, inout metadata_t meta, inout s
         pkt.extract(hdr.word.next);
         meta.word = (meta.word << 8) | (bit<64>)hdr.word.last.b;
         meta.word_len = meta.word_len + 1;
-        meta.remaining = meta.remaining - 1;
+        meta.s.remaining = meta.s.remaining - 1;
         transition word_byte;
     }
 
@@ -202,7 +203,7 @@ parser MbParser(packet_in pkt, out headers_t hdr, inout metadata_t meta, inout s
 
     state word_space {
         pkt.extract(hdr.word_end);
-        meta.remaining = meta.remaining - 1;
+        meta.s.remaining = meta.s.remaining - 1;
         transition select(meta.word) {
             0x676574: get;                        /* get */
             0x67657473: get;                      /* gets */
@@ -228,7 +229,7 @@ parser MbParser(packet_in pkt, out headers_t hdr, inout metadata_t meta, inout s
 
     state word_cr {
         pkt.extract(hdr.word_end);
-        meta.remaining = meta.remaining - 1;
+        meta.s.remaining = meta.s.remaining - 1;
         transition select(meta.word) {
             0x7374617473: line_after_cr;          /* stats */
             0x76657273696f6e: line_after_cr;      /* version */
@@ -239,8 +240,8 @@ parser MbParser(packet_in pkt, out headers_t hdr, inout metadata_t meta, inout s
 
     state get { meta.command = CMD_GET; transition key_step; }
     state meta_get { meta.command = CMD_READ; transition key_step; }
-    state write_data_2 { meta.command = CMD_WRITE; meta.data_field = 2; transition key_step; }
-    state write_data_0 { meta.command = CMD_WRITE; meta.data_field = 0; transition key_step; }
+    state write_data_2 { meta.command = CMD_WRITE; meta.s.data_field = 2; transition key_step; }
+    state write_data_0 { meta.command = CMD_WRITE; meta.s.data_field = 0; transition key_step; }
     state write_no_data { meta.command = CMD_WRITE; transition key_step; }
     state line_after_space { meta.command = CMD_LINE; meta.line_len = 1; transition line_byte; }
     state line_after_cr { meta.command = CMD_LINE; transition line_cr_found; }
@@ -251,7 +252,7 @@ parser MbParser(packet_in pkt, out headers_t hdr, inout metadata_t meta, inout s
      * of the next 8 is one of those and the key stays within 250 bytes; then a byte at a time (the key ends within
      * the next 8 bytes, or the packet does, or the 250 bytes are near). */
     state key_step {
-        transition select(meta.remaining >= 8 && meta.key_len <= MB_MAX_KEY - 8) {
+        transition select(meta.s.remaining >= 8 && meta.key_len <= MB_MAX_KEY - 8) {
             true: key_words_look;
             false: key_byte;
         }
@@ -271,12 +272,12 @@ parser MbParser(packet_in pkt, out headers_t hdr, inout metadata_t meta, inout s
         pkt.extract(hdr.key_words.next);
         meta.key = (meta.key << 64) | (bit<MB_KEY_BITS>)hdr.key_words.last.w;
         meta.key_len = meta.key_len + 8;
-        meta.remaining = meta.remaining - 8;
+        meta.s.remaining = meta.s.remaining - 8;
         transition key_step;
     }
 
     state key_byte {
-        transition select(meta.remaining) {
+        transition select(meta.s.remaining) {
             0: no_key;
             default: key_byte_look;
         }
@@ -299,7 +300,7 @@ parser MbParser(packet_in pkt, out headers_t hdr, inout metadata_t meta, inout s
         pkt.extract(hdr.key.next);
         meta.key = (meta.key << 8) | (bit<MB_KEY_BITS>)hdr.key.last.b;
         meta.key_len = meta.key_len + 1;
-        meta.remaining = meta.remaining - 1;
+        meta.s.remaining = meta.s.remaining - 1;
         transition key_byte;  /* no 8-byte step after a byte: the key's bytes stay in order, words then bytes */
     }
 
@@ -311,8 +312,8 @@ parser MbParser(packet_in pkt, out headers_t hdr, inout metadata_t meta, inout s
     state key_end_space {
         pkt.extract(hdr.line.next);
         meta.line_len = 1;
-        meta.remaining = meta.remaining - 1;
-        transition select(meta.data_field) {
+        meta.s.remaining = meta.s.remaining - 1;
+        transition select(meta.s.data_field) {
             MB_NO_DATA: line_wide;  /* no data length to read: only where '\r' is matters (and mg's flags) */
             default: line_byte;
         }
@@ -321,7 +322,7 @@ parser MbParser(packet_in pkt, out headers_t hdr, inout metadata_t meta, inout s
     state key_end_cr {
         pkt.extract(hdr.line.next);
         meta.line_len = 1;
-        meta.remaining = meta.remaining - 1;
+        meta.s.remaining = meta.s.remaining - 1;
         transition line_cr_found;
     }
 
@@ -329,7 +330,7 @@ parser MbParser(packet_in pkt, out headers_t hdr, inout metadata_t meta, inout s
      * that make a meta command change the item, and where '\r' is. A byte at a time up to the data length's end
      * (MB_LINE_HEAD bytes at most: past that the line is not proved whole), then 8 at a time (line_wide). */
     state line_byte {
-        transition select(meta.remaining, meta.line_len) {
+        transition select(meta.s.remaining, meta.line_len) {
             (0, _): accept;                      /* no '\r' */
             (_, MB_LINE_HEAD): accept;           /* a head longer than any data length field needs */
             default: line_byte_look;
@@ -347,8 +348,8 @@ parser MbParser(packet_in pkt, out headers_t hdr, inout metadata_t meta, inout s
     state line_space {
         pkt.extract(hdr.line.next);
         meta.line_len = meta.line_len + 1;
-        meta.remaining = meta.remaining - 1;
-        transition select(meta.in_field, meta.fields - meta.data_field) {
+        meta.s.remaining = meta.s.remaining - 1;
+        transition select(meta.in_field, meta.fields - meta.s.data_field) {
             (1, 1): line_data_length_read;  /* the space after the data length */
             default: line_out_of_field;
         }
@@ -367,7 +368,7 @@ parser MbParser(packet_in pkt, out headers_t hdr, inout metadata_t meta, inout s
     /* After the data length: 8 bytes at a time while none of the next 8 is '\r' (nor, for mg, T, N or I) and the
      * line stays within MB_LINE_BYTES; then its last bytes one at a time. */
     state line_wide {
-        transition select(meta.remaining >= 8 && meta.line_len <= MB_LINE_BYTES - 8, meta.command) {
+        transition select(meta.s.remaining >= 8 && meta.line_len <= MB_LINE_BYTES - 8, meta.command) {
             (false, _): line_tail;
             (true, CMD_READ): line_words_look_mg;
             default: line_words_look;
@@ -394,14 +395,14 @@ parser MbParser(packet_in pkt, out headers_t hdr, inout metadata_t meta, inout s
     state line_take_word {
         pkt.extract(hdr.line_words.next);
         meta.line_len = meta.line_len + 8;
-        meta.remaining = meta.remaining - 8;
+        meta.s.remaining = meta.s.remaining - 8;
         transition line_wide;
     }
 
     /* At most 8 bytes: '\r' (or the packet's end, or MB_LINE_BYTES) is within them, or for mg a T, N or I, which
      * makes it change the item whatever follows (so it cannot be whole: nothing more to read). */
     state line_tail {
-        transition select(meta.remaining, meta.line_len) {
+        transition select(meta.s.remaining, meta.line_len) {
             (0, _): accept;
             (_, MB_LINE_BYTES): accept;
             default: line_tail_look;
@@ -421,7 +422,7 @@ parser MbParser(packet_in pkt, out headers_t hdr, inout metadata_t meta, inout s
     state line_tail_take {
         pkt.extract(hdr.line_tail.next);
         meta.line_len = meta.line_len + 1;
-        meta.remaining = meta.remaining - 1;
+        meta.s.remaining = meta.s.remaining - 1;
         transition line_tail;
     }
 
@@ -433,14 +434,14 @@ parser MbParser(packet_in pkt, out headers_t hdr, inout metadata_t meta, inout s
     state line_tail_cr {
         pkt.extract(hdr.line_tail.next);
         meta.line_len = meta.line_len + 1;
-        meta.remaining = meta.remaining - 1;
+        meta.s.remaining = meta.s.remaining - 1;
         transition line_cr_found;
     }
 
     state line_char {
         pkt.extract(hdr.line.next);
         meta.line_len = meta.line_len + 1;
-        meta.remaining = meta.remaining - 1;
+        meta.s.remaining = meta.s.remaining - 1;
         transition select(meta.in_field) {
             0: line_field_starts;
             default: line_flags;
@@ -469,7 +470,7 @@ parser MbParser(packet_in pkt, out headers_t hdr, inout metadata_t meta, inout s
 
     /* In the data-length field: digits only, at most 9 of them (more could not fit in a packet anyway). */
     state line_number {
-        transition select(meta.fields - meta.data_field, hdr.line.last.b) {
+        transition select(meta.fields - meta.s.data_field, hdr.line.last.b) {
             (1, 0x30 &&& 0xf8): line_digit;  /* 0..7 */
             (1, 0x38 &&& 0xfe): line_digit;  /* 8, 9 */
             (1, _): line_bad_number;
@@ -494,13 +495,13 @@ parser MbParser(packet_in pkt, out headers_t hdr, inout metadata_t meta, inout s
     state line_cr {
         pkt.extract(hdr.line.next);
         meta.line_len = meta.line_len + 1;
-        meta.remaining = meta.remaining - 1;
+        meta.s.remaining = meta.s.remaining - 1;
         transition line_cr_found;
     }
 
     state line_cr_found {
         meta.line_found = 1;
-        transition select(meta.remaining) {
+        transition select(meta.s.remaining) {
             0: accept;  /* no '\n' */
             default: line_lf;
         }
@@ -508,7 +509,7 @@ parser MbParser(packet_in pkt, out headers_t hdr, inout metadata_t meta, inout s
 
     state line_lf {
         pkt.extract(hdr.lf);
-        meta.remaining = meta.remaining - 1;
+        meta.s.remaining = meta.s.remaining - 1;
         transition accept;
     }
 }
