@@ -7,11 +7,11 @@
 #define MB_MAX_KEY 250       /* memcached's key limit */
 #define MB_KEY_BITS 2000     /* the key as one number: MB_MAX_KEY bytes, right-aligned */
 #define MB_LINE_BYTES 256    /* the rest of a command line after its key that is read to prove it whole */
-#define MB_KEY_WORDS 31      /* 8-byte steps of a key (248 bytes; its last bytes are read one at a time) */
-#define MB_KEY_TAIL 8        /* ... those bytes: at most 7 before an end byte, or 2 past the last step */
+#define MB_KEY_STEPS 7       /* 32-byte steps of a key (224 bytes), */
+#define MB_KEY_WORDS 3       /* ... then 8-byte steps (to 248 bytes; its last bytes, fewer than 8, in 3 chunks) */
 #define MB_LINE_HEAD 48      /* line bytes read one at a time up to the data length's end (a longer head: unsure) */
-#define MB_LINE_WORDS 32     /* 8-byte steps of the line after that (nothing in them but where '\r' is not) */
-#define MB_LINE_TAIL 8       /* the line's last bytes, read one at a time: '\r' is within 8 */
+#define MB_LINE_STEPS 7      /* 32-byte steps of the line after that (nothing in them but where '\r' is not), */
+#define MB_LINE_WORDS 3      /* ... then 8-byte steps (its last bytes, fewer than 8, in 3 chunks, then '\r') */
 #define MB_MAX_HOT 4096      /* hot keys (slots) */
 #define MB_MAX_REPLICAS 8    /* servers one hot key can be spread over */
 #define MB_MAX_SERVERS 256
@@ -159,6 +159,23 @@ header word_t {
     bit<64> w;
 }
 
+header chunk32_t {
+    bit<256> v;
+}
+
+/* The last bytes of a part (fewer than 8, found before they are taken) as at most three chunks. */
+header chunk4_t {
+    bit<32> v;
+}
+
+header chunk2_t {
+    bit<16> v;
+}
+
+header chunk1_t {
+    bit<8> v;
+}
+
 header command4_t {
     bit<32> c;  /* "get " or "set ": the command word and its space in one step */
 }
@@ -175,13 +192,22 @@ struct headers_t {
     tcp_options_t tcp_options;
     frame_t frame;
     command4_t command4;            /* "get " or "set ", read at once; else: */
-    byte_t[7] word;                 /* the command word */
+    chunk4_t word4;                 /* the command word (up to 7 bytes), */
+    chunk2_t word2;
+    chunk1_t word1;
     byte_t word_end;                /* the byte that ended it: ' ' or '\r' */
-    word_t[MB_KEY_WORDS] key_words; /* the key: 8 bytes at a time, */
-    byte_t[MB_KEY_TAIL] key;        /* ... then its last bytes */
+    chunk32_t[MB_KEY_STEPS] key32;  /* the key: 32 bytes at a time, */
+    word_t[MB_KEY_WORDS] key_words; /* ... then 8, */
+    chunk4_t key4;                  /* ... then its last bytes */
+    chunk2_t key2;
+    chunk1_t key1;
     byte_t[MB_LINE_HEAD] line;      /* from the byte that ended the key to the data length's end (or '\r') */
-    word_t[MB_LINE_WORDS] line_words;  /* then 8 bytes at a time, */
-    byte_t[MB_LINE_TAIL] line_tail; /* ... then the last bytes, to '\r' */
+    chunk32_t[MB_LINE_STEPS] line32;   /* then 32 bytes at a time, */
+    word_t[MB_LINE_WORDS] line_words;  /* ... then 8, */
+    chunk4_t line_tail4;            /* ... then the last bytes, */
+    chunk2_t line_tail2;
+    chunk1_t line_tail1;
+    byte_t line_cr;                 /* ... and the '\r' */
     byte_t lf;                      /* the '\n' after it */
 }
 
@@ -199,6 +225,11 @@ struct sketch_report_t {
 /* Per-packet values the program always writes before it reads them. A header, not metadata: bmv2 zeroes every
  * metadata field of every packet (a cost per field), a header only has its validity bit reset. Never emitted. */
 header scratch_t {
+    bit<64> look;          /* parser: the next 8 bytes (fewer where the payload ends: zeros after them) */
+    bit<256> look32;       /* parser: the next 32 bytes */
+    bit<8> part;           /* parser: which part the look is for (PART_*) */
+    bit<16> line_len;      /* bytes of the line read */
+    bit<16> line_left;     /* bytes the line may still have within MB_LINE_BYTES (its last bytes) */
     bit<16> ip_end;        /* bytes from the frame's start to the end of the IPv4 packet */
     bit<16> payload_len;   /* after the UDP (and frame) or TCP header */
     bit<16> command_len;   /* bytes of the command: the payload after the frame header (UDP), the payload (TCP) */
@@ -233,10 +264,8 @@ struct metadata_t {
     bit<1> frame_ok;       /* UDP: a single-datagram frame header was read */
     bit<8> command;        /* CMD_* */
     bit<64> word;          /* the command word as a number */
-    bit<8> word_len;
     bit<MB_KEY_BITS> key;  /* the key as a number (its bytes, big-endian): hot_keys matches it with its length */
     bit<8> key_len;        /* 0: no valid key */
-    bit<16> line_len;      /* bytes of the line read */
     bit<1> line_found;     /* '\r' found within MB_LINE_BYTES */
     bit<8> fields;         /* fields of the line started */
     bit<1> in_field;
