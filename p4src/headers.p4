@@ -225,6 +225,28 @@ struct sketch_report_t {
 /* Per-packet values the program always writes before it reads them. A header, not metadata: bmv2 zeroes every
  * metadata field of every packet (a cost per field), a header only has its validity bit reset. Never emitted. */
 header scratch_t {
+    /* the ingress jobs' working values (p4src/mbalancer.p4) */
+    bit<48> last;
+    bit<48> until;
+    bit<32> h;
+    bit<32> stream_slot;
+    bit<64> stream_id;
+    bit<64> stored;
+    bit<8> command;
+    bit<32> first;
+    bit<16> second;
+    bit<32> step;
+    bit<32> mask;
+    bit<32> estimate;
+    bit<48> cell;
+    bit<32> n;
+    bit<64> n64;
+    bit<64> written;
+    bit<64> unsure_count;
+    bit<64> closed;
+    bit<1> known;
+    bit<7> pad;            /* (bmv2: a header is whole bytes) */
+    bit<48> mac;
     bit<64> look;          /* parser: the next 8 bytes (fewer where the payload ends: zeros after them) */
     bit<256> look32;       /* parser: the next 32 bytes */
     bit<8> part;           /* parser: which part the look is for (PART_*) */

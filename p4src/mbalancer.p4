@@ -152,17 +152,15 @@ control MbControllerOps(inout headers_t hdr, inout metadata_t meta, inout standa
             lease_renewals.count(0);  /* the controller waits for it: a lease it ends is over when it returns */
         } else if (hdr.packet_out.op == OP_REARM && hdr.packet_out.server < MB_MAX_SERVERS) {
             unsure_reported.write(hdr.packet_out.server, 0);
-            bit<48> last;
-            unsure_last.read(last, hdr.packet_out.server);
-            meta.s.quiet_us = last == 0 ? 48w0xffffffffffff : std.ingress_global_timestamp - last;
+            unsure_last.read(meta.s.last, hdr.packet_out.server);
+            meta.s.quiet_us = meta.s.last == 0 ? 48w0xffffffffffff : std.ingress_global_timestamp - meta.s.last;
             meta.report = REPORT_QUIET;
             std.egress_spec = MB_CPU_PORT;  /* the answer: a PacketIn */
             return;
         } else if (hdr.packet_out.op == OP_LEASE_QUERY) {
-            bit<48> until;
-            lease_until.read(until, 0);
+            lease_until.read(meta.s.until, 0);
             bit<48> now = std.ingress_global_timestamp;
-            meta.s.quiet_us = until > now ? until - now : 48w0;  /* never given: until is 0 */
+            meta.s.quiet_us = meta.s.until > now ? meta.s.until - now : 48w0;  /* never given: until is 0 */
             meta.report = REPORT_LEASE_LEFT;
             std.egress_spec = MB_CPU_PORT;
             return;
@@ -178,9 +176,8 @@ control MbLearn(inout headers_t hdr, inout metadata_t meta, inout standard_metad
     apply {
         bit<1> balanced_frame = (bit<1>)(hdr.ipv4.isValid() && (hdr.ipv4.flags_frag & IP_BALANCED) != 0);
         if (hdr.ethernet.isValid() && hdr.ethernet.src[40:40] == 0 && balanced_frame == 0) {
-            bit<32> h;
-            mix(h, hdr.ethernet.src[47:16] ^ (bit<32>)hdr.ethernet.src[15:0]);
-            bit<32> at = h >> (32 - MB_LEARN_BITS);
+            mix(meta.s.h, hdr.ethernet.src[47:16] ^ (bit<32>)hdr.ethernet.src[15:0]);
+            bit<32> at = meta.s.h >> (32 - MB_LEARN_BITS);
             learned_macs.write(at, hdr.ethernet.src);
             learned_ports.write(at, std.ingress_port);
         }
@@ -313,31 +310,27 @@ control MbReadRequest(inout headers_t hdr, inout metadata_t meta, inout standard
             count(C_MEMCACHED);
             if (hdr.tcp.isValid() && (hdr.tcp.flags & (TCP_FIN | TCP_RST)) != 0 && meta.trusted == 1) {
                 /* the controller closes: the server's FIN will answer it */
-                bit<32> h;
-                mix(h, hdr.ipv4.src ^ hdr.ipv4.dst ^ ((bit<32>)hdr.ports.src << 16 | (bit<32>)hdr.ports.dst));
-                closing.write(h >> (32 - MB_CLOSING_BITS), hdr.ipv4.src ++ hdr.ports.src ++ hdr.ports.dst);
+                mix(meta.s.h, hdr.ipv4.src ^ hdr.ipv4.dst ^ ((bit<32>)hdr.ports.src << 16 | (bit<32>)hdr.ports.dst));
+                closing.write(meta.s.h >> (32 - MB_CLOSING_BITS), hdr.ipv4.src ++ hdr.ports.src ++ hdr.ports.dst);
             }
             if (hdr.tcp.isValid() && (hdr.ipv4.flags_frag & IP_BALANCED) == 0) {
-                bit<32> stream_slot;
-                bit<64> stream_id;
-                stream_at(hdr.ipv4.src, hdr.ports.src, hdr.ipv4.dst, hdr.ports.dst, stream_slot, stream_id);
-                bit<64> stored;
-                stream_ids.read(stored, stream_slot);
-                if (stored == stream_id) {  /* a connection read as a stream: stopped knowing at stream_starts */
+                stream_at(hdr.ipv4.src, hdr.ports.src, hdr.ipv4.dst, hdr.ports.dst, meta.s.stream_slot, meta.s.stream_id);
+                stream_ids.read(meta.s.stored, meta.s.stream_slot);
+                if (meta.s.stored == meta.s.stream_id) {  /* a connection read as a stream: stopped knowing at stream_starts */
                     if (meta.s.payload_len > 0) {
                         if (stream_resumes.apply().hit) {
-                            stream_ids.write(stream_slot, 0);  /* where a command starts: read on its own again */
+                            stream_ids.write(meta.s.stream_slot, 0);  /* where a command starts: read on its own again */
                         } else {
                             meta.mid_stream = 1;
                             meta.stream = 1;
-                            stream_starts.read(meta.stream_start, stream_slot);
+                            stream_starts.read(meta.stream_start, meta.s.stream_slot);
                             if (blind_streams.apply().hit) {
                                 meta.coalesce = 1;
                             }
                         }
                     }
                     if ((hdr.tcp.flags & (TCP_FIN | TCP_RST)) != 0) {
-                        stream_ids.write(stream_slot, 0);
+                        stream_ids.write(meta.s.stream_slot, 0);
                     }
                 }
             }
@@ -352,36 +345,36 @@ control MbReadRequest(inout headers_t hdr, inout metadata_t meta, inout standard
                 meta.unparsed = 1;
             } else {
                 /* commands shorter than 6 bytes: only "mn\r\n" (the eBPF parser's rule) */
-                bit<8> command = meta.command;
-                if (command == CMD_NOOP && !(meta.s.command_len == 4 && hdr.lf.isValid() && hdr.lf.b == 0x0a)) {
-                    command = CMD_OTHER;
-                } else if (command != CMD_NOOP && meta.s.command_len < 6) {
-                    command = CMD_OTHER;
+                meta.s.command = meta.command;
+                if (meta.s.command == CMD_NOOP && !(meta.s.command_len == 4 && hdr.lf.isValid() && hdr.lf.b == 0x0a)) {
+                    meta.s.command = CMD_OTHER;
+                } else if (meta.s.command != CMD_NOOP && meta.s.command_len < 6) {
+                    meta.s.command = CMD_OTHER;
                 }
                 /* the payload is exactly this one command: its line ends with "\r\n", then its data block and
                  * "\r\n" if it has one, then nothing */
                 if (meta.line_found == 1 && meta.bad_number == 0 && hdr.lf.isValid() && hdr.lf.b == 0x0a &&
-                        !(command == CMD_READ && meta.changes == 1)) {
+                        !(meta.s.command == CMD_READ && meta.changes == 1)) {
                     if (meta.s.data_field == MB_NO_DATA) {
                         meta.whole = (bit<1>)(meta.s.remaining == 0);
                     } else if (meta.fields > meta.s.data_field) {
                         meta.whole = (bit<1>)((bit<64>)meta.s.remaining == meta.number + 2);
                     }
                 }
-                if (command == CMD_NOOP) {
-                } else if (command == CMD_OTHER || command == CMD_NONE) {
+                if (meta.s.command == CMD_NOOP) {
+                } else if (meta.s.command == CMD_OTHER || meta.s.command == CMD_NONE) {
                     meta.unparsed = 1;
-                } else if (command == CMD_LINE) {
+                } else if (meta.s.command == CMD_LINE) {
                     meta.unsure_it = ~meta.whole;
                 } else if (meta.key_len == 0) {
                     meta.unparsed = 1;
                 } else {
-                    meta.sketch_it = (bit<1>)(command == CMD_GET);
+                    meta.sketch_it = (bit<1>)(meta.s.command == CMD_GET);
                     hot_keys.apply();
-                    if (command == CMD_GET && meta.whole == 1 && meta.key_len != 0 && hdr.line[0].b == 0x0d) {
+                    if (meta.s.command == CMD_GET && meta.whole == 1 && meta.key_len != 0 && hdr.line[0].b == 0x0d) {
                         /* a single-key get, and nothing else (over TCP: to its home, untouched) */
                         meta.balance = meta.hot & (bit<1>)hdr.udp.isValid();
-                    } else if (command == CMD_WRITE && meta.hot == 1) {
+                    } else if (meta.s.command == CMD_WRITE && meta.hot == 1) {
                         if (meta.dest_known == 1 && meta.s.dest_server == meta.s.home) {
                             meta.mirror = 1;
                             meta.unsure_it = ~meta.whole;
@@ -460,16 +453,15 @@ control MbSketch(inout headers_t hdr, inout metadata_t meta, inout standard_meta
     }
 
     /* One of the key's cells: counted in this epoch (a cell last counted in another starts again at 1). */
-    @name(".MbIngress.sketch_cell") action sketch_cell(in bit<32> at, inout bit<32> estimate) {
-        bit<48> cell;
-        sketch.read(cell, at);
-        bit<32> n = 1;
-        if (cell[47:32] == meta.s.sketch_epoch) {
-            n = cell[31:0] + 1;
+    @name(".MbIngress.sketch_cell") action sketch_cell(in bit<32> at) {  /* and the estimate so far (meta.s.estimate) */
+        sketch.read(meta.s.cell, at);
+        meta.s.n = 1;
+        if (meta.s.cell[47:32] == meta.s.sketch_epoch) {
+            meta.s.n = meta.s.cell[31:0] + 1;
         }
-        sketch.write(at, meta.s.sketch_epoch ++ n);
-        if (n < estimate) {
-            estimate = n;
+        sketch.write(at, meta.s.sketch_epoch ++ meta.s.n);
+        if (meta.s.n < meta.s.estimate) {
+            meta.s.estimate = meta.s.n;
         }
     }
 
@@ -478,25 +470,23 @@ control MbSketch(inout headers_t hdr, inout metadata_t meta, inout standard_meta
             sketch_control.apply();
         }
         if (meta.sketch_on == 1) {
-            bit<32> first;
-            bit<16> second;
-            hash(first, HashAlgorithm.crc32, 32w0, {meta.key_len, meta.key}, 64w0x100000000);
-            hash(second, HashAlgorithm.crc16, 16w0, {meta.key_len, meta.key}, 32w0x10000);
-            bit<32> step = (bit<32>)second | 1;  /* odd: the rows' cells differ (double hashing) */
-            bit<32> mask = (1 << MB_SKETCH_BITS) - 1;
-            bit<32> estimate = 0xffffffff;
-            sketch_cell(first & mask, estimate);
-            sketch_cell((1 << MB_SKETCH_BITS) | ((first + step) & mask), estimate);
-            sketch_cell((2 << MB_SKETCH_BITS) | ((first + 2 * step) & mask), estimate);
-            sketch_cell((3 << MB_SKETCH_BITS) | ((first + 3 * step) & mask), estimate);
+            hash(meta.s.first, HashAlgorithm.crc32, 32w0, {meta.key_len, meta.key}, 64w0x100000000);
+            hash(meta.s.second, HashAlgorithm.crc16, 16w0, {meta.key_len, meta.key}, 32w0x10000);
+            meta.s.step = (bit<32>)meta.s.second | 1;  /* odd: the rows' cells differ (double hashing) */
+            meta.s.mask = (1 << MB_SKETCH_BITS) - 1;
+            meta.s.estimate = 0xffffffff;
+            sketch_cell(meta.s.first & meta.s.mask);
+            sketch_cell((1 << MB_SKETCH_BITS) | ((meta.s.first + meta.s.step) & meta.s.mask));
+            sketch_cell((2 << MB_SKETCH_BITS) | ((meta.s.first + 2 * meta.s.step) & meta.s.mask));
+            sketch_cell((3 << MB_SKETCH_BITS) | ((meta.s.first + 3 * meta.s.step) & meta.s.mask));
             bit<32> parity = (bit<32>)(meta.s.sketch_epoch & 1);
             sketch_destinations.count(parity * (MB_MAX_SERVERS + 1) +
                                       (meta.dest_known == 1 ? meta.s.dest_server : MB_MAX_SERVERS));
-            meta.s.sketch_estimate = estimate;
+            meta.s.sketch_estimate = meta.s.estimate;
             sketch_report_step.apply();
-            if (estimate >= meta.s.report_from && (estimate & meta.s.report_mask) == 0) {
+            if (meta.s.estimate >= meta.s.report_from && (meta.s.estimate & meta.s.report_mask) == 0) {
                 sketch_digests.count(parity);
-                digest<sketch_report_t>(MB_SKETCH_DIGEST, {meta.s.sketch_epoch, estimate, hdr.ipv4.dst, hdr.ports.dst,
+                digest<sketch_report_t>(MB_SKETCH_DIGEST, {meta.s.sketch_epoch, meta.s.estimate, hdr.ipv4.dst, hdr.ports.dst,
                                                            meta.key_len, meta.key});
             }
         }
@@ -511,17 +501,14 @@ control MbServerClosed(inout headers_t hdr, inout metadata_t meta, inout standar
     @name(".MbIngress.server_closes")
     counter(MB_MAX_SERVERS, CounterType.packets) server_closes;  /* the twin of `closes` */
     apply {
-        bit<32> h;
-        mix(h, hdr.ipv4.dst ^ hdr.ipv4.src ^ ((bit<32>)hdr.ports.dst << 16 | (bit<32>)hdr.ports.src));
-        bit<32> at = h >> (32 - MB_CLOSING_BITS);
-        bit<64> stored;
-        closing.read(stored, at);
-        if (stored == hdr.ipv4.dst ++ hdr.ports.dst ++ hdr.ports.src) {
+        mix(meta.s.h, hdr.ipv4.dst ^ hdr.ipv4.src ^ ((bit<32>)hdr.ports.dst << 16 | (bit<32>)hdr.ports.src));
+        bit<32> at = meta.s.h >> (32 - MB_CLOSING_BITS);
+        closing.read(meta.s.stored, at);
+        if (meta.s.stored == hdr.ipv4.dst ++ hdr.ports.dst ++ hdr.ports.src) {
             closing.write(at, 0);  /* the answer to the controller's own close */
         } else {
-            bit<64> n;
-            closes.read(n, meta.s.closing_server);
-            closes.write(meta.s.closing_server, n + 1);
+            closes.read(meta.s.n64, meta.s.closing_server);
+            closes.write(meta.s.closing_server, meta.s.n64 + 1);
             server_closes.count(meta.s.closing_server);
             meta.s.dest_server = meta.s.closing_server;
             make_unsure(meta.s.dest_server, meta.clone_it);
@@ -534,9 +521,8 @@ control MbServerClosed(inout headers_t hdr, inout metadata_t meta, inout standar
 control MbSetMirror(inout headers_t hdr, inout metadata_t meta, inout standard_metadata_t std) {
     @name(".MbIngress.key_mirrored") counter(MB_MAX_HOT, CounterType.packets) key_mirrored;  /* the twin of `writes` */
     apply {
-        bit<64> n;
-        writes.read(n, meta.s.slot);
-        writes.write(meta.s.slot, n + 1);
+        writes.read(meta.s.n64, meta.s.slot);
+        writes.write(meta.s.slot, meta.s.n64 + 1);
         key_mirrored.count(meta.s.slot);
         count(C_MIRRORED);
         meta.clone_it = meta.whole | meta.trusted;  /* else make_unsure clones it (once); the controller's own never
@@ -554,11 +540,9 @@ control MbUnsureRequest(inout headers_t hdr, inout metadata_t meta, inout standa
             make_unsure(meta.s.dest_server, meta.clone_it);
         }
         if (hdr.tcp.isValid() && meta.mid_stream == 0) {  /* it may end inside a command: a stream from here */
-            bit<32> stream_slot;
-            bit<64> stream_id;
-            stream_at(hdr.ipv4.src, hdr.ports.src, hdr.ipv4.dst, hdr.ports.dst, stream_slot, stream_id);
-            stream_ids.write(stream_slot, stream_id);
-            stream_starts.write(stream_slot, hdr.tcp.seq);
+            stream_at(hdr.ipv4.src, hdr.ports.src, hdr.ipv4.dst, hdr.ports.dst, meta.s.stream_slot, meta.s.stream_id);
+            stream_ids.write(meta.s.stream_slot, meta.s.stream_id);
+            stream_starts.write(meta.s.stream_slot, hdr.tcp.seq);
             meta.stream = 1;
             meta.stream_start = hdr.tcp.seq;
         }
@@ -611,34 +595,29 @@ control MbHotGet(inout headers_t hdr, inout metadata_t meta, inout standard_meta
     apply {
         key_gets.count(meta.s.slot);
         bit<48> now = std.ingress_global_timestamp;
-        bit<48> until;
-        lease_until.read(until, 0);
-        bit<64> written;
-        writes.read(written, meta.s.slot);
-        bit<64> unsure_count;
-        unsure.read(unsure_count, meta.s.home);
+        lease_until.read(meta.s.until, 0);
+        writes.read(meta.s.written, meta.s.slot);
+        unsure.read(meta.s.unsure_count, meta.s.home);
         synced.apply();
-        if (now >= until) {
+        if (now >= meta.s.until) {
             count(C_LEASE_EXPIRED);
             meta.balance = 0;
-        } else if (meta.synced_hit == 0 || meta.s.synced_writes != written || meta.s.synced_unsure != unsure_count) {
+        } else if (meta.synced_hit == 0 || meta.s.synced_writes != meta.s.written || meta.s.synced_unsure != meta.s.unsure_count) {
             meta.balance = 0;
         }
         if (meta.balance == 0) {
             key_home_while_dirty.count(meta.s.slot);  /* clients address the home: unchanged is home */
         } else {
-            bit<32> h;
-            mix(h, ((bit<32>)hdr.frame.request_id | ((bit<32>)hdr.ports.src << 16)) ^ hdr.ipv4.src);
-            meta.s.point = h[15:0];
+            mix(meta.s.h, ((bit<32>)hdr.frame.request_id | ((bit<32>)hdr.ports.src << 16)) ^ hdr.ipv4.src);
+            meta.s.point = meta.s.h[15:0];
             replicas.apply();
             meta.s.server_wanted = meta.replica_hit == 1 ? meta.s.replica : meta.s.home;
             if (meta.s.server_wanted != meta.s.home) {  /* it may have lost its copy since the controller looked */
                 meta.s.checked_server = meta.s.server_wanted;
                 meta.s.handled = 0;
                 closes_handled.apply();
-                bit<64> closed;
-                closes.read(closed, meta.s.server_wanted);
-                if (closed != meta.s.handled) {
+                closes.read(meta.s.closed, meta.s.server_wanted);
+                if (meta.s.closed != meta.s.handled) {
                     meta.balance = 0;  /* home, untouched */
                     meta.s.server_wanted = NO_SERVER;
                 }
@@ -652,12 +631,10 @@ control MbHotGet(inout headers_t hdr, inout metadata_t meta, inout standard_meta
 control MbReplySource(inout headers_t hdr, inout metadata_t meta, inout standard_metadata_t std) {
     apply {
         bit<64> id = hdr.ipv4.dst ++ hdr.ports.dst ++ hdr.frame.request_id;
-        bit<32> h;
-        mix(h, hdr.ipv4.dst ^ ((bit<32>)hdr.ports.dst << 16 | (bit<32>)hdr.frame.request_id));
-        bit<32> at = h >> (32 - MB_FLOW_BITS);
-        bit<64> stored;
-        flow_ids.read(stored, at);
-        if (stored == id) {
+        mix(meta.s.h, hdr.ipv4.dst ^ ((bit<32>)hdr.ports.dst << 16 | (bit<32>)hdr.frame.request_id));
+        bit<32> at = meta.s.h >> (32 - MB_FLOW_BITS);
+        flow_ids.read(meta.s.stored, at);
+        if (meta.s.stored == id) {
             flow_homes.read(meta.s.server_wanted, at);
             meta.keep_mac = meta.s.server_wanted[31:31];
             meta.s.server_wanted = meta.s.server_wanted & ~FLOW_UPSTREAM;
@@ -676,9 +653,8 @@ control MbRewrite(inout headers_t hdr, inout metadata_t meta, inout standard_met
         if (meta.upstream == 1 && meta.server_hit == 1 && meta.s.server_ip != hdr.ipv4.dst) {
             /* the reply leaves the replica through this switch first, maybe never through the one that balanced
              * the get: remember the home here too, marked, so the reply gets the home's IP and port here */
-            bit<32> h;
-            mix(h, hdr.ipv4.src ^ ((bit<32>)hdr.ports.src << 16 | (bit<32>)hdr.frame.request_id));
-            bit<32> at = h >> (32 - MB_FLOW_BITS);
+            mix(meta.s.h, hdr.ipv4.src ^ ((bit<32>)hdr.ports.src << 16 | (bit<32>)hdr.frame.request_id));
+            bit<32> at = meta.s.h >> (32 - MB_FLOW_BITS);
             flow_ids.write(at, hdr.ipv4.src ++ hdr.ports.src ++ hdr.frame.request_id);
             flow_homes.write(at, (bit<32>)hdr.ipv4.identification | FLOW_UPSTREAM);
         }
@@ -689,9 +665,8 @@ control MbRewrite(inout headers_t hdr, inout metadata_t meta, inout standard_met
                 key_per_replica.count(meta.s.slot * MB_MAX_REPLICAS + meta.s.replica_position);
             }
             if (chosen != meta.s.home) {  /* remember the get, so its reply leaves with the home's source */
-                bit<32> h;
-                mix(h, hdr.ipv4.src ^ ((bit<32>)hdr.ports.src << 16 | (bit<32>)hdr.frame.request_id));
-                bit<32> at = h >> (32 - MB_FLOW_BITS);
+                mix(meta.s.h, hdr.ipv4.src ^ ((bit<32>)hdr.ports.src << 16 | (bit<32>)hdr.frame.request_id));
+                bit<32> at = meta.s.h >> (32 - MB_FLOW_BITS);
                 flow_ids.write(at, hdr.ipv4.src ++ hdr.ports.src ++ hdr.frame.request_id);
                 flow_homes.write(at, meta.s.home);
             }
@@ -767,27 +742,25 @@ control MbForward(inout headers_t hdr, inout metadata_t meta, inout standard_met
             mark_to_drop(std);
             return;
         }
-        bit<1> known = 0;
+        meta.s.known = 0;
         if (hdr.ethernet.dst[40:40] == 0) {
             if (forward.apply().hit) {
-                known = 1;
+                meta.s.known = 1;
             } else {
-                bit<32> h;
-                mix(h, hdr.ethernet.dst[47:16] ^ (bit<32>)hdr.ethernet.dst[15:0]);
-                bit<32> at = h >> (32 - MB_LEARN_BITS);
-                bit<48> mac;
-                learned_macs.read(mac, at);
-                if (mac == hdr.ethernet.dst) {
+                mix(meta.s.h, hdr.ethernet.dst[47:16] ^ (bit<32>)hdr.ethernet.dst[15:0]);
+                bit<32> at = meta.s.h >> (32 - MB_LEARN_BITS);
+                learned_macs.read(meta.s.mac, at);
+                if (meta.s.mac == hdr.ethernet.dst) {
                     learned_ports.read(std.egress_spec, at);
-                    known = 1;
+                    meta.s.known = 1;
                 }
             }
         }
-        if (known == 1 && std.egress_spec == std.ingress_port && meta.hairpin == 0) {
+        if (meta.s.known == 1 && std.egress_spec == std.ingress_port && meta.hairpin == 0) {
             /* (a rewritten get may go back the way it came: a fabric's home leaf sends it up to a spine again) */
             count(C_DROPPED);  /* the destination is behind the port it came from */
             mark_to_drop(std);
-        } else if (known == 0) {
+        } else if (meta.s.known == 0) {
             count(C_FLOODED);
             std.mcast_grp = MB_FLOOD_GROUP;
         }
