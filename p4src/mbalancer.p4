@@ -290,7 +290,11 @@ control MbReadRequest(inout headers_t hdr, inout metadata_t meta, inout standard
         size = 1 << MB_STREAM_BITS;
     }
 
-    @name(".MbIngress.hot") action hot(bit<32> slot, bit<32> home) { meta.hot = 1; meta.s.slot = slot; meta.s.home = home; }
+    @name(".MbIngress.hot") action hot(bit<32> slot, bit<32> home) {
+        meta.hot = 1;
+        meta.s.slot = slot;
+        meta.s.home = home;
+    }
     @name(".MbIngress.hot_keys")
     table hot_keys {  /* the whole key: a cold key never matches */
         key = { meta.key_len: exact; meta.key: exact; }
@@ -314,12 +318,15 @@ control MbReadRequest(inout headers_t hdr, inout metadata_t meta, inout standard
                 closing.write(meta.s.h >> (32 - MB_CLOSING_BITS), hdr.ipv4.src ++ hdr.ports.src ++ hdr.ports.dst);
             }
             if (hdr.tcp.isValid() && (hdr.ipv4.flags_frag & IP_BALANCED) == 0) {
-                stream_at(hdr.ipv4.src, hdr.ports.src, hdr.ipv4.dst, hdr.ports.dst, meta.s.stream_slot, meta.s.stream_id);
+                stream_at(hdr.ipv4.src, hdr.ports.src, hdr.ipv4.dst, hdr.ports.dst,
+                          meta.s.stream_slot, meta.s.stream_id);
                 stream_ids.read(meta.s.stored, meta.s.stream_slot);
-                if (meta.s.stored == meta.s.stream_id) {  /* a connection read as a stream: stopped knowing at stream_starts */
+                /* a connection read as a stream: stopped knowing at stream_starts */
+                if (meta.s.stored == meta.s.stream_id) {
                     if (meta.s.payload_len > 0) {
                         if (stream_resumes.apply().hit) {
-                            stream_ids.write(meta.s.stream_slot, 0);  /* where a command starts: read on its own again */
+                            /* where a command starts: read on its own again */
+                            stream_ids.write(meta.s.stream_slot, 0);
                         } else {
                             meta.mid_stream = 1;
                             meta.stream = 1;
@@ -486,8 +493,8 @@ control MbSketch(inout headers_t hdr, inout metadata_t meta, inout standard_meta
             sketch_report_step.apply();
             if (meta.s.estimate >= meta.s.report_from && (meta.s.estimate & meta.s.report_mask) == 0) {
                 sketch_digests.count(parity);
-                digest<sketch_report_t>(MB_SKETCH_DIGEST, {meta.s.sketch_epoch, meta.s.estimate, hdr.ipv4.dst, hdr.ports.dst,
-                                                           meta.key_len, meta.key});
+                digest<sketch_report_t>(MB_SKETCH_DIGEST, {meta.s.sketch_epoch, meta.s.estimate, hdr.ipv4.dst,
+                                                           hdr.ports.dst, meta.key_len, meta.key});
             }
         }
     }
@@ -602,7 +609,8 @@ control MbHotGet(inout headers_t hdr, inout metadata_t meta, inout standard_meta
         if (now >= meta.s.until) {
             count(C_LEASE_EXPIRED);
             meta.balance = 0;
-        } else if (meta.synced_hit == 0 || meta.s.synced_writes != meta.s.written || meta.s.synced_unsure != meta.s.unsure_count) {
+        } else if (meta.synced_hit == 0 || meta.s.synced_writes != meta.s.written ||
+                   meta.s.synced_unsure != meta.s.unsure_count) {
             meta.balance = 0;
         }
         if (meta.balance == 0) {

@@ -521,7 +521,11 @@ parser MbParser(packet_in pkt, out headers_t hdr, inout metadata_t meta, inout s
         }
     }
 
-    state line_tail_cr_0 { pkt.extract(hdr.line_cr); meta.s.remaining = meta.s.remaining - 1; transition line_cr_found; }
+    state line_tail_cr_0 {
+        pkt.extract(hdr.line_cr);
+        meta.s.remaining = meta.s.remaining - 1;
+        transition line_cr_found;
+    }
     LINE_TAIL_ENDS(1) LINE_TAIL_ENDS(2) LINE_TAIL_ENDS(3) LINE_TAIL_ENDS(4) LINE_TAIL_ENDS(5) LINE_TAIL_ENDS(6)
     LINE_TAIL_ENDS(7)
 
