@@ -10,6 +10,7 @@
 #define MB_KEY_STEPS 7       /* 32-byte steps of a key (224 bytes), */
 #define MB_KEY_WORDS 3       /* ... then 8-byte steps (to 248 bytes; its last bytes, fewer than 8, in 3 chunks) */
 #define MB_LINE_HEAD 48      /* line bytes read one at a time up to the data length's end (a longer head: unsure) */
+#define MB_HEAD_WORDS 6      /* ... taken 8 at a time (47 after the key's end), the last ones in chunks */
 #define MB_LINE_STEPS 7      /* 32-byte steps of the line after that (nothing in them but where '\r' is not), */
 #define MB_LINE_WORDS 3      /* ... then 8-byte steps (its last bytes, fewer than 8, in 3 chunks, then '\r') */
 #define MB_MAX_HOT 4096      /* hot keys (slots) */
@@ -201,7 +202,11 @@ struct headers_t {
     chunk4_t key4;                  /* ... then its last bytes */
     chunk2_t key2;
     chunk1_t key1;
-    byte_t[MB_LINE_HEAD] line;      /* from the byte that ended the key to the data length's end (or '\r') */
+    byte_t key_end;                 /* the byte that ended the key (' ' or '\r'), */
+    word_t[MB_HEAD_WORDS] head_words;  /* the line after it to the data length's end (or '\r'): 8 at a time, */
+    chunk4_t head4;                 /* ... then its last bytes */
+    chunk2_t head2;
+    chunk1_t head1;
     chunk32_t[MB_LINE_STEPS] line32;   /* then 32 bytes at a time, */
     word_t[MB_LINE_WORDS] line_words;  /* ... then 8, */
     chunk4_t line_tail4;            /* ... then the last bytes, */
@@ -250,6 +255,9 @@ header scratch_t {
     bit<64> look;          /* parser: the next 8 bytes (fewer where the payload ends: zeros after them) */
     bit<256> look32;       /* parser: the next 32 bytes */
     bit<8> part;           /* parser: which part the look is for (PART_*) */
+    bit<8> head_at;        /* parser: bytes of the look read in the line's head (not taken yet) */
+    bit<8> head_byte;      /* parser: the head's byte being read */
+    bit<8> head_then;      /* parser: where the head's end goes on to (HEAD_THEN_*) */
     bit<16> line_len;      /* bytes of the line read */
     bit<16> line_left;     /* bytes the line may still have within MB_LINE_BYTES (its last bytes) */
     bit<16> ip_end;        /* bytes from the frame's start to the end of the IPv4 packet */

@@ -378,7 +378,7 @@ control MbReadRequest(inout headers_t hdr, inout metadata_t meta, inout standard
                 } else {
                     meta.sketch_it = (bit<1>)(meta.s.command == CMD_GET);
                     hot_keys.apply();
-                    if (meta.s.command == CMD_GET && meta.whole == 1 && meta.key_len != 0 && hdr.line[0].b == 0x0d) {
+                    if (meta.s.command == CMD_GET && meta.whole == 1 && meta.key_len != 0 && hdr.key_end.b == 0x0d) {
                         /* a single-key get, and nothing else (over TCP: to its home, untouched) */
                         meta.balance = meta.hot & (bit<1>)hdr.udp.isValid();
                     } else if (meta.s.command == CMD_WRITE && meta.hot == 1) {

@@ -64,6 +64,9 @@
 #define PART_WORD 0  /* meta.s.part: which part the look is for */
 #define PART_KEY 1
 #define PART_LINE 2
+#define PART_HEAD 3
+#define HEAD_THEN_WIDE 0  /* meta.s.head_then: where the head's end goes on to */
+#define HEAD_THEN_CR 1
 #define KEY_ENDS_ANY(to) ANY_BYTE_IS(20, to); ANY_BYTE_IS(0d, to); ANY_BYTE_IS(0a, to); ANY_BYTE_IS(00, to)
 #define LINE_ENDS_ANY(to) ANY_BYTE_IS(0d, to)
 #define MG_ENDS_ANY(to) ANY_BYTE_IS(0d, to); ANY_BYTE_IS(54, to); ANY_BYTE_IS(4e, to); ANY_BYTE_IS(49, to)
@@ -298,7 +301,7 @@ parser MbParser(packet_in pkt, out headers_t hdr, inout metadata_t meta, inout s
     state write_data_2 { meta.command = CMD_WRITE; meta.s.data_field = 2; transition key32_step; }
     state write_data_0 { meta.command = CMD_WRITE; meta.s.data_field = 0; transition key32_step; }
     state write_no_data { meta.command = CMD_WRITE; transition key32_step; }
-    state line_after_space { meta.command = CMD_LINE; meta.s.line_len = 1; transition line_byte; }
+    state line_after_space { meta.command = CMD_LINE; meta.s.line_len = 1; transition head_start; }
     state line_after_cr { meta.command = CMD_LINE; transition line_cr_found; }
     state noop { meta.command = CMD_NOOP; transition line_cr_found; }
 
@@ -379,17 +382,17 @@ parser MbParser(packet_in pkt, out headers_t hdr, inout metadata_t meta, inout s
     }
 
     state key_end_space {
-        pkt.extract(hdr.line.next);
+        pkt.extract(hdr.key_end);
         meta.s.line_len = 1;
         meta.s.remaining = meta.s.remaining - 1;
         transition select(meta.s.data_field) {
             MB_NO_DATA: line32;  /* no data length to read: only where '\r' is matters (and mg's flags) */
-            default: line_byte;
+            default: head_start;
         }
     }
 
     state key_end_cr {
-        pkt.extract(hdr.line.next);
+        pkt.extract(hdr.key_end);
         meta.s.line_len = 1;
         meta.s.remaining = meta.s.remaining - 1;
         transition line_cr_found;
@@ -397,25 +400,65 @@ parser MbParser(packet_in pkt, out headers_t hdr, inout metadata_t meta, inout s
 
     /* The rest of the line (the byte that ended the key counts as its first): fields, the data length, the flags
      * that make a meta command change the item, and where '\r' is. A byte at a time up to the data length's end
-     * (MB_LINE_HEAD bytes at most: past that the line is not proved whole), then 8 at a time (line_wide). */
+     * (MB_LINE_HEAD bytes at most: past that the line is not proved whole), then 32 or 8 at a time (line32). The
+     * bytes are read from the look (meta.s.look, shifted a byte at a time; meta.s.head_at of its 8 read) and taken
+     * 8 at a time when it is all read, the rest (and the byte that ends the head) in chunks where the head ends. */
+    state head_start {
+        meta.s.head_at = 0;
+        meta.s.part = PART_HEAD;
+        transition load_look;
+    }
+
     state line_byte {
-        transition select(meta.s.remaining, meta.s.line_len) {
-            (0, _): accept;                      /* no '\r' */
-            (_, MB_LINE_HEAD): accept;           /* a head longer than any data length field needs */
+        transition select(meta.s.remaining, meta.s.line_len, meta.s.head_at) {
+            (0, _, _): accept;                      /* no '\r' */
+            (_, MB_LINE_HEAD, _): accept;           /* a head longer than any data length field needs */
+            (_, _, 8): head_word;                   /* the look is read: take it, look again */
             default: line_byte_look;
         }
     }
 
+    state head_word {
+        pkt.extract(hdr.head_words.next);
+        meta.s.head_at = 0;
+        meta.s.part = PART_HEAD;
+        transition load_look;
+    }
+
     state line_byte_look {
-        transition select(pkt.lookahead<bit<8>>()) {
-            0x0d: line_cr;
-            0x20: line_space;
+        transition select(meta.s.look) {
+            IS(0d, 0): line_cr;
+            IS(20, 0): line_space;
             default: line_char;
         }
     }
 
+    /* The head's bytes read but not taken (and the one that ends it), taken; then on to meta.s.head_then */
+    state head_end {
+        transition select(meta.s.head_at) {
+            1: head_end_1; 2: head_end_2; 3: head_end_3; 4: head_end_4; 5: head_end_5; 6: head_end_6; 7: head_end_7;
+            8: head_end_8;
+            default: head_then;
+        }
+    }
+    state head_end_1 { TAKE_1(head) transition head_then; }
+    state head_end_2 { TAKE_2(head) transition head_then; }
+    state head_end_3 { TAKE_3(head) transition head_then; }
+    state head_end_4 { TAKE_4(head) transition head_then; }
+    state head_end_5 { TAKE_5(head) transition head_then; }
+    state head_end_6 { TAKE_6(head) transition head_then; }
+    state head_end_7 { TAKE_7(head) transition head_then; }
+    state head_end_8 { pkt.extract(hdr.head_words.next); transition head_then; }
+    state head_then {
+        transition select(meta.s.head_then) {
+            HEAD_THEN_WIDE: line32;
+            default: line_cr_found;
+        }
+    }
+
     state line_space {
-        pkt.extract(hdr.line.next);
+        meta.s.look = meta.s.look << 8;
+        meta.s.head_at = meta.s.head_at + 1;
         meta.s.line_len = meta.s.line_len + 1;
         meta.s.remaining = meta.s.remaining - 1;
         transition select(meta.in_field, meta.fields - meta.s.data_field) {
@@ -431,7 +474,8 @@ parser MbParser(packet_in pkt, out headers_t hdr, inout metadata_t meta, inout s
 
     state line_data_length_read {
         meta.in_field = 0;
-        transition line32;
+        meta.s.head_then = HEAD_THEN_WIDE;
+        transition head_end;
     }
 
     /* After the data length: 32 bytes at a time, then 8, while none of them is '\r' (nor, for mg, T, N or I) and
@@ -517,6 +561,7 @@ parser MbParser(packet_in pkt, out headers_t hdr, inout metadata_t meta, inout s
         transition select(meta.s.part) {
             PART_WORD: word_look;
             PART_KEY: key_look;
+            PART_HEAD: line_byte;
             default: line_tail_look;
         }
     }
@@ -535,7 +580,9 @@ parser MbParser(packet_in pkt, out headers_t hdr, inout metadata_t meta, inout s
     }
 
     state line_char {
-        pkt.extract(hdr.line.next);
+        meta.s.head_byte = meta.s.look[63:56];
+        meta.s.look = meta.s.look << 8;
+        meta.s.head_at = meta.s.head_at + 1;
         meta.s.line_len = meta.s.line_len + 1;
         meta.s.remaining = meta.s.remaining - 1;
         transition select(meta.in_field) {
@@ -551,7 +598,7 @@ parser MbParser(packet_in pkt, out headers_t hdr, inout metadata_t meta, inout s
     }
 
     state line_flags {
-        transition select(hdr.line.last.b) {
+        transition select(meta.s.head_byte) {
             0x54: line_changes;  /* T */
             0x4e: line_changes;  /* N */
             0x49: line_changes;  /* I */
@@ -566,7 +613,7 @@ parser MbParser(packet_in pkt, out headers_t hdr, inout metadata_t meta, inout s
 
     /* In the data-length field: digits only, at most 9 of them (more could not fit in a packet anyway). */
     state line_number {
-        transition select(meta.fields - meta.s.data_field, hdr.line.last.b) {
+        transition select(meta.fields - meta.s.data_field, meta.s.head_byte) {
             (1, 0x30 &&& 0xf8): line_digit;  /* 0..7 */
             (1, 0x38 &&& 0xfe): line_digit;  /* 8, 9 */
             (1, _): line_bad_number;
@@ -575,7 +622,7 @@ parser MbParser(packet_in pkt, out headers_t hdr, inout metadata_t meta, inout s
     }
 
     state line_digit {
-        meta.number = meta.number * 10 + (bit<64>)(hdr.line.last.b - 0x30);
+        meta.number = meta.number * 10 + (bit<64>)(meta.s.head_byte - 0x30);
         meta.digits = meta.digits + 1;
         transition select(meta.digits) {
             10: line_bad_number;
@@ -589,10 +636,11 @@ parser MbParser(packet_in pkt, out headers_t hdr, inout metadata_t meta, inout s
     }
 
     state line_cr {
-        pkt.extract(hdr.line.next);
+        meta.s.head_at = meta.s.head_at + 1;
         meta.s.line_len = meta.s.line_len + 1;
         meta.s.remaining = meta.s.remaining - 1;
-        transition line_cr_found;
+        meta.s.head_then = HEAD_THEN_CR;
+        transition head_end;
     }
 
     state line_cr_found {
@@ -631,7 +679,11 @@ control MbDeparser(packet_out pkt, in headers_t hdr) {
         pkt.emit(hdr.key4);
         pkt.emit(hdr.key2);
         pkt.emit(hdr.key1);
-        pkt.emit(hdr.line);
+        pkt.emit(hdr.key_end);
+        pkt.emit(hdr.head_words);
+        pkt.emit(hdr.head4);
+        pkt.emit(hdr.head2);
+        pkt.emit(hdr.head1);
         pkt.emit(hdr.line32);
         pkt.emit(hdr.line_words);
         pkt.emit(hdr.line_tail4);
