@@ -253,6 +253,14 @@ header scratch_t {
     bit<7> pad;            /* (bmv2: a header is whole bytes) */
     bit<48> mac;
     bit<64> look;          /* parser: the next 8 bytes (fewer where the payload ends: zeros after them) */
+    bit<8> look1;          /* parser: the next N bytes where fewer than 8 are left */
+    bit<16> look2;
+    bit<24> look3;
+    bit<32> look4;
+    bit<40> look5;
+    bit<48> look6;
+    bit<56> look7;
+    bit<32> cell_at;       /* sketch_cell: the cell */
     bit<256> look32;       /* parser: the next 32 bytes */
     bit<8> part;           /* parser: which part the look is for (PART_*) */
     bit<8> head_at;        /* parser: bytes of the look read in the line's head (not taken yet) */

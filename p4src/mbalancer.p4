@@ -460,13 +460,15 @@ control MbSketch(inout headers_t hdr, inout metadata_t meta, inout standard_meta
     }
 
     /* One of the key's cells: counted in this epoch (a cell last counted in another starts again at 1). */
-    @name(".MbIngress.sketch_cell") action sketch_cell(in bit<32> at) {  /* and the estimate so far (meta.s.estimate) */
-        sketch.read(meta.s.cell, at);
+    /* (meta.s.cell_at: which; meta.s.estimate: the least count so far) */
+    @name(".MbIngress.sketch_cell") action sketch_cell() {
+        sketch.read(meta.s.cell, meta.s.cell_at);
         meta.s.n = 1;
         if (meta.s.cell[47:32] == meta.s.sketch_epoch) {
             meta.s.n = meta.s.cell[31:0] + 1;
         }
-        sketch.write(at, meta.s.sketch_epoch ++ meta.s.n);
+        meta.s.cell = meta.s.sketch_epoch ++ meta.s.n;
+        sketch.write(meta.s.cell_at, meta.s.cell);
         if (meta.s.n < meta.s.estimate) {
             meta.s.estimate = meta.s.n;
         }
@@ -482,10 +484,14 @@ control MbSketch(inout headers_t hdr, inout metadata_t meta, inout standard_meta
             meta.s.step = (bit<32>)meta.s.second | 1;  /* odd: the rows' cells differ (double hashing) */
             meta.s.mask = (1 << MB_SKETCH_BITS) - 1;
             meta.s.estimate = 0xffffffff;
-            sketch_cell(meta.s.first & meta.s.mask);
-            sketch_cell((1 << MB_SKETCH_BITS) | ((meta.s.first + meta.s.step) & meta.s.mask));
-            sketch_cell((2 << MB_SKETCH_BITS) | ((meta.s.first + 2 * meta.s.step) & meta.s.mask));
-            sketch_cell((3 << MB_SKETCH_BITS) | ((meta.s.first + 3 * meta.s.step) & meta.s.mask));
+            meta.s.cell_at = meta.s.first & meta.s.mask;
+            sketch_cell();
+            meta.s.cell_at = (1 << MB_SKETCH_BITS) | ((meta.s.first + meta.s.step) & meta.s.mask);
+            sketch_cell();
+            meta.s.cell_at = (2 << MB_SKETCH_BITS) | ((meta.s.first + 2 * meta.s.step) & meta.s.mask);
+            sketch_cell();
+            meta.s.cell_at = (3 << MB_SKETCH_BITS) | ((meta.s.first + 3 * meta.s.step) & meta.s.mask);
+            sketch_cell();
             bit<32> parity = (bit<32>)(meta.s.sketch_epoch & 1);
             sketch_destinations.count(parity * (MB_MAX_SERVERS + 1) +
                                       (meta.dest_known == 1 ? meta.s.dest_server : MB_MAX_SERVERS));

@@ -52,15 +52,17 @@
 #define IS(V, I) 64w0x##V << (8 * (7 - I)) &&& 64w0xff << (8 * (7 - I))
 /* 32 bytes at once: meta.s.look32 holds them; each window of 8 (into meta.s.look) is checked for the bytes in ANY
  * (select entries), else FALLBACK (8 at a time from here). */
-#define LOOK_32(NAME, J, HI, ANY, NEXT) state NAME##_##J { \
-        meta.s.look = meta.s.look32[HI:HI - 63]; transition select(meta.s.look) { ANY; default: NEXT; } }
+#define LOOK_32(NAME, J, HI, ANY, NEXT) \
+    state NAME##_##J { meta.s.look = meta.s.look32[HI:HI - 63]; transition NAME##_##J##_is; } \
+    state NAME##_##J##_is { transition select(meta.s.look) { ANY; default: NEXT; } }
 #define KEY_BYTE(I) (IS(20, I), _): key_space_##I; (IS(0d, I), _): key_cr_##I; (IS(0a, I), _): no_key; \
     (IS(00, I), _): no_key;
 #define LINE_BYTE(I) (_, _, I): accept; (IS(0d, I), _, _): line_tail_cr_##I; \
     (IS(54, I), CMD_READ, _): line_tail_changes; (IS(4e, I), CMD_READ, _): line_tail_changes; \
     (IS(49, I), CMD_READ, _): line_tail_changes;
 #define LOOK_N(N) state look_##N { \
-        meta.s.look = (bit<64>)pkt.lookahead<bit<(8 * N)>>() << (64 - 8 * N); transition looked; }
+        meta.s.look##N = pkt.lookahead<bit<(8 * N)>>(); meta.s.look = (bit<64>)meta.s.look##N << (64 - 8 * N); \
+        transition looked; }
 #define PART_WORD 0  /* meta.s.part: which part the look is for */
 #define PART_KEY 1
 #define PART_LINE 2
@@ -334,7 +336,12 @@ parser MbParser(packet_in pkt, out headers_t hdr, inout metadata_t meta, inout s
     }
 
     state key_words_look {
-        transition select(pkt.lookahead<bit<64>>()) {
+        meta.s.look = pkt.lookahead<bit<64>>();
+        transition key_words_look_is;
+    }
+
+    state key_words_look_is {  /* (a select of its own: one on the state's own assignment copies the key) */
+        transition select(meta.s.look) {
             KEY_ENDS_ANY(key_probe_0);
             default: key_take_word;
         }
@@ -507,14 +514,24 @@ parser MbParser(packet_in pkt, out headers_t hdr, inout metadata_t meta, inout s
     }
 
     state line_words_look {
-        transition select(pkt.lookahead<bit<64>>()) {
+        meta.s.look = pkt.lookahead<bit<64>>();
+        transition line_words_look_is;
+    }
+
+    state line_words_look_is {  /* (a select of its own: one on the state's own assignment copies the key) */
+        transition select(meta.s.look) {
             LINE_ENDS_ANY(line_tail);
             default: line_take_word;
         }
     }
 
     state line_words_look_mg {
-        transition select(pkt.lookahead<bit<64>>()) {
+        meta.s.look = pkt.lookahead<bit<64>>();
+        transition line_words_look_mg_is;
+    }
+
+    state line_words_look_mg_is {  /* (a select of its own: one on the state's own assignment copies the key) */
+        transition select(meta.s.look) {
             MG_ENDS_ANY(line_tail);
             default: line_take_word;
         }
