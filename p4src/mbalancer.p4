@@ -176,8 +176,9 @@ control MbLearn(inout headers_t hdr, inout metadata_t meta, inout standard_metad
     apply {
         bit<1> balanced_frame = (bit<1>)(hdr.ipv4.isValid() && (hdr.ipv4.flags_frag & IP_BALANCED) != 0);
         if (hdr.ethernet.isValid() && hdr.ethernet.src[40:40] == 0 && balanced_frame == 0) {
-            mix(meta.s.h, hdr.ethernet.src[47:16] ^ (bit<32>)hdr.ethernet.src[15:0]);
-            bit<32> at = meta.s.h >> (32 - MB_LEARN_BITS);
+            /* (bmv2's own CRC: a mix in expressions costs it far more per packet) */
+            hash(meta.s.h, HashAlgorithm.crc32, 32w0, {hdr.ethernet.src}, 32w1 << MB_LEARN_BITS);
+            bit<32> at = meta.s.h;
             learned_macs.write(at, hdr.ethernet.src);
             learned_ports.write(at, std.ingress_port);
         }
@@ -645,8 +646,10 @@ control MbHotGet(inout headers_t hdr, inout metadata_t meta, inout standard_meta
 control MbReplySource(inout headers_t hdr, inout metadata_t meta, inout standard_metadata_t std) {
     apply {
         bit<64> id = hdr.ipv4.dst ++ hdr.ports.dst ++ hdr.frame.request_id;
-        mix(meta.s.h, hdr.ipv4.dst ^ ((bit<32>)hdr.ports.dst << 16 | (bit<32>)hdr.frame.request_id));
-        bit<32> at = meta.s.h >> (32 - MB_FLOW_BITS);
+        /* the get's flow (bmv2's own CRC: a mix in expressions costs it far more per packet) */
+        hash(meta.s.h, HashAlgorithm.crc32, 32w0, {hdr.ipv4.dst, hdr.ports.dst, hdr.frame.request_id},
+             32w1 << MB_FLOW_BITS);
+        bit<32> at = meta.s.h;
         flow_ids.read(meta.s.stored, at);
         if (meta.s.stored == id) {
             flow_homes.read(meta.s.server_wanted, at);
@@ -667,8 +670,9 @@ control MbRewrite(inout headers_t hdr, inout metadata_t meta, inout standard_met
         if (meta.upstream == 1 && meta.server_hit == 1 && meta.s.server_ip != hdr.ipv4.dst) {
             /* the reply leaves the replica through this switch first, maybe never through the one that balanced
              * the get: remember the home here too, marked, so the reply gets the home's IP and port here */
-            mix(meta.s.h, hdr.ipv4.src ^ ((bit<32>)hdr.ports.src << 16 | (bit<32>)hdr.frame.request_id));
-            bit<32> at = meta.s.h >> (32 - MB_FLOW_BITS);
+            hash(meta.s.h, HashAlgorithm.crc32, 32w0, {hdr.ipv4.src, hdr.ports.src, hdr.frame.request_id},
+                 32w1 << MB_FLOW_BITS);
+            bit<32> at = meta.s.h;
             flow_ids.write(at, hdr.ipv4.src ++ hdr.ports.src ++ hdr.frame.request_id);
             flow_homes.write(at, (bit<32>)hdr.ipv4.identification | FLOW_UPSTREAM);
         }
@@ -679,8 +683,9 @@ control MbRewrite(inout headers_t hdr, inout metadata_t meta, inout standard_met
                 key_per_replica.count(meta.s.slot * MB_MAX_REPLICAS + meta.s.replica_position);
             }
             if (chosen != meta.s.home) {  /* remember the get, so its reply leaves with the home's source */
-                mix(meta.s.h, hdr.ipv4.src ^ ((bit<32>)hdr.ports.src << 16 | (bit<32>)hdr.frame.request_id));
-                bit<32> at = meta.s.h >> (32 - MB_FLOW_BITS);
+                hash(meta.s.h, HashAlgorithm.crc32, 32w0, {hdr.ipv4.src, hdr.ports.src, hdr.frame.request_id},
+                 32w1 << MB_FLOW_BITS);
+                bit<32> at = meta.s.h;
                 flow_ids.write(at, hdr.ipv4.src ++ hdr.ports.src ++ hdr.frame.request_id);
                 flow_homes.write(at, meta.s.home);
             }
@@ -761,8 +766,8 @@ control MbForward(inout headers_t hdr, inout metadata_t meta, inout standard_met
             if (forward.apply().hit) {
                 meta.s.known = 1;
             } else {
-                mix(meta.s.h, hdr.ethernet.dst[47:16] ^ (bit<32>)hdr.ethernet.dst[15:0]);
-                bit<32> at = meta.s.h >> (32 - MB_LEARN_BITS);
+                hash(meta.s.h, HashAlgorithm.crc32, 32w0, {hdr.ethernet.dst}, 32w1 << MB_LEARN_BITS);
+                bit<32> at = meta.s.h;
                 learned_macs.read(meta.s.mac, at);
                 if (meta.s.mac == hdr.ethernet.dst) {
                     learned_ports.read(std.egress_spec, at);
