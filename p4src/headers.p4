@@ -295,6 +295,13 @@ header scratch_t {
     bit<32> report_mask;     /* sketch_report_step: an estimate is reported where these bits are 0 */
 }
 
+/* The key and its length, zeroed by the parser where a command's key starts (key_start): as metadata, bmv2 would
+ * zero its 2,000 bits for every packet, and copy it for the sketch's hashes, which take this header whole. */
+header key_t {
+    bit<8> len;             /* 0: no valid key */
+    bit<MB_KEY_BITS> key;   /* the key as a number (its bytes, big-endian): hot_keys matches it with its length */
+}
+
 struct metadata_t {
     /* parser */
     bit<1> l4;             /* an unfragmented IPv4 UDP or TCP packet whose lengths add up */
@@ -302,8 +309,7 @@ struct metadata_t {
     bit<1> frame_ok;       /* UDP: a single-datagram frame header was read */
     bit<8> command;        /* CMD_* */
     bit<64> word;          /* the command word as a number */
-    bit<MB_KEY_BITS> key;  /* the key as a number (its bytes, big-endian): hot_keys matches it with its length */
-    bit<8> key_len;        /* 0: no valid key */
+    key_t k;               /* the key (a header: bmv2 zeroes its 2,000 bits only where a command has a key) */
     bit<1> line_found;     /* '\r' found within MB_LINE_BYTES */
     bit<8> fields;         /* fields of the line started */
     bit<1> in_field;

@@ -33,7 +33,7 @@
  *
  * Where v1model differs from eBPF in mechanism (the behaviour is the same; tests/pipeline_fixtures.py holds both to
  * it):
- * - Loops: the parser reads the line a byte per state (parser.p4); the weighted choice, a loop over cumulative
+ * - Loops: the parser reads the line state by state (parser.p4); the weighted choice, a loop over cumulative
  *   weights in eBPF, is a range match on the hash (`replicas`).
  * - Registers cannot be read or written over P4Runtime (PI refuses both). Counts the data plane compares are
  *   registers (writes per slot, unsure per server) with a twin counter the controller reads; what the controller
@@ -41,8 +41,8 @@
  *   the switch's own clock + lease_us, and read by another, answered with a PacketIn of the microseconds left.
  * - Checksums are updated incrementally (RFC 1624) as in eBPF: v1model's update_checksum_with_payload would have
  *   to list every header of the parsed command line.
- * - Learned MACs and balanced gets live in hash-indexed registers: a newer entry takes an older one's place where
- *   eBPF's LRU maps evict the least recently used.
+ * - Learned MACs and balanced gets live in hash-indexed registers (bmv2's CRC-32 picks the slot): a newer entry
+ *   takes an older one's place where eBPF's LRU maps evict the least recently used.
  * - The hot-key sketch (the eBPF program's sketch.h: every get's key counted in a count-min sketch while a reader
  *   turns it on) cannot be zeroed by the reader: each cell carries the epoch it counts for and starts again in a
  *   new one. Its heavy keys are not kept in the switch: a get whose estimate reaches the reader's threshold sends
@@ -298,7 +298,7 @@ control MbReadRequest(inout headers_t hdr, inout metadata_t meta, inout standard
     }
     @name(".MbIngress.hot_keys")
     table hot_keys {  /* the whole key: a cold key never matches */
-        key = { meta.key_len: exact; meta.key: exact; }
+        key = { meta.k.len: exact @name("meta.key_len"); meta.k.key: exact @name("meta.key"); }
         actions = { hot; NoAction; }
         const default_action = NoAction;
         size = MB_MAX_HOT;
@@ -374,12 +374,12 @@ control MbReadRequest(inout headers_t hdr, inout metadata_t meta, inout standard
                     meta.unparsed = 1;
                 } else if (meta.s.command == CMD_LINE) {
                     meta.unsure_it = ~meta.whole;
-                } else if (meta.key_len == 0) {
+                } else if (meta.k.len == 0) {
                     meta.unparsed = 1;
                 } else {
                     meta.sketch_it = (bit<1>)(meta.s.command == CMD_GET);
                     hot_keys.apply();
-                    if (meta.s.command == CMD_GET && meta.whole == 1 && meta.key_len != 0 && hdr.key_end.b == 0x0d) {
+                    if (meta.s.command == CMD_GET && meta.whole == 1 && meta.k.len != 0 && hdr.key_end.b == 0x0d) {
                         /* a single-key get, and nothing else (over TCP: to its home, untouched) */
                         meta.balance = meta.hot & (bit<1>)hdr.udp.isValid();
                     } else if (meta.s.command == CMD_WRITE && meta.hot == 1) {
@@ -480,8 +480,8 @@ control MbSketch(inout headers_t hdr, inout metadata_t meta, inout standard_meta
             sketch_control.apply();
         }
         if (meta.sketch_on == 1) {
-            hash(meta.s.first, HashAlgorithm.crc32, 32w0, {meta.key_len, meta.key}, 64w0x100000000);
-            hash(meta.s.second, HashAlgorithm.crc16, 16w0, {meta.key_len, meta.key}, 32w0x10000);
+            hash(meta.s.first, HashAlgorithm.crc32, 32w0, meta.k, 64w0x100000000);  /* its length and key */
+            hash(meta.s.second, HashAlgorithm.crc16, 16w0, meta.k, 32w0x10000);
             meta.s.step = (bit<32>)meta.s.second | 1;  /* odd: the rows' cells differ (double hashing) */
             meta.s.mask = (1 << MB_SKETCH_BITS) - 1;
             meta.s.estimate = 0xffffffff;
@@ -501,7 +501,7 @@ control MbSketch(inout headers_t hdr, inout metadata_t meta, inout standard_meta
             if (meta.s.estimate >= meta.s.report_from && (meta.s.estimate & meta.s.report_mask) == 0) {
                 sketch_digests.count(parity);
                 digest<sketch_report_t>(MB_SKETCH_DIGEST, {meta.s.sketch_epoch, meta.s.estimate, hdr.ipv4.dst,
-                                                           hdr.ports.dst, meta.key_len, meta.key});
+                                                           hdr.ports.dst, meta.k.len, meta.k.key});
             }
         }
     }

@@ -1,15 +1,18 @@
 /* Parsing: Ethernet / IPv4 / UDP or TCP / memcached UDP frame header / ASCII command, key and the rest of its line.
  * The same reading as dataplanes/bpf/src/parse.h, with v1model's mechanism:
  * - The eBPF program loads the key and scans it a word at a time; a P4 parser can only iterate by going from
- *   state to state. Where it may, a state takes 8 bytes: a lookahead of the next 8 finds none of the bytes that
- *   would end or change the reading (a select entry per byte and position: ANY_BYTE_IS), else it takes one.
- *   "get " and "set " are read in one step; the key 8 bytes at a time, its last few bytes one at a time; the line
- *   after the key a byte at a time up to the end of the data length field (fields are counted, digits read), then 8
- *   bytes at a time, then its last bytes to '\r' one at a time. Each part has its own header stack, so the
+ *   state to state, and bmv2 resets every header instance per packet, in use or not: the parts are read in as few
+ *   and as wide headers as the reading allows. "get " and "set " in one step. Where a part ends within 8 bytes (the
+ *   command word, the key's and the line's last bytes), those 8 are loaded into meta.s.look (load_look) and one
+ *   select, its entries in order of position, finds the byte that ends it; the bytes before it are taken in at most
+ *   three chunks (4, 2, 1 bytes). Longer stretches go 32 bytes at a time while none of four 8-byte windows holds a
+ *   byte that would end or change the reading (a select entry per byte and position: ANY_BYTE_IS), then 8 at a
+ *   time. The line's head (to the end of the data length field: fields counted, digits read) is read a byte at a
+ *   time from the look, taken 8 at a time, its last bytes in chunks. Each part has its own headers, so the
  *   deparser emits them in the order they came. The key is accumulated into one 2000-bit number for hot_keys.
  * - `remaining` (payload bytes not read yet, from the IPv4 total length) guards every lookahead (in a state of
- *   its own: a select evaluates all its keys, lookahead included), so a short or unpadded frame is never read
- *   past its end and Ethernet padding is never read as payload.
+ *   its own: a select evaluates all its keys, lookahead included; a look holds zeros past it), so a short or
+ *   unpadded frame is never read past its end and Ethernet padding is never read as payload.
  * - A parser cannot branch on a comparison directly: the length checks are done in the ingress control from
  *   what the parser recorded (ip_end, payload_len, line state). */
 #ifndef MB_PARSER_P4
@@ -42,8 +45,8 @@
         transition word_##END; }
 /* The key's last I bytes, ended by END (space, cr) */
 #define KEY_ENDS(I, END) state key_##END##_##I { \
-        TAKE_##I(key) meta.key = (meta.key << (8 * I)) | (bit<MB_KEY_BITS>)(VALUE_##I(key)); \
-        meta.key_len = meta.key_len + I; meta.s.remaining = meta.s.remaining - I; transition key_end_##END; }
+        TAKE_##I(key) meta.k.key = (meta.k.key << (8 * I)) | (bit<MB_KEY_BITS>)(VALUE_##I(key)); \
+        meta.k.len = meta.k.len + I; meta.s.remaining = meta.s.remaining - I; transition key_end_##END; }
 /* The line's last I bytes and its '\r' */
 #define LINE_TAIL_ENDS(I) state line_tail_cr_##I { \
         TAKE_##I(line_tail) pkt.extract(hdr.line_cr); meta.s.remaining = meta.s.remaining - (I + 1); \
@@ -298,11 +301,11 @@ parser MbParser(packet_in pkt, out headers_t hdr, inout metadata_t meta, inout s
         }
     }
 
-    state get { meta.command = CMD_GET; transition key32_step; }
-    state meta_get { meta.command = CMD_READ; transition key32_step; }
-    state write_data_2 { meta.command = CMD_WRITE; meta.s.data_field = 2; transition key32_step; }
-    state write_data_0 { meta.command = CMD_WRITE; meta.s.data_field = 0; transition key32_step; }
-    state write_no_data { meta.command = CMD_WRITE; transition key32_step; }
+    state get { meta.command = CMD_GET; transition key_start; }
+    state meta_get { meta.command = CMD_READ; transition key_start; }
+    state write_data_2 { meta.command = CMD_WRITE; meta.s.data_field = 2; transition key_start; }
+    state write_data_0 { meta.command = CMD_WRITE; meta.s.data_field = 0; transition key_start; }
+    state write_no_data { meta.command = CMD_WRITE; transition key_start; }
     state line_after_space { meta.command = CMD_LINE; meta.s.line_len = 1; transition head_start; }
     state line_after_cr { meta.command = CMD_LINE; transition line_cr_found; }
     state noop { meta.command = CMD_NOOP; transition line_cr_found; }
@@ -311,8 +314,15 @@ parser MbParser(packet_in pkt, out headers_t hdr, inout metadata_t meta, inout s
      * characters included), ended by ' ' or '\r'; anything else: no key (key_len 0). 8 bytes at a time while none
      * of the next 8 is one of those and the key stays within 250 bytes; then a byte at a time (the key ends within
      * the next 8 bytes, or the packet does, or the 250 bytes are near). */
+    state key_start {
+        meta.k.setValid();
+        meta.k.len = 0;
+        meta.k.key = 0;
+        transition key32_step;
+    }
+
     state key32_step {
-        transition select(meta.s.remaining >= 32 && meta.key_len <= MB_MAX_KEY - 32) {
+        transition select(meta.s.remaining >= 32 && meta.k.len <= MB_MAX_KEY - 32) {
             true: key32_look;
             false: key_step;
         }
@@ -322,14 +332,14 @@ parser MbParser(packet_in pkt, out headers_t hdr, inout metadata_t meta, inout s
 
     state key32_take {
         pkt.extract(hdr.key32.next);
-        meta.key = (meta.key << 256) | (bit<MB_KEY_BITS>)hdr.key32.last.v;
-        meta.key_len = meta.key_len + 32;
+        meta.k.key = (meta.k.key << 256) | (bit<MB_KEY_BITS>)hdr.key32.last.v;
+        meta.k.len = meta.k.len + 32;
         meta.s.remaining = meta.s.remaining - 32;
         transition key32_step;
     }
 
     state key_step {  /* 8 bytes at a time from here (never 32 again: the key's bytes stay in order) */
-        transition select(meta.s.remaining >= 8 && meta.key_len <= MB_MAX_KEY - 8) {
+        transition select(meta.s.remaining >= 8 && meta.k.len <= MB_MAX_KEY - 8) {
             true: key_words_look;
             false: key_probe_0;
         }
@@ -349,8 +359,8 @@ parser MbParser(packet_in pkt, out headers_t hdr, inout metadata_t meta, inout s
 
     state key_take_word {
         pkt.extract(hdr.key_words.next);
-        meta.key = (meta.key << 64) | (bit<MB_KEY_BITS>)hdr.key_words.last.w;
-        meta.key_len = meta.key_len + 8;
+        meta.k.key = (meta.k.key << 64) | (bit<MB_KEY_BITS>)hdr.key_words.last.w;
+        meta.k.len = meta.k.len + 8;
         meta.s.remaining = meta.s.remaining - 8;
         transition key_step;
     }
@@ -364,7 +374,7 @@ parser MbParser(packet_in pkt, out headers_t hdr, inout metadata_t meta, inout s
     /* The first byte of the look that ends the key (entries in order of position): ' ' or '\r' (past the packet's
      * end the look holds zeros: no key, as memcached refuses a NUL) */
     state key_look {
-        transition select(meta.s.look, meta.key_len) {
+        transition select(meta.s.look, meta.k.len) {
             (IS(20, 0), 0): no_key;
             (IS(0d, 0), 0): no_key;
             (IS(20, 0), _): key_end_space;
@@ -384,7 +394,7 @@ parser MbParser(packet_in pkt, out headers_t hdr, inout metadata_t meta, inout s
     KEY_ENDS(1, cr) KEY_ENDS(2, cr) KEY_ENDS(3, cr) KEY_ENDS(4, cr) KEY_ENDS(5, cr) KEY_ENDS(6, cr) KEY_ENDS(7, cr)
 
     state no_key {
-        meta.key_len = 0;
+        meta.k.len = 0;
         transition accept;
     }
 
