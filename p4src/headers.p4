@@ -7,11 +7,12 @@
 #define MB_MAX_KEY 250       /* memcached's key limit */
 #define MB_KEY_BITS 2000     /* the key as one number: MB_MAX_KEY bytes, right-aligned */
 #define MB_LINE_BYTES 256    /* the rest of a command line after its key that is read to prove it whole */
-#define MB_KEY_WORDS 31      /* 8-byte steps of a key (248 bytes; its last bytes are read one at a time) */
-#define MB_KEY_TAIL 8        /* ... those bytes: at most 7 before an end byte, or 2 past the last step */
+#define MB_KEY_STEPS 7       /* 32-byte steps of a key (224 bytes), */
+#define MB_KEY_WORDS 3       /* ... then 8-byte steps (to 248 bytes; its last bytes, fewer than 8, in 3 chunks) */
 #define MB_LINE_HEAD 48      /* line bytes read one at a time up to the data length's end (a longer head: unsure) */
-#define MB_LINE_WORDS 32     /* 8-byte steps of the line after that (nothing in them but where '\r' is not) */
-#define MB_LINE_TAIL 8       /* the line's last bytes, read one at a time: '\r' is within 8 */
+#define MB_HEAD_WORDS 6      /* ... taken 8 at a time (47 after the key's end), the last ones in chunks */
+#define MB_LINE_STEPS 7      /* 32-byte steps of the line after that (nothing in them but where '\r' is not), */
+#define MB_LINE_WORDS 3      /* ... then 8-byte steps (its last bytes, fewer than 8, in 3 chunks, then '\r') */
 #define MB_MAX_HOT 4096      /* hot keys (slots) */
 #define MB_MAX_REPLICAS 8    /* servers one hot key can be spread over */
 #define MB_MAX_SERVERS 256
@@ -159,6 +160,23 @@ header word_t {
     bit<64> w;
 }
 
+header chunk32_t {
+    bit<256> v;
+}
+
+/* The last bytes of a part (fewer than 8, found before they are taken) as at most three chunks. */
+header chunk4_t {
+    bit<32> v;
+}
+
+header chunk2_t {
+    bit<16> v;
+}
+
+header chunk1_t {
+    bit<8> v;
+}
+
 header command4_t {
     bit<32> c;  /* "get " or "set ": the command word and its space in one step */
 }
@@ -175,13 +193,26 @@ struct headers_t {
     tcp_options_t tcp_options;
     frame_t frame;
     command4_t command4;            /* "get " or "set ", read at once; else: */
-    byte_t[7] word;                 /* the command word */
+    chunk4_t word4;                 /* the command word (up to 7 bytes), */
+    chunk2_t word2;
+    chunk1_t word1;
     byte_t word_end;                /* the byte that ended it: ' ' or '\r' */
-    word_t[MB_KEY_WORDS] key_words; /* the key: 8 bytes at a time, */
-    byte_t[MB_KEY_TAIL] key;        /* ... then its last bytes */
-    byte_t[MB_LINE_HEAD] line;      /* from the byte that ended the key to the data length's end (or '\r') */
-    word_t[MB_LINE_WORDS] line_words;  /* then 8 bytes at a time, */
-    byte_t[MB_LINE_TAIL] line_tail; /* ... then the last bytes, to '\r' */
+    chunk32_t[MB_KEY_STEPS] key32;  /* the key: 32 bytes at a time, */
+    word_t[MB_KEY_WORDS] key_words; /* ... then 8, */
+    chunk4_t key4;                  /* ... then its last bytes */
+    chunk2_t key2;
+    chunk1_t key1;
+    byte_t key_end;                 /* the byte that ended the key (' ' or '\r'), */
+    word_t[MB_HEAD_WORDS] head_words;  /* the line after it to the data length's end (or '\r'): 8 at a time, */
+    chunk4_t head4;                 /* ... then its last bytes */
+    chunk2_t head2;
+    chunk1_t head1;
+    chunk32_t[MB_LINE_STEPS] line32;   /* then 32 bytes at a time, */
+    word_t[MB_LINE_WORDS] line_words;  /* ... then 8, */
+    chunk4_t line_tail4;            /* ... then the last bytes, */
+    chunk2_t line_tail2;
+    chunk1_t line_tail1;
+    byte_t line_cr;                 /* ... and the '\r' */
     byte_t lf;                      /* the '\n' after it */
 }
 
@@ -196,22 +227,89 @@ struct sketch_report_t {
     bit<MB_KEY_BITS> key;
 }
 
-struct metadata_t {
-    /* parser */
+/* Per-packet values the program always writes before it reads them. A header, not metadata: bmv2 zeroes every
+ * metadata field of every packet (a cost per field), a header only has its validity bit reset. Never emitted. */
+header scratch_t {
+    /* the ingress jobs' working values (p4src/mbalancer.p4) */
+    bit<48> last;
+    bit<48> until;
+    bit<32> h;
+    bit<32> stream_slot;
+    bit<64> stream_id;
+    bit<64> stored;
+    bit<8> command;
+    bit<32> first;
+    bit<16> second;
+    bit<32> step;
+    bit<32> mask;
+    bit<32> estimate;
+    bit<48> cell;
+    bit<32> n;
+    bit<64> n64;
+    bit<64> written;
+    bit<64> unsure_count;
+    bit<64> closed;
+    bit<1> known;
+    bit<7> pad;            /* (bmv2: a header is whole bytes) */
+    bit<48> mac;
+    bit<64> look;          /* parser: the next 8 bytes (fewer where the payload ends: zeros after them) */
+    bit<8> look1;          /* parser: the next N bytes where fewer than 8 are left */
+    bit<16> look2;
+    bit<24> look3;
+    bit<32> look4;
+    bit<40> look5;
+    bit<48> look6;
+    bit<56> look7;
+    bit<32> cell_at;       /* sketch_cell: the cell */
+    bit<256> look32;       /* parser: the next 32 bytes */
+    bit<8> part;           /* parser: which part the look is for (PART_*) */
+    bit<8> head_at;        /* parser: bytes of the look read in the line's head (not taken yet) */
+    bit<8> head_byte;      /* parser: the head's byte being read */
+    bit<8> head_then;      /* parser: where the head's end goes on to (HEAD_THEN_*) */
+    bit<16> line_len;      /* bytes of the line read */
+    bit<16> line_left;     /* bytes the line may still have within MB_LINE_BYTES (its last bytes) */
     bit<16> ip_end;        /* bytes from the frame's start to the end of the IPv4 packet */
     bit<16> payload_len;   /* after the UDP (and frame) or TCP header */
     bit<16> command_len;   /* bytes of the command: the payload after the frame header (UDP), the payload (TCP) */
     bit<16> remaining;     /* payload bytes not yet read */
+    bit<8> data_field;     /* which field after the key is the data length (MB_NO_DATA: none) */
+    bit<32> dest_server;
+    bit<32> slot;
+    bit<32> home;
+    bit<64> synced_writes;
+    bit<64> synced_unsure;
+    bit<16> point;         /* the request's hash: which replica's range it falls in */
+    bit<32> replica;
+    bit<32> replica_position;
+    bit<32> server_wanted;
+    bit<48> server_mac;
+    bit<32> server_ip;
+    bit<16> server_port;
+    bit<48> quiet_us;
+    bit<32> closing_server;  /* the server whose memcached sent this FIN or RST */
+    bit<32> checked_server;  /* closes_handled's key: the replica a get would go to */
+    bit<64> handled;         /* closes_handled: the closes of it the controller has dealt with */
+    bit<16> sketch_epoch;
+    bit<32> report_from;
+    bit<32> sketch_estimate;
+    bit<32> report_mask;     /* sketch_report_step: an estimate is reported where these bits are 0 */
+}
+
+/* The key and its length, zeroed by the parser where a command's key starts (key_start): as metadata, bmv2 would
+ * zero its 2,000 bits for every packet, and copy it for the sketch's hashes, which take this header whole. */
+header key_t {
+    bit<8> len;             /* 0: no valid key */
+    bit<MB_KEY_BITS> key;   /* the key as a number (its bytes, big-endian): hot_keys matches it with its length */
+}
+
+struct metadata_t {
+    /* parser */
     bit<1> l4;             /* an unfragmented IPv4 UDP or TCP packet whose lengths add up */
     bit<1> first_fragment; /* the first fragment of one: ports read, nothing after them */
     bit<1> frame_ok;       /* UDP: a single-datagram frame header was read */
     bit<8> command;        /* CMD_* */
     bit<64> word;          /* the command word as a number */
-    bit<8> word_len;
-    bit<MB_KEY_BITS> key;  /* the key as a number (its bytes, big-endian): hot_keys matches it with its length */
-    bit<8> key_len;        /* 0: no valid key */
-    bit<8> data_field;     /* which field after the key is the data length (MB_NO_DATA: none) */
-    bit<16> line_len;      /* bytes of the line read */
+    key_t k;               /* the key (a header: bmv2 zeroes its 2,000 bits only where a command has a key) */
     bit<1> line_found;     /* '\r' found within MB_LINE_BYTES */
     bit<8> fields;         /* fields of the line started */
     bit<1> in_field;
@@ -234,23 +332,11 @@ struct metadata_t {
     bit<1> keep_mac;       /* ... and keeps the replica's MAC (the get was balanced upstream) */
     bit<1> request;        /* to a memcached port */
     bit<1> dest_known;     /* the destination is a server of the config */
-    bit<32> dest_server;
     bit<1> trusted;        /* from the controller: its copies never make a server unsure */
     bit<1> hot;
-    bit<32> slot;
-    bit<32> home;
     bit<1> synced_hit;
-    bit<64> synced_writes;
-    bit<64> synced_unsure;
-    bit<16> point;         /* the request's hash: which replica's range it falls in */
     bit<1> replica_hit;
-    bit<32> replica;
-    bit<32> replica_position;
-    bit<32> server_wanted;
     bit<1> server_hit;
-    bit<48> server_mac;
-    bit<32> server_ip;
-    bit<16> server_port;
     bit<1> clone_it;
     @field_list(MB_COPY_FIELDS)
     bit<32> stream_start;    /* the tracked connection's: where its unread stretch began */
@@ -260,16 +346,9 @@ struct metadata_t {
     bit<1> coalesce;         /* unsure, and unreadable by the controller too: one copy per report is enough */
     bit<8> report;           /* REPORT_*: an answer to the controller (op 2, op 3), in place of the packet */
     bit<1> hairpin;          /* a get this switch balanced: it may leave by the port it came in by, flooded too */
-    bit<48> quiet_us;
-    bit<32> closing_server;  /* the server whose memcached sent this FIN or RST */
     bit<1> to_controller;    /* to one of the controller's addresses */
-    bit<32> checked_server;  /* closes_handled's key: the replica a get would go to */
-    bit<64> handled;         /* closes_handled: the closes of it the controller has dealt with */
     bit<1> sketch_on;        /* sketch_control: a reader counts gets, in this epoch, reporting from this estimate */
-    bit<16> sketch_epoch;
-    bit<32> report_from;
-    bit<32> sketch_estimate;
-    bit<32> report_mask;     /* sketch_report_step: an estimate is reported where these bits are 0 */
+    scratch_t s;           /* written before read: not zeroed per packet */
 }
 
 #endif

@@ -33,7 +33,7 @@
  *
  * Where v1model differs from eBPF in mechanism (the behaviour is the same; tests/pipeline_fixtures.py holds both to
  * it):
- * - Loops: the parser reads the line a byte per state (parser.p4); the weighted choice, a loop over cumulative
+ * - Loops: the parser reads the line state by state (parser.p4); the weighted choice, a loop over cumulative
  *   weights in eBPF, is a range match on the hash (`replicas`).
  * - Registers cannot be read or written over P4Runtime (PI refuses both). Counts the data plane compares are
  *   registers (writes per slot, unsure per server) with a twin counter the controller reads; what the controller
@@ -41,8 +41,8 @@
  *   the switch's own clock + lease_us, and read by another, answered with a PacketIn of the microseconds left.
  * - Checksums are updated incrementally (RFC 1624) as in eBPF: v1model's update_checksum_with_payload would have
  *   to list every header of the parsed command line.
- * - Learned MACs and balanced gets live in hash-indexed registers: a newer entry takes an older one's place where
- *   eBPF's LRU maps evict the least recently used.
+ * - Learned MACs and balanced gets live in hash-indexed registers (bmv2's CRC-32 picks the slot): a newer entry
+ *   takes an older one's place where eBPF's LRU maps evict the least recently used.
  * - The hot-key sketch (the eBPF program's sketch.h: every get's key counted in a count-min sketch while a reader
  *   turns it on) cannot be zeroed by the reader: each cell carries the epoch it counts for and starts again in a
  *   new one. Its heavy keys are not kept in the switch: a get whose estimate reaches the reader's threshold sends
@@ -152,17 +152,15 @@ control MbControllerOps(inout headers_t hdr, inout metadata_t meta, inout standa
             lease_renewals.count(0);  /* the controller waits for it: a lease it ends is over when it returns */
         } else if (hdr.packet_out.op == OP_REARM && hdr.packet_out.server < MB_MAX_SERVERS) {
             unsure_reported.write(hdr.packet_out.server, 0);
-            bit<48> last;
-            unsure_last.read(last, hdr.packet_out.server);
-            meta.quiet_us = last == 0 ? 48w0xffffffffffff : std.ingress_global_timestamp - last;
+            unsure_last.read(meta.s.last, hdr.packet_out.server);
+            meta.s.quiet_us = meta.s.last == 0 ? 48w0xffffffffffff : std.ingress_global_timestamp - meta.s.last;
             meta.report = REPORT_QUIET;
             std.egress_spec = MB_CPU_PORT;  /* the answer: a PacketIn */
             return;
         } else if (hdr.packet_out.op == OP_LEASE_QUERY) {
-            bit<48> until;
-            lease_until.read(until, 0);
+            lease_until.read(meta.s.until, 0);
             bit<48> now = std.ingress_global_timestamp;
-            meta.quiet_us = until > now ? until - now : 48w0;  /* never given: until is 0 */
+            meta.s.quiet_us = meta.s.until > now ? meta.s.until - now : 48w0;  /* never given: until is 0 */
             meta.report = REPORT_LEASE_LEFT;
             std.egress_spec = MB_CPU_PORT;
             return;
@@ -178,9 +176,9 @@ control MbLearn(inout headers_t hdr, inout metadata_t meta, inout standard_metad
     apply {
         bit<1> balanced_frame = (bit<1>)(hdr.ipv4.isValid() && (hdr.ipv4.flags_frag & IP_BALANCED) != 0);
         if (hdr.ethernet.isValid() && hdr.ethernet.src[40:40] == 0 && balanced_frame == 0) {
-            bit<32> h;
-            mix(h, hdr.ethernet.src[47:16] ^ (bit<32>)hdr.ethernet.src[15:0]);
-            bit<32> at = h >> (32 - MB_LEARN_BITS);
+            /* (bmv2's own CRC: a mix in expressions costs it far more per packet) */
+            hash(meta.s.h, HashAlgorithm.crc32, 32w0, {hdr.ethernet.src}, 32w1 << MB_LEARN_BITS);
+            bit<32> at = meta.s.h;
             learned_macs.write(at, hdr.ethernet.src);
             learned_ports.write(at, std.ingress_port);
         }
@@ -208,7 +206,7 @@ control MbClassify(inout headers_t hdr, inout metadata_t meta, inout standard_me
         size = 64;
     }
 
-    @name(".MbIngress.server_is") action server_is(bit<32> server) { meta.dest_known = 1; meta.dest_server = server; }
+    @name(".MbIngress.server_is") action server_is(bit<32> server) { meta.dest_known = 1; meta.s.dest_server = server; }
     @name(".MbIngress.server_index")
     table server_index {  /* which server a request is for */
         key = { hdr.ipv4.dst: exact; hdr.ports.dst: exact; }
@@ -226,7 +224,7 @@ control MbClassify(inout headers_t hdr, inout metadata_t meta, inout standard_me
         size = 16;
     }
 
-    @name(".MbIngress.closing_server_is") action closing_server_is(bit<32> server) { meta.closing_server = server; }
+    @name(".MbIngress.closing_server_is") action closing_server_is(bit<32> server) { meta.s.closing_server = server; }
     @name(".MbIngress.closing_servers")
     table closing_servers {  /* which server a reply comes from (server_index, the other way round) */
         key = { hdr.ipv4.src: exact; hdr.ports.src: exact; }
@@ -245,7 +243,7 @@ control MbClassify(inout headers_t hdr, inout metadata_t meta, inout standard_me
     }
 
     apply {
-        if (hdr.ipv4.isValid() && meta.ip_end <= (bit<16>)std.packet_length) {
+        if (hdr.ipv4.isValid() && meta.s.ip_end <= (bit<16>)std.packet_length) {
             meta.parsed = meta.l4;
             if (hdr.ports.isValid()) {
                 memcached_ports.apply();
@@ -293,17 +291,21 @@ control MbReadRequest(inout headers_t hdr, inout metadata_t meta, inout standard
         size = 1 << MB_STREAM_BITS;
     }
 
-    @name(".MbIngress.hot") action hot(bit<32> slot, bit<32> home) { meta.hot = 1; meta.slot = slot; meta.home = home; }
+    @name(".MbIngress.hot") action hot(bit<32> slot, bit<32> home) {
+        meta.hot = 1;
+        meta.s.slot = slot;
+        meta.s.home = home;
+    }
     @name(".MbIngress.hot_keys")
     table hot_keys {  /* the whole key: a cold key never matches */
-        key = { meta.key_len: exact; meta.key: exact; }
+        key = { meta.k.len: exact @name("meta.key_len"); meta.k.key: exact @name("meta.key"); }
         actions = { hot; NoAction; }
         const default_action = NoAction;
         size = MB_MAX_HOT;
     }
 
     apply {
-        if (hdr.ipv4.isValid() && meta.ip_end <= (bit<16>)std.packet_length && meta.first_fragment == 1 &&
+        if (hdr.ipv4.isValid() && meta.s.ip_end <= (bit<16>)std.packet_length && meta.first_fragment == 1 &&
                 meta.request == 1) {
             /* A request too big for one frame (a UDP set of a large value): the server applies it once every
              * fragment is in, after this first one passes, so marking its server unsure now is in time. */
@@ -313,31 +315,30 @@ control MbReadRequest(inout headers_t hdr, inout metadata_t meta, inout standard
             count(C_MEMCACHED);
             if (hdr.tcp.isValid() && (hdr.tcp.flags & (TCP_FIN | TCP_RST)) != 0 && meta.trusted == 1) {
                 /* the controller closes: the server's FIN will answer it */
-                bit<32> h;
-                mix(h, hdr.ipv4.src ^ hdr.ipv4.dst ^ ((bit<32>)hdr.ports.src << 16 | (bit<32>)hdr.ports.dst));
-                closing.write(h >> (32 - MB_CLOSING_BITS), hdr.ipv4.src ++ hdr.ports.src ++ hdr.ports.dst);
+                mix(meta.s.h, hdr.ipv4.src ^ hdr.ipv4.dst ^ ((bit<32>)hdr.ports.src << 16 | (bit<32>)hdr.ports.dst));
+                closing.write(meta.s.h >> (32 - MB_CLOSING_BITS), hdr.ipv4.src ++ hdr.ports.src ++ hdr.ports.dst);
             }
             if (hdr.tcp.isValid() && (hdr.ipv4.flags_frag & IP_BALANCED) == 0) {
-                bit<32> stream_slot;
-                bit<64> stream_id;
-                stream_at(hdr.ipv4.src, hdr.ports.src, hdr.ipv4.dst, hdr.ports.dst, stream_slot, stream_id);
-                bit<64> stored;
-                stream_ids.read(stored, stream_slot);
-                if (stored == stream_id) {  /* a connection read as a stream: stopped knowing at stream_starts */
-                    if (meta.payload_len > 0) {
+                stream_at(hdr.ipv4.src, hdr.ports.src, hdr.ipv4.dst, hdr.ports.dst,
+                          meta.s.stream_slot, meta.s.stream_id);
+                stream_ids.read(meta.s.stored, meta.s.stream_slot);
+                /* a connection read as a stream: stopped knowing at stream_starts */
+                if (meta.s.stored == meta.s.stream_id) {
+                    if (meta.s.payload_len > 0) {
                         if (stream_resumes.apply().hit) {
-                            stream_ids.write(stream_slot, 0);  /* where a command starts: read on its own again */
+                            /* where a command starts: read on its own again */
+                            stream_ids.write(meta.s.stream_slot, 0);
                         } else {
                             meta.mid_stream = 1;
                             meta.stream = 1;
-                            stream_starts.read(meta.stream_start, stream_slot);
+                            stream_starts.read(meta.stream_start, meta.s.stream_slot);
                             if (blind_streams.apply().hit) {
                                 meta.coalesce = 1;
                             }
                         }
                     }
                     if ((hdr.tcp.flags & (TCP_FIN | TCP_RST)) != 0) {
-                        stream_ids.write(stream_slot, 0);
+                        stream_ids.write(meta.s.stream_slot, 0);
                     }
                 }
             }
@@ -346,43 +347,43 @@ control MbReadRequest(inout headers_t hdr, inout metadata_t meta, inout standard
                 meta.upstream = (bit<1>)(hdr.udp.isValid() && hdr.frame.isValid());
             } else if (meta.mid_stream == 1) {
                 meta.unsure_it = 1;  /* `mn\r\n` may be the last bytes of a value */
-            } else if (meta.payload_len == 0 && meta.command == CMD_NONE) {
+            } else if (meta.s.payload_len == 0 && meta.command == CMD_NONE) {
                 /* a bare TCP ACK: nothing to read, nothing wrong */
             } else if (hdr.udp.isValid() && meta.frame_ok == 0) {
                 meta.unparsed = 1;
             } else {
                 /* commands shorter than 6 bytes: only "mn\r\n" (the eBPF parser's rule) */
-                bit<8> command = meta.command;
-                if (command == CMD_NOOP && !(meta.command_len == 4 && hdr.lf.isValid() && hdr.lf.b == 0x0a)) {
-                    command = CMD_OTHER;
-                } else if (command != CMD_NOOP && meta.command_len < 6) {
-                    command = CMD_OTHER;
+                meta.s.command = meta.command;
+                if (meta.s.command == CMD_NOOP && !(meta.s.command_len == 4 && hdr.lf.isValid() && hdr.lf.b == 0x0a)) {
+                    meta.s.command = CMD_OTHER;
+                } else if (meta.s.command != CMD_NOOP && meta.s.command_len < 6) {
+                    meta.s.command = CMD_OTHER;
                 }
                 /* the payload is exactly this one command: its line ends with "\r\n", then its data block and
                  * "\r\n" if it has one, then nothing */
                 if (meta.line_found == 1 && meta.bad_number == 0 && hdr.lf.isValid() && hdr.lf.b == 0x0a &&
-                        !(command == CMD_READ && meta.changes == 1)) {
-                    if (meta.data_field == MB_NO_DATA) {
-                        meta.whole = (bit<1>)(meta.remaining == 0);
-                    } else if (meta.fields > meta.data_field) {
-                        meta.whole = (bit<1>)((bit<64>)meta.remaining == meta.number + 2);
+                        !(meta.s.command == CMD_READ && meta.changes == 1)) {
+                    if (meta.s.data_field == MB_NO_DATA) {
+                        meta.whole = (bit<1>)(meta.s.remaining == 0);
+                    } else if (meta.fields > meta.s.data_field) {
+                        meta.whole = (bit<1>)((bit<64>)meta.s.remaining == meta.number + 2);
                     }
                 }
-                if (command == CMD_NOOP) {
-                } else if (command == CMD_OTHER || command == CMD_NONE) {
+                if (meta.s.command == CMD_NOOP) {
+                } else if (meta.s.command == CMD_OTHER || meta.s.command == CMD_NONE) {
                     meta.unparsed = 1;
-                } else if (command == CMD_LINE) {
+                } else if (meta.s.command == CMD_LINE) {
                     meta.unsure_it = ~meta.whole;
-                } else if (meta.key_len == 0) {
+                } else if (meta.k.len == 0) {
                     meta.unparsed = 1;
                 } else {
-                    meta.sketch_it = (bit<1>)(command == CMD_GET);
+                    meta.sketch_it = (bit<1>)(meta.s.command == CMD_GET);
                     hot_keys.apply();
-                    if (command == CMD_GET && meta.whole == 1 && meta.key_len != 0 && hdr.line[0].b == 0x0d) {
+                    if (meta.s.command == CMD_GET && meta.whole == 1 && meta.k.len != 0 && hdr.key_end.b == 0x0d) {
                         /* a single-key get, and nothing else (over TCP: to its home, untouched) */
                         meta.balance = meta.hot & (bit<1>)hdr.udp.isValid();
-                    } else if (command == CMD_WRITE && meta.hot == 1) {
-                        if (meta.dest_known == 1 && meta.dest_server == meta.home) {
+                    } else if (meta.s.command == CMD_WRITE && meta.hot == 1) {
+                        if (meta.dest_known == 1 && meta.s.dest_server == meta.s.home) {
                             meta.mirror = 1;
                             meta.unsure_it = ~meta.whole;
                         } else {
@@ -412,8 +413,8 @@ control MbSketch(inout headers_t hdr, inout metadata_t meta, inout standard_meta
 
     @name(".MbIngress.sketch_on") action sketch_on(bit<16> epoch, bit<32> report_from) {
         meta.sketch_on = 1;
-        meta.sketch_epoch = epoch;
-        meta.report_from = report_from;
+        meta.s.sketch_epoch = epoch;
+        meta.s.report_from = report_from;
     }
     @name(".MbIngress.sketch_control")
     table sketch_control {  /* the default action, set by the sketch's reader: NoAction is off */
@@ -425,10 +426,10 @@ control MbSketch(inout headers_t hdr, inout metadata_t meta, inout standard_meta
 
     /* An estimate of 2^b or more (b >= 9) is reported only at multiples of 2^(b-8): 256 digests per doubling
      * instead of one per get, the last one reported within 1/256 of the estimate (the reader keeps the largest). */
-    @name(".MbIngress.report_every") action report_every(bit<32> mask) { meta.report_mask = mask; }
+    @name(".MbIngress.report_every") action report_every(bit<32> mask) { meta.s.report_mask = mask; }
     @name(".MbIngress.sketch_report_step")
     table sketch_report_step {
-        key = { meta.sketch_estimate: ternary; }
+        key = { meta.s.sketch_estimate: ternary @name("meta.sketch_estimate"); }
         actions = { report_every; }
         const default_action = report_every(0);
         const entries = {
@@ -460,16 +461,17 @@ control MbSketch(inout headers_t hdr, inout metadata_t meta, inout standard_meta
     }
 
     /* One of the key's cells: counted in this epoch (a cell last counted in another starts again at 1). */
-    @name(".MbIngress.sketch_cell") action sketch_cell(in bit<32> at, inout bit<32> estimate) {
-        bit<48> cell;
-        sketch.read(cell, at);
-        bit<32> n = 1;
-        if (cell[47:32] == meta.sketch_epoch) {
-            n = cell[31:0] + 1;
+    /* (meta.s.cell_at: which; meta.s.estimate: the least count so far) */
+    @name(".MbIngress.sketch_cell") action sketch_cell() {
+        sketch.read(meta.s.cell, meta.s.cell_at);
+        meta.s.n = 1;
+        if (meta.s.cell[47:32] == meta.s.sketch_epoch) {
+            meta.s.n = meta.s.cell[31:0] + 1;
         }
-        sketch.write(at, meta.sketch_epoch ++ n);
-        if (n < estimate) {
-            estimate = n;
+        meta.s.cell = meta.s.sketch_epoch ++ meta.s.n;
+        sketch.write(meta.s.cell_at, meta.s.cell);
+        if (meta.s.n < meta.s.estimate) {
+            meta.s.estimate = meta.s.n;
         }
     }
 
@@ -478,26 +480,28 @@ control MbSketch(inout headers_t hdr, inout metadata_t meta, inout standard_meta
             sketch_control.apply();
         }
         if (meta.sketch_on == 1) {
-            bit<32> first;
-            bit<16> second;
-            hash(first, HashAlgorithm.crc32, 32w0, {meta.key_len, meta.key}, 64w0x100000000);
-            hash(second, HashAlgorithm.crc16, 16w0, {meta.key_len, meta.key}, 32w0x10000);
-            bit<32> step = (bit<32>)second | 1;  /* odd: the rows' cells differ (double hashing) */
-            bit<32> mask = (1 << MB_SKETCH_BITS) - 1;
-            bit<32> estimate = 0xffffffff;
-            sketch_cell(first & mask, estimate);
-            sketch_cell((1 << MB_SKETCH_BITS) | ((first + step) & mask), estimate);
-            sketch_cell((2 << MB_SKETCH_BITS) | ((first + 2 * step) & mask), estimate);
-            sketch_cell((3 << MB_SKETCH_BITS) | ((first + 3 * step) & mask), estimate);
-            bit<32> parity = (bit<32>)(meta.sketch_epoch & 1);
+            hash(meta.s.first, HashAlgorithm.crc32, 32w0, meta.k, 64w0x100000000);  /* its length and key */
+            hash(meta.s.second, HashAlgorithm.crc16, 16w0, meta.k, 32w0x10000);
+            meta.s.step = (bit<32>)meta.s.second | 1;  /* odd: the rows' cells differ (double hashing) */
+            meta.s.mask = (1 << MB_SKETCH_BITS) - 1;
+            meta.s.estimate = 0xffffffff;
+            meta.s.cell_at = meta.s.first & meta.s.mask;
+            sketch_cell();
+            meta.s.cell_at = (1 << MB_SKETCH_BITS) | ((meta.s.first + meta.s.step) & meta.s.mask);
+            sketch_cell();
+            meta.s.cell_at = (2 << MB_SKETCH_BITS) | ((meta.s.first + 2 * meta.s.step) & meta.s.mask);
+            sketch_cell();
+            meta.s.cell_at = (3 << MB_SKETCH_BITS) | ((meta.s.first + 3 * meta.s.step) & meta.s.mask);
+            sketch_cell();
+            bit<32> parity = (bit<32>)(meta.s.sketch_epoch & 1);
             sketch_destinations.count(parity * (MB_MAX_SERVERS + 1) +
-                                      (meta.dest_known == 1 ? meta.dest_server : MB_MAX_SERVERS));
-            meta.sketch_estimate = estimate;
+                                      (meta.dest_known == 1 ? meta.s.dest_server : MB_MAX_SERVERS));
+            meta.s.sketch_estimate = meta.s.estimate;
             sketch_report_step.apply();
-            if (estimate >= meta.report_from && (estimate & meta.report_mask) == 0) {
+            if (meta.s.estimate >= meta.s.report_from && (meta.s.estimate & meta.s.report_mask) == 0) {
                 sketch_digests.count(parity);
-                digest<sketch_report_t>(MB_SKETCH_DIGEST, {meta.sketch_epoch, estimate, hdr.ipv4.dst, hdr.ports.dst,
-                                                           meta.key_len, meta.key});
+                digest<sketch_report_t>(MB_SKETCH_DIGEST, {meta.s.sketch_epoch, meta.s.estimate, hdr.ipv4.dst,
+                                                           hdr.ports.dst, meta.k.len, meta.k.key});
             }
         }
     }
@@ -511,20 +515,17 @@ control MbServerClosed(inout headers_t hdr, inout metadata_t meta, inout standar
     @name(".MbIngress.server_closes")
     counter(MB_MAX_SERVERS, CounterType.packets) server_closes;  /* the twin of `closes` */
     apply {
-        bit<32> h;
-        mix(h, hdr.ipv4.dst ^ hdr.ipv4.src ^ ((bit<32>)hdr.ports.dst << 16 | (bit<32>)hdr.ports.src));
-        bit<32> at = h >> (32 - MB_CLOSING_BITS);
-        bit<64> stored;
-        closing.read(stored, at);
-        if (stored == hdr.ipv4.dst ++ hdr.ports.dst ++ hdr.ports.src) {
+        mix(meta.s.h, hdr.ipv4.dst ^ hdr.ipv4.src ^ ((bit<32>)hdr.ports.dst << 16 | (bit<32>)hdr.ports.src));
+        bit<32> at = meta.s.h >> (32 - MB_CLOSING_BITS);
+        closing.read(meta.s.stored, at);
+        if (meta.s.stored == hdr.ipv4.dst ++ hdr.ports.dst ++ hdr.ports.src) {
             closing.write(at, 0);  /* the answer to the controller's own close */
         } else {
-            bit<64> n;
-            closes.read(n, meta.closing_server);
-            closes.write(meta.closing_server, n + 1);
-            server_closes.count(meta.closing_server);
-            meta.dest_server = meta.closing_server;
-            make_unsure(meta.dest_server, meta.clone_it);
+            closes.read(meta.s.n64, meta.s.closing_server);
+            closes.write(meta.s.closing_server, meta.s.n64 + 1);
+            server_closes.count(meta.s.closing_server);
+            meta.s.dest_server = meta.s.closing_server;
+            make_unsure(meta.s.dest_server, meta.clone_it);
         }
     }
 }
@@ -534,10 +535,9 @@ control MbServerClosed(inout headers_t hdr, inout metadata_t meta, inout standar
 control MbSetMirror(inout headers_t hdr, inout metadata_t meta, inout standard_metadata_t std) {
     @name(".MbIngress.key_mirrored") counter(MB_MAX_HOT, CounterType.packets) key_mirrored;  /* the twin of `writes` */
     apply {
-        bit<64> n;
-        writes.read(n, meta.slot);
-        writes.write(meta.slot, n + 1);
-        key_mirrored.count(meta.slot);
+        writes.read(meta.s.n64, meta.s.slot);
+        writes.write(meta.s.slot, meta.s.n64 + 1);
+        key_mirrored.count(meta.s.slot);
         count(C_MIRRORED);
         meta.clone_it = meta.whole | meta.trusted;  /* else make_unsure clones it (once); the controller's own never
                                                      * make a server unsure, but are copied */
@@ -549,16 +549,14 @@ control MbSetMirror(inout headers_t hdr, inout metadata_t meta, inout standard_m
 control MbUnsureRequest(inout headers_t hdr, inout metadata_t meta, inout standard_metadata_t std) {
     apply {
         if (meta.coalesce == 1) {
-            make_unsure_coalesced(meta.dest_server, std.ingress_global_timestamp, meta.clone_it);
+            make_unsure_coalesced(meta.s.dest_server, std.ingress_global_timestamp, meta.clone_it);
         } else {
-            make_unsure(meta.dest_server, meta.clone_it);
+            make_unsure(meta.s.dest_server, meta.clone_it);
         }
         if (hdr.tcp.isValid() && meta.mid_stream == 0) {  /* it may end inside a command: a stream from here */
-            bit<32> stream_slot;
-            bit<64> stream_id;
-            stream_at(hdr.ipv4.src, hdr.ports.src, hdr.ipv4.dst, hdr.ports.dst, stream_slot, stream_id);
-            stream_ids.write(stream_slot, stream_id);
-            stream_starts.write(stream_slot, hdr.tcp.seq);
+            stream_at(hdr.ipv4.src, hdr.ports.src, hdr.ipv4.dst, hdr.ports.dst, meta.s.stream_slot, meta.s.stream_id);
+            stream_ids.write(meta.s.stream_slot, meta.s.stream_id);
+            stream_starts.write(meta.s.stream_slot, hdr.tcp.seq);
             meta.stream = 1;
             meta.stream_start = hdr.tcp.seq;
         }
@@ -568,19 +566,19 @@ control MbUnsureRequest(inout headers_t hdr, inout metadata_t meta, inout standa
 /* hot_get: a single-key UDP get of a hot key goes home untouched if the key is dirty (writes or unsure requests
  * since the controller's sync), the lease ran out, or the chosen replica's memcached closed a connection of the
  * controller's it has not dealt with; else to a replica chosen by weight from a hash of the request id and client.
- * Decides meta.server_wanted (the rewrite job rewrites). */
+ * Decides meta.s.server_wanted (the rewrite job rewrites). */
 control MbHotGet(inout headers_t hdr, inout metadata_t meta, inout standard_metadata_t std) {
     @name(".MbIngress.key_gets") counter(MB_MAX_HOT, CounterType.packets) key_gets;
     @name(".MbIngress.key_home_while_dirty") counter(MB_MAX_HOT, CounterType.packets) key_home_while_dirty;
 
     @name(".MbIngress.synced_to") action synced_to(bit<64> written, bit<64> unsure_count) {
         meta.synced_hit = 1;
-        meta.synced_writes = written;
-        meta.synced_unsure = unsure_count;
+        meta.s.synced_writes = written;
+        meta.s.synced_unsure = unsure_count;
     }
     @name(".MbIngress.synced")
     table synced {  /* per slot, what the controller synced the copies to; no entry: held dirty */
-        key = { meta.slot: exact; }
+        key = { meta.s.slot: exact @name("meta.slot"); }
         actions = { synced_to; NoAction; }
         const default_action = NoAction;
         size = MB_MAX_HOT;
@@ -588,59 +586,55 @@ control MbHotGet(inout headers_t hdr, inout metadata_t meta, inout standard_meta
 
     @name(".MbIngress.to_replica") action to_replica(bit<32> server, bit<32> position) {
         meta.replica_hit = 1;
-        meta.replica = server;
-        meta.replica_position = position;
+        meta.s.replica = server;
+        meta.s.replica_position = position;
     }
     @name(".MbIngress.replicas")
     table replicas {  /* per slot, a range of the 16-bit hash per replica, as wide as its weight */
-        key = { meta.slot: exact; meta.point: range; }
+        key = { meta.s.slot: exact @name("meta.slot"); meta.s.point: range @name("meta.point"); }
         actions = { to_replica; NoAction; }
         const default_action = NoAction;
         size = MB_MAX_HOT * MB_MAX_REPLICAS;
     }
 
-    @name(".MbIngress.handled_closes") action handled_closes(bit<64> count) { meta.handled = count; }
+    @name(".MbIngress.handled_closes") action handled_closes(bit<64> count) { meta.s.handled = count; }
     @name(".MbIngress.closes_handled")
     table closes_handled {  /* per server, how many of its closes the controller has dealt with; no entry: none */
-        key = { meta.checked_server: exact; }
+        key = { meta.s.checked_server: exact @name("meta.checked_server"); }
         actions = { handled_closes; NoAction; }
         const default_action = NoAction;
         size = MB_MAX_SERVERS;
     }
 
     apply {
-        key_gets.count(meta.slot);
+        key_gets.count(meta.s.slot);
         bit<48> now = std.ingress_global_timestamp;
-        bit<48> until;
-        lease_until.read(until, 0);
-        bit<64> written;
-        writes.read(written, meta.slot);
-        bit<64> unsure_count;
-        unsure.read(unsure_count, meta.home);
+        lease_until.read(meta.s.until, 0);
+        writes.read(meta.s.written, meta.s.slot);
+        unsure.read(meta.s.unsure_count, meta.s.home);
         synced.apply();
-        if (now >= until) {
+        if (now >= meta.s.until) {
             count(C_LEASE_EXPIRED);
             meta.balance = 0;
-        } else if (meta.synced_hit == 0 || meta.synced_writes != written || meta.synced_unsure != unsure_count) {
+        } else if (meta.synced_hit == 0 || meta.s.synced_writes != meta.s.written ||
+                   meta.s.synced_unsure != meta.s.unsure_count) {
             meta.balance = 0;
         }
         if (meta.balance == 0) {
-            key_home_while_dirty.count(meta.slot);  /* clients address the home: unchanged is home */
+            key_home_while_dirty.count(meta.s.slot);  /* clients address the home: unchanged is home */
         } else {
-            bit<32> h;
-            mix(h, ((bit<32>)hdr.frame.request_id | ((bit<32>)hdr.ports.src << 16)) ^ hdr.ipv4.src);
-            meta.point = h[15:0];
+            mix(meta.s.h, ((bit<32>)hdr.frame.request_id | ((bit<32>)hdr.ports.src << 16)) ^ hdr.ipv4.src);
+            meta.s.point = meta.s.h[15:0];
             replicas.apply();
-            meta.server_wanted = meta.replica_hit == 1 ? meta.replica : meta.home;
-            if (meta.server_wanted != meta.home) {  /* it may have lost its copy since the controller looked */
-                meta.checked_server = meta.server_wanted;
-                meta.handled = 0;
+            meta.s.server_wanted = meta.replica_hit == 1 ? meta.s.replica : meta.s.home;
+            if (meta.s.server_wanted != meta.s.home) {  /* it may have lost its copy since the controller looked */
+                meta.s.checked_server = meta.s.server_wanted;
+                meta.s.handled = 0;
                 closes_handled.apply();
-                bit<64> closed;
-                closes.read(closed, meta.server_wanted);
-                if (closed != meta.handled) {
+                closes.read(meta.s.closed, meta.s.server_wanted);
+                if (meta.s.closed != meta.s.handled) {
                     meta.balance = 0;  /* home, untouched */
-                    meta.server_wanted = NO_SERVER;
+                    meta.s.server_wanted = NO_SERVER;
                 }
             }
         }
@@ -652,15 +646,15 @@ control MbHotGet(inout headers_t hdr, inout metadata_t meta, inout standard_meta
 control MbReplySource(inout headers_t hdr, inout metadata_t meta, inout standard_metadata_t std) {
     apply {
         bit<64> id = hdr.ipv4.dst ++ hdr.ports.dst ++ hdr.frame.request_id;
-        bit<32> h;
-        mix(h, hdr.ipv4.dst ^ ((bit<32>)hdr.ports.dst << 16 | (bit<32>)hdr.frame.request_id));
-        bit<32> at = h >> (32 - MB_FLOW_BITS);
-        bit<64> stored;
-        flow_ids.read(stored, at);
-        if (stored == id) {
-            flow_homes.read(meta.server_wanted, at);
-            meta.keep_mac = meta.server_wanted[31:31];
-            meta.server_wanted = meta.server_wanted & ~FLOW_UPSTREAM;
+        /* the get's flow (bmv2's own CRC: a mix in expressions costs it far more per packet) */
+        hash(meta.s.h, HashAlgorithm.crc32, 32w0, {hdr.ipv4.dst, hdr.ports.dst, hdr.frame.request_id},
+             32w1 << MB_FLOW_BITS);
+        bit<32> at = meta.s.h;
+        flow_ids.read(meta.s.stored, at);
+        if (meta.s.stored == id) {
+            flow_homes.read(meta.s.server_wanted, at);
+            meta.keep_mac = meta.s.server_wanted[31:31];
+            meta.s.server_wanted = meta.s.server_wanted & ~FLOW_UPSTREAM;
             meta.rewrite_source = 1;
         }
     }
@@ -673,36 +667,36 @@ control MbRewrite(inout headers_t hdr, inout metadata_t meta, inout standard_met
     @name(".MbIngress.key_per_replica")
     counter(MB_MAX_HOT * MB_MAX_REPLICAS, CounterType.packets) key_per_replica;  /* slot * 8 + position */
     apply {
-        if (meta.upstream == 1 && meta.server_hit == 1 && meta.server_ip != hdr.ipv4.dst) {
+        if (meta.upstream == 1 && meta.server_hit == 1 && meta.s.server_ip != hdr.ipv4.dst) {
             /* the reply leaves the replica through this switch first, maybe never through the one that balanced
              * the get: remember the home here too, marked, so the reply gets the home's IP and port here */
-            bit<32> h;
-            mix(h, hdr.ipv4.src ^ ((bit<32>)hdr.ports.src << 16 | (bit<32>)hdr.frame.request_id));
-            bit<32> at = h >> (32 - MB_FLOW_BITS);
+            hash(meta.s.h, HashAlgorithm.crc32, 32w0, {hdr.ipv4.src, hdr.ports.src, hdr.frame.request_id},
+                 32w1 << MB_FLOW_BITS);
+            bit<32> at = meta.s.h;
             flow_ids.write(at, hdr.ipv4.src ++ hdr.ports.src ++ hdr.frame.request_id);
             flow_homes.write(at, (bit<32>)hdr.ipv4.identification | FLOW_UPSTREAM);
         }
         if (meta.balance == 1 && meta.server_hit == 1) {
-            bit<32> chosen = meta.server_wanted;
-            meta.hairpin = (bit<1>)(chosen != meta.home);
+            bit<32> chosen = meta.s.server_wanted;
+            meta.hairpin = (bit<1>)(chosen != meta.s.home);
             if (meta.replica_hit == 1) {
-                key_per_replica.count(meta.slot * MB_MAX_REPLICAS + meta.replica_position);
+                key_per_replica.count(meta.s.slot * MB_MAX_REPLICAS + meta.s.replica_position);
             }
-            if (chosen != meta.home) {  /* remember the get, so its reply leaves with the home's source */
-                bit<32> h;
-                mix(h, hdr.ipv4.src ^ ((bit<32>)hdr.ports.src << 16 | (bit<32>)hdr.frame.request_id));
-                bit<32> at = h >> (32 - MB_FLOW_BITS);
+            if (chosen != meta.s.home) {  /* remember the get, so its reply leaves with the home's source */
+                hash(meta.s.h, HashAlgorithm.crc32, 32w0, {hdr.ipv4.src, hdr.ports.src, hdr.frame.request_id},
+                 32w1 << MB_FLOW_BITS);
+                bit<32> at = meta.s.h;
                 flow_ids.write(at, hdr.ipv4.src ++ hdr.ports.src ++ hdr.frame.request_id);
-                flow_homes.write(at, meta.home);
+                flow_homes.write(at, meta.s.home);
             }
             /* The home's index goes in the IP ID (a get is one unfragmented datagram, whose ID nothing reads), so
              * that a switch further on, the replica's, can make the reply seem to come from the home when the reply
              * does not pass this one (a fabric that balances at the home's leaf). */
             bit<16> marked = hdr.ipv4.flags_frag | IP_BALANCED;
-            bit<16> home_id = meta.home[15:0];
+            bit<16> home_id = meta.s.home[15:0];
             bit<32> sum = (bit<32>)(~hdr.ipv4.checksum)
-                + (bit<32>)(~hdr.ipv4.dst[31:16]) + (bit<32>)meta.server_ip[31:16]
-                + (bit<32>)(~hdr.ipv4.dst[15:0]) + (bit<32>)meta.server_ip[15:0]
+                + (bit<32>)(~hdr.ipv4.dst[31:16]) + (bit<32>)meta.s.server_ip[31:16]
+                + (bit<32>)(~hdr.ipv4.dst[15:0]) + (bit<32>)meta.s.server_ip[15:0]
                 + (bit<32>)(~hdr.ipv4.flags_frag) + (bit<32>)marked
                 + (bit<32>)(~hdr.ipv4.identification) + (bit<32>)home_id;
             sum = (sum & 0xffff) + (sum >> 16);
@@ -710,41 +704,41 @@ control MbRewrite(inout headers_t hdr, inout metadata_t meta, inout standard_met
             hdr.ipv4.checksum = ~sum[15:0];
             if (hdr.udp.checksum != 0) {  /* 0: the sender sent none */
                 bit<32> u = (bit<32>)(~hdr.udp.checksum)
-                    + (bit<32>)(~hdr.ipv4.dst[31:16]) + (bit<32>)meta.server_ip[31:16]
-                    + (bit<32>)(~hdr.ipv4.dst[15:0]) + (bit<32>)meta.server_ip[15:0]
-                    + (bit<32>)(~hdr.ports.dst) + (bit<32>)meta.server_port;
+                    + (bit<32>)(~hdr.ipv4.dst[31:16]) + (bit<32>)meta.s.server_ip[31:16]
+                    + (bit<32>)(~hdr.ipv4.dst[15:0]) + (bit<32>)meta.s.server_ip[15:0]
+                    + (bit<32>)(~hdr.ports.dst) + (bit<32>)meta.s.server_port;
                 u = (u & 0xffff) + (u >> 16);
                 u = (u & 0xffff) + (u >> 16);
                 hdr.udp.checksum = ~u[15:0] == 0 ? 16w0xffff : ~u[15:0];
             }
-            hdr.ipv4.dst = meta.server_ip;
+            hdr.ipv4.dst = meta.s.server_ip;
             hdr.ipv4.flags_frag = marked;
             hdr.ipv4.identification = home_id;
-            hdr.ports.dst = meta.server_port;
-            hdr.ethernet.dst = meta.server_mac;
+            hdr.ports.dst = meta.s.server_port;
+            hdr.ethernet.dst = meta.s.server_mac;
             count(C_BALANCED);
         }
         if (meta.rewrite_source == 1 && meta.server_hit == 1 &&
-                (meta.server_ip != hdr.ipv4.src || meta.server_port != hdr.ports.src)) {
+                (meta.s.server_ip != hdr.ipv4.src || meta.s.server_port != hdr.ports.src)) {
             bit<32> sum = (bit<32>)(~hdr.ipv4.checksum)
-                + (bit<32>)(~hdr.ipv4.src[31:16]) + (bit<32>)meta.server_ip[31:16]
-                + (bit<32>)(~hdr.ipv4.src[15:0]) + (bit<32>)meta.server_ip[15:0];
+                + (bit<32>)(~hdr.ipv4.src[31:16]) + (bit<32>)meta.s.server_ip[31:16]
+                + (bit<32>)(~hdr.ipv4.src[15:0]) + (bit<32>)meta.s.server_ip[15:0];
             sum = (sum & 0xffff) + (sum >> 16);
             sum = (sum & 0xffff) + (sum >> 16);
             hdr.ipv4.checksum = ~sum[15:0];
             if (hdr.udp.checksum != 0) {
                 bit<32> u = (bit<32>)(~hdr.udp.checksum)
-                    + (bit<32>)(~hdr.ipv4.src[31:16]) + (bit<32>)meta.server_ip[31:16]
-                    + (bit<32>)(~hdr.ipv4.src[15:0]) + (bit<32>)meta.server_ip[15:0]
-                    + (bit<32>)(~hdr.ports.src) + (bit<32>)meta.server_port;
+                    + (bit<32>)(~hdr.ipv4.src[31:16]) + (bit<32>)meta.s.server_ip[31:16]
+                    + (bit<32>)(~hdr.ipv4.src[15:0]) + (bit<32>)meta.s.server_ip[15:0]
+                    + (bit<32>)(~hdr.ports.src) + (bit<32>)meta.s.server_port;
                 u = (u & 0xffff) + (u >> 16);
                 u = (u & 0xffff) + (u >> 16);
                 hdr.udp.checksum = ~u[15:0] == 0 ? 16w0xffff : ~u[15:0];
             }
-            hdr.ipv4.src = meta.server_ip;
-            hdr.ports.src = meta.server_port;
+            hdr.ipv4.src = meta.s.server_ip;
+            hdr.ports.src = meta.s.server_port;
             if (meta.keep_mac == 0) {
-                hdr.ethernet.src = meta.server_mac;
+                hdr.ethernet.src = meta.s.server_mac;
             }
             count(C_REPLIES_REWRITTEN);
         }
@@ -767,27 +761,25 @@ control MbForward(inout headers_t hdr, inout metadata_t meta, inout standard_met
             mark_to_drop(std);
             return;
         }
-        bit<1> known = 0;
+        meta.s.known = 0;
         if (hdr.ethernet.dst[40:40] == 0) {
             if (forward.apply().hit) {
-                known = 1;
+                meta.s.known = 1;
             } else {
-                bit<32> h;
-                mix(h, hdr.ethernet.dst[47:16] ^ (bit<32>)hdr.ethernet.dst[15:0]);
-                bit<32> at = h >> (32 - MB_LEARN_BITS);
-                bit<48> mac;
-                learned_macs.read(mac, at);
-                if (mac == hdr.ethernet.dst) {
+                hash(meta.s.h, HashAlgorithm.crc32, 32w0, {hdr.ethernet.dst}, 32w1 << MB_LEARN_BITS);
+                bit<32> at = meta.s.h;
+                learned_macs.read(meta.s.mac, at);
+                if (meta.s.mac == hdr.ethernet.dst) {
                     learned_ports.read(std.egress_spec, at);
-                    known = 1;
+                    meta.s.known = 1;
                 }
             }
         }
-        if (known == 1 && std.egress_spec == std.ingress_port && meta.hairpin == 0) {
+        if (meta.s.known == 1 && std.egress_spec == std.ingress_port && meta.hairpin == 0) {
             /* (a rewritten get may go back the way it came: a fabric's home leaf sends it up to a spine again) */
             count(C_DROPPED);  /* the destination is behind the port it came from */
             mark_to_drop(std);
-        } else if (known == 0) {
+        } else if (meta.s.known == 0) {
             count(C_FLOODED);
             std.mcast_grp = MB_FLOOD_GROUP;
         }
@@ -816,12 +808,12 @@ control MbIngress(inout headers_t hdr, inout metadata_t meta, inout standard_met
 
     action server_address(bit<48> mac, bit<32> ip, bit<16> port) {
         meta.server_hit = 1;
-        meta.server_mac = mac;
-        meta.server_ip = ip;
-        meta.server_port = port;
+        meta.s.server_mac = mac;
+        meta.s.server_ip = ip;
+        meta.s.server_port = port;
     }
     table servers {  /* server index -> MAC, IP, port: the server a get goes to, a reply comes from */
-        key = { meta.server_wanted: exact; }
+        key = { meta.s.server_wanted: exact @name("meta.server_wanted"); }
         actions = { server_address; NoAction; }
         const default_action = NoAction;
         size = MB_MAX_SERVERS;
@@ -846,9 +838,9 @@ control MbIngress(inout headers_t hdr, inout metadata_t meta, inout standard_met
             server_closed.apply(hdr, meta, std);
         }
 
-        meta.server_wanted = NO_SERVER;
+        meta.s.server_wanted = NO_SERVER;
         if (meta.upstream == 1) {  /* a get another switch balanced: its IP ID names the home (a fabric) */
-            meta.server_wanted = (bit<32>)hdr.ipv4.identification;
+            meta.s.server_wanted = (bit<32>)hdr.ipv4.identification;
         }
         if (meta.mirror == 1) {
             set_mirror.apply(hdr, meta, std);
@@ -861,7 +853,7 @@ control MbIngress(inout headers_t hdr, inout metadata_t meta, inout standard_met
         } else if (meta.reply == 1 && hdr.frame.isValid()) {
             reply_source.apply(hdr, meta, std);
         }
-        if (meta.server_wanted != NO_SERVER) {
+        if (meta.s.server_wanted != NO_SERVER) {
             servers.apply();
         }
         rewrite.apply(hdr, meta, std);
@@ -878,7 +870,7 @@ control MbEgress(inout headers_t hdr, inout metadata_t meta, inout standard_meta
         if (meta.report != REPORT_NONE) {  /* an answer to the controller: a rearm's, a lease query's */
             hdr.packet_in.setValid();
             hdr.packet_in.report = meta.report;
-            hdr.packet_in.quiet_us = meta.quiet_us;
+            hdr.packet_in.quiet_us = meta.s.quiet_us;
         } else if (std.instance_type == 1) {  /* the ingress clone: to the controller, as a PacketIn */
             hdr.packet_in.setValid();
             hdr.packet_in.ingress_port = (bit<16>)std.ingress_port;

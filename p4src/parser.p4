@@ -1,15 +1,18 @@
 /* Parsing: Ethernet / IPv4 / UDP or TCP / memcached UDP frame header / ASCII command, key and the rest of its line.
  * The same reading as dataplanes/bpf/src/parse.h, with v1model's mechanism:
  * - The eBPF program loads the key and scans it a word at a time; a P4 parser can only iterate by going from
- *   state to state. Where it may, a state takes 8 bytes: a lookahead of the next 8 finds none of the bytes that
- *   would end or change the reading (a select entry per byte and position: ANY_BYTE_IS), else it takes one.
- *   "get " and "set " are read in one step; the key 8 bytes at a time, its last few bytes one at a time; the line
- *   after the key a byte at a time up to the end of the data length field (fields are counted, digits read), then 8
- *   bytes at a time, then its last bytes to '\r' one at a time. Each part has its own header stack, so the
+ *   state to state, and bmv2 resets every header instance per packet, in use or not: the parts are read in as few
+ *   and as wide headers as the reading allows. "get " and "set " in one step. Where a part ends within 8 bytes (the
+ *   command word, the key's and the line's last bytes), those 8 are loaded into meta.s.look (load_look) and one
+ *   select, its entries in order of position, finds the byte that ends it; the bytes before it are taken in at most
+ *   three chunks (4, 2, 1 bytes). Longer stretches go 32 bytes at a time while none of four 8-byte windows holds a
+ *   byte that would end or change the reading (a select entry per byte and position: ANY_BYTE_IS), then 8 at a
+ *   time. The line's head (to the end of the data length field: fields counted, digits read) is read a byte at a
+ *   time from the look, taken 8 at a time, its last bytes in chunks. Each part has its own headers, so the
  *   deparser emits them in the order they came. The key is accumulated into one 2000-bit number for hot_keys.
  * - `remaining` (payload bytes not read yet, from the IPv4 total length) guards every lookahead (in a state of
- *   its own: a select evaluates all its keys, lookahead included), so a short or unpadded frame is never read
- *   past its end and Ethernet padding is never read as payload.
+ *   its own: a select evaluates all its keys, lookahead included; a look holds zeros past it), so a short or
+ *   unpadded frame is never read past its end and Ethernet padding is never read as payload.
  * - A parser cannot branch on a comparison directly: the length checks are done in the ingress control from
  *   what the parser recorded (ip_end, payload_len, line state). */
 #ifndef MB_PARSER_P4
@@ -19,10 +22,70 @@
 #define AT(v, i) (64w0x##v << (8 * (7 - i))) &&& (64w0xff << (8 * (7 - i)))
 #define ANY_BYTE_IS(v, to) AT(v, 0): to; AT(v, 1): to; AT(v, 2): to; AT(v, 3): to; \
                            AT(v, 4): to; AT(v, 5): to; AT(v, 6): to; AT(v, 7): to
+/* Take the N bytes up to a byte that was found at position N as at most three chunks (4, 2, 1 bytes: one header
+ * instance each, where N one-byte instances would cost bmv2 N per packet), and their value. */
+#define TAKE_1(P) pkt.extract(hdr.P##1);
+#define TAKE_2(P) pkt.extract(hdr.P##2);
+#define TAKE_3(P) pkt.extract(hdr.P##2); pkt.extract(hdr.P##1);
+#define TAKE_4(P) pkt.extract(hdr.P##4);
+#define TAKE_5(P) pkt.extract(hdr.P##4); pkt.extract(hdr.P##1);
+#define TAKE_6(P) pkt.extract(hdr.P##4); pkt.extract(hdr.P##2);
+#define TAKE_7(P) pkt.extract(hdr.P##4); pkt.extract(hdr.P##2); pkt.extract(hdr.P##1);
+#define VALUE_1(P) hdr.P##1.v
+#define VALUE_2(P) hdr.P##2.v
+#define VALUE_3(P) hdr.P##2.v ++ hdr.P##1.v
+#define VALUE_4(P) hdr.P##4.v
+#define VALUE_5(P) hdr.P##4.v ++ hdr.P##1.v
+#define VALUE_6(P) hdr.P##4.v ++ hdr.P##2.v
+#define VALUE_7(P) hdr.P##4.v ++ hdr.P##2.v ++ hdr.P##1.v
+
+/* The command word ended at position I by END (space, cr): its I bytes taken */
+#define WORD_ENDS(I, END) state word_##END##_##I { \
+        TAKE_##I(word) meta.word = (bit<64>)(VALUE_##I(word)); meta.s.remaining = meta.s.remaining - I; \
+        transition word_##END; }
+/* The key's last I bytes, ended by END (space, cr) */
+#define KEY_ENDS(I, END) state key_##END##_##I { \
+        TAKE_##I(key) meta.k.key = (meta.k.key << (8 * I)) | (bit<MB_KEY_BITS>)(VALUE_##I(key)); \
+        meta.k.len = meta.k.len + I; meta.s.remaining = meta.s.remaining - I; transition key_end_##END; }
+/* The line's last I bytes and its '\r' */
+#define LINE_TAIL_ENDS(I) state line_tail_cr_##I { \
+        TAKE_##I(line_tail) pkt.extract(hdr.line_cr); meta.s.remaining = meta.s.remaining - (I + 1); \
+        transition line_cr_found; }
+/* The next 8 bytes (at most `remaining`, zeros after them) are in meta.s.look: byte I of them is V */
+#define IS(V, I) 64w0x##V << (8 * (7 - I)) &&& 64w0xff << (8 * (7 - I))
+/* 32 bytes at once: meta.s.look32 holds them; each window of 8 (into meta.s.look) is checked for the bytes in ANY
+ * (select entries), else FALLBACK (8 at a time from here). */
+#define LOOK_32(NAME, J, HI, ANY, NEXT) \
+    state NAME##_##J { meta.s.look = meta.s.look32[HI:HI - 63]; transition NAME##_##J##_is; } \
+    state NAME##_##J##_is { transition select(meta.s.look) { ANY; default: NEXT; } }
+#define KEY_BYTE(I) (IS(20, I), _): key_space_##I; (IS(0d, I), _): key_cr_##I; (IS(0a, I), _): no_key; \
+    (IS(00, I), _): no_key;
+#define LINE_BYTE(I) (_, _, I): accept; (IS(0d, I), _, _): line_tail_cr_##I; \
+    (IS(54, I), CMD_READ, _): line_tail_changes; (IS(4e, I), CMD_READ, _): line_tail_changes; \
+    (IS(49, I), CMD_READ, _): line_tail_changes;
+#define LOOK_N(N) state look_##N { \
+        meta.s.look##N = pkt.lookahead<bit<(8 * N)>>(); meta.s.look = (bit<64>)meta.s.look##N << (64 - 8 * N); \
+        transition looked; }
+#define PART_WORD 0  /* meta.s.part: which part the look is for */
+#define PART_KEY 1
+#define PART_LINE 2
+#define PART_HEAD 3
+#define HEAD_THEN_WIDE 0  /* meta.s.head_then: where the head's end goes on to */
+#define HEAD_THEN_CR 1
+#define KEY_ENDS_ANY(to) ANY_BYTE_IS(20, to); ANY_BYTE_IS(0d, to); ANY_BYTE_IS(0a, to); ANY_BYTE_IS(00, to)
+#define LINE_ENDS_ANY(to) ANY_BYTE_IS(0d, to)
+#define MG_ENDS_ANY(to) ANY_BYTE_IS(0d, to); ANY_BYTE_IS(54, to); ANY_BYTE_IS(4e, to); ANY_BYTE_IS(49, to)
+#define WINDOWS_32(NAME, ANY, FALLBACK, TAKE) \
+    state NAME { meta.s.look32 = pkt.lookahead<bit<256>>(); transition NAME##_0; } \
+    LOOK_32(NAME, 0, 255, ANY(FALLBACK), NAME##_1) \
+    LOOK_32(NAME, 1, 191, ANY(FALLBACK), NAME##_2) \
+    LOOK_32(NAME, 2, 127, ANY(FALLBACK), NAME##_3) \
+    LOOK_32(NAME, 3, 63, ANY(FALLBACK), TAKE)
 
 parser MbParser(packet_in pkt, out headers_t hdr, inout metadata_t meta, inout standard_metadata_t std) {
     state start {
-        meta.data_field = MB_NO_DATA;
+        meta.s.setValid();
+        meta.s.data_field = MB_NO_DATA;
         transition select(std.ingress_port) {
             MB_CPU_PORT: parse_packet_out;
             default: parse_ethernet;
@@ -44,7 +107,7 @@ parser MbParser(packet_in pkt, out headers_t hdr, inout metadata_t meta, inout s
 
     state parse_ipv4 {
         pkt.extract(hdr.ipv4);
-        meta.ip_end = 14 + hdr.ipv4.total_len;
+        meta.s.ip_end = 14 + hdr.ipv4.total_len;
         transition select(hdr.ipv4.version, hdr.ipv4.ihl) {
             (4, 5): parse_ipv4_protocol;
             (4, 0 &&& 0xc): accept;   /* ihl 0..3: broken */
@@ -79,8 +142,8 @@ parser MbParser(packet_in pkt, out headers_t hdr, inout metadata_t meta, inout s
     state parse_udp {
         pkt.extract(hdr.ports);
         pkt.extract(hdr.udp);
-        meta.payload_len = meta.ip_end - 14 - ((bit<16>)hdr.ipv4.ihl << 2) - 8;
-        transition select(meta.ip_end < 14 + ((bit<16>)hdr.ipv4.ihl << 2) + 8) {
+        meta.s.payload_len = meta.s.ip_end - 14 - ((bit<16>)hdr.ipv4.ihl << 2) - 8;
+        transition select(meta.s.ip_end < 14 + ((bit<16>)hdr.ipv4.ihl << 2) + 8) {
             true: accept;  /* the IPv4 packet ends inside the UDP header */
             false: parse_udp_payload;
         }
@@ -88,8 +151,8 @@ parser MbParser(packet_in pkt, out headers_t hdr, inout metadata_t meta, inout s
 
     state parse_udp_payload {
         meta.l4 = 1;
-        meta.remaining = meta.payload_len;
-        transition select(meta.payload_len < 8) {
+        meta.s.remaining = meta.s.payload_len;
+        transition select(meta.s.payload_len < 8) {
             true: accept;
             false: parse_frame;
         }
@@ -97,8 +160,8 @@ parser MbParser(packet_in pkt, out headers_t hdr, inout metadata_t meta, inout s
 
     state parse_frame {
         pkt.extract(hdr.frame);
-        meta.remaining = meta.remaining - 8;
-        meta.command_len = meta.remaining;
+        meta.s.remaining = meta.s.remaining - 8;
+        meta.s.command_len = meta.s.remaining;
         transition select(hdr.frame.sequence, hdr.frame.datagrams) {
             (0, 1): frame_ok;  /* sequence 0 of 1 datagram */
             default: accept;
@@ -128,10 +191,10 @@ parser MbParser(packet_in pkt, out headers_t hdr, inout metadata_t meta, inout s
 
     state parse_tcp_payload {
         bit<16> headers = 14 + ((bit<16>)hdr.ipv4.ihl << 2) + ((bit<16>)hdr.tcp.data_offset << 2);
-        meta.payload_len = meta.ip_end - headers;
-        meta.remaining = meta.payload_len;
-        meta.command_len = meta.payload_len;
-        transition select(meta.ip_end < headers) {
+        meta.s.payload_len = meta.s.ip_end - headers;
+        meta.s.remaining = meta.s.payload_len;
+        meta.s.command_len = meta.s.payload_len;
+        transition select(meta.s.ip_end < headers) {
             true: accept;
             false: tcp_ok;
         }
@@ -144,9 +207,9 @@ parser MbParser(packet_in pkt, out headers_t hdr, inout metadata_t meta, inout s
 
     /* The command word: up to 7 bytes, ended by ' ' or '\r'; "get " and "set " in one step. */
     state parse_command {
-        transition select(meta.remaining) {
+        transition select(meta.s.remaining) {
             0: accept;  /* nothing to read: a bare TCP ACK, an empty datagram */
-            1 &&& 0xfffc: word_byte;  /* 1 .. 3 */
+            1 &&& 0xfffc: word_probe_0;  /* 1 .. 3 */
             default: command4;
         }
     }
@@ -155,45 +218,46 @@ parser MbParser(packet_in pkt, out headers_t hdr, inout metadata_t meta, inout s
         transition select(pkt.lookahead<bit<32>>()) {
             0x67657420: get4;  /* "get " */
             0x73657420: set4;  /* "set " */
-            default: word_byte;
+            default: word_probe_0;
         }
     }
 
     state get4 {
         pkt.extract(hdr.command4);
-        meta.remaining = meta.remaining - 4;
+        meta.s.remaining = meta.s.remaining - 4;
         transition get;
     }
 
     state set4 {
         pkt.extract(hdr.command4);
-        meta.remaining = meta.remaining - 4;
+        meta.s.remaining = meta.s.remaining - 4;
         transition write_data_2;
     }
 
-    state word_byte {
-        transition select(meta.remaining) {
-            0: command_other;  /* no end */
-            default: word_byte_look;
+    state word_probe_0 {  /* (the part the look is loaded for) */
+        meta.s.part = PART_WORD;
+        transition load_look;
+    }
+
+    /* Up to 7 bytes, ended by ' ' or '\r' (the first in the look: entries in order of position) */
+    state word_look {
+        transition select(meta.s.look) {
+            IS(20, 0): word_space; IS(0d, 0): word_cr;
+            IS(20, 1): word_space_1; IS(0d, 1): word_cr_1;
+            IS(20, 2): word_space_2; IS(0d, 2): word_cr_2;
+            IS(20, 3): word_space_3; IS(0d, 3): word_cr_3;
+            IS(20, 4): word_space_4; IS(0d, 4): word_cr_4;
+            IS(20, 5): word_space_5; IS(0d, 5): word_cr_5;
+            IS(20, 6): word_space_6; IS(0d, 6): word_cr_6;
+            IS(20, 7): word_space_7; IS(0d, 7): word_cr_7;
+            default: command_other;  /* no end, or too long for any command */
         }
     }
 
-    state word_byte_look {
-        transition select(pkt.lookahead<bit<8>>(), meta.word_len) {
-            (0x20, _): word_space;
-            (0x0d, _): word_cr;
-            (_, 7): command_other;          /* too long for any command */
-            default: word_take;
-        }
-    }
-
-    state word_take {
-        pkt.extract(hdr.word.next);
-        meta.word = (meta.word << 8) | (bit<64>)hdr.word.last.b;
-        meta.word_len = meta.word_len + 1;
-        meta.remaining = meta.remaining - 1;
-        transition word_byte;
-    }
+    WORD_ENDS(1, space) WORD_ENDS(2, space) WORD_ENDS(3, space) WORD_ENDS(4, space) WORD_ENDS(5, space)
+    WORD_ENDS(6, space) WORD_ENDS(7, space)
+    WORD_ENDS(1, cr) WORD_ENDS(2, cr) WORD_ENDS(3, cr) WORD_ENDS(4, cr) WORD_ENDS(5, cr) WORD_ENDS(6, cr)
+    WORD_ENDS(7, cr)
 
     state command_other {
         meta.command = CMD_OTHER;
@@ -202,7 +266,7 @@ parser MbParser(packet_in pkt, out headers_t hdr, inout metadata_t meta, inout s
 
     state word_space {
         pkt.extract(hdr.word_end);
-        meta.remaining = meta.remaining - 1;
+        meta.s.remaining = meta.s.remaining - 1;
         transition select(meta.word) {
             0x676574: get;                        /* get */
             0x67657473: get;                      /* gets */
@@ -228,7 +292,7 @@ parser MbParser(packet_in pkt, out headers_t hdr, inout metadata_t meta, inout s
 
     state word_cr {
         pkt.extract(hdr.word_end);
-        meta.remaining = meta.remaining - 1;
+        meta.s.remaining = meta.s.remaining - 1;
         transition select(meta.word) {
             0x7374617473: line_after_cr;          /* stats */
             0x76657273696f6e: line_after_cr;      /* version */
@@ -237,12 +301,12 @@ parser MbParser(packet_in pkt, out headers_t hdr, inout metadata_t meta, inout s
         }
     }
 
-    state get { meta.command = CMD_GET; transition key_step; }
-    state meta_get { meta.command = CMD_READ; transition key_step; }
-    state write_data_2 { meta.command = CMD_WRITE; meta.data_field = 2; transition key_step; }
-    state write_data_0 { meta.command = CMD_WRITE; meta.data_field = 0; transition key_step; }
-    state write_no_data { meta.command = CMD_WRITE; transition key_step; }
-    state line_after_space { meta.command = CMD_LINE; meta.line_len = 1; transition line_byte; }
+    state get { meta.command = CMD_GET; transition key_start; }
+    state meta_get { meta.command = CMD_READ; transition key_start; }
+    state write_data_2 { meta.command = CMD_WRITE; meta.s.data_field = 2; transition key_start; }
+    state write_data_0 { meta.command = CMD_WRITE; meta.s.data_field = 0; transition key_start; }
+    state write_no_data { meta.command = CMD_WRITE; transition key_start; }
+    state line_after_space { meta.command = CMD_LINE; meta.s.line_len = 1; transition head_start; }
     state line_after_cr { meta.command = CMD_LINE; transition line_cr_found; }
     state noop { meta.command = CMD_NOOP; transition line_cr_found; }
 
@@ -250,105 +314,171 @@ parser MbParser(packet_in pkt, out headers_t hdr, inout metadata_t meta, inout s
      * characters included), ended by ' ' or '\r'; anything else: no key (key_len 0). 8 bytes at a time while none
      * of the next 8 is one of those and the key stays within 250 bytes; then a byte at a time (the key ends within
      * the next 8 bytes, or the packet does, or the 250 bytes are near). */
-    state key_step {
-        transition select(meta.remaining >= 8 && meta.key_len <= MB_MAX_KEY - 8) {
+    state key_start {
+        meta.k.setValid();
+        meta.k.len = 0;
+        meta.k.key = 0;
+        transition key32_step;
+    }
+
+    state key32_step {
+        transition select(meta.s.remaining >= 32 && meta.k.len <= MB_MAX_KEY - 32) {
+            true: key32_look;
+            false: key_step;
+        }
+    }
+
+    WINDOWS_32(key32_look, KEY_ENDS_ANY, key_step, key32_take)
+
+    state key32_take {
+        pkt.extract(hdr.key32.next);
+        meta.k.key = (meta.k.key << 256) | (bit<MB_KEY_BITS>)hdr.key32.last.v;
+        meta.k.len = meta.k.len + 32;
+        meta.s.remaining = meta.s.remaining - 32;
+        transition key32_step;
+    }
+
+    state key_step {  /* 8 bytes at a time from here (never 32 again: the key's bytes stay in order) */
+        transition select(meta.s.remaining >= 8 && meta.k.len <= MB_MAX_KEY - 8) {
             true: key_words_look;
-            false: key_byte;
+            false: key_probe_0;
         }
     }
 
     state key_words_look {
-        transition select(pkt.lookahead<bit<64>>()) {
-            ANY_BYTE_IS(20, key_byte);
-            ANY_BYTE_IS(0d, key_byte);
-            ANY_BYTE_IS(0a, key_byte);
-            ANY_BYTE_IS(00, key_byte);
+        meta.s.look = pkt.lookahead<bit<64>>();
+        transition key_words_look_is;
+    }
+
+    state key_words_look_is {  /* (a select of its own: one on the state's own assignment copies the key) */
+        transition select(meta.s.look) {
+            KEY_ENDS_ANY(key_probe_0);
             default: key_take_word;
         }
     }
 
     state key_take_word {
         pkt.extract(hdr.key_words.next);
-        meta.key = (meta.key << 64) | (bit<MB_KEY_BITS>)hdr.key_words.last.w;
-        meta.key_len = meta.key_len + 8;
-        meta.remaining = meta.remaining - 8;
+        meta.k.key = (meta.k.key << 64) | (bit<MB_KEY_BITS>)hdr.key_words.last.w;
+        meta.k.len = meta.k.len + 8;
+        meta.s.remaining = meta.s.remaining - 8;
         transition key_step;
     }
 
-    state key_byte {
-        transition select(meta.remaining) {
-            0: no_key;
-            default: key_byte_look;
+    /* The last bytes: the one that ends the key is within 8 (or the packet's end is, or a 251st byte is). */
+    state key_probe_0 {
+        meta.s.part = PART_KEY;
+        transition load_look;
+    }
+
+    /* The first byte of the look that ends the key (entries in order of position): ' ' or '\r' (past the packet's
+     * end the look holds zeros: no key, as memcached refuses a NUL) */
+    state key_look {
+        transition select(meta.s.look, meta.k.len) {
+            (IS(20, 0), 0): no_key;
+            (IS(0d, 0), 0): no_key;
+            (IS(20, 0), _): key_end_space;
+            (IS(0d, 0), _): key_end_cr;
+            (IS(0a, 0), _): no_key;  /* a line end with no '\r' */
+            (IS(00, 0), _): no_key;  /* memcached refuses it */
+            KEY_BYTE(1)
+            KEY_BYTE(2)
+            (_, MB_MAX_KEY - 2): no_key;  /* a 251st byte (after 8-byte steps, a long key is 248 bytes) */
+            KEY_BYTE(3) KEY_BYTE(4) KEY_BYTE(5) KEY_BYTE(6) KEY_BYTE(7)
+            default: no_key;  /* (not reached: the end is within 8) */
         }
     }
 
-    state key_byte_look {
-        transition select(pkt.lookahead<bit<8>>(), meta.key_len) {
-            (0x20, 0): no_key;
-            (0x0d, 0): no_key;
-            (0x20, _): key_end_space;
-            (0x0d, _): key_end_cr;
-            (0x0a, _): no_key;            /* a line end with no '\r' */
-            (0x00, _): no_key;            /* memcached refuses it */
-            (_, MB_MAX_KEY): no_key;      /* a 251st byte */
-            default: key_take;
-        }
-    }
-
-    state key_take {
-        pkt.extract(hdr.key.next);
-        meta.key = (meta.key << 8) | (bit<MB_KEY_BITS>)hdr.key.last.b;
-        meta.key_len = meta.key_len + 1;
-        meta.remaining = meta.remaining - 1;
-        transition key_byte;  /* no 8-byte step after a byte: the key's bytes stay in order, words then bytes */
-    }
+    KEY_ENDS(1, space) KEY_ENDS(2, space) KEY_ENDS(3, space) KEY_ENDS(4, space) KEY_ENDS(5, space)
+    KEY_ENDS(6, space) KEY_ENDS(7, space)
+    KEY_ENDS(1, cr) KEY_ENDS(2, cr) KEY_ENDS(3, cr) KEY_ENDS(4, cr) KEY_ENDS(5, cr) KEY_ENDS(6, cr) KEY_ENDS(7, cr)
 
     state no_key {
-        meta.key_len = 0;
+        meta.k.len = 0;
         transition accept;
     }
 
     state key_end_space {
-        pkt.extract(hdr.line.next);
-        meta.line_len = 1;
-        meta.remaining = meta.remaining - 1;
-        transition select(meta.data_field) {
-            MB_NO_DATA: line_wide;  /* no data length to read: only where '\r' is matters (and mg's flags) */
-            default: line_byte;
+        pkt.extract(hdr.key_end);
+        meta.s.line_len = 1;
+        meta.s.remaining = meta.s.remaining - 1;
+        transition select(meta.s.data_field) {
+            MB_NO_DATA: line32;  /* no data length to read: only where '\r' is matters (and mg's flags) */
+            default: head_start;
         }
     }
 
     state key_end_cr {
-        pkt.extract(hdr.line.next);
-        meta.line_len = 1;
-        meta.remaining = meta.remaining - 1;
+        pkt.extract(hdr.key_end);
+        meta.s.line_len = 1;
+        meta.s.remaining = meta.s.remaining - 1;
         transition line_cr_found;
     }
 
     /* The rest of the line (the byte that ended the key counts as its first): fields, the data length, the flags
      * that make a meta command change the item, and where '\r' is. A byte at a time up to the data length's end
-     * (MB_LINE_HEAD bytes at most: past that the line is not proved whole), then 8 at a time (line_wide). */
+     * (MB_LINE_HEAD bytes at most: past that the line is not proved whole), then 32 or 8 at a time (line32). The
+     * bytes are read from the look (meta.s.look, shifted a byte at a time; meta.s.head_at of its 8 read) and taken
+     * 8 at a time when it is all read, the rest (and the byte that ends the head) in chunks where the head ends. */
+    state head_start {
+        meta.s.head_at = 0;
+        meta.s.part = PART_HEAD;
+        transition load_look;
+    }
+
     state line_byte {
-        transition select(meta.remaining, meta.line_len) {
-            (0, _): accept;                      /* no '\r' */
-            (_, MB_LINE_HEAD): accept;           /* a head longer than any data length field needs */
+        transition select(meta.s.remaining, meta.s.line_len, meta.s.head_at) {
+            (0, _, _): accept;                      /* no '\r' */
+            (_, MB_LINE_HEAD, _): accept;           /* a head longer than any data length field needs */
+            (_, _, 8): head_word;                   /* the look is read: take it, look again */
             default: line_byte_look;
         }
     }
 
+    state head_word {
+        pkt.extract(hdr.head_words.next);
+        meta.s.head_at = 0;
+        meta.s.part = PART_HEAD;
+        transition load_look;
+    }
+
     state line_byte_look {
-        transition select(pkt.lookahead<bit<8>>()) {
-            0x0d: line_cr;
-            0x20: line_space;
+        transition select(meta.s.look) {
+            IS(0d, 0): line_cr;
+            IS(20, 0): line_space;
             default: line_char;
         }
     }
 
+    /* The head's bytes read but not taken (and the one that ends it), taken; then on to meta.s.head_then */
+    state head_end {
+        transition select(meta.s.head_at) {
+            1: head_end_1; 2: head_end_2; 3: head_end_3; 4: head_end_4; 5: head_end_5; 6: head_end_6; 7: head_end_7;
+            8: head_end_8;
+            default: head_then;
+        }
+    }
+    state head_end_1 { TAKE_1(head) transition head_then; }
+    state head_end_2 { TAKE_2(head) transition head_then; }
+    state head_end_3 { TAKE_3(head) transition head_then; }
+    state head_end_4 { TAKE_4(head) transition head_then; }
+    state head_end_5 { TAKE_5(head) transition head_then; }
+    state head_end_6 { TAKE_6(head) transition head_then; }
+    state head_end_7 { TAKE_7(head) transition head_then; }
+    state head_end_8 { pkt.extract(hdr.head_words.next); transition head_then; }
+    state head_then {
+        transition select(meta.s.head_then) {
+            HEAD_THEN_WIDE: line32;
+            default: line_cr_found;
+        }
+    }
+
     state line_space {
-        pkt.extract(hdr.line.next);
-        meta.line_len = meta.line_len + 1;
-        meta.remaining = meta.remaining - 1;
-        transition select(meta.in_field, meta.fields - meta.data_field) {
+        meta.s.look = meta.s.look << 8;
+        meta.s.head_at = meta.s.head_at + 1;
+        meta.s.line_len = meta.s.line_len + 1;
+        meta.s.remaining = meta.s.remaining - 1;
+        transition select(meta.in_field, meta.fields - meta.s.data_field) {
             (1, 1): line_data_length_read;  /* the space after the data length */
             default: line_out_of_field;
         }
@@ -361,13 +491,32 @@ parser MbParser(packet_in pkt, out headers_t hdr, inout metadata_t meta, inout s
 
     state line_data_length_read {
         meta.in_field = 0;
-        transition line_wide;
+        meta.s.head_then = HEAD_THEN_WIDE;
+        transition head_end;
     }
 
-    /* After the data length: 8 bytes at a time while none of the next 8 is '\r' (nor, for mg, T, N or I) and the
-     * line stays within MB_LINE_BYTES; then its last bytes one at a time. */
-    state line_wide {
-        transition select(meta.remaining >= 8 && meta.line_len <= MB_LINE_BYTES - 8, meta.command) {
+    /* After the data length: 32 bytes at a time, then 8, while none of them is '\r' (nor, for mg, T, N or I) and
+     * the line stays within MB_LINE_BYTES; then its last bytes. */
+    state line32 {
+        transition select(meta.s.remaining >= 32 && meta.s.line_len <= MB_LINE_BYTES - 32, meta.command) {
+            (false, _): line_wide;
+            (true, CMD_READ): line32_mg;
+            default: line32_look;
+        }
+    }
+
+    WINDOWS_32(line32_look, LINE_ENDS_ANY, line_wide, line32_take)
+    WINDOWS_32(line32_mg, MG_ENDS_ANY, line_wide, line32_take)
+
+    state line32_take {
+        pkt.extract(hdr.line32.next);
+        meta.s.line_len = meta.s.line_len + 32;
+        meta.s.remaining = meta.s.remaining - 32;
+        transition line32;
+    }
+
+    state line_wide {  /* 8 at a time from here (never 32 again: the bytes stay in order) */
+        transition select(meta.s.remaining >= 8 && meta.s.line_len <= MB_LINE_BYTES - 8, meta.command) {
             (false, _): line_tail;
             (true, CMD_READ): line_words_look_mg;
             default: line_words_look;
@@ -375,72 +524,94 @@ parser MbParser(packet_in pkt, out headers_t hdr, inout metadata_t meta, inout s
     }
 
     state line_words_look {
-        transition select(pkt.lookahead<bit<64>>()) {
-            ANY_BYTE_IS(0d, line_tail);
+        meta.s.look = pkt.lookahead<bit<64>>();
+        transition line_words_look_is;
+    }
+
+    state line_words_look_is {  /* (a select of its own: one on the state's own assignment copies the key) */
+        transition select(meta.s.look) {
+            LINE_ENDS_ANY(line_tail);
             default: line_take_word;
         }
     }
 
     state line_words_look_mg {
-        transition select(pkt.lookahead<bit<64>>()) {
-            ANY_BYTE_IS(0d, line_tail);
-            ANY_BYTE_IS(54, line_tail);  /* T */
-            ANY_BYTE_IS(4e, line_tail);  /* N */
-            ANY_BYTE_IS(49, line_tail);  /* I */
+        meta.s.look = pkt.lookahead<bit<64>>();
+        transition line_words_look_mg_is;
+    }
+
+    state line_words_look_mg_is {  /* (a select of its own: one on the state's own assignment copies the key) */
+        transition select(meta.s.look) {
+            MG_ENDS_ANY(line_tail);
             default: line_take_word;
         }
     }
 
     state line_take_word {
         pkt.extract(hdr.line_words.next);
-        meta.line_len = meta.line_len + 8;
-        meta.remaining = meta.remaining - 8;
+        meta.s.line_len = meta.s.line_len + 8;
+        meta.s.remaining = meta.s.remaining - 8;
         transition line_wide;
     }
 
     /* At most 8 bytes: '\r' (or the packet's end, or MB_LINE_BYTES) is within them, or for mg a T, N or I, which
      * makes it change the item whatever follows (so it cannot be whole: nothing more to read). */
     state line_tail {
-        transition select(meta.remaining, meta.line_len) {
-            (0, _): accept;
-            (_, MB_LINE_BYTES): accept;
+        meta.s.line_left = MB_LINE_BYTES - meta.s.line_len;
+        transition line_tail_probe_0;
+    }
+    state line_tail_probe_0 {
+        meta.s.part = PART_LINE;
+        transition load_look;
+    }
+
+    /* The first byte of the look, in order of position, past MB_LINE_BYTES (not proved whole), '\r', or for mg a
+     * T, N or I (it changes the item: nothing more to read); none (the packet's end): not proved whole */
+    state line_tail_look {
+        transition select(meta.s.look, meta.command, meta.s.line_left) {
+            LINE_BYTE(0) LINE_BYTE(1) LINE_BYTE(2) LINE_BYTE(3) LINE_BYTE(4) LINE_BYTE(5) LINE_BYTE(6) LINE_BYTE(7)
+            default: accept;
+        }
+    }
+
+    /* The next 8 bytes into meta.s.look, fewer where the payload has fewer (zeros after them), for the part asking */
+    state load_look {
+        transition select(meta.s.remaining) {
+            0: look_0; 1: look_1; 2: look_2; 3: look_3; 4: look_4; 5: look_5; 6: look_6; 7: look_7;
+            default: look_8;
+        }
+    }
+    state look_0 { meta.s.look = 0; transition looked; }
+    LOOK_N(1) LOOK_N(2) LOOK_N(3) LOOK_N(4) LOOK_N(5) LOOK_N(6) LOOK_N(7)
+    state look_8 { meta.s.look = pkt.lookahead<bit<64>>(); transition looked; }
+    state looked {
+        transition select(meta.s.part) {
+            PART_WORD: word_look;
+            PART_KEY: key_look;
+            PART_HEAD: line_byte;
             default: line_tail_look;
         }
     }
 
-    state line_tail_look {
-        transition select(pkt.lookahead<bit<8>>(), meta.command) {
-            (0x0d, _): line_tail_cr;
-            (0x54, CMD_READ): line_tail_changes;  /* T */
-            (0x4e, CMD_READ): line_tail_changes;  /* N */
-            (0x49, CMD_READ): line_tail_changes;  /* I */
-            default: line_tail_take;
-        }
+    state line_tail_cr_0 {
+        pkt.extract(hdr.line_cr);
+        meta.s.remaining = meta.s.remaining - 1;
+        transition line_cr_found;
     }
-
-    state line_tail_take {
-        pkt.extract(hdr.line_tail.next);
-        meta.line_len = meta.line_len + 1;
-        meta.remaining = meta.remaining - 1;
-        transition line_tail;
-    }
+    LINE_TAIL_ENDS(1) LINE_TAIL_ENDS(2) LINE_TAIL_ENDS(3) LINE_TAIL_ENDS(4) LINE_TAIL_ENDS(5) LINE_TAIL_ENDS(6)
+    LINE_TAIL_ENDS(7)
 
     state line_tail_changes {
         meta.changes = 1;
         transition accept;
     }
 
-    state line_tail_cr {
-        pkt.extract(hdr.line_tail.next);
-        meta.line_len = meta.line_len + 1;
-        meta.remaining = meta.remaining - 1;
-        transition line_cr_found;
-    }
-
     state line_char {
-        pkt.extract(hdr.line.next);
-        meta.line_len = meta.line_len + 1;
-        meta.remaining = meta.remaining - 1;
+        meta.s.head_byte = meta.s.look[63:56];
+        meta.s.look = meta.s.look << 8;
+        meta.s.head_at = meta.s.head_at + 1;
+        meta.s.line_len = meta.s.line_len + 1;
+        meta.s.remaining = meta.s.remaining - 1;
         transition select(meta.in_field) {
             0: line_field_starts;
             default: line_flags;
@@ -454,7 +625,7 @@ parser MbParser(packet_in pkt, out headers_t hdr, inout metadata_t meta, inout s
     }
 
     state line_flags {
-        transition select(hdr.line.last.b) {
+        transition select(meta.s.head_byte) {
             0x54: line_changes;  /* T */
             0x4e: line_changes;  /* N */
             0x49: line_changes;  /* I */
@@ -469,7 +640,7 @@ parser MbParser(packet_in pkt, out headers_t hdr, inout metadata_t meta, inout s
 
     /* In the data-length field: digits only, at most 9 of them (more could not fit in a packet anyway). */
     state line_number {
-        transition select(meta.fields - meta.data_field, hdr.line.last.b) {
+        transition select(meta.fields - meta.s.data_field, meta.s.head_byte) {
             (1, 0x30 &&& 0xf8): line_digit;  /* 0..7 */
             (1, 0x38 &&& 0xfe): line_digit;  /* 8, 9 */
             (1, _): line_bad_number;
@@ -478,7 +649,7 @@ parser MbParser(packet_in pkt, out headers_t hdr, inout metadata_t meta, inout s
     }
 
     state line_digit {
-        meta.number = meta.number * 10 + (bit<64>)(hdr.line.last.b - 0x30);
+        meta.number = meta.number * 10 + (bit<64>)(meta.s.head_byte - 0x30);
         meta.digits = meta.digits + 1;
         transition select(meta.digits) {
             10: line_bad_number;
@@ -492,15 +663,16 @@ parser MbParser(packet_in pkt, out headers_t hdr, inout metadata_t meta, inout s
     }
 
     state line_cr {
-        pkt.extract(hdr.line.next);
-        meta.line_len = meta.line_len + 1;
-        meta.remaining = meta.remaining - 1;
-        transition line_cr_found;
+        meta.s.head_at = meta.s.head_at + 1;
+        meta.s.line_len = meta.s.line_len + 1;
+        meta.s.remaining = meta.s.remaining - 1;
+        meta.s.head_then = HEAD_THEN_CR;
+        transition head_end;
     }
 
     state line_cr_found {
         meta.line_found = 1;
-        transition select(meta.remaining) {
+        transition select(meta.s.remaining) {
             0: accept;  /* no '\n' */
             default: line_lf;
         }
@@ -508,7 +680,7 @@ parser MbParser(packet_in pkt, out headers_t hdr, inout metadata_t meta, inout s
 
     state line_lf {
         pkt.extract(hdr.lf);
-        meta.remaining = meta.remaining - 1;
+        meta.s.remaining = meta.s.remaining - 1;
         transition accept;
     }
 }
@@ -525,13 +697,26 @@ control MbDeparser(packet_out pkt, in headers_t hdr) {
         pkt.emit(hdr.tcp_options);
         pkt.emit(hdr.frame);
         pkt.emit(hdr.command4);
-        pkt.emit(hdr.word);
+        pkt.emit(hdr.word4);
+        pkt.emit(hdr.word2);
+        pkt.emit(hdr.word1);
         pkt.emit(hdr.word_end);
+        pkt.emit(hdr.key32);
         pkt.emit(hdr.key_words);
-        pkt.emit(hdr.key);
-        pkt.emit(hdr.line);
+        pkt.emit(hdr.key4);
+        pkt.emit(hdr.key2);
+        pkt.emit(hdr.key1);
+        pkt.emit(hdr.key_end);
+        pkt.emit(hdr.head_words);
+        pkt.emit(hdr.head4);
+        pkt.emit(hdr.head2);
+        pkt.emit(hdr.head1);
+        pkt.emit(hdr.line32);
         pkt.emit(hdr.line_words);
-        pkt.emit(hdr.line_tail);
+        pkt.emit(hdr.line_tail4);
+        pkt.emit(hdr.line_tail2);
+        pkt.emit(hdr.line_tail1);
+        pkt.emit(hdr.line_cr);
         pkt.emit(hdr.lf);
     }
 }
