@@ -78,6 +78,7 @@ class RoleChange:
     role: Role
     election_id: int | None
     why: str = ""
+    deadline: float | None = None  # LOST for want of renewals: the lead's deadline that ran out (same clock as `at`)
 
 
 class Election:
@@ -133,8 +134,8 @@ class Election:
     def role(self) -> Role:
         return self.events[-1].role if self.events else Role.IDLE
 
-    def _become(self, role: Role, why: str = "") -> None:
-        self.events.append(RoleChange(time.monotonic(), role, self.election_id, why))
+    def _become(self, role: Role, why: str = "", deadline: float | None = None) -> None:
+        self.events.append(RoleChange(time.monotonic(), role, self.election_id, why, deadline))
 
     def leader(self) -> str | None:
         """Who leads now (its identity), None if nobody does."""
@@ -326,22 +327,23 @@ class Election:
         counts the TTL from a renewal's arrival, so this leader has stopped before etcd could let its lease run out
         and elect another, even where renewals fail for want of an etcd quorum."""
         while not self.lost.wait(max(0.0, self._lead_ends() - time.monotonic())):
-            if (now := time.monotonic()) >= self._lead_ends():
-                late = max(self._late, now - self._lead_ends())  # threads that woke late: a starved process
+            if (now := time.monotonic()) >= (deadline := self._lead_ends()):
+                late = max(self._late, now - deadline)  # threads that woke late: a starved process
                 late = f"; this process ran up to {late:.2f} s late: a busy machine" * (late > POLL)
-                self._give_up(f"no renewal got through for {self.ttl - self._guard:g} s ({self._unrenewed}{late})")
+                self._give_up(f"no renewal got through for {self.ttl - self._guard:g} s ({self._unrenewed}{late})",
+                              deadline)
                 return
 
     def _lead_ends(self) -> float:
         return self._renewed + self.ttl - self._guard
 
-    def _give_up(self, why: str) -> None:
+    def _give_up(self, why: str, deadline: float | None = None) -> None:
         with self._changing:
             if self.lost.is_set():
                 return  # resigned meanwhile, or lost already: nothing more was lost
             log.error("lost the lead (election id %s): %s", self.election_id, why)
             self.why_lost = why
-            self._become(Role.LOST, why)
+            self._become(Role.LOST, why, deadline)
             self.lost.set()
 
     def _grant(self) -> int:
