@@ -1,7 +1,7 @@
 """The network tiers as two runs side by side (`make test`: tests/run_tiers.sh), each in namespaces of its own
 (tests/isolated.sh), so one MBalancer network at a time holds per run, not per machine. The split is by module and
-about even in time (CI's durations): the Mininet testbed's modules with the benchmarks and the Ryu failover in one,
-the namespace networks', the programs' and the drivers' in the other.
+about even in time (CI's durations): the Mininet testbed's modules with the benchmarks, the deployment, libmemcached's
+tools and the Ryu failover in one, the other namespace networks', the programs' and the drivers' in the other.
 
 Usage: python -m tests.network_streams testbed|namespaces   (prints the stream's module paths)"""
 from __future__ import annotations
@@ -11,7 +11,8 @@ import sys
 from tests.conftest import TIERS
 
 NETWORK_TIERS = ("root", "bmv2", "mininet")  # run_tiers.sh's `network` expression
-WITH_THE_TESTBED = ("test_benchmarks", "test_ryu_failover")  # root modules that even the two runs out
+# root modules that even the two runs out (CI with two CPU hogs: 15.4 min the testbed's alone, 20.9 the others')
+WITH_THE_TESTBED = ("test_benchmarks", "test_deployment", "test_libmemcached_tools", "test_ryu_failover")
 
 
 def streams() -> dict[str, list[str]]:
