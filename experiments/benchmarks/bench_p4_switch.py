@@ -49,6 +49,11 @@ def forwarding(args: argparse.Namespace, sink: Path, tmp: Path) -> list[dict]:
         driver.set_forwarding([ForwardingEntry(h.mac, str(i + 1)) for i, h in enumerate(hosts)])
         rows += measure(net, "mbalancer.p4", args, tmp)
         rows[-1]["balanced"] = driver.switch_counters()[0]["balanced"]
+        # where the switch sent the hot gets, by its own per-replica counters: what arrived at the sinks (share_s2)
+        # is that less what a port's queue dropped, which differs between ports on a busy machine
+        sent = driver.read_counters().keys[b"hot"].per_replica
+        hot = next(row for row in rows if row["traffic"] == "hot")
+        hot["switch_share_s2"] = sent.get(1, 0) / max(1, sum(sent.values()))
         driver.close()
         baseline(net, hosts)
         rows += measure(net, "l2_forward.p4", args, tmp)
