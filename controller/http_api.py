@@ -108,10 +108,14 @@ class HttpServer:
         server.task_dispatcher.shutdown(timeout=2)
         if self._thread is not None and self._thread.is_alive():
             # Closed from the serving loop's own thread (waitress runs a trigger's thunks there): closed from this one,
-            # the listener could go while the loop accepts a connection, and waitress logs a traceback for it.
+            # the listener could go while the loop accepts a connection, and waitress logs a traceback for it. Only
+            # there, even if it is slow to end: two threads closing the trigger may close its fd twice, the second
+            # time another server's that took the number meanwhile.
             server.trigger.pull_trigger(lambda: _close_channels(server))
             self._thread.join(timeout=3)
-        _close_channels(server)  # never started, or its loop did not end in time
+        else:
+            _close_channels(server)  # never served, or its loop ended: nothing else closes them
+        self._thread = None  # a second shutdown pulls no trigger (closed: its fd number may be another's by then)
         if self._folder is not None:
             shutil.rmtree(self._folder, ignore_errors=True)
 
