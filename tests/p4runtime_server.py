@@ -290,12 +290,3 @@ class CheckingServer(p4runtime_pb2_grpc.P4RuntimeServicer):
     def _key(entry: p4runtime_pb2.TableEntry) -> tuple:
         return tuple(sorted(m.SerializeToString() for m in entry.match)) + (entry.priority,)
 
-
-def answering_pipeline():
-    """The committed program's P4Info and JSON, taken as answering the lease query (op 3) as this server does: the
-    driver asks only a program that compares packet_out.op with 3 (dataplanes/p4/pipeline.py packet_out_ops)."""
-    from dataplanes.p4.pipeline import Pipeline
-    from dataplanes.p4.tables import OP_LEASE_QUERY
-    pipeline = Pipeline()
-    pipeline.packet_out_ops = pipeline.packet_out_ops | {OP_LEASE_QUERY}
-    return pipeline

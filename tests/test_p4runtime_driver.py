@@ -14,11 +14,11 @@ from dataplanes.driver import Distrust, DriverError, ForwardingEntry, HotKeyInst
 from dataplanes.p4.driver import P4RuntimeDriver
 from dataplanes.p4 import Settings
 from dataplanes.p4.bmv2 import free_port
-from dataplanes.p4.pipeline import FLOOD_GROUP, MIRROR_SESSION
+from dataplanes.p4.pipeline import FLOOD_GROUP, MIRROR_SESSION, Pipeline
 from dataplanes.p4.pipeline import MAX_HOT
 from mbalancer.config import Server
 from tests.conftest import eventually
-from tests.p4runtime_server import CheckingServer, answering_pipeline
+from tests.p4runtime_server import CheckingServer
 
 SERVERS = [Server(f"s{i}", f"10.0.0.{i + 1}", f"02:00:00:00:00:{i + 1:02x}", 11211 + (i == 2)) for i in range(4)]
 
@@ -33,14 +33,14 @@ def server():
 @pytest.fixture
 def driver(server):
     made = P4RuntimeDriver(Settings(switches=(server.address,), ports=(1, 2, 3), trusted=("10.0.0.254",)),
-                           answering_pipeline())
+                           Pipeline())
     made.attach(SERVERS, lambda frame: None)
     yield made
     made.close()
 
 
 def entries(server: CheckingServer, table: str) -> list:
-    table_id = answering_pipeline().table(table).id
+    table_id = Pipeline().table(table).id
     return [e for e in server.entries.values() if e.table_id == table_id]
 
 
@@ -49,7 +49,7 @@ def params(entry) -> list[int]:
 
 
 def test_attach_pushes_the_pipeline_and_writes_servers_ports_and_sessions(server, driver):
-    assert server.cookie == answering_pipeline().cookie
+    assert server.cookie == Pipeline().cookie
     assert sorted(tuple(params(e)) for e in entries(server, "servers")) == [
         (0x020000000001 + i, (10 << 24) + i + 1, s.port) for i, s in enumerate(SERVERS)]
     assert len(entries(server, "memcached_ports")) == len(entries(server, "reply_ports")) == 2  # 11211 and 11212
@@ -64,7 +64,7 @@ def test_the_controllers_sizes_are_the_programs():
     from dataplanes.pipeline import COUNTERS
     from dataplanes.pipeline import MAX_REPLICAS
     from dataplanes.p4.pipeline import STREAM_RESUMES
-    info = answering_pipeline().p4info
+    info = Pipeline().p4info
     tables = {t.preamble.name.split(".")[-1]: t.size for t in info.tables}
     counters = {c.preamble.name.split(".")[-1]: c.size for c in info.counters}
     assert tables["hot_keys"] == tables["synced"] == MAX_HOT and tables["replicas"] == MAX_HOT * MAX_REPLICAS
@@ -94,7 +94,7 @@ def test_a_hot_key_is_its_entry_and_one_range_per_weighted_replica(server, drive
 
 def test_a_hot_set_change_is_five_requests_and_a_key_the_switch_refuses_holds_back_no_other():
     server = CheckingServer(sizes={"hot_keys": 12}).start()  # a switch with room for 12 hot keys
-    driver = P4RuntimeDriver(Settings(switches=(server.address,), ports=(1, 2)), answering_pipeline())
+    driver = P4RuntimeDriver(Settings(switches=(server.address,), ports=(1, 2)), Pipeline())
     try:
         driver.attach(SERVERS, lambda frame: None)
         weights = (ReplicaWeight(0, 0.5), ReplicaWeight(1, 0.5))
@@ -123,7 +123,7 @@ def test_a_reused_slot_starts_its_counters_again(server, driver):
     driver.remove_hot_key(b"a")
     server.counter_writes.clear()
     driver.install_hot_key(b"b", 0, [ReplicaWeight(0, 0.5), ReplicaWeight(1, 0.5)])
-    names = {c.preamble.id: c.preamble.name.split(".")[-1] for c in answering_pipeline().p4info.counters}
+    names = {c.preamble.id: c.preamble.name.split(".")[-1] for c in Pipeline().p4info.counters}
     assert {names[c.counter_id] for c in server.counter_writes} == {"key_gets", "key_home_while_dirty",
                                                                      "key_per_replica"}
     assert all(c.data.packet_count == 0 for c in server.counter_writes)
@@ -137,7 +137,7 @@ def test_the_lease_is_a_packet_out_the_switch_adds_to_its_clock(server, driver):
     deadline = time.monotonic() + 5
     while not server.packet_outs and time.monotonic() < deadline:
         time.sleep(0.01)
-    metadata = answering_pipeline().packet_metadata["packet_out"]
+    metadata = Pipeline().packet_metadata["packet_out"]
     values = {m.metadata_id: int.from_bytes(m.value, "big") for m in server.packet_outs[-1].metadata}
     assert values[metadata["op"][0]] == 1 and set(values) == {metadata[f][0] for f in ("op", "lease_us", "server")}
     assert 2_500_000 - took_us <= values[metadata["lease_us"][0]] <= 2_500_000
@@ -169,7 +169,7 @@ def test_refused_requests_change_nothing(server, driver):
 def successor_of(driver: P4RuntimeDriver, servers: list, **settings) -> P4RuntimeDriver:
     """A controller that takes over from `driver`, which stopped without ending its lease (killed, or deposed)."""
     driver.let_go()
-    after = P4RuntimeDriver(Settings(switches=tuple(driver.settings.switches), **settings), answering_pipeline())
+    after = P4RuntimeDriver(Settings(switches=tuple(driver.settings.switches), **settings), Pipeline())
     after.found = {k.key: k for k in after.attach(servers, lambda frame: None)}
     return after
 
@@ -207,7 +207,7 @@ def test_a_new_driver_adopts_what_the_switch_holds_and_writes_nothing(server, dr
         after.remove_hot_keys([b"clean"])
     finally:
         after.close()
-    again = P4RuntimeDriver(Settings(switches=(server.address,)), answering_pipeline())
+    again = P4RuntimeDriver(Settings(switches=(server.address,)), Pipeline())
     try:  # the weights changed the replicas: what the entry carries changed with them
         found = {k.key: k for k in again.attach(SERVERS, lambda frame: None)}
         assert [(r.server, r.weight) for r in found[b"wide"].replicas] == [(1, 0.5), (2, 0.5), (3, 0.0)]
@@ -238,7 +238,7 @@ def test_a_switch_that_cannot_tell_its_lease_has_its_keys_resynced():
     """A program without the lease query (op 3) answers nothing: the lease is not known, and no key is trusted as
     clean (each resynced), whatever its table says."""
     server = CheckingServer(lease_query=False).start()
-    driver = P4RuntimeDriver(Settings(switches=(server.address,), timeout=0.5), answering_pipeline())
+    driver = P4RuntimeDriver(Settings(switches=(server.address,), timeout=0.5), Pipeline())
     try:
         driver.attach(SERVERS, lambda frame: None)
         left_behind(driver)
@@ -263,12 +263,12 @@ def test_a_key_two_switches_disagree_on_is_rebuilt_alone():
     """Two switches, one of which lost a key's range: that key alone is taken out of both (tables-disagree); the
     others are kept on both."""
     servers = [CheckingServer().start() for _ in range(2)]
-    driver = P4RuntimeDriver(Settings(switches=tuple(s.address for s in servers)), answering_pipeline())
+    driver = P4RuntimeDriver(Settings(switches=tuple(s.address for s in servers)), Pipeline())
     try:
         driver.attach(SERVERS, lambda frame: None)
         left_behind(driver)
         store = servers[1].entries
-        (lost,) = [k for k, v in store.items() if v.table_id == answering_pipeline().table("replicas").id
+        (lost,) = [k for k, v in store.items() if v.table_id == Pipeline().table("replicas").id
                    and params(v)[0] == 3 and int.from_bytes(v.match[0].exact.value, "big") == driver.slots[b"clean"]]
         del store[lost]
         after = successor_of(driver, SERVERS)
@@ -284,12 +284,11 @@ def test_a_key_two_switches_disagree_on_is_rebuilt_alone():
 
 def test_a_switch_whose_stream_drops_is_adopted_and_one_back_empty_starts_every_switch_afresh():
     """Two switches, the first behind a relay whose connections the test cuts (the switch goes on), with the
-    committed program, which cannot tell its lease (no op 3). The driver reconnects and hands the core what the
+    servers not answering lease queries: the lease is the driver's own. The driver reconnects and hands the core what the
     switches hold (`on_reconnect(found, None)`) without one Write: every key read back as it was, the lease its own
     (clean keys stay clean, none `lease-unknown`), but the key whose range the first switch lost meanwhile, taken out
     of both (tables-disagree). Cut again with an empty switch behind the relay (restarted): the pipeline goes on
     both switches again and the core is told to install everything again (`on_reconnect()`)."""
-    from dataplanes.p4.pipeline import Pipeline
     from tests.tcp_relay import TcpRelay
     servers = [CheckingServer(lease_query=False).start() for _ in range(2)]
     came_back: queue.Queue = queue.Queue()
@@ -394,10 +393,10 @@ def test_an_entry_read_back_is_the_one_written_or_none_the_book_keeps():
 def test_a_switch_running_another_pipeline_gets_this_one(server, driver):
     """Another program's tables are not ours to read: the pipeline is pushed, and nothing is read back."""
     driver.install_hot_key(b"left", 2, [ReplicaWeight(2, 0.5), ReplicaWeight(3, 0.5)])
-    server.cookie = answering_pipeline().cookie ^ 1  # as if another build ran there
+    server.cookie = Pipeline().cookie ^ 1  # as if another build ran there
     after = successor_of(driver, SERVERS)
     try:
-        assert after.found == {} and server.cookie == answering_pipeline().cookie
+        assert after.found == {} and server.cookie == Pipeline().cookie
         assert entries(server, "hot_keys") == []
     finally:
         after.close()
@@ -405,14 +404,14 @@ def test_a_switch_running_another_pipeline_gets_this_one(server, driver):
 
 def test_an_unreachable_switch_is_one_clear_error():
     closed = free_port()  # nothing listens there
-    made = P4RuntimeDriver(Settings(switches=(f"127.0.0.1:{closed}",), timeout=0.5), answering_pipeline())
+    made = P4RuntimeDriver(Settings(switches=(f"127.0.0.1:{closed}",), timeout=0.5), Pipeline())
     with pytest.raises(DriverError, match=f"no P4Runtime server at 127.0.0.1:{closed}"):
         made.attach(SERVERS, lambda frame: None)
 
 
 def test_no_switch_given_is_refused():
     with pytest.raises(DriverError, match="no P4Runtime switch"):
-        P4RuntimeDriver(Settings(switches=()), answering_pipeline())
+        P4RuntimeDriver(Settings(switches=()), Pipeline())
 
 
 CONFIG = '[[servers]]\nname = "a"\nip = "127.0.0.1"\nmac = "02:00:00:00:00:01"\n'
@@ -424,7 +423,7 @@ def test_the_controller_command_drives_p4runtime_switches_named_on_its_command_l
     result = run_cli("controller", "--config", str(config), "--driver", "p4runtime", "--switch", server.address,
                      "--duration", "1")
     assert result.returncode == 0, result.stderr
-    assert "driver p4" in result.stderr and server.cookie == answering_pipeline().cookie  # it pushed the pipeline there
+    assert "driver p4" in result.stderr and server.cookie == Pipeline().cookie  # it pushed the pipeline there
 
 
 @pytest.mark.parametrize("extra, args, message", [
@@ -469,7 +468,7 @@ def test_the_ryu_app_drives_a_p4_switch_through_a_driver_process_and_stops_on_si
             except OSError:
                 time.sleep(0.2)
         assert state is not None, log.read_text()
-        assert state["driver"] == "p4runtime" and server.cookie == answering_pipeline().cookie, state
+        assert state["driver"] == "p4runtime" and server.cookie == Pipeline().cookie, state
         assert len(entries(server, "servers")) == 1  # the config's one server, written through the child
         children = children_of(process.pid)
         assert children, "no driver process under ryu-manager"
@@ -494,7 +493,7 @@ def test_a_controller_elected_through_etcd_deposes_one_that_was_not_and_a_later_
     from dataplanes.p4.client import elected_election_id
 
     def made(election_id: int = 0) -> P4RuntimeDriver:
-        return P4RuntimeDriver(Settings(switches=(server.address,), ports=(1,), election_id=election_id), answering_pipeline())
+        return P4RuntimeDriver(Settings(switches=(server.address,), ports=(1,), election_id=election_id), Pipeline())
     unelected, earlier, later = made(), made(elected_election_id(7)), made(elected_election_id(9))
     try:
         unelected.attach(SERVERS, lambda frame: None)
@@ -518,7 +517,7 @@ def test_the_first_controller_stays_primary_and_the_next_is_primary_once_it_is_g
     """First come: a controller started later is refused by the switch's arbitration (told when the primary
     started); once the first closes its stream, a new one is primary."""
     def made() -> P4RuntimeDriver:
-        return P4RuntimeDriver(Settings(switches=(server.address,), ports=(1,)), answering_pipeline())
+        return P4RuntimeDriver(Settings(switches=(server.address,), ports=(1,)), Pipeline())
     first = made()
     first.attach(SERVERS, lambda frame: None)
     second = made()
@@ -552,7 +551,7 @@ def test_a_hot_set_change_is_the_exact_write_request_on_record(server):
     to the encoding shows here as a diff; a deliberate one is recorded again with MBALANCER_RECORD_GOLDEN=1."""
     from google.protobuf import text_format
     driver = P4RuntimeDriver(Settings(switches=(server.address,), ports=(1, 2, 3), trusted=("10.0.0.254",),
-                                      election_id=7), answering_pipeline())  # not the first-come id, which is the time's
+                                      election_id=7), Pipeline())  # not the first-come id, which is the time's
     driver.attach(SERVERS, lambda frame: None)
     try:
         taken = len(server.writes)
@@ -567,21 +566,3 @@ def test_a_hot_set_change_is_the_exact_write_request_on_record(server):
     if os.environ.get("MBALANCER_RECORD_GOLDEN") == "1":
         GOLDEN.write_text(sent)
     assert sent == GOLDEN.read_text()
-
-
-def test_the_ops_a_compiled_program_acts_on_are_read_from_its_json():
-    """The driver asks for the lease only where the program compares packet_out.op with 3: one without the query
-    drops it, and waiting for its answer held every attach up by a second."""
-    import json
-    from dataplanes.p4.pipeline import Pipeline, packet_out_ops
-    assert Pipeline().packet_out_ops == {1, 2, 3}  # the committed program: lease, rearm, lease query
-    field = {"type": "field", "value": ["packet_out", "op"]}
-    program = {"pipelines": [{"conditionals": [
-        {"expression": {"type": "expression", "value": {"op": "and", "left": {"type": "expression", "value": {
-            "op": "==", "left": field, "right": {"type": "hexstr", "value": "0x03"}}}, "right": {"type": "bool"}}}},
-        {"expression": {"type": "expression", "value": {"op": "==", "left": {"type": "hexstr", "value": "0x01"},
-                                                          "right": field}}},
-        {"expression": {"type": "expression", "value": {"op": "==", "left": {"type": "field", "value": ["x", "op"]},
-                                                          "right": {"type": "hexstr", "value": "0x07"}}}}]}]}
-    assert packet_out_ops(json.dumps(program).encode()) == {1, 3}
-    assert packet_out_ops(b"not json") == frozenset()

@@ -8,7 +8,6 @@ and refuses a name the program does not have (a typo fails at once, not as an em
 from __future__ import annotations
 
 import hashlib
-import json
 import shutil
 import subprocess
 from dataclasses import dataclass
@@ -76,8 +75,6 @@ class Pipeline:
         self.digests = {d.preamble.name: d.preamble.id for d in self.p4info.digests}  # named by their struct
         self.packet_metadata = {m.preamble.name: {f.name: (f.id, f.bitwidth) for f in m.metadata}
                                 for m in self.p4info.controller_packet_metadata}  # packet_in, packet_out
-        # the controller's ops the program acts on: a query it does not know is dropped, so not waited for
-        self.packet_out_ops = packet_out_ops(self.device_config)
 
     def table(self, name: str) -> Table:
         return self._named(self.tables, name, "table")
@@ -144,26 +141,3 @@ def available() -> str | None:
         return f"the compiled program is missing from {BUILD}"
     return None
 
-
-def packet_out_ops(device_config: bytes) -> frozenset[int]:
-    """Every value the compiled program (bmv2 JSON) compares the packet_out header's op with."""
-    try:
-        program = json.loads(device_config)
-    except ValueError:
-        return frozenset()
-    ops: set[int] = set()
-
-    def walk(node) -> None:
-        if isinstance(node, dict):
-            value = node.get("value")
-            if node.get("op") == "==" and {"type": "field", "value": ["packet_out", "op"]} in (
-                    node.get("left"), node.get("right")):
-                constant = node["right"] if node.get("left", {}).get("type") == "field" else node["left"]
-                if constant.get("type") == "hexstr":
-                    ops.add(int(constant["value"], 16))
-            for child in ([value] if isinstance(value, dict) else []) + [node.get("left"), node.get("right")]:
-                walk(child)
-    for pipeline in program.get("pipelines", []):
-        for conditional in pipeline.get("conditionals", []):
-            walk(conditional.get("expression"))
-    return frozenset(ops)

@@ -195,23 +195,13 @@ class P4Tables:
         while not self.lease_answers.empty():  # an answer that came after its caller gave up
             self.lease_answers.get_nowait()
         self.lease_asked = time.monotonic_ns()
-        if self.answers_lease_query:
-            self._packet_out(OP_LEASE_QUERY)
-
-    @property
-    def answers_lease_query(self) -> bool:
-        """Whether the compiled program acts on op 3 (one without it drops the query: no answer to wait for)."""
-        return OP_LEASE_QUERY in self.pipeline.packet_out_ops
+        self._packet_out(OP_LEASE_QUERY)
 
     def lease_left(self) -> int | None:
         """Microseconds left on the lease as the switch answers a lease query (0: over, or never given); None if it
         gives no answer in time (a program without the query drops it)."""
         if self.lease_asked is None:
             self.ask_lease()
-        if not self.answers_lease_query:
-            log.info("%s: the compiled program has no lease query (op %d): the lease is not known",
-                     self.client.address, OP_LEASE_QUERY)
-            return None
         wait = min(self.client.timeout, LEASE_QUERY_WAIT)
         try:
             return self.lease_answers.get(timeout=max(self.lease_asked + wait * 1e9 - time.monotonic_ns(), 0) / 1e9)
