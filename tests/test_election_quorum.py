@@ -12,8 +12,9 @@ What must hold, read from etcd's history of the election key and from the candid
   through it; one leader throughout.
 The same with real `mbalancer controller` processes on a switch agent: a leader that loses its quorum, or is cut off
 with its member, ends its session with the switch before a successor attaches (the agent lets its driver go, the
-switch's lease left to run out by itself: controller/cli.py `_stop_driving`). The members are frozen (SIGSTOP) or killed (SIGKILL, then started again on their data); a member is cut
-off from its peers by a cgroup eBPF program dropping its peer-port traffic (root: those tests skip without it).
+switch's lease left to run out by itself: controller/cli.py `_stop_driving`). The members are frozen (SIGSTOP) or
+killed (SIGKILL, then started again on their data); a member is cut off from its peers by a cgroup eBPF program
+dropping its peer-port traffic (root: those tests skip without it).
 The times (to stop, to elect again) are printed, not asserted: they depend on the machine."""
 from __future__ import annotations
 
@@ -288,8 +289,9 @@ def test_without_a_quorum_the_leading_controller_stops_lets_its_switch_go_and_on
     """Real `mbalancer controller` processes on a switch agent: c0 leads through member 0, c1 and c2 wait. Members 1
     and 2 freeze: c0 stops (exit 1, "lost the lead") and ends its session, so the agent has no primary and lets its
     driver go, the switch's lease left to run out by itself (a successor would adopt the keys as they are; none can
-    be elected without a quorum, and gets go home once it has run out); the standbys wait on. With the quorum back, one standby is elected and drives
-    the agent with a higher election id; one holder of the key at a time in etcd's history."""
+    be elected without a quorum, and gets go home once it has run out); the standbys wait on. With the quorum back,
+    one standby is elected and drives the agent with a higher election id; one holder of the key at a time in
+    etcd's history."""
     with EtcdCluster(tmp_path) as etcd, \
             controllers_on_an_agent(tmp_path, [etcd.urls[i:] + etcd.urls[:i] for i in range(3)]) as fleet:
         agent, logs, processes, first = fleet.agent, fleet.logs, fleet.processes, fleet.first

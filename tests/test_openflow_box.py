@@ -87,8 +87,8 @@ def test_attachs_record_is_read_back_as_written_and_a_broken_one_as_none(tmp_pat
     assert standalone.ClassifierRecord.read("c1") == written and standalone.ClassifierRecord.read("c2") is None
     path = standalone.record_path("c1")
     text = path.read_text()
-    for broken in (text[:len(text) // 2], text.replace('"bridge"', '"bridges"'), text.replace('[{"port": "p1", "direction": "xdp"}]', '["p1"]'),
-                   "[]"):
+    for broken in (text[:len(text) // 2], text.replace('"bridge"', '"bridges"'),
+                   text.replace('[{"port": "p1", "direction": "xdp"}]', '["p1"]'), "[]"):
         assert broken != text
         path.write_text(broken)
         assert standalone.ClassifierRecord.read("c1") is None, broken

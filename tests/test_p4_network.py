@@ -16,7 +16,8 @@ from mbalancer.memcache.addresses import ServerAddress
 from mbalancer.memcache.client import tcp_client
 from tests.conftest import eventually, memcached_answers
 from tests.test_ebpf_network import (  # noqa: F401  (collected here: pytest runs them with the fixtures below)
-    client_gets, closes_handled, config_of, hits, make_hot, test_a_set_is_mirrored_and_gets_go_home_until_the_copies_are_fresh,
+    client_gets, closes_handled, config_of, hits, make_hot,
+    test_a_set_is_mirrored_and_gets_go_home_until_the_copies_are_fresh,
     test_cold_keys_and_multi_gets_reach_their_home,
     test_hot_gets_are_spread_by_weight_and_answered_from_the_home_address,
     test_malformed_requests_and_long_keys_reach_the_server_untouched, test_the_dirty_bit_sends_gets_home,

@@ -283,8 +283,8 @@ def test_a_key_two_switches_disagree_on_is_rebuilt_alone():
 
 
 def test_a_switch_whose_stream_drops_is_adopted_and_one_back_empty_starts_every_switch_afresh():
-    """Two switches, the first behind a relay whose connections the test cuts (the switch goes on), with the
-    servers not answering lease queries: the lease is the driver's own. The driver reconnects and hands the core what the
+    """Two switches, the first behind a relay whose connections the test cuts (the switch goes on), the servers
+    not answering lease queries: the lease is the driver's own. The driver reconnects and hands the core what the
     switches hold (`on_reconnect(found, None)`) without one Write: every key read back as it was, the lease its own
     (clean keys stay clean, none `lease-unknown`), but the key whose range the first switch lost meanwhile, taken out
     of both (tables-disagree). Cut again with an empty switch behind the relay (restarted): the pipeline goes on

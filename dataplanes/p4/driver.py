@@ -204,7 +204,8 @@ class P4RuntimeDriver(SlotBookDriver):
         for entity in client.read([e.table_entry(self.pipeline, t, {}) for t in tables], "the switch's own entries"):
             if entity.table_entry.table_id == forward_id:
                 match = e.match_of(self.pipeline, "forward", entity)
-                self.forwarded[client.address][mac_text(match["hdr.ethernet.dst"])] = e.params_of(self.pipeline, "to_port", entity)["port"]
+                port = e.params_of(self.pipeline, "to_port", entity)["port"]
+                self.forwarded[client.address][mac_text(match["hdr.ethernet.dst"])] = port
             else:
                 found[e.entry_key(entity)] = entity
         updates = []
@@ -349,7 +350,7 @@ class P4RuntimeDriver(SlotBookDriver):
         """Under the lock, the broken switches reached again and each kept: their driver entries made what the config
         says (`_adopt`: nothing written where they are), then every switch's hot keys read back into the book as at
         attach (dataplanes/read_back.py), with one difference: the lease is this controller's own, which it held all
-        along (`book.lease_until`), not asked of the switches (the committed program cannot answer op 3).
+        along (`book.lease_until`), not asked of the switches (none holds a later one than this controller gave).
 
         Why that is safe: a switch's lease stands for a controller watching its copies; a new leader that cannot
         tell whether the switch went unwatched resyncs every key. This controller watched all along (its health
