@@ -16,14 +16,14 @@ logs=()
 pids=()
 trap 'kill "${pids[@]}" 2>/dev/null; rm -f "${logs[@]}"' EXIT
 
-# in_background NAME COMMAND...: run it with its output in a log of its own, shown by show_background
+# in_background NAME COMMAND...: run it with its output in a log of its own, shown once the front run has ended
 in_background() {
     local name="$1"; shift
     local log
     log="$(mktemp -t "mbalancer-$name.XXXXXX")"
     "$@" > "$log" 2>&1 &
     pids+=("$!"); logs+=("$log"); names+=("${name//-/ }")
-    echo "tiers ${name//-/ }: running beside (output below when all are done)"
+    echo "tiers ${names[-1]}: running beside (output below when all are done)"
 }
 
 in_background "offline-$offline" "$python" -m pytest -m "$offline" "$@"
