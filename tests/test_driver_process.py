@@ -95,7 +95,9 @@ def test_what_a_killed_run_left_is_killed_by_its_pidfile_only_while_the_pid_runs
     pidfile = tmp_path / "left.pid"
     try:
         pidfile.write_text(f"{left.pid}\n")
-        assert runs(left.pid, "sleep") and not runs(left.pid, "memcached") and not runs(0, "sleep")
+        # once the child has exec'd sleep (until then its /proc cmdline is still this Python's)
+        assert eventually(lambda: runs(left.pid, "sleep"), timeout=10)
+        assert not runs(left.pid, "memcached") and not runs(0, "sleep")
         assert not kill_left_over(pidfile, "memcached") and left.poll() is None  # the PID runs another program now
         assert kill_left_over(pidfile, "sleep") and left.wait(timeout=10) == -signal.SIGKILL
         assert not runs(left.pid, "sleep") and not kill_left_over(pidfile, "sleep")  # gone
