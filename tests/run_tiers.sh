@@ -3,7 +3,8 @@
 # only) run in the background. The ones that do (root, bmv2, mininet: mostly waiting on timers and links) run as two
 # streams of modules (tests/network_streams.py), each in network, mount and PID namespaces of its own
 # (tests/isolated.sh), since one MBalancer network at a time holds per namespace. The testbed stream runs in front;
-# the others' output is shown when they end. Any failing fails.
+# the others' output is shown when they end, and every run's failures are listed again last (CI shows the tail).
+# Any failing fails.
 # With pytest arguments (a path, -k ...), or not root, the network tiers run as one stream, in this namespace.
 # Usage: tests/run_tiers.sh PYTHON [pytest arguments for every run]
 set -uo pipefail
@@ -32,11 +33,14 @@ if [ "$#" -eq 0 ] && [ "$(id -u)" -eq 0 ]; then
     read -r -a testbed <<< "$("$python" -m tests.network_streams testbed)"
     in_background "network-namespaces" "$here/isolated.sh" "$python" -m pytest -m "$network" "${namespaces[@]}"
     echo "tiers $network, testbed stream:"
-    "$here/isolated.sh" "$python" -m pytest -m "$network" "${testbed[@]}"
+    front=("$here/isolated.sh" "$python" -m pytest -m "$network" "${testbed[@]}")
 else
-    "$python" -m pytest -m "$network" "$@"
+    front=("$python" -m pytest -m "$network" "$@")
 fi
-codes=("$?")
+front_log="$(mktemp -t mbalancer-front.XXXXXX)"
+logs+=("$front_log")
+"${front[@]}" 2>&1 | tee "$front_log"
+codes=("${PIPESTATUS[0]}")
 for i in "${!pids[@]}"; do
     wait "${pids[$i]}"
     codes+=("$?")
@@ -44,6 +48,9 @@ for i in "${!pids[@]}"; do
     echo "======== tiers ${names[$i]} ========"
     cat "${logs[$i]}"
 done
+echo
+echo "======== failures and errors of every run (pytest's short summaries) ========"
+grep -hE '^(FAILED|ERROR) ' "${logs[@]}" || echo "none"
 echo "exit codes (front, then background runs in order): ${codes[*]}"
 # pytest's 5 is "nothing collected" (a -k or a path that selects only one side): not a failure of the other side
 collected=0
