@@ -60,8 +60,8 @@ class ChangeCause(Enum):
     """Why the planner made a change: what logic reads (the reason is text, for people)."""
     HOT = "hot"  # in the top H for long enough
     COLD = "cold"  # out of the top H for long enough
-    HEALTH = "health"  # a replica went out of, or came back into, its group (weight 0 or back)
-    LOAD = "load"  # the measured load moved its weights by more than REWEIGHT_STEP
+    HEALTH = "health"  # a replica went out of, or came back into, its group (weight 0 or back) as its health changed
+    LOAD = "load"  # the measured load moved its weights by more than REWEIGHT_STEP, or one of them to or from 0
     RETRY = "retry"  # a cool-down the driver refused, tried again
 
 
@@ -136,7 +136,7 @@ class Planner:
                                       f"in the top {hot_target} for {self.tracker.streak(key)} reports: "
                                       f"{rates[key]:.0f} gets/s, {100 * share:.1f}% of gets"))
         for key in staying:
-            moved = _weights_moved(installed[key], layout[key])
+            moved = _weights_moved(installed[key], layout[key], down)
             if moved:
                 changes.append(Change(ChangeAction.REWEIGHT, key, layout[key], *moved))
         now, after = float(imbalance_factor(loads)), float(imbalance_factor(predicted))
@@ -158,10 +158,10 @@ class Planner:
     def reweigh(self, report: MonitorReport, installed: Mapping[bytes, Placement],
                 down: Iterable[int] = ()) -> tuple[Change, ...]:
         """New weights for the installed keys alone, from the last report (a server went down or came back): no
-        report is counted, no key warms or cools."""
+        report is counted, no key warms or cools, and a weight that goes to or from 0 does so for health."""
         layout, _ = self._layout(report, list(installed), installed, frozenset(down))
         return tuple(Change(ChangeAction.REWEIGHT, key, layout[key], *moved) for key in installed
-                     if key in layout and (moved := _weights_moved(installed[key], layout[key])))
+                     if key in layout and (moved := _weights_moved(installed[key], layout[key], down, health=True)))
 
     def _layout(self, report: MonitorReport, hot: list[bytes], installed: Mapping[bytes, Placement],
                 down: frozenset[int]) -> tuple[dict[bytes, Placement], np.ndarray]:
@@ -214,15 +214,20 @@ def with_switch_rates(report: MonitorReport, switch_rates: Mapping[bytes, float]
     return replace(report, top=ranked, rate=max(report.rate, sum(k.rate for k in ranked)))
 
 
-def _weights_moved(old: Placement, new: Placement) -> tuple[ChangeCause, str] | None:
-    """Why the weights moved enough to write (the cause and its reason); None if they did not."""
+def _weights_moved(old: Placement, new: Placement, down: Iterable[int],
+                   health: bool = False) -> tuple[ChangeCause, str] | None:
+    """Why the weights moved enough to write (the cause and its reason); None if they did not. A weight that goes
+    to or from 0 does so for health if `health` says a server's health changed, or if its server is down; else the
+    weighted mode's water-filling left a replica out (or took it back) by measured load, which the plan's do-no-harm
+    check may hold back as any other load change."""
     if old.replicas != new.replicas:
         return None  # a key keeps its group and home, so its replicas only change with the config
-    on_off = [(a > 0) != (b > 0) for a, b in zip(old.weights, new.weights)]
-    if any(on_off):
-        changed = [f"server {r} {'back in' if w > 0 else 'out'}" for r, flip, w in
-                   zip(new.replicas, on_off, new.weights) if flip]
-        return ChangeCause.HEALTH, ", ".join(changed) + " (health)"
+    flipped = [(r, w) for r, a, w in zip(new.replicas, old.weights, new.weights) if (a > 0) != (w > 0)]
+    if flipped:
+        cause = ChangeCause.HEALTH if health or any(r in set(down) and w == 0 for r, w in flipped) \
+            else ChangeCause.LOAD
+        changed = ", ".join(f"server {r} {'back in' if w > 0 else 'out'}" for r, w in flipped)
+        return cause, f"{changed} ({'health' if cause is ChangeCause.HEALTH else 'measured load'})"
     step = max(abs(a - b) for a, b in zip(old.weights, new.weights))
     if step > REWEIGHT_STEP:
         return ChangeCause.LOAD, f"measured load moved the weights by up to {step:.2f}"

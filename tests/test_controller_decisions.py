@@ -242,6 +242,27 @@ def test_a_key_s_home_is_where_the_clients_send_its_gets(caplog):
     assert other.plan(report({"a": 90.0}, 90, sent_to={"a": "127.0.0.1:9"}), {}).changes[0].placement.home == 0
 
 
+def test_a_weight_the_measured_load_takes_to_0_is_a_load_change_not_a_health_one():
+    # "a" (home 0) is spread 50/50 over servers 0 and 1, both up; the measured load then has server 1 so busy with
+    # cold gets that the water-filling leaves it out of "a": a load change (held back if it would do harm), which
+    # the decision log must not call health (it read "server 1 out (health)" with every server answering)
+    planner = Planner(Balancing(hot=1, hysteresis=1, mode="weighted"), 2, homes({"a": 0}), ADDRESSES[:2])
+    installed = {b"a": Placement(b"a", 0, 0, (0, 1), (0.5, 0.5), 40.0)}
+    rep = report({"a": 40.0}, 240, servers={ADDRESSES[0]: 20.0, ADDRESSES[1]: 220.0}, sent_to={"a": ADDRESSES[0]})
+    changes = planner.plan(rep, installed).changes
+    assert [(c.action, c.key, c.cause) for c in changes] == [(ChangeAction.REWEIGHT, b"a", ChangeCause.LOAD)]
+    assert changes[0].placement.weights == pytest.approx((1.0, 0.0))
+    assert changes[0].reason == "server 1 out (measured load)"
+    # the same weight to 0 with server 1 down is health, and so is any flip when the core reweighs for health
+    down = planner.plan(rep, installed, down={1}).changes
+    assert [(c.cause, c.reason) for c in down] == [(ChangeCause.HEALTH, "server 1 out (health)")]
+    even = report({"a": 40.0}, 80, servers={ADDRESSES[0]: 60.0, ADDRESSES[1]: 20.0}, sent_to={"a": ADDRESSES[0]})
+    back = planner.reweigh(even, {b"a": Placement(b"a", 0, 0, (0, 1), (1.0, 0.0), 40.0)}, down=())
+    assert [(c.cause, c.reason) for c in back] == [(ChangeCause.HEALTH, "server 1 back in (health)")]
+    assert planner.plan(even, {b"a": Placement(b"a", 0, 0, (0, 1), (1.0, 0.0), 40.0)}).changes[0].cause \
+        is ChangeCause.LOAD  # the same flip at a report: the load's doing
+
+
 def test_a_plan_that_would_lower_the_imbalance_factor_is_held_back():
     # the hot key's home is the least loaded server: spreading it can only raise the busiest one
     mapping = {"a": 0}
