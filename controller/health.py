@@ -10,8 +10,11 @@ answered). A server is down once its probes have kept failing for `hold` seconds
 probes; a single probe that passes in between does not end the failing, `failures` in a row do): a transient
 shorter than that moves nothing. It is up again once its probes have kept succeeding as long (a half-wedged server
 that passes one probe in a while does not flap back in); the core then refills its copies before it gets weight
-back. A server with SUSPECT_AFTER failures in a row is suspect: the core stops sending it copies (they would wait
-out their timeout) before it is declared down.
+back. A server whose TCP probes failed SUSPECT_AFTER times in a row is suspect: the core stops sending it copies and
+reading its values (over TCP, they would wait out their timeout) before it is declared down. UDP failures alone do
+not make it suspect (TCP answers): on a saturated link a UDP request or its answer is now and then lost or late, and
+a busy home that the core may not read keeps its hot keys dirty, their gets sent home, just when it needs them
+balanced. They count towards down as any failure, since balanced gets over UDP would vanish there.
 
 The tracker is plain logic fed with probe results, one server per prober thread (so one server's timeouts never
 delay another's probes); `Prober` is the blocking check such a thread runs.
@@ -34,14 +37,25 @@ START_SLACK = 2  # seconds the start time (time - uptime, whole seconds each) ma
 LATENCY_FACTOR = 4  # a probe waits this many times the server's recent answer time (a busy server queues) ...
 MAX_TIMEOUT = 1.0  # ... from the configured timeout up to this (and this long for a server not heard from yet)
 LATENCY_WEIGHT = 0.3  # of each new answer time in the running estimate
-SUSPECT_AFTER = 1  # failed probes (each unanswered for the timeout) before copies to the server are skipped
+SUSPECT_AFTER = 1  # failed TCP probes (each unanswered for the timeout) before copies to the server are skipped
 RESTARTED = ServerChange.RESTARTED  # Prober.check's verdict for a server that lost its data (restarted or flushed)
+
+
+@dataclass(frozen=True)
+class ProbeFailure:
+    """Why a probe failed (for people), and whether its TCP part did (else only UDP requests went unanswered)."""
+    why: str
+    tcp: bool = True
+
+    def __str__(self) -> str:
+        return self.why
 
 
 @dataclass
 class ServerHealth:
     up: bool = True
     failures: int = 0  # in a row
+    tcp_failures: int = 0  # in a row, of those whose TCP part failed (copies and reads go over TCP)
     failing_since: float | None = None  # when the first probe of the current run of failures was sent
     successes: int = 0  # in a row
     passing_since: float | None = None  # when the first probe of the current run of successes was sent
@@ -58,12 +72,13 @@ class HealthTracker:
         self.servers = [ServerHealth() for _ in range(servers)]
         self._lock = threading.Lock()
 
-    def record(self, server: int, error: str | None, sent: float) -> ServerChange | None:
+    def record(self, server: int, error: ProbeFailure | None, sent: float) -> ServerChange | None:
         """One probe's result (error None: it answered; `sent`: when the probe was sent). Returns DOWN or UP when
         the state changes."""
         with self._lock:
             health = self.servers[server]
             health.probes += 1
+            health.tcp_failures = health.tcp_failures + 1 if error is not None and error.tcp else 0
             if error is None:
                 health.successes += 1
                 if health.successes >= self.failures:  # one answer among failures does not end them: a
@@ -76,7 +91,7 @@ class HealthTracker:
                 return None
             health.successes, health.passing_since = 0, None
             health.failures += 1
-            health.last_error = error
+            health.last_error = error.why
             if health.failing_since is None:
                 health.failing_since = sent
             if health.up and health.failures >= self.failures and sent - health.failing_since >= self.hold:
@@ -92,8 +107,8 @@ class HealthTracker:
         health = self.servers[server]
         if not health.up:
             return f"server {server} is down ({health.last_error})"
-        if health.failures >= SUSPECT_AFTER:
-            return f"server {server} failed its last {health.failures} health probes ({health.last_error})"
+        if health.tcp_failures >= SUSPECT_AFTER:
+            return f"server {server} failed its last {health.tcp_failures} health probes ({health.last_error})"
         return None
 
 
@@ -123,9 +138,9 @@ class Prober:
             return MAX_TIMEOUT
         return min(max(self.base_timeout, LATENCY_FACTOR * self.latency), MAX_TIMEOUT)
 
-    def check(self) -> ServerChange | str | None:
+    def check(self) -> ServerChange | ProbeFailure | None:
         """None if the server answered every probe within the timeout; RESTARTED if it restarted or was flushed
-        since the last probe; else why not (text, for people)."""
+        since the last probe; else why not."""
         self.tcp.set_timeout(self.timeout)
         started = time.monotonic()
         try:
@@ -133,9 +148,9 @@ class Prober:
             identity = (stats["pid"], int(stats["time"]) - int(stats["uptime"]))
             flushes = int(stats.get("cmd_flush", 0))
         except MetaError as err:
-            return f"{err} (after {self.timeout:.2f} s)"
+            return ProbeFailure(f"{err} (after {self.timeout:.2f} s)")
         except (KeyError, ValueError):
-            return f"{self.address}: its stats have no pid, time and uptime: is it memcached?"
+            return ProbeFailure(f"{self.address}: its stats have no pid, time and uptime: is it memcached?")
         self._answered(time.monotonic() - started)
         restarted = self.identity is not None and (
             identity[0] != self.identity[0] or abs(identity[1] - self.identity[1]) > START_SLACK
@@ -147,8 +162,8 @@ class Prober:
             return None
         for sent in range(UDP_PROBES):
             if not self._udp_probe():
-                return (f"{self.address}: UDP request {sent + 1} of {UDP_PROBES} unanswered in {self.timeout:.2f} s "
-                        f"(TCP answers: is its UDP listener wedged, or off?)")
+                return ProbeFailure(f"{self.address}: UDP request {sent + 1} of {UDP_PROBES} unanswered in "
+                                    f"{self.timeout:.2f} s (TCP answers: is its UDP listener wedged, or off?)", tcp=False)
         return None
 
     def _answered(self, seconds: float) -> None:

@@ -11,6 +11,7 @@ import time
 import pytest
 
 from controller.core import ControllerCore
+from controller.health import ProbeFailure
 from mbalancer.config import parse_config
 from mbalancer.memcache.addresses import ServerAddress
 from mbalancer.memcache.client import tcp_client
@@ -241,7 +242,7 @@ def test_closes_of_a_server_that_is_down_are_handled_without_a_decision_each(net
     handled as they come, but the decision (and its log line) was said once, when the server went down."""
     replica = next(server for server in range(3) if server != make_hot(core, b"hot:7", b"v7"))
     sent = time.monotonic()
-    changes = [core.health.record(replica, "refused (the test's probe)", sent + i) for i in range(3)]
+    changes = [core.health.record(replica, ProbeFailure("refused (the test's probe)"), sent + i) for i in range(3)]
     assert "down" in changes  # what the prober records, then says
     core.submit_health(replica, "down", "refused (the test's probe)")
     assert core.wait_idle()
