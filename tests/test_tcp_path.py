@@ -406,11 +406,13 @@ def test_what_a_killed_run_left_of_the_tcp_path_is_removed_by_the_leftovers_hook
     from dataplanes.bpf.program import DataPlane
     name = f"tl{os.getpid() % 100000}"
     plane = DataPlane(name).load()
-    path = TcpPath(plane, [11311]).start()  # (one path per namespace listens on a port: the module's has 11211)
-    path.process.kill()  # the run is killed: nothing is undone
-    path.process.wait()
-    assert subprocess.run(["ip", "rule", "show", "iif", f"{name}-ts"], capture_output=True, text=True).stdout
-    removed = registry.remove_left_over(name)
+    try:
+        path = TcpPath(plane, [11311]).start()  # (one path per namespace listens on a port: the module's has 11211)
+        path.process.kill()  # the run is killed: nothing is undone
+        path.process.wait()
+        assert subprocess.run(["ip", "rule", "show", "iif", f"{name}-ts"], capture_output=True, text=True).stdout
+    finally:
+        removed = registry.remove_left_over(name)  # also what a failure above left: no tl* pins for later tests
     assert any("TCP path's routes" in what for what in removed) and any("TCP path's link" in what for what in removed)
     assert not os.path.exists(f"/sys/class/net/{name}-t") and not os.path.exists(f"/sys/fs/bpf/mbalancer/{name}")
     assert subprocess.run(["ip", "rule", "show", "iif", f"{name}-ts"], capture_output=True, text=True).stdout == ""

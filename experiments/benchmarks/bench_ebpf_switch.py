@@ -224,6 +224,8 @@ def run_dataplane(dataplane: str, args: argparse.Namespace, sink: Path, tmp: Pat
         controller = openflow_hot_keys(net, tmp) if dataplane == "openflow" else None
         try:
             return measure_dataplane(net, dataplane, args, sink, tmp, controller)
+        except RuntimeError as err:  # a sender that stopped, nothing that arrived, a switch that did not answer
+            raise SystemExit(f"bench_ebpf_switch: {dataplane}: {err}") from None
         finally:
             if controller is not None:
                 controller.stop()
