@@ -445,7 +445,9 @@ def test_demo_end_to_end(run_cli, tmp_path, dataplane):
     # bmv2: 0.56-0.59 in 3 of 9 runs, with the code before this session's changes as after) finds fewer hot keys in
     # the 3 s warm-up or runs out of CPU first, and spreads less; it must still move well towards balance.
     settled = mb["limit"] == "servers" and run["hot_keys"] >= 10
-    assert mb["max_server_share"] < (0.56 if settled else 0.64), (mb, run["hot_keys"])
+    state = json.loads((tmp_path / "skewed_0.7" / "mbalancer-weighted" / "state.json").read_text())
+    decided = [f"{d['action']} {d.get('key')}: {d['reason']}" for d in state["decisions"]]  # why, if it fails
+    assert mb["max_server_share"] < (0.56 if settled else 0.64), (mb, run["hot_keys"], decided)
     # on p4 read through the controller; a leaf-spine's gets enter at every leaf: captured there
     assert summary["detection"] == line["detection"] == ("capture" if topology else "sketch")
     capacity = next(r for r in summary["runs"] if r["mode"] == "calibration")
@@ -458,7 +460,6 @@ def test_demo_end_to_end(run_cli, tmp_path, dataplane):
     least = 5 if "p4" in dataplane else 8
     assert run["hot_keys"] >= least and run["bytes_copied"] >= least * 10_000
     assert run["misses"] == 0  # every balanced get found its copy (a timeout on a busy machine is not a miss)
-    state = json.loads((tmp_path / "skewed_0.7" / "mbalancer-weighted" / "state.json").read_text())
     assert state["counters"]["data_plane"]["keys"]  # the switch counted gets for the hot keys
     for name in ("runs.csv", "fig5_1.png", "fig5_2.png", "servers.png"):
         assert (tmp_path / name).stat().st_size > 0
