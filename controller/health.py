@@ -163,7 +163,8 @@ class Prober:
         for sent in range(UDP_PROBES):
             if not self._udp_probe():
                 return ProbeFailure(f"{self.address}: UDP request {sent + 1} of {UDP_PROBES} unanswered in "
-                                    f"{self.timeout:.2f} s (TCP answers: is its UDP listener wedged, or off?)", tcp=False)
+                                    f"{self.timeout:.2f} s (TCP answers: is its UDP listener wedged, or off?)",
+                                    tcp=False)
         return None
 
     def _answered(self, seconds: float) -> None:

@@ -688,7 +688,8 @@ def test_the_probe_finds_a_server_that_answers_tcp_but_not_udp():
     port = free_port()
     tcp_only = subprocess.Popen(["memcached", "-l", "127.0.0.1", "-p", str(port), "-U", "0", "-u", "root"])
     try:
-        tcp, both = Prober(ServerAddress("127.0.0.1", port), 0.2, udp=False), Prober(ServerAddress("127.0.0.1", port), 0.2)
+        address = ServerAddress("127.0.0.1", port)
+        tcp, both = Prober(address, 0.2, udp=False), Prober(address, 0.2)
         assert eventually(lambda: tcp.check() is None)
         error = both.check()
         assert error is not None and not error.tcp and "UDP" in error.why

@@ -241,7 +241,7 @@ class DataPlane:
         """Run the program on every packet arriving at `iface` (leaving it, for the classifier), in network
         namespace `netns` if given: a name under /run/netns or a path such as /proc/<pid>/ns/net."""
         prefix = in_netns(netns)
-        if "clsact" in _run(prefix + ["tc", "qdisc", "show", "dev", iface], f"the qdiscs of {iface}"):
+        if has_clsact(iface, netns):
             remove_filters(iface, self.program.hook, netns)
         else:
             _run(prefix + ["tc", "qdisc", "add", "dev", iface, "clsact"], f"clsact on {iface}")
@@ -308,6 +308,13 @@ def remove_filters(iface: str, hook: str, netns: str | None = None, pref: int | 
     such filter: nothing to do)."""
     subprocess.run(in_netns(netns) + ["tc", "filter", "del", "dev", iface, hook] +
                    (["pref", str(pref)] if pref is not None else []), capture_output=True, timeout=TC_TIMEOUT)
+
+
+def has_clsact(iface: str, netns: str | None = None) -> bool:
+    """Whether `iface` has a clsact qdisc (False for an interface that is not there)."""
+    shown = subprocess.run(in_netns(netns) + ["tc", "-j", "qdisc", "show", "dev", iface], capture_output=True,
+                           text=True, timeout=30)
+    return shown.returncode == 0 and any(q.get("kind") == "clsact" for q in json.loads(shown.stdout or "[]"))
 
 
 def remove_empty_clsact(iface: str, netns: str | None = None) -> None:

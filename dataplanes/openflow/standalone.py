@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Sequence
 
-from dataplanes.bpf.program import (CLASSIFIER, XDP_PIN, DataPlane, DataPlaneError, loaded_switches,
+from dataplanes.bpf.program import (CLASSIFIER, XDP_PIN, DataPlane, DataPlaneError, has_clsact, loaded_switches,
                                     remove_empty_clsact, remove_filters, tc_filters)
 from dataplanes.bpf.records import RECORDS, read_record, unload_and_forget, write_record
 from dataplanes.openflow.box import DATAPATHS, BoxError, Hook, OvsBox, plan
@@ -91,7 +91,7 @@ def attach(name: str, bridge: str, rundir: str, memcached_ports: Sequence[int], 
                 _tc(["ip", "link", "set", "dev", hook.port, "xdp", "pinned", str(xdp)], f"the classifier at "
                                                                                           f"{hook.describe()}")
                 continue
-            if not _has_clsact(hook):  # recorded before it is made: detach removes it whatever happens next
+            if not has_clsact(hook.port):  # recorded before it is made: detach removes it whatever happens next
                 record = replace(record, made_qdiscs=record.made_qdiscs + (hook.port,))
                 record.write()
                 _tc(["tc", "qdisc", "add", "dev", hook.port, "clsact"], f"clsact on {hook.port}")
@@ -107,11 +107,6 @@ def _tc(args: list[str], what: str) -> None:
     result = subprocess.run(args, capture_output=True, text=True, timeout=30)
     if result.returncode:
         raise DataPlaneError(f"{what}: {(result.stderr or result.stdout).strip()[-500:]}")
-
-
-def _has_clsact(hook: Hook) -> bool:
-    shown = subprocess.run(["tc", "-j", "qdisc", "show", "dev", hook.port], capture_output=True, text=True, timeout=30)
-    return shown.returncode == 0 and any(q.get("kind") == "clsact" for q in json.loads(shown.stdout or "[]"))
 
 
 def _xdp_id(port: str) -> int:

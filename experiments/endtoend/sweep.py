@@ -26,9 +26,9 @@ from topologies.testbed import Testbed
 log = logging.getLogger(__name__)
 Progress = Callable[[str], None]
 CSV_FIELDS = ("round", "point", "mode", "replicas", "imbalance_hash", "imbalance_simulated", "imbalance_measured",
-              "throughput", "normalised", "server_normalised_min", "server_normalised_max", "mean_ms", "p50_ms", "p99_ms",
-              "server_mean_ms_min", "server_mean_ms_max", "answered", "timeouts", "misses", "hot_keys", "hot_model",
-              "bytes_copied", "server_rates", "limit", "cpu_busy", "cpu_steal")
+              "throughput", "normalised", "server_normalised_min", "server_normalised_max", "mean_ms", "p50_ms",
+              "p99_ms", "server_mean_ms_min", "server_mean_ms_max", "answered", "timeouts", "misses", "hot_keys",
+              "hot_model", "bytes_copied", "server_rates", "limit", "cpu_busy", "cpu_steal")
 
 
 def run_sweep(spec: ExperimentSpec, out: Path, progress: Progress) -> dict:
