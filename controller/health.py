@@ -115,11 +115,13 @@ class HealthTracker:
 class Prober:
     """The probes of one server: its statistics over TCP and, if `udp`, a sequence of UDP `version` requests.
 
-    How long a probe waits adapts to the server: LATENCY_FACTOR times its recent answer time, never less than the
-    configured timeout nor more than MAX_TIMEOUT. A server at its link's cap answers late but answers (replies
-    queue behind the values: 250 ms on the ketama10 testbed's 20 Mbit links); with a fixed 0.25 s it was declared
-    down, and the home that most needed its hot keys balanced could not even be read. Late answers to earlier
-    requests count as answer times too, so a server that slows down quickly is learned from its next probe."""
+    How long a probe waits adapts to the server: LATENCY_FACTOR times its recent answer time (the running estimate
+    or the latest answer, whichever is longer), never less than the configured timeout nor more than MAX_TIMEOUT.
+    A server at its link's cap answers late but answers (replies queue behind the values: 250 ms on the ketama10
+    testbed's 20 Mbit links); with a fixed 0.25 s it was declared down, and the home that most needed its hot keys
+    balanced could not even be read. The latest answer counts whole, so a queue that grows as the load starts is
+    waited out from the next request on (the running estimate, still at the idle server's 1 ms, took the demo's home
+    down as its clients started); late answers to earlier requests count too."""
 
     def __init__(self, address: ServerAddress, timeout: float, udp: bool = True):
         self.address, self.base_timeout = address, timeout
@@ -129,6 +131,7 @@ class Prober:
         self.flushes = 0  # its cmd_flush as last seen
         self.request_id = 0
         self.latency: float | None = None  # running estimate of its answer time, seconds
+        self.latest: float = 0.0  # its latest answer time, seconds (late answers too)
         self.sent_at: dict[int, float] = {}  # request id -> when sent, for the requests of the last few probes
 
     @property
@@ -136,7 +139,7 @@ class Prober:
         """How long the next answer is awaited."""
         if self.latency is None:
             return MAX_TIMEOUT
-        return min(max(self.base_timeout, LATENCY_FACTOR * self.latency), MAX_TIMEOUT)
+        return min(max(self.base_timeout, LATENCY_FACTOR * max(self.latency, self.latest)), MAX_TIMEOUT)
 
     def check(self) -> ServerChange | ProbeFailure | None:
         """None if the server answered every probe within the timeout; RESTARTED if it restarted or was flushed
@@ -170,6 +173,7 @@ class Prober:
     def _answered(self, seconds: float) -> None:
         self.latency = seconds if self.latency is None else \
             (1 - LATENCY_WEIGHT) * self.latency + LATENCY_WEIGHT * seconds
+        self.latest = seconds
 
     def _udp_probe(self) -> bool:
         """One UDP `version`; True if it was answered within the timeout."""

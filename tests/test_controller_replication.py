@@ -684,6 +684,25 @@ def test_a_lost_udp_probe_does_not_stop_copies_and_reads_over_tcp():
     assert tracker.record(0, udp, 0.3) == "down" and "is down" in tracker.unavailable(0)  # 4 failures over 0.3 s
 
 
+def test_a_probe_waits_for_a_queue_that_grew_from_its_latest_answer_on():
+    """A server idle so far (answers in 1 ms) whose link fills as the load starts: one answer 0.2 s late sets the
+    next wait to 4 x 0.2 s, where the running estimate alone (0.06 s) left 0.25 s, and its queue took it down."""
+    prober = Prober(ServerAddress("127.0.0.1", 1), 0.25, udp=False)
+    try:
+        for _ in range(20):
+            prober._answered(0.001)
+        assert prober.timeout == pytest.approx(0.25)
+        prober._answered(0.2)
+        assert prober.timeout == pytest.approx(0.8)
+        prober._answered(0.5)
+        assert prober.timeout == pytest.approx(1.0)  # MAX_TIMEOUT: a hung server is still out within seconds
+        for _ in range(20):
+            prober._answered(0.001)
+        assert prober.timeout == pytest.approx(0.25)  # the queue drained
+    finally:
+        prober.close()
+
+
 def test_the_probe_finds_a_server_that_answers_tcp_but_not_udp():
     port = free_port()
     tcp_only = subprocess.Popen(["memcached", "-l", "127.0.0.1", "-p", str(port), "-U", "0", "-u", "root"])
