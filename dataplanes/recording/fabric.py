@@ -20,6 +20,17 @@ from dataplanes.recording.tables import MemoryTables
 from dataplanes.slot_book import HotEntry
 
 
+# The table calls a hot-set change makes (the one-by-one calls and the batched ones); the core's own threads send
+# others whenever they run (the lease, the closes it watches, read-backs), more of them the longer a change takes.
+CHANGE_CALLS = frozenset({"set_hot", "delete_hot", "install_keys", "delete_keys", "reset_key_counts", "writes",
+                          "unsure", "write_counts", "hold", "set_synced", "set_synced_slots"})
+
+
+def change_requests(tables: list[MemoryTables]) -> int:
+    """The requests of CHANGE_CALLS sent to `tables` so far."""
+    return sum(t.calls[call] for t in tables for call in CHANGE_CALLS)
+
+
 class ShardTables:
     """A key-range shard's view of a switch's tables: its lease is the shard's (an election id and a lease per slot
     range, where the agent today has one per switch), its hot keys those in its range; the rest is the switch's."""
@@ -28,11 +39,11 @@ class ShardTables:
         self.tables, self.slots = tables, slots
 
     def set_lease(self, until_ns: int) -> None:
-        self.tables._request()
+        self.tables._request("set_lease")
         self.tables.shard_leases[self.slots.start] = until_ns
 
     def lease(self) -> int:
-        self.tables._request()
+        self.tables._request("lease")
         return self.tables.shard_leases.get(self.slots.start, 0)
 
     def held_keys(self) -> dict[bytes, HotEntry]:
@@ -59,6 +70,11 @@ class SimulatedFabric(RecordingDriver):
     def requests(self) -> int:
         """Requests sent to every switch so far."""
         return sum(t.requests for t in self.tables)
+
+    @property
+    def change_requests(self) -> int:
+        """Requests of hot-set changes sent to every switch so far (CHANGE_CALLS)."""
+        return change_requests(self.tables)
 
     def _views(self) -> list:
         return self.tables if self.shard is None else [ShardTables(t, self.shard) for t in self.tables]

@@ -32,6 +32,7 @@ class MemoryTables:
     def __init__(self, delay: float = 0.0):
         self.delay = delay
         self.requests = 0
+        self.calls: Counter = Counter()  # the table call (its method's name) -> requests it sent
         self.hot: dict[bytes, HotEntry] = {}
         self.written: Counter = Counter()  # slot -> writes counted since the switch was loaded
         self.synced: dict[int, tuple[int, int] | None] = {}  # slot -> (writes, unsure) it is clean at; None: held
@@ -44,43 +45,44 @@ class MemoryTables:
         self.shard_leases: dict[int, int] = {}  # a key-range shard's first slot -> its lease (fabric.py ShardTables)
         self._serving = threading.Lock()  # one request at a time, whoever sent it (the book writes switches at once)
 
-    def _request(self) -> None:
+    def _request(self, call: str) -> None:
         with self._serving:
             self.requests += 1
+            self.calls[call] += 1
             if self.delay:
                 time.sleep(self.delay)
 
     # --- one call, one request ---------------------------------------------------------------------------------
     def set_hot(self, key: bytes, entry: HotEntry, old: HotEntry | None) -> None:
-        self._request()
+        self._request("set_hot")
         self.hot[key] = entry
 
     def delete_hot(self, key: bytes, entry: HotEntry) -> None:
-        self._request()
+        self._request("delete_hot")
         self.hot.pop(key, None)
 
     def reset_key_counts(self, slot: int) -> None:
-        self._request()
+        self._request("reset_key_counts")
         self.counts.pop(slot, None)
 
     def writes(self, slot: int) -> int:
-        self._request()
+        self._request("writes")
         return self.written[slot]
 
     def unsure(self, server: int) -> int:
-        self._request()
+        self._request("unsure")
         return self.unsure_counts[server]
 
     def hold(self, slot: int) -> None:
-        self._request()
+        self._request("hold")
         self.synced[slot] = None
 
     def set_synced(self, slot: int, writes: int, unsure: int) -> None:
-        self._request()
+        self._request("set_synced")
         self.synced[slot] = (writes, unsure)
 
     def key_counts(self, slot: int, replicas: int) -> KeyCounts:
-        self._request()
+        self._request("key_counts")
         return self._counts_of(slot, replicas)
 
     def _counts_of(self, slot: int, replicas: int) -> KeyCounts:
@@ -89,43 +91,43 @@ class MemoryTables:
                          (counts.per_replica + [0] * replicas)[:replicas])
 
     def counters(self) -> dict[str, int]:
-        self._request()
+        self._request("counters")
         return {name: self.switch[name] for name in COUNTERS}
 
     def set_lease(self, until_ns: int) -> None:
-        self._request()
+        self._request("set_lease")
         self.lease_ns = until_ns
 
     def closes(self, server: int) -> int:
-        self._request()
+        self._request("closes")
         return self.closes_seen[server]
 
     def set_closes_handled(self, server: int, count: int) -> None:
-        self._request()
+        self._request("set_closes_handled")
         self.closes_handled[server] = count
 
     def resume_stream(self, stream: StreamId, seq: int) -> None:
-        self._request()
+        self._request("resume_stream")
 
     def blind_stream(self, stream: StreamId) -> None:
-        self._request()
+        self._request("blind_stream")
 
     # --- what a new controller reads back to adopt (dataplanes/read_back.py) ----------------------------------
     def held_keys(self) -> dict[bytes, HotEntry]:
-        self._request()
+        self._request("held_keys")
         return dict(self.hot)
 
     def synced_counts(self, slot: int) -> tuple[int, int] | None:
-        self._request()
+        self._request("synced_counts")
         return self.synced.get(slot)
 
     def lease(self) -> int:
-        self._request()
+        self._request("lease")
         return self.lease_ns
 
     # --- a call on many keys, one request ----------------------------------------------------------------------
     def install_keys(self, entries: Sequence[tuple[bytes, HotEntry]]) -> list[int]:
-        self._request()
+        self._request("install_keys")
         for key, entry in entries:
             self.counts.pop(entry.slot, None)
             self.synced[entry.slot] = None
@@ -133,20 +135,20 @@ class MemoryTables:
         return [self.written[entry.slot] for _, entry in entries]
 
     def delete_keys(self, entries: Sequence[tuple[bytes, HotEntry]]) -> None:
-        self._request()
+        self._request("delete_keys")
         for key, _ in entries:
             self.hot.pop(key, None)
 
     def key_counts_many(self, slot_replicas: Sequence[tuple[int, int]]) -> list[KeyCounts]:
-        self._request()
+        self._request("key_counts_many")
         return [self._counts_of(slot, replicas) for slot, replicas in slot_replicas]
 
     def write_counts(self, slot_homes: Sequence[tuple[int, int]]) -> list[tuple[int, int]]:
-        self._request()
+        self._request("write_counts")
         return [(self.written[slot], self.unsure_counts[home]) for slot, home in slot_homes]
 
     def set_synced_slots(self, synced: Sequence[tuple[int, int, int]]) -> None:
-        self._request()
+        self._request("set_synced_slots")
         for slot, writes, unsure in synced:
             self.synced[slot] = (writes, unsure)
 

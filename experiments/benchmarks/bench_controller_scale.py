@@ -8,7 +8,8 @@ round trip). Each case runs twice, side by side: "one by one" (the switches writ
 its own round trip: [dataplane.p4] parallel = 1, [controller] copy_depth = 1) and "parallel" (every switch at once,
 --parallel of them, one request in flight each; --depth copies per round trip to each server). Each round is a
 monitor report whose top H keys are all new: the figure is the time from the report until every new key is copied,
-installed on every switch, stamped and clean, and the old set removed; with it the requests sent per change, the
+installed on every switch, stamped and clean, and the old set removed; with it the requests the change sent (not
+the lease's and read-backs the core's own threads send meanwhile: fabric.py CHANGE_CALLS), the
 hot-set changes per second one controller sustains (1 / that time), and the new keys that left the common path
 (settled alone instead of with the batch: one stamp read and one clear for all), with why.
     python experiments/benchmarks/bench_controller_scale.py [--servers 16,64,256] [--switches 1,8,32]
@@ -33,7 +34,7 @@ from pathlib import Path
 
 from controller.core import ControllerCore
 from dataplanes.pipeline import MAX_HOT
-from dataplanes.recording.fabric import SimulatedFabric
+from dataplanes.recording.fabric import SimulatedFabric, change_requests
 from dataplanes.recording.tables import MemoryTables
 from mbalancer.config import parse_config
 from mbalancer.memcache.meta import MetaClient, StoredItem
@@ -93,14 +94,14 @@ def run_case(memcached: list[MemcachedServer], switches: int, hot: int, rounds: 
         change_ms, requests, alone = [], [], Counter()
         for round_ in range(rounds):
             new = sets[(round_ + 1) % 2]
-            sent, copies = driver.requests, core.replicator.copies
+            sent, copies = driver.change_requests, core.replicator.copies
             alone_before = Counter(core.executor.settled_alone)
             started = time.monotonic()
             core.submit_report(report_of(new))
             if not core.wait_idle(300):
                 raise RuntimeError("the core did not finish a hot-set change in 300 s")
             change_ms.append(1000 * (time.monotonic() - started))
-            requests.append(driver.requests - sent)
+            requests.append(driver.change_requests - sent)
             unclean = [k for k in new if not _clean(driver, k)]
             if unclean:
                 raise RuntimeError(f"{len(unclean)} of {hot} new keys are not installed clean on every switch: "
@@ -148,9 +149,9 @@ def run_sharded(memcached: list[MemcachedServer], switches: int, hot: int, shard
         _change_all(cores, sets[0])  # warm-up
         change_ms, requests = [], []
         for round_ in range(rounds):
-            sent = sum(t.requests for t in tables)
+            sent = change_requests(tables)
             change_ms.append(_change_all(cores, sets[(round_ + 1) % 2]))
-            requests.append(sum(t.requests for t in tables) - sent)
+            requests.append(change_requests(tables) - sent)
         current = sets[rounds % 2]
         _check_clean(cores, current)
         victim = 0
