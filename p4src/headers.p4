@@ -293,6 +293,26 @@ header scratch_t {
     bit<32> report_from;
     bit<32> sketch_estimate;
     bit<32> report_mask;     /* sketch_report_step: an estimate is reported where these bits are 0 */
+    bit<16> marked;          /* rewrite: a balanced get's flags_frag, marked balanced, */
+    bit<16> home_id;         /* ... and IP ID (its home) */
+    bit<16> csum;            /* rewrite: a one's complement sum (SUM_WORDS) */
+}
+
+/* The words a checksum update sums (p4src/mbalancer.p4, MbRewrite), given to bmv2's csum16 as a header whole: a list
+ * of fields would be copied into compiler temporaries, metadata bmv2 zeroes for every packet. The checksum (or the
+ * sum so far), an address, two more words (0 where there are none: a 0 adds nothing to a one's complement sum). */
+header sum_t {
+    bit<16> sum;
+    bit<32> ip;
+    bit<16> w1;
+    bit<16> w2;
+}
+
+/* A balanced get's flow, whose CRC is its slot in flow_ids: a header for the same reason. */
+header flow_key_t {
+    bit<32> ip;          /* the client's */
+    bit<16> port;
+    bit<16> request_id;
 }
 
 /* The key and its length, zeroed by the parser where a command's key starts (key_start): as metadata, bmv2 would
@@ -349,6 +369,8 @@ struct metadata_t {
     bit<1> to_controller;    /* to one of the controller's addresses */
     bit<1> sketch_on;        /* sketch_control: a reader counts gets, in this epoch, reporting from this estimate */
     scratch_t s;           /* written before read: not zeroed per packet */
+    sum_t c;               /* likewise */
+    flow_key_t fk;         /* likewise */
 }
 
 #endif

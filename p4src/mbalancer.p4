@@ -102,6 +102,19 @@ const bit<32> NO_SERVER = 0xffffffff;  /* server_wanted: no server lookup */
     h = h ^ (h >> 13);
 }
 
+/* A balanced get's flow: its slot in flow_ids, bmv2's CRC over the header meta.fk whole (a list would be copied into
+ * compiler temporaries, metadata bmv2 zeroes for every packet). A macro: an action or function given `meta` would
+ * copy the struct in and out. */
+#define FLOW_SLOT(IP, PORT, REQUEST_ID) \
+    meta.fk.setValid(); meta.fk.ip = IP; meta.fk.port = PORT; meta.fk.request_id = REQUEST_ID; \
+    hash(meta.s.h, HashAlgorithm.crc32, 32w0, meta.fk, 32w1 << MB_FLOW_BITS);
+
+/* meta.s.csum = ~(SUM + IP + W1 + W2), the one's complement sum by bmv2's own csum16 over the header meta.c (as
+ * expressions, ~100 big-number operations). Twice is RFC 1624's update: ~(HC + m) = ~HC + ~m, then ~(that + m'). */
+#define SUM_WORDS(SUM, IP, W1, W2) \
+    meta.c.setValid(); meta.c.sum = SUM; meta.c.ip = IP; meta.c.w1 = W1; meta.c.w2 = W2; \
+    hash(meta.s.csum, HashAlgorithm.csum16, 16w0, meta.c, 32w0x10000);
+
 /* Where a connection is kept as a stream (its slot in stream_ids), and its id there. */
 @name(".MbIngress.stream_at")
 action stream_at(in bit<32> src, in bit<16> src_port, in bit<32> dst, in bit<16> dst_port,
@@ -647,8 +660,7 @@ control MbReplySource(inout headers_t hdr, inout metadata_t meta, inout standard
     apply {
         bit<64> id = hdr.ipv4.dst ++ hdr.ports.dst ++ hdr.frame.request_id;
         /* the get's flow (bmv2's own CRC: a mix in expressions costs it far more per packet) */
-        hash(meta.s.h, HashAlgorithm.crc32, 32w0, {hdr.ipv4.dst, hdr.ports.dst, hdr.frame.request_id},
-             32w1 << MB_FLOW_BITS);
+        FLOW_SLOT(hdr.ipv4.dst, hdr.ports.dst, hdr.frame.request_id)
         bit<32> at = meta.s.h;
         flow_ids.read(meta.s.stored, at);
         if (meta.s.stored == id) {
@@ -662,7 +674,8 @@ control MbReplySource(inout headers_t hdr, inout metadata_t meta, inout standard
 
 /* The server found rewritten into the packet: a balanced get's destination (and its flow remembered, so its reply
  * leaves with the home's source), a reply's source; the flow of a get balanced upstream remembered here too.
- * Checksums are updated for the words that change (RFC 1624: HC' = ~(~HC + ~m + m')). */
+ * Checksums are updated for the words that change (RFC 1624: HC' = ~(~HC + ~m + m')), by bmv2's own one's complement
+ * sum (SUM_WORDS). */
 control MbRewrite(inout headers_t hdr, inout metadata_t meta, inout standard_metadata_t std) {
     @name(".MbIngress.key_per_replica")
     counter(MB_MAX_HOT * MB_MAX_REPLICAS, CounterType.packets) key_per_replica;  /* slot * 8 + position */
@@ -670,8 +683,7 @@ control MbRewrite(inout headers_t hdr, inout metadata_t meta, inout standard_met
         if (meta.upstream == 1 && meta.server_hit == 1 && meta.s.server_ip != hdr.ipv4.dst) {
             /* the reply leaves the replica through this switch first, maybe never through the one that balanced
              * the get: remember the home here too, marked, so the reply gets the home's IP and port here */
-            hash(meta.s.h, HashAlgorithm.crc32, 32w0, {hdr.ipv4.src, hdr.ports.src, hdr.frame.request_id},
-                 32w1 << MB_FLOW_BITS);
+            FLOW_SLOT(hdr.ipv4.src, hdr.ports.src, hdr.frame.request_id)
             bit<32> at = meta.s.h;
             flow_ids.write(at, hdr.ipv4.src ++ hdr.ports.src ++ hdr.frame.request_id);
             flow_homes.write(at, (bit<32>)hdr.ipv4.identification | FLOW_UPSTREAM);
@@ -683,8 +695,7 @@ control MbRewrite(inout headers_t hdr, inout metadata_t meta, inout standard_met
                 key_per_replica.count(meta.s.slot * MB_MAX_REPLICAS + meta.s.replica_position);
             }
             if (chosen != meta.s.home) {  /* remember the get, so its reply leaves with the home's source */
-                hash(meta.s.h, HashAlgorithm.crc32, 32w0, {hdr.ipv4.src, hdr.ports.src, hdr.frame.request_id},
-                 32w1 << MB_FLOW_BITS);
+                FLOW_SLOT(hdr.ipv4.src, hdr.ports.src, hdr.frame.request_id)
                 bit<32> at = meta.s.h;
                 flow_ids.write(at, hdr.ipv4.src ++ hdr.ports.src ++ hdr.frame.request_id);
                 flow_homes.write(at, meta.s.home);
@@ -692,48 +703,32 @@ control MbRewrite(inout headers_t hdr, inout metadata_t meta, inout standard_met
             /* The home's index goes in the IP ID (a get is one unfragmented datagram, whose ID nothing reads), so
              * that a switch further on, the replica's, can make the reply seem to come from the home when the reply
              * does not pass this one (a fabric that balances at the home's leaf). */
-            bit<16> marked = hdr.ipv4.flags_frag | IP_BALANCED;
-            bit<16> home_id = meta.s.home[15:0];
-            bit<32> sum = (bit<32>)(~hdr.ipv4.checksum)
-                + (bit<32>)(~hdr.ipv4.dst[31:16]) + (bit<32>)meta.s.server_ip[31:16]
-                + (bit<32>)(~hdr.ipv4.dst[15:0]) + (bit<32>)meta.s.server_ip[15:0]
-                + (bit<32>)(~hdr.ipv4.flags_frag) + (bit<32>)marked
-                + (bit<32>)(~hdr.ipv4.identification) + (bit<32>)home_id;
-            sum = (sum & 0xffff) + (sum >> 16);
-            sum = (sum & 0xffff) + (sum >> 16);
-            hdr.ipv4.checksum = ~sum[15:0];
+            meta.s.marked = hdr.ipv4.flags_frag | IP_BALANCED;
+            meta.s.home_id = meta.s.home[15:0];
+            SUM_WORDS(hdr.ipv4.checksum, hdr.ipv4.dst, hdr.ipv4.flags_frag, hdr.ipv4.identification)
+            SUM_WORDS(meta.s.csum, meta.s.server_ip, meta.s.marked, meta.s.home_id)
+            hdr.ipv4.checksum = meta.s.csum;
             if (hdr.udp.checksum != 0) {  /* 0: the sender sent none */
-                bit<32> u = (bit<32>)(~hdr.udp.checksum)
-                    + (bit<32>)(~hdr.ipv4.dst[31:16]) + (bit<32>)meta.s.server_ip[31:16]
-                    + (bit<32>)(~hdr.ipv4.dst[15:0]) + (bit<32>)meta.s.server_ip[15:0]
-                    + (bit<32>)(~hdr.ports.dst) + (bit<32>)meta.s.server_port;
-                u = (u & 0xffff) + (u >> 16);
-                u = (u & 0xffff) + (u >> 16);
-                hdr.udp.checksum = ~u[15:0] == 0 ? 16w0xffff : ~u[15:0];
+                SUM_WORDS(hdr.udp.checksum, hdr.ipv4.dst, hdr.ports.dst, 0)
+                SUM_WORDS(meta.s.csum, meta.s.server_ip, meta.s.server_port, 0)
+                hdr.udp.checksum = meta.s.csum == 0 ? 16w0xffff : meta.s.csum;
             }
             hdr.ipv4.dst = meta.s.server_ip;
-            hdr.ipv4.flags_frag = marked;
-            hdr.ipv4.identification = home_id;
+            hdr.ipv4.flags_frag = meta.s.marked;
+            hdr.ipv4.identification = meta.s.home_id;
             hdr.ports.dst = meta.s.server_port;
             hdr.ethernet.dst = meta.s.server_mac;
             count(C_BALANCED);
         }
         if (meta.rewrite_source == 1 && meta.server_hit == 1 &&
                 (meta.s.server_ip != hdr.ipv4.src || meta.s.server_port != hdr.ports.src)) {
-            bit<32> sum = (bit<32>)(~hdr.ipv4.checksum)
-                + (bit<32>)(~hdr.ipv4.src[31:16]) + (bit<32>)meta.s.server_ip[31:16]
-                + (bit<32>)(~hdr.ipv4.src[15:0]) + (bit<32>)meta.s.server_ip[15:0];
-            sum = (sum & 0xffff) + (sum >> 16);
-            sum = (sum & 0xffff) + (sum >> 16);
-            hdr.ipv4.checksum = ~sum[15:0];
+            SUM_WORDS(hdr.ipv4.checksum, hdr.ipv4.src, 0, 0)
+            SUM_WORDS(meta.s.csum, meta.s.server_ip, 0, 0)
+            hdr.ipv4.checksum = meta.s.csum;
             if (hdr.udp.checksum != 0) {
-                bit<32> u = (bit<32>)(~hdr.udp.checksum)
-                    + (bit<32>)(~hdr.ipv4.src[31:16]) + (bit<32>)meta.s.server_ip[31:16]
-                    + (bit<32>)(~hdr.ipv4.src[15:0]) + (bit<32>)meta.s.server_ip[15:0]
-                    + (bit<32>)(~hdr.ports.src) + (bit<32>)meta.s.server_port;
-                u = (u & 0xffff) + (u >> 16);
-                u = (u & 0xffff) + (u >> 16);
-                hdr.udp.checksum = ~u[15:0] == 0 ? 16w0xffff : ~u[15:0];
+                SUM_WORDS(hdr.udp.checksum, hdr.ipv4.src, hdr.ports.src, 0)
+                SUM_WORDS(meta.s.csum, meta.s.server_ip, meta.s.server_port, 0)
+                hdr.udp.checksum = meta.s.csum == 0 ? 16w0xffff : meta.s.csum;
             }
             hdr.ipv4.src = meta.s.server_ip;
             hdr.ports.src = meta.s.server_port;
