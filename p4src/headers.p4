@@ -250,7 +250,8 @@ header scratch_t {
     bit<64> unsure_count;
     bit<64> closed;
     bit<1> known;
-    bit<7> pad;            /* (bmv2: a header is whole bytes) */
+    bit<1> reported;       /* make_unsure_coalesced: unsure_reported's bit */
+    bit<6> pad;            /* (bmv2: a header is whole bytes) */
     bit<48> mac;
     bit<64> look;          /* parser: the next 8 bytes (fewer where the payload ends: zeros after them) */
     bit<8> look1;          /* parser: the next N bytes where fewer than 8 are left */
@@ -293,9 +294,12 @@ header scratch_t {
     bit<32> report_from;
     bit<32> sketch_estimate;
     bit<32> report_mask;     /* sketch_report_step: an estimate is reported where these bits are 0 */
+    bit<32> parity;          /* the sketch's epoch parity: which half of its counters */
     bit<16> marked;          /* rewrite: a balanced get's flags_frag, marked balanced, */
     bit<16> home_id;         /* ... and IP ID (its home) */
     bit<16> csum;            /* rewrite: a one's complement sum (SUM_WORDS) */
+    bit<32> index;           /* a register's value or a counter's index, computed before the call: as an expression
+                              * it would be a compiler temporary, a metadata field bmv2 zeroes for every packet */
 }
 
 /* The words a checksum update sums (p4src/mbalancer.p4, MbRewrite), given to bmv2's csum16 as a header whole: a list
