@@ -39,8 +39,8 @@
  *   registers (writes per slot, unsure per server) with a twin counter the controller reads; what the controller
  *   writes (the synced counts) is a table entry (`synced`); the lease is renewed by a PacketOut, which stores
  *   the switch's own clock + lease_us, and read by another, answered with a PacketIn of the microseconds left.
- * - Checksums are updated incrementally (RFC 1624) as in eBPF: v1model's update_checksum_with_payload would have
- *   to list every header of the parsed command line.
+ * - Checksums are updated incrementally (RFC 1624) as in eBPF, summed by bmv2's csum16 hash (SUM_WORDS): v1model's
+ *   update_checksum_with_payload would have to list every header of the parsed command line.
  * - Learned MACs and balanced gets live in hash-indexed registers (bmv2's CRC-32 picks the slot): a newer entry
  *   takes an older one's place where eBPF's LRU maps evict the least recently used.
  * - The hot-key sketch (the eBPF program's sketch.h: every get's key counted in a count-min sketch while a reader
