@@ -298,8 +298,8 @@ header scratch_t {
     bit<16> marked;          /* rewrite: a balanced get's flags_frag, marked balanced, */
     bit<16> home_id;         /* ... and IP ID (its home) */
     bit<16> csum;            /* rewrite: a one's complement sum (SUM_WORDS) */
-    bit<32> index;           /* a register's value or a counter's index, computed before the call: as an expression
-                              * it would be a compiler temporary, a metadata field bmv2 zeroes for every packet */
+    bit<32> index;           /* a register's value or a counter's index, computed before the extern is called
+                              * (ternaries in it as `if`s: p4c makes a temporary of a ternary) */
 }
 
 /* The words a checksum update sums (p4src/mbalancer.p4, MbRewrite), given to bmv2's csum16 as a header whole: a list

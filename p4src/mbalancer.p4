@@ -127,8 +127,8 @@ action stream_at(in bit<32> src, in bit<16> src_port, in bit<32> dst, in bit<16>
 
 /* The request may hold writes the pipeline cannot read: every hot key of its server is dirty from now on until
  * the controller has checked them; the controller gets a copy. Requests to no known server are not ours. */
-/* (n: the caller's scratch field, as are the values written: a local or an expression is a compiler temporary, a
- * metadata field bmv2 zeroes for every packet) */
+/* (n + 1 is stored in n before the write: an expression given to an extern is a compiler temporary, a metadata
+ * field bmv2 zeroes for every packet) */
 @name(".MbIngress.make_unsure") action make_unsure(in bit<32> server, inout bit<64> n, out bit<1> clone_it) {
     unsure.read(n, server);
     n = n + 1;
