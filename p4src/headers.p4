@@ -250,7 +250,8 @@ header scratch_t {
     bit<64> unsure_count;
     bit<64> closed;
     bit<1> known;
-    bit<7> pad;            /* (bmv2: a header is whole bytes) */
+    bit<1> reported;       /* make_unsure_coalesced: unsure_reported's bit */
+    bit<6> pad;            /* (bmv2: a header is whole bytes) */
     bit<48> mac;
     bit<64> look;          /* parser: the next 8 bytes (fewer where the payload ends: zeros after them) */
     bit<8> look1;          /* parser: the next N bytes where fewer than 8 are left */
@@ -293,6 +294,29 @@ header scratch_t {
     bit<32> report_from;
     bit<32> sketch_estimate;
     bit<32> report_mask;     /* sketch_report_step: an estimate is reported where these bits are 0 */
+    bit<32> parity;          /* the sketch's epoch parity: which half of its counters */
+    bit<16> marked;          /* rewrite: a balanced get's flags_frag, marked balanced, */
+    bit<16> home_id;         /* ... and IP ID (its home) */
+    bit<16> csum;            /* rewrite: a one's complement sum (SUM_WORDS) */
+    bit<32> index;           /* a register's value or a counter's index, computed before the extern is called
+                              * (ternaries in it as `if`s: p4c makes a temporary of a ternary) */
+}
+
+/* The words a checksum update sums (p4src/mbalancer.p4, MbRewrite), given to bmv2's csum16 as a header whole: a list
+ * of fields would be copied into compiler temporaries, metadata bmv2 zeroes for every packet. The checksum (or the
+ * sum so far), an address, two more words (0 where there are none: a 0 adds nothing to a one's complement sum). */
+header sum_t {
+    bit<16> sum;
+    bit<32> ip;
+    bit<16> w1;
+    bit<16> w2;
+}
+
+/* A balanced get's flow, whose CRC is its slot in flow_ids: a header for the same reason. */
+header flow_key_t {
+    bit<32> ip;          /* the client's */
+    bit<16> port;
+    bit<16> request_id;
 }
 
 /* The key and its length, zeroed by the parser where a command's key starts (key_start): as metadata, bmv2 would
@@ -349,6 +373,8 @@ struct metadata_t {
     bit<1> to_controller;    /* to one of the controller's addresses */
     bit<1> sketch_on;        /* sketch_control: a reader counts gets, in this epoch, reporting from this estimate */
     scratch_t s;           /* written before read: not zeroed per packet */
+    sum_t c;               /* likewise */
+    flow_key_t fk;         /* likewise */
 }
 
 #endif

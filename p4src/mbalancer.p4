@@ -39,8 +39,8 @@
  *   registers (writes per slot, unsure per server) with a twin counter the controller reads; what the controller
  *   writes (the synced counts) is a table entry (`synced`); the lease is renewed by a PacketOut, which stores
  *   the switch's own clock + lease_us, and read by another, answered with a PacketIn of the microseconds left.
- * - Checksums are updated incrementally (RFC 1624) as in eBPF: v1model's update_checksum_with_payload would have
- *   to list every header of the parsed command line.
+ * - Checksums are updated incrementally (RFC 1624) as in eBPF, summed by bmv2's csum16 hash (SUM_WORDS): v1model's
+ *   update_checksum_with_payload would have to list every header of the parsed command line.
  * - Learned MACs and balanced gets live in hash-indexed registers (bmv2's CRC-32 picks the slot): a newer entry
  *   takes an older one's place where eBPF's LRU maps evict the least recently used.
  * - The hot-key sketch (the eBPF program's sketch.h: every get's key counted in a count-min sketch while a reader
@@ -102,6 +102,19 @@ const bit<32> NO_SERVER = 0xffffffff;  /* server_wanted: no server lookup */
     h = h ^ (h >> 13);
 }
 
+/* A balanced get's flow: its slot in flow_ids, bmv2's CRC over the header meta.fk whole (a list would be copied into
+ * compiler temporaries, metadata bmv2 zeroes for every packet). A macro: an action or function given `meta` would
+ * copy the struct in and out. */
+#define FLOW_SLOT(IP, PORT, REQUEST_ID) \
+    meta.fk.setValid(); meta.fk.ip = IP; meta.fk.port = PORT; meta.fk.request_id = REQUEST_ID; \
+    hash(meta.s.h, HashAlgorithm.crc32, 32w0, meta.fk, 32w1 << MB_FLOW_BITS);
+
+/* meta.s.csum = ~(SUM + IP + W1 + W2), the one's complement sum by bmv2's own csum16 over the header meta.c (as
+ * expressions, ~100 big-number operations). Twice is RFC 1624's update: ~(HC + m) = ~HC + ~m, then ~(that + m'). */
+#define SUM_WORDS(SUM, IP, W1, W2) \
+    meta.c.setValid(); meta.c.sum = SUM; meta.c.ip = IP; meta.c.w1 = W1; meta.c.w2 = W2; \
+    hash(meta.s.csum, HashAlgorithm.csum16, 16w0, meta.c, 32w0x10000);
+
 /* Where a connection is kept as a stream (its slot in stream_ids), and its id there. */
 @name(".MbIngress.stream_at")
 action stream_at(in bit<32> src, in bit<16> src_port, in bit<32> dst, in bit<16> dst_port,
@@ -114,10 +127,12 @@ action stream_at(in bit<32> src, in bit<16> src_port, in bit<32> dst, in bit<16>
 
 /* The request may hold writes the pipeline cannot read: every hot key of its server is dirty from now on until
  * the controller has checked them; the controller gets a copy. Requests to no known server are not ours. */
-@name(".MbIngress.make_unsure") action make_unsure(in bit<32> server, out bit<1> clone_it) {
-    bit<64> n;
+/* (n + 1 is stored in n before the write: an expression given to an extern is a compiler temporary, a metadata
+ * field bmv2 zeroes for every packet) */
+@name(".MbIngress.make_unsure") action make_unsure(in bit<32> server, inout bit<64> n, out bit<1> clone_it) {
     unsure.read(n, server);
-    unsure.write(server, n + 1);
+    n = n + 1;
+    unsure.write(server, n);
     server_unsure.count(server);
     count(C_UNSURE);
     clone_it = 1;
@@ -126,14 +141,14 @@ action stream_at(in bit<32> src, in bit<16> src_port, in bit<32> dst, in bit<16>
 /* As make_unsure, for a request the controller cannot read either: copied only if no copy of such a request to
  * this server was made since the controller's last rearm (the check that copy starts covers this one). */
 @name(".MbIngress.make_unsure_coalesced")
-action make_unsure_coalesced(in bit<32> server, in bit<48> now, out bit<1> clone_it) {
-    bit<64> n;
+action make_unsure_coalesced(in bit<32> server, in bit<48> now, inout bit<64> n, inout bit<1> reported,
+                              out bit<1> clone_it) {
     unsure.read(n, server);
-    unsure.write(server, n + 1);
+    n = n + 1;
+    unsure.write(server, n);
     server_unsure.count(server);
     count(C_UNSURE);
     unsure_last.write(server, now);
-    bit<1> reported;
     unsure_reported.read(reported, server);
     unsure_reported.write(server, 1);
     clone_it = ~reported;
@@ -148,24 +163,30 @@ control MbControllerOps(inout headers_t hdr, inout metadata_t meta, inout standa
     @name(".MbIngress.lease_renewals") counter(1, CounterType.packets) lease_renewals;
     apply {
         if (hdr.packet_out.op == OP_LEASE) {
-            lease_until.write(0, std.ingress_global_timestamp + (bit<48>)hdr.packet_out.lease_us);
+            meta.s.until = std.ingress_global_timestamp + (bit<48>)hdr.packet_out.lease_us;
+            lease_until.write(0, meta.s.until);
             lease_renewals.count(0);  /* the controller waits for it: a lease it ends is over when it returns */
         } else if (hdr.packet_out.op == OP_REARM && hdr.packet_out.server < MB_MAX_SERVERS) {
             unsure_reported.write(hdr.packet_out.server, 0);
             unsure_last.read(meta.s.last, hdr.packet_out.server);
-            meta.s.quiet_us = meta.s.last == 0 ? 48w0xffffffffffff : std.ingress_global_timestamp - meta.s.last;
+            if (meta.s.last == 0) {
+                meta.s.quiet_us = 48w0xffffffffffff;
+            } else {
+                meta.s.quiet_us = std.ingress_global_timestamp - meta.s.last;
+            }
             meta.report = REPORT_QUIET;
             std.egress_spec = MB_CPU_PORT;  /* the answer: a PacketIn */
-            return;
         } else if (hdr.packet_out.op == OP_LEASE_QUERY) {
             lease_until.read(meta.s.until, 0);
-            bit<48> now = std.ingress_global_timestamp;
-            meta.s.quiet_us = meta.s.until > now ? meta.s.until - now : 48w0;  /* never given: until is 0 */
+            meta.s.quiet_us = 0;  /* over, or never given: until is 0 */
+            if (meta.s.until > std.ingress_global_timestamp) {
+                meta.s.quiet_us = meta.s.until - std.ingress_global_timestamp;
+            }
             meta.report = REPORT_LEASE_LEFT;
             std.egress_spec = MB_CPU_PORT;
-            return;
+        } else {
+            mark_to_drop(std);
         }
-        mark_to_drop(std);
     }
 }
 
@@ -316,7 +337,9 @@ control MbReadRequest(inout headers_t hdr, inout metadata_t meta, inout standard
             if (hdr.tcp.isValid() && (hdr.tcp.flags & (TCP_FIN | TCP_RST)) != 0 && meta.trusted == 1) {
                 /* the controller closes: the server's FIN will answer it */
                 mix(meta.s.h, hdr.ipv4.src ^ hdr.ipv4.dst ^ ((bit<32>)hdr.ports.src << 16 | (bit<32>)hdr.ports.dst));
-                closing.write(meta.s.h >> (32 - MB_CLOSING_BITS), hdr.ipv4.src ++ hdr.ports.src ++ hdr.ports.dst);
+                meta.s.h = meta.s.h >> (32 - MB_CLOSING_BITS);
+                meta.s.stored = hdr.ipv4.src ++ hdr.ports.src ++ hdr.ports.dst;
+                closing.write(meta.s.h, meta.s.stored);
             }
             if (hdr.tcp.isValid() && (hdr.ipv4.flags_frag & IP_BALANCED) == 0) {
                 stream_at(hdr.ipv4.src, hdr.ports.src, hdr.ipv4.dst, hdr.ports.dst,
@@ -493,13 +516,17 @@ control MbSketch(inout headers_t hdr, inout metadata_t meta, inout standard_meta
             sketch_cell();
             meta.s.cell_at = (3 << MB_SKETCH_BITS) | ((meta.s.first + 3 * meta.s.step) & meta.s.mask);
             sketch_cell();
-            bit<32> parity = (bit<32>)(meta.s.sketch_epoch & 1);
-            sketch_destinations.count(parity * (MB_MAX_SERVERS + 1) +
-                                      (meta.dest_known == 1 ? meta.s.dest_server : MB_MAX_SERVERS));
+            meta.s.parity = (bit<32>)(meta.s.sketch_epoch & 1);
+            meta.s.index = MB_MAX_SERVERS;
+            if (meta.dest_known == 1) {
+                meta.s.index = meta.s.dest_server;
+            }
+            meta.s.index = meta.s.parity * (MB_MAX_SERVERS + 1) + meta.s.index;
+            sketch_destinations.count(meta.s.index);
             meta.s.sketch_estimate = meta.s.estimate;
             sketch_report_step.apply();
             if (meta.s.estimate >= meta.s.report_from && (meta.s.estimate & meta.s.report_mask) == 0) {
-                sketch_digests.count(parity);
+                sketch_digests.count(meta.s.parity);
                 digest<sketch_report_t>(MB_SKETCH_DIGEST, {meta.s.sketch_epoch, meta.s.estimate, hdr.ipv4.dst,
                                                            hdr.ports.dst, meta.k.len, meta.k.key});
             }
@@ -516,16 +543,17 @@ control MbServerClosed(inout headers_t hdr, inout metadata_t meta, inout standar
     counter(MB_MAX_SERVERS, CounterType.packets) server_closes;  /* the twin of `closes` */
     apply {
         mix(meta.s.h, hdr.ipv4.dst ^ hdr.ipv4.src ^ ((bit<32>)hdr.ports.dst << 16 | (bit<32>)hdr.ports.src));
-        bit<32> at = meta.s.h >> (32 - MB_CLOSING_BITS);
-        closing.read(meta.s.stored, at);
+        meta.s.h = meta.s.h >> (32 - MB_CLOSING_BITS);
+        closing.read(meta.s.stored, meta.s.h);
         if (meta.s.stored == hdr.ipv4.dst ++ hdr.ports.dst ++ hdr.ports.src) {
-            closing.write(at, 0);  /* the answer to the controller's own close */
+            closing.write(meta.s.h, 0);  /* the answer to the controller's own close */
         } else {
             closes.read(meta.s.n64, meta.s.closing_server);
-            closes.write(meta.s.closing_server, meta.s.n64 + 1);
+            meta.s.n64 = meta.s.n64 + 1;
+            closes.write(meta.s.closing_server, meta.s.n64);
             server_closes.count(meta.s.closing_server);
             meta.s.dest_server = meta.s.closing_server;
-            make_unsure(meta.s.dest_server, meta.clone_it);
+            make_unsure(meta.s.dest_server, meta.s.n64, meta.clone_it);
         }
     }
 }
@@ -536,7 +564,8 @@ control MbSetMirror(inout headers_t hdr, inout metadata_t meta, inout standard_m
     @name(".MbIngress.key_mirrored") counter(MB_MAX_HOT, CounterType.packets) key_mirrored;  /* the twin of `writes` */
     apply {
         writes.read(meta.s.n64, meta.s.slot);
-        writes.write(meta.s.slot, meta.s.n64 + 1);
+        meta.s.n64 = meta.s.n64 + 1;
+        writes.write(meta.s.slot, meta.s.n64);
         key_mirrored.count(meta.s.slot);
         count(C_MIRRORED);
         meta.clone_it = meta.whole | meta.trusted;  /* else make_unsure clones it (once); the controller's own never
@@ -549,9 +578,10 @@ control MbSetMirror(inout headers_t hdr, inout metadata_t meta, inout standard_m
 control MbUnsureRequest(inout headers_t hdr, inout metadata_t meta, inout standard_metadata_t std) {
     apply {
         if (meta.coalesce == 1) {
-            make_unsure_coalesced(meta.s.dest_server, std.ingress_global_timestamp, meta.clone_it);
+            make_unsure_coalesced(meta.s.dest_server, std.ingress_global_timestamp, meta.s.n64, meta.s.reported,
+                                      meta.clone_it);
         } else {
-            make_unsure(meta.s.dest_server, meta.clone_it);
+            make_unsure(meta.s.dest_server, meta.s.n64, meta.clone_it);
         }
         if (hdr.tcp.isValid() && meta.mid_stream == 0) {  /* it may end inside a command: a stream from here */
             stream_at(hdr.ipv4.src, hdr.ports.src, hdr.ipv4.dst, hdr.ports.dst, meta.s.stream_slot, meta.s.stream_id);
@@ -626,7 +656,10 @@ control MbHotGet(inout headers_t hdr, inout metadata_t meta, inout standard_meta
             mix(meta.s.h, ((bit<32>)hdr.frame.request_id | ((bit<32>)hdr.ports.src << 16)) ^ hdr.ipv4.src);
             meta.s.point = meta.s.h[15:0];
             replicas.apply();
-            meta.s.server_wanted = meta.replica_hit == 1 ? meta.s.replica : meta.s.home;
+            meta.s.server_wanted = meta.s.home;
+            if (meta.replica_hit == 1) {
+                meta.s.server_wanted = meta.s.replica;
+            }
             if (meta.s.server_wanted != meta.s.home) {  /* it may have lost its copy since the controller looked */
                 meta.s.checked_server = meta.s.server_wanted;
                 meta.s.handled = 0;
@@ -647,8 +680,7 @@ control MbReplySource(inout headers_t hdr, inout metadata_t meta, inout standard
     apply {
         bit<64> id = hdr.ipv4.dst ++ hdr.ports.dst ++ hdr.frame.request_id;
         /* the get's flow (bmv2's own CRC: a mix in expressions costs it far more per packet) */
-        hash(meta.s.h, HashAlgorithm.crc32, 32w0, {hdr.ipv4.dst, hdr.ports.dst, hdr.frame.request_id},
-             32w1 << MB_FLOW_BITS);
+        FLOW_SLOT(hdr.ipv4.dst, hdr.ports.dst, hdr.frame.request_id)
         bit<32> at = meta.s.h;
         flow_ids.read(meta.s.stored, at);
         if (meta.s.stored == id) {
@@ -662,7 +694,8 @@ control MbReplySource(inout headers_t hdr, inout metadata_t meta, inout standard
 
 /* The server found rewritten into the packet: a balanced get's destination (and its flow remembered, so its reply
  * leaves with the home's source), a reply's source; the flow of a get balanced upstream remembered here too.
- * Checksums are updated for the words that change (RFC 1624: HC' = ~(~HC + ~m + m')). */
+ * Checksums are updated for the words that change (RFC 1624: HC' = ~(~HC + ~m + m')), by bmv2's own one's complement
+ * sum (SUM_WORDS). */
 control MbRewrite(inout headers_t hdr, inout metadata_t meta, inout standard_metadata_t std) {
     @name(".MbIngress.key_per_replica")
     counter(MB_MAX_HOT * MB_MAX_REPLICAS, CounterType.packets) key_per_replica;  /* slot * 8 + position */
@@ -670,70 +703,60 @@ control MbRewrite(inout headers_t hdr, inout metadata_t meta, inout standard_met
         if (meta.upstream == 1 && meta.server_hit == 1 && meta.s.server_ip != hdr.ipv4.dst) {
             /* the reply leaves the replica through this switch first, maybe never through the one that balanced
              * the get: remember the home here too, marked, so the reply gets the home's IP and port here */
-            hash(meta.s.h, HashAlgorithm.crc32, 32w0, {hdr.ipv4.src, hdr.ports.src, hdr.frame.request_id},
-                 32w1 << MB_FLOW_BITS);
-            bit<32> at = meta.s.h;
-            flow_ids.write(at, hdr.ipv4.src ++ hdr.ports.src ++ hdr.frame.request_id);
-            flow_homes.write(at, (bit<32>)hdr.ipv4.identification | FLOW_UPSTREAM);
+            FLOW_SLOT(hdr.ipv4.src, hdr.ports.src, hdr.frame.request_id)
+            meta.s.stored = hdr.ipv4.src ++ hdr.ports.src ++ hdr.frame.request_id;
+            flow_ids.write(meta.s.h, meta.s.stored);
+            meta.s.index = (bit<32>)hdr.ipv4.identification | FLOW_UPSTREAM;
+            flow_homes.write(meta.s.h, meta.s.index);
         }
         if (meta.balance == 1 && meta.server_hit == 1) {
             bit<32> chosen = meta.s.server_wanted;
             meta.hairpin = (bit<1>)(chosen != meta.s.home);
             if (meta.replica_hit == 1) {
-                key_per_replica.count(meta.s.slot * MB_MAX_REPLICAS + meta.s.replica_position);
+                meta.s.index = meta.s.slot * MB_MAX_REPLICAS + meta.s.replica_position;
+                key_per_replica.count(meta.s.index);
             }
             if (chosen != meta.s.home) {  /* remember the get, so its reply leaves with the home's source */
-                hash(meta.s.h, HashAlgorithm.crc32, 32w0, {hdr.ipv4.src, hdr.ports.src, hdr.frame.request_id},
-                 32w1 << MB_FLOW_BITS);
-                bit<32> at = meta.s.h;
-                flow_ids.write(at, hdr.ipv4.src ++ hdr.ports.src ++ hdr.frame.request_id);
-                flow_homes.write(at, meta.s.home);
+                FLOW_SLOT(hdr.ipv4.src, hdr.ports.src, hdr.frame.request_id)
+                meta.s.stored = hdr.ipv4.src ++ hdr.ports.src ++ hdr.frame.request_id;
+                flow_ids.write(meta.s.h, meta.s.stored);
+                flow_homes.write(meta.s.h, meta.s.home);
             }
             /* The home's index goes in the IP ID (a get is one unfragmented datagram, whose ID nothing reads), so
              * that a switch further on, the replica's, can make the reply seem to come from the home when the reply
              * does not pass this one (a fabric that balances at the home's leaf). */
-            bit<16> marked = hdr.ipv4.flags_frag | IP_BALANCED;
-            bit<16> home_id = meta.s.home[15:0];
-            bit<32> sum = (bit<32>)(~hdr.ipv4.checksum)
-                + (bit<32>)(~hdr.ipv4.dst[31:16]) + (bit<32>)meta.s.server_ip[31:16]
-                + (bit<32>)(~hdr.ipv4.dst[15:0]) + (bit<32>)meta.s.server_ip[15:0]
-                + (bit<32>)(~hdr.ipv4.flags_frag) + (bit<32>)marked
-                + (bit<32>)(~hdr.ipv4.identification) + (bit<32>)home_id;
-            sum = (sum & 0xffff) + (sum >> 16);
-            sum = (sum & 0xffff) + (sum >> 16);
-            hdr.ipv4.checksum = ~sum[15:0];
+            meta.s.marked = hdr.ipv4.flags_frag | IP_BALANCED;
+            meta.s.home_id = meta.s.home[15:0];
+            SUM_WORDS(hdr.ipv4.checksum, hdr.ipv4.dst, hdr.ipv4.flags_frag, hdr.ipv4.identification)
+            SUM_WORDS(meta.s.csum, meta.s.server_ip, meta.s.marked, meta.s.home_id)
+            hdr.ipv4.checksum = meta.s.csum;
             if (hdr.udp.checksum != 0) {  /* 0: the sender sent none */
-                bit<32> u = (bit<32>)(~hdr.udp.checksum)
-                    + (bit<32>)(~hdr.ipv4.dst[31:16]) + (bit<32>)meta.s.server_ip[31:16]
-                    + (bit<32>)(~hdr.ipv4.dst[15:0]) + (bit<32>)meta.s.server_ip[15:0]
-                    + (bit<32>)(~hdr.ports.dst) + (bit<32>)meta.s.server_port;
-                u = (u & 0xffff) + (u >> 16);
-                u = (u & 0xffff) + (u >> 16);
-                hdr.udp.checksum = ~u[15:0] == 0 ? 16w0xffff : ~u[15:0];
+                SUM_WORDS(hdr.udp.checksum, hdr.ipv4.dst, hdr.ports.dst, 0)
+                SUM_WORDS(meta.s.csum, meta.s.server_ip, meta.s.server_port, 0)
+                hdr.udp.checksum = meta.s.csum;
+                if (meta.s.csum == 0) {
+                    hdr.udp.checksum = 0xffff;  /* 0 says "none" */
+                }
             }
             hdr.ipv4.dst = meta.s.server_ip;
-            hdr.ipv4.flags_frag = marked;
-            hdr.ipv4.identification = home_id;
+            hdr.ipv4.flags_frag = meta.s.marked;
+            hdr.ipv4.identification = meta.s.home_id;
             hdr.ports.dst = meta.s.server_port;
             hdr.ethernet.dst = meta.s.server_mac;
             count(C_BALANCED);
         }
         if (meta.rewrite_source == 1 && meta.server_hit == 1 &&
                 (meta.s.server_ip != hdr.ipv4.src || meta.s.server_port != hdr.ports.src)) {
-            bit<32> sum = (bit<32>)(~hdr.ipv4.checksum)
-                + (bit<32>)(~hdr.ipv4.src[31:16]) + (bit<32>)meta.s.server_ip[31:16]
-                + (bit<32>)(~hdr.ipv4.src[15:0]) + (bit<32>)meta.s.server_ip[15:0];
-            sum = (sum & 0xffff) + (sum >> 16);
-            sum = (sum & 0xffff) + (sum >> 16);
-            hdr.ipv4.checksum = ~sum[15:0];
+            SUM_WORDS(hdr.ipv4.checksum, hdr.ipv4.src, 0, 0)
+            SUM_WORDS(meta.s.csum, meta.s.server_ip, 0, 0)
+            hdr.ipv4.checksum = meta.s.csum;
             if (hdr.udp.checksum != 0) {
-                bit<32> u = (bit<32>)(~hdr.udp.checksum)
-                    + (bit<32>)(~hdr.ipv4.src[31:16]) + (bit<32>)meta.s.server_ip[31:16]
-                    + (bit<32>)(~hdr.ipv4.src[15:0]) + (bit<32>)meta.s.server_ip[15:0]
-                    + (bit<32>)(~hdr.ports.src) + (bit<32>)meta.s.server_port;
-                u = (u & 0xffff) + (u >> 16);
-                u = (u & 0xffff) + (u >> 16);
-                hdr.udp.checksum = ~u[15:0] == 0 ? 16w0xffff : ~u[15:0];
+                SUM_WORDS(hdr.udp.checksum, hdr.ipv4.src, hdr.ports.src, 0)
+                SUM_WORDS(meta.s.csum, meta.s.server_ip, meta.s.server_port, 0)
+                hdr.udp.checksum = meta.s.csum;
+                if (meta.s.csum == 0) {
+                    hdr.udp.checksum = 0xffff;  /* 0 says "none" */
+                }
             }
             hdr.ipv4.src = meta.s.server_ip;
             hdr.ports.src = meta.s.server_port;
