@@ -36,6 +36,7 @@ SYNC_ROUNDS = 3  # rounds of a settle while writes keep landing (each re-copies)
 MIRROR_WAIT = 0.002  # seconds before looking again for the copy of a counted write the core has not had yet
 MIRRORS_LOST_AFTER = 0.1  # no copy of the key's writes for this long while some are missing: they were lost
 UNREADABLE_WAIT = 0.005  # before checking the keys of a request nobody could read: the home applies it first
+WRITE_LATE = 0.5  # s a mirrored write not at its home after SYNC_WAIT is given to land before its key is settled
 EXPIRY_SLACK = 2.0  # s: two reads of one item's expiry may differ this much (memcached counts whole seconds)
 EXPIRY_MARGIN = 2.5  # s before its home expires an item, gets for it go home (each server's clock ticks on its own)
 
@@ -139,10 +140,16 @@ class Coherence:
         hot.move(HotKeyState.DIRTY if hot.installed else HotKeyState.NOT_INSTALLED)
         if hot.unsynced_since is None:
             hot.unsynced_since = received
-        item = self._wait_for_write(hot, key, data)
+        item, shown = self._wait_for_write(hot, key, data)
         if isinstance(item, MetaError):
             return self.decide(Decision.ERROR, key,
                                f"mirrored write not synced, home unreadable (gets stay home): {item}")
+        if not shown:  # a write that failed never shows (an add of an existing key), but one held up on a busy
+            # switch or server lands late, and copies cleared now would be old then (a stale get on OpenFlow under
+            # load): gets stay home until the key is settled, the home's item pushed, WRITE_LATE from now
+            self.guard.schedule(RetryKind.SETTLE, key, KEY_LEVEL, "the mirrored write had not shown at its home",
+                                delay=WRITE_LATE)
+            return
         self.push(key, hot, item)
         self._synced(key, hot)  # every replica that holds the key holds the home's latest now
         self.settle([key])
@@ -280,20 +287,21 @@ class Coherence:
         hot.move(HotKeyState.DIRTY)
         self.settle([key])
 
-    def _wait_for_write(self, hot: HotKey, key: bytes, data: bytes | None) -> StoredItem | None | MetaError:
-        """The home's item once the mirrored write shows there, or as it is after SYNC_WAIT (a write that failed,
-        such as an add of an existing key, never shows; pushing the home's item is right then too)."""
+    def _wait_for_write(self, hot: HotKey, key: bytes,
+                        data: bytes | None) -> tuple[StoredItem | None | MetaError, bool]:
+        """The home's item, and whether the mirrored write showed there within SYNC_WAIT (else the item as it is
+        then)."""
         deadline, delay = self.clock() + SYNC_WAIT, 0.0005
         while True:
             try:
                 item = self.replicator.read(hot.placement.home, key)
             except MetaError as err:
-                return err
+                return err, False
             if item is None or item.cas != hot.synced_cas or (data is not None and item.value == data) \
                     or not self._same_expiry(hot, item.ttl):  # a gat or mg T changes the TTL alone
-                return item
+                return item, True
             if self.clock() >= deadline:
-                return item
+                return item, False
             self.sleep(delay)
             delay = min(2 * delay, 0.01)
 

@@ -288,6 +288,31 @@ def test_a_copied_write_settles_its_key_in_the_same_round(live):
     assert at(live, 1).value == b"v2" and not live.driver.dirty(KEY)
 
 
+def test_a_mirrored_write_that_lands_late_at_its_home_leaves_no_old_copy_clean(live):
+    """The copy came, but the write itself is held up on its way to the home (a busy OpenFlow switch under load):
+    after SYNC_WAIT the key stays dirty (gets go home) and is settled once the write had time to land. It was
+    cleared with the home's old item at once, and a get after the write's STORED read the old value at a replica."""
+    warm(live)
+    live.driver.count_write(KEY)
+    live.count_mirror(KEY, 0)
+    live.sync_batch({KEY: (b"v2", live.test_clock.now)}, {})  # not at the home yet
+    assert live.driver.dirty(KEY) and dict(live.hot_keys())[KEY].state is HotKeyState.DIRTY
+    client(live, 0).set(KEY, StoredItem(b"v2", 7, -1, 0))  # it lands
+    run_retries(live)
+    assert at(live, 1).value == b"v2" and not live.driver.dirty(KEY)
+
+
+def test_a_mirrored_write_that_never_lands_leaves_its_key_dirty_only_for_a_while(live):
+    """An add of an existing key, copied but refused at the home: the key is settled with the home's item."""
+    warm(live)
+    live.driver.count_write(KEY)
+    live.count_mirror(KEY, 0)
+    live.sync_batch({KEY: (b"refused", live.test_clock.now)}, {})
+    assert live.driver.dirty(KEY)
+    run_retries(live)
+    assert at(live, 1).value == b"v1" and not live.driver.dirty(KEY)
+
+
 def test_polling_finds_a_write_no_switch_saw_only_when_due(live):
     warm(live)
     client(live, 0).set(KEY, StoredItem(b"v2", 7, -1, 0))  # around the switch: no mirror
