@@ -91,12 +91,11 @@ def run_once(bed: Testbed, spec: ExperimentSpec, workload: Workload, mode: str, 
         check = _checker(generators, stack)
         _wait_started(bed, out, check)
         wait_until(time.monotonic() + spec.warmup, check)
-        # Measure what MBalancer does once it has acted on the warm-up's reports and its hot keys are clean
-        # (copies take a while over saturated links); the window starts then, for the servers' counters and the
-        # clients' records alike.
+        # Measure what MBalancer does once it has acted on the warm-up's reports (copies take a while over
+        # saturated links); the window starts then, for the servers' counters and the clients' records alike.
         if stack and not stack.wait_acted(WARM_WAIT):
-            log.warning("the controller had not acted on the warm-up, or its hot keys were not clean, after %g s "
-                        "more (%d reports): measuring anyway", WARM_WAIT, stack.reports())
+            log.warning("the controller had not acted on the warm-up after %g s more (%d reports): measuring "
+                        "anyway", WARM_WAIT, stack.reports())
         hot_keys = stack.hot_keys() if stack else 0
         if stack and not hot_keys and model_hot(workload, balancing, spec.most_hot()):
             log.warning("no hot key installed after the warm-up (the model has %d): MBalancer's run measures the "

@@ -15,7 +15,6 @@ from dataclasses import replace
 from pathlib import Path
 
 from controller.core import ControllerCore
-from controller.hot_keys import HotKeyState
 from controller.http_api import serve, start_serving
 from controller.ryu_manager import launch
 from dataplanes import registry
@@ -186,27 +185,14 @@ class MBalancerStack:
 
     def wait_acted(self, timeout: float) -> bool:
         """Wait until the controller has had the reports a key needs to turn hot (hysteresis, plus the monitor's
-        first, partial interval), has acted on them and every hot key it installed is clean (balanced: a dirty
-        one's gets go home while its copies are checked, which under load takes a while); False if that took
-        longer than `timeout` seconds. How soon the monitor starts reporting, and how long copies and checks take,
-        depend on the machine: a fixed warm-up alone does not say."""
+        first, partial interval) and has acted on them; False if that took longer than `timeout` seconds. How
+        soon the monitor starts reporting depends on the machine: a fixed warm-up alone does not say."""
         deadline = time.monotonic() + timeout
         needed = self.config.balancing.hysteresis + 1
         while self.reports() < needed and time.monotonic() < deadline:
             self.check_monitor()
             time.sleep(0.05)
-        if self.reports() < needed or not self.controller.wait_idle(max(deadline - time.monotonic(), 0)):
-            return False
-        while (unsettled := self.unsettled()) and time.monotonic() < deadline:
-            self.check_monitor()
-            time.sleep(0.1)
-        if unsettled:
-            log.warning("hot keys not clean after the warm-up: %s", ", ".join(unsettled))
-        return not unsettled
-
-    def unsettled(self) -> list[str]:
-        """The installed hot keys that are not clean, each with its state ("key:7 dirty")."""
-        return [f"{k['key']} {k['state']}" for k in self.state()["hot_keys"] if k["state"] != HotKeyState.CLEAN.value]
+        return self.reports() >= needed and self.controller.wait_idle(max(deadline - time.monotonic(), 0))
 
     def check_monitor(self) -> None:
         """Raise if the monitor process died (its own words)."""
