@@ -224,8 +224,8 @@ def _weights_moved(old: Placement, new: Placement, down: Iterable[int],
         return None  # a key keeps its group and home, so its replicas only change with the config
     flipped = [(r, w) for r, a, w in zip(new.replicas, old.weights, new.weights) if (a > 0) != (w > 0)]
     if flipped:
-        cause = ChangeCause.HEALTH if health or any(r in set(down) and w == 0 for r, w in flipped) \
-            else ChangeCause.LOAD
+        down = set(down)
+        cause = ChangeCause.HEALTH if health or any(r in down and w == 0 for r, w in flipped) else ChangeCause.LOAD
         changed = ", ".join(f"server {r} {'back in' if w > 0 else 'out'}" for r, w in flipped)
         return cause, f"{changed} ({'health' if cause is ChangeCause.HEALTH else 'measured load'})"
     step = max(abs(a - b) for a, b in zip(old.weights, new.weights))

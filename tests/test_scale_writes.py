@@ -172,7 +172,7 @@ def meeting_fabric(width: int, meet: float = MEET) -> tuple[SimulatedFabric, lis
     driver.tables = [Meeting(barrier) for _ in range(SWITCHES)]
     driver.attach(SERVERS, lambda frame: None)
     for tables in driver.tables:
-        tables.requests = 0  # what the change sends, not what attach read back
+        tables.calls.clear()  # what the change sends, not what attach read back
     return driver, driver.tables
 
 

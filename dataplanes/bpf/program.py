@@ -313,7 +313,7 @@ def remove_filters(iface: str, hook: str, netns: str | None = None, pref: int | 
 def has_clsact(iface: str, netns: str | None = None) -> bool:
     """Whether `iface` has a clsact qdisc (False for an interface that is not there)."""
     shown = subprocess.run(in_netns(netns) + ["tc", "-j", "qdisc", "show", "dev", iface], capture_output=True,
-                           text=True, timeout=30)
+                           text=True, timeout=TC_TIMEOUT)
     return shown.returncode == 0 and any(q.get("kind") == "clsact" for q in json.loads(shown.stdout or "[]"))
 
 

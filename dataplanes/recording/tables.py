@@ -31,7 +31,6 @@ class MemoryTables:
 
     def __init__(self, delay: float = 0.0):
         self.delay = delay
-        self.requests = 0
         self.calls: Counter = Counter()  # the table call (its method's name) -> requests it sent
         self.hot: dict[bytes, HotEntry] = {}
         self.written: Counter = Counter()  # slot -> writes counted since the switch was loaded
@@ -47,10 +46,14 @@ class MemoryTables:
 
     def _request(self, call: str) -> None:
         with self._serving:
-            self.requests += 1
             self.calls[call] += 1
             if self.delay:
                 time.sleep(self.delay)
+
+    @property
+    def requests(self) -> int:
+        """Requests sent to this switch so far, whatever the call."""
+        return sum(self.calls.values())
 
     # --- one call, one request ---------------------------------------------------------------------------------
     def set_hot(self, key: bytes, entry: HotEntry, old: HotEntry | None) -> None:
@@ -195,9 +198,9 @@ class MemoryTables:
 
     def reload(self) -> None:
         """The switch came back empty (restarted, reloaded): every table and count is new."""
-        delay, requests = self.delay, self.requests
+        delay, calls = self.delay, self.calls
         self.__init__(delay)
-        self.requests = requests
+        self.calls = calls
 
     def _slot_counts(self, entry: HotEntry) -> KeyCounts:
         counts = self.counts.setdefault(entry.slot, KeyCounts(0, 0, 0, []))
