@@ -238,11 +238,10 @@ def _rebuild(executor: "Executor", verdicts: Sequence[Verdict]) -> None:
             executor.decide(Decision.ERROR, verdict.key, f"read back not placeable, its rules not removed: "
                                                          f"{refused[verdict.key]}; its gets may be balanced until "
                                                          f"they are")
-    extras = [(v.key, [s for s in v.servers[1:] if s < len(executor.replicator.clients)])
-              for v in verdicts if v.key not in refused]
-    for key, failed in executor.replicator.delete_many(extras).items():  # every server at once
-        for server, error in failed.items():
-            executor.guard.schedule(RetryKind.DELETE, key, server, error)
+    for verdict in verdicts:
+        if verdict.key not in refused:
+            executor.delete_copies_later(verdict.key, [s for s in verdict.servers[1:]
+                                                       if s < len(executor.replicator.clients)])
 
 
 def _placement(key: FoundKey, group_of: Callable[[Sequence[int]], int]) -> Placement:

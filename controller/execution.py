@@ -7,7 +7,8 @@ Invariants (the reason for every ordering below):
   to the key counted in that stamp has been handled here. A write the data plane counts after the stamp
   keeps the key dirty. A replica whose copy or update failed gets weight 0 before the key is cleared, and is
   refilled with backoff.
-- On cool-down the rules go first, then the extra copies.
+- On cool-down the rules go first, then the extra copies, COPY_LINGER later: a get a switch balanced just before its
+  rules went may still be queued on its way (a busy replica's socket, a software switch) and must find its copy.
 - Mirrored writes are coalesced per key (only the latest value matters): for each key written in a batch, wait
   (briefly) until the home shows the latest write (its CAS changes, or for a set, the value equals the mirrored
   one), push the home's item to the replicas (or delete them), clear to the stamp, and check the CAS once more.
@@ -46,6 +47,7 @@ log = logging.getLogger(__name__)
 
 REFUSED_BACKOFF_MAX = 60.0  # seconds at most between installs of a key the driver keeps refusing
 REFILL_DELAY = 0.05  # after a server comes back: what it had queued while hung lands before it is refilled
+COPY_LINGER = 1.0  # seconds a cooled key's extra copies stay after its rules went (gets balanced before, in flight)
 
 
 class Copied(NamedTuple):
@@ -216,11 +218,15 @@ class Executor:
             self.guard.cancel(key, RetryKind.REFILL, RetryKind.RULES, RetryKind.SETTLE, RetryKind.INSTALL,
                               RetryKind.COOL)
             removed.append((change, [s for s in hot.placement.replicas if s != hot.placement.home]))
-        failures = self.replicator.delete_many([(change.key, extras) for change, extras in removed])
         for change, extras in removed:
-            for server, error in failures.get(change.key, {}).items():
-                self.guard.schedule(RetryKind.DELETE, change.key, server, error)
-            self.decide(Decision.COOL, change.key, f"{change.reason}; rules removed, then copies on {extras} deleted")
+            self.delete_copies_later(change.key, extras)
+            self.decide(Decision.COOL, change.key, f"{change.reason}; rules removed, copies on {extras} deleted "
+                                                   f"{COPY_LINGER:g} s later (for gets balanced before)")
+
+    def delete_copies_later(self, key: bytes, servers: Sequence[int]) -> None:
+        """Delete `key`'s copies on `servers` COPY_LINGER from now, its rules gone (a warm before that cancels it)."""
+        for server in servers:
+            self.guard.schedule(RetryKind.DELETE, key, server, "its rules went", delay=COPY_LINGER)
 
     def reweight(self, change: Change) -> None:
         """New weights; if the driver refuses, the old ones stay (both are safe) and the next report asks again."""
@@ -270,27 +276,38 @@ class Executor:
 
     # --- retries --------------------------------------------------------------------------------------------
     def run_due(self) -> None:
+        deletes = []
         for retry in self.retries.take_due():
-            self._run(retry)
+            if retry.action is RetryKind.DELETE:
+                deletes.append(retry)  # the round's deletes in one pipelined request per server
+            else:
+                self._run(retry)
+        if deletes:
+            self._delete(deletes)
+
+    def _delete(self, retries: list[Retry]) -> None:
+        servers: dict[bytes, list[int]] = {}
+        for retry in retries:
+            servers.setdefault(retry.key, []).append(retry.server)
+        failures = self.replicator.delete_many(list(servers.items()))
+        for retry in retries:
+            error = failures.get(retry.key, {}).get(retry.server)
+            if error is not None:
+                attempt = retry.attempt if retry.waiting else retry.attempt + 1
+                self.guard.schedule(RetryKind.DELETE, retry.key, retry.server, error, attempt)
 
     def _run(self, retry: Retry) -> None:
         hot = self.hot.get(retry.key)
         if retry.action in KEY_RETRIES and hot is None:
             return  # the key cooled meanwhile: nothing left to retry
         attempt = retry.attempt if retry.waiting else retry.attempt + 1
-        handlers = {RetryKind.REFILL: self._retry_refill, RetryKind.DELETE: self._retry_delete,
-                    RetryKind.RULES: self._retry_rules, RetryKind.SETTLE: self._retry_settle,
-                    RetryKind.INSTALL: self._retry_install, RetryKind.COOL: self._retry_cool,
-                    RetryKind.HOME_CHECK: self._retry_home_check}
+        handlers = {RetryKind.REFILL: self._retry_refill, RetryKind.RULES: self._retry_rules,
+                    RetryKind.SETTLE: self._retry_settle, RetryKind.INSTALL: self._retry_install,
+                    RetryKind.COOL: self._retry_cool, RetryKind.HOME_CHECK: self._retry_home_check}
         handlers[retry.action](retry, hot, attempt)
 
     def _retry_refill(self, retry: Retry, hot: HotKey | None, attempt: int) -> None:
         self._refill(retry)
-
-    def _retry_delete(self, retry: Retry, hot: HotKey | None, attempt: int) -> None:
-        failed = self.replicator.delete(retry.key, [retry.server])
-        if failed:
-            self.guard.schedule(RetryKind.DELETE, retry.key, retry.server, failed[retry.server], attempt)
 
     def _retry_rules(self, retry: Retry, hot: HotKey, attempt: int) -> None:
         self.guard.set_weights(retry.key, hot, attempt)

@@ -64,10 +64,11 @@ TRANSITIONS: dict[tuple[HotKeyState, HotKeyState], Transition] = {
     (S.NOT_INSTALLED, S.NOT_INSTALLED): Transition(
         "write copied", "the copy of a write to it handled while its rules are out", Stamp.FORGET),
     (S.NOT_INSTALLED, S.DIRTY): Transition("reinstall", "its rules installed again, dirty, then settled", Stamp.KEEP),
-    (S.DIRTY, S.REMOVED): Transition("cool", "cooled: its rules removed, then its extra copies", Stamp.KEEP),
+    (S.DIRTY, S.REMOVED): Transition(
+        "cool", "cooled: its rules removed, its extra copies deleted once gets on their way are answered", Stamp.KEEP),
     (S.CLEAN, S.REMOVED): Transition("cool", "the same from clean", Stamp.KEEP),
-    (S.NOT_INSTALLED, S.REMOVED): Transition("cool", "cooled: no rules to remove, its extra copies deleted",
-                                             Stamp.KEEP),
+    (S.NOT_INSTALLED, S.REMOVED): Transition(
+        "cool", "cooled: no rules to remove, its extra copies deleted once gets on their way are answered", Stamp.KEEP),
     (S.FOUND, S.CLEAN): Transition(
         "adopt", "clean in every switch that holds it, its lease live, every replica with weight holding its home's "
         "item: kept as it is, cleared to the counts the switches synced it to", Stamp.SET),
@@ -77,7 +78,8 @@ TRANSITIONS: dict[tuple[HotKeyState, HotKeyState], Transition] = {
         "settled", Stamp.KEEP),
     (S.FOUND, S.REMOVED): Transition(
         "rebuild", "its rules removed as it was read back (the switches disagree, it names servers the config does "
-        "not have, or the data plane cannot read it back): its extra copies deleted, the plan warms it again",
+        "not have, or the data plane cannot read it back): its extra copies deleted once gets on their way are "
+        "answered, the plan warms it again",
         Stamp.KEEP),
 }
 del S

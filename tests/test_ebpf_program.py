@@ -11,6 +11,7 @@ import re
 import pytest
 
 from dataplanes.bpf.bpf_syscall import VERIFIER_LIMIT, obj_get, prog_test_run, prog_verified_insns
+from dataplanes.bpf import program
 from dataplanes.bpf.program import SOURCE, DataPlane, available
 from dataplanes.bpf.tables import (HASH_MUL, STRUCT_SIZES, TCP_COUNTERS, U64_MASK, HotEntry, Tables, key_bucket,
                                    key_hash)
@@ -108,6 +109,23 @@ def test_pipeline_fixture(plane, case):
     finally:
         for hot in case.hot:
             tables.delete_hot(hot.key)
+
+
+def test_a_load_interrupted_midway_leaves_no_pins(monkeypatch):
+    """Ctrl-C or SIGTERM (an experiment's KeyboardInterrupt) between bpftool's load and its pins: nothing is left
+    for the next switch of that name to trip on (an interrupted demo left sw1's pins so)."""
+    loading = program._run
+
+    def interrupted_at_the_pins(args: list[str], what: str) -> str:
+        if args[:3] == ["bpftool", "prog", "pin"]:
+            raise KeyboardInterrupt
+        return loading(args, what)
+
+    monkeypatch.setattr(program, "_run", interrupted_at_the_pins)
+    plane = DataPlane(f"interrupted{os.getpid()}")
+    with pytest.raises(KeyboardInterrupt):
+        plane.load()
+    assert not plane.pin_dir.exists()
 
 
 def test_struct_sizes_match_the_loaded_maps(plane):

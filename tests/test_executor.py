@@ -16,7 +16,7 @@ import socket
 import pytest
 
 from controller.coherence import MIRRORS_LOST_AFTER, SYNC_ROUNDS, UNREADABLE_WAIT
-from controller.execution import REFUSED_BACKOFF_MAX, Executor
+from controller.execution import COPY_LINGER, REFUSED_BACKOFF_MAX, Executor
 from controller.hot_keys import HotKeyState
 from controller.planner import Change, ChangeAction, ChangeCause, Placement
 from controller.replicator import Replicator
@@ -253,6 +253,34 @@ def test_warm_copies_installs_dirty_then_clears(live):
     assert at(live, 1).value == b"v1" and at(live, 1).flags == 7
     assert calls(live)[:2] == ["install_hot_key", "write_stamp"] and "clear_dirty" in calls(live)
     assert dict(live.hot_keys())[KEY].state is HotKeyState.CLEAN and not live.driver.dirty(KEY)
+
+
+def cool(executor: Executor, keys=(KEY,)) -> None:
+    executor.apply(tuple(Change(ChangeAction.COOL, key, None, ChangeCause.HOT, "test") for key in keys))
+
+
+def test_a_cooled_keys_copies_stay_until_gets_balanced_before_its_rules_went_are_answered(live):
+    """A get a switch balanced just before the rules went may wait in a busy replica's queue: deleted at once, its
+    copy was gone when the get was read (a miss in a leaf-spine demo under load). The copies go COPY_LINGER later,
+    every key's in one pipelined round; a warm before that keeps them."""
+    keys = (KEY, b"hot:2")
+    client(live, 0).set(keys[1], StoredItem(b"v", 0, -1, 0))
+    warm(live, keys=keys)
+    cool(live, keys=keys)
+    assert not live.driver.table and at(live, 1).value == b"v1"  # rules gone, copies kept
+    live.test_clock.now += COPY_LINGER / 2
+    live.run_due()
+    assert at(live, 1).value == b"v1"
+    live.test_clock.now += COPY_LINGER / 2
+    live.run_due()
+    assert at(live, 1) is None and client(live, 1).get(keys[1]) is None and at(live, 0).value == b"v1"
+    assert live.next_due() is None
+    warm(live)
+    cool(live)
+    warm(live)  # hot again before its copies went: they stay, and no delete is left to take them later
+    live.test_clock.now += 2 * COPY_LINGER
+    live.run_due()
+    assert at(live, 1).value == b"v1" and live.driver.table[KEY]
 
 
 def test_keys_installed_together_settle_in_one_read_of_stamps_and_one_clear(live):

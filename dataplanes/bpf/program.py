@@ -220,7 +220,7 @@ class DataPlane:
                 if (loaded / function).exists():
                     _run(["bpftool", "prog", "pin", "pinned", str(loaded / function), str(self.pin_dir / pin)],
                          f"pinning {function} of {self.name}")
-        except DataPlaneError:
+        except BaseException:  # a tool's refusal, or Ctrl-C/SIGTERM midway: no half-loaded pins are left behind
             shutil.rmtree(self.pin_dir, ignore_errors=True)
             raise
         finally:

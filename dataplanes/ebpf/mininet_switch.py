@@ -39,7 +39,8 @@ class EbpfSwitch(Switch):
         return mirror_link_of(self.name)[1]
 
     def start(self, controllers) -> None:
-        self.plane = DataPlane(self.name).load()
+        self.plane = DataPlane(self.name)  # held before it loads: an interrupted start is still unloaded by stop
+        self.plane.load()
         intfs = [intf for intf in self.intfList() if intf.name != "lo"]
         ports = [intf.name for intf in intfs]
         flood = [intf.name for intf in intfs if peer_intf(intf).node.name not in self.flood_exclude]
@@ -69,12 +70,14 @@ class EbpfSwitch(Switch):
         super().stop(deleteIntfs)
 
     def _stop_plane(self) -> None:
-        if self.tcp_path is not None:
-            self.tcp_path.stop()
+        try:
+            if self.tcp_path is not None:
+                self.tcp_path.stop()
+        finally:  # the pins go even if the splitter's stop failed or was interrupted
             self.tcp_path = None
-        if self.plane is not None:
-            self.plane.unload()  # the mirror link with it
-            self.plane = None
+            if self.plane is not None:
+                self.plane.unload()  # the mirror link with it
+                self.plane = None
 
     def box_settings(self) -> dict[str, Any]:
         """The [dataplane.ebpf] section of the agent that drives this switch from its box (topologies/agents.py)."""

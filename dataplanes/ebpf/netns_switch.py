@@ -32,10 +32,12 @@ class EbpfPorts:
         self.start(self.ports)
 
     def close(self) -> None:
-        if self.tcp_path is not None:
-            self.tcp_path.stop()
+        try:
+            if self.tcp_path is not None:
+                self.tcp_path.stop()
+        finally:  # the pins go even if the splitter's stop failed or was interrupted
             self.tcp_path = None
-        self.plane.unload()
+            self.plane.unload()
 
     def driver_settings(self) -> dict[str, Any]:
         return {"switches": [self.plane.name]}
