@@ -114,14 +114,14 @@ def test_pipeline_fixture(plane, case):
 def test_a_load_interrupted_midway_leaves_no_pins(monkeypatch):
     """Ctrl-C or SIGTERM (an experiment's KeyboardInterrupt) between bpftool's load and its pins: nothing is left
     for the next switch of that name to trip on (an interrupted demo left sw1's pins so)."""
-    loading = program._run
+    loading = program.run_tool
 
     def interrupted_at_the_pins(args: list[str], what: str) -> str:
         if args[:3] == ["bpftool", "prog", "pin"]:
             raise KeyboardInterrupt
         return loading(args, what)
 
-    monkeypatch.setattr(program, "_run", interrupted_at_the_pins)
+    monkeypatch.setattr(program, "run_tool", interrupted_at_the_pins)
     plane = DataPlane(f"interrupted{os.getpid()}")
     with pytest.raises(KeyboardInterrupt):
         plane.load()

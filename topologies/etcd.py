@@ -29,7 +29,7 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-from dataplanes.bpf.program import _run, compile_bpf
+from dataplanes.bpf.program import compile_bpf, run_tool
 from mbalancer.memcache.server import free_port
 from mbalancer.processes import stop_process
 
@@ -203,9 +203,9 @@ class EtcdCluster:
         built = compile_bpf(PEER_CUT, self.folder / f"etcd-peer-cut-{member.name}.o", "the etcd peer cut",
                             [f"PEERS={ports}"])
         member.cut = BPFFS / f"{self.token}-{member.name}"
-        _run(["bpftool", "prog", "load", str(built), str(member.cut), "type", "cgroup/skb"], "loading the peer cut")
+        run_tool(["bpftool", "prog", "load", str(built), str(member.cut), "type", "cgroup/skb"], "loading the peer cut")
         for direction in ("ingress", "egress"):
-            _run(["bpftool", "cgroup", "attach", str(member.cgroup), direction, "pinned", str(member.cut)],
+            run_tool(["bpftool", "cgroup", "attach", str(member.cgroup), direction, "pinned", str(member.cut)],
                  f"attaching the peer cut ({direction})")
 
     def heal_peers(self, index: int) -> None:

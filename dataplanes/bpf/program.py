@@ -92,11 +92,14 @@ class DataPlaneError(RuntimeError):
     """The program could not be built, loaded or attached; the message carries the tool's own words."""
 
 
-def _run(args: list[str], what: str) -> str:
+def run_tool(args: list[str], what: str, timeout: float | None = None) -> str:
+    """Run one of the tools (bpftool, clang, tc, ip): its output, or a DataPlaneError in its own words."""
     try:
-        result = subprocess.run(args, capture_output=True, text=True)
+        result = subprocess.run(args, capture_output=True, text=True, timeout=timeout)
     except FileNotFoundError:
         raise DataPlaneError(f"{what}: {args[0]} is not installed (install/apt-packages.txt; run make install)")
+    except subprocess.TimeoutExpired:
+        raise DataPlaneError(f"{what} failed: {args[0]} did not answer in {timeout:g} s")
     if result.returncode:
         raise DataPlaneError(f"{what} failed: {(result.stderr or result.stdout).strip()[-2000:]}")
     return result.stdout
@@ -116,7 +119,7 @@ def compile_bpf(source: Path, target: Path, what: str, defines: Sequence[str] = 
     """clang a BPF C source into an object (warnings are errors); DataPlaneError with clang's words if it fails."""
     target.parent.mkdir(exist_ok=True)
     arch = subprocess.run(["gcc", "-dumpmachine"], capture_output=True, text=True).stdout.strip() or "x86_64-linux-gnu"
-    _run(["clang", "-O2", "-g", "-Wall", "-Werror", "-target", "bpf", f"-I/usr/include/{arch}",
+    run_tool(["clang", "-O2", "-g", "-Wall", "-Werror", "-target", "bpf", f"-I/usr/include/{arch}",
           *(f"-D{d}" for d in defines), "-c", str(source), "-o", str(target)], f"compiling {what}")
     return target
 
@@ -147,7 +150,7 @@ def mount_bpffs() -> None:
     if problem := bpffs_problem():
         raise DataPlaneError(problem)
     if not _is_mount_point(BPFFS):
-        _run(["mount", "-t", "bpf", "bpf", str(BPFFS)], "mounting bpffs")
+        run_tool(["mount", "-t", "bpf", "bpf", str(BPFFS)], "mounting bpffs")
 
 
 def bpffs_problem() -> str | None:
@@ -214,11 +217,11 @@ class DataPlane:
         self.pin_dir.mkdir(parents=True)
         loaded = self.pin_dir / "loaded"  # every program of the object, by function name, before their own pins
         try:
-            _run(["bpftool", "prog", "loadall", str(build(program=self.program)), str(loaded),
+            run_tool(["bpftool", "prog", "loadall", str(build(program=self.program)), str(loaded),
                   "type", "classifier", "pinmaps", str(self.pin_dir)], f"loading the program for {self.name}")
             for function, pin in PROGRAM_PINS.items():
                 if (loaded / function).exists():
-                    _run(["bpftool", "prog", "pin", "pinned", str(loaded / function), str(self.pin_dir / pin)],
+                    run_tool(["bpftool", "prog", "pin", "pinned", str(loaded / function), str(self.pin_dir / pin)],
                          f"pinning {function} of {self.name}")
         except BaseException:  # a tool's refusal, or Ctrl-C/SIGTERM midway: no half-loaded pins are left behind
             shutil.rmtree(self.pin_dir, ignore_errors=True)
@@ -232,7 +235,7 @@ class DataPlane:
         beside its tc program; its pin."""
         pin = self.pin_dir / XDP_PIN
         maps = [m for m in sorted(self.pin_dir.iterdir()) if m.name not in (*PROGRAM_PINS.values(), XDP_PIN)]
-        _run(["bpftool", "prog", "load", str(build(program=CLASSIFIER_XDP)), str(pin), "type", "xdp",
+        run_tool(["bpftool", "prog", "load", str(build(program=CLASSIFIER_XDP)), str(pin), "type", "xdp",
               *(arg for m in maps for arg in ("map", "name", m.name, "pinned", str(m)))],
              f"loading the XDP classifier for {self.name}")
         return pin
@@ -244,20 +247,20 @@ class DataPlane:
         if has_clsact(iface, netns):
             remove_filters(iface, self.program.hook, netns)
         else:
-            _run(prefix + ["tc", "qdisc", "add", "dev", iface, "clsact"], f"clsact on {iface}")
-        _run(prefix + ["tc", "filter", "add", "dev", iface, self.program.hook, "bpf", "direct-action",
+            run_tool(prefix + ["tc", "qdisc", "add", "dev", iface, "clsact"], f"clsact on {iface}")
+        run_tool(prefix + ["tc", "filter", "add", "dev", iface, self.program.hook, "bpf", "direct-action",
                        "object-pinned", str(self.program_pin)], f"attaching to {iface}")
         self.attached.append(iface if not netns else f"{netns}:{iface}")
 
     def add_mirror_link(self) -> int:
         """Make the mirror link; returns the ifindex of its switch side (settings.controller_ifindex)."""
         switch_side = mirror_link_of(self.name)[0]
-        _run(["ip", "link", "add", switch_side, "type", "veth", "peer", "name", self.mirror_iface],
+        run_tool(["ip", "link", "add", switch_side, "type", "veth", "peer", "name", self.mirror_iface],
              f"mirror link of {self.name}")
         self.mirror_link = True
         for iface in (switch_side, self.mirror_iface):
             subprocess.run(["sysctl", "-qw", f"net.ipv6.conf.{iface}.disable_ipv6=1"], capture_output=True)
-            _run(["ip", "link", "set", iface, "up"], f"bringing {iface} up")
+            run_tool(["ip", "link", "set", iface, "up"], f"bringing {iface} up")
         return socket.if_nametoindex(switch_side)
 
     def serve(self, ports: Sequence[str], mirror_ifindex: int = 0, memcached_ports: Sequence[int] = (11211,),

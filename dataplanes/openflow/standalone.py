@@ -17,8 +17,8 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Sequence
 
-from dataplanes.bpf.program import (CLASSIFIER, XDP_PIN, DataPlane, DataPlaneError, has_clsact, loaded_switches,
-                                    remove_empty_clsact, remove_filters, tc_filters)
+from dataplanes.bpf.program import (CLASSIFIER, TC_TIMEOUT, XDP_PIN, DataPlane, DataPlaneError, has_clsact,
+                                    loaded_switches, remove_empty_clsact, remove_filters, run_tool, tc_filters)
 from dataplanes.bpf.records import RECORDS, read_record, unload_and_forget, write_record
 from dataplanes.openflow.box import DATAPATHS, BoxError, Hook, OvsBox, plan
 from dataplanes.openflow.classifier import fill
@@ -88,37 +88,33 @@ def attach(name: str, bridge: str, rundir: str, memcached_ports: Sequence[int], 
         xdp = plane.load_xdp() if any(h.direction == "xdp" for h in hooks) else None
         for hook in hooks:
             if hook.direction == "xdp":
-                _tc(["ip", "link", "set", "dev", hook.port, "xdp", "pinned", str(xdp)], f"the classifier at "
-                                                                                          f"{hook.describe()}")
+                run_tool(["ip", "link", "set", "dev", hook.port, "xdp", "pinned", str(xdp)],
+                         f"the classifier at {hook.describe()}", TC_TIMEOUT)
                 continue
             if not has_clsact(hook.port):  # recorded before it is made: detach removes it whatever happens next
                 record = replace(record, made_qdiscs=record.made_qdiscs + (hook.port,))
                 record.write()
-                _tc(["tc", "qdisc", "add", "dev", hook.port, "clsact"], f"clsact on {hook.port}")
-            _tc(["tc", "filter", "add", "dev", hook.port, hook.direction, "pref", str(PREF), "bpf", "direct-action",
-                 "object-pinned", str(plane.program_pin)], f"the classifier at {hook.describe()}")
+                run_tool(["tc", "qdisc", "add", "dev", hook.port, "clsact"], f"clsact on {hook.port}", TC_TIMEOUT)
+            run_tool(["tc", "filter", "add", "dev", hook.port, hook.direction, "pref", str(PREF), "bpf",
+                      "direct-action", "object-pinned", str(plane.program_pin)], f"the classifier at {hook.describe()}",
+                     TC_TIMEOUT)
     except (DataPlaneError, OSError, subprocess.SubprocessError) as err:
         detach(name)
         raise DataPlaneError(str(err)) from None
     return record
 
 
-def _tc(args: list[str], what: str) -> None:
-    result = subprocess.run(args, capture_output=True, text=True, timeout=30)
-    if result.returncode:
-        raise DataPlaneError(f"{what}: {(result.stderr or result.stdout).strip()[-500:]}")
-
-
 def _xdp_id(port: str) -> int:
     """The id of the XDP program on `port` (0: none)."""
-    shown = subprocess.run(["ip", "-j", "link", "show", "dev", port], capture_output=True, text=True, timeout=30)
+    shown = subprocess.run(["ip", "-j", "link", "show", "dev", port], capture_output=True, text=True,
+                           timeout=TC_TIMEOUT)
     links = json.loads(shown.stdout or "[]") if shown.returncode == 0 else []
     return int(links[0].get("xdp", {}).get("prog", {}).get("id", 0)) if links else 0
 
 
 def _pinned_id(pin: Path) -> int:
     shown = subprocess.run(["bpftool", "-j", "prog", "show", "pinned", str(pin)], capture_output=True, text=True,
-                           timeout=30)
+                           timeout=TC_TIMEOUT)
     return int(json.loads(shown.stdout).get("id", 0)) if shown.returncode == 0 else 0
 
 
@@ -133,7 +129,8 @@ def detach(name: str) -> list[str]:
             removed.append(f"nothing at {hook.describe()} (the port is gone)")
         elif hook.direction == "xdp":
             if ours and _xdp_id(hook.port) == ours:  # a program someone put there since stays
-                subprocess.run(["ip", "link", "set", "dev", hook.port, "xdp", "off"], capture_output=True, timeout=30)
+                subprocess.run(["ip", "link", "set", "dev", hook.port, "xdp", "off"], capture_output=True,
+                               timeout=TC_TIMEOUT)
                 removed.append(f"the classifier at {hook.describe()}")
         else:
             if any(f.get("pref") == PREF for f in tc_filters(hook.port, hook.direction)):
