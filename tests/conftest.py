@@ -110,6 +110,23 @@ def memcached_answers(ip: str, port: int = 11211) -> bool:
     return answers(ServerAddress(ip, port))
 
 
+def store_closed(address, key: bytes, value: bytes = b"v", timeout: float = 10.0) -> None:
+    """Set `key` at a server from this host over a connection closed both ways before this returns: the server's
+    FIN has come back through every switch. A switch attached between the two FINs takes the server's for a close
+    of its own (the server may have restarted): it copies it to the controller and holds the server's keys dirty."""
+    import socket
+    with socket.create_connection(tuple(address), timeout=timeout) as sock:
+        sock.sendall(b"set %s 0 0 %d\r\n%s\r\n" % (key, len(value), value))
+        reply = b""
+        while not reply.endswith(b"\r\n") and len(reply) < 64:
+            reply += sock.recv(64) or b"\r\n"
+        assert reply == b"STORED\r\n", (address, reply)
+        sock.shutdown(socket.SHUT_WR)
+        for _ in range(16):  # bounded: the server answers our FIN with its own (b""); recv times out otherwise
+            if not sock.recv(64):
+                break
+
+
 def wait_for_line(process, text: str, timeout: float = 30.0) -> str:
     """Read the process's stderr (a text pipe) until a line contains `text`; returns what was read. Fails the test
     if the process exits or the time runs out first (start-up time depends on the machine: wait, never guess)."""

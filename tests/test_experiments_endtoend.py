@@ -21,7 +21,7 @@ from experiments.endtoend.spec import PRESETS
 from experiments.endtoend.sweep import medians, spec_dict, write_outputs
 from mbalancer.config import Balancing
 from mbalancer.memcache.addresses import ServerAddress
-from tests.conftest import eventually, why_no_mininet
+from tests.conftest import eventually, store_closed, why_no_mininet
 from dataplanes import registry
 from dataplanes.bpf.program import CLASSIFIER, PIN_ROOT
 from dataplanes.openflow.ovs import RUN_ROOT
@@ -229,13 +229,12 @@ def test_leaf_spine_on_bmv2_floods_along_the_tree_and_balances_each_get_once(tmp
     if (why := registry.get("p4").available()) is not None:
         pytest.skip(f"the p4 data plane cannot run here: {why}")
     from dataplanes.driver import ReplicaWeight
-    from mbalancer.memcache.meta import MetaClient, StoredItem
     from topologies.testbed import Testbed
     spec = TestbedSpec(topology="leafspine", servers=2, clients=2, leaves=2, spines=2, dataplane="p4")
     with Testbed(spec) as bed:
         assert bed.net.pingAll(timeout=2) == 0.0
         for address in bed.addresses:
-            MetaClient(address).set(b"k", StoredItem(b"v", 0, -1, 0))
+            store_closed(address, b"k")
         kind = registry.get("p4")
         driver = kind.make_driver(bed.dataplane().settings)
         driver.attach(bed.servers, lambda frame: None)
@@ -279,9 +278,8 @@ def fabric_with_a_hot_key(bed):
     """The fabric's driver, attached, with key k (value v at both servers) installed at its home srv1, balanced
     50/50 and clean; and the list its mirrored writes go to."""
     from dataplanes.driver import ReplicaWeight
-    from mbalancer.memcache.meta import MetaClient, StoredItem
     for address in bed.addresses:
-        MetaClient(address).set(b"k", StoredItem(b"v", 0, -1, 0))
+        store_closed(address, b"k")  # both FINs passed: none is taken for the server's own close once attached
     mirrors: list[bytes] = []
     driver = registry.get("agent").make_driver(bed.dataplane().settings)
     driver.attach(bed.servers, mirrors.append)

@@ -10,7 +10,7 @@ from dataclasses import replace
 import pytest
 
 from dataplanes import registry
-from tests.conftest import eventually, why_no_mininet
+from tests.conftest import eventually, store_closed, why_no_mininet
 from tests.test_experiments_endtoend import UDP_GETS, UDP_SETS
 from topologies.shapes import TopologyError
 from topologies.testbed import TestbedSpec
@@ -126,7 +126,6 @@ def test_each_hot_key_is_balanced_at_its_homes_leaf_whatever_it_runs(tmp_path, l
     home's leaf alone and spread over both servers, so each kind balances and each kind answers for the other's
     balanced gets; each write is mirrored once, and after one the key's gets go home."""
     from dataplanes.driver import ReplicaWeight
-    from mbalancer.memcache.meta import MetaClient, StoredItem
     from topologies.testbed import Testbed
     spec = replace(MIXED, dataplane=leaves[0], leaf_dataplanes=leaves)
     skip_unless_runs(spec)
@@ -138,7 +137,7 @@ def test_each_hot_key_is_balanced_at_its_homes_leaf_whatever_it_runs(tmp_path, l
             {"spine1": leaves[0], "spine2": leaves[0], "leaf1": leaves[0], "leaf2": leaves[1]}
         for address in bed.addresses:
             for key in (b"k", b"j"):
-                MetaClient(address).set(key, StoredItem(b"v", 0, -1, 0))
+                store_closed(address, key)
         mirrors: list[bytes] = []
         driver = registry.get("agent").make_driver(bed.dataplane().settings)
         try:
