@@ -20,7 +20,7 @@ import queue
 import threading
 import time
 from collections import Counter, deque
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from dataplanes.driver import Distrust, Driver, DriverError, FoundKey
 from controller.adoption import came_back, summary
@@ -47,6 +47,7 @@ log = logging.getLogger(__name__)
 DECISIONS_KEPT = 1000
 COPY_TIMEOUT = 0.5  # seconds a copy to or read from one server may take
 COUNT_EVERY = 1.0  # seconds between reads of the switch's per-key counters (the rates the planner trusts)
+UNCOUNTED_FOR = 3 * COUNT_EVERY  # a new key has a rate after two reads; a report alone cools it after this at most
 STALE_AFTER = 3  # intervals (monitor reports, counter reads) without a new one: the figures from them are stale
 BATCH_MAX = 1_000  # events handled in one batch at most (health changes wait at most for one batch's parsing)
 PUBLISH_SHARE = 0.1  # of the worker's time, at most, for the snapshots published after decisions (each H keys long:
@@ -246,13 +247,25 @@ class ControllerCore:
     def _on_report(self, report: MonitorReport, received: float) -> None:
         self.counts["reports"] += 1
         self.last_report, self.last_report_at = report, received
-        plan = self.planner.plan(report, self.executor.placements(), self._out(), self.switch_counts.snapshot.rates)
+        rates = self.switch_counts.snapshot.rates
+        plan = self.planner.plan(report, self.executor.placements(), self._out(), rates, self._uncounted(rates))
         self.last_plan = plan
         for key, why in plan.home_notes:
             self._decide(Decision.HOME, key, why)
+        for key in plan.cools_awaiting_counts:
+            self._decide(Decision.HOLD, key, "out of the report's top, kept until the switch has counted its gets "
+                                             "(installed or adopted too recently)")
         if plan.held:
             self._decide(Decision.HOLD, None, plan.held)
         self.executor.apply(plan.changes)
+
+    def _uncounted(self, rates: Mapping[bytes, float]) -> set[bytes]:
+        """Hot keys the data plane has no rate of yet, installed or adopted under UNCOUNTED_FOR ago: the first
+        report after a takeover may miss a key still in use, and only the switch can say it is."""
+        if not self.driver.counts_gets:
+            return set()
+        now = self.clock()
+        return {key for key, hot in self.executor.hot_keys() if key not in rates and now - hot.since < UNCOUNTED_FOR}
 
     def _count_gets(self) -> None:
         """Its own thread (a slow switch never holds up the worker): every COUNT_EVERY seconds, each installed key's

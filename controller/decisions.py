@@ -22,7 +22,7 @@ class Decision(str, Enum):
     ADOPT = "adopt"  # a hot key read back from the switches by a controller that took over, kept (clean or dirty)
     RECONCILE = "reconcile"  # a hot key read back from the switches that could not be kept: rules out, copies deleted
     HOME = "home"  # a key's gets go to another server than the configured hash says
-    HOLD = "hold"  # a plan's warms and load-driven reweights held back (do no harm)
+    HOLD = "hold"  # a plan's warms and load-driven reweights held back (do no harm), or a cool until counted
     SERVER_DOWN = "server-down"
     SERVER_UP = "server-up"
     SERVER_RESTARTED = "server-restarted"

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from enum import Enum
-from typing import Callable, Iterable, Mapping
+from typing import Callable, Collection, Iterable, Mapping
 
 import numpy as np
 
@@ -86,6 +86,7 @@ class Plan:
     held: str | None = None  # why warms and reweights were held back (do no harm)
     home_notes: tuple[tuple[bytes, str], ...] = ()  # keys whose traffic disagrees with the configured hash
     loads_without: tuple[float, ...] = ()  # gets/s per server where the clients' hash sends them (no balancing)
+    cools_awaiting_counts: tuple[bytes, ...] = ()  # out of the top, kept until the switch has counted their gets
 
     @property
     def imbalance_without(self) -> float:
@@ -106,9 +107,12 @@ class Planner:
         self.tracker = HotKeyTracker(balancing.hysteresis)
 
     def plan(self, report: MonitorReport, installed: Mapping[bytes, Placement],
-             down: Iterable[int] = (), switch_rates: Mapping[bytes, float] | None = None) -> Plan:
+             down: Iterable[int] = (), switch_rates: Mapping[bytes, float] | None = None,
+             uncounted: Collection[bytes] = ()) -> Plan:
         """switch_rates: gets/s of installed keys as the data plane counted them since the last report: the truth
-        for those keys, so a report that misses them (empty, late, sampled) does not cool keys still in use."""
+        for those keys, so a report that misses them (empty, late, sampled) does not cool keys still in use;
+        uncounted: installed keys the data plane counts but has no rate of yet (just installed or adopted): a
+        report alone does not cool them."""
         down = frozenset(down)
         reported = {k.key: k.rate for k in report.top}
         switch_rates = {k: r for k, r in (switch_rates or {}).items() if k in installed}
@@ -121,6 +125,8 @@ class Planner:
         rates = {k.key: k.rate for k in report.top}
         candidates = [k.key for k in report.top[:hot_target]]
         ready_warm, ready_cool = self.tracker.update(candidates, installed)
+        awaiting = tuple(key for key in ready_cool if key in uncounted and key not in switch_rates)
+        ready_cool = [key for key in ready_cool if key not in awaiting]
         changes = [Change(ChangeAction.COOL, key, None, ChangeCause.COLD,
                           f"out of the top {hot_target} for {self.tracker.streak(key)} reports "
                           f"({reported.get(key, 0.0):.0f} gets/s in the report, "
@@ -149,7 +155,7 @@ class Planner:
                 changes = kept
         without = estimate_loads(report, self.servers, self._home_in(installed), {}, measured)
         return Plan(tuple(changes), hot_target, tuple(loads), tuple(predicted), now, after,
-                    measured is not None, held, tuple(notes), tuple(float(x) for x in without))
+                    measured is not None, held, tuple(notes), tuple(float(x) for x in without), awaiting)
 
     def _home_in(self, installed: Mapping[bytes, Placement]) -> Callable[[bytes], int]:
         """An installed key's home is the one it was placed with; any other key's is learned or hashed."""

@@ -384,6 +384,24 @@ def test_a_new_leader_keeps_every_key_it_can_trust_with_no_table_write_and_no_co
         second.stop()
 
 
+def test_the_first_report_to_a_new_leader_cools_no_adopted_key_it_misses(servers):
+    """The switch has no rate of an adopted key until its counters were read twice: a report that misses the key
+    right after the takeover keeps it (the log says why), where it cooled and warmed it again (a bmv2 fabric's
+    failover under load did so)."""
+    first, _ = first_leader(servers)
+    second = take_over(servers, first, lambda switch: setattr(switch, "counts_gets", True))  # a switch that counts
+    try:
+        second.submit_report({"time": time.time(), "interval": 1.0, "rate": 4000.0,
+                              "top": [{"key": k.decode(), "rate": 1000.0} for k in KEYS[:2]]})  # KEYS[2] missed
+        assert second.wait_idle()
+        decided = [(d["action"], d["key"]) for d in second.decisions_made() if d["action"] != "adopt"]
+        assert decided == [("hold", KEYS[2].decode())], decided
+        assert [h["state"] for h in second.state()["hot_keys"]] == ["clean"] * 3
+        assert writes_to_the_switch(second.driver) == []
+    finally:
+        second.stop()
+
+
 def test_each_key_not_trusted_alone_is_rebuilt_and_the_log_says_why(servers):
     first, switch = first_leader(servers)
     stale, written, kept = KEYS
