@@ -721,6 +721,25 @@ def test_the_probe_finds_a_server_that_answers_tcp_but_not_udp():
         tcp_only.wait()
 
 
+@pytest.mark.parametrize("held, fails", [({}, False), ({3: 0.3}, False), ({3: 0.3, 9: 1.3}, True)])
+def test_one_udp_request_a_probe_has_no_answer_to_is_sent_again_and_a_second_fails_it(held, fails):
+    """A datagram now and then lost (or held up) on a saturated link is no fault; a reader that swallows more is.
+    `held`: the relay's requests (counted from 1, a request sent again counts) whose answer it holds for so many
+    seconds, past the probe's timeout (0.2 s, then 1 s once a late answer came in 0.3 s); it answers in order."""
+    from tests.udp_relay import UdpRelay
+    with MemcachedServer() as server:
+        delays = tuple(held.get(n, 0.0) for n in range(1, 20))
+        with UdpRelay(tuple(server.address), delays=delays) as relay:
+            prober = Prober(ServerAddress(*server.address), 0.2)
+            prober.address = ServerAddress(*relay.address)  # UDP through the relay (TCP was dialled already)
+            try:
+                error = prober.check()
+                assert (error is not None) == fails, error
+                assert error is None or (not error.tcp and "2 of " in error.why), error
+            finally:
+                prober.close()
+
+
 def test_health_probes_leave_no_trace_in_the_servers_statistics():
     """An operator's hit and miss rates stay the clients': the probes get, set and miss nothing, over TCP or UDP."""
     with MemcachedServer() as server:
