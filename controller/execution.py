@@ -355,22 +355,31 @@ class Executor:
         hot = self.hot.get(key)
         if hot is None or server in self.down:
             return
-        home = hot.placement.home
-        try:
-            item = self.replicator.read(home, key)
-        except MetaError as err:
-            return self.guard.schedule(RetryKind.REFILL, key, server, str(err), retry.attempt + 1)
-        failed = (self.replicator.delete(key, [server]) if item is None
-                  else self.replicator.write(key, item, [server]) if server != home else {})
-        if failed:
-            return self.guard.schedule(RetryKind.REFILL, key, server, failed[server], retry.attempt + 1)
-        if item is not None and item.cas != hot.synced_cas:
-            return self.guard.schedule(RetryKind.REFILL, key, server, "home changed during the refill",
-                                       retry.attempt + 1)
-        hot.holding.add(server)
+        if server != hot.placement.home and not self._copied_back(retry, hot):
+            return
+        hot.holding.add(server)  # (the home holds what its clients wrote: nothing is ever written or deleted there)
         self.guard.set_weights(key, hot)
         self.decide(Decision.REFILL, key, f"server {server} holds the value again; weights " + ", ".join(
             f"{r.server}={r.weight:.2f}" for r in hot.weights()))
+
+
+    def _copied_back(self, retry: Retry, hot: HotKey) -> bool:
+        """The home's item copied to the replica `retry.server` (or its copy deleted, the home holding none); else
+        the refill is tried again."""
+        key, server = retry.key, retry.server
+        try:
+            item = self.replicator.read(hot.placement.home, key)
+        except MetaError as err:
+            self.guard.schedule(RetryKind.REFILL, key, server, str(err), retry.attempt + 1)
+            return False
+        failed = self.replicator.delete(key, [server]) if item is None else self.replicator.write(key, item, [server])
+        if failed:
+            self.guard.schedule(RetryKind.REFILL, key, server, failed[server], retry.attempt + 1)
+            return False
+        if item is not None and item.cas != hot.synced_cas:
+            self.guard.schedule(RetryKind.REFILL, key, server, "home changed during the refill", retry.attempt + 1)
+            return False
+        return True
 
 
 def _errors(failed: dict[int, str]) -> str:

@@ -283,6 +283,28 @@ def test_a_cooled_keys_copies_stay_until_gets_balanced_before_its_rules_went_are
     assert at(live, 1).value == b"v1" and live.driver.table[KEY]
 
 
+@pytest.mark.parametrize("written_again", [False, True])
+def test_a_home_back_from_a_restart_gets_weight_again_and_is_never_written_or_deleted(live, written_again):
+    """The home is refilled like a replica once it answers again, but the home is where copies come from: its
+    "refill" deleted the key there when it came back empty, racing a client's write (memccapable's addq failed
+    through the switch), and a client's write after the restart left it without weight for good (its CAS never
+    matched the one the copies were made from)."""
+    warm(live)
+    live.server_down(0)
+    client(live, 0).delete(KEY)  # back empty ...
+    if written_again:
+        client(live, 0).set(KEY, StoredItem(b"v-after", 0, -1, 0))  # ... and a client wrote the key again
+    live.server_up(0)
+    sent = []
+    for name in ("write_many", "delete_many"):
+        real = getattr(live.replicator, name)
+        setattr(live.replicator, name, lambda batch, *a, _real=real, **k: sent.extend(batch) or _real(batch, *a, **k))
+    run_retries(live)
+    assert not [entry for entry in sent if 0 in entry[-1]], sent  # no write or delete to the home
+    assert (at(live, 0).value if written_again else at(live, 0)) == (b"v-after" if written_again else None)
+    assert {r.server: r.weight for r in live.driver.table[KEY].replicas}[0] > 0
+
+
 def test_keys_installed_together_settle_in_one_read_of_stamps_and_one_clear(live):
     keys = (KEY, b"hot:2", b"hot:3")
     for key in keys[1:]:

@@ -29,11 +29,21 @@ HOT = 6
 RESULT = re.compile(r"^(.+?)\s+\[(pass|fail|skipped)\]", re.MULTILINE)
 
 
-def memccapable(run, ip: str, port: int) -> dict[str, str]:
-    """memccapable's verdict per test ({name: pass|fail|skipped}); `run` runs a command where the client is."""
+class Verdicts(dict):
+    """memccapable's verdict per test ({name: pass|skipped}; a failed test prints its [FAIL] on stderr, so its name
+    runs into the next one's), with what it printed (shown when two runs differ)."""
+    output = ""
+
+    def __repr__(self) -> str:
+        return f"{dict(self)!r}\n--- memccapable printed:\n{self.output}"
+
+
+def memccapable(run, ip: str, port: int) -> Verdicts:
+    """`run` runs a command where the client is."""
     done = run(["memccapable", "-h", ip, "-p", str(port), "-t", "5"])
-    verdicts = dict(RESULT.findall(done.stdout))
-    assert len(verdicts) > 40, done.stdout + done.stderr  # the suite ran (54 tests in libmemcached 1.0.18)
+    verdicts = Verdicts(RESULT.findall(done.stdout))
+    verdicts.output = done.stdout + done.stderr
+    assert len(verdicts) > 40, verdicts.output  # the suite ran (54 tests in libmemcached 1.0.18)
     return verdicts
 
 
@@ -52,9 +62,13 @@ def test_memccapable_passes_through_the_switch_with_its_keys_hot_as_it_does_dire
         rig.wait_balanced()
         through_the_switch = memccapable(run, server.ip, MEMCACHED_PORT)
         state = rig.state()
-    assert through_the_switch == expected
+    assert through_the_switch == expected, through_the_switch.output
     assert state["counters"].get("internal_errors", 0) == 0
-    assert sum(k["mirrored"] for k in state["counters"]["data_plane"]["keys"].values()) > 0  # its writes to hot keys
+    # its hot keys are its binary tests' (test_binary_add, ...), written in the binary protocol, which the switch does
+    # not read: each such request made its server unsure (the hot keys there dirty) and was copied, not mirrored.
+    # (This counted mirrored writes: the controller's own deletes at a flushed home, a bug, were all it counted.)
+    switch = state["counters"]["data_plane"]["switch"]
+    assert switch["unsure"] > 0 and switch["cloned"] > 0, switch
     assert "Traceback" not in (tmp_path / "controller.log").read_text()
 
 
