@@ -108,9 +108,11 @@ def test_sets_are_stored_and_read_back(two_servers, protocol):
 @pytest.mark.parametrize("protocol", ["udp", "tcp"])
 def test_an_unreachable_server_costs_timeouts_not_the_run(populated, protocol):
     servers = (populated.servers[0], nobody_listens())
-    workload = Workload(servers=servers, keys=200, clients=8, requests=400, timeout=0.1, protocol=protocol)
+    # a timeout a busy machine's memcached on loopback answers within (0.1 s was not, once, with two CPU hogs)
+    timeout = 0.5
+    workload = Workload(servers=servers, keys=200, clients=8, requests=160, timeout=timeout, protocol=protocol)
     records = run_load(workload)
-    assert len(records) == 400
+    assert len(records) == 160
     asked = np.frombuffer(records.asked, dtype=np.int16)
     answered = np.frombuffer(records.answered, dtype=np.int16)
     outcome = np.frombuffer(records.outcome, dtype=np.int8)
@@ -120,7 +122,7 @@ def test_an_unreachable_server_costs_timeouts_not_the_run(populated, protocol):
     assert (outcome[lost] == failed).all()
     assert (answered[~lost] == 0).all()
     latency = np.frombuffer(records.latency, dtype=float)
-    assert (latency[lost] >= 0.1).all() and (latency[lost] < 0.5).all()
+    assert (latency[lost] >= timeout).all() and (latency[lost] < 3 * timeout).all()  # its timeout, once
 
 
 def test_tcp_timeout_reopens_the_connection(populated):
