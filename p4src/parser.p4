@@ -84,7 +84,6 @@
 
 parser MbParser(packet_in pkt, out headers_t hdr, inout metadata_t meta, inout standard_metadata_t std) {
     state start {
-        meta.s.setValid();
         meta.s.data_field = MB_NO_DATA;
         transition select(std.ingress_port) {
             MB_CPU_PORT: parse_packet_out;
