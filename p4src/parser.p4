@@ -53,11 +53,11 @@
         transition line_cr_found; }
 /* The next 8 bytes (at most `remaining`, zeros after them) are in meta.s.look: byte I of them is V */
 #define IS(V, I) 64w0x##V << (8 * (7 - I)) &&& 64w0xff << (8 * (7 - I))
-/* 32 bytes at once: meta.s.look32 holds them; each window of 8 (into meta.s.look) is checked for the bytes in ANY
- * (select entries), else FALLBACK (8 at a time from here). */
-#define LOOK_32(NAME, J, HI, ANY, NEXT) \
-    state NAME##_##J { meta.s.look = meta.s.look32[HI:HI - 63]; transition NAME##_##J##_is; } \
-    state NAME##_##J##_is { transition select(meta.s.look) { ANY; default: NEXT; } }
+/* Select entries on a 256-bit lookahead (32 bytes): byte value 0xV at any of the 32 positions goes to `to`. */
+#define AT32(v, i) (256w0x##v << (8 * (31 - i))) &&& (256w0xff << (8 * (31 - i)))
+#define ANY8_32(v, to, j) AT32(v, j): to; AT32(v, j + 1): to; AT32(v, j + 2): to; AT32(v, j + 3): to; \
+                          AT32(v, j + 4): to; AT32(v, j + 5): to; AT32(v, j + 6): to; AT32(v, j + 7): to
+#define ANY32_BYTE_IS(v, to) ANY8_32(v, to, 0); ANY8_32(v, to, 8); ANY8_32(v, to, 16); ANY8_32(v, to, 24)
 #define KEY_BYTE(I) (IS(20, I), _): key_space_##I; (IS(0d, I), _): key_cr_##I; (IS(0a, I), _): no_key; \
     (IS(00, I), _): no_key;
 #define LINE_BYTE(I) (_, _, I): accept; (IS(0d, I), _, _): line_tail_cr_##I; \
@@ -66,6 +66,10 @@
 #define LOOK_N(N) state look_##N { \
         meta.s.look##N = pkt.lookahead<bit<(8 * N)>>(); meta.s.look = (bit<64>)meta.s.look##N << (64 - 8 * N); \
         transition looked; }
+/* Entries of a select on (remaining, line_len, command): line_len is 256 or more (any of its high 8 bits set) */
+#define LEN_BIT(b, to) (_, 16w1 << b &&& 16w1 << b, _): to;
+#define LINE_LEN_256_UP(to) LEN_BIT(8, to) LEN_BIT(9, to) LEN_BIT(10, to) LEN_BIT(11, to) LEN_BIT(12, to) \
+    LEN_BIT(13, to) LEN_BIT(14, to) LEN_BIT(15, to)
 #define PART_WORD 0  /* meta.s.part: which part the look is for */
 #define PART_KEY 1
 #define PART_LINE 2
@@ -75,12 +79,18 @@
 #define KEY_ENDS_ANY(to) ANY_BYTE_IS(20, to); ANY_BYTE_IS(0d, to); ANY_BYTE_IS(0a, to); ANY_BYTE_IS(00, to)
 #define LINE_ENDS_ANY(to) ANY_BYTE_IS(0d, to)
 #define MG_ENDS_ANY(to) ANY_BYTE_IS(0d, to); ANY_BYTE_IS(54, to); ANY_BYTE_IS(4e, to); ANY_BYTE_IS(49, to)
+#define KEY_ENDS_ANY32(to) ANY32_BYTE_IS(20, to); ANY32_BYTE_IS(0d, to); ANY32_BYTE_IS(0a, to); ANY32_BYTE_IS(00, to)
+#define LINE_ENDS_ANY32(to) ANY32_BYTE_IS(0d, to)
+#define MG_ENDS_ANY32(to) ANY32_BYTE_IS(0d, to); ANY32_BYTE_IS(54, to); ANY32_BYTE_IS(4e, to); ANY32_BYTE_IS(49, to)
+/* 32 bytes at once: if any of them is one of the bytes in ANY (select entries on the 256-bit look), FALLBACK (8 at a
+ * time from here), else TAKE. (A select on a field the state set from a lookahead is on the field itself; one on an
+ * expression, or on a field set from one in the same state, is on a compiler temporary: metadata bmv2 zeroes for
+ * every packet.) */
 #define WINDOWS_32(NAME, ANY, FALLBACK, TAKE) \
-    state NAME { meta.s.look32 = pkt.lookahead<bit<256>>(); transition NAME##_0; } \
-    LOOK_32(NAME, 0, 255, ANY(FALLBACK), NAME##_1) \
-    LOOK_32(NAME, 1, 191, ANY(FALLBACK), NAME##_2) \
-    LOOK_32(NAME, 2, 127, ANY(FALLBACK), NAME##_3) \
-    LOOK_32(NAME, 3, 63, ANY(FALLBACK), TAKE)
+    state NAME { \
+        meta.s.look32 = pkt.lookahead<bit<256>>(); \
+        transition select(meta.s.look32) { ANY(FALLBACK); default: TAKE; } \
+    }
 
 parser MbParser(packet_in pkt, out headers_t hdr, inout metadata_t meta, inout standard_metadata_t std) {
     state start {
@@ -123,11 +133,12 @@ parser MbParser(packet_in pkt, out headers_t hdr, inout metadata_t meta, inout s
 
     state parse_ipv4_protocol {
         /* a later fragment has no transport header; a first one (more fragments) only its ports */
-        transition select(hdr.ipv4.flags_frag & 0x3fff, hdr.ipv4.protocol) {
-            (0, 17): parse_udp;
-            (0, 6): parse_tcp;
-            (0x2000, 17): parse_first_fragment;
-            (0x2000, 6): parse_first_fragment;
+        transition select(hdr.ipv4.flags_frag, hdr.ipv4.protocol) {  /* (masks: a select on an expression is on a
+                                                                       * compiler temporary) */
+            (0 &&& 0x3fff, 17): parse_udp;
+            (0 &&& 0x3fff, 6): parse_tcp;
+            (0x2000 &&& 0x3fff, 17): parse_first_fragment;
+            (0x2000 &&& 0x3fff, 6): parse_first_fragment;
             default: accept;
         }
     }
@@ -151,9 +162,9 @@ parser MbParser(packet_in pkt, out headers_t hdr, inout metadata_t meta, inout s
     state parse_udp_payload {
         meta.l4 = 1;
         meta.s.remaining = meta.s.payload_len;
-        transition select(meta.s.payload_len < 8) {
-            true: accept;
-            false: parse_frame;
+        transition select(meta.s.payload_len) {
+            0 &&& 0xfff8: accept;  /* shorter than a frame header (0..7) */
+            default: parse_frame;
         }
     }
 
@@ -214,7 +225,8 @@ parser MbParser(packet_in pkt, out headers_t hdr, inout metadata_t meta, inout s
     }
 
     state command4 {
-        transition select(pkt.lookahead<bit<32>>()) {
+        meta.s.look4 = pkt.lookahead<bit<32>>();
+        transition select(meta.s.look4) {
             0x67657420: get4;  /* "get " */
             0x73657420: set4;  /* "set " */
             default: word_probe_0;
@@ -320,14 +332,18 @@ parser MbParser(packet_in pkt, out headers_t hdr, inout metadata_t meta, inout s
         transition key32_step;
     }
 
-    state key32_step {
-        transition select(meta.s.remaining >= 32 && meta.k.len <= MB_MAX_KEY - 32) {
-            true: key32_look;
-            false: key_step;
+    state key32_step {  /* 32 more bytes in the payload and the key stays within MB_MAX_KEY: as masks (a select on an
+                         * expression is on a compiler temporary) */
+        transition select(meta.s.remaining, meta.k.len) {
+            (0 &&& 0xffe0, _): key_step;  /* remaining < 32 */
+            (_, 219): key_step;           /* len > MB_MAX_KEY - 32 (218): 219, */
+            (_, 220 &&& 0xfc): key_step;  /* ... 220..223, */
+            (_, 224 &&& 0xe0): key_step;  /* ... 224..255 */
+            default: key32_look;
         }
     }
 
-    WINDOWS_32(key32_look, KEY_ENDS_ANY, key_step, key32_take)
+    WINDOWS_32(key32_look, KEY_ENDS_ANY32, key_step, key32_take)
 
     state key32_take {
         pkt.extract(hdr.key32.next);
@@ -338,9 +354,12 @@ parser MbParser(packet_in pkt, out headers_t hdr, inout metadata_t meta, inout s
     }
 
     state key_step {  /* 8 bytes at a time from here (never 32 again: the key's bytes stay in order) */
-        transition select(meta.s.remaining >= 8 && meta.k.len <= MB_MAX_KEY - 8) {
-            true: key_words_look;
-            false: key_probe_0;
+        transition select(meta.s.remaining, meta.k.len) {
+            (0 &&& 0xfff8, _): key_probe_0;  /* remaining < 8 */
+            (_, 243): key_probe_0;           /* len > MB_MAX_KEY - 8 (242): 243, */
+            (_, 244 &&& 0xfc): key_probe_0;  /* ... 244..247, */
+            (_, 248 &&& 0xf8): key_probe_0;  /* ... 248..255 */
+            default: key_words_look;
         }
     }
 
@@ -497,15 +516,21 @@ parser MbParser(packet_in pkt, out headers_t hdr, inout metadata_t meta, inout s
     /* After the data length: 32 bytes at a time, then 8, while none of them is '\r' (nor, for mg, T, N or I) and
      * the line stays within MB_LINE_BYTES; then its last bytes. */
     state line32 {
-        transition select(meta.s.remaining >= 32 && meta.s.line_len <= MB_LINE_BYTES - 32, meta.command) {
-            (false, _): line_wide;
-            (true, CMD_READ): line32_mg;
+        transition select(meta.s.remaining, meta.s.line_len, meta.command) {  /* (as masks, as key32_step) */
+            (0 &&& 0xffe0, _, _): line_wide;        /* remaining < 32 */
+            (_, 225, _): line_wide;                 /* line_len > MB_LINE_BYTES - 32 (224): 225, */
+            (_, 226 &&& 0xfffe, _): line_wide;      /* ... 226..227, */
+            (_, 228 &&& 0xfffc, _): line_wide;      /* ... 228..231, */
+            (_, 232 &&& 0xfff8, _): line_wide;      /* ... 232..239, */
+            (_, 240 &&& 0xfff0, _): line_wide;      /* ... 240..255, */
+            LINE_LEN_256_UP(line_wide)              /* ... 256 and more */
+            (_, _, CMD_READ): line32_mg;
             default: line32_look;
         }
     }
 
-    WINDOWS_32(line32_look, LINE_ENDS_ANY, line_wide, line32_take)
-    WINDOWS_32(line32_mg, MG_ENDS_ANY, line_wide, line32_take)
+    WINDOWS_32(line32_look, LINE_ENDS_ANY32, line_wide, line32_take)
+    WINDOWS_32(line32_mg, MG_ENDS_ANY32, line_wide, line32_take)
 
     state line32_take {
         pkt.extract(hdr.line32.next);
@@ -515,9 +540,13 @@ parser MbParser(packet_in pkt, out headers_t hdr, inout metadata_t meta, inout s
     }
 
     state line_wide {  /* 8 at a time from here (never 32 again: the bytes stay in order) */
-        transition select(meta.s.remaining >= 8 && meta.s.line_len <= MB_LINE_BYTES - 8, meta.command) {
-            (false, _): line_tail;
-            (true, CMD_READ): line_words_look_mg;
+        transition select(meta.s.remaining, meta.s.line_len, meta.command) {
+            (0 &&& 0xfff8, _, _): line_tail;        /* remaining < 8 */
+            (_, 249, _): line_tail;                 /* line_len > MB_LINE_BYTES - 8 (248): 249, */
+            (_, 250 &&& 0xfffe, _): line_tail;      /* ... 250..251, */
+            (_, 252 &&& 0xfffc, _): line_tail;      /* ... 252..255, */
+            LINE_LEN_256_UP(line_tail)              /* ... 256 and more */
+            (_, _, CMD_READ): line_words_look_mg;
             default: line_words_look;
         }
     }
