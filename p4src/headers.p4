@@ -357,10 +357,6 @@ struct metadata_t {
     bit<1> request;        /* to a memcached port */
     bit<1> dest_known;     /* the destination is a server of the config */
     bit<1> trusted;        /* from the controller: its copies never make a server unsure */
-    bit<1> hot;
-    bit<1> synced_hit;
-    bit<1> replica_hit;
-    bit<1> server_hit;
     bit<1> clone_it;
     @field_list(MB_COPY_FIELDS)
     bit<32> stream_start;    /* the tracked connection's: where its unread stretch began */

@@ -88,7 +88,8 @@ register<bit<48>>(MB_MAX_SERVERS) unsure_last;     /* when the latest coalescabl
 @name(".MbIngress.server_unsure")
 counter(MB_MAX_SERVERS, CounterType.packets) server_unsure;  /* the twin of `unsure` */
 
-const bit<32> NO_SERVER = 0xffffffff;  /* server_wanted: no server lookup */
+const bit<32> NO_SERVER = 0xffffffff;  /* server_wanted: no server lookup, or no address found */
+const bit<32> NO_POSITION = 0xffffffff;  /* replica_position: no replicas entry (the home itself) */
 
 @name(".MbIngress.count") action count(bit<32> which) {
     switch_counters.count(which);
@@ -313,7 +314,6 @@ control MbReadRequest(inout headers_t hdr, inout metadata_t meta, inout standard
     }
 
     @name(".MbIngress.hot") action hot(bit<32> slot, bit<32> home) {
-        meta.hot = 1;
         meta.s.slot = slot;
         meta.s.home = home;
     }
@@ -401,11 +401,15 @@ control MbReadRequest(inout headers_t hdr, inout metadata_t meta, inout standard
                     meta.unparsed = 1;
                 } else {
                     meta.sketch_it = (bit<1>)(meta.s.command == CMD_GET);
-                    hot_keys.apply();
-                    if (meta.s.command == CMD_GET && meta.whole == 1 && meta.k.len != 0 && hdr.key_end.b == 0x0d) {
+                    /* (hot or not as the table's hit, not a flag: every metadata field costs bmv2 per packet) */
+                    if (!hot_keys.apply().hit) {
+                        if (!(meta.s.command == CMD_GET && meta.whole == 1 && hdr.key_end.b == 0x0d)) {
+                            meta.unsure_it = ~meta.whole;  /* a read, or a write to a cold key */
+                        }
+                    } else if (meta.s.command == CMD_GET && meta.whole == 1 && hdr.key_end.b == 0x0d) {
                         /* a single-key get, and nothing else (over TCP: to its home, untouched) */
-                        meta.balance = meta.hot & (bit<1>)hdr.udp.isValid();
-                    } else if (meta.s.command == CMD_WRITE && meta.hot == 1) {
+                        meta.balance = (bit<1>)hdr.udp.isValid();
+                    } else if (meta.s.command == CMD_WRITE) {
                         if (meta.dest_known == 1 && meta.s.dest_server == meta.s.home) {
                             meta.mirror = 1;
                             meta.unsure_it = ~meta.whole;
@@ -414,7 +418,7 @@ control MbReadRequest(inout headers_t hdr, inout metadata_t meta, inout standard
                             meta.unsure_it = ~meta.whole;
                         }
                     } else {
-                        meta.unsure_it = ~meta.whole;  /* a read, or a write to a cold key */
+                        meta.unsure_it = ~meta.whole;  /* a read */
                     }
                 }
             }
@@ -602,7 +606,6 @@ control MbHotGet(inout headers_t hdr, inout metadata_t meta, inout standard_meta
     @name(".MbIngress.key_home_while_dirty") counter(MB_MAX_HOT, CounterType.packets) key_home_while_dirty;
 
     @name(".MbIngress.synced_to") action synced_to(bit<64> written, bit<64> unsure_count) {
-        meta.synced_hit = 1;
         meta.s.synced_writes = written;
         meta.s.synced_unsure = unsure_count;
     }
@@ -615,7 +618,6 @@ control MbHotGet(inout headers_t hdr, inout metadata_t meta, inout standard_meta
     }
 
     @name(".MbIngress.to_replica") action to_replica(bit<32> server, bit<32> position) {
-        meta.replica_hit = 1;
         meta.s.replica = server;
         meta.s.replica_position = position;
     }
@@ -642,12 +644,12 @@ control MbHotGet(inout headers_t hdr, inout metadata_t meta, inout standard_meta
         lease_until.read(meta.s.until, 0);
         writes.read(meta.s.written, meta.s.slot);
         unsure.read(meta.s.unsure_count, meta.s.home);
-        synced.apply();
         if (now >= meta.s.until) {
             count(C_LEASE_EXPIRED);
             meta.balance = 0;
-        } else if (meta.synced_hit == 0 || meta.s.synced_writes != meta.s.written ||
-                   meta.s.synced_unsure != meta.s.unsure_count) {
+        } else if (!synced.apply().hit) {  /* no entry: held dirty */
+            meta.balance = 0;
+        } else if (meta.s.synced_writes != meta.s.written || meta.s.synced_unsure != meta.s.unsure_count) {
             meta.balance = 0;
         }
         if (meta.balance == 0) {
@@ -655,10 +657,11 @@ control MbHotGet(inout headers_t hdr, inout metadata_t meta, inout standard_meta
         } else {
             mix(meta.s.h, ((bit<32>)hdr.frame.request_id | ((bit<32>)hdr.ports.src << 16)) ^ hdr.ipv4.src);
             meta.s.point = meta.s.h[15:0];
-            replicas.apply();
             meta.s.server_wanted = meta.s.home;
-            if (meta.replica_hit == 1) {
+            if (replicas.apply().hit) {
                 meta.s.server_wanted = meta.s.replica;
+            } else {
+                meta.s.replica_position = NO_POSITION;  /* (the rewrite counts per replica: none) */
             }
             if (meta.s.server_wanted != meta.s.home) {  /* it may have lost its copy since the controller looked */
                 meta.s.checked_server = meta.s.server_wanted;
@@ -700,7 +703,7 @@ control MbRewrite(inout headers_t hdr, inout metadata_t meta, inout standard_met
     @name(".MbIngress.key_per_replica")
     counter(MB_MAX_HOT * MB_MAX_REPLICAS, CounterType.packets) key_per_replica;  /* slot * 8 + position */
     apply {
-        if (meta.upstream == 1 && meta.server_hit == 1 && meta.s.server_ip != hdr.ipv4.dst) {
+        if (meta.upstream == 1 && meta.s.server_wanted != NO_SERVER && meta.s.server_ip != hdr.ipv4.dst) {
             /* the reply leaves the replica through this switch first, maybe never through the one that balanced
              * the get: remember the home here too, marked, so the reply gets the home's IP and port here */
             FLOW_SLOT(hdr.ipv4.src, hdr.ports.src, hdr.frame.request_id)
@@ -709,10 +712,10 @@ control MbRewrite(inout headers_t hdr, inout metadata_t meta, inout standard_met
             meta.s.index = (bit<32>)hdr.ipv4.identification | FLOW_UPSTREAM;
             flow_homes.write(meta.s.h, meta.s.index);
         }
-        if (meta.balance == 1 && meta.server_hit == 1) {
+        if (meta.balance == 1 && meta.s.server_wanted != NO_SERVER) {
             bit<32> chosen = meta.s.server_wanted;
             meta.hairpin = (bit<1>)(chosen != meta.s.home);
-            if (meta.replica_hit == 1) {
+            if (meta.s.replica_position != NO_POSITION) {
                 meta.s.index = meta.s.slot * MB_MAX_REPLICAS + meta.s.replica_position;
                 key_per_replica.count(meta.s.index);
             }
@@ -745,7 +748,7 @@ control MbRewrite(inout headers_t hdr, inout metadata_t meta, inout standard_met
             hdr.ethernet.dst = meta.s.server_mac;
             count(C_BALANCED);
         }
-        if (meta.rewrite_source == 1 && meta.server_hit == 1 &&
+        if (meta.rewrite_source == 1 && meta.s.server_wanted != NO_SERVER &&
                 (meta.s.server_ip != hdr.ipv4.src || meta.s.server_port != hdr.ports.src)) {
             SUM_WORDS(hdr.ipv4.checksum, hdr.ipv4.src, 0, 0)
             SUM_WORDS(meta.s.csum, meta.s.server_ip, 0, 0)
@@ -830,7 +833,6 @@ control MbIngress(inout headers_t hdr, inout metadata_t meta, inout standard_met
     }
 
     action server_address(bit<48> mac, bit<32> ip, bit<16> port) {
-        meta.server_hit = 1;
         meta.s.server_mac = mac;
         meta.s.server_ip = ip;
         meta.s.server_port = port;
@@ -877,7 +879,9 @@ control MbIngress(inout headers_t hdr, inout metadata_t meta, inout standard_met
             reply_source.apply(hdr, meta, std);
         }
         if (meta.s.server_wanted != NO_SERVER) {
-            servers.apply();
+            if (!servers.apply().hit) {
+                meta.s.server_wanted = NO_SERVER;  /* no address: the rewrite leaves the packet as it is */
+            }
         }
         rewrite.apply(hdr, meta, std);
         if (meta.clone_it == 1) {
