@@ -54,7 +54,7 @@
 /* The next 8 bytes (at most `remaining`, zeros after them) are in meta.s.look: byte I of them is V */
 #define IS(V, I) 64w0x##V << (8 * (7 - I)) &&& 64w0xff << (8 * (7 - I))
 /* Select entries on a 256-bit lookahead (32 bytes): byte value 0xV at any of the 32 positions goes to `to`. */
-#define AT32(v, i) (256w0x##v << (8 * (31 - i))) &&& (256w0xff << (8 * (31 - i)))
+#define AT32(v, i) (256w0x##v << (8 * (31 - (i)))) &&& (256w0xff << (8 * (31 - (i))))
 #define ANY8_32(v, to, j) AT32(v, j): to; AT32(v, j + 1): to; AT32(v, j + 2): to; AT32(v, j + 3): to; \
                           AT32(v, j + 4): to; AT32(v, j + 5): to; AT32(v, j + 6): to; AT32(v, j + 7): to
 #define ANY32_BYTE_IS(v, to) ANY8_32(v, to, 0); ANY8_32(v, to, 8); ANY8_32(v, to, 16); ANY8_32(v, to, 24)
