@@ -266,7 +266,6 @@ header scratch_t {
     bit<56> look7;
     bit<32> cell_at;       /* sketch_cell: the cell */
     bit<256> look32;       /* parser: the next 32 bytes */
-    bit<8> part;           /* parser: which part the look is for (PART_*) */
     bit<8> head_at;        /* parser: bytes of the look read in the line's head (not taken yet) */
     bit<8> head_byte;      /* parser: the head's byte being read */
     bit<8> head_then;      /* parser: where the head's end goes on to (HEAD_THEN_*) */
@@ -317,7 +316,7 @@ header flow_key_t {
     bit<16> request_id;
 }
 
-/* The key and its length, zeroed by the parser where a command's key starts (key_start): as metadata, bmv2 would
+/* The key and its length, zeroed by the parser where a command's key starts (KEY_START): as metadata, bmv2 would
  * zero its 2,000 bits for every packet, and copy it for the sketch's hashes, which take this header whole. */
 header key_t {
     bit<8> len;             /* 0: no valid key */
