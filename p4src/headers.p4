@@ -228,7 +228,10 @@ struct sketch_report_t {
 }
 
 /* Per-packet values the program always writes before it reads them. A header, not metadata: bmv2 zeroes every
- * metadata field of every packet (a cost per field), a header only has its validity bit reset. Never emitted. */
+ * metadata field of every packet (~650 instructions each), a header only has its validity bit reset. Never made valid
+ * (setValid zeroes every field of a header that is not valid) nor emitted: bmv2 reads and writes the fields of a
+ * header that is not valid as any other, but a table key on one reads as zeros (the keys are metadata_t's) and a
+ * hash skips it (meta.c, meta.fk, meta.k are made valid). */
 header scratch_t {
     /* the ingress jobs' working values (p4src/mbalancer.p4) */
     bit<48> last;
@@ -263,7 +266,6 @@ header scratch_t {
     bit<56> look7;
     bit<32> cell_at;       /* sketch_cell: the cell */
     bit<256> look32;       /* parser: the next 32 bytes */
-    bit<8> part;           /* parser: which part the look is for (PART_*) */
     bit<8> head_at;        /* parser: bytes of the look read in the line's head (not taken yet) */
     bit<8> head_byte;      /* parser: the head's byte being read */
     bit<8> head_then;      /* parser: where the head's end goes on to (HEAD_THEN_*) */
@@ -275,24 +277,19 @@ header scratch_t {
     bit<16> remaining;     /* payload bytes not yet read */
     bit<8> data_field;     /* which field after the key is the data length (MB_NO_DATA: none) */
     bit<32> dest_server;
-    bit<32> slot;
     bit<32> home;
     bit<64> synced_writes;
     bit<64> synced_unsure;
-    bit<16> point;         /* the request's hash: which replica's range it falls in */
     bit<32> replica;
     bit<32> replica_position;
-    bit<32> server_wanted;
     bit<48> server_mac;
     bit<32> server_ip;
     bit<16> server_port;
     bit<48> quiet_us;
     bit<32> closing_server;  /* the server whose memcached sent this FIN or RST */
-    bit<32> checked_server;  /* closes_handled's key: the replica a get would go to */
     bit<64> handled;         /* closes_handled: the closes of it the controller has dealt with */
     bit<16> sketch_epoch;
     bit<32> report_from;
-    bit<32> sketch_estimate;
     bit<32> report_mask;     /* sketch_report_step: an estimate is reported where these bits are 0 */
     bit<32> parity;          /* the sketch's epoch parity: which half of its counters */
     bit<16> marked;          /* rewrite: a balanced get's flags_frag, marked balanced, */
@@ -319,7 +316,7 @@ header flow_key_t {
     bit<16> request_id;
 }
 
-/* The key and its length, zeroed by the parser where a command's key starts (key_start): as metadata, bmv2 would
+/* The key and its length, zeroed by the parser where a command's key starts (KEY_START): as metadata, bmv2 would
  * zero its 2,000 bits for every packet, and copy it for the sketch's hashes, which take this header whole. */
 header key_t {
     bit<8> len;             /* 0: no valid key */
@@ -357,10 +354,6 @@ struct metadata_t {
     bit<1> request;        /* to a memcached port */
     bit<1> dest_known;     /* the destination is a server of the config */
     bit<1> trusted;        /* from the controller: its copies never make a server unsure */
-    bit<1> hot;
-    bit<1> synced_hit;
-    bit<1> replica_hit;
-    bit<1> server_hit;
     bit<1> clone_it;
     @field_list(MB_COPY_FIELDS)
     bit<32> stream_start;    /* the tracked connection's: where its unread stretch began */
@@ -372,8 +365,14 @@ struct metadata_t {
     bit<1> hairpin;          /* a get this switch balanced: it may leave by the port it came in by, flooded too */
     bit<1> to_controller;    /* to one of the controller's addresses */
     bit<1> sketch_on;        /* sketch_control: a reader counts gets, in this epoch, reporting from this estimate */
-    scratch_t s;           /* written before read: not zeroed per packet */
-    sum_t c;               /* likewise */
+    /* table keys: a key on a field of a header that is not valid (meta.s) is read as zeros by bmv2 */
+    bit<32> slot;
+    bit<16> point;         /* the request's hash: which replica's range it falls in */
+    bit<32> server_wanted;
+    bit<32> checked_server;  /* closes_handled's key: the replica a get would go to */
+    bit<32> sketch_estimate;
+    scratch_t s;           /* written before read: not zeroed per packet (never made valid: setValid would zero it) */
+    sum_t c;               /* written before read: made valid where used (not zeroed again while valid) */
     flow_key_t fk;         /* likewise */
 }
 

@@ -88,7 +88,8 @@ register<bit<48>>(MB_MAX_SERVERS) unsure_last;     /* when the latest coalescabl
 @name(".MbIngress.server_unsure")
 counter(MB_MAX_SERVERS, CounterType.packets) server_unsure;  /* the twin of `unsure` */
 
-const bit<32> NO_SERVER = 0xffffffff;  /* server_wanted: no server lookup */
+const bit<32> NO_SERVER = 0xffffffff;  /* server_wanted: no server lookup, or no address found */
+const bit<32> NO_POSITION = 0xffffffff;  /* replica_position: no replicas entry (the home itself) */
 
 @name(".MbIngress.count") action count(bit<32> which) {
     switch_counters.count(which);
@@ -313,8 +314,7 @@ control MbReadRequest(inout headers_t hdr, inout metadata_t meta, inout standard
     }
 
     @name(".MbIngress.hot") action hot(bit<32> slot, bit<32> home) {
-        meta.hot = 1;
-        meta.s.slot = slot;
+        meta.slot = slot;
         meta.s.home = home;
     }
     @name(".MbIngress.hot_keys")
@@ -401,11 +401,15 @@ control MbReadRequest(inout headers_t hdr, inout metadata_t meta, inout standard
                     meta.unparsed = 1;
                 } else {
                     meta.sketch_it = (bit<1>)(meta.s.command == CMD_GET);
-                    hot_keys.apply();
-                    if (meta.s.command == CMD_GET && meta.whole == 1 && meta.k.len != 0 && hdr.key_end.b == 0x0d) {
+                    /* (hot or not as the table's hit, not a flag: every metadata field costs bmv2 per packet) */
+                    if (!hot_keys.apply().hit) {
+                        if (!(meta.s.command == CMD_GET && meta.whole == 1 && hdr.key_end.b == 0x0d)) {
+                            meta.unsure_it = ~meta.whole;  /* a read, or a write to a cold key */
+                        }
+                    } else if (meta.s.command == CMD_GET && meta.whole == 1 && hdr.key_end.b == 0x0d) {
                         /* a single-key get, and nothing else (over TCP: to its home, untouched) */
-                        meta.balance = meta.hot & (bit<1>)hdr.udp.isValid();
-                    } else if (meta.s.command == CMD_WRITE && meta.hot == 1) {
+                        meta.balance = (bit<1>)hdr.udp.isValid();
+                    } else if (meta.s.command == CMD_WRITE) {
                         if (meta.dest_known == 1 && meta.s.dest_server == meta.s.home) {
                             meta.mirror = 1;
                             meta.unsure_it = ~meta.whole;
@@ -414,7 +418,7 @@ control MbReadRequest(inout headers_t hdr, inout metadata_t meta, inout standard
                             meta.unsure_it = ~meta.whole;
                         }
                     } else {
-                        meta.unsure_it = ~meta.whole;  /* a read, or a write to a cold key */
+                        meta.unsure_it = ~meta.whole;  /* a read */
                     }
                 }
             }
@@ -452,7 +456,7 @@ control MbSketch(inout headers_t hdr, inout metadata_t meta, inout standard_meta
     @name(".MbIngress.report_every") action report_every(bit<32> mask) { meta.s.report_mask = mask; }
     @name(".MbIngress.sketch_report_step")
     table sketch_report_step {
-        key = { meta.s.sketch_estimate: ternary @name("meta.sketch_estimate"); }
+        key = { meta.sketch_estimate: ternary @name("meta.sketch_estimate"); }
         actions = { report_every; }
         const default_action = report_every(0);
         const entries = {
@@ -523,7 +527,7 @@ control MbSketch(inout headers_t hdr, inout metadata_t meta, inout standard_meta
             }
             meta.s.index = meta.s.parity * (MB_MAX_SERVERS + 1) + meta.s.index;
             sketch_destinations.count(meta.s.index);
-            meta.s.sketch_estimate = meta.s.estimate;
+            meta.sketch_estimate = meta.s.estimate;
             sketch_report_step.apply();
             if (meta.s.estimate >= meta.s.report_from && (meta.s.estimate & meta.s.report_mask) == 0) {
                 sketch_digests.count(meta.s.parity);
@@ -563,10 +567,10 @@ control MbServerClosed(inout headers_t hdr, inout metadata_t meta, inout standar
 control MbSetMirror(inout headers_t hdr, inout metadata_t meta, inout standard_metadata_t std) {
     @name(".MbIngress.key_mirrored") counter(MB_MAX_HOT, CounterType.packets) key_mirrored;  /* the twin of `writes` */
     apply {
-        writes.read(meta.s.n64, meta.s.slot);
+        writes.read(meta.s.n64, meta.slot);
         meta.s.n64 = meta.s.n64 + 1;
-        writes.write(meta.s.slot, meta.s.n64);
-        key_mirrored.count(meta.s.slot);
+        writes.write(meta.slot, meta.s.n64);
+        key_mirrored.count(meta.slot);
         count(C_MIRRORED);
         meta.clone_it = meta.whole | meta.trusted;  /* else make_unsure clones it (once); the controller's own never
                                                      * make a server unsure, but are copied */
@@ -596,32 +600,30 @@ control MbUnsureRequest(inout headers_t hdr, inout metadata_t meta, inout standa
 /* hot_get: a single-key UDP get of a hot key goes home untouched if the key is dirty (writes or unsure requests
  * since the controller's sync), the lease ran out, or the chosen replica's memcached closed a connection of the
  * controller's it has not dealt with; else to a replica chosen by weight from a hash of the request id and client.
- * Decides meta.s.server_wanted (the rewrite job rewrites). */
+ * Decides meta.server_wanted (the rewrite job rewrites). */
 control MbHotGet(inout headers_t hdr, inout metadata_t meta, inout standard_metadata_t std) {
     @name(".MbIngress.key_gets") counter(MB_MAX_HOT, CounterType.packets) key_gets;
     @name(".MbIngress.key_home_while_dirty") counter(MB_MAX_HOT, CounterType.packets) key_home_while_dirty;
 
     @name(".MbIngress.synced_to") action synced_to(bit<64> written, bit<64> unsure_count) {
-        meta.synced_hit = 1;
         meta.s.synced_writes = written;
         meta.s.synced_unsure = unsure_count;
     }
     @name(".MbIngress.synced")
     table synced {  /* per slot, what the controller synced the copies to; no entry: held dirty */
-        key = { meta.s.slot: exact @name("meta.slot"); }
+        key = { meta.slot: exact @name("meta.slot"); }
         actions = { synced_to; NoAction; }
         const default_action = NoAction;
         size = MB_MAX_HOT;
     }
 
     @name(".MbIngress.to_replica") action to_replica(bit<32> server, bit<32> position) {
-        meta.replica_hit = 1;
         meta.s.replica = server;
         meta.s.replica_position = position;
     }
     @name(".MbIngress.replicas")
     table replicas {  /* per slot, a range of the 16-bit hash per replica, as wide as its weight */
-        key = { meta.s.slot: exact @name("meta.slot"); meta.s.point: range @name("meta.point"); }
+        key = { meta.slot: exact @name("meta.slot"); meta.point: range @name("meta.point"); }
         actions = { to_replica; NoAction; }
         const default_action = NoAction;
         size = MB_MAX_HOT * MB_MAX_REPLICAS;
@@ -630,44 +632,45 @@ control MbHotGet(inout headers_t hdr, inout metadata_t meta, inout standard_meta
     @name(".MbIngress.handled_closes") action handled_closes(bit<64> count) { meta.s.handled = count; }
     @name(".MbIngress.closes_handled")
     table closes_handled {  /* per server, how many of its closes the controller has dealt with; no entry: none */
-        key = { meta.s.checked_server: exact @name("meta.checked_server"); }
+        key = { meta.checked_server: exact @name("meta.checked_server"); }
         actions = { handled_closes; NoAction; }
         const default_action = NoAction;
         size = MB_MAX_SERVERS;
     }
 
     apply {
-        key_gets.count(meta.s.slot);
+        key_gets.count(meta.slot);
         bit<48> now = std.ingress_global_timestamp;
         lease_until.read(meta.s.until, 0);
-        writes.read(meta.s.written, meta.s.slot);
+        writes.read(meta.s.written, meta.slot);
         unsure.read(meta.s.unsure_count, meta.s.home);
-        synced.apply();
         if (now >= meta.s.until) {
             count(C_LEASE_EXPIRED);
             meta.balance = 0;
-        } else if (meta.synced_hit == 0 || meta.s.synced_writes != meta.s.written ||
-                   meta.s.synced_unsure != meta.s.unsure_count) {
+        } else if (!synced.apply().hit) {  /* no entry: held dirty */
+            meta.balance = 0;
+        } else if (meta.s.synced_writes != meta.s.written || meta.s.synced_unsure != meta.s.unsure_count) {
             meta.balance = 0;
         }
         if (meta.balance == 0) {
-            key_home_while_dirty.count(meta.s.slot);  /* clients address the home: unchanged is home */
+            key_home_while_dirty.count(meta.slot);  /* clients address the home: unchanged is home */
         } else {
             mix(meta.s.h, ((bit<32>)hdr.frame.request_id | ((bit<32>)hdr.ports.src << 16)) ^ hdr.ipv4.src);
-            meta.s.point = meta.s.h[15:0];
-            replicas.apply();
-            meta.s.server_wanted = meta.s.home;
-            if (meta.replica_hit == 1) {
-                meta.s.server_wanted = meta.s.replica;
+            meta.point = meta.s.h[15:0];
+            meta.server_wanted = meta.s.home;
+            if (replicas.apply().hit) {
+                meta.server_wanted = meta.s.replica;
+            } else {
+                meta.s.replica_position = NO_POSITION;  /* (the rewrite counts per replica: none) */
             }
-            if (meta.s.server_wanted != meta.s.home) {  /* it may have lost its copy since the controller looked */
-                meta.s.checked_server = meta.s.server_wanted;
+            if (meta.server_wanted != meta.s.home) {  /* it may have lost its copy since the controller looked */
+                meta.checked_server = meta.server_wanted;
                 meta.s.handled = 0;
                 closes_handled.apply();
-                closes.read(meta.s.closed, meta.s.server_wanted);
+                closes.read(meta.s.closed, meta.server_wanted);
                 if (meta.s.closed != meta.s.handled) {
                     meta.balance = 0;  /* home, untouched */
-                    meta.s.server_wanted = NO_SERVER;
+                    meta.server_wanted = NO_SERVER;
                 }
             }
         }
@@ -684,9 +687,9 @@ control MbReplySource(inout headers_t hdr, inout metadata_t meta, inout standard
         bit<32> at = meta.s.h;
         flow_ids.read(meta.s.stored, at);
         if (meta.s.stored == id) {
-            flow_homes.read(meta.s.server_wanted, at);
-            meta.keep_mac = meta.s.server_wanted[31:31];
-            meta.s.server_wanted = meta.s.server_wanted & ~FLOW_UPSTREAM;
+            flow_homes.read(meta.server_wanted, at);
+            meta.keep_mac = meta.server_wanted[31:31];
+            meta.server_wanted = meta.server_wanted & ~FLOW_UPSTREAM;
             meta.rewrite_source = 1;
         }
     }
@@ -700,7 +703,7 @@ control MbRewrite(inout headers_t hdr, inout metadata_t meta, inout standard_met
     @name(".MbIngress.key_per_replica")
     counter(MB_MAX_HOT * MB_MAX_REPLICAS, CounterType.packets) key_per_replica;  /* slot * 8 + position */
     apply {
-        if (meta.upstream == 1 && meta.server_hit == 1 && meta.s.server_ip != hdr.ipv4.dst) {
+        if (meta.upstream == 1 && meta.server_wanted != NO_SERVER && meta.s.server_ip != hdr.ipv4.dst) {
             /* the reply leaves the replica through this switch first, maybe never through the one that balanced
              * the get: remember the home here too, marked, so the reply gets the home's IP and port here */
             FLOW_SLOT(hdr.ipv4.src, hdr.ports.src, hdr.frame.request_id)
@@ -709,11 +712,11 @@ control MbRewrite(inout headers_t hdr, inout metadata_t meta, inout standard_met
             meta.s.index = (bit<32>)hdr.ipv4.identification | FLOW_UPSTREAM;
             flow_homes.write(meta.s.h, meta.s.index);
         }
-        if (meta.balance == 1 && meta.server_hit == 1) {
-            bit<32> chosen = meta.s.server_wanted;
+        if (meta.balance == 1 && meta.server_wanted != NO_SERVER) {
+            bit<32> chosen = meta.server_wanted;
             meta.hairpin = (bit<1>)(chosen != meta.s.home);
-            if (meta.replica_hit == 1) {
-                meta.s.index = meta.s.slot * MB_MAX_REPLICAS + meta.s.replica_position;
+            if (meta.s.replica_position != NO_POSITION) {
+                meta.s.index = meta.slot * MB_MAX_REPLICAS + meta.s.replica_position;
                 key_per_replica.count(meta.s.index);
             }
             if (chosen != meta.s.home) {  /* remember the get, so its reply leaves with the home's source */
@@ -745,7 +748,7 @@ control MbRewrite(inout headers_t hdr, inout metadata_t meta, inout standard_met
             hdr.ethernet.dst = meta.s.server_mac;
             count(C_BALANCED);
         }
-        if (meta.rewrite_source == 1 && meta.server_hit == 1 &&
+        if (meta.rewrite_source == 1 && meta.server_wanted != NO_SERVER &&
                 (meta.s.server_ip != hdr.ipv4.src || meta.s.server_port != hdr.ports.src)) {
             SUM_WORDS(hdr.ipv4.checksum, hdr.ipv4.src, 0, 0)
             SUM_WORDS(meta.s.csum, meta.s.server_ip, 0, 0)
@@ -830,13 +833,12 @@ control MbIngress(inout headers_t hdr, inout metadata_t meta, inout standard_met
     }
 
     action server_address(bit<48> mac, bit<32> ip, bit<16> port) {
-        meta.server_hit = 1;
         meta.s.server_mac = mac;
         meta.s.server_ip = ip;
         meta.s.server_port = port;
     }
     table servers {  /* server index -> MAC, IP, port: the server a get goes to, a reply comes from */
-        key = { meta.s.server_wanted: exact @name("meta.server_wanted"); }
+        key = { meta.server_wanted: exact @name("meta.server_wanted"); }
         actions = { server_address; NoAction; }
         const default_action = NoAction;
         size = MB_MAX_SERVERS;
@@ -861,9 +863,9 @@ control MbIngress(inout headers_t hdr, inout metadata_t meta, inout standard_met
             server_closed.apply(hdr, meta, std);
         }
 
-        meta.s.server_wanted = NO_SERVER;
+        meta.server_wanted = NO_SERVER;
         if (meta.upstream == 1) {  /* a get another switch balanced: its IP ID names the home (a fabric) */
-            meta.s.server_wanted = (bit<32>)hdr.ipv4.identification;
+            meta.server_wanted = (bit<32>)hdr.ipv4.identification;
         }
         if (meta.mirror == 1) {
             set_mirror.apply(hdr, meta, std);
@@ -876,8 +878,10 @@ control MbIngress(inout headers_t hdr, inout metadata_t meta, inout standard_met
         } else if (meta.reply == 1 && hdr.frame.isValid()) {
             reply_source.apply(hdr, meta, std);
         }
-        if (meta.s.server_wanted != NO_SERVER) {
-            servers.apply();
+        if (meta.server_wanted != NO_SERVER) {
+            if (!servers.apply().hit) {
+                meta.server_wanted = NO_SERVER;  /* no address: the rewrite leaves the packet as it is */
+            }
         }
         rewrite.apply(hdr, meta, std);
         if (meta.clone_it == 1) {

@@ -3,7 +3,7 @@
  * - The eBPF program loads the key and scans it a word at a time; a P4 parser can only iterate by going from
  *   state to state, and bmv2 resets every header instance per packet, in use or not: the parts are read in as few
  *   and as wide headers as the reading allows. "get " and "set " in one step. Where a part ends within 8 bytes (the
- *   command word, the key's and the line's last bytes), those 8 are loaded into meta.s.look (load_look) and one
+ *   command word, the key's and the line's last bytes), those 8 are loaded into meta.s.look (LOOKS) and one
  *   select, its entries in order of position, finds the byte that ends it; the bytes before it are taken in at most
  *   three chunks (4, 2, 1 bytes). Longer stretches go 32 bytes at a time while none of four 8-byte windows holds a
  *   byte that would end or change the reading (a select entry per byte and position: ANY_BYTE_IS), then 8 at a
@@ -53,38 +53,60 @@
         transition line_cr_found; }
 /* The next 8 bytes (at most `remaining`, zeros after them) are in meta.s.look: byte I of them is V */
 #define IS(V, I) 64w0x##V << (8 * (7 - I)) &&& 64w0xff << (8 * (7 - I))
-/* 32 bytes at once: meta.s.look32 holds them; each window of 8 (into meta.s.look) is checked for the bytes in ANY
- * (select entries), else FALLBACK (8 at a time from here). */
-#define LOOK_32(NAME, J, HI, ANY, NEXT) \
-    state NAME##_##J { meta.s.look = meta.s.look32[HI:HI - 63]; transition NAME##_##J##_is; } \
-    state NAME##_##J##_is { transition select(meta.s.look) { ANY; default: NEXT; } }
+/* Select entries on a 256-bit lookahead (32 bytes): byte value 0xV at any of the 32 positions goes to `to`. */
+#define AT32(v, i) (256w0x##v << (8 * (31 - (i)))) &&& (256w0xff << (8 * (31 - (i))))
+#define ANY8_32(v, to, j) AT32(v, j): to; AT32(v, j + 1): to; AT32(v, j + 2): to; AT32(v, j + 3): to; \
+                          AT32(v, j + 4): to; AT32(v, j + 5): to; AT32(v, j + 6): to; AT32(v, j + 7): to
+#define ANY32_BYTE_IS(v, to) ANY8_32(v, to, 0); ANY8_32(v, to, 8); ANY8_32(v, to, 16); ANY8_32(v, to, 24)
 #define KEY_BYTE(I) (IS(20, I), _): key_space_##I; (IS(0d, I), _): key_cr_##I; (IS(0a, I), _): no_key; \
     (IS(00, I), _): no_key;
 #define LINE_BYTE(I) (_, _, I): accept; (IS(0d, I), _, _): line_tail_cr_##I; \
     (IS(54, I), CMD_READ, _): line_tail_changes; (IS(4e, I), CMD_READ, _): line_tail_changes; \
     (IS(49, I), CMD_READ, _): line_tail_changes;
-#define LOOK_N(N) state look_##N { \
+/* The next 8 bytes into meta.s.look, fewer where the payload has fewer (zeros after them), then on to NEXT: states
+ * P_load and P_look_N of their own for each part P that looks (a shared set of states would need one more to go on to
+ * the part's next: every parser state costs bmv2 per packet that passes it) */
+#define LOOK_N(P, N, NEXT) state P##_look_##N { \
         meta.s.look##N = pkt.lookahead<bit<(8 * N)>>(); meta.s.look = (bit<64>)meta.s.look##N << (64 - 8 * N); \
-        transition looked; }
-#define PART_WORD 0  /* meta.s.part: which part the look is for */
-#define PART_KEY 1
-#define PART_LINE 2
-#define PART_HEAD 3
+        transition NEXT; }
+#define LOOKS(P, NEXT) \
+    state P##_load { \
+        transition select(meta.s.remaining) { \
+            0: P##_look_0; 1: P##_look_1; 2: P##_look_2; 3: P##_look_3; 4: P##_look_4; 5: P##_look_5; 6: P##_look_6; \
+            7: P##_look_7; default: P##_look_8; \
+        } \
+    } \
+    state P##_look_0 { meta.s.look = 0; transition NEXT; } \
+    LOOK_N(P, 1, NEXT) LOOK_N(P, 2, NEXT) LOOK_N(P, 3, NEXT) LOOK_N(P, 4, NEXT) LOOK_N(P, 5, NEXT) \
+    LOOK_N(P, 6, NEXT) LOOK_N(P, 7, NEXT) \
+    state P##_look_8 { meta.s.look = pkt.lookahead<bit<64>>(); transition NEXT; }
+/* Where a command's key starts: meta.k made valid, which zeroes its length and key (bmv2 zeroes every field of a header
+ * made valid; a header, not metadata, so that the 2,000 bits are zeroed only where a command has a key) */
+#define KEY_START meta.k.setValid(); transition key32_step;
+/* Entries of a select on (remaining, line_len, command): line_len is 256 or more (any of its high 8 bits set) */
+#define LEN_BIT(b, to) (_, 16w1 << b &&& 16w1 << b, _): to;
+#define LINE_LEN_256_UP(to) LEN_BIT(8, to) LEN_BIT(9, to) LEN_BIT(10, to) LEN_BIT(11, to) LEN_BIT(12, to) \
+    LEN_BIT(13, to) LEN_BIT(14, to) LEN_BIT(15, to)
 #define HEAD_THEN_WIDE 0  /* meta.s.head_then: where the head's end goes on to */
 #define HEAD_THEN_CR 1
 #define KEY_ENDS_ANY(to) ANY_BYTE_IS(20, to); ANY_BYTE_IS(0d, to); ANY_BYTE_IS(0a, to); ANY_BYTE_IS(00, to)
 #define LINE_ENDS_ANY(to) ANY_BYTE_IS(0d, to)
 #define MG_ENDS_ANY(to) ANY_BYTE_IS(0d, to); ANY_BYTE_IS(54, to); ANY_BYTE_IS(4e, to); ANY_BYTE_IS(49, to)
+#define KEY_ENDS_ANY32(to) ANY32_BYTE_IS(20, to); ANY32_BYTE_IS(0d, to); ANY32_BYTE_IS(0a, to); ANY32_BYTE_IS(00, to)
+#define LINE_ENDS_ANY32(to) ANY32_BYTE_IS(0d, to)
+#define MG_ENDS_ANY32(to) ANY32_BYTE_IS(0d, to); ANY32_BYTE_IS(54, to); ANY32_BYTE_IS(4e, to); ANY32_BYTE_IS(49, to)
+/* 32 bytes at once: if any of them is one of the bytes in ANY (select entries on the 256-bit look), FALLBACK (8 at a
+ * time from here), else TAKE. (A select on a field the state set from a lookahead is on the field itself; one on an
+ * expression, or on a field set from one in the same state, is on a compiler temporary: metadata bmv2 zeroes for
+ * every packet.) */
 #define WINDOWS_32(NAME, ANY, FALLBACK, TAKE) \
-    state NAME { meta.s.look32 = pkt.lookahead<bit<256>>(); transition NAME##_0; } \
-    LOOK_32(NAME, 0, 255, ANY(FALLBACK), NAME##_1) \
-    LOOK_32(NAME, 1, 191, ANY(FALLBACK), NAME##_2) \
-    LOOK_32(NAME, 2, 127, ANY(FALLBACK), NAME##_3) \
-    LOOK_32(NAME, 3, 63, ANY(FALLBACK), TAKE)
+    state NAME { \
+        meta.s.look32 = pkt.lookahead<bit<256>>(); \
+        transition select(meta.s.look32) { ANY(FALLBACK); default: TAKE; } \
+    }
 
 parser MbParser(packet_in pkt, out headers_t hdr, inout metadata_t meta, inout standard_metadata_t std) {
     state start {
-        meta.s.setValid();
         meta.s.data_field = MB_NO_DATA;
         transition select(std.ingress_port) {
             MB_CPU_PORT: parse_packet_out;
@@ -124,11 +146,12 @@ parser MbParser(packet_in pkt, out headers_t hdr, inout metadata_t meta, inout s
 
     state parse_ipv4_protocol {
         /* a later fragment has no transport header; a first one (more fragments) only its ports */
-        transition select(hdr.ipv4.flags_frag & 0x3fff, hdr.ipv4.protocol) {
-            (0, 17): parse_udp;
-            (0, 6): parse_tcp;
-            (0x2000, 17): parse_first_fragment;
-            (0x2000, 6): parse_first_fragment;
+        transition select(hdr.ipv4.flags_frag, hdr.ipv4.protocol) {  /* (masks: a select on an expression is on a
+                                                                       * compiler temporary) */
+            (0 &&& 0x3fff, 17): parse_udp;
+            (0 &&& 0x3fff, 6): parse_tcp;
+            (0x2000 &&& 0x3fff, 17): parse_first_fragment;
+            (0x2000 &&& 0x3fff, 6): parse_first_fragment;
             default: accept;
         }
     }
@@ -152,9 +175,9 @@ parser MbParser(packet_in pkt, out headers_t hdr, inout metadata_t meta, inout s
     state parse_udp_payload {
         meta.l4 = 1;
         meta.s.remaining = meta.s.payload_len;
-        transition select(meta.s.payload_len < 8) {
-            true: accept;
-            false: parse_frame;
+        transition select(meta.s.payload_len) {
+            0 &&& 0xfff8: accept;  /* shorter than a frame header (0..7) */
+            default: parse_frame;
         }
     }
 
@@ -209,35 +232,36 @@ parser MbParser(packet_in pkt, out headers_t hdr, inout metadata_t meta, inout s
     state parse_command {
         transition select(meta.s.remaining) {
             0: accept;  /* nothing to read: a bare TCP ACK, an empty datagram */
-            1 &&& 0xfffc: word_probe_0;  /* 1 .. 3 */
+            1 &&& 0xfffc: word_load;  /* 1 .. 3 */
             default: command4;
         }
     }
 
     state command4 {
-        transition select(pkt.lookahead<bit<32>>()) {
+        meta.s.look4 = pkt.lookahead<bit<32>>();
+        transition select(meta.s.look4) {
             0x67657420: get4;  /* "get " */
             0x73657420: set4;  /* "set " */
-            default: word_probe_0;
+            default: word_load;
         }
     }
 
-    state get4 {
+    state get4 {  /* (get's statements here: a state less for most gets) */
         pkt.extract(hdr.command4);
         meta.s.remaining = meta.s.remaining - 4;
-        transition get;
+        meta.command = CMD_GET;
+        KEY_START
     }
 
     state set4 {
         pkt.extract(hdr.command4);
         meta.s.remaining = meta.s.remaining - 4;
-        transition write_data_2;
+        meta.command = CMD_WRITE;
+        meta.s.data_field = 2;
+        KEY_START
     }
 
-    state word_probe_0 {  /* (the part the look is loaded for) */
-        meta.s.part = PART_WORD;
-        transition load_look;
-    }
+    LOOKS(word, word_look)
 
     /* Up to 7 bytes, ended by ' ' or '\r' (the first in the look: entries in order of position) */
     state word_look {
@@ -301,11 +325,11 @@ parser MbParser(packet_in pkt, out headers_t hdr, inout metadata_t meta, inout s
         }
     }
 
-    state get { meta.command = CMD_GET; transition key_start; }
-    state meta_get { meta.command = CMD_READ; transition key_start; }
-    state write_data_2 { meta.command = CMD_WRITE; meta.s.data_field = 2; transition key_start; }
-    state write_data_0 { meta.command = CMD_WRITE; meta.s.data_field = 0; transition key_start; }
-    state write_no_data { meta.command = CMD_WRITE; transition key_start; }
+    state get { meta.command = CMD_GET; KEY_START }
+    state meta_get { meta.command = CMD_READ; KEY_START }
+    state write_data_2 { meta.command = CMD_WRITE; meta.s.data_field = 2; KEY_START }
+    state write_data_0 { meta.command = CMD_WRITE; meta.s.data_field = 0; KEY_START }
+    state write_no_data { meta.command = CMD_WRITE; KEY_START }
     state line_after_space { meta.command = CMD_LINE; meta.s.line_len = 1; transition head_start; }
     state line_after_cr { meta.command = CMD_LINE; transition line_cr_found; }
     state noop { meta.command = CMD_NOOP; transition line_cr_found; }
@@ -313,22 +337,26 @@ parser MbParser(packet_in pkt, out headers_t hdr, inout metadata_t meta, inout s
     /* The key as memcached's text protocol reads it: 1..250 bytes, any but space, '\r', '\n' and NUL (control
      * characters included), ended by ' ' or '\r'; anything else: no key (key_len 0). 8 bytes at a time while none
      * of the next 8 is one of those and the key stays within 250 bytes; then a byte at a time (the key ends within
-     * the next 8 bytes, or the packet does, or the 250 bytes are near). */
-    state key_start {
-        meta.k.setValid();
-        meta.k.len = 0;
-        meta.k.key = 0;
-        transition key32_step;
-    }
+     * the next 8 bytes, or the packet does, or the 250 bytes are near). The key starts (KEY_START) in the state that
+     * read the command. */
 
+    /* 32 more bytes in the payload and the key stays within MB_MAX_KEY; else key_step's choice, made here (a state
+     * less). As masks: a select on an expression is on a compiler temporary. */
     state key32_step {
-        transition select(meta.s.remaining >= 32 && meta.k.len <= MB_MAX_KEY - 32) {
-            true: key32_look;
-            false: key_step;
+        transition select(meta.s.remaining, meta.k.len) {
+            (0 &&& 0xfff8, _): key_load;        /* remaining < 8: key_step's, */
+            (_, 243): key_load;                 /* ... len > MB_MAX_KEY - 8 (242): 243, */
+            (_, 244 &&& 0xfc): key_load;        /* ... 244..247, */
+            (_, 248 &&& 0xf8): key_load;        /* ... 248..255 (never here: the key is 32 bytes a step so far), */
+            (0 &&& 0xffe0, _): key_words_look;  /* ... else 8 at a time: remaining < 32, */
+            (_, 219): key_words_look;           /* ... len > MB_MAX_KEY - 32 (218): 219, */
+            (_, 220 &&& 0xfc): key_words_look;  /* ... 220..223, */
+            (_, 224 &&& 0xe0): key_words_look;  /* ... 224..242 (243..255 above) */
+            default: key32_look;
         }
     }
 
-    WINDOWS_32(key32_look, KEY_ENDS_ANY, key_step, key32_take)
+    WINDOWS_32(key32_look, KEY_ENDS_ANY32, key_step, key32_take)
 
     state key32_take {
         pkt.extract(hdr.key32.next);
@@ -339,9 +367,12 @@ parser MbParser(packet_in pkt, out headers_t hdr, inout metadata_t meta, inout s
     }
 
     state key_step {  /* 8 bytes at a time from here (never 32 again: the key's bytes stay in order) */
-        transition select(meta.s.remaining >= 8 && meta.k.len <= MB_MAX_KEY - 8) {
-            true: key_words_look;
-            false: key_probe_0;
+        transition select(meta.s.remaining, meta.k.len) {
+            (0 &&& 0xfff8, _): key_load;  /* remaining < 8 */
+            (_, 243): key_load;           /* len > MB_MAX_KEY - 8 (242): 243, */
+            (_, 244 &&& 0xfc): key_load;  /* ... 244..247, */
+            (_, 248 &&& 0xf8): key_load;  /* ... 248..255 */
+            default: key_words_look;
         }
     }
 
@@ -352,7 +383,7 @@ parser MbParser(packet_in pkt, out headers_t hdr, inout metadata_t meta, inout s
 
     state key_words_look_is {  /* (a select of its own: one on the state's own assignment copies the key) */
         transition select(meta.s.look) {
-            KEY_ENDS_ANY(key_probe_0);
+            KEY_ENDS_ANY(key_load);
             default: key_take_word;
         }
     }
@@ -366,10 +397,7 @@ parser MbParser(packet_in pkt, out headers_t hdr, inout metadata_t meta, inout s
     }
 
     /* The last bytes: the one that ends the key is within 8 (or the packet's end is, or a 251st byte is). */
-    state key_probe_0 {
-        meta.s.part = PART_KEY;
-        transition load_look;
-    }
+    LOOKS(key, key_look)
 
     /* The first byte of the look that ends the key (entries in order of position): ' ' or '\r' (past the packet's
      * end the look holds zeros: no key, as memcached refuses a NUL) */
@@ -422,8 +450,7 @@ parser MbParser(packet_in pkt, out headers_t hdr, inout metadata_t meta, inout s
      * 8 at a time when it is all read, the rest (and the byte that ends the head) in chunks where the head ends. */
     state head_start {
         meta.s.head_at = 0;
-        meta.s.part = PART_HEAD;
-        transition load_look;
+        transition head_load;
     }
 
     state line_byte {
@@ -438,9 +465,10 @@ parser MbParser(packet_in pkt, out headers_t hdr, inout metadata_t meta, inout s
     state head_word {
         pkt.extract(hdr.head_words.next);
         meta.s.head_at = 0;
-        meta.s.part = PART_HEAD;
-        transition load_look;
+        transition head_load;
     }
+
+    LOOKS(head, line_byte)
 
     state line_byte_look {
         transition select(meta.s.look) {
@@ -498,15 +526,21 @@ parser MbParser(packet_in pkt, out headers_t hdr, inout metadata_t meta, inout s
     /* After the data length: 32 bytes at a time, then 8, while none of them is '\r' (nor, for mg, T, N or I) and
      * the line stays within MB_LINE_BYTES; then its last bytes. */
     state line32 {
-        transition select(meta.s.remaining >= 32 && meta.s.line_len <= MB_LINE_BYTES - 32, meta.command) {
-            (false, _): line_wide;
-            (true, CMD_READ): line32_mg;
+        transition select(meta.s.remaining, meta.s.line_len, meta.command) {  /* (as masks, as key32_step) */
+            (0 &&& 0xffe0, _, _): line_wide;        /* remaining < 32 */
+            (_, 225, _): line_wide;                 /* line_len > MB_LINE_BYTES - 32 (224): 225, */
+            (_, 226 &&& 0xfffe, _): line_wide;      /* ... 226..227, */
+            (_, 228 &&& 0xfffc, _): line_wide;      /* ... 228..231, */
+            (_, 232 &&& 0xfff8, _): line_wide;      /* ... 232..239, */
+            (_, 240 &&& 0xfff0, _): line_wide;      /* ... 240..255, */
+            LINE_LEN_256_UP(line_wide)              /* ... 256 and more */
+            (_, _, CMD_READ): line32_mg;
             default: line32_look;
         }
     }
 
-    WINDOWS_32(line32_look, LINE_ENDS_ANY, line_wide, line32_take)
-    WINDOWS_32(line32_mg, MG_ENDS_ANY, line_wide, line32_take)
+    WINDOWS_32(line32_look, LINE_ENDS_ANY32, line_wide, line32_take)
+    WINDOWS_32(line32_mg, MG_ENDS_ANY32, line_wide, line32_take)
 
     state line32_take {
         pkt.extract(hdr.line32.next);
@@ -516,9 +550,13 @@ parser MbParser(packet_in pkt, out headers_t hdr, inout metadata_t meta, inout s
     }
 
     state line_wide {  /* 8 at a time from here (never 32 again: the bytes stay in order) */
-        transition select(meta.s.remaining >= 8 && meta.s.line_len <= MB_LINE_BYTES - 8, meta.command) {
-            (false, _): line_tail;
-            (true, CMD_READ): line_words_look_mg;
+        transition select(meta.s.remaining, meta.s.line_len, meta.command) {
+            (0 &&& 0xfff8, _, _): line_tail;        /* remaining < 8 */
+            (_, 249, _): line_tail;                 /* line_len > MB_LINE_BYTES - 8 (248): 249, */
+            (_, 250 &&& 0xfffe, _): line_tail;      /* ... 250..251, */
+            (_, 252 &&& 0xfffc, _): line_tail;      /* ... 252..255, */
+            LINE_LEN_256_UP(line_tail)              /* ... 256 and more */
+            (_, _, CMD_READ): line_words_look_mg;
             default: line_words_look;
         }
     }
@@ -558,12 +596,10 @@ parser MbParser(packet_in pkt, out headers_t hdr, inout metadata_t meta, inout s
      * makes it change the item whatever follows (so it cannot be whole: nothing more to read). */
     state line_tail {
         meta.s.line_left = MB_LINE_BYTES - meta.s.line_len;
-        transition line_tail_probe_0;
+        transition line_load;
     }
-    state line_tail_probe_0 {
-        meta.s.part = PART_LINE;
-        transition load_look;
-    }
+
+    LOOKS(line, line_tail_look)
 
     /* The first byte of the look, in order of position, past MB_LINE_BYTES (not proved whole), '\r', or for mg a
      * T, N or I (it changes the item: nothing more to read); none (the packet's end): not proved whole */
@@ -574,24 +610,6 @@ parser MbParser(packet_in pkt, out headers_t hdr, inout metadata_t meta, inout s
         }
     }
 
-    /* The next 8 bytes into meta.s.look, fewer where the payload has fewer (zeros after them), for the part asking */
-    state load_look {
-        transition select(meta.s.remaining) {
-            0: look_0; 1: look_1; 2: look_2; 3: look_3; 4: look_4; 5: look_5; 6: look_6; 7: look_7;
-            default: look_8;
-        }
-    }
-    state look_0 { meta.s.look = 0; transition looked; }
-    LOOK_N(1) LOOK_N(2) LOOK_N(3) LOOK_N(4) LOOK_N(5) LOOK_N(6) LOOK_N(7)
-    state look_8 { meta.s.look = pkt.lookahead<bit<64>>(); transition looked; }
-    state looked {
-        transition select(meta.s.part) {
-            PART_WORD: word_look;
-            PART_KEY: key_look;
-            PART_HEAD: line_byte;
-            default: line_tail_look;
-        }
-    }
 
     state line_tail_cr_0 {
         pkt.extract(hdr.line_cr);

@@ -49,9 +49,11 @@ class Bmv2Switch:
     def address(self) -> str:
         return f"{self.grpc_host}:{self.grpc_port}"
 
-    def start(self) -> "Bmv2Switch":
+    def start(self, wrapper: Sequence[str] = (), timeout: float = START_TIMEOUT) -> "Bmv2Switch":
+        """wrapper: a command the switch runs under (a profiler: bench_p4_switch.py --instructions runs it under
+        callgrind), given `timeout` seconds to serve P4Runtime."""
         RUN_DIR.mkdir(parents=True, exist_ok=True)
-        command = [SWITCH, "--device-id", str(self.device_id), "--thrift-port", str(free_port()), "--no-p4",
+        command = [*wrapper, SWITCH, "--device-id", str(self.device_id), "--thrift-port", str(free_port()), "--no-p4",
                    "--log-file", str(self.log), "--log-level", self.log_level, "--log-flush"]
         for number, iface in zip(self.port_numbers, self.interfaces):
             command += ["-i", f"{number}@{iface}"]
@@ -61,7 +63,7 @@ class Bmv2Switch:
         except FileNotFoundError:
             raise P4Error(f"{SWITCH} is not on PATH (`make p4` builds it)") from None
         pidfile(self.name).write_text(f"{self.process.pid}\n")  # a killed run's switch is stopped by the next
-        deadline = time.monotonic() + START_TIMEOUT
+        deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
                 error = self.process.stderr.read().decode(errors="replace").strip().splitlines()
@@ -73,7 +75,7 @@ class Bmv2Switch:
             except OSError:
                 time.sleep(0.1)
         self.stop()
-        raise P4Error(f"{SWITCH} {self.name}: no P4Runtime server at {self.address} within {START_TIMEOUT:g} s")
+        raise P4Error(f"{SWITCH} {self.name}: no P4Runtime server at {self.address} within {timeout:g} s")
 
     def bootstrap(self) -> "Bmv2Switch":
         """Push p4src/mbalancer.p4 and its flood group, so the switch forwards L2 (learned, flooded) before a

@@ -10,9 +10,12 @@ Hot-set change: H keys leave and H new ones come (remove, install, stamp and cle
 once the copies are warm), timed per change, --changes times: through P4Runtime with the calls on many keys (one
 request per switch each), the same one key at a time, and the eBPF driver's; target: the median change through
 P4Runtime, batched, within --target-ms (10 ms).
-Needs root, simple_switch_grpc and trafgen (netsniff-ng).
+With --instructions, also bmv2's own instructions per packet for both programs and each traffic kind, free of the
+machine's load: the same network with the switch run under callgrind (valgrind), a few hundred packets of each kind
+paced so that it keeps up, counted once it has worked through them (the median of 3 windows; a few minutes more).
+Needs root, simple_switch_grpc and trafgen (netsniff-ng); --instructions needs valgrind.
     python experiments/benchmarks/bench_p4_switch.py [--seconds 2] [--repeats 3] [--hot 10] [--changes 10]
-        [--target-ms 10] [--out DIR]
+        [--target-ms 10] [--instructions] [--out DIR]
 Prints a table and one JSON line (and with --out, p4_switch.csv); exit 1 if the batched change missed the target.
 """
 from __future__ import annotations
@@ -20,7 +23,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
+import shutil
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -43,10 +49,7 @@ from topologies.netns import NamespaceNetwork
 def forwarding(args: argparse.Namespace, sink: Path, tmp: Path) -> list[dict]:
     rows = []
     with NamespaceNetwork(servers=2, clients=1, tag="mbbp4", dataplane="p4") as net:
-        attach_sinks(net, sink)
-        driver = install_hot_keys(net)  # the P4Runtime driver: pipeline pushed, hot keys clean, lease long
-        hosts = net.server_hosts + net.client_hosts
-        driver.set_forwarding([ForwardingEntry(h.mac, str(i + 1)) for i, h in enumerate(hosts)])
+        driver, hosts = program_switch(net, sink)
         rows += measure(net, "mbalancer.p4", args, tmp)
         rows[-1]["balanced"] = driver.switch_counters()[0]["balanced"]
         # where the switch sent the hot gets, by its own per-replica counters: what arrived at the sinks (share_s2)
@@ -58,6 +61,16 @@ def forwarding(args: argparse.Namespace, sink: Path, tmp: Path) -> list[dict]:
         baseline(net, hosts)
         rows += measure(net, "l2_forward.p4", args, tmp)
     return rows
+
+
+def program_switch(net: NamespaceNetwork, sink: Path):
+    """Sinks on the servers; the P4Runtime driver (pipeline pushed, hot keys clean, lease long) with a forwarding
+    entry per host: (the driver, the hosts in port order)."""
+    attach_sinks(net, sink)
+    driver = install_hot_keys(net)
+    hosts = net.server_hosts + net.client_hosts
+    driver.set_forwarding([ForwardingEntry(h.mac, str(i + 1)) for i, h in enumerate(hosts)])
+    return driver, hosts
 
 
 def baseline(net: NamespaceNetwork, hosts) -> None:
@@ -86,6 +99,72 @@ def measure(net: NamespaceNetwork, program: str, args: argparse.Namespace, tmp: 
         print(f"  {program:>14} {kind:>6}: {rows[-1]['pps']:,.0f} packets/s on {rows[-1]['cores']:.2f} cores",
               file=sys.stderr, flush=True)
     return rows
+
+
+CALLGRIND_START = 300.0  # s for the switch under callgrind to serve P4Runtime (it runs ~50x slower)
+CALLGRIND_PACKETS, CALLGRIND_WARMUP, CALLGRIND_GAP = 300, 100, "10ms"  # per window; before the first; paced
+CALLGRIND_IDLE = 2_000_000  # instructions in a second below which the switch has worked through its queue
+CALLGRIND_DRAIN = 600  # s at most to wait for that
+
+
+def instructions(args: argparse.Namespace, sink: Path, tmp: Path) -> list[dict]:
+    """bmv2's own instructions per packet (callgrind): the forwarding benchmark's network, entries and traffic, each
+    program in turn, the switch run under valgrind."""
+    rows = []
+    with NamespaceNetwork(servers=2, clients=1, tag="mbbp4i", dataplane="p4") as net:
+        net.switch.bmv2.stop()
+        net.switch.bmv2.start(wrapper=["valgrind", "--tool=callgrind", f"--callgrind-out-file={tmp}/callgrind.%p"],
+                              timeout=CALLGRIND_START).bootstrap()
+        driver, hosts = program_switch(net, sink)
+        rows += count_instructions(net, "mbalancer.p4", tmp)
+        driver.close()
+        baseline(net, hosts)
+        rows += count_instructions(net, "l2_forward.p4", tmp)
+    return rows
+
+
+def count_instructions(net: NamespaceNetwork, program: str, tmp: Path) -> list[dict]:
+    pid, rows = net.switch.bmv2.process.pid, []
+    for kind in TRAFFIC:
+        config = write_frames("trafgen", traffic_frames(net, kind), tmp, kind)
+        send_paced(net, config, CALLGRIND_WARMUP)  # a pipeline's first packets cost more
+        windows = []
+        for _ in range(3):
+            before = drained(pid)
+            send_paced(net, config, CALLGRIND_PACKETS)
+            windows.append((drained(pid) - before) / CALLGRIND_PACKETS)
+        rows.append({"program": program, "traffic": kind, "instructions": statistics.median(windows)})
+        print(f"  {program:>14} {kind:>6}: {rows[-1]['instructions']:,.0f} instructions/packet "
+              f"({', '.join(f'{w:,.0f}' for w in windows)})", file=sys.stderr, flush=True)
+    return rows
+
+
+def send_paced(net: NamespaceNetwork, config: Path, packets: int) -> None:
+    command = sender_command("trafgen", config, 1) + ["--num", str(packets), "--gap", CALLGRIND_GAP]
+    done = net.run(net.client_hosts[0], command, timeout=600)
+    if done.returncode:
+        raise RuntimeError(f"trafgen exited ({done.returncode}): {done.stderr.strip()[-500:]}")
+
+
+def drained(pid: int) -> int:
+    """The switch's instructions so far (all threads), once it has worked through what it was sent."""
+    total = executed(pid)
+    for _ in range(CALLGRIND_DRAIN):
+        time.sleep(1)
+        now = executed(pid)
+        if now - total < CALLGRIND_IDLE:
+            return now
+        total = now
+    raise RuntimeError(f"the switch under callgrind still busy after {CALLGRIND_DRAIN} s")
+
+
+def executed(pid: int) -> int:
+    out = subprocess.run(["callgrind_control", "-e", "Ir", str(pid)], capture_output=True, text=True,
+                         timeout=60).stdout
+    counts = re.findall(r"Th *\d+ +([\d,]+)", out)
+    if not counts:
+        raise RuntimeError(f"callgrind_control -e Ir {pid}: {out.strip()[-300:] or 'no answer'}")
+    return sum(int(n.replace(",", "")) for n in counts)
 
 
 def hot_set_changes(driver: Driver, servers: int, hot: int, changes: int, label: str, batched: bool) -> list[float]:
@@ -156,6 +235,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--changes", type=int, default=10, help="hot-set changes timed per driver (default 10)")
     parser.add_argument("--target-ms", type=float, default=10.0,
                         help="median hot-set change through P4Runtime, batched, allowed (default 10)")
+    parser.add_argument("--instructions", action="store_true",
+                        help="also bmv2's instructions per packet, under callgrind (valgrind; a few minutes)")
     parser.add_argument("--out", type=Path, help="also write p4_switch.csv here")
     args = parser.parse_args(argv)
     if not 0.1 <= args.seconds <= 60 or not 1 <= args.repeats <= 20 or not 1 <= args.cpus <= 64 \
@@ -163,6 +244,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--seconds 0.1-60, --repeats 1-20, --cpus 1-64, --hot 1-1000, --changes 1-1000")
     if os.geteuid() != 0:
         parser.error("needs root (namespaces, veths)")
+    if args.instructions and shutil.which("callgrind_control") is None:
+        parser.error("--instructions needs valgrind (callgrind_control is not on PATH)")
     if (why := available()) is not None:  # `make bench` goes on without it, saying so
         print(f"bench_p4_switch: skipped: the P4 data plane cannot run here: {why}", file=sys.stderr)
         print(json.dumps({"met": True, "skipped": why}))
@@ -170,6 +253,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         sink = compile_bpf(SINK_SOURCE, Path(tmp) / "sink.bpf.o", "the benchmark's sink")
         rows = forwarding(args, sink, Path(tmp))
+        counted = instructions(args, sink, Path(tmp)) if args.instructions else []
     latency = change_latency(args)
     base = {r["traffic"]: r for r in rows if r["program"] == "l2_forward.p4"}
     print(f"{'program':<15}{'traffic':<8}{'packets/s':>11}{'cores':>7}{'vs L2':>7}{'to s2':>7}")
@@ -177,13 +261,18 @@ def main(argv: list[str] | None = None) -> int:
         r["ratio"] = r["pps"] / base[r["traffic"]]["pps"]
         print(f"{r['program']:<15}{r['traffic']:<8}{r['pps']:>11,.0f}{r['cores']:>7.2f}{r['ratio']:>7.2f}"
               f"{r['share_s2']:>7.2f}")
+    l2 = {r["traffic"]: r["instructions"] for r in counted if r["program"] == "l2_forward.p4"}
+    for r in counted:
+        print(f"{r['program']:<15}{r['traffic']:<8}{r['instructions']:>11,.0f} instructions/packet"
+              f"{l2[r['traffic']] / r['instructions']:>7.2f} vs L2")
     for r in latency:
         print(f"hot-set change of {r['hot']} keys through {r['driver']}: median {r['change_ms_median']:.1f} ms, "
               f"max {r['change_ms_max']:.1f} ms")
     if args.out:
         write_csv(args.out, "p4_switch.csv", rows)
     met = all(r["change_ms_median"] <= args.target_ms for r in latency if r["driver"] == "p4runtime")
-    print(json.dumps({"met": met, "target_ms": args.target_ms, "rows": rows, "hot_set_change": latency}))
+    print(json.dumps({"met": met, "target_ms": args.target_ms, "rows": rows, "instructions": counted,
+                      "hot_set_change": latency}))
     return 0 if met else 1
 
 
