@@ -47,6 +47,7 @@ POLL = 0.1  # seconds between a candidate's tries while another leads (the key's
 REQUEST_TIMEOUT = 2.0  # seconds a member has to answer, a quarter of the TTL if less: time left for the next one
 FIRST_TIMEOUT = REQUEST_TIMEOUT  # seconds a member has to answer until one did: a first contact keeps no lease in
 # time, and a busy member takes longer than a quarter of a TTL for a TLS handshake (it said "unreachable")
+FIRST_RETRY = 0.2  # seconds between rounds of a first contact that every member refused at once
 LEAD_GUARD = 0.2  # seconds before etcd could let its lease run out that a leader stops (a quarter of the TTL if less):
 # time for the controller to stop driving (controller/cli.py looks every 50 ms)
 RENEW_EVERY = 0.25  # of the TTL, between renewals: one that waits a member's timeout (a quarter) and then goes
@@ -359,9 +360,23 @@ class Election:
 
     def _ask(self, request):
         """`request(client)` on the endpoint that answered last, else on the next one that answers, which is asked
-        first from then on (said in the log); ElectionError naming every one that did not."""
+        first from then on (said in the log); ElectionError naming every one that did not. Until a member has
+        answered, members that all refused the connection are asked again for FIRST_TIMEOUT (one starting, or
+        thawed amid a raft election, closed a first contact at once in a CI run with two CPU hogs)."""
+        deadline = time.monotonic() + FIRST_TIMEOUT
+        while True:
+            answered, answer, errors, refused = self._ask_each(request)
+            if answered:
+                return answer
+            if self._answered or not refused or time.monotonic() + FIRST_RETRY > deadline:
+                raise ElectionError(f"etcd: {'; '.join(errors)}")
+            time.sleep(FIRST_RETRY)
+
+    def _ask_each(self, request) -> "tuple[bool, object, list[str], bool]":
+        """One round of _ask over the endpoints: (answered, the answer, why each did not, whether every one that
+        did not refused the connection, a failure that came at once)."""
         import requests  # etcd3gw's own HTTP client: an answer cut off midway (a member killed) is its error alone
-        errors = []
+        errors, refused = [], True
         for step in range(len(self.clients)):
             index = (self._current + step) % len(self.clients)
             client = self.clients[index]
@@ -370,11 +385,14 @@ class Election:
                 answer = self._logged_in(client, request)
             except (self._etcd3gw.exceptions.ConnectionFailedError, self._etcd3gw.exceptions.ConnectionTimeoutError,
                     requests.exceptions.RequestException) as err:
-                errors.append(f"{client.host}:{client.port}: {_unreachable(err)}")
+                why = _unreachable(err)
+                refused &= isinstance(err, self._etcd3gw.exceptions.ConnectionFailedError) and "TLS" not in why
+                errors.append(f"{client.host}:{client.port}: {why}")
                 continue
             except self._etcd3gw.exceptions.Etcd3Exception as err:
                 said = str(err).strip().splitlines()
                 errors.append(f"{client.host}:{client.port}: {said[0] if said else type(err).__name__}")
+                refused = False
                 continue
             if not self._answered:
                 self._answered = True
@@ -383,9 +401,8 @@ class Election:
             if index != self._current:
                 log.warning("etcd: now through %s:%s (%s)", client.host, client.port, "; ".join(errors))
                 self._current = index
-            return answer
-        raise ElectionError(f"etcd: {'; '.join(errors)}")
-
+            return True, answer, errors, refused
+        return False, None, errors, refused
 
     def _logged_in(self, client, request):
         """`request(client)`, logged in first where etcd's auth is on (and once more if etcd says the token went)."""
