@@ -20,7 +20,7 @@ import queue
 import threading
 import time
 from collections import Counter, deque
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Sequence
 
 from dataplanes.driver import Distrust, Driver, DriverError, FoundKey
 from controller.adoption import came_back, summary
@@ -247,8 +247,8 @@ class ControllerCore:
     def _on_report(self, report: MonitorReport, received: float) -> None:
         self.counts["reports"] += 1
         self.last_report, self.last_report_at = report, received
-        rates = self.switch_counts.snapshot.rates
-        plan = self.planner.plan(report, self.executor.placements(), self._out(), rates, self._uncounted(rates))
+        plan = self.planner.plan(report, self.executor.placements(), self._out(), self.switch_counts.snapshot.rates,
+                                 self._recent())
         self.last_plan = plan
         for key, why in plan.home_notes:
             self._decide(Decision.HOME, key, why)
@@ -259,13 +259,14 @@ class ControllerCore:
             self._decide(Decision.HOLD, None, plan.held)
         self.executor.apply(plan.changes)
 
-    def _uncounted(self, rates: Mapping[bytes, float]) -> set[bytes]:
-        """Hot keys the data plane has no rate of yet, installed or adopted under UNCOUNTED_FOR ago: the first
-        report after a takeover may miss a key still in use, and only the switch can say it is."""
+    def _recent(self) -> set[bytes]:
+        """Hot keys installed or adopted under UNCOUNTED_FOR ago, on a data plane that counts gets: the planner does
+        not cool one the switch has no rate of yet on a report alone (the first report after a takeover may miss
+        a key still in use, and only the switch can say it is)."""
         if not self.driver.counts_gets:
             return set()
         now = self.clock()
-        return {key for key, hot in self.executor.hot_keys() if key not in rates and now - hot.since < UNCOUNTED_FOR}
+        return {key for key, hot in self.executor.hot_keys() if now - hot.since < UNCOUNTED_FOR}
 
     def _count_gets(self) -> None:
         """Its own thread (a slow switch never holds up the worker): every COUNT_EVERY seconds, each installed key's

@@ -293,18 +293,16 @@ class Executor:
         for retry in retries:
             error = failures.get(retry.key, {}).get(retry.server)
             if error is not None:
-                attempt = retry.attempt if retry.waiting else retry.attempt + 1
-                self.guard.schedule(RetryKind.DELETE, retry.key, retry.server, error, attempt)
+                self.guard.schedule(RetryKind.DELETE, retry.key, retry.server, error, retry.next_attempt)
 
     def _run(self, retry: Retry) -> None:
         hot = self.hot.get(retry.key)
         if retry.action in KEY_RETRIES and hot is None:
             return  # the key cooled meanwhile: nothing left to retry
-        attempt = retry.attempt if retry.waiting else retry.attempt + 1
         handlers = {RetryKind.REFILL: self._retry_refill, RetryKind.RULES: self._retry_rules,
                     RetryKind.SETTLE: self._retry_settle, RetryKind.INSTALL: self._retry_install,
                     RetryKind.COOL: self._retry_cool, RetryKind.HOME_CHECK: self._retry_home_check}
-        handlers[retry.action](retry, hot, attempt)
+        handlers[retry.action](retry, hot, retry.next_attempt)
 
     def _retry_refill(self, retry: Retry, hot: HotKey | None, attempt: int) -> None:
         self._refill(retry)
@@ -361,7 +359,6 @@ class Executor:
         self.guard.set_weights(key, hot)
         self.decide(Decision.REFILL, key, f"server {server} holds the value again; weights " + ", ".join(
             f"{r.server}={r.weight:.2f}" for r in hot.weights()))
-
 
     def _copied_back(self, retry: Retry, hot: HotKey) -> bool:
         """The home's item copied to the replica `retry.server` (or its copy deleted, the home holding none); else

@@ -108,11 +108,11 @@ class Planner:
 
     def plan(self, report: MonitorReport, installed: Mapping[bytes, Placement],
              down: Iterable[int] = (), switch_rates: Mapping[bytes, float] | None = None,
-             uncounted: Collection[bytes] = ()) -> Plan:
+             recent: Collection[bytes] = ()) -> Plan:
         """switch_rates: gets/s of installed keys as the data plane counted them since the last report: the truth
         for those keys, so a report that misses them (empty, late, sampled) does not cool keys still in use;
-        uncounted: installed keys the data plane counts but has no rate of yet (just installed or adopted): a
-        report alone does not cool them."""
+        recent: installed keys just installed or adopted, on a data plane that counts gets: one it has no rate of
+        yet is not cooled on a report alone."""
         down = frozenset(down)
         reported = {k.key: k.rate for k in report.top}
         switch_rates = {k: r for k, r in (switch_rates or {}).items() if k in installed}
@@ -125,7 +125,7 @@ class Planner:
         rates = {k.key: k.rate for k in report.top}
         candidates = [k.key for k in report.top[:hot_target]]
         ready_warm, ready_cool = self.tracker.update(candidates, installed)
-        awaiting = tuple(key for key in ready_cool if key in uncounted and key not in switch_rates)
+        awaiting = tuple(key for key in ready_cool if key in recent and key not in switch_rates)
         ready_cool = [key for key in ready_cool if key not in awaiting]
         changes = [Change(ChangeAction.COOL, key, None, ChangeCause.COLD,
                           f"out of the top {hot_target} for {self.tracker.streak(key)} reports "

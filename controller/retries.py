@@ -44,6 +44,11 @@ class Retry:
     last_error: str = field(default="", compare=False)
     waiting: bool = False  # a wait for something on its way, not a failure: the attempt count stays
 
+    @property
+    def next_attempt(self) -> int:
+        """The attempt count of this retry's own retry, should it fail (a wait counts no attempt)."""
+        return self.attempt if self.waiting else self.attempt + 1
+
 
 class RetryScheduler:
     """The pending retries, by (kind, key, server), on the executor's clock."""

@@ -96,9 +96,9 @@ def test_a_key_the_switch_has_not_counted_yet_is_not_cooled_on_a_report_alone():
     planner = Planner(Balancing(hot=2, hysteresis=1), 2, homes({"a": 0, "b": 0, "c": 1}))
     installed, _ = installed_after(planner, {}, report({"a": 300.0, "b": 200.0}, 500))
     missed = report({"a": 300.0, "c": 10.0}, 600)  # b is not in it
-    plan = planner.plan(missed, installed, switch_rates={b"a": 290.0}, uncounted={b"b"})
+    plan = planner.plan(missed, installed, switch_rates={b"a": 290.0}, recent={b"b"})
     assert not [c for c in plan.changes if c.action == "cool"] and plan.cools_awaiting_counts == (b"b",)
-    plan = planner.plan(missed, installed, switch_rates={b"a": 290.0, b"b": 180.0}, uncounted={b"b"})
+    plan = planner.plan(missed, installed, switch_rates={b"a": 290.0, b"b": 180.0}, recent={b"b"})
     assert not [c for c in plan.changes if c.action == "cool"] and plan.cools_awaiting_counts == ()  # counted: hot
     plan = planner.plan(missed, installed, switch_rates={b"a": 290.0, b"b": 0.0})
     assert [c.key for c in plan.changes if c.action == "cool"] == [b"b"] and plan.cools_awaiting_counts == ()

@@ -206,7 +206,7 @@ class EtcdCluster:
         run_tool(["bpftool", "prog", "load", str(built), str(member.cut), "type", "cgroup/skb"], "loading the peer cut")
         for direction in ("ingress", "egress"):
             run_tool(["bpftool", "cgroup", "attach", str(member.cgroup), direction, "pinned", str(member.cut)],
-                 f"attaching the peer cut ({direction})")
+                     f"attaching the peer cut ({direction})")
 
     def heal_peers(self, index: int) -> None:
         """Member `index`'s peers reach it again; returns once it is healthy (it has a leader)."""

@@ -120,7 +120,7 @@ def compile_bpf(source: Path, target: Path, what: str, defines: Sequence[str] = 
     target.parent.mkdir(exist_ok=True)
     arch = subprocess.run(["gcc", "-dumpmachine"], capture_output=True, text=True).stdout.strip() or "x86_64-linux-gnu"
     run_tool(["clang", "-O2", "-g", "-Wall", "-Werror", "-target", "bpf", f"-I/usr/include/{arch}",
-          *(f"-D{d}" for d in defines), "-c", str(source), "-o", str(target)], f"compiling {what}")
+              *(f"-D{d}" for d in defines), "-c", str(source), "-o", str(target)], f"compiling {what}")
     return target
 
 
@@ -218,11 +218,11 @@ class DataPlane:
         loaded = self.pin_dir / "loaded"  # every program of the object, by function name, before their own pins
         try:
             run_tool(["bpftool", "prog", "loadall", str(build(program=self.program)), str(loaded),
-                  "type", "classifier", "pinmaps", str(self.pin_dir)], f"loading the program for {self.name}")
+                      "type", "classifier", "pinmaps", str(self.pin_dir)], f"loading the program for {self.name}")
             for function, pin in PROGRAM_PINS.items():
                 if (loaded / function).exists():
                     run_tool(["bpftool", "prog", "pin", "pinned", str(loaded / function), str(self.pin_dir / pin)],
-                         f"pinning {function} of {self.name}")
+                             f"pinning {function} of {self.name}")
         except BaseException:  # a tool's refusal, or Ctrl-C/SIGTERM midway: no half-loaded pins are left behind
             shutil.rmtree(self.pin_dir, ignore_errors=True)
             raise
@@ -236,8 +236,8 @@ class DataPlane:
         pin = self.pin_dir / XDP_PIN
         maps = [m for m in sorted(self.pin_dir.iterdir()) if m.name not in (*PROGRAM_PINS.values(), XDP_PIN)]
         run_tool(["bpftool", "prog", "load", str(build(program=CLASSIFIER_XDP)), str(pin), "type", "xdp",
-              *(arg for m in maps for arg in ("map", "name", m.name, "pinned", str(m)))],
-             f"loading the XDP classifier for {self.name}")
+                  *(arg for m in maps for arg in ("map", "name", m.name, "pinned", str(m)))],
+                 f"loading the XDP classifier for {self.name}")
         return pin
 
     def attach(self, iface: str, netns: str | None = None) -> None:
@@ -249,14 +249,14 @@ class DataPlane:
         else:
             run_tool(prefix + ["tc", "qdisc", "add", "dev", iface, "clsact"], f"clsact on {iface}")
         run_tool(prefix + ["tc", "filter", "add", "dev", iface, self.program.hook, "bpf", "direct-action",
-                       "object-pinned", str(self.program_pin)], f"attaching to {iface}")
+                           "object-pinned", str(self.program_pin)], f"attaching to {iface}")
         self.attached.append(iface if not netns else f"{netns}:{iface}")
 
     def add_mirror_link(self) -> int:
         """Make the mirror link; returns the ifindex of its switch side (settings.controller_ifindex)."""
         switch_side = mirror_link_of(self.name)[0]
         run_tool(["ip", "link", "add", switch_side, "type", "veth", "peer", "name", self.mirror_iface],
-             f"mirror link of {self.name}")
+                 f"mirror link of {self.name}")
         self.mirror_link = True
         for iface in (switch_side, self.mirror_iface):
             subprocess.run(["sysctl", "-qw", f"net.ipv6.conf.{iface}.disable_ipv6=1"], capture_output=True)
