@@ -40,6 +40,12 @@
 #define CMD_NOOP 5   /* mn */
 #define CMD_LINE 6   /* stats, version: a line without a key that changes no item */
 
+/* meta.rewrite: what `servers` looks meta.server_wanted up for (p4src/mbalancer.p4, MbRewrite) */
+#define REWRITE_NONE 0
+#define REWRITE_GET 1       /* a balanced get: its destination */
+#define REWRITE_REPLY 2     /* a reply to a balanced get: its source (the home's) */
+#define REWRITE_UPSTREAM 3  /* a get another switch balanced: its flow remembered for its reply */
+
 /* Switch-wide counters: the index of each in `switch_counters` (the eBPF program's enum mb_counter, same order). */
 #define C_PACKETS 0
 #define C_MEMCACHED 1
@@ -240,20 +246,18 @@ header scratch_t {
     bit<32> stream_slot;
     bit<64> stream_id;
     bit<64> stored;
-    bit<8> command;
     bit<32> first;
     bit<16> second;
     bit<32> step;
     bit<32> mask;
     bit<32> estimate;
     bit<48> cell;
-    bit<32> n;
     bit<64> n64;
     bit<64> written;
     bit<64> unsure_count;
     bit<64> closed;
-    bit<1> known;
-    bit<1> reported;       /* make_unsure_coalesced: unsure_reported's bit */
+    bit<1> keep_mac;       /* reply_source: the reply keeps the replica's MAC (the get was balanced upstream) */
+    bit<1> reported;       /* MAKE_UNSURE_COALESCED: unsure_reported's bit */
     bit<6> pad;            /* (bmv2: a header is whole bytes) */
     bit<48> mac;
     bit<64> look;          /* parser: the next 8 bytes (fewer where the payload ends: zeros after them) */
@@ -339,18 +343,16 @@ struct metadata_t {
     bit<1> bad_number;
     bit<1> changes;        /* a flag that makes a meta command change the item (T, N, I) */
     /* ingress: what each job decided, for the jobs after it (p4src/mbalancer.p4, MbIngress) */
-    bit<1> parsed;         /* classify: an IPv4 UDP or TCP packet whose lengths add up, wholly in the frame */
     bit<1> reply;          /* classify: a UDP datagram from a memcached port (reply_source may rewrite it) */
-    bit<1> server_closed;  /* classify: a FIN or RST from the memcached of a server of the config */
+    bit<1> server_closed;  /* classify: a FIN or RST from the memcached of a server of the config, to the controller */
     bit<1> unparsed;       /* read_request: a request the pipeline cannot read (its server unsure, copy coalesced) */
     bit<1> unsure_it;      /* read_request: a request not exactly one command the pipeline reads */
     bit<1> whole;          /* read_request: the payload is exactly one whole command */
     bit<1> balance;        /* read_request: a single-key UDP get of a hot key (hot_get decides where it goes) */
     bit<1> mirror;         /* read_request: a write to a hot key's home (set_mirror) */
-    bit<1> sketch_it;      /* read_request: a get (of a multi-key one, its first key) the sketch counts */
-    bit<1> upstream;       /* read_request: a get another switch balanced: its IP ID names the home (a fabric) */
-    bit<1> rewrite_source; /* reply_source: the reply leaves with the home's IP and port, */
-    bit<1> keep_mac;       /* ... and keeps the replica's MAC (the get was balanced upstream) */
+    bit<1> odd;            /* read_request: unparsed, mirror or unsure_it may be set (the jobs that read them run) */
+    bit<2> rewrite;        /* REWRITE_*: which rewrite of meta.server_wanted's address (hot_get, reply_source,
+                            * read_request) */
     bit<1> request;        /* to a memcached port */
     bit<1> dest_known;     /* the destination is a server of the config */
     bit<1> trusted;        /* from the controller: its copies never make a server unsure */
@@ -363,8 +365,6 @@ struct metadata_t {
     bit<1> coalesce;         /* unsure, and unreadable by the controller too: one copy per report is enough */
     bit<8> report;           /* REPORT_*: an answer to the controller (op 2, op 3), in place of the packet */
     bit<1> hairpin;          /* a get this switch balanced: it may leave by the port it came in by, flooded too */
-    bit<1> to_controller;    /* to one of the controller's addresses */
-    bit<1> sketch_on;        /* sketch_control: a reader counts gets, in this epoch, reporting from this estimate */
     /* table keys: a key on a field of a header that is not valid (meta.s) is read as zeros by bmv2 */
     bit<32> slot;
     bit<16> point;         /* the request's hash: which replica's range it falls in */

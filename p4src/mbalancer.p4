@@ -88,7 +88,6 @@ register<bit<48>>(MB_MAX_SERVERS) unsure_last;     /* when the latest coalescabl
 @name(".MbIngress.server_unsure")
 counter(MB_MAX_SERVERS, CounterType.packets) server_unsure;  /* the twin of `unsure` */
 
-const bit<32> NO_SERVER = 0xffffffff;  /* server_wanted: no server lookup, or no address found */
 const bit<32> NO_POSITION = 0xffffffff;  /* replica_position: no replicas entry (the home itself) */
 
 @name(".MbIngress.count") action count(bit<32> which) {
@@ -126,37 +125,23 @@ action stream_at(in bit<32> src, in bit<16> src_port, in bit<32> dst, in bit<16>
     id = src ++ src_port ++ dst_port;
 }
 
-/* The request may hold writes the pipeline cannot read: every hot key of its server is dirty from now on until
- * the controller has checked them; the controller gets a copy. Requests to no known server are not ours. */
-/* (n + 1 is stored in n before the write: an expression given to an extern is a compiler temporary, a metadata
- * field bmv2 zeroes for every packet) */
-@name(".MbIngress.make_unsure") action make_unsure(in bit<32> server, inout bit<64> n, out bit<1> clone_it) {
-    unsure.read(n, server);
-    n = n + 1;
-    unsure.write(server, n);
-    server_unsure.count(server);
-    count(C_UNSURE);
-    clone_it = 1;
-}
+/* The request to server SERVER (a meta.s field) may hold writes the pipeline cannot read: every hot key of its
+ * server is dirty from now on until the controller has checked them; the controller gets a copy. Requests to no
+ * known server are not ours. A macro on meta.s.n64, not an action: an action's parameters are compiler
+ * temporaries (metadata bmv2 zeroes for every packet); and n64 is incremented in place after the read, so that p4c
+ * passes the field itself to the write (a value it can name as an expression, it copies into a temporary). */
+#define MAKE_UNSURE(SERVER) \
+    unsure.read(meta.s.n64, SERVER); meta.s.n64 = meta.s.n64 + 1; unsure.write(SERVER, meta.s.n64); \
+    server_unsure.count(SERVER); count(C_UNSURE);
 
-/* As make_unsure, for a request the controller cannot read either: copied only if no copy of such a request to
+/* As MAKE_UNSURE, for a request the controller cannot read either: copied only if no copy of such a request to
  * this server was made since the controller's last rearm (the check that copy starts covers this one). */
-@name(".MbIngress.make_unsure_coalesced")
-action make_unsure_coalesced(in bit<32> server, in bit<48> now, inout bit<64> n, inout bit<1> reported,
-                              out bit<1> clone_it) {
-    unsure.read(n, server);
-    n = n + 1;
-    unsure.write(server, n);
-    server_unsure.count(server);
-    count(C_UNSURE);
-    unsure_last.write(server, now);
-    unsure_reported.read(reported, server);
-    unsure_reported.write(server, 1);
-    clone_it = ~reported;
-    if (reported == 1) {
-        count(C_COALESCED);
-    }
-}
+#define MAKE_UNSURE_COALESCED(SERVER) \
+    MAKE_UNSURE(SERVER) \
+    unsure_last.write(SERVER, std.ingress_global_timestamp); \
+    unsure_reported.read(meta.s.reported, SERVER); unsure_reported.write(SERVER, 1); \
+    meta.clone_it = ~meta.s.reported; \
+    if (meta.s.reported == 1) { count(C_COALESCED); }
 
 /* A PacketOut from the controller (packet_out.op, OP_*): renew the lease, rearm a server's report, tell how long
  * the lease has left. An answer leaves for the CPU port (egress makes it a PacketIn); anything else is dropped. */
@@ -255,7 +240,7 @@ control MbClassify(inout headers_t hdr, inout metadata_t meta, inout standard_me
         size = MB_MAX_SERVERS;
     }
 
-    @name(".MbIngress.is_to_controller") action is_to_controller() { meta.to_controller = 1; }
+    @name(".MbIngress.is_to_controller") action is_to_controller() { }  /* (its hit is what counts) */
     @name(".MbIngress.controller_addresses")
     table controller_addresses {  /* trusted_sources, as destinations */
         key = { hdr.ipv4.dst: exact; }
@@ -264,161 +249,24 @@ control MbClassify(inout headers_t hdr, inout metadata_t meta, inout standard_me
         size = 16;
     }
 
+    /* (nested so that a get passes few conditions: each costs bmv2 per packet) */
     apply {
-        if (hdr.ipv4.isValid() && meta.s.ip_end <= (bit<16>)std.packet_length) {
-            meta.parsed = meta.l4;
-            if (hdr.ports.isValid()) {
-                memcached_ports.apply();
+        /* ports read (UDP, TCP or a first fragment: IPv4 valid), the IPv4 packet wholly in the frame */
+        if (hdr.ports.isValid() && meta.s.ip_end <= (bit<16>)std.packet_length) {
+            if (memcached_ports.apply().hit) {
                 server_index.apply();
                 trusted_sources.apply();
-            }
-        }
-        if (meta.parsed == 1 && meta.request == 0 && hdr.ipv4.isValid() && hdr.ports.isValid()) {
-            if (reply_ports.apply().hit) {
-                if (hdr.udp.isValid()) {
-                    meta.reply = 1;
-                } else if (hdr.tcp.isValid() && (hdr.tcp.flags & (TCP_FIN | TCP_RST)) != 0) {
-                    meta.server_closed = 1;
-                }
-            }
-        }
-        if (meta.server_closed == 1) {
-            if (!closing_servers.apply().hit) {
-                meta.server_closed = 0;  /* not a server of the config */
-            }
-            controller_addresses.apply();
-        }
-    }
-}
-
-/* A request to a memcached port: what it is (the command the parser read, proved whole or not, its key hot or
- * cold), and so what the jobs after this one do with it: balance it (hot get), count it in its slot (set mirror),
- * make its server unsure, count its key (sketch). A TCP connection read as a stream since a segment that was not
- * exactly one command stays unsure until a segment starts where the controller proved a command starts. */
-control MbReadRequest(inout headers_t hdr, inout metadata_t meta, inout standard_metadata_t std) {
-    @name(".MbIngress.blind_streams")
-    table blind_streams {  /* connections the controller cannot follow: their segments' copies are coalesced */
-        key = { hdr.ipv4.src: exact; hdr.ports.src: exact; hdr.ipv4.dst: exact; hdr.ports.dst: exact; }
-        actions = { NoAction; }
-        const default_action = NoAction;
-        size = 1 << MB_STREAM_BITS;
-    }
-
-    @name(".MbIngress.stream_resumes")
-    table stream_resumes {  /* a command starts at this segment of this connection, as the controller proved */
-        key = { hdr.ipv4.src: exact; hdr.ports.src: exact; hdr.ipv4.dst: exact; hdr.ports.dst: exact;
-                hdr.tcp.seq: exact; }
-        actions = { NoAction; }
-        const default_action = NoAction;
-        size = 1 << MB_STREAM_BITS;
-    }
-
-    @name(".MbIngress.hot") action hot(bit<32> slot, bit<32> home) {
-        meta.slot = slot;
-        meta.s.home = home;
-    }
-    @name(".MbIngress.hot_keys")
-    table hot_keys {  /* the whole key: a cold key never matches */
-        key = { meta.k.len: exact @name("meta.key_len"); meta.k.key: exact @name("meta.key"); }
-        actions = { hot; NoAction; }
-        const default_action = NoAction;
-        size = MB_MAX_HOT;
-    }
-
-    apply {
-        if (hdr.ipv4.isValid() && meta.s.ip_end <= (bit<16>)std.packet_length && meta.first_fragment == 1 &&
-                meta.request == 1) {
-            /* A request too big for one frame (a UDP set of a large value): the server applies it once every
-             * fragment is in, after this first one passes, so marking its server unsure now is in time. */
-            count(C_MEMCACHED);
-            meta.unparsed = 1;
-        } else if (meta.parsed == 1 && meta.request == 1) {
-            count(C_MEMCACHED);
-            if (hdr.tcp.isValid() && (hdr.tcp.flags & (TCP_FIN | TCP_RST)) != 0 && meta.trusted == 1) {
-                /* the controller closes: the server's FIN will answer it */
-                mix(meta.s.h, hdr.ipv4.src ^ hdr.ipv4.dst ^ ((bit<32>)hdr.ports.src << 16 | (bit<32>)hdr.ports.dst));
-                meta.s.h = meta.s.h >> (32 - MB_CLOSING_BITS);
-                meta.s.stored = hdr.ipv4.src ++ hdr.ports.src ++ hdr.ports.dst;
-                closing.write(meta.s.h, meta.s.stored);
-            }
-            if (hdr.tcp.isValid() && (hdr.ipv4.flags_frag & IP_BALANCED) == 0) {
-                stream_at(hdr.ipv4.src, hdr.ports.src, hdr.ipv4.dst, hdr.ports.dst,
-                          meta.s.stream_slot, meta.s.stream_id);
-                stream_ids.read(meta.s.stored, meta.s.stream_slot);
-                /* a connection read as a stream: stopped knowing at stream_starts */
-                if (meta.s.stored == meta.s.stream_id) {
-                    if (meta.s.payload_len > 0) {
-                        if (stream_resumes.apply().hit) {
-                            /* where a command starts: read on its own again */
-                            stream_ids.write(meta.s.stream_slot, 0);
-                        } else {
-                            meta.mid_stream = 1;
-                            meta.stream = 1;
-                            stream_starts.read(meta.stream_start, meta.s.stream_slot);
-                            if (blind_streams.apply().hit) {
-                                meta.coalesce = 1;
+            } else if (meta.l4 == 1) {
+                if (reply_ports.apply().hit) {
+                    if (hdr.udp.isValid()) {
+                        meta.reply = 1;
+                    } else if ((hdr.tcp.flags & (TCP_FIN | TCP_RST)) != 0) {
+                        /* a FIN or RST from a server of the config to the controller */
+                        if (closing_servers.apply().hit) {
+                            if (controller_addresses.apply().hit) {
+                                meta.server_closed = 1;
                             }
                         }
-                    }
-                    if ((hdr.tcp.flags & (TCP_FIN | TCP_RST)) != 0) {
-                        stream_ids.write(meta.s.stream_slot, 0);
-                    }
-                }
-            }
-            if ((hdr.ipv4.flags_frag & IP_BALANCED) != 0) {
-                count(C_ALREADY_BALANCED);
-                meta.upstream = (bit<1>)(hdr.udp.isValid() && hdr.frame.isValid());
-            } else if (meta.mid_stream == 1) {
-                meta.unsure_it = 1;  /* `mn\r\n` may be the last bytes of a value */
-            } else if (meta.s.payload_len == 0 && meta.command == CMD_NONE) {
-                /* a bare TCP ACK: nothing to read, nothing wrong */
-            } else if (hdr.udp.isValid() && meta.frame_ok == 0) {
-                meta.unparsed = 1;
-            } else {
-                /* commands shorter than 6 bytes: only "mn\r\n" (the eBPF parser's rule) */
-                meta.s.command = meta.command;
-                if (meta.s.command == CMD_NOOP && !(meta.s.command_len == 4 && hdr.lf.isValid() && hdr.lf.b == 0x0a)) {
-                    meta.s.command = CMD_OTHER;
-                } else if (meta.s.command != CMD_NOOP && meta.s.command_len < 6) {
-                    meta.s.command = CMD_OTHER;
-                }
-                /* the payload is exactly this one command: its line ends with "\r\n", then its data block and
-                 * "\r\n" if it has one, then nothing */
-                if (meta.line_found == 1 && meta.bad_number == 0 && hdr.lf.isValid() && hdr.lf.b == 0x0a &&
-                        !(meta.s.command == CMD_READ && meta.changes == 1)) {
-                    if (meta.s.data_field == MB_NO_DATA) {
-                        meta.whole = (bit<1>)(meta.s.remaining == 0);
-                    } else if (meta.fields > meta.s.data_field) {
-                        meta.whole = (bit<1>)((bit<64>)meta.s.remaining == meta.number + 2);
-                    }
-                }
-                if (meta.s.command == CMD_NOOP) {
-                } else if (meta.s.command == CMD_OTHER || meta.s.command == CMD_NONE) {
-                    meta.unparsed = 1;
-                } else if (meta.s.command == CMD_LINE) {
-                    meta.unsure_it = ~meta.whole;
-                } else if (meta.k.len == 0) {
-                    meta.unparsed = 1;
-                } else {
-                    meta.sketch_it = (bit<1>)(meta.s.command == CMD_GET);
-                    /* (hot or not as the table's hit, not a flag: every metadata field costs bmv2 per packet) */
-                    if (!hot_keys.apply().hit) {
-                        if (!(meta.s.command == CMD_GET && meta.whole == 1 && hdr.key_end.b == 0x0d)) {
-                            meta.unsure_it = ~meta.whole;  /* a read, or a write to a cold key */
-                        }
-                    } else if (meta.s.command == CMD_GET && meta.whole == 1 && hdr.key_end.b == 0x0d) {
-                        /* a single-key get, and nothing else (over TCP: to its home, untouched) */
-                        meta.balance = (bit<1>)hdr.udp.isValid();
-                    } else if (meta.s.command == CMD_WRITE) {
-                        if (meta.dest_known == 1 && meta.s.dest_server == meta.s.home) {
-                            meta.mirror = 1;
-                            meta.unsure_it = ~meta.whole;
-                        } else {
-                            /* a write to a replica: the controller's own copy (only writes to the home count) */
-                            meta.unsure_it = ~meta.whole;
-                        }
-                    } else {
-                        meta.unsure_it = ~meta.whole;  /* a read */
                     }
                 }
             }
@@ -439,7 +287,6 @@ control MbSketch(inout headers_t hdr, inout metadata_t meta, inout standard_meta
     counter(2, CounterType.packets) sketch_digests;  /* digests sent, per epoch parity: the reader waits for them */
 
     @name(".MbIngress.sketch_on") action sketch_on(bit<16> epoch, bit<32> report_from) {
-        meta.sketch_on = 1;
         meta.s.sketch_epoch = epoch;
         meta.s.report_from = report_from;
     }
@@ -491,49 +338,203 @@ control MbSketch(inout headers_t hdr, inout metadata_t meta, inout standard_meta
     /* (meta.s.cell_at: which; meta.s.estimate: the least count so far) */
     @name(".MbIngress.sketch_cell") action sketch_cell() {
         sketch.read(meta.s.cell, meta.s.cell_at);
-        meta.s.n = 1;
+        /* (the cell changed in place, each way in a branch: p4c passes the field itself to the write, where a value
+         * it can name as an expression would go through a compiler temporary, zeroed for every packet) */
         if (meta.s.cell[47:32] == meta.s.sketch_epoch) {
-            meta.s.n = meta.s.cell[31:0] + 1;
+            meta.s.cell = meta.s.cell + 1;
+        } else {
+            meta.s.cell = meta.s.sketch_epoch ++ 32w1;
         }
-        meta.s.cell = meta.s.sketch_epoch ++ meta.s.n;
         sketch.write(meta.s.cell_at, meta.s.cell);
-        if (meta.s.n < meta.s.estimate) {
-            meta.s.estimate = meta.s.n;
+        if (meta.s.cell[31:0] < meta.s.estimate) {
+            meta.s.estimate = meta.s.cell[31:0];
         }
     }
 
-    apply {
-        if (meta.sketch_it == 1) {  /* a get (of a multi-key one, its first key) */
-            sketch_control.apply();
+    apply {  /* applied to a get (of a multi-key one, its first key) */
+        switch (sketch_control.apply().action_run) {  /* (the action run, not a flag: no metadata field) */
+            sketch_on: {
+                hash(meta.s.first, HashAlgorithm.crc32, 32w0, meta.k, 64w0x100000000);  /* its length and key */
+                hash(meta.s.second, HashAlgorithm.crc16, 16w0, meta.k, 32w0x10000);
+                meta.s.step = (bit<32>)meta.s.second | 1;  /* odd: the rows' cells differ (double hashing) */
+                meta.s.mask = (1 << MB_SKETCH_BITS) - 1;
+                meta.s.estimate = 0xffffffff;
+                meta.s.cell_at = meta.s.first & meta.s.mask;
+                sketch_cell();
+                meta.s.cell_at = (1 << MB_SKETCH_BITS) | ((meta.s.first + meta.s.step) & meta.s.mask);
+                sketch_cell();
+                meta.s.cell_at = (2 << MB_SKETCH_BITS) | ((meta.s.first + 2 * meta.s.step) & meta.s.mask);
+                sketch_cell();
+                meta.s.cell_at = (3 << MB_SKETCH_BITS) | ((meta.s.first + 3 * meta.s.step) & meta.s.mask);
+                sketch_cell();
+                meta.s.parity = (bit<32>)(meta.s.sketch_epoch & 1);
+                meta.s.index = MB_MAX_SERVERS;
+                if (meta.dest_known == 1) {
+                    meta.s.index = meta.s.dest_server;
+                }
+                meta.s.index = meta.s.parity * (MB_MAX_SERVERS + 1) + meta.s.index;
+                sketch_destinations.count(meta.s.index);
+                meta.sketch_estimate = meta.s.estimate;
+                sketch_report_step.apply();
+                if (meta.s.estimate >= meta.s.report_from && (meta.s.estimate & meta.s.report_mask) == 0) {
+                    sketch_digests.count(meta.s.parity);
+                    digest<sketch_report_t>(MB_SKETCH_DIGEST, {meta.s.sketch_epoch, meta.s.estimate, hdr.ipv4.dst,
+                                                               hdr.ports.dst, meta.k.len, meta.k.key});
+                }
+            }
         }
-        if (meta.sketch_on == 1) {
-            hash(meta.s.first, HashAlgorithm.crc32, 32w0, meta.k, 64w0x100000000);  /* its length and key */
-            hash(meta.s.second, HashAlgorithm.crc16, 16w0, meta.k, 32w0x10000);
-            meta.s.step = (bit<32>)meta.s.second | 1;  /* odd: the rows' cells differ (double hashing) */
-            meta.s.mask = (1 << MB_SKETCH_BITS) - 1;
-            meta.s.estimate = 0xffffffff;
-            meta.s.cell_at = meta.s.first & meta.s.mask;
-            sketch_cell();
-            meta.s.cell_at = (1 << MB_SKETCH_BITS) | ((meta.s.first + meta.s.step) & meta.s.mask);
-            sketch_cell();
-            meta.s.cell_at = (2 << MB_SKETCH_BITS) | ((meta.s.first + 2 * meta.s.step) & meta.s.mask);
-            sketch_cell();
-            meta.s.cell_at = (3 << MB_SKETCH_BITS) | ((meta.s.first + 3 * meta.s.step) & meta.s.mask);
-            sketch_cell();
-            meta.s.parity = (bit<32>)(meta.s.sketch_epoch & 1);
-            meta.s.index = MB_MAX_SERVERS;
-            if (meta.dest_known == 1) {
-                meta.s.index = meta.s.dest_server;
+    }
+}
+
+/* meta.whole: the payload is exactly this one command: its line ends with "\r\n", then its data block and "\r\n"
+ * if it has one, then nothing */
+#define WHOLE \
+    if (meta.line_found == 1 && meta.bad_number == 0 && hdr.lf.isValid() && hdr.lf.b == 0x0a && \
+            !(meta.command == CMD_READ && meta.changes == 1)) { \
+        if (meta.s.data_field == MB_NO_DATA) { \
+            meta.whole = (bit<1>)(meta.s.remaining == 0); \
+        } else if (meta.fields > meta.s.data_field) { \
+            meta.whole = (bit<1>)((bit<64>)meta.s.remaining == meta.number + 2); \
+        } \
+    }
+
+/* A request to a memcached port: what it is (the command the parser read, proved whole or not, its key hot or
+ * cold), and so what the jobs after this one do with it: balance it (hot get), count it in its slot (set mirror),
+ * make its server unsure, count its key (sketch). A TCP connection read as a stream since a segment that was not
+ * exactly one command stays unsure until a segment starts where the controller proved a command starts. */
+control MbReadRequest(inout headers_t hdr, inout metadata_t meta, inout standard_metadata_t std) {
+    @name(".MbIngress.blind_streams")
+    table blind_streams {  /* connections the controller cannot follow: their segments' copies are coalesced */
+        key = { hdr.ipv4.src: exact; hdr.ports.src: exact; hdr.ipv4.dst: exact; hdr.ports.dst: exact; }
+        actions = { NoAction; }
+        const default_action = NoAction;
+        size = 1 << MB_STREAM_BITS;
+    }
+
+    @name(".MbIngress.stream_resumes")
+    table stream_resumes {  /* a command starts at this segment of this connection, as the controller proved */
+        key = { hdr.ipv4.src: exact; hdr.ports.src: exact; hdr.ipv4.dst: exact; hdr.ports.dst: exact;
+                hdr.tcp.seq: exact; }
+        actions = { NoAction; }
+        const default_action = NoAction;
+        size = 1 << MB_STREAM_BITS;
+    }
+
+    @name(".MbIngress.hot") action hot(bit<32> slot, bit<32> home) {
+        meta.slot = slot;
+        meta.s.home = home;
+    }
+    @name(".MbIngress.hot_keys")
+    table hot_keys {  /* the whole key: a cold key never matches */
+        key = { meta.k.len: exact @name("meta.key_len"); meta.k.key: exact @name("meta.key"); }
+        actions = { hot; NoAction; }
+        const default_action = NoAction;
+        size = MB_MAX_HOT;
+    }
+
+    MbSketch() sketching;
+
+    apply {  /* (nested so that a get passes few conditions: each costs bmv2 per packet) */
+        if (meta.l4 == 1) {
+            count(C_MEMCACHED);
+            if (hdr.tcp.isValid()) {
+                if ((hdr.tcp.flags & (TCP_FIN | TCP_RST)) != 0 && meta.trusted == 1) {
+                    /* the controller closes: the server's FIN will answer it */
+                    mix(meta.s.h, hdr.ipv4.src ^ hdr.ipv4.dst ^
+                                  ((bit<32>)hdr.ports.src << 16 | (bit<32>)hdr.ports.dst));
+                    meta.s.h = meta.s.h >> (32 - MB_CLOSING_BITS);
+                    meta.s.stored = hdr.ipv4.src ++ hdr.ports.src ++ hdr.ports.dst;
+                    closing.write(meta.s.h, meta.s.stored);
+                }
+                if ((hdr.ipv4.flags_frag & IP_BALANCED) == 0) {
+                    stream_at(hdr.ipv4.src, hdr.ports.src, hdr.ipv4.dst, hdr.ports.dst,
+                              meta.s.stream_slot, meta.s.stream_id);
+                    stream_ids.read(meta.s.stored, meta.s.stream_slot);
+                    /* a connection read as a stream: stopped knowing at stream_starts */
+                    if (meta.s.stored == meta.s.stream_id) {
+                        if (meta.s.payload_len > 0) {
+                            if (stream_resumes.apply().hit) {
+                                /* where a command starts: read on its own again */
+                                stream_ids.write(meta.s.stream_slot, 0);
+                            } else {
+                                meta.mid_stream = 1;
+                                meta.stream = 1;
+                                stream_starts.read(meta.stream_start, meta.s.stream_slot);
+                                if (blind_streams.apply().hit) {
+                                    meta.coalesce = 1;
+                                }
+                            }
+                        }
+                        if ((hdr.tcp.flags & (TCP_FIN | TCP_RST)) != 0) {
+                            stream_ids.write(meta.s.stream_slot, 0);
+                        }
+                    }
+                }
             }
-            meta.s.index = meta.s.parity * (MB_MAX_SERVERS + 1) + meta.s.index;
-            sketch_destinations.count(meta.s.index);
-            meta.sketch_estimate = meta.s.estimate;
-            sketch_report_step.apply();
-            if (meta.s.estimate >= meta.s.report_from && (meta.s.estimate & meta.s.report_mask) == 0) {
-                sketch_digests.count(meta.s.parity);
-                digest<sketch_report_t>(MB_SKETCH_DIGEST, {meta.s.sketch_epoch, meta.s.estimate, hdr.ipv4.dst,
-                                                           hdr.ports.dst, meta.k.len, meta.k.key});
-            }
+            if ((hdr.ipv4.flags_frag & IP_BALANCED) != 0) {
+                count(C_ALREADY_BALANCED);
+                if (hdr.udp.isValid() && hdr.frame.isValid()) {  /* a get another switch balanced: its IP ID
+                                                                  * names the home (a fabric) */
+                    meta.server_wanted = (bit<32>)hdr.ipv4.identification;
+                    meta.rewrite = REWRITE_UPSTREAM;
+                }
+            } else if (meta.frame_ok == 1 || (hdr.tcp.isValid() && meta.mid_stream == 0 &&
+                                              (meta.s.payload_len != 0 || meta.command != CMD_NONE))) {
+                /* a datagram with a frame header, or a segment not in a stream and not a bare ACK: its command */
+                if (meta.command >= CMD_GET && meta.command <= CMD_READ) {  /* get, a write, mg: a command with a key */
+                    if (meta.s.command_len < 6 || meta.k.len == 0) {  /* (shorter than 6 bytes: the eBPF parser's
+                                                                         * rule) */
+                        meta.unparsed = 1;
+                        meta.odd = 1;
+                    } else {
+                        WHOLE
+                        if (hot_keys.apply().hit) {
+                            if (meta.command == CMD_GET && meta.whole == 1 && hdr.key_end.b == 0x0d) {
+                                /* a single-key get, and nothing else (over TCP: to its home, untouched) */
+                                meta.balance = (bit<1>)hdr.udp.isValid();
+                            } else {
+                                /* a write to the home is mirrored (the controller's own copy to a replica is
+                                 * not); a read, a multi-key get or a write not proved whole: unsure */
+                                meta.mirror = (bit<1>)(meta.command == CMD_WRITE && meta.dest_known == 1 &&
+                                                       meta.s.dest_server == meta.s.home);
+                                meta.unsure_it = ~meta.whole;
+                                meta.odd = 1;
+                            }
+                        } else if (meta.whole == 0) {  /* a read, or a write to a cold key, not proved whole */
+                            meta.unsure_it = 1;
+                            meta.odd = 1;
+                        }
+                        if (meta.command == CMD_GET) {
+                            sketching.apply(hdr, meta, std);
+                        }
+                    }
+                } else if (meta.command == CMD_NOOP) {  /* only "mn\r\n" (the eBPF parser's rule) */
+                    if (!(meta.s.command_len == 4 && hdr.lf.isValid() && hdr.lf.b == 0x0a)) {
+                        meta.unparsed = 1;
+                        meta.odd = 1;
+                    }
+                } else if (meta.command == CMD_LINE && meta.s.command_len >= 6) {
+                    WHOLE
+                    meta.unsure_it = ~meta.whole;
+                    meta.odd = 1;
+                } else {  /* not a command the pipeline reads */
+                    meta.unparsed = 1;
+                    meta.odd = 1;
+                }
+            } else if (meta.mid_stream == 1) {
+                meta.unsure_it = 1;  /* `mn\r\n` may be the last bytes of a value */
+                meta.odd = 1;
+            } else if (hdr.udp.isValid() && meta.s.payload_len != 0) {  /* no frame header (an empty datagram:
+                                                                          * nothing to read, nothing wrong) */
+                meta.unparsed = 1;
+                meta.odd = 1;
+            }  /* (else a bare TCP ACK: nothing to read, nothing wrong) */
+        } else if (meta.first_fragment == 1) {
+            /* A request too big for one frame (a UDP set of a large value): the server applies it once every
+             * fragment is in, after this first one passes, so marking its server unsure now is in time. */
+            count(C_MEMCACHED);
+            meta.unparsed = 1;
+            meta.odd = 1;
         }
     }
 }
@@ -557,7 +558,8 @@ control MbServerClosed(inout headers_t hdr, inout metadata_t meta, inout standar
             closes.write(meta.s.closing_server, meta.s.n64);
             server_closes.count(meta.s.closing_server);
             meta.s.dest_server = meta.s.closing_server;
-            make_unsure(meta.s.dest_server, meta.s.n64, meta.clone_it);
+            MAKE_UNSURE(meta.s.dest_server)
+            meta.clone_it = 1;
         }
     }
 }
@@ -572,7 +574,7 @@ control MbSetMirror(inout headers_t hdr, inout metadata_t meta, inout standard_m
         writes.write(meta.slot, meta.s.n64);
         key_mirrored.count(meta.slot);
         count(C_MIRRORED);
-        meta.clone_it = meta.whole | meta.trusted;  /* else make_unsure clones it (once); the controller's own never
+        meta.clone_it = meta.whole | meta.trusted;  /* else the unsure job clones it (once); the controller's own never
                                                      * make a server unsure, but are copied */
     }
 }
@@ -582,10 +584,10 @@ control MbSetMirror(inout headers_t hdr, inout metadata_t meta, inout standard_m
 control MbUnsureRequest(inout headers_t hdr, inout metadata_t meta, inout standard_metadata_t std) {
     apply {
         if (meta.coalesce == 1) {
-            make_unsure_coalesced(meta.s.dest_server, std.ingress_global_timestamp, meta.s.n64, meta.s.reported,
-                                      meta.clone_it);
+            MAKE_UNSURE_COALESCED(meta.s.dest_server)
         } else {
-            make_unsure(meta.s.dest_server, meta.s.n64, meta.clone_it);
+            MAKE_UNSURE(meta.s.dest_server)
+            meta.clone_it = 1;
         }
         if (hdr.tcp.isValid() && meta.mid_stream == 0) {  /* it may end inside a command: a stream from here */
             stream_at(hdr.ipv4.src, hdr.ports.src, hdr.ipv4.dst, hdr.ports.dst, meta.s.stream_slot, meta.s.stream_id);
@@ -600,7 +602,7 @@ control MbUnsureRequest(inout headers_t hdr, inout metadata_t meta, inout standa
 /* hot_get: a single-key UDP get of a hot key goes home untouched if the key is dirty (writes or unsure requests
  * since the controller's sync), the lease ran out, or the chosen replica's memcached closed a connection of the
  * controller's it has not dealt with; else to a replica chosen by weight from a hash of the request id and client.
- * Decides meta.server_wanted (the rewrite job rewrites). */
+ * Decides meta.server_wanted, and meta.rewrite (REWRITE_GET: the rewrite job rewrites). */
 control MbHotGet(inout headers_t hdr, inout metadata_t meta, inout standard_metadata_t std) {
     @name(".MbIngress.key_gets") counter(MB_MAX_HOT, CounterType.packets) key_gets;
     @name(".MbIngress.key_home_while_dirty") counter(MB_MAX_HOT, CounterType.packets) key_home_while_dirty;
@@ -620,6 +622,8 @@ control MbHotGet(inout headers_t hdr, inout metadata_t meta, inout standard_meta
     @name(".MbIngress.to_replica") action to_replica(bit<32> server, bit<32> position) {
         meta.s.replica = server;
         meta.s.replica_position = position;
+        /* key_per_replica's index, here: computed next to the counter it would go through a compiler temporary */
+        meta.s.index = meta.slot * MB_MAX_REPLICAS + position;
     }
     @name(".MbIngress.replicas")
     table replicas {  /* per slot, a range of the 16-bit hash per replica, as wide as its weight */
@@ -658,6 +662,7 @@ control MbHotGet(inout headers_t hdr, inout metadata_t meta, inout standard_meta
             mix(meta.s.h, ((bit<32>)hdr.frame.request_id | ((bit<32>)hdr.ports.src << 16)) ^ hdr.ipv4.src);
             meta.point = meta.s.h[15:0];
             meta.server_wanted = meta.s.home;
+            meta.rewrite = REWRITE_GET;
             if (replicas.apply().hit) {
                 meta.server_wanted = meta.s.replica;
             } else {
@@ -669,8 +674,7 @@ control MbHotGet(inout headers_t hdr, inout metadata_t meta, inout standard_meta
                 closes_handled.apply();
                 closes.read(meta.s.closed, meta.server_wanted);
                 if (meta.s.closed != meta.s.handled) {
-                    meta.balance = 0;  /* home, untouched */
-                    meta.server_wanted = NO_SERVER;
+                    meta.rewrite = REWRITE_NONE;  /* home, untouched */
                 }
             }
         }
@@ -688,9 +692,9 @@ control MbReplySource(inout headers_t hdr, inout metadata_t meta, inout standard
         flow_ids.read(meta.s.stored, at);
         if (meta.s.stored == id) {
             flow_homes.read(meta.server_wanted, at);
-            meta.keep_mac = meta.server_wanted[31:31];
+            meta.s.keep_mac = meta.server_wanted[31:31];
             meta.server_wanted = meta.server_wanted & ~FLOW_UPSTREAM;
-            meta.rewrite_source = 1;
+            meta.rewrite = REWRITE_REPLY;
         }
     }
 }
@@ -702,22 +706,12 @@ control MbReplySource(inout headers_t hdr, inout metadata_t meta, inout standard
 control MbRewrite(inout headers_t hdr, inout metadata_t meta, inout standard_metadata_t std) {
     @name(".MbIngress.key_per_replica")
     counter(MB_MAX_HOT * MB_MAX_REPLICAS, CounterType.packets) key_per_replica;  /* slot * 8 + position */
-    apply {
-        if (meta.upstream == 1 && meta.server_wanted != NO_SERVER && meta.s.server_ip != hdr.ipv4.dst) {
-            /* the reply leaves the replica through this switch first, maybe never through the one that balanced
-             * the get: remember the home here too, marked, so the reply gets the home's IP and port here */
-            FLOW_SLOT(hdr.ipv4.src, hdr.ports.src, hdr.frame.request_id)
-            meta.s.stored = hdr.ipv4.src ++ hdr.ports.src ++ hdr.frame.request_id;
-            flow_ids.write(meta.s.h, meta.s.stored);
-            meta.s.index = (bit<32>)hdr.ipv4.identification | FLOW_UPSTREAM;
-            flow_homes.write(meta.s.h, meta.s.index);
-        }
-        if (meta.balance == 1 && meta.server_wanted != NO_SERVER) {
+    apply {  /* applied once `servers` has found meta.server_wanted's address; meta.rewrite says which rewrite */
+        if (meta.rewrite == REWRITE_GET) {  /* a balanced get: its destination */
             bit<32> chosen = meta.server_wanted;
             meta.hairpin = (bit<1>)(chosen != meta.s.home);
             if (meta.s.replica_position != NO_POSITION) {
-                meta.s.index = meta.slot * MB_MAX_REPLICAS + meta.s.replica_position;
-                key_per_replica.count(meta.s.index);
+                key_per_replica.count(meta.s.index);  /* (the index: the replicas entry's action) */
             }
             if (chosen != meta.s.home) {  /* remember the get, so its reply leaves with the home's source */
                 FLOW_SLOT(hdr.ipv4.src, hdr.ports.src, hdr.frame.request_id)
@@ -747,29 +741,44 @@ control MbRewrite(inout headers_t hdr, inout metadata_t meta, inout standard_met
             hdr.ports.dst = meta.s.server_port;
             hdr.ethernet.dst = meta.s.server_mac;
             count(C_BALANCED);
-        }
-        if (meta.rewrite_source == 1 && meta.server_wanted != NO_SERVER &&
-                (meta.s.server_ip != hdr.ipv4.src || meta.s.server_port != hdr.ports.src)) {
-            SUM_WORDS(hdr.ipv4.checksum, hdr.ipv4.src, 0, 0)
-            SUM_WORDS(meta.s.csum, meta.s.server_ip, 0, 0)
-            hdr.ipv4.checksum = meta.s.csum;
-            if (hdr.udp.checksum != 0) {
-                SUM_WORDS(hdr.udp.checksum, hdr.ipv4.src, hdr.ports.src, 0)
-                SUM_WORDS(meta.s.csum, meta.s.server_ip, meta.s.server_port, 0)
-                hdr.udp.checksum = meta.s.csum;
-                if (meta.s.csum == 0) {
-                    hdr.udp.checksum = 0xffff;  /* 0 says "none" */
+        } else if (meta.rewrite == REWRITE_REPLY) {  /* a reply to a balanced get: its source */
+            if (meta.s.server_ip != hdr.ipv4.src || meta.s.server_port != hdr.ports.src) {
+                SUM_WORDS(hdr.ipv4.checksum, hdr.ipv4.src, 0, 0)
+                SUM_WORDS(meta.s.csum, meta.s.server_ip, 0, 0)
+                hdr.ipv4.checksum = meta.s.csum;
+                if (hdr.udp.checksum != 0) {
+                    SUM_WORDS(hdr.udp.checksum, hdr.ipv4.src, hdr.ports.src, 0)
+                    SUM_WORDS(meta.s.csum, meta.s.server_ip, meta.s.server_port, 0)
+                    hdr.udp.checksum = meta.s.csum;
+                    if (meta.s.csum == 0) {
+                        hdr.udp.checksum = 0xffff;  /* 0 says "none" */
+                    }
                 }
+                hdr.ipv4.src = meta.s.server_ip;
+                hdr.ports.src = meta.s.server_port;
+                if (meta.s.keep_mac == 0) {
+                    hdr.ethernet.src = meta.s.server_mac;
+                }
+                count(C_REPLIES_REWRITTEN);
             }
-            hdr.ipv4.src = meta.s.server_ip;
-            hdr.ports.src = meta.s.server_port;
-            if (meta.keep_mac == 0) {
-                hdr.ethernet.src = meta.s.server_mac;
-            }
-            count(C_REPLIES_REWRITTEN);
+        } else if (meta.s.server_ip != hdr.ipv4.dst) {  /* REWRITE_UPSTREAM: a get another switch balanced */
+            /* the reply leaves the replica through this switch first, maybe never through the one that balanced
+             * the get: remember the home here too, marked, so the reply gets the home's IP and port here */
+            FLOW_SLOT(hdr.ipv4.src, hdr.ports.src, hdr.frame.request_id)
+            meta.s.stored = hdr.ipv4.src ++ hdr.ports.src ++ hdr.frame.request_id;
+            flow_ids.write(meta.s.h, meta.s.stored);
+            meta.s.index = (bit<32>)hdr.ipv4.identification | FLOW_UPSTREAM;
+            flow_homes.write(meta.s.h, meta.s.index);
         }
     }
 }
+
+/* Flood an unknown or multicast destination. */
+#define FLOOD count(C_FLOODED); std.mcast_grp = MB_FLOOD_GROUP;
+/* A destination behind the port the frame came in by is dropped; but a rewritten get may go back the way it came
+ * (a fabric's home leaf sends it up to a spine again). */
+#define DROP_IF_BEHIND_INGRESS \
+    if (std.egress_spec == std.ingress_port && meta.hairpin == 0) { count(C_DROPPED); mark_to_drop(std); }
 
 /* forward: the controller's entry, else the learned port, else flood. */
 control MbForward(inout headers_t hdr, inout metadata_t meta, inout standard_metadata_t std) {
@@ -787,27 +796,20 @@ control MbForward(inout headers_t hdr, inout metadata_t meta, inout standard_met
             mark_to_drop(std);
             return;
         }
-        meta.s.known = 0;
-        if (hdr.ethernet.dst[40:40] == 0) {
-            if (forward.apply().hit) {
-                meta.s.known = 1;
+        if (hdr.ethernet.dst[40:40] == 1) {  /* multicast, broadcast */
+            FLOOD
+        } else if (forward.apply().hit) {
+            DROP_IF_BEHIND_INGRESS
+        } else {
+            hash(meta.s.h, HashAlgorithm.crc32, 32w0, {hdr.ethernet.dst}, 32w1 << MB_LEARN_BITS);
+            bit<32> at = meta.s.h;
+            learned_macs.read(meta.s.mac, at);
+            if (meta.s.mac == hdr.ethernet.dst) {
+                learned_ports.read(std.egress_spec, at);
+                DROP_IF_BEHIND_INGRESS
             } else {
-                hash(meta.s.h, HashAlgorithm.crc32, 32w0, {hdr.ethernet.dst}, 32w1 << MB_LEARN_BITS);
-                bit<32> at = meta.s.h;
-                learned_macs.read(meta.s.mac, at);
-                if (meta.s.mac == hdr.ethernet.dst) {
-                    learned_ports.read(std.egress_spec, at);
-                    meta.s.known = 1;
-                }
+                FLOOD
             }
-        }
-        if (meta.s.known == 1 && std.egress_spec == std.ingress_port && meta.hairpin == 0) {
-            /* (a rewritten get may go back the way it came: a fabric's home leaf sends it up to a spine again) */
-            count(C_DROPPED);  /* the destination is behind the port it came from */
-            mark_to_drop(std);
-        } else if (meta.s.known == 0) {
-            count(C_FLOODED);
-            std.mcast_grp = MB_FLOOD_GROUP;
         }
     }
 }
@@ -818,8 +820,7 @@ control MbIngress(inout headers_t hdr, inout metadata_t meta, inout standard_met
     MbControllerOps() controller_ops;
     MbLearn() learn;
     MbClassify() classify;
-    MbReadRequest() read_request;
-    MbSketch() sketching;
+    MbReadRequest() read_request;  /* (with the sketch: it counts the gets it reads) */
     MbServerClosed() server_closed;
     MbSetMirror() set_mirror;
     MbUnsureRequest() unsure_request;
@@ -852,40 +853,41 @@ control MbIngress(inout headers_t hdr, inout metadata_t meta, inout standard_met
         count(C_PACKETS);
         learn.apply(hdr, meta, std);
         classify.apply(hdr, meta, std);
-        read_request.apply(hdr, meta, std);
-        sketching.apply(hdr, meta, std);
-        if (meta.unparsed == 1) {
-            count(C_UNPARSED);
-            meta.unsure_it = 1;
-            meta.coalesce = (bit<1>)hdr.udp.isValid();  /* a TCP one starts a stream: its copy is needed */
-        }
-        if (meta.server_closed == 1 && meta.to_controller == 1) {
+        /* (each kind of packet down its own branch: a get passes few conditions, each costs bmv2 per packet) */
+        if (meta.request == 1) {
+            read_request.apply(hdr, meta, std);
+            if (meta.balance == 1) {
+                hot_get.apply(hdr, meta, std);
+            } else if (meta.odd == 1) {  /* a request some job below has to deal with */
+                if (meta.unparsed == 1) {
+                    count(C_UNPARSED);
+                    meta.unsure_it = 1;
+                    meta.coalesce = (bit<1>)hdr.udp.isValid();  /* a TCP one starts a stream: its copy is needed */
+                }
+                if (meta.mirror == 1) {
+                    set_mirror.apply(hdr, meta, std);
+                }
+                if (meta.unsure_it == 1 && meta.dest_known == 1 && meta.trusted == 0) {
+                    unsure_request.apply(hdr, meta, std);
+                }
+                if (meta.clone_it == 1) {
+                    clone_to_controller();
+                }
+            }
+        } else if (meta.reply == 1) {
+            if (hdr.frame.isValid()) {
+                reply_source.apply(hdr, meta, std);
+            }
+        } else if (meta.server_closed == 1) {
             server_closed.apply(hdr, meta, std);
-        }
-
-        meta.server_wanted = NO_SERVER;
-        if (meta.upstream == 1) {  /* a get another switch balanced: its IP ID names the home (a fabric) */
-            meta.server_wanted = (bit<32>)hdr.ipv4.identification;
-        }
-        if (meta.mirror == 1) {
-            set_mirror.apply(hdr, meta, std);
-        }
-        if (meta.unsure_it == 1 && meta.dest_known == 1 && meta.trusted == 0) {
-            unsure_request.apply(hdr, meta, std);
-        }
-        if (meta.balance == 1) {
-            hot_get.apply(hdr, meta, std);
-        } else if (meta.reply == 1 && hdr.frame.isValid()) {
-            reply_source.apply(hdr, meta, std);
-        }
-        if (meta.server_wanted != NO_SERVER) {
-            if (!servers.apply().hit) {
-                meta.server_wanted = NO_SERVER;  /* no address: the rewrite leaves the packet as it is */
+            if (meta.clone_it == 1) {
+                clone_to_controller();
             }
         }
-        rewrite.apply(hdr, meta, std);
-        if (meta.clone_it == 1) {
-            clone_to_controller();
+        if (meta.rewrite != REWRITE_NONE) {  /* a server to rewrite into the packet: the jobs above chose it */
+            if (servers.apply().hit) {
+                rewrite.apply(hdr, meta, std);
+            }  /* (no address: the packet leaves as it is) */
         }
         forwarding.apply(hdr, meta, std);
     }
