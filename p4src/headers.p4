@@ -290,6 +290,7 @@ header scratch_t {
     bit<32> server_ip;
     bit<16> server_port;
     bit<48> quiet_us;
+    bit<8> report;         /* REPORT_*: an answer to the controller (op 2, op 3), in place of the packet */
     bit<32> closing_server;  /* the server whose memcached sent this FIN or RST */
     bit<64> handled;         /* closes_handled: the closes of it the controller has dealt with */
     bit<16> sketch_epoch;
@@ -345,12 +346,9 @@ struct metadata_t {
     /* ingress: what each job decided, for the jobs after it (p4src/mbalancer.p4, MbIngress) */
     bit<1> reply;          /* classify: a UDP datagram from a memcached port (reply_source may rewrite it) */
     bit<1> server_closed;  /* classify: a FIN or RST from the memcached of a server of the config, to the controller */
-    bit<1> unparsed;       /* read_request: a request the pipeline cannot read (its server unsure, copy coalesced) */
     bit<1> unsure_it;      /* read_request: a request not exactly one command the pipeline reads */
     bit<1> whole;          /* read_request: the payload is exactly one whole command */
-    bit<1> balance;        /* read_request: a single-key UDP get of a hot key (hot_get decides where it goes) */
-    bit<1> mirror;         /* read_request: a write to a hot key's home (set_mirror) */
-    bit<1> odd;            /* read_request: unparsed, mirror or unsure_it may be set (the jobs that read them run) */
+    bit<1> odd;            /* read_request: unsure_it or clone_it may be set (MbIngress runs the jobs on them) */
     bit<2> rewrite;        /* REWRITE_*: which rewrite of meta.server_wanted's address (hot_get, reply_source,
                             * read_request) */
     bit<1> request;        /* to a memcached port */
@@ -363,13 +361,11 @@ struct metadata_t {
     bit<8> stream;           /* 1: the segment belongs to a connection read as a stream */
     bit<1> mid_stream;       /* a later segment of such a connection: unsure, whatever it looks like */
     bit<1> coalesce;         /* unsure, and unreadable by the controller too: one copy per report is enough */
-    bit<8> report;           /* REPORT_*: an answer to the controller (op 2, op 3), in place of the packet */
     bit<1> hairpin;          /* a get this switch balanced: it may leave by the port it came in by, flooded too */
     /* table keys: a key on a field of a header that is not valid (meta.s) is read as zeros by bmv2 */
     bit<32> slot;
     bit<16> point;         /* the request's hash: which replica's range it falls in */
     bit<32> server_wanted;
-    bit<32> checked_server;  /* closes_handled's key: the replica a get would go to */
     bit<32> sketch_estimate;
     scratch_t s;           /* written before read: not zeroed per packet (never made valid: setValid would zero it) */
     sum_t c;               /* written before read: made valid where used (not zeroed again while valid) */

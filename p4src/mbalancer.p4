@@ -143,15 +143,24 @@ action stream_at(in bit<32> src, in bit<16> src_port, in bit<32> dst, in bit<16>
     meta.clone_it = ~meta.s.reported; \
     if (meta.s.reported == 1) { count(C_COALESCED); }
 
+/* `to = from` as an action: p4c then passes `to` itself to the extern call or table that reads it next. A value it
+ * can name as an expression (`x = e; write(x)`) it copies into a compiler temporary instead, a metadata field bmv2
+ * zeroes for every packet, on every path (and a table's key goes through one). @hidden: not in the P4Info. */
+@hidden action set16(out bit<16> to, in bit<16> from) { to = from; }
+@hidden action set32(out bit<32> to, in bit<32> from) { to = from; }
+@hidden action set48(out bit<48> to, in bit<48> from) { to = from; }
+@hidden action set64(out bit<64> to, in bit<64> from) { to = from; }
+
 /* A PacketOut from the controller (packet_out.op, OP_*): renew the lease, rearm a server's report, tell how long
  * the lease has left. An answer leaves for the CPU port (egress makes it a PacketIn); anything else is dropped. */
 control MbControllerOps(inout headers_t hdr, inout metadata_t meta, inout standard_metadata_t std) {
     @name(".MbIngress.lease_renewals") counter(1, CounterType.packets) lease_renewals;
     apply {
         if (hdr.packet_out.op == OP_LEASE) {
-            meta.s.until = std.ingress_global_timestamp + (bit<48>)hdr.packet_out.lease_us;
+            set48(meta.s.until, std.ingress_global_timestamp + (bit<48>)hdr.packet_out.lease_us);
             lease_until.write(0, meta.s.until);
             lease_renewals.count(0);  /* the controller waits for it: a lease it ends is over when it returns */
+            mark_to_drop(std);  /* no answer */
         } else if (hdr.packet_out.op == OP_REARM && hdr.packet_out.server < MB_MAX_SERVERS) {
             unsure_reported.write(hdr.packet_out.server, 0);
             unsure_last.read(meta.s.last, hdr.packet_out.server);
@@ -160,7 +169,7 @@ control MbControllerOps(inout headers_t hdr, inout metadata_t meta, inout standa
             } else {
                 meta.s.quiet_us = std.ingress_global_timestamp - meta.s.last;
             }
-            meta.report = REPORT_QUIET;
+            meta.s.report = REPORT_QUIET;
             std.egress_spec = MB_CPU_PORT;  /* the answer: a PacketIn */
         } else if (hdr.packet_out.op == OP_LEASE_QUERY) {
             lease_until.read(meta.s.until, 0);
@@ -168,7 +177,7 @@ control MbControllerOps(inout headers_t hdr, inout metadata_t meta, inout standa
             if (meta.s.until > std.ingress_global_timestamp) {
                 meta.s.quiet_us = meta.s.until - std.ingress_global_timestamp;
             }
-            meta.report = REPORT_LEASE_LEFT;
+            meta.s.report = REPORT_LEASE_LEFT;
             std.egress_spec = MB_CPU_PORT;
         } else {
             mark_to_drop(std);
@@ -367,7 +376,7 @@ control MbSketch(inout headers_t hdr, inout metadata_t meta, inout standard_meta
                 sketch_cell();
                 meta.s.cell_at = (3 << MB_SKETCH_BITS) | ((meta.s.first + 3 * meta.s.step) & meta.s.mask);
                 sketch_cell();
-                meta.s.parity = (bit<32>)(meta.s.sketch_epoch & 1);
+                set32(meta.s.parity, (bit<32>)(meta.s.sketch_epoch & 1));
                 meta.s.index = MB_MAX_SERVERS;
                 if (meta.dest_known == 1) {
                     meta.s.index = meta.s.dest_server;
@@ -385,6 +394,104 @@ control MbSketch(inout headers_t hdr, inout metadata_t meta, inout standard_meta
         }
     }
 }
+
+/* set_mirror: a write to a hot key's home is counted in its slot (dirty) before it leaves for the home, and copied
+ * to the controller. */
+control MbSetMirror(inout headers_t hdr, inout metadata_t meta, inout standard_metadata_t std) {
+    @name(".MbIngress.key_mirrored") counter(MB_MAX_HOT, CounterType.packets) key_mirrored;  /* the twin of `writes` */
+    apply {
+        writes.read(meta.s.n64, meta.slot);
+        meta.s.n64 = meta.s.n64 + 1;
+        writes.write(meta.slot, meta.s.n64);
+        key_mirrored.count(meta.slot);
+        count(C_MIRRORED);
+        meta.clone_it = meta.whole | meta.trusted;  /* else the unsure job clones it (once); the controller's own never
+                                                     * make a server unsure, but are copied */
+    }
+}
+
+/* hot_get: a single-key UDP get of a hot key goes home untouched if the key is dirty (writes or unsure requests
+ * since the controller's sync), the lease ran out, or the chosen replica's memcached closed a connection of the
+ * controller's it has not dealt with; else to a replica chosen by weight from a hash of the request id and client.
+ * Decides meta.server_wanted, and meta.rewrite (REWRITE_GET: the rewrite job rewrites). */
+control MbHotGet(inout headers_t hdr, inout metadata_t meta, inout standard_metadata_t std) {
+    @name(".MbIngress.key_gets") counter(MB_MAX_HOT, CounterType.packets) key_gets;
+    @name(".MbIngress.key_home_while_dirty") counter(MB_MAX_HOT, CounterType.packets) key_home_while_dirty;
+
+    @name(".MbIngress.synced_to") action synced_to(bit<64> written, bit<64> unsure_count) {
+        meta.s.synced_writes = written;
+        meta.s.synced_unsure = unsure_count;
+    }
+    @name(".MbIngress.synced")
+    table synced {  /* per slot, what the controller synced the copies to; no entry: held dirty */
+        key = { meta.slot: exact @name("meta.slot"); }
+        actions = { synced_to; NoAction; }
+        const default_action = NoAction;
+        size = MB_MAX_HOT;
+    }
+
+    @name(".MbIngress.to_replica") action to_replica(bit<32> server, bit<32> position) {
+        meta.s.replica = server;
+        meta.s.replica_position = position;
+        /* key_per_replica's index, here: computed next to the counter it would go through a compiler temporary */
+        meta.s.index = meta.slot * MB_MAX_REPLICAS + position;
+    }
+    @name(".MbIngress.replicas")
+    table replicas {  /* per slot, a range of the 16-bit hash per replica, as wide as its weight */
+        key = { meta.slot: exact @name("meta.slot"); meta.point: range @name("meta.point"); }
+        actions = { to_replica; NoAction; }
+        const default_action = NoAction;
+        size = MB_MAX_HOT * MB_MAX_REPLICAS;
+    }
+
+    @name(".MbIngress.handled_closes") action handled_closes(bit<64> count) { meta.s.handled = count; }
+    @name(".MbIngress.closes_handled")
+    table closes_handled {  /* per server, how many of its closes the controller has dealt with; no entry: none */
+        key = { meta.server_wanted: exact @name("meta.checked_server"); }  /* (the replica chosen) */
+        actions = { handled_closes; NoAction; }
+        const default_action = NoAction;
+        size = MB_MAX_SERVERS;
+    }
+
+    apply {
+        key_gets.count(meta.slot);
+        bit<48> now = std.ingress_global_timestamp;
+        lease_until.read(meta.s.until, 0);
+        writes.read(meta.s.written, meta.slot);
+        unsure.read(meta.s.unsure_count, meta.s.home);
+        /* clients address the home: unchanged is home */
+        if (now >= meta.s.until) {
+            count(C_LEASE_EXPIRED);
+            key_home_while_dirty.count(meta.slot);
+        } else if (!synced.apply().hit) {  /* no entry: held dirty */
+            key_home_while_dirty.count(meta.slot);
+        } else if (meta.s.synced_writes != meta.s.written || meta.s.synced_unsure != meta.s.unsure_count) {
+            key_home_while_dirty.count(meta.slot);
+        } else {
+            mix(meta.s.h, ((bit<32>)hdr.frame.request_id | ((bit<32>)hdr.ports.src << 16)) ^ hdr.ipv4.src);
+            set16(meta.point, meta.s.h[15:0]);
+            meta.server_wanted = meta.s.home;
+            meta.rewrite = REWRITE_GET;
+            if (replicas.apply().hit) {
+                meta.server_wanted = meta.s.replica;
+            } else {
+                meta.s.replica_position = NO_POSITION;  /* (the rewrite counts per replica: none) */
+            }
+            if (meta.server_wanted != meta.s.home) {  /* it may have lost its copy since the controller looked */
+                meta.s.handled = 0;
+                closes_handled.apply();
+                closes.read(meta.s.closed, meta.server_wanted);
+                if (meta.s.closed != meta.s.handled) {
+                    meta.rewrite = REWRITE_NONE;  /* home, untouched */
+                }
+            }
+        }
+    }
+}
+
+/* A request the pipeline cannot read: its server unsure (a TCP one starts a stream: its copy is needed; a UDP one's
+ * copies are coalesced) */
+#define UNPARSED count(C_UNPARSED); meta.unsure_it = 1; meta.coalesce = (bit<1>)hdr.udp.isValid(); meta.odd = 1;
 
 /* meta.whole: the payload is exactly this one command: its line ends with "\r\n", then its data block and "\r\n"
  * if it has one, then nothing */
@@ -433,6 +540,8 @@ control MbReadRequest(inout headers_t hdr, inout metadata_t meta, inout standard
     }
 
     MbSketch() sketching;
+    MbHotGet() hot_get;
+    MbSetMirror() set_mirror;
 
     apply {  /* (nested so that a get passes few conditions: each costs bmv2 per packet) */
         if (meta.l4 == 1) {
@@ -443,7 +552,7 @@ control MbReadRequest(inout headers_t hdr, inout metadata_t meta, inout standard
                     mix(meta.s.h, hdr.ipv4.src ^ hdr.ipv4.dst ^
                                   ((bit<32>)hdr.ports.src << 16 | (bit<32>)hdr.ports.dst));
                     meta.s.h = meta.s.h >> (32 - MB_CLOSING_BITS);
-                    meta.s.stored = hdr.ipv4.src ++ hdr.ports.src ++ hdr.ports.dst;
+                    set64(meta.s.stored, hdr.ipv4.src ++ hdr.ports.src ++ hdr.ports.dst);
                     closing.write(meta.s.h, meta.s.stored);
                 }
                 if ((hdr.ipv4.flags_frag & IP_BALANCED) == 0) {
@@ -484,19 +593,22 @@ control MbReadRequest(inout headers_t hdr, inout metadata_t meta, inout standard
                 if (meta.command >= CMD_GET && meta.command <= CMD_READ) {  /* get, a write, mg: a command with a key */
                     if (meta.s.command_len < 6 || meta.k.len == 0) {  /* (shorter than 6 bytes: the eBPF parser's
                                                                          * rule) */
-                        meta.unparsed = 1;
-                        meta.odd = 1;
+                        UNPARSED
                     } else {
                         WHOLE
                         if (hot_keys.apply().hit) {
                             if (meta.command == CMD_GET && meta.whole == 1 && hdr.key_end.b == 0x0d) {
                                 /* a single-key get, and nothing else (over TCP: to its home, untouched) */
-                                meta.balance = (bit<1>)hdr.udp.isValid();
+                                if (hdr.udp.isValid()) {
+                                    hot_get.apply(hdr, meta, std);
+                                }
                             } else {
                                 /* a write to the home is mirrored (the controller's own copy to a replica is
                                  * not); a read, a multi-key get or a write not proved whole: unsure */
-                                meta.mirror = (bit<1>)(meta.command == CMD_WRITE && meta.dest_known == 1 &&
-                                                       meta.s.dest_server == meta.s.home);
+                                if (meta.command == CMD_WRITE && meta.dest_known == 1 &&
+                                        meta.s.dest_server == meta.s.home) {
+                                    set_mirror.apply(hdr, meta, std);
+                                }
                                 meta.unsure_it = ~meta.whole;
                                 meta.odd = 1;
                             }
@@ -510,31 +622,27 @@ control MbReadRequest(inout headers_t hdr, inout metadata_t meta, inout standard
                     }
                 } else if (meta.command == CMD_NOOP) {  /* only "mn\r\n" (the eBPF parser's rule) */
                     if (!(meta.s.command_len == 4 && hdr.lf.isValid() && hdr.lf.b == 0x0a)) {
-                        meta.unparsed = 1;
-                        meta.odd = 1;
+                        UNPARSED
                     }
                 } else if (meta.command == CMD_LINE && meta.s.command_len >= 6) {
                     WHOLE
                     meta.unsure_it = ~meta.whole;
                     meta.odd = 1;
                 } else {  /* not a command the pipeline reads */
-                    meta.unparsed = 1;
-                    meta.odd = 1;
+                    UNPARSED
                 }
             } else if (meta.mid_stream == 1) {
                 meta.unsure_it = 1;  /* `mn\r\n` may be the last bytes of a value */
                 meta.odd = 1;
             } else if (hdr.udp.isValid() && meta.s.payload_len != 0) {  /* no frame header (an empty datagram:
                                                                           * nothing to read, nothing wrong) */
-                meta.unparsed = 1;
-                meta.odd = 1;
+                UNPARSED
             }  /* (else a bare TCP ACK: nothing to read, nothing wrong) */
         } else if (meta.first_fragment == 1) {
             /* A request too big for one frame (a UDP set of a large value): the server applies it once every
              * fragment is in, after this first one passes, so marking its server unsure now is in time. */
             count(C_MEMCACHED);
-            meta.unparsed = 1;
-            meta.odd = 1;
+            UNPARSED
         }
     }
 }
@@ -564,21 +672,6 @@ control MbServerClosed(inout headers_t hdr, inout metadata_t meta, inout standar
     }
 }
 
-/* set_mirror: a write to a hot key's home is counted in its slot (dirty) before it leaves for the home, and copied
- * to the controller. */
-control MbSetMirror(inout headers_t hdr, inout metadata_t meta, inout standard_metadata_t std) {
-    @name(".MbIngress.key_mirrored") counter(MB_MAX_HOT, CounterType.packets) key_mirrored;  /* the twin of `writes` */
-    apply {
-        writes.read(meta.s.n64, meta.slot);
-        meta.s.n64 = meta.s.n64 + 1;
-        writes.write(meta.slot, meta.s.n64);
-        key_mirrored.count(meta.slot);
-        count(C_MIRRORED);
-        meta.clone_it = meta.whole | meta.trusted;  /* else the unsure job clones it (once); the controller's own never
-                                                     * make a server unsure, but are copied */
-    }
-}
-
 /* A request to a server of the config that is not exactly one command the pipeline reads (and not the
  * controller's): its server is unsure, and a TCP one starts a stream (it may end inside a command). */
 control MbUnsureRequest(inout headers_t hdr, inout metadata_t meta, inout standard_metadata_t std) {
@@ -595,88 +688,6 @@ control MbUnsureRequest(inout headers_t hdr, inout metadata_t meta, inout standa
             stream_starts.write(meta.s.stream_slot, hdr.tcp.seq);
             meta.stream = 1;
             meta.stream_start = hdr.tcp.seq;
-        }
-    }
-}
-
-/* hot_get: a single-key UDP get of a hot key goes home untouched if the key is dirty (writes or unsure requests
- * since the controller's sync), the lease ran out, or the chosen replica's memcached closed a connection of the
- * controller's it has not dealt with; else to a replica chosen by weight from a hash of the request id and client.
- * Decides meta.server_wanted, and meta.rewrite (REWRITE_GET: the rewrite job rewrites). */
-control MbHotGet(inout headers_t hdr, inout metadata_t meta, inout standard_metadata_t std) {
-    @name(".MbIngress.key_gets") counter(MB_MAX_HOT, CounterType.packets) key_gets;
-    @name(".MbIngress.key_home_while_dirty") counter(MB_MAX_HOT, CounterType.packets) key_home_while_dirty;
-
-    @name(".MbIngress.synced_to") action synced_to(bit<64> written, bit<64> unsure_count) {
-        meta.s.synced_writes = written;
-        meta.s.synced_unsure = unsure_count;
-    }
-    @name(".MbIngress.synced")
-    table synced {  /* per slot, what the controller synced the copies to; no entry: held dirty */
-        key = { meta.slot: exact @name("meta.slot"); }
-        actions = { synced_to; NoAction; }
-        const default_action = NoAction;
-        size = MB_MAX_HOT;
-    }
-
-    @name(".MbIngress.to_replica") action to_replica(bit<32> server, bit<32> position) {
-        meta.s.replica = server;
-        meta.s.replica_position = position;
-        /* key_per_replica's index, here: computed next to the counter it would go through a compiler temporary */
-        meta.s.index = meta.slot * MB_MAX_REPLICAS + position;
-    }
-    @name(".MbIngress.replicas")
-    table replicas {  /* per slot, a range of the 16-bit hash per replica, as wide as its weight */
-        key = { meta.slot: exact @name("meta.slot"); meta.point: range @name("meta.point"); }
-        actions = { to_replica; NoAction; }
-        const default_action = NoAction;
-        size = MB_MAX_HOT * MB_MAX_REPLICAS;
-    }
-
-    @name(".MbIngress.handled_closes") action handled_closes(bit<64> count) { meta.s.handled = count; }
-    @name(".MbIngress.closes_handled")
-    table closes_handled {  /* per server, how many of its closes the controller has dealt with; no entry: none */
-        key = { meta.checked_server: exact @name("meta.checked_server"); }
-        actions = { handled_closes; NoAction; }
-        const default_action = NoAction;
-        size = MB_MAX_SERVERS;
-    }
-
-    apply {
-        key_gets.count(meta.slot);
-        bit<48> now = std.ingress_global_timestamp;
-        lease_until.read(meta.s.until, 0);
-        writes.read(meta.s.written, meta.slot);
-        unsure.read(meta.s.unsure_count, meta.s.home);
-        if (now >= meta.s.until) {
-            count(C_LEASE_EXPIRED);
-            meta.balance = 0;
-        } else if (!synced.apply().hit) {  /* no entry: held dirty */
-            meta.balance = 0;
-        } else if (meta.s.synced_writes != meta.s.written || meta.s.synced_unsure != meta.s.unsure_count) {
-            meta.balance = 0;
-        }
-        if (meta.balance == 0) {
-            key_home_while_dirty.count(meta.slot);  /* clients address the home: unchanged is home */
-        } else {
-            mix(meta.s.h, ((bit<32>)hdr.frame.request_id | ((bit<32>)hdr.ports.src << 16)) ^ hdr.ipv4.src);
-            meta.point = meta.s.h[15:0];
-            meta.server_wanted = meta.s.home;
-            meta.rewrite = REWRITE_GET;
-            if (replicas.apply().hit) {
-                meta.server_wanted = meta.s.replica;
-            } else {
-                meta.s.replica_position = NO_POSITION;  /* (the rewrite counts per replica: none) */
-            }
-            if (meta.server_wanted != meta.s.home) {  /* it may have lost its copy since the controller looked */
-                meta.checked_server = meta.server_wanted;
-                meta.s.handled = 0;
-                closes_handled.apply();
-                closes.read(meta.s.closed, meta.server_wanted);
-                if (meta.s.closed != meta.s.handled) {
-                    meta.rewrite = REWRITE_NONE;  /* home, untouched */
-                }
-            }
         }
     }
 }
@@ -715,7 +726,7 @@ control MbRewrite(inout headers_t hdr, inout metadata_t meta, inout standard_met
             }
             if (chosen != meta.s.home) {  /* remember the get, so its reply leaves with the home's source */
                 FLOW_SLOT(hdr.ipv4.src, hdr.ports.src, hdr.frame.request_id)
-                meta.s.stored = hdr.ipv4.src ++ hdr.ports.src ++ hdr.frame.request_id;
+                set64(meta.s.stored, hdr.ipv4.src ++ hdr.ports.src ++ hdr.frame.request_id);
                 flow_ids.write(meta.s.h, meta.s.stored);
                 flow_homes.write(meta.s.h, meta.s.home);
             }
@@ -765,9 +776,9 @@ control MbRewrite(inout headers_t hdr, inout metadata_t meta, inout standard_met
             /* the reply leaves the replica through this switch first, maybe never through the one that balanced
              * the get: remember the home here too, marked, so the reply gets the home's IP and port here */
             FLOW_SLOT(hdr.ipv4.src, hdr.ports.src, hdr.frame.request_id)
-            meta.s.stored = hdr.ipv4.src ++ hdr.ports.src ++ hdr.frame.request_id;
+            set64(meta.s.stored, hdr.ipv4.src ++ hdr.ports.src ++ hdr.frame.request_id);
             flow_ids.write(meta.s.h, meta.s.stored);
-            meta.s.index = (bit<32>)hdr.ipv4.identification | FLOW_UPSTREAM;
+            set32(meta.s.index, (bit<32>)hdr.ipv4.identification | FLOW_UPSTREAM);
             flow_homes.write(meta.s.h, meta.s.index);
         }
     }
@@ -820,11 +831,9 @@ control MbIngress(inout headers_t hdr, inout metadata_t meta, inout standard_met
     MbControllerOps() controller_ops;
     MbLearn() learn;
     MbClassify() classify;
-    MbReadRequest() read_request;  /* (with the sketch: it counts the gets it reads) */
+    MbReadRequest() read_request;
     MbServerClosed() server_closed;
-    MbSetMirror() set_mirror;
     MbUnsureRequest() unsure_request;
-    MbHotGet() hot_get;
     MbReplySource() reply_source;
     MbRewrite() rewrite;
     MbForward() forwarding;
@@ -855,18 +864,8 @@ control MbIngress(inout headers_t hdr, inout metadata_t meta, inout standard_met
         classify.apply(hdr, meta, std);
         /* (each kind of packet down its own branch: a get passes few conditions, each costs bmv2 per packet) */
         if (meta.request == 1) {
-            read_request.apply(hdr, meta, std);
-            if (meta.balance == 1) {
-                hot_get.apply(hdr, meta, std);
-            } else if (meta.odd == 1) {  /* a request some job below has to deal with */
-                if (meta.unparsed == 1) {
-                    count(C_UNPARSED);
-                    meta.unsure_it = 1;
-                    meta.coalesce = (bit<1>)hdr.udp.isValid();  /* a TCP one starts a stream: its copy is needed */
-                }
-                if (meta.mirror == 1) {
-                    set_mirror.apply(hdr, meta, std);
-                }
+            read_request.apply(hdr, meta, std);  /* (with the hot get, mirror and sketch jobs of what it reads) */
+            if (meta.odd == 1) {  /* a request the jobs below have to deal with */
                 if (meta.unsure_it == 1 && meta.dest_known == 1 && meta.trusted == 0) {
                     unsure_request.apply(hdr, meta, std);
                 }
@@ -896,19 +895,22 @@ control MbIngress(inout headers_t hdr, inout metadata_t meta, inout standard_met
 control MbEgress(inout headers_t hdr, inout metadata_t meta, inout standard_metadata_t std) {
     counter(1, CounterType.packets) cloned;
     apply {
-        if (meta.report != REPORT_NONE) {  /* an answer to the controller: a rearm's, a lease query's */
-            hdr.packet_in.setValid();
-            hdr.packet_in.report = meta.report;
-            hdr.packet_in.quiet_us = meta.s.quiet_us;
-        } else if (std.instance_type == 1) {  /* the ingress clone: to the controller, as a PacketIn */
-            hdr.packet_in.setValid();
-            hdr.packet_in.ingress_port = (bit<16>)std.ingress_port;
-            hdr.packet_in.stream_start = meta.stream_start;
-            hdr.packet_in.stream = meta.stream;
-            cloned.count(0);
-        } else if (std.mcast_grp != 0 && std.egress_port == std.ingress_port && meta.hairpin == 0) {
-            mark_to_drop(std);  /* flooding: not back out of the port it came in on (but a balanced get may go back:
-                                 * its new destination can be behind that port, as a fabric's replica is) */
+        /* (one condition for a plain unicast packet, not three: each costs bmv2 per packet) */
+        if (std.instance_type != 0 || std.mcast_grp != 0 || hdr.packet_out.isValid()) {
+            if (hdr.packet_out.isValid()) {  /* an answer to the controller: a rearm's, a lease query's */
+                hdr.packet_in.setValid();
+                hdr.packet_in.report = meta.s.report;
+                hdr.packet_in.quiet_us = meta.s.quiet_us;
+            } else if (std.instance_type == 1) {  /* the ingress clone: to the controller, as a PacketIn */
+                hdr.packet_in.setValid();
+                hdr.packet_in.ingress_port = (bit<16>)std.ingress_port;
+                hdr.packet_in.stream_start = meta.stream_start;
+                hdr.packet_in.stream = meta.stream;
+                cloned.count(0);
+            } else if (std.mcast_grp != 0 && std.egress_port == std.ingress_port && meta.hairpin == 0) {
+                mark_to_drop(std);  /* flooding: not back out of the port it came in on (but a balanced get may go
+                                     * back: its new destination can be behind that port, as a fabric's replica is) */
+            }
         }
     }
 }
