@@ -41,8 +41,9 @@
  *   the switch's own clock + lease_us, and read by another, answered with a PacketIn of the microseconds left.
  * - Checksums are updated incrementally (RFC 1624) as in eBPF, summed by bmv2's csum16 hash (SUM_WORDS): v1model's
  *   update_checksum_with_payload would have to list every header of the parsed command line.
- * - Learned MACs and balanced gets live in hash-indexed registers (bmv2's CRC-32 picks the slot): a newer entry
- *   takes an older one's place where eBPF's LRU maps evict the least recently used.
+ * - Learned MACs and balanced gets live in registers indexed by a hash of them (bmv2's CRC-32 of a balanced get's
+ *   flow; a fold of the MAC's bits, LEARN_SLOT): a newer entry takes an older one's place where eBPF's LRU maps
+ *   evict the least recently used.
  * - The hot-key sketch (the eBPF program's sketch.h: every get's key counted in a count-min sketch while a reader
  *   turns it on) cannot be zeroed by the reader: each cell carries the epoch it counts for and starts again in a
  *   new one. Its heavy keys are not kept in the switch: a get whose estimate reaches the reader's threshold sends
@@ -185,6 +186,10 @@ control MbControllerOps(inout headers_t hdr, inout metadata_t meta, inout standa
     }
 }
 
+/* A MAC's slot in learned_macs (meta.s.h): the low 12 bits of its vendor's part and of its NIC's, XORed. Not a hash
+ * call: bmv2 takes a hash's input as a list, which p4c copies into a compiler temporary (zeroed for every packet). */
+#define LEARN_SLOT(MAC) set32(meta.s.h, (bit<32>)(MAC[MB_LEARN_BITS + 23:24] ^ MAC[MB_LEARN_BITS - 1:0]));
+
 /* forward, learning half: before any rewrite (a reply leaving with the home's MAC must not teach the switch that
  * the home sits behind the replica's port); a balanced get keeps its client's MAC but may come back the way it
  * went (a fabric): not learned. */
@@ -192,11 +197,9 @@ control MbLearn(inout headers_t hdr, inout metadata_t meta, inout standard_metad
     apply {
         bit<1> balanced_frame = (bit<1>)(hdr.ipv4.isValid() && (hdr.ipv4.flags_frag & IP_BALANCED) != 0);
         if (hdr.ethernet.isValid() && hdr.ethernet.src[40:40] == 0 && balanced_frame == 0) {
-            /* (bmv2's own CRC: a mix in expressions costs it far more per packet) */
-            hash(meta.s.h, HashAlgorithm.crc32, 32w0, {hdr.ethernet.src}, 32w1 << MB_LEARN_BITS);
-            bit<32> at = meta.s.h;
-            learned_macs.write(at, hdr.ethernet.src);
-            learned_ports.write(at, std.ingress_port);
+            LEARN_SLOT(hdr.ethernet.src)
+            learned_macs.write(meta.s.h, hdr.ethernet.src);
+            learned_ports.write(meta.s.h, std.ingress_port);
         }
     }
 }
@@ -812,11 +815,10 @@ control MbForward(inout headers_t hdr, inout metadata_t meta, inout standard_met
         } else if (forward.apply().hit) {
             DROP_IF_BEHIND_INGRESS
         } else {
-            hash(meta.s.h, HashAlgorithm.crc32, 32w0, {hdr.ethernet.dst}, 32w1 << MB_LEARN_BITS);
-            bit<32> at = meta.s.h;
-            learned_macs.read(meta.s.mac, at);
+            LEARN_SLOT(hdr.ethernet.dst)
+            learned_macs.read(meta.s.mac, meta.s.h);
             if (meta.s.mac == hdr.ethernet.dst) {
-                learned_ports.read(std.egress_spec, at);
+                learned_ports.read(std.egress_spec, meta.s.h);
                 DROP_IF_BEHIND_INGRESS
             } else {
                 FLOOD
