@@ -297,9 +297,7 @@ header scratch_t {
     bit<32> report_from;
     bit<32> report_mask;     /* sketch_report_step: an estimate is reported where these bits are 0 */
     bit<32> parity;          /* the sketch's epoch parity: which half of its counters */
-    bit<16> marked;          /* rewrite: a balanced get's flags_frag, marked balanced, */
-    bit<16> home_id;         /* ... and IP ID (its home) */
-    bit<16> csum;            /* rewrite: a one's complement sum (SUM_WORDS) */
+    bit<16> csum;            /* rewrite: a one's complement sum so far (CSUM) */
     bit<32> index;           /* a register's value or a counter's index, computed before the extern is called
                               * (ternaries in it as `if`s: p4c makes a temporary of a ternary) */
 }

@@ -39,7 +39,7 @@
  *   registers (writes per slot, unsure per server) with a twin counter the controller reads; what the controller
  *   writes (the synced counts) is a table entry (`synced`); the lease is renewed by a PacketOut, which stores
  *   the switch's own clock + lease_us, and read by another, answered with a PacketIn of the microseconds left.
- * - Checksums are updated incrementally (RFC 1624) as in eBPF, summed by bmv2's csum16 hash (SUM_WORDS): v1model's
+ * - Checksums are updated incrementally (RFC 1624) as in eBPF, summed by bmv2's csum16 hash (CSUM): v1model's
  *   update_checksum_with_payload would have to list every header of the parsed command line.
  * - Learned MACs and balanced gets live in registers indexed by a hash of them (bmv2's CRC-32 of a balanced get's
  *   flow; a fold of the MAC's bits, LEARN_SLOT): a newer entry takes an older one's place where eBPF's LRU maps
@@ -110,11 +110,12 @@ const bit<32> NO_POSITION = 0xffffffff;  /* replica_position: no replicas entry 
     meta.fk.setValid(); meta.fk.ip = IP; meta.fk.port = PORT; meta.fk.request_id = REQUEST_ID; \
     hash(meta.s.h, HashAlgorithm.crc32, 32w0, meta.fk, 32w1 << MB_FLOW_BITS);
 
-/* meta.s.csum = ~(SUM + IP + W1 + W2), the one's complement sum by bmv2's own csum16 over the header meta.c (as
- * expressions, ~100 big-number operations). Twice is RFC 1624's update: ~(HC + m) = ~HC + ~m, then ~(that + m'). */
-#define SUM_WORDS(SUM, IP, W1, W2) \
-    meta.c.setValid(); meta.c.sum = SUM; meta.c.ip = IP; meta.c.w1 = W1; meta.c.w2 = W2; \
-    hash(meta.s.csum, HashAlgorithm.csum16, 16w0, meta.c, 32w0x10000);
+/* OUT = ~(meta.c.sum + ip + w1 + w2), the one's complement sum by bmv2's own csum16 over the header meta.c (as
+ * expressions, ~100 big-number operations). Twice is RFC 1624's update: the old words with the checksum in meta.c
+ * give ~(HC + m) = ~HC + ~m (in meta.s.csum: an output into meta.c itself makes p4c copy meta.c into a temporary
+ * header), put in meta.c.sum; with the new words in their place, ~(that + m') = HC'. Each word set once where it
+ * changes: every field write costs bmv2 per packet. */
+#define CSUM(OUT) hash(OUT, HashAlgorithm.csum16, 16w0, meta.c, 32w0x10000);
 
 /* Where a connection is kept as a stream (its slot in stream_ids), and its id there. */
 @name(".MbIngress.stream_at")
@@ -716,7 +717,7 @@ control MbReplySource(inout headers_t hdr, inout metadata_t meta, inout standard
 /* The server found rewritten into the packet: a balanced get's destination (and its flow remembered, so its reply
  * leaves with the home's source), a reply's source; the flow of a get balanced upstream remembered here too.
  * Checksums are updated for the words that change (RFC 1624: HC' = ~(~HC + ~m + m')), by bmv2's own one's complement
- * sum (SUM_WORDS). */
+ * sum (CSUM). */
 control MbRewrite(inout headers_t hdr, inout metadata_t meta, inout standard_metadata_t std) {
     @name(".MbIngress.key_per_replica")
     counter(MB_MAX_HOT * MB_MAX_REPLICAS, CounterType.packets) key_per_replica;  /* slot * 8 + position */
@@ -736,35 +737,56 @@ control MbRewrite(inout headers_t hdr, inout metadata_t meta, inout standard_met
             /* The home's index goes in the IP ID (a get is one unfragmented datagram, whose ID nothing reads), so
              * that a switch further on, the replica's, can make the reply seem to come from the home when the reply
              * does not pass this one (a fabric that balances at the home's leaf). */
-            meta.s.marked = hdr.ipv4.flags_frag | IP_BALANCED;
-            meta.s.home_id = meta.s.home[15:0];
-            SUM_WORDS(hdr.ipv4.checksum, hdr.ipv4.dst, hdr.ipv4.flags_frag, hdr.ipv4.identification)
-            SUM_WORDS(meta.s.csum, meta.s.server_ip, meta.s.marked, meta.s.home_id)
-            hdr.ipv4.checksum = meta.s.csum;
+            meta.c.setValid();
             if (hdr.udp.checksum != 0) {  /* 0: the sender sent none */
-                SUM_WORDS(hdr.udp.checksum, hdr.ipv4.dst, hdr.ports.dst, 0)
-                SUM_WORDS(meta.s.csum, meta.s.server_ip, meta.s.server_port, 0)
-                hdr.udp.checksum = meta.s.csum;
-                if (meta.s.csum == 0) {
+                meta.c.sum = hdr.udp.checksum;
+                meta.c.ip = hdr.ipv4.dst;
+                meta.c.w1 = hdr.ports.dst;
+                meta.c.w2 = 0;
+                CSUM(meta.s.csum)
+                meta.c.sum = meta.s.csum;
+                meta.c.ip = meta.s.server_ip;
+                meta.c.w1 = meta.s.server_port;
+                CSUM(hdr.udp.checksum)
+                if (hdr.udp.checksum == 0) {
                     hdr.udp.checksum = 0xffff;  /* 0 says "none" */
                 }
             }
+            meta.c.sum = hdr.ipv4.checksum;
+            meta.c.ip = hdr.ipv4.dst;
+            meta.c.w1 = hdr.ipv4.flags_frag;
+            meta.c.w2 = hdr.ipv4.identification;
+            CSUM(meta.s.csum)
+            meta.c.sum = meta.s.csum;
+            meta.c.ip = meta.s.server_ip;
+            meta.c.w1 = hdr.ipv4.flags_frag | IP_BALANCED;
+            meta.c.w2 = meta.s.home[15:0];
+            CSUM(hdr.ipv4.checksum)
             hdr.ipv4.dst = meta.s.server_ip;
-            hdr.ipv4.flags_frag = meta.s.marked;
-            hdr.ipv4.identification = meta.s.home_id;
+            hdr.ipv4.flags_frag = meta.c.w1;
+            hdr.ipv4.identification = meta.c.w2;
             hdr.ports.dst = meta.s.server_port;
             hdr.ethernet.dst = meta.s.server_mac;
             count(C_BALANCED);
         } else if (meta.rewrite == REWRITE_REPLY) {  /* a reply to a balanced get: its source */
             if (meta.s.server_ip != hdr.ipv4.src || meta.s.server_port != hdr.ports.src) {
-                SUM_WORDS(hdr.ipv4.checksum, hdr.ipv4.src, 0, 0)
-                SUM_WORDS(meta.s.csum, meta.s.server_ip, 0, 0)
-                hdr.ipv4.checksum = meta.s.csum;
+                meta.c.setValid();  /* (zeroed: w1 and w2 are 0 until set) */
+                meta.c.sum = hdr.ipv4.checksum;
+                meta.c.ip = hdr.ipv4.src;
+                CSUM(meta.s.csum)
+                meta.c.sum = meta.s.csum;
+                meta.c.ip = meta.s.server_ip;
+                CSUM(hdr.ipv4.checksum)
                 if (hdr.udp.checksum != 0) {
-                    SUM_WORDS(hdr.udp.checksum, hdr.ipv4.src, hdr.ports.src, 0)
-                    SUM_WORDS(meta.s.csum, meta.s.server_ip, meta.s.server_port, 0)
-                    hdr.udp.checksum = meta.s.csum;
-                    if (meta.s.csum == 0) {
+                    meta.c.sum = hdr.udp.checksum;
+                    meta.c.ip = hdr.ipv4.src;
+                    meta.c.w1 = hdr.ports.src;
+                    CSUM(meta.s.csum)
+                    meta.c.sum = meta.s.csum;
+                    meta.c.ip = meta.s.server_ip;
+                    meta.c.w1 = meta.s.server_port;
+                    CSUM(hdr.udp.checksum)
+                    if (hdr.udp.checksum == 0) {
                         hdr.udp.checksum = 0xffff;  /* 0 says "none" */
                     }
                 }
