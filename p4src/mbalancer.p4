@@ -23,13 +23,17 @@
  *   counters     per hot key and replica, per server (unsure, closes), switch-wide
  * Anything it cannot read is forwarded untouched.
  *
- * The ingress is one control per job, applied in this order by MbIngress (bottom of this file), each reading what
- * the ones before it decided from metadata: MbControllerOps (a PacketOut: the lease, rearms, lease queries),
- * MbLearn, MbClassify (which ports, servers, sources), MbReadRequest (the command, its key hot or not, streams),
- * MbSketch, MbServerClosed, MbSetMirror, MbUnsureRequest, MbHotGet, MbReplySource, then the `servers` lookup,
- * MbRewrite (destination of a balanced get, source of its reply, with the flows that need) and MbForward. State
- * that more than one job uses is declared once, before them; every table, action, counter and register keeps the
- * name it has always had in the P4Info (MbIngress.<name>, by @name), so the control plane sees the same program.
+ * The ingress is one control per job, each reading what the ones before it decided from metadata. MbIngress (bottom
+ * of this file) applies MbControllerOps to a PacketOut (the lease, rearms, lease queries), else MbLearn, MbClassify
+ * (which ports, servers, sources), then down one branch per kind of packet: to a request MbReadRequest (the command,
+ * its key hot or not, streams), which applies the jobs of what it read (MbHotGet to a hot get, MbSetMirror to a
+ * write to a hot key's home, MbSketch to a get), then MbUnsureRequest if it made the server unsure; to a reply
+ * MbReplySource; to a server's close MbServerClosed. Then the `servers` lookup and MbRewrite (destination of a
+ * balanced get, source of its reply, with the flows that need) where a job chose a server (meta.rewrite), and
+ * MbForward. (Branches, not a flag per job checked for every packet: every condition and every metadata field costs
+ * bmv2 per packet.) State that more than one job uses is declared once, before them; every table, action, counter
+ * and register keeps the name it has always had in the P4Info (MbIngress.<name>, by @name), so the control plane
+ * sees the same program.
  *
  * Where v1model differs from eBPF in mechanism (the behaviour is the same; tests/pipeline_fixtures.py holds both to
  * it):
