@@ -43,10 +43,6 @@
 #define WORD_ENDS(I, END) state word_##END##_##I { \
         TAKE_##I(word) meta.word = (bit<64>)(VALUE_##I(word)); meta.s.remaining = meta.s.remaining - I; \
         transition word_##END; }
-/* The key's last I bytes, ended by END (space, cr) */
-#define KEY_ENDS(I, END) state key_##END##_##I { \
-        TAKE_##I(key) meta.k.key = (meta.k.key << (8 * I)) | (bit<MB_KEY_BITS>)(VALUE_##I(key)); \
-        meta.k.len = meta.k.len + I; meta.s.remaining = meta.s.remaining - I; transition key_end_##END; }
 /* The line's last I bytes and its '\r' */
 #define LINE_TAIL_ENDS(I) state line_tail_cr_##I { \
         TAKE_##I(line_tail) pkt.extract(hdr.line_cr); meta.s.remaining = meta.s.remaining - (I + 1); \
@@ -58,8 +54,6 @@
 #define ANY8_32(v, to, j) AT32(v, j): to; AT32(v, j + 1): to; AT32(v, j + 2): to; AT32(v, j + 3): to; \
                           AT32(v, j + 4): to; AT32(v, j + 5): to; AT32(v, j + 6): to; AT32(v, j + 7): to
 #define ANY32_BYTE_IS(v, to) ANY8_32(v, to, 0); ANY8_32(v, to, 8); ANY8_32(v, to, 16); ANY8_32(v, to, 24)
-#define KEY_BYTE(I) (IS(20, I), _): key_space_##I; (IS(0d, I), _): key_cr_##I; (IS(0a, I), _): no_key; \
-    (IS(00, I), _): no_key;
 #define LINE_BYTE(I) (_, _, I): accept; (IS(0d, I), _, _): line_tail_cr_##I; \
     (IS(54, I), CMD_READ, _): line_tail_changes; (IS(4e, I), CMD_READ, _): line_tail_changes; \
     (IS(49, I), CMD_READ, _): line_tail_changes;
@@ -81,8 +75,66 @@
     LOOK_N(P, 6, NEXT) LOOK_N(P, 7, NEXT) \
     state P##_look_8 { meta.s.look = pkt.lookahead<bit<64>>(); transition NEXT; }
 /* Where a command's key starts: meta.k made valid, which zeroes its length and key (bmv2 zeroes every field of a header
- * made valid; a header, not metadata, so that the 2,000 bits are zeroed only where a command has a key) */
-#define KEY_START meta.k.setValid(); transition key32_step;
+ * made valid; a header, not metadata, so that the 2,000 bits are zeroed only where a command has a key); then
+ * KEY_FIRST_STEP(P), the state P_key (a state of its own: a select on the state's own assignment copies the key;
+ * p4c makes one state of the two, as of every state and its only successor). */
+#define KEY_START(P) meta.k.setValid(); transition P##_key;
+/* The key's next step where no byte of it is read: its last look (KEY_LAST_LOOK), 8 or 32 bytes at a time */
+#define KEY_FIRST_STEP(P) state P##_key { \
+        transition select(meta.s.remaining) { \
+            0: no_key; 1: key_look_1; 2: key_look_2; 3: key_look_3; 4: key_look_4; 5: key_look_5; 6: key_look_6; \
+            7: key_look_7; 0 &&& 0xffe0: key_words_look; default: key32_look; \
+        } \
+    }
+/* Entries of a select on (remaining, k.len): fewer than 8 bytes left: the last look takes them all (none: no key) */
+#define KEY_LAST_LOOK (0, _): no_key; (1, _): key_look_1; (2, _): key_look_2; (3, _): key_look_3; (4, _): key_look_4; \
+    (5, _): key_look_5; (6, _): key_look_6; (7, _): key_look_7;
+/* ... 8 or more left: the last look (len > MB_MAX_KEY - 8 (242): 243, 244..247, 248..255) or 8 more bytes */
+#define KEY_STEP_CASES KEY_LAST_LOOK (_, 243): key_look_8; (_, 244 &&& 0xfc): key_look_8; \
+    (_, 248 &&& 0xf8): key_look_8; default: key_words_look;
+/* The key's last look: N bytes into meta.s.F, and the select CASES on (F, k.len) (no end in them: no key) */
+#define KEY_LOOK(N, F, CASES) \
+    state key_look_##N { meta.s.F = pkt.lookahead<bit<(8 * N)>>(); transition key_look_##N##_is; } \
+    state key_look_##N##_is { transition select(meta.s.F, meta.k.len) { CASES default: no_key; } }
+/* Byte I of an N-byte look is V */
+#define KAT(N, V, I) ((bit<(8 * N)>)0x##V << (8 * (N - 1 - I))) &&& ((bit<(8 * N)>)0xff << (8 * (N - 1 - I)))
+/* The key's end at byte I of an N-byte look: ' ' (key_space_I), '\r' (CR: whether a '\n' can follow, and whether
+ * the payload ends there, known from N and I), a line end with no '\r' or a NUL (memcached refuses it): no key */
+#define KEY_POS(N, I, CR) (KAT(N, 20, I), _): key_space_##I; (KAT(N, 0d, I), _): CR; (KAT(N, 0a, I), _): no_key; \
+    (KAT(N, 00, I), _): no_key;
+#define KEY_POS0(N, CR) (KAT(N, 20, 0), 0): no_key; (KAT(N, 0d, 0), 0): no_key; KEY_POS(N, 0, CR)  /* empty key */
+#define KEY_251 (_, MB_MAX_KEY - 2): no_key;  /* a 251st byte (after 8-byte steps, a long key is 248 bytes) */
+/* The key's last I bytes taken and added to it */
+#define KEY_ADD(I) TAKE_##I(key) meta.k.key = (meta.k.key << (8 * I)) | (bit<MB_KEY_BITS>)(VALUE_##I(key)); \
+    meta.k.len = meta.k.len + I;
+#define KEY_TAKE_0
+#define KEY_TAKE_1 KEY_ADD(1)
+#define KEY_TAKE_2 KEY_ADD(2)
+#define KEY_TAKE_3 KEY_ADD(3)
+#define KEY_TAKE_4 KEY_ADD(4)
+#define KEY_TAKE_5 KEY_ADD(5)
+#define KEY_TAKE_6 KEY_ADD(6)
+#define KEY_TAKE_7 KEY_ADD(7)
+#define KEY_TAKE(I) KEY_TAKE_##I
+/* The key's last I bytes and the ' ' that ends it (the line's first byte) */
+#define KEY_SPACE(I) state key_space_##I { \
+        KEY_TAKE(I) pkt.extract(hdr.key_end); meta.s.line_len = 1; meta.s.remaining = meta.s.remaining - (I + 1); \
+        transition select(meta.s.data_field) { \
+            MB_NO_DATA: line32;  /* no data length to read: only where '\r' is matters (and mg's flags) */ \
+            default: head_start; \
+        } \
+    }
+/* ... the '\r' that ends it and the byte after it (the '\n' or not: the ingress control checks it), more after them */
+#define KEY_CRLF(I) state key_crlf_##I { \
+        KEY_TAKE(I) pkt.extract(hdr.key_end); pkt.extract(hdr.lf); meta.s.remaining = meta.s.remaining - (I + 2); \
+        meta.line_found = 1; transition accept; }
+/* ... the same, the payload's last bytes */
+#define KEY_CRLF_END(I) state key_crlf_end_##I { \
+        KEY_TAKE(I) pkt.extract(hdr.key_end); pkt.extract(hdr.lf); meta.s.remaining = 0; meta.line_found = 1; \
+        transition accept; }
+/* ... the '\r' that ends it the payload's last byte (no '\n') */
+#define KEY_CR_END(I) state key_cr_end_##I { \
+        KEY_TAKE(I) pkt.extract(hdr.key_end); meta.s.remaining = 0; meta.line_found = 1; transition accept; }
 /* Entries of a select on (remaining, line_len, command): line_len is 256 or more (any of its high 8 bits set) */
 #define LEN_BIT(b, to) (_, 16w1 << b &&& 16w1 << b, _): to;
 #define LINE_LEN_256_UP(to) LEN_BIT(8, to) LEN_BIT(9, to) LEN_BIT(10, to) LEN_BIT(11, to) LEN_BIT(12, to) \
@@ -250,16 +302,18 @@ parser MbParser(packet_in pkt, out headers_t hdr, inout metadata_t meta, inout s
         pkt.extract(hdr.command4);
         meta.s.remaining = meta.s.remaining - 4;
         meta.command = CMD_GET;
-        KEY_START
+        KEY_START(get4)
     }
+    KEY_FIRST_STEP(get4)
 
     state set4 {
         pkt.extract(hdr.command4);
         meta.s.remaining = meta.s.remaining - 4;
         meta.command = CMD_WRITE;
         meta.s.data_field = 2;
-        KEY_START
+        KEY_START(set4)
     }
+    KEY_FIRST_STEP(set4)
 
     LOOKS(word, word_look)
 
@@ -325,39 +379,26 @@ parser MbParser(packet_in pkt, out headers_t hdr, inout metadata_t meta, inout s
         }
     }
 
-    state get { meta.command = CMD_GET; KEY_START }
-    state meta_get { meta.command = CMD_READ; KEY_START }
-    state write_data_2 { meta.command = CMD_WRITE; meta.s.data_field = 2; KEY_START }
-    state write_data_0 { meta.command = CMD_WRITE; meta.s.data_field = 0; KEY_START }
-    state write_no_data { meta.command = CMD_WRITE; KEY_START }
+    state get { meta.command = CMD_GET; KEY_START(get) } KEY_FIRST_STEP(get)
+    state meta_get { meta.command = CMD_READ; KEY_START(meta_get) } KEY_FIRST_STEP(meta_get)
+    state write_data_2 { meta.command = CMD_WRITE; meta.s.data_field = 2; KEY_START(write_data_2) }
+    KEY_FIRST_STEP(write_data_2)
+    state write_data_0 { meta.command = CMD_WRITE; meta.s.data_field = 0; KEY_START(write_data_0) }
+    KEY_FIRST_STEP(write_data_0)
+    state write_no_data { meta.command = CMD_WRITE; KEY_START(write_no_data) } KEY_FIRST_STEP(write_no_data)
     state line_after_space { meta.command = CMD_LINE; meta.s.line_len = 1; transition head_start; }
     state line_after_cr { meta.command = CMD_LINE; transition line_cr_found; }
     state noop { meta.command = CMD_NOOP; transition line_cr_found; }
 
     /* The key as memcached's text protocol reads it: 1..250 bytes, any but space, '\r', '\n' and NUL (control
-     * characters included), ended by ' ' or '\r'; anything else: no key (key_len 0). 8 bytes at a time while none
-     * of the next 8 is one of those and the key stays within 250 bytes; then a byte at a time (the key ends within
-     * the next 8 bytes, or the packet does, or the 250 bytes are near). The key starts (KEY_START) in the state that
-     * read the command. */
+     * characters included), ended by ' ' or '\r'; anything else: no key (key_len 0). 32 bytes at a time, then 8,
+     * while none of them is one of those and the key stays within 250 bytes; then its last bytes (the key ends
+     * within the next 8 bytes, or the packet does, or the 250 bytes are near). The key starts (KEY_START) in the
+     * state that read the command; each state that moves on in the key chooses the next step itself (KEY_FIRST,
+     * KEY32_STEP, KEY_STEP: a state less per step), down to how many bytes the last look takes. */
 
-    /* 32 more bytes in the payload and the key stays within MB_MAX_KEY; else key_step's choice, made here (a state
-     * less). As masks: a select on an expression is on a compiler temporary. */
-    state key32_step {
-        transition select(meta.s.remaining, meta.k.len) {
-            (0 &&& 0xfff8, _): key_load;        /* remaining < 8: key_step's, */
-            (_, 243): key_load;                 /* ... len > MB_MAX_KEY - 8 (242): 243, */
-            (_, 244 &&& 0xfc): key_load;        /* ... 244..247, */
-            (_, 248 &&& 0xf8): key_load;        /* ... 248..255 (never here: the key is 32 bytes a step so far), */
-            (0 &&& 0xffe0, _): key_words_look;  /* ... else 8 at a time: remaining < 32, */
-            (_, 219): key_words_look;           /* ... len > MB_MAX_KEY - 32 (218): 219, */
-            (_, 220 &&& 0xfc): key_words_look;  /* ... 220..223, */
-            (_, 224 &&& 0xe0): key_words_look;  /* ... 224..242 (243..255 above) */
-            default: key32_look;
-        }
-    }
-
-    WINDOWS_32(key32_look, KEY_ENDS_ANY32, key_step, key32_take)
-
+    /* 32 more bytes in the payload and the key stays within MB_MAX_KEY; else 8 more (KEY_STEP_CASES), or the last
+     * look. As masks: a select on an expression is on a compiler temporary. */
     state key32_take {
         pkt.extract(hdr.key32.next);
         meta.k.key = (meta.k.key << 256) | (bit<MB_KEY_BITS>)hdr.key32.last.v;
@@ -366,15 +407,22 @@ parser MbParser(packet_in pkt, out headers_t hdr, inout metadata_t meta, inout s
         transition key32_step;
     }
 
-    state key_step {  /* 8 bytes at a time from here (never 32 again: the key's bytes stay in order) */
+    state key32_step {  /* (key32_take's select, a state of its own: one on the state's own assignment copies the key) */
         transition select(meta.s.remaining, meta.k.len) {
-            (0 &&& 0xfff8, _): key_load;  /* remaining < 8 */
-            (_, 243): key_load;           /* len > MB_MAX_KEY - 8 (242): 243, */
-            (_, 244 &&& 0xfc): key_load;  /* ... 244..247, */
-            (_, 248 &&& 0xf8): key_load;  /* ... 248..255 */
-            default: key_words_look;
+            KEY_LAST_LOOK
+            (_, 243): key_look_8;               /* remaining >= 8 and len > MB_MAX_KEY - 8 (242): 243, */
+            (_, 244 &&& 0xfc): key_look_8;      /* ... 244..247, */
+            (_, 248 &&& 0xf8): key_look_8;      /* ... 248..255 (never here: the key is 32 bytes a step so far), */
+            (0 &&& 0xffe0, _): key_words_look;  /* else 8 at a time: remaining < 32, */
+            (_, 219): key_words_look;           /* ... len > MB_MAX_KEY - 32 (218): 219, */
+            (_, 220 &&& 0xfc): key_words_look;  /* ... 220..223, */
+            (_, 224 &&& 0xe0): key_words_look;  /* ... 224..242 (243..255 above) */
+            default: key32_look;
         }
     }
+
+    /* (no end in the 32 bytes: 8 at a time from here, never 32 again: the key's bytes stay in order) */
+    WINDOWS_32(key32_look, KEY_ENDS_ANY32, key_words_look, key32_take)
 
     state key_words_look {
         meta.s.look = pkt.lookahead<bit<64>>();
@@ -383,7 +431,7 @@ parser MbParser(packet_in pkt, out headers_t hdr, inout metadata_t meta, inout s
 
     state key_words_look_is {  /* (a select of its own: one on the state's own assignment copies the key) */
         transition select(meta.s.look) {
-            KEY_ENDS_ANY(key_load);
+            KEY_ENDS_ANY(key_look_8);  /* (8 or more bytes left here) */
             default: key_take_word;
         }
     }
@@ -393,54 +441,50 @@ parser MbParser(packet_in pkt, out headers_t hdr, inout metadata_t meta, inout s
         meta.k.key = (meta.k.key << 64) | (bit<MB_KEY_BITS>)hdr.key_words.last.w;
         meta.k.len = meta.k.len + 8;
         meta.s.remaining = meta.s.remaining - 8;
-        transition key_step;
+        transition key_take_word_step;
     }
 
-    /* The last bytes: the one that ends the key is within 8 (or the packet's end is, or a 251st byte is). */
-    LOOKS(key, key_look)
-
-    /* The first byte of the look that ends the key (entries in order of position): ' ' or '\r' (past the packet's
-     * end the look holds zeros: no key, as memcached refuses a NUL) */
-    state key_look {
-        transition select(meta.s.look, meta.k.len) {
-            (IS(20, 0), 0): no_key;
-            (IS(0d, 0), 0): no_key;
-            (IS(20, 0), _): key_end_space;
-            (IS(0d, 0), _): key_end_cr;
-            (IS(0a, 0), _): no_key;  /* a line end with no '\r' */
-            (IS(00, 0), _): no_key;  /* memcached refuses it */
-            KEY_BYTE(1)
-            KEY_BYTE(2)
-            (_, MB_MAX_KEY - 2): no_key;  /* a 251st byte (after 8-byte steps, a long key is 248 bytes) */
-            KEY_BYTE(3) KEY_BYTE(4) KEY_BYTE(5) KEY_BYTE(6) KEY_BYTE(7)
-            default: no_key;  /* (not reached: the end is within 8) */
+    state key_take_word_step {  /* (key_take_word's select, a state of its own: see key32_step) */
+        transition select(meta.s.remaining, meta.k.len) {
+            KEY_STEP_CASES
         }
     }
 
-    KEY_ENDS(1, space) KEY_ENDS(2, space) KEY_ENDS(3, space) KEY_ENDS(4, space) KEY_ENDS(5, space)
-    KEY_ENDS(6, space) KEY_ENDS(7, space)
-    KEY_ENDS(1, cr) KEY_ENDS(2, cr) KEY_ENDS(3, cr) KEY_ENDS(4, cr) KEY_ENDS(5, cr) KEY_ENDS(6, cr) KEY_ENDS(7, cr)
+    /* The last bytes: the one that ends the key is within the next N (N: 8, or the bytes left where fewer; or the
+     * 251st byte is). The N bytes are looked at as they are (key_look_N: a select on a field of N bytes), not
+     * widened to 8 (an operation more); the first of them that ends the key, in order of position, ' ' or '\r',
+     * chooses the state that takes the key's last bytes and that one, and knows (from N) whether a '\n' can
+     * follow a '\r' and whether the payload ends there (past the packet's end: no key, as memcached refuses a
+     * NUL). */
+    KEY_LOOK(1, look1, KEY_POS0(1, key_cr_end_0))
+    KEY_LOOK(2, look2, KEY_POS0(2, key_crlf_end_0) KEY_POS(2, 1, key_cr_end_1))
+    KEY_LOOK(3, look3, KEY_POS0(3, key_crlf_0) KEY_POS(3, 1, key_crlf_end_1) KEY_POS(3, 2, key_cr_end_2))
+    KEY_LOOK(4, look4, KEY_POS0(4, key_crlf_0) KEY_POS(4, 1, key_crlf_1) KEY_POS(4, 2, key_crlf_end_2) KEY_251
+        KEY_POS(4, 3, key_cr_end_3))
+    KEY_LOOK(5, look5, KEY_POS0(5, key_crlf_0) KEY_POS(5, 1, key_crlf_1) KEY_POS(5, 2, key_crlf_2) KEY_251
+        KEY_POS(5, 3, key_crlf_end_3) KEY_POS(5, 4, key_cr_end_4))
+    KEY_LOOK(6, look6, KEY_POS0(6, key_crlf_0) KEY_POS(6, 1, key_crlf_1) KEY_POS(6, 2, key_crlf_2) KEY_251
+        KEY_POS(6, 3, key_crlf_3) KEY_POS(6, 4, key_crlf_end_4) KEY_POS(6, 5, key_cr_end_5))
+    KEY_LOOK(7, look7, KEY_POS0(7, key_crlf_0) KEY_POS(7, 1, key_crlf_1) KEY_POS(7, 2, key_crlf_2) KEY_251
+        KEY_POS(7, 3, key_crlf_3) KEY_POS(7, 4, key_crlf_4) KEY_POS(7, 5, key_crlf_end_5) KEY_POS(7, 6, key_cr_end_6))
+    KEY_LOOK(8, look, KEY_POS0(8, key_crlf_0) KEY_POS(8, 1, key_crlf_1) KEY_POS(8, 2, key_crlf_2) KEY_251
+        KEY_POS(8, 3, key_crlf_3) KEY_POS(8, 4, key_crlf_4) KEY_POS(8, 5, key_crlf_5) KEY_POS(8, 6, key_crlf_6)
+        KEY_POS(8, 7, key_cr_7))
+
+    KEY_SPACE(0) KEY_SPACE(1) KEY_SPACE(2) KEY_SPACE(3) KEY_SPACE(4) KEY_SPACE(5) KEY_SPACE(6) KEY_SPACE(7)
+    KEY_CRLF(0) KEY_CRLF(1) KEY_CRLF(2) KEY_CRLF(3) KEY_CRLF(4) KEY_CRLF(5) KEY_CRLF(6)
+    KEY_CRLF_END(0) KEY_CRLF_END(1) KEY_CRLF_END(2) KEY_CRLF_END(3) KEY_CRLF_END(4) KEY_CRLF_END(5)
+    KEY_CR_END(0) KEY_CR_END(1) KEY_CR_END(2) KEY_CR_END(3) KEY_CR_END(4) KEY_CR_END(5) KEY_CR_END(6)
+
+    state key_cr_7 {  /* '\r' the 8th byte of 8 or more: a '\n' may follow */
+        KEY_TAKE(7) pkt.extract(hdr.key_end);
+        meta.s.remaining = meta.s.remaining - 8;
+        transition line_cr_found;
+    }
 
     state no_key {
         meta.k.len = 0;
         transition accept;
-    }
-
-    state key_end_space {
-        pkt.extract(hdr.key_end);
-        meta.s.line_len = 1;
-        meta.s.remaining = meta.s.remaining - 1;
-        transition select(meta.s.data_field) {
-            MB_NO_DATA: line32;  /* no data length to read: only where '\r' is matters (and mg's flags) */
-            default: head_start;
-        }
-    }
-
-    state key_end_cr {
-        pkt.extract(hdr.key_end);
-        meta.s.line_len = 1;
-        meta.s.remaining = meta.s.remaining - 1;
-        transition line_cr_found;
     }
 
     /* The rest of the line (the byte that ended the key counts as its first): fields, the data length, the flags
