@@ -297,6 +297,11 @@ header scratch_t {
     bit<16> csum;            /* rewrite: a one's complement sum (SUM_WORDS) */
     bit<32> index;           /* a register's value or a counter's index, computed before the extern is called
                               * (ternaries in it as `if`s: p4c makes a temporary of a ternary) */
+    /* the parser's own (p4src/parser.p4) */
+    bit<32> span;            /* ip_end less the transport header's end (its sign: the packet ends inside it) */
+    bit<64> word;            /* the command word as a number */
+    bit<8> in_field;         /* 1: the line's head is in a field (set where the head starts) */
+    bit<8> digits;           /* digits of the data length read (likewise) */
 }
 
 /* The words a checksum update sums (p4src/mbalancer.p4, MbRewrite), given to bmv2's csum16 as a header whole: a list
@@ -329,13 +334,10 @@ struct metadata_t {
     bit<1> first_fragment; /* the first fragment of one: ports read, nothing after them */
     bit<1> frame_ok;       /* UDP: a single-datagram frame header was read */
     bit<8> command;        /* CMD_* */
-    bit<64> word;          /* the command word as a number */
     key_t k;               /* the key (a header: bmv2 zeroes its 2,000 bits only where a command has a key) */
     bit<1> line_found;     /* '\r' found within MB_LINE_BYTES */
     bit<8> fields;         /* fields of the line started */
-    bit<1> in_field;
     bit<64> number;        /* the data length */
-    bit<8> digits;
     bit<1> bad_number;
     bit<1> changes;        /* a flag that makes a meta command change the item (T, N, I) */
     /* ingress: what each job decided, for the jobs after it (p4src/mbalancer.p4, MbIngress) */

@@ -41,7 +41,7 @@
 
 /* The command word ended at position I by END (space, cr): its I bytes taken */
 #define WORD_ENDS(I, END) state word_##END##_##I { \
-        TAKE_##I(word) meta.word = (bit<64>)(VALUE_##I(word)); meta.s.remaining = meta.s.remaining - I; \
+        TAKE_##I(word) meta.s.word = (bit<64>)(VALUE_##I(word)); meta.s.remaining = meta.s.remaining - I; \
         transition word_##END; }
 /* The line's last I bytes and its '\r' */
 #define LINE_TAIL_ENDS(I) state line_tail_cr_##I { \
@@ -74,6 +74,18 @@
     LOOK_N(P, 1, NEXT) LOOK_N(P, 2, NEXT) LOOK_N(P, 3, NEXT) LOOK_N(P, 4, NEXT) LOOK_N(P, 5, NEXT) \
     LOOK_N(P, 6, NEXT) LOOK_N(P, 7, NEXT) \
     state P##_look_8 { meta.s.look = pkt.lookahead<bit<64>>(); transition NEXT; }
+/* A transport header's options: a state per length (an extract's length as an expression is a compiler temporary) */
+#define IPV4_OPTIONS(W) state ipv4_options_##W { \
+        pkt.extract(hdr.ipv4_options, 32 * (W - 5)); \
+        meta.s.span = (bit<32>)meta.s.ip_end - (14 + 4 * W + 8);  /* for UDP: ip_end less the UDP header's end */ \
+        transition parse_ipv4_protocol; }
+#define TCP_OPTIONS(W) state tcp_options_##W { pkt.extract(hdr.tcp_options, 32 * (W - 5)); transition parse_tcp_payload; }
+/* Where the payload starts (a select on remaining): the command word, up to 7 bytes, ended by ' ' or '\r'; "get "
+ * and "set " in one step (command4) */
+#define COMMAND_CASES \
+    0: accept;  /* nothing to read: a bare TCP ACK, an empty datagram */ \
+    1 &&& 0xfffc: word_load;  /* 1 .. 3 */ \
+    default: command4;
 /* Where a command's key starts: meta.k made valid, which zeroes its length and key (bmv2 zeroes every field of a header
  * made valid; a header, not metadata, so that the 2,000 bits are zeroed only where a command has a key); then
  * KEY_FIRST_STEP(P), the state P_key (a state of its own: a select on the state's own assignment copies the key;
@@ -139,6 +151,9 @@
 #define LEN_BIT(b, to) (_, 16w1 << b &&& 16w1 << b, _): to;
 #define LINE_LEN_256_UP(to) LEN_BIT(8, to) LEN_BIT(9, to) LEN_BIT(10, to) LEN_BIT(11, to) LEN_BIT(12, to) \
     LEN_BIT(13, to) LEN_BIT(14, to) LEN_BIT(15, to)
+/* Entries of a select on (fields, data_field, X): the field being read is the data length (fields - data_field is 1,
+ * as entries: an expression is a compiler temporary; data_field is 0, 2 or MB_NO_DATA) and X is K */
+#define IN_DATA_LENGTH(K, to) (1, 0, K): to; (3, 2, K): to; (0, MB_NO_DATA, K): to;
 #define HEAD_THEN_WIDE 0  /* meta.s.head_then: where the head's end goes on to */
 #define HEAD_THEN_CR 1
 #define KEY_ENDS_ANY(to) ANY_BYTE_IS(20, to); ANY_BYTE_IS(0d, to); ANY_BYTE_IS(0a, to); ANY_BYTE_IS(00, to)
@@ -182,19 +197,27 @@ parser MbParser(packet_in pkt, out headers_t hdr, inout metadata_t meta, inout s
     state parse_ipv4 {
         pkt.extract(hdr.ipv4);
         meta.s.ip_end = 14 + hdr.ipv4.total_len;
-        transition select(hdr.ipv4.version, hdr.ipv4.ihl) {
-            (4, 5): parse_ipv4_protocol;
-            (4, 0 &&& 0xc): accept;   /* ihl 0..3: broken */
-            (4, 4): accept;
-            (4, _): parse_ipv4_options;
+        /* (without options, the protocol's select too where it is an unfragmented packet's: a state less) */
+        transition select(hdr.ipv4.version, hdr.ipv4.ihl, hdr.ipv4.flags_frag, hdr.ipv4.protocol) {
+            (4, 5, 0 &&& 0x3fff, 17): parse_udp;
+            (4, 5, 0 &&& 0x3fff, 6): parse_tcp;
+            (4, 5, _, _): parse_ipv4_protocol;
+            (4, 0 &&& 0xc, _, _): accept;   /* ihl 0..3: broken */
+            (4, 4, _, _): accept;
+            (4, _, _, _): parse_ipv4_options;
             default: accept;
         }
     }
 
     state parse_ipv4_options {
-        pkt.extract(hdr.ipv4_options, (bit<32>)(((bit<16>)hdr.ipv4.ihl - 5) * 32));
-        transition parse_ipv4_protocol;
+        transition select(hdr.ipv4.ihl) {
+            6: ipv4_options_6; 7: ipv4_options_7; 8: ipv4_options_8; 9: ipv4_options_9; 10: ipv4_options_10;
+            11: ipv4_options_11; 12: ipv4_options_12; 13: ipv4_options_13; 14: ipv4_options_14;
+            default: ipv4_options_15;
+        }
     }
+    IPV4_OPTIONS(6) IPV4_OPTIONS(7) IPV4_OPTIONS(8) IPV4_OPTIONS(9) IPV4_OPTIONS(10) IPV4_OPTIONS(11)
+    IPV4_OPTIONS(12) IPV4_OPTIONS(13) IPV4_OPTIONS(14) IPV4_OPTIONS(15)
 
     state parse_ipv4_protocol {
         /* a later fragment has no transport header; a first one (more fragments) only its ports */
@@ -218,39 +241,69 @@ parser MbParser(packet_in pkt, out headers_t hdr, inout metadata_t meta, inout s
         pkt.extract(hdr.ports);
         pkt.extract(hdr.udp);
         meta.s.payload_len = meta.s.ip_end - 14 - ((bit<16>)hdr.ipv4.ihl << 2) - 8;
-        transition select(meta.s.ip_end < 14 + ((bit<16>)hdr.ipv4.ihl << 2) + 8) {
-            true: accept;  /* the IPv4 packet ends inside the UDP header */
-            false: parse_udp_payload;
+        /* Where the IPv4 packet ends inside the UDP header (ip_end < 14 + 4 ihl + 8), or before a frame header's end
+         * (< 8 more): without options as entries on ip_end (not on payload_len: p4c would copy this state's
+         * assignment into a compiler temporary, as a comparison would be one) */
+        transition select(hdr.ipv4.ihl, meta.s.ip_end) {
+            (5, 0 &&& 0xffe0): udp_short;   /* ip_end < 50: 0..31, */
+            (5, 32 &&& 0xfff0): udp_short;  /* ... 32..47, */
+            (5, 48 &&& 0xfffe): udp_short;  /* ... 48..49 */
+            (5, _): parse_frame;
+            default: udp_options_length;
         }
     }
 
-    state parse_udp_payload {
-        meta.l4 = 1;
-        meta.s.remaining = meta.s.payload_len;
-        transition select(meta.s.payload_len) {
-            0 &&& 0xfff8: accept;  /* shorter than a frame header (0..7) */
+    state udp_short {
+        transition select(meta.s.ip_end) {
+            0 &&& 0xffe0: accept;   /* ip_end < 42: 0..31, */
+            32 &&& 0xfff8: accept;  /* ... 32..39, */
+            40 &&& 0xfffe: accept;  /* ... 40..41 */
+            default: udp_no_frame;
+        }
+    }
+
+    state udp_options_length {  /* the same with options: from the sign of span (IPV4_OPTIONS) */
+        transition select(meta.s.span, meta.s.payload_len) {
+            (0x80000000 &&& 0x80000000, _): accept;
+            (_, 0 &&& 0xfff8): udp_no_frame;  /* shorter than a frame header (0..7) */
             default: parse_frame;
         }
     }
 
+    state udp_no_frame {
+        meta.l4 = 1;
+        meta.s.remaining = meta.s.payload_len;
+        transition accept;
+    }
+
     state parse_frame {
         pkt.extract(hdr.frame);
-        meta.s.remaining = meta.s.remaining - 8;
-        meta.s.command_len = meta.s.remaining;
+        meta.l4 = 1;
+        meta.s.remaining = meta.s.payload_len - 8;
         transition select(hdr.frame.sequence, hdr.frame.datagrams) {
             (0, 1): frame_ok;  /* sequence 0 of 1 datagram */
-            default: accept;
+            default: frame_other;
         }
     }
 
+    /* (command_len set here, not where remaining is: p4c would make it remaining's expression, an operation more) */
     state frame_ok {
         meta.frame_ok = 1;
-        transition parse_command;
+        meta.s.command_len = meta.s.remaining;
+        transition select(meta.s.remaining) { COMMAND_CASES }
+    }
+
+    state frame_other {
+        meta.s.command_len = meta.s.remaining;
+        transition accept;
     }
 
     state parse_tcp {
         pkt.extract(hdr.ports);
         pkt.extract(hdr.tcp);
+        /* (for parse_tcp_payload's select: in its own state, p4c would copy it into a compiler temporary) */
+        meta.s.span = (bit<32>)meta.s.ip_end -
+            (bit<32>)(14 + ((bit<16>)hdr.ipv4.ihl << 2) + ((bit<16>)hdr.tcp.data_offset << 2));
         transition select(hdr.tcp.data_offset) {
             0 &&& 0xc: accept;  /* 0..3: broken */
             4: accept;
@@ -259,34 +312,36 @@ parser MbParser(packet_in pkt, out headers_t hdr, inout metadata_t meta, inout s
         }
     }
 
-    state parse_tcp_options {
-        pkt.extract(hdr.tcp_options, (bit<32>)(((bit<16>)hdr.tcp.data_offset - 5) * 32));
-        transition parse_tcp_payload;
+    state parse_tcp_options {  /* (as the IPv4 options) */
+        transition select(hdr.tcp.data_offset) {
+            6: tcp_options_6; 7: tcp_options_7; 8: tcp_options_8; 9: tcp_options_9; 10: tcp_options_10;
+            11: tcp_options_11; 12: tcp_options_12; 13: tcp_options_13; 14: tcp_options_14;
+            default: tcp_options_15;
+        }
     }
+    TCP_OPTIONS(6) TCP_OPTIONS(7) TCP_OPTIONS(8) TCP_OPTIONS(9) TCP_OPTIONS(10) TCP_OPTIONS(11)
+    TCP_OPTIONS(12) TCP_OPTIONS(13) TCP_OPTIONS(14) TCP_OPTIONS(15)
 
     state parse_tcp_payload {
-        bit<16> headers = 14 + ((bit<16>)hdr.ipv4.ihl << 2) + ((bit<16>)hdr.tcp.data_offset << 2);
-        meta.s.payload_len = meta.s.ip_end - headers;
+        meta.s.payload_len = meta.s.ip_end - (14 + ((bit<16>)hdr.ipv4.ihl << 2) + ((bit<16>)hdr.tcp.data_offset << 2));
+        transition select(meta.s.span) {
+            0x80000000 &&& 0x80000000: tcp_short;  /* the IPv4 packet ends inside the TCP header */
+            default: tcp_ok;
+        }
+    }
+
+    /* (remaining and command_len set in the next state: here p4c would make each payload_len's expression) */
+    state tcp_short {
         meta.s.remaining = meta.s.payload_len;
         meta.s.command_len = meta.s.payload_len;
-        transition select(meta.s.ip_end < headers) {
-            true: accept;
-            false: tcp_ok;
-        }
+        transition accept;
     }
 
     state tcp_ok {
         meta.l4 = 1;
-        transition parse_command;
-    }
-
-    /* The command word: up to 7 bytes, ended by ' ' or '\r'; "get " and "set " in one step. */
-    state parse_command {
-        transition select(meta.s.remaining) {
-            0: accept;  /* nothing to read: a bare TCP ACK, an empty datagram */
-            1 &&& 0xfffc: word_load;  /* 1 .. 3 */
-            default: command4;
-        }
+        meta.s.remaining = meta.s.payload_len;
+        meta.s.command_len = meta.s.payload_len;
+        transition select(meta.s.payload_len) { COMMAND_CASES }
     }
 
     state command4 {
@@ -345,7 +400,7 @@ parser MbParser(packet_in pkt, out headers_t hdr, inout metadata_t meta, inout s
     state word_space {
         pkt.extract(hdr.word_end);
         meta.s.remaining = meta.s.remaining - 1;
-        transition select(meta.word) {
+        transition select(meta.s.word) {
             0x676574: get;                        /* get */
             0x67657473: get;                      /* gets */
             0x736574: write_data_2;               /* set <key> <flags> <exptime> <bytes> [noreply] */
@@ -371,7 +426,7 @@ parser MbParser(packet_in pkt, out headers_t hdr, inout metadata_t meta, inout s
     state word_cr {
         pkt.extract(hdr.word_end);
         meta.s.remaining = meta.s.remaining - 1;
-        transition select(meta.word) {
+        transition select(meta.s.word) {
             0x7374617473: line_after_cr;          /* stats */
             0x76657273696f6e: line_after_cr;      /* version */
             0x6d6e: noop;                         /* mn */
@@ -494,6 +549,8 @@ parser MbParser(packet_in pkt, out headers_t hdr, inout metadata_t meta, inout s
      * 8 at a time when it is all read, the rest (and the byte that ends the head) in chunks where the head ends. */
     state head_start {
         meta.s.head_at = 0;
+        meta.s.in_field = 0;
+        meta.s.digits = 0;
         transition head_load;
     }
 
@@ -550,19 +607,19 @@ parser MbParser(packet_in pkt, out headers_t hdr, inout metadata_t meta, inout s
         meta.s.head_at = meta.s.head_at + 1;
         meta.s.line_len = meta.s.line_len + 1;
         meta.s.remaining = meta.s.remaining - 1;
-        transition select(meta.in_field, meta.fields - meta.s.data_field) {
-            (1, 1): line_data_length_read;  /* the space after the data length */
+        transition select(meta.fields, meta.s.data_field, meta.s.in_field) {
+            IN_DATA_LENGTH(1, line_data_length_read)  /* the space after the data length */
             default: line_out_of_field;
         }
     }
 
     state line_out_of_field {
-        meta.in_field = 0;
+        meta.s.in_field = 0;
         transition line_byte;
     }
 
     state line_data_length_read {
-        meta.in_field = 0;
+        meta.s.in_field = 0;
         meta.s.head_then = HEAD_THEN_WIDE;
         transition head_end;
     }
@@ -674,14 +731,14 @@ parser MbParser(packet_in pkt, out headers_t hdr, inout metadata_t meta, inout s
         meta.s.head_at = meta.s.head_at + 1;
         meta.s.line_len = meta.s.line_len + 1;
         meta.s.remaining = meta.s.remaining - 1;
-        transition select(meta.in_field) {
+        transition select(meta.s.in_field) {
             0: line_field_starts;
             default: line_flags;
         }
     }
 
     state line_field_starts {
-        meta.in_field = 1;
+        meta.s.in_field = 1;
         meta.fields = meta.fields + 1;
         transition line_flags;
     }
@@ -702,18 +759,18 @@ parser MbParser(packet_in pkt, out headers_t hdr, inout metadata_t meta, inout s
 
     /* In the data-length field: digits only, at most 9 of them (more could not fit in a packet anyway). */
     state line_number {
-        transition select(meta.fields - meta.s.data_field, meta.s.head_byte) {
-            (1, 0x30 &&& 0xf8): line_digit;  /* 0..7 */
-            (1, 0x38 &&& 0xfe): line_digit;  /* 8, 9 */
-            (1, _): line_bad_number;
+        transition select(meta.fields, meta.s.data_field, meta.s.head_byte) {
+            IN_DATA_LENGTH(0x30 &&& 0xf8, line_digit)  /* 0..7 */
+            IN_DATA_LENGTH(0x38 &&& 0xfe, line_digit)  /* 8, 9 */
+            IN_DATA_LENGTH(_, line_bad_number)
             default: line_byte;
         }
     }
 
     state line_digit {
         meta.number = meta.number * 10 + (bit<64>)(meta.s.head_byte - 0x30);
-        meta.digits = meta.digits + 1;
-        transition select(meta.digits) {
+        meta.s.digits = meta.s.digits + 1;
+        transition select(meta.s.digits) {
             10: line_bad_number;
             default: line_byte;
         }
