@@ -164,7 +164,13 @@ header chunk32_t {
     bit<256> v;
 }
 
-/* The last bytes of a part (fewer than 8, found before they are taken) as at most three chunks. */
+/* The last bytes of a part (fewer than 8, found before they are taken), where their value is read from elsewhere or
+ * not at all, and the byte that ended it: in one extract of the length found (one header instance for any length). */
+header rest_t {
+    varbit<64> v;
+}
+
+/* The key's last bytes (their value is added to the key) as at most three chunks. */
 header chunk4_t {
     bit<32> v;
 }
@@ -193,10 +199,7 @@ struct headers_t {
     tcp_options_t tcp_options;
     frame_t frame;
     command4_t command4;            /* "get " or "set ", read at once; else: */
-    chunk4_t word4;                 /* the command word (up to 7 bytes), */
-    chunk2_t word2;
-    chunk1_t word1;
-    byte_t word_end;                /* the byte that ended it: ' ' or '\r' */
+    rest_t word_rest;               /* the command word (up to 7 bytes) and the byte that ended it: ' ' or '\r' */
     chunk32_t[MB_KEY_STEPS] key32;  /* the key: 32 bytes at a time, */
     word_t[MB_KEY_WORDS] key_words; /* ... then 8, */
     chunk4_t key4;                  /* ... then its last bytes */
@@ -204,15 +207,10 @@ struct headers_t {
     chunk1_t key1;
     byte_t key_end;                 /* the byte that ended the key (' ' or '\r'), */
     word_t[MB_HEAD_WORDS] head_words;  /* the line after it to the data length's end (or '\r'): 8 at a time, */
-    chunk4_t head4;                 /* ... then its last bytes */
-    chunk2_t head2;
-    chunk1_t head1;
+    rest_t head_rest;               /* ... then its last bytes */
     chunk32_t[MB_LINE_STEPS] line32;   /* then 32 bytes at a time, */
     word_t[MB_LINE_WORDS] line_words;  /* ... then 8, */
-    chunk4_t line_tail4;            /* ... then the last bytes, */
-    chunk2_t line_tail2;
-    chunk1_t line_tail1;
-    byte_t line_cr;                 /* ... and the '\r' */
+    rest_t line_tail;               /* ... then the last bytes and the '\r' */
     byte_t lf;                      /* the '\n' after it */
 }
 

@@ -39,13 +39,14 @@
 #define VALUE_6(P) hdr.P##4.v ++ hdr.P##2.v
 #define VALUE_7(P) hdr.P##4.v ++ hdr.P##2.v ++ hdr.P##1.v
 
-/* The command word ended at position I by END (space, cr): its I bytes taken */
+/* The command word ended at position I by END (space, cr): its I bytes and the END taken at once, its value from the
+ * look */
 #define WORD_ENDS(I, END) state word_##END##_##I { \
-        TAKE_##I(word) meta.s.word = (bit<64>)(VALUE_##I(word)); meta.s.remaining = meta.s.remaining - I; \
-        transition word_##END; }
+        pkt.extract(hdr.word_rest, 8 * (I + 1)); meta.s.word = meta.s.look >> (64 - 8 * I); \
+        meta.s.remaining = meta.s.remaining - (I + 1); transition word_##END; }
 /* The line's last I bytes and its '\r' */
 #define LINE_TAIL_ENDS(I) state line_tail_cr_##I { \
-        TAKE_##I(line_tail) pkt.extract(hdr.line_cr); meta.s.remaining = meta.s.remaining - (I + 1); \
+        pkt.extract(hdr.line_tail, 8 * (I + 1)); meta.s.remaining = meta.s.remaining - (I + 1); \
         transition line_cr_found; }
 /* The next 8 bytes (at most `remaining`, zeros after them) are in meta.s.look: byte I of them is V */
 #define IS(V, I) 64w0x##V << (8 * (7 - I)) &&& 64w0xff << (8 * (7 - I))
@@ -375,7 +376,7 @@ parser MbParser(packet_in pkt, out headers_t hdr, inout metadata_t meta, inout s
     /* Up to 7 bytes, ended by ' ' or '\r' (the first in the look: entries in order of position) */
     state word_look {
         transition select(meta.s.look) {
-            IS(20, 0): word_space; IS(0d, 0): word_cr;
+            IS(20, 0): word_space_0; IS(0d, 0): word_cr_0;
             IS(20, 1): word_space_1; IS(0d, 1): word_cr_1;
             IS(20, 2): word_space_2; IS(0d, 2): word_cr_2;
             IS(20, 3): word_space_3; IS(0d, 3): word_cr_3;
@@ -387,6 +388,11 @@ parser MbParser(packet_in pkt, out headers_t hdr, inout metadata_t meta, inout s
         }
     }
 
+    /* no word (meta.s.word is not zeroed per packet) */
+    state word_space_0 { pkt.extract(hdr.word_rest, 8); meta.s.word = 0; meta.s.remaining = meta.s.remaining - 1;
+        transition word_space; }
+    state word_cr_0 { pkt.extract(hdr.word_rest, 8); meta.s.word = 0; meta.s.remaining = meta.s.remaining - 1;
+        transition word_cr; }
     WORD_ENDS(1, space) WORD_ENDS(2, space) WORD_ENDS(3, space) WORD_ENDS(4, space) WORD_ENDS(5, space)
     WORD_ENDS(6, space) WORD_ENDS(7, space)
     WORD_ENDS(1, cr) WORD_ENDS(2, cr) WORD_ENDS(3, cr) WORD_ENDS(4, cr) WORD_ENDS(5, cr) WORD_ENDS(6, cr)
@@ -398,8 +404,6 @@ parser MbParser(packet_in pkt, out headers_t hdr, inout metadata_t meta, inout s
     }
 
     state word_space {
-        pkt.extract(hdr.word_end);
-        meta.s.remaining = meta.s.remaining - 1;
         transition select(meta.s.word) {
             0x676574: get;                        /* get */
             0x67657473: get;                      /* gets */
@@ -424,8 +428,6 @@ parser MbParser(packet_in pkt, out headers_t hdr, inout metadata_t meta, inout s
     }
 
     state word_cr {
-        pkt.extract(hdr.word_end);
-        meta.s.remaining = meta.s.remaining - 1;
         transition select(meta.s.word) {
             0x7374617473: line_after_cr;          /* stats */
             0x76657273696f6e: line_after_cr;      /* version */
@@ -587,13 +589,13 @@ parser MbParser(packet_in pkt, out headers_t hdr, inout metadata_t meta, inout s
             default: head_then;
         }
     }
-    state head_end_1 { TAKE_1(head) transition head_then; }
-    state head_end_2 { TAKE_2(head) transition head_then; }
-    state head_end_3 { TAKE_3(head) transition head_then; }
-    state head_end_4 { TAKE_4(head) transition head_then; }
-    state head_end_5 { TAKE_5(head) transition head_then; }
-    state head_end_6 { TAKE_6(head) transition head_then; }
-    state head_end_7 { TAKE_7(head) transition head_then; }
+    state head_end_1 { pkt.extract(hdr.head_rest, 8 * 1); transition head_then; }
+    state head_end_2 { pkt.extract(hdr.head_rest, 8 * 2); transition head_then; }
+    state head_end_3 { pkt.extract(hdr.head_rest, 8 * 3); transition head_then; }
+    state head_end_4 { pkt.extract(hdr.head_rest, 8 * 4); transition head_then; }
+    state head_end_5 { pkt.extract(hdr.head_rest, 8 * 5); transition head_then; }
+    state head_end_6 { pkt.extract(hdr.head_rest, 8 * 6); transition head_then; }
+    state head_end_7 { pkt.extract(hdr.head_rest, 8 * 7); transition head_then; }
     state head_end_8 { pkt.extract(hdr.head_words.next); transition head_then; }
     state head_then {
         transition select(meta.s.head_then) {
@@ -712,12 +714,7 @@ parser MbParser(packet_in pkt, out headers_t hdr, inout metadata_t meta, inout s
     }
 
 
-    state line_tail_cr_0 {
-        pkt.extract(hdr.line_cr);
-        meta.s.remaining = meta.s.remaining - 1;
-        transition line_cr_found;
-    }
-    LINE_TAIL_ENDS(1) LINE_TAIL_ENDS(2) LINE_TAIL_ENDS(3) LINE_TAIL_ENDS(4) LINE_TAIL_ENDS(5) LINE_TAIL_ENDS(6)
+    LINE_TAIL_ENDS(0) LINE_TAIL_ENDS(1) LINE_TAIL_ENDS(2) LINE_TAIL_ENDS(3) LINE_TAIL_ENDS(4) LINE_TAIL_ENDS(5) LINE_TAIL_ENDS(6)
     LINE_TAIL_ENDS(7)
 
     state line_tail_changes {
@@ -816,10 +813,7 @@ control MbDeparser(packet_out pkt, in headers_t hdr) {
         pkt.emit(hdr.tcp_options);
         pkt.emit(hdr.frame);
         pkt.emit(hdr.command4);
-        pkt.emit(hdr.word4);
-        pkt.emit(hdr.word2);
-        pkt.emit(hdr.word1);
-        pkt.emit(hdr.word_end);
+        pkt.emit(hdr.word_rest);
         pkt.emit(hdr.key32);
         pkt.emit(hdr.key_words);
         pkt.emit(hdr.key4);
@@ -827,15 +821,10 @@ control MbDeparser(packet_out pkt, in headers_t hdr) {
         pkt.emit(hdr.key1);
         pkt.emit(hdr.key_end);
         pkt.emit(hdr.head_words);
-        pkt.emit(hdr.head4);
-        pkt.emit(hdr.head2);
-        pkt.emit(hdr.head1);
+        pkt.emit(hdr.head_rest);
         pkt.emit(hdr.line32);
         pkt.emit(hdr.line_words);
-        pkt.emit(hdr.line_tail4);
-        pkt.emit(hdr.line_tail2);
-        pkt.emit(hdr.line_tail1);
-        pkt.emit(hdr.line_cr);
+        pkt.emit(hdr.line_tail);
         pkt.emit(hdr.lf);
     }
 }
