@@ -117,7 +117,9 @@
     (KAT(N, 00, I), _): no_key;
 #define KEY_POS0(N, CR) (KAT(N, 20, 0), 0): no_key; (KAT(N, 0d, 0), 0): no_key; KEY_POS(N, 0, CR)  /* empty key */
 #define KEY_251 (_, MB_MAX_KEY - 2): no_key;  /* a 251st byte (after 8-byte steps, a long key is 248 bytes) */
-/* The key's last I bytes taken and added to it */
+/* The key's last I bytes taken and added to it (KEY_TAKE), or, where they are all of it (in the key_first states:
+ * after "get " or "set " the key starts with its last look or 8-byte step), made it (KEY_FIRST_TAKE: a set where an
+ * operation on 2,000 bits would be) */
 #define KEY_ADD(I) TAKE_##I(key) meta.k.key = (meta.k.key << (8 * I)) | (bit<MB_KEY_BITS>)(VALUE_##I(key)); \
     meta.k.len = meta.k.len + I;
 #define KEY_TAKE_0
@@ -129,25 +131,51 @@
 #define KEY_TAKE_6 KEY_ADD(6)
 #define KEY_TAKE_7 KEY_ADD(7)
 #define KEY_TAKE(I) KEY_TAKE_##I
-/* The key's last I bytes and the ' ' that ends it (the line's first byte) */
-#define KEY_SPACE(I) state key_space_##I { \
-        KEY_TAKE(I) pkt.extract(hdr.key_end); meta.s.line_len = 1; meta.s.remaining = meta.s.remaining - (I + 1); \
+#define KEY_FIRST_TAKE(I) TAKE_##I(key) meta.k.key = (bit<MB_KEY_BITS>)(VALUE_##I(key)); meta.k.len = I;
+/* The states that take the key's last I bytes (TAKE) and what ends it, named P_*_I; OFF: bytes read that remaining
+ * still counts (the key_first states': "get " or "set ", its 4 bytes left to them, an operation less) */
+/* ... ' ' (the line's first byte) */
+#define KEY_SPACE(P, TAKE, OFF, I) state P##_space_##I { \
+        TAKE(I) pkt.extract(hdr.key_end); meta.s.line_len = 1; meta.s.remaining = meta.s.remaining - (I + 1 + OFF); \
         transition select(meta.s.data_field) { \
             MB_NO_DATA: line32;  /* no data length to read: only where '\r' is matters (and mg's flags) */ \
             default: head_start; \
         } \
     }
-/* ... the '\r' that ends it and the byte after it (the '\n' or not: the ingress control checks it), more after them */
-#define KEY_CRLF(I) state key_crlf_##I { \
-        KEY_TAKE(I) pkt.extract(hdr.key_end); pkt.extract(hdr.lf); meta.s.remaining = meta.s.remaining - (I + 2); \
+/* ... '\r' and the byte after it (the '\n' or not: the ingress control checks it), more after them */
+#define KEY_CRLF(P, TAKE, OFF, I) state P##_crlf_##I { \
+        TAKE(I) pkt.extract(hdr.key_end); pkt.extract(hdr.lf); meta.s.remaining = meta.s.remaining - (I + 2 + OFF); \
         meta.line_found = 1; transition accept; }
 /* ... the same, the payload's last bytes */
-#define KEY_CRLF_END(I) state key_crlf_end_##I { \
-        KEY_TAKE(I) pkt.extract(hdr.key_end); pkt.extract(hdr.lf); meta.s.remaining = 0; meta.line_found = 1; \
+#define KEY_CRLF_END(P, TAKE, I) state P##_crlf_end_##I { \
+        TAKE(I) pkt.extract(hdr.key_end); pkt.extract(hdr.lf); meta.s.remaining = 0; meta.line_found = 1; \
         transition accept; }
-/* ... the '\r' that ends it the payload's last byte (no '\n') */
-#define KEY_CR_END(I) state key_cr_end_##I { \
-        KEY_TAKE(I) pkt.extract(hdr.key_end); meta.s.remaining = 0; meta.line_found = 1; transition accept; }
+/* ... '\r', the payload's last byte (no '\n') */
+#define KEY_CR_END(P, TAKE, I) state P##_cr_end_##I { \
+        TAKE(I) pkt.extract(hdr.key_end); meta.s.remaining = 0; meta.line_found = 1; transition accept; }
+/* ... '\r', the 8th byte of 8 or more: a '\n' may follow */
+#define KEY_CR_7(P, TAKE, OFF) state P##_cr_7 { \
+        TAKE(7) pkt.extract(hdr.key_end); meta.s.remaining = meta.s.remaining - (8 + OFF); transition line_cr_found; }
+/* A key_first look: N bytes into meta.s.F, and the select CASES on F (no end in them: no key; no byte read: a byte
+ * that ends the key at its first is no key either) */
+#define KEY_FIRST_LOOK(N, F, CASES) \
+    state key_first_look_##N { meta.s.F = pkt.lookahead<bit<(8 * N)>>(); transition key_first_look_##N##_is; } \
+    state key_first_look_##N##_is { \
+        transition select(meta.s.F) { \
+            KAT(N, 20, 0): no_key; KAT(N, 0d, 0): no_key; KAT(N, 0a, 0): no_key; KAT(N, 00, 0): no_key; \
+            CASES default: no_key; \
+        } \
+    }
+#define KEY_FIRST_POS(N, I, CR) KAT(N, 20, I): key_first_space_##I; KAT(N, 0d, I): CR; KAT(N, 0a, I): no_key; \
+    KAT(N, 00, I): no_key;
+/* After "get " or "set " (a select on remaining, which counts them): the key's first look (fewer than 8 bytes left:
+ * key_first_look_N; 0 or 1: no key), 8 bytes (fewer than 32 left), or 32 at a time (remaining made the bytes left
+ * first) */
+#define KEY_AFTER_COMMAND4 \
+    4: no_key; 5: no_key; 6: key_first_look_2; 7: key_first_look_3; 8: key_first_look_4; 9: key_first_look_5; \
+    10: key_first_look_6; 11: key_first_look_7; \
+    12 &&& 0xfffc: key_first_words_look; 16 &&& 0xfff0: key_first_words_look; 32 &&& 0xfffc: key_first_words_look; \
+    default: key_first_32;
 /* Entries of a select on (remaining, line_len, command): line_len is 256 or more (any of its high 8 bits set) */
 #define LEN_BIT(b, to) (_, 16w1 << b &&& 16w1 << b, _): to;
 #define LINE_LEN_256_UP(to) LEN_BIT(8, to) LEN_BIT(9, to) LEN_BIT(10, to) LEN_BIT(11, to) LEN_BIT(12, to) \
@@ -356,20 +384,18 @@ parser MbParser(packet_in pkt, out headers_t hdr, inout metadata_t meta, inout s
 
     state get4 {  /* (get's statements here: a state less for most gets) */
         pkt.extract(hdr.command4);
-        meta.s.remaining = meta.s.remaining - 4;
         meta.command = CMD_GET;
-        KEY_START(get4)
+        meta.k.setValid();  /* (KEY_START) */
+        transition select(meta.s.remaining) { KEY_AFTER_COMMAND4 }
     }
-    KEY_FIRST_STEP(get4)
 
     state set4 {
         pkt.extract(hdr.command4);
-        meta.s.remaining = meta.s.remaining - 4;
         meta.command = CMD_WRITE;
         meta.s.data_field = 2;
-        KEY_START(set4)
+        meta.k.setValid();
+        transition select(meta.s.remaining) { KEY_AFTER_COMMAND4 }
     }
-    KEY_FIRST_STEP(set4)
 
     LOOKS(word, word_look)
 
@@ -528,15 +554,82 @@ parser MbParser(packet_in pkt, out headers_t hdr, inout metadata_t meta, inout s
         KEY_POS(8, 3, key_crlf_3) KEY_POS(8, 4, key_crlf_4) KEY_POS(8, 5, key_crlf_5) KEY_POS(8, 6, key_crlf_6)
         KEY_POS(8, 7, key_cr_7))
 
-    KEY_SPACE(0) KEY_SPACE(1) KEY_SPACE(2) KEY_SPACE(3) KEY_SPACE(4) KEY_SPACE(5) KEY_SPACE(6) KEY_SPACE(7)
-    KEY_CRLF(0) KEY_CRLF(1) KEY_CRLF(2) KEY_CRLF(3) KEY_CRLF(4) KEY_CRLF(5) KEY_CRLF(6)
-    KEY_CRLF_END(0) KEY_CRLF_END(1) KEY_CRLF_END(2) KEY_CRLF_END(3) KEY_CRLF_END(4) KEY_CRLF_END(5)
-    KEY_CR_END(0) KEY_CR_END(1) KEY_CR_END(2) KEY_CR_END(3) KEY_CR_END(4) KEY_CR_END(5) KEY_CR_END(6)
+    KEY_SPACE(key, KEY_TAKE, 0, 0) KEY_SPACE(key, KEY_TAKE, 0, 1) KEY_SPACE(key, KEY_TAKE, 0, 2)
+    KEY_SPACE(key, KEY_TAKE, 0, 3) KEY_SPACE(key, KEY_TAKE, 0, 4) KEY_SPACE(key, KEY_TAKE, 0, 5)
+    KEY_SPACE(key, KEY_TAKE, 0, 6) KEY_SPACE(key, KEY_TAKE, 0, 7)
+    KEY_CRLF(key, KEY_TAKE, 0, 0) KEY_CRLF(key, KEY_TAKE, 0, 1) KEY_CRLF(key, KEY_TAKE, 0, 2)
+    KEY_CRLF(key, KEY_TAKE, 0, 3) KEY_CRLF(key, KEY_TAKE, 0, 4) KEY_CRLF(key, KEY_TAKE, 0, 5)
+    KEY_CRLF(key, KEY_TAKE, 0, 6)
+    KEY_CRLF_END(key, KEY_TAKE, 0) KEY_CRLF_END(key, KEY_TAKE, 1) KEY_CRLF_END(key, KEY_TAKE, 2)
+    KEY_CRLF_END(key, KEY_TAKE, 3) KEY_CRLF_END(key, KEY_TAKE, 4) KEY_CRLF_END(key, KEY_TAKE, 5)
+    KEY_CR_END(key, KEY_TAKE, 0) KEY_CR_END(key, KEY_TAKE, 1) KEY_CR_END(key, KEY_TAKE, 2) KEY_CR_END(key, KEY_TAKE, 3)
+    KEY_CR_END(key, KEY_TAKE, 4) KEY_CR_END(key, KEY_TAKE, 5) KEY_CR_END(key, KEY_TAKE, 6)
+    KEY_CR_7(key, KEY_TAKE, 0)
 
-    state key_cr_7 {  /* '\r' the 8th byte of 8 or more: a '\n' may follow */
-        KEY_TAKE(7) pkt.extract(hdr.key_end);
-        meta.s.remaining = meta.s.remaining - 8;
-        transition line_cr_found;
+    /* The key after "get " or "set ": its first look, first 8 bytes, or 32 at a time */
+    KEY_FIRST_LOOK(2, look2, KEY_FIRST_POS(2, 1, key_first_cr_end_1))
+    KEY_FIRST_LOOK(3, look3, KEY_FIRST_POS(3, 1, key_first_crlf_end_1) KEY_FIRST_POS(3, 2, key_first_cr_end_2))
+    KEY_FIRST_LOOK(4, look4, KEY_FIRST_POS(4, 1, key_first_crlf_1) KEY_FIRST_POS(4, 2, key_first_crlf_end_2)
+        KEY_FIRST_POS(4, 3, key_first_cr_end_3))
+    KEY_FIRST_LOOK(5, look5, KEY_FIRST_POS(5, 1, key_first_crlf_1) KEY_FIRST_POS(5, 2, key_first_crlf_2)
+        KEY_FIRST_POS(5, 3, key_first_crlf_end_3) KEY_FIRST_POS(5, 4, key_first_cr_end_4))
+    KEY_FIRST_LOOK(6, look6, KEY_FIRST_POS(6, 1, key_first_crlf_1) KEY_FIRST_POS(6, 2, key_first_crlf_2)
+        KEY_FIRST_POS(6, 3, key_first_crlf_3) KEY_FIRST_POS(6, 4, key_first_crlf_end_4)
+        KEY_FIRST_POS(6, 5, key_first_cr_end_5))
+    KEY_FIRST_LOOK(7, look7, KEY_FIRST_POS(7, 1, key_first_crlf_1) KEY_FIRST_POS(7, 2, key_first_crlf_2)
+        KEY_FIRST_POS(7, 3, key_first_crlf_3) KEY_FIRST_POS(7, 4, key_first_crlf_4)
+        KEY_FIRST_POS(7, 5, key_first_crlf_end_5) KEY_FIRST_POS(7, 6, key_first_cr_end_6))
+    KEY_FIRST_LOOK(8, look, KEY_FIRST_POS(8, 1, key_first_crlf_1) KEY_FIRST_POS(8, 2, key_first_crlf_2)
+        KEY_FIRST_POS(8, 3, key_first_crlf_3) KEY_FIRST_POS(8, 4, key_first_crlf_4)
+        KEY_FIRST_POS(8, 5, key_first_crlf_5) KEY_FIRST_POS(8, 6, key_first_crlf_6) KEY_FIRST_POS(8, 7, key_first_cr_7))
+
+    KEY_SPACE(key_first, KEY_FIRST_TAKE, 4, 1) KEY_SPACE(key_first, KEY_FIRST_TAKE, 4, 2)
+    KEY_SPACE(key_first, KEY_FIRST_TAKE, 4, 3) KEY_SPACE(key_first, KEY_FIRST_TAKE, 4, 4)
+    KEY_SPACE(key_first, KEY_FIRST_TAKE, 4, 5) KEY_SPACE(key_first, KEY_FIRST_TAKE, 4, 6)
+    KEY_SPACE(key_first, KEY_FIRST_TAKE, 4, 7)
+    KEY_CRLF(key_first, KEY_FIRST_TAKE, 4, 1) KEY_CRLF(key_first, KEY_FIRST_TAKE, 4, 2)
+    KEY_CRLF(key_first, KEY_FIRST_TAKE, 4, 3) KEY_CRLF(key_first, KEY_FIRST_TAKE, 4, 4)
+    KEY_CRLF(key_first, KEY_FIRST_TAKE, 4, 5) KEY_CRLF(key_first, KEY_FIRST_TAKE, 4, 6)
+    KEY_CRLF_END(key_first, KEY_FIRST_TAKE, 1) KEY_CRLF_END(key_first, KEY_FIRST_TAKE, 2)
+    KEY_CRLF_END(key_first, KEY_FIRST_TAKE, 3) KEY_CRLF_END(key_first, KEY_FIRST_TAKE, 4)
+    KEY_CRLF_END(key_first, KEY_FIRST_TAKE, 5)
+    KEY_CR_END(key_first, KEY_FIRST_TAKE, 1) KEY_CR_END(key_first, KEY_FIRST_TAKE, 2)
+    KEY_CR_END(key_first, KEY_FIRST_TAKE, 3) KEY_CR_END(key_first, KEY_FIRST_TAKE, 4)
+    KEY_CR_END(key_first, KEY_FIRST_TAKE, 5) KEY_CR_END(key_first, KEY_FIRST_TAKE, 6)
+    KEY_CR_7(key_first, KEY_FIRST_TAKE, 4)
+
+    state key_first_words_look {
+        meta.s.look = pkt.lookahead<bit<64>>();
+        transition key_first_words_look_is;
+    }
+
+    state key_first_words_look_is {  /* (a select of its own: one on the state's own assignment copies the key) */
+        transition select(meta.s.look) {
+            KEY_ENDS_ANY(key_first_look_8);
+            default: key_first_take_word;
+        }
+    }
+
+    state key_first_take_word {
+        pkt.extract(hdr.key_words.next);
+        meta.k.key = (bit<MB_KEY_BITS>)hdr.key_words.last.w;
+        meta.k.len = 8;
+        meta.s.remaining = meta.s.remaining - (8 + 4);
+        transition key_first_take_word_step;
+    }
+
+    state key_first_take_word_step {  /* (key_first_take_word's select, a state of its own: see key32_step; on
+                                        * remaining only: on len, just set to 8, it would be on the constant, and
+                                        * bmv2 took no table entries with that) */
+        transition select(meta.s.remaining) {
+            0: no_key; 1: key_look_1; 2: key_look_2; 3: key_look_3; 4: key_look_4; 5: key_look_5; 6: key_look_6;
+            7: key_look_7; default: key_words_look;
+        }
+    }
+
+    state key_first_32 {
+        meta.s.remaining = meta.s.remaining - 4;
+        transition key32_look;
     }
 
     state no_key {

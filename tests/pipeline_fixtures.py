@@ -176,6 +176,8 @@ CASES = (
         b"get cold\r\n", b"get hot other\r\n", b"get hot \r\n")),
     *(Case(f"not balanced, and its server unsure: {payload!r}", request(payload), unsure=0, dirty_after=True)
       for payload in (b"get hot\r\nget hot\r\n", b"get hot", b"gat 0 hot\r\n")),
+    Case("a line starting with a space has no command, whatever the one before it", request(b" hot\r\n"),
+         before=(request(b"gets hot\r\n"),), unsure=0, dirty_after=True),
     Case("a 251-byte key is left alone and counted unparsed", request(b"get " + b"k" * 251 + b"\r\n"),
          hot=(HotKey(LONGEST),), counters={"packets": 1, "memcached": 1, "unparsed": 1, "unsure": 1}, unsure=0,
          dirty_after=True),
