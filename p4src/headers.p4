@@ -272,7 +272,7 @@ header scratch_t {
     bit<16> ip_end;        /* bytes from the frame's start to the end of the IPv4 packet */
     bit<16> payload_len;   /* after the UDP (and frame) or TCP header */
     bit<16> command_len;   /* bytes of the command: the payload after the frame header (UDP), the payload (TCP) */
-    bit<16> remaining;     /* payload bytes not yet read */
+    bit<16> remaining;     /* payload bytes not yet read (after "get " or "set ": and those 4, until the key ends) */
     bit<8> data_field;     /* which field after the key is the data length (MB_NO_DATA: none) */
     bit<32> dest_server;
     bit<32> home;

@@ -3,16 +3,26 @@
  * - The eBPF program loads the key and scans it a word at a time; a P4 parser can only iterate by going from
  *   state to state, and bmv2 resets every header instance per packet, in use or not: the parts are read in as few
  *   and as wide headers as the reading allows. "get " and "set " in one step. Where a part ends within 8 bytes (the
- *   command word, the key's and the line's last bytes), those 8 are loaded into meta.s.look (LOOKS) and one
- *   select, its entries in order of position, finds the byte that ends it; the bytes before it are taken in at most
- *   three chunks (4, 2, 1 bytes). Longer stretches go 32 bytes at a time while none of four 8-byte windows holds a
- *   byte that would end or change the reading (a select entry per byte and position: ANY_BYTE_IS), then 8 at a
- *   time. The line's head (to the end of the data length field: fields counted, digits read) is read a byte at a
- *   time from the look, taken 8 at a time, its last bytes in chunks. Each part has its own headers, so the
- *   deparser emits them in the order they came. The key is accumulated into one 2000-bit number for hot_keys.
- * - `remaining` (payload bytes not read yet, from the IPv4 total length) guards every lookahead (in a state of
- *   its own: a select evaluates all its keys, lookahead included; a look holds zeros past it), so a short or
- *   unpadded frame is never read past its end and Ethernet padding is never read as payload.
+ *   command word, the key's and the line's last bytes), those 8 (fewer where fewer are left) are looked at and one
+ *   select, its entries in order of position, finds the byte that ends it: the command word's and the line's are
+ *   widened into meta.s.look (LOOKS), the key's selected on as they are (KEY_LOOK: an operation less per get).
+ *   The bytes before it and that byte are taken in one varbit extract (rest_t), the key's last bytes in at most
+ *   three chunks (4, 2, 1 bytes), whose value is added to the key. Longer stretches go 32 bytes at a time while
+ *   none of four 8-byte windows holds a byte that would end or change the reading (a select entry per byte and
+ *   position: ANY_BYTE_IS), then 8 at a time. The line's head (to the end of the data length field: fields
+ *   counted, digits read) is read a byte at a time from the look, taken 8 at a time, its last bytes in one varbit.
+ *   Each part has its own headers, so the deparser emits them in the order they came. The key is accumulated into
+ *   one 2000-bit number for hot_keys.
+ * - Every parser state and every operation in it costs bmv2 per packet that passes it, and every metadata field
+ *   (compiler temporaries included) and header instance per packet whether used or not: a state chooses its
+ *   successor's successor where it can, selects are on fields (a comparison, or an expression, would be a compiler
+ *   temporary: ranges are mask entries, a sign bit), and where a select is on a field its own state sets, the
+ *   select is in a state of its own, its only successor, which p4c merges into it (p4c would otherwise copy the
+ *   field into a temporary).
+ * - `remaining` (payload bytes not read yet, from the IPv4 total length; after "get " or "set " it counts those 4
+ *   until the key's end: key_first_*) guards every lookahead (in a state of its own: a select evaluates all its
+ *   keys, lookahead included; a look holds zeros past it), so a short or unpadded frame is never read past its end
+ *   and Ethernet padding is never read as payload.
  * - A parser cannot branch on a comparison directly: the length checks are done in the ingress control from
  *   what the parser recorded (ip_end, payload_len, line state). */
 #ifndef MB_PARSER_P4
@@ -22,8 +32,8 @@
 #define AT(v, i) (64w0x##v << (8 * (7 - i))) &&& (64w0xff << (8 * (7 - i)))
 #define ANY_BYTE_IS(v, to) AT(v, 0): to; AT(v, 1): to; AT(v, 2): to; AT(v, 3): to; \
                            AT(v, 4): to; AT(v, 5): to; AT(v, 6): to; AT(v, 7): to
-/* Take the N bytes up to a byte that was found at position N as at most three chunks (4, 2, 1 bytes: one header
- * instance each, where N one-byte instances would cost bmv2 N per packet), and their value. */
+/* Take the key's N bytes up to a byte that was found at position N as at most three chunks (4, 2, 1 bytes: one
+ * header instance each, where N one-byte instances would cost bmv2 N per packet), and their value. */
 #define TAKE_1(P) pkt.extract(hdr.P##1);
 #define TAKE_2(P) pkt.extract(hdr.P##2);
 #define TAKE_3(P) pkt.extract(hdr.P##2); pkt.extract(hdr.P##1);
@@ -80,7 +90,8 @@
         pkt.extract(hdr.ipv4_options, 32 * (W - 5)); \
         meta.s.span = (bit<32>)meta.s.ip_end - (14 + 4 * W + 8);  /* for UDP: ip_end less the UDP header's end */ \
         transition parse_ipv4_protocol; }
-#define TCP_OPTIONS(W) state tcp_options_##W { pkt.extract(hdr.tcp_options, 32 * (W - 5)); transition parse_tcp_payload; }
+#define TCP_OPTIONS(W) state tcp_options_##W { \
+        pkt.extract(hdr.tcp_options, 32 * (W - 5)); transition parse_tcp_payload; }
 /* Where the payload starts (a select on remaining): the command word, up to 7 bytes, ended by ' ' or '\r'; "get "
  * and "set " in one step (command4) */
 #define COMMAND_CASES \
@@ -118,8 +129,8 @@
 #define KEY_POS0(N, CR) (KAT(N, 20, 0), 0): no_key; (KAT(N, 0d, 0), 0): no_key; KEY_POS(N, 0, CR)  /* empty key */
 #define KEY_251 (_, MB_MAX_KEY - 2): no_key;  /* a 251st byte (after 8-byte steps, a long key is 248 bytes) */
 /* The key's last I bytes taken and added to it (KEY_TAKE), or, where they are all of it (in the key_first states:
- * after "get " or "set " the key starts with its last look or 8-byte step), made it (KEY_FIRST_TAKE: a set where an
- * operation on 2,000 bits would be) */
+ * after "get " or "set " the key starts with its last look or 8-byte step), made it (KEY_FIRST_TAKE: no shift of
+ * 2,000 bits, the length a constant) */
 #define KEY_ADD(I) TAKE_##I(key) meta.k.key = (meta.k.key << (8 * I)) | (bit<MB_KEY_BITS>)(VALUE_##I(key)); \
     meta.k.len = meta.k.len + I;
 #define KEY_TAKE_0
@@ -490,7 +501,8 @@ parser MbParser(packet_in pkt, out headers_t hdr, inout metadata_t meta, inout s
         transition key32_step;
     }
 
-    state key32_step {  /* (key32_take's select, a state of its own: one on the state's own assignment copies the key) */
+    /* (key32_take's select, a state of its own: one on the state's own assignment copies the key) */
+    state key32_step {
         transition select(meta.s.remaining, meta.k.len) {
             KEY_LAST_LOOK
             (_, 243): key_look_8;               /* remaining >= 8 and len > MB_MAX_KEY - 8 (242): 243, */
@@ -806,9 +818,8 @@ parser MbParser(packet_in pkt, out headers_t hdr, inout metadata_t meta, inout s
         }
     }
 
-
-    LINE_TAIL_ENDS(0) LINE_TAIL_ENDS(1) LINE_TAIL_ENDS(2) LINE_TAIL_ENDS(3) LINE_TAIL_ENDS(4) LINE_TAIL_ENDS(5) LINE_TAIL_ENDS(6)
-    LINE_TAIL_ENDS(7)
+    LINE_TAIL_ENDS(0) LINE_TAIL_ENDS(1) LINE_TAIL_ENDS(2) LINE_TAIL_ENDS(3) LINE_TAIL_ENDS(4) LINE_TAIL_ENDS(5)
+    LINE_TAIL_ENDS(6) LINE_TAIL_ENDS(7)
 
     state line_tail_changes {
         meta.changes = 1;
