@@ -98,6 +98,11 @@
     0: accept;  /* nothing to read: a bare TCP ACK, an empty datagram */ \
     1 &&& 0xfffc: word_load;  /* 1 .. 3 */ \
     default: command4;
+/* ... a select on the next 4 bytes where there are 4 */
+#define COMMAND4_CASES \
+    0x67657420: get4;  /* "get " */ \
+    0x73657420: set4;  /* "set " */ \
+    default: word_load;
 /* Where a command's key starts: meta.k made valid, which zeroes its length and key (bmv2 zeroes every field of a header
  * made valid; a header, not metadata, so that the 2,000 bits are zeroed only where a command has a key); then
  * KEY_FIRST_STEP(P), the state P_key (a state of its own: a select on the state's own assignment copies the key;
@@ -239,7 +244,7 @@ parser MbParser(packet_in pkt, out headers_t hdr, inout metadata_t meta, inout s
         meta.s.ip_end = 14 + hdr.ipv4.total_len;
         /* (without options, the protocol's select too where it is an unfragmented packet's: a state less) */
         transition select(hdr.ipv4.version, hdr.ipv4.ihl, hdr.ipv4.flags_frag, hdr.ipv4.protocol) {
-            (4, 5, 0 &&& 0x3fff, 17): parse_udp;
+            (4, 5, 0 &&& 0x3fff, 17): parse_udp5;
             (4, 5, 0 &&& 0x3fff, 6): parse_tcp;
             (4, 5, _, _): parse_ipv4_protocol;
             (4, 0 &&& 0xc, _, _): accept;   /* ihl 0..3: broken */
@@ -277,19 +282,19 @@ parser MbParser(packet_in pkt, out headers_t hdr, inout metadata_t meta, inout s
         transition accept;
     }
 
-    state parse_udp {
+    /* UDP without IPv4 options: the header lengths constants (a short expression for bmv2 to evaluate). Where the
+     * IPv4 packet ends inside the UDP header (ip_end < 14 + 20 + 8), or before a frame header's end (< 8 more): as
+     * entries on ip_end (not on payload_len: p4c would copy this state's assignment into a compiler temporary, as a
+     * comparison would be one) */
+    state parse_udp5 {
         pkt.extract(hdr.ports);
         pkt.extract(hdr.udp);
-        meta.s.payload_len = meta.s.ip_end - 14 - ((bit<16>)hdr.ipv4.ihl << 2) - 8;
-        /* Where the IPv4 packet ends inside the UDP header (ip_end < 14 + 4 ihl + 8), or before a frame header's end
-         * (< 8 more): without options as entries on ip_end (not on payload_len: p4c would copy this state's
-         * assignment into a compiler temporary, as a comparison would be one) */
-        transition select(hdr.ipv4.ihl, meta.s.ip_end) {
-            (5, 0 &&& 0xffe0): udp_short;   /* ip_end < 50: 0..31, */
-            (5, 32 &&& 0xfff0): udp_short;  /* ... 32..47, */
-            (5, 48 &&& 0xfffe): udp_short;  /* ... 48..49 */
-            (5, _): parse_frame;
-            default: udp_options_length;
+        meta.s.payload_len = hdr.ipv4.total_len - (20 + 8);
+        transition select(meta.s.ip_end) {
+            0 &&& 0xffe0: udp_short;   /* ip_end < 50: 0..31, */
+            32 &&& 0xfff0: udp_short;  /* ... 32..47, */
+            48 &&& 0xfffe: udp_short;  /* ... 48..49 */
+            default: parse_frame;
         }
     }
 
@@ -302,10 +307,21 @@ parser MbParser(packet_in pkt, out headers_t hdr, inout metadata_t meta, inout s
         }
     }
 
-    state udp_options_length {  /* the same with options: from the sign of span (IPV4_OPTIONS) */
-        transition select(meta.s.span, meta.s.payload_len) {
-            (0x80000000 &&& 0x80000000, _): accept;
-            (_, 0 &&& 0xfff8): udp_no_frame;  /* shorter than a frame header (0..7) */
+    /* UDP after IPv4 options (only: parse_ipv4 sends any other to parse_udp5): the same from the sign of span, set
+     * by IPV4_OPTIONS, and from payload_len (in a state of its own) */
+    state parse_udp {
+        pkt.extract(hdr.ports);
+        pkt.extract(hdr.udp);
+        meta.s.payload_len = meta.s.ip_end - 14 - ((bit<16>)hdr.ipv4.ihl << 2) - 8;
+        transition select(meta.s.span) {
+            0x80000000 &&& 0x80000000: accept;
+            default: udp_frame_room;
+        }
+    }
+
+    state udp_frame_room {
+        transition select(meta.s.payload_len) {
+            0 &&& 0xfff8: udp_no_frame;  /* shorter than a frame header (0..7) */
             default: parse_frame;
         }
     }
@@ -320,13 +336,21 @@ parser MbParser(packet_in pkt, out headers_t hdr, inout metadata_t meta, inout s
         pkt.extract(hdr.frame);
         meta.l4 = 1;
         meta.s.remaining = meta.s.payload_len - 8;
-        transition select(hdr.frame.sequence, hdr.frame.datagrams) {
-            (0, 1): frame_ok;  /* sequence 0 of 1 datagram */
+        transition select(hdr.frame.sequence, hdr.frame.datagrams, meta.s.payload_len) {
+            (0, 1, 8 &&& 0xfffc): frame_ok;  /* sequence 0 of 1 datagram, 0..3 bytes after it */
+            (0, 1, _): frame_command4;       /* ... 4 or more: parse_command's choice made here (a state less) */
             default: frame_other;
         }
     }
 
     /* (command_len set here, not where remaining is: p4c would make it remaining's expression, an operation more) */
+    state frame_command4 {
+        meta.frame_ok = 1;
+        meta.s.command_len = meta.s.remaining;
+        meta.s.look4 = pkt.lookahead<bit<32>>();
+        transition select(meta.s.look4) { COMMAND4_CASES }
+    }
+
     state frame_ok {
         meta.frame_ok = 1;
         meta.s.command_len = meta.s.remaining;
@@ -386,11 +410,7 @@ parser MbParser(packet_in pkt, out headers_t hdr, inout metadata_t meta, inout s
 
     state command4 {
         meta.s.look4 = pkt.lookahead<bit<32>>();
-        transition select(meta.s.look4) {
-            0x67657420: get4;  /* "get " */
-            0x73657420: set4;  /* "set " */
-            default: word_load;
-        }
+        transition select(meta.s.look4) { COMMAND4_CASES }
     }
 
     state get4 {  /* (get's statements here: a state less for most gets) */
