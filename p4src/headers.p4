@@ -170,7 +170,13 @@ header chunk32_t {
     bit<256> v;
 }
 
-/* The last bytes of a part (fewer than 8, found before they are taken) as at most three chunks. */
+/* The last bytes of a part (fewer than 8, found before they are taken), where their value is read from elsewhere or
+ * not at all, and the byte that ended it: in one extract of the length found (one header instance for any length). */
+header rest_t {
+    varbit<64> v;
+}
+
+/* The key's last bytes (their value is added to the key) as at most three chunks. */
 header chunk4_t {
     bit<32> v;
 }
@@ -199,10 +205,7 @@ struct headers_t {
     tcp_options_t tcp_options;
     frame_t frame;
     command4_t command4;            /* "get " or "set ", read at once; else: */
-    chunk4_t word4;                 /* the command word (up to 7 bytes), */
-    chunk2_t word2;
-    chunk1_t word1;
-    byte_t word_end;                /* the byte that ended it: ' ' or '\r' */
+    rest_t word_rest;               /* the command word (up to 7 bytes) and the byte that ended it: ' ' or '\r' */
     chunk32_t[MB_KEY_STEPS] key32;  /* the key: 32 bytes at a time, */
     word_t[MB_KEY_WORDS] key_words; /* ... then 8, */
     chunk4_t key4;                  /* ... then its last bytes */
@@ -210,15 +213,10 @@ struct headers_t {
     chunk1_t key1;
     byte_t key_end;                 /* the byte that ended the key (' ' or '\r'), */
     word_t[MB_HEAD_WORDS] head_words;  /* the line after it to the data length's end (or '\r'): 8 at a time, */
-    chunk4_t head4;                 /* ... then its last bytes */
-    chunk2_t head2;
-    chunk1_t head1;
+    rest_t head_rest;               /* ... then its last bytes */
     chunk32_t[MB_LINE_STEPS] line32;   /* then 32 bytes at a time, */
     word_t[MB_LINE_WORDS] line_words;  /* ... then 8, */
-    chunk4_t line_tail4;            /* ... then the last bytes, */
-    chunk2_t line_tail2;
-    chunk1_t line_tail1;
-    byte_t line_cr;                 /* ... and the '\r' */
+    rest_t line_tail;               /* ... then the last bytes and the '\r' */
     byte_t lf;                      /* the '\n' after it */
 }
 
@@ -278,7 +276,7 @@ header scratch_t {
     bit<16> ip_end;        /* bytes from the frame's start to the end of the IPv4 packet */
     bit<16> payload_len;   /* after the UDP (and frame) or TCP header */
     bit<16> command_len;   /* bytes of the command: the payload after the frame header (UDP), the payload (TCP) */
-    bit<16> remaining;     /* payload bytes not yet read */
+    bit<16> remaining;     /* payload bytes not yet read (after "get " or "set ": and those 4, until the key ends) */
     bit<8> data_field;     /* which field after the key is the data length (MB_NO_DATA: none) */
     bit<32> dest_server;
     bit<32> home;
@@ -300,6 +298,11 @@ header scratch_t {
     bit<16> csum;            /* rewrite: a one's complement sum so far (CSUM) */
     bit<32> index;           /* a register's value or a counter's index, computed before the extern is called
                               * (ternaries in it as `if`s: p4c makes a temporary of a ternary) */
+    /* the parser's own (p4src/parser.p4) */
+    bit<32> span;            /* ip_end less the transport header's end (its sign: the packet ends inside it) */
+    bit<64> word;            /* the command word as a number */
+    bit<8> in_field;         /* 1: the line's head is in a field (set where the head starts) */
+    bit<8> digits;           /* digits of the data length read (likewise) */
 }
 
 /* The words a checksum update sums (p4src/mbalancer.p4, MbRewrite), given to bmv2's csum16 as a header whole: a list
@@ -332,13 +335,10 @@ struct metadata_t {
     bit<1> first_fragment; /* the first fragment of one: ports read, nothing after them */
     bit<1> frame_ok;       /* UDP: a single-datagram frame header was read */
     bit<8> command;        /* CMD_* */
-    bit<64> word;          /* the command word as a number */
     key_t k;               /* the key (a header: bmv2 zeroes its 2,000 bits only where a command has a key) */
     bit<1> line_found;     /* '\r' found within MB_LINE_BYTES */
     bit<8> fields;         /* fields of the line started */
-    bit<1> in_field;
     bit<64> number;        /* the data length */
-    bit<8> digits;
     bit<1> bad_number;
     bit<1> changes;        /* a flag that makes a meta command change the item (T, N, I) */
     /* ingress: what each job decided, for the jobs after it (p4src/mbalancer.p4, MbIngress) */

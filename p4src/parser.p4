@@ -3,16 +3,26 @@
  * - The eBPF program loads the key and scans it a word at a time; a P4 parser can only iterate by going from
  *   state to state, and bmv2 resets every header instance per packet, in use or not: the parts are read in as few
  *   and as wide headers as the reading allows. "get " and "set " in one step. Where a part ends within 8 bytes (the
- *   command word, the key's and the line's last bytes), those 8 are loaded into meta.s.look (LOOKS) and one
- *   select, its entries in order of position, finds the byte that ends it; the bytes before it are taken in at most
- *   three chunks (4, 2, 1 bytes). Longer stretches go 32 bytes at a time while none of four 8-byte windows holds a
- *   byte that would end or change the reading (a select entry per byte and position: ANY_BYTE_IS), then 8 at a
- *   time. The line's head (to the end of the data length field: fields counted, digits read) is read a byte at a
- *   time from the look, taken 8 at a time, its last bytes in chunks. Each part has its own headers, so the
- *   deparser emits them in the order they came. The key is accumulated into one 2000-bit number for hot_keys.
- * - `remaining` (payload bytes not read yet, from the IPv4 total length) guards every lookahead (in a state of
- *   its own: a select evaluates all its keys, lookahead included; a look holds zeros past it), so a short or
- *   unpadded frame is never read past its end and Ethernet padding is never read as payload.
+ *   command word, the key's and the line's last bytes), those 8 (fewer where fewer are left) are looked at and one
+ *   select, its entries in order of position, finds the byte that ends it: the command word's and the line's are
+ *   widened into meta.s.look (LOOKS), the key's selected on as they are (KEY_LOOK: an operation less per get).
+ *   The bytes before it and that byte are taken in one varbit extract (rest_t), the key's last bytes in at most
+ *   three chunks (4, 2, 1 bytes), whose value is added to the key. Longer stretches go 32 bytes at a time while
+ *   none of four 8-byte windows holds a byte that would end or change the reading (a select entry per byte and
+ *   position: ANY_BYTE_IS), then 8 at a time. The line's head (to the end of the data length field: fields
+ *   counted, digits read) is read a byte at a time from the look, taken 8 at a time, its last bytes in one varbit.
+ *   Each part has its own headers, so the deparser emits them in the order they came. The key is accumulated into
+ *   one 2000-bit number for hot_keys.
+ * - Every parser state and every operation in it costs bmv2 per packet that passes it, and every metadata field
+ *   (compiler temporaries included) and header instance per packet whether used or not: a state chooses its
+ *   successor's successor where it can, selects are on fields (a comparison, or an expression, would be a compiler
+ *   temporary: ranges are mask entries, a sign bit), and where a select is on a field its own state sets, the
+ *   select is in a state of its own, its only successor, which p4c merges into it (p4c would otherwise copy the
+ *   field into a temporary).
+ * - `remaining` (payload bytes not read yet, from the IPv4 total length; after "get " or "set " it counts those 4
+ *   until the key's end: key_first_*) guards every lookahead (in a state of its own: a select evaluates all its
+ *   keys, lookahead included; a look holds zeros past it), so a short or unpadded frame is never read past its end
+ *   and Ethernet padding is never read as payload.
  * - A parser cannot branch on a comparison directly: the length checks are done in the ingress control from
  *   what the parser recorded (ip_end, payload_len, line state). */
 #ifndef MB_PARSER_P4
@@ -22,8 +32,8 @@
 #define AT(v, i) (64w0x##v << (8 * (7 - i))) &&& (64w0xff << (8 * (7 - i)))
 #define ANY_BYTE_IS(v, to) AT(v, 0): to; AT(v, 1): to; AT(v, 2): to; AT(v, 3): to; \
                            AT(v, 4): to; AT(v, 5): to; AT(v, 6): to; AT(v, 7): to
-/* Take the N bytes up to a byte that was found at position N as at most three chunks (4, 2, 1 bytes: one header
- * instance each, where N one-byte instances would cost bmv2 N per packet), and their value. */
+/* Take the key's N bytes up to a byte that was found at position N as at most three chunks (4, 2, 1 bytes: one
+ * header instance each, where N one-byte instances would cost bmv2 N per packet), and their value. */
 #define TAKE_1(P) pkt.extract(hdr.P##1);
 #define TAKE_2(P) pkt.extract(hdr.P##2);
 #define TAKE_3(P) pkt.extract(hdr.P##2); pkt.extract(hdr.P##1);
@@ -39,17 +49,14 @@
 #define VALUE_6(P) hdr.P##4.v ++ hdr.P##2.v
 #define VALUE_7(P) hdr.P##4.v ++ hdr.P##2.v ++ hdr.P##1.v
 
-/* The command word ended at position I by END (space, cr): its I bytes taken */
+/* The command word ended at position I by END (space, cr): its I bytes and the END taken at once, its value from the
+ * look */
 #define WORD_ENDS(I, END) state word_##END##_##I { \
-        TAKE_##I(word) meta.word = (bit<64>)(VALUE_##I(word)); meta.s.remaining = meta.s.remaining - I; \
-        transition word_##END; }
-/* The key's last I bytes, ended by END (space, cr) */
-#define KEY_ENDS(I, END) state key_##END##_##I { \
-        TAKE_##I(key) meta.k.key = (meta.k.key << (8 * I)) | (bit<MB_KEY_BITS>)(VALUE_##I(key)); \
-        meta.k.len = meta.k.len + I; meta.s.remaining = meta.s.remaining - I; transition key_end_##END; }
+        pkt.extract(hdr.word_rest, 8 * (I + 1)); meta.s.word = meta.s.look >> (64 - 8 * I); \
+        meta.s.remaining = meta.s.remaining - (I + 1); transition word_##END; }
 /* The line's last I bytes and its '\r' */
 #define LINE_TAIL_ENDS(I) state line_tail_cr_##I { \
-        TAKE_##I(line_tail) pkt.extract(hdr.line_cr); meta.s.remaining = meta.s.remaining - (I + 1); \
+        pkt.extract(hdr.line_tail, 8 * (I + 1)); meta.s.remaining = meta.s.remaining - (I + 1); \
         transition line_cr_found; }
 /* The next 8 bytes (at most `remaining`, zeros after them) are in meta.s.look: byte I of them is V */
 #define IS(V, I) 64w0x##V << (8 * (7 - I)) &&& 64w0xff << (8 * (7 - I))
@@ -58,8 +65,6 @@
 #define ANY8_32(v, to, j) AT32(v, j): to; AT32(v, j + 1): to; AT32(v, j + 2): to; AT32(v, j + 3): to; \
                           AT32(v, j + 4): to; AT32(v, j + 5): to; AT32(v, j + 6): to; AT32(v, j + 7): to
 #define ANY32_BYTE_IS(v, to) ANY8_32(v, to, 0); ANY8_32(v, to, 8); ANY8_32(v, to, 16); ANY8_32(v, to, 24)
-#define KEY_BYTE(I) (IS(20, I), _): key_space_##I; (IS(0d, I), _): key_cr_##I; (IS(0a, I), _): no_key; \
-    (IS(00, I), _): no_key;
 #define LINE_BYTE(I) (_, _, I): accept; (IS(0d, I), _, _): line_tail_cr_##I; \
     (IS(54, I), CMD_READ, _): line_tail_changes; (IS(4e, I), CMD_READ, _): line_tail_changes; \
     (IS(49, I), CMD_READ, _): line_tail_changes;
@@ -80,13 +85,120 @@
     LOOK_N(P, 1, NEXT) LOOK_N(P, 2, NEXT) LOOK_N(P, 3, NEXT) LOOK_N(P, 4, NEXT) LOOK_N(P, 5, NEXT) \
     LOOK_N(P, 6, NEXT) LOOK_N(P, 7, NEXT) \
     state P##_look_8 { meta.s.look = pkt.lookahead<bit<64>>(); transition NEXT; }
+/* A transport header's options: a state per length (an extract's length as an expression is a compiler temporary) */
+#define IPV4_OPTIONS(W) state ipv4_options_##W { \
+        pkt.extract(hdr.ipv4_options, 32 * (W - 5)); \
+        meta.s.span = (bit<32>)meta.s.ip_end - (14 + 4 * W + 8);  /* for UDP: ip_end less the UDP header's end */ \
+        transition parse_ipv4_protocol; }
+#define TCP_OPTIONS(W) state tcp_options_##W { \
+        pkt.extract(hdr.tcp_options, 32 * (W - 5)); transition parse_tcp_payload; }
+/* Where the payload starts (a select on remaining): the command word, up to 7 bytes, ended by ' ' or '\r'; "get "
+ * and "set " in one step (command4) */
+#define COMMAND_CASES \
+    0: accept;  /* nothing to read: a bare TCP ACK, an empty datagram */ \
+    1 &&& 0xfffc: word_load;  /* 1 .. 3 */ \
+    default: command4;
+/* ... a select on the next 4 bytes where there are 4 */
+#define COMMAND4_CASES \
+    0x67657420: get4;  /* "get " */ \
+    0x73657420: set4;  /* "set " */ \
+    default: word_load;
 /* Where a command's key starts: meta.k made valid, which zeroes its length and key (bmv2 zeroes every field of a header
- * made valid; a header, not metadata, so that the 2,000 bits are zeroed only where a command has a key) */
-#define KEY_START meta.k.setValid(); transition key32_step;
+ * made valid; a header, not metadata, so that the 2,000 bits are zeroed only where a command has a key); then
+ * KEY_FIRST_STEP(P), the state P_key (a state of its own: a select on the state's own assignment copies the key;
+ * p4c makes one state of the two, as of every state and its only successor). */
+#define KEY_START(P) meta.k.setValid(); transition P##_key;
+/* The key's next step where no byte of it is read: its last look (KEY_LAST_LOOK), 8 or 32 bytes at a time */
+#define KEY_FIRST_STEP(P) state P##_key { \
+        transition select(meta.s.remaining) { \
+            0: no_key; 1: key_look_1; 2: key_look_2; 3: key_look_3; 4: key_look_4; 5: key_look_5; 6: key_look_6; \
+            7: key_look_7; 0 &&& 0xffe0: key_words_look; default: key32_look; \
+        } \
+    }
+/* Entries of a select on (remaining, k.len): fewer than 8 bytes left: the last look takes them all (none: no key) */
+#define KEY_LAST_LOOK (0, _): no_key; (1, _): key_look_1; (2, _): key_look_2; (3, _): key_look_3; (4, _): key_look_4; \
+    (5, _): key_look_5; (6, _): key_look_6; (7, _): key_look_7;
+/* ... 8 or more left: the last look (len > MB_MAX_KEY - 8 (242): 243, 244..247, 248..255) or 8 more bytes */
+#define KEY_STEP_CASES KEY_LAST_LOOK (_, 243): key_look_8; (_, 244 &&& 0xfc): key_look_8; \
+    (_, 248 &&& 0xf8): key_look_8; default: key_words_look;
+/* The key's last look: N bytes into meta.s.F, and the select CASES on (F, k.len) (no end in them: no key) */
+#define KEY_LOOK(N, F, CASES) \
+    state key_look_##N { meta.s.F = pkt.lookahead<bit<(8 * N)>>(); transition key_look_##N##_is; } \
+    state key_look_##N##_is { transition select(meta.s.F, meta.k.len) { CASES default: no_key; } }
+/* Byte I of an N-byte look is V */
+#define KAT(N, V, I) ((bit<(8 * N)>)0x##V << (8 * (N - 1 - I))) &&& ((bit<(8 * N)>)0xff << (8 * (N - 1 - I)))
+/* The key's end at byte I of an N-byte look: ' ' (key_space_I), '\r' (CR: whether a '\n' can follow, and whether
+ * the payload ends there, known from N and I), a line end with no '\r' or a NUL (memcached refuses it): no key */
+#define KEY_POS(N, I, CR) (KAT(N, 20, I), _): key_space_##I; (KAT(N, 0d, I), _): CR; (KAT(N, 0a, I), _): no_key; \
+    (KAT(N, 00, I), _): no_key;
+#define KEY_POS0(N, CR) (KAT(N, 20, 0), 0): no_key; (KAT(N, 0d, 0), 0): no_key; KEY_POS(N, 0, CR)  /* empty key */
+#define KEY_251 (_, MB_MAX_KEY - 2): no_key;  /* a 251st byte (after 8-byte steps, a long key is 248 bytes) */
+/* The key's last I bytes taken and added to it (KEY_TAKE), or, where they are all of it (in the key_first states:
+ * after "get " or "set " the key starts with its last look or 8-byte step), made it (KEY_FIRST_TAKE: no shift of
+ * 2,000 bits, the length a constant) */
+#define KEY_ADD(I) TAKE_##I(key) meta.k.key = (meta.k.key << (8 * I)) | (bit<MB_KEY_BITS>)(VALUE_##I(key)); \
+    meta.k.len = meta.k.len + I;
+#define KEY_TAKE_0
+#define KEY_TAKE_1 KEY_ADD(1)
+#define KEY_TAKE_2 KEY_ADD(2)
+#define KEY_TAKE_3 KEY_ADD(3)
+#define KEY_TAKE_4 KEY_ADD(4)
+#define KEY_TAKE_5 KEY_ADD(5)
+#define KEY_TAKE_6 KEY_ADD(6)
+#define KEY_TAKE_7 KEY_ADD(7)
+#define KEY_TAKE(I) KEY_TAKE_##I
+#define KEY_FIRST_TAKE(I) TAKE_##I(key) meta.k.key = (bit<MB_KEY_BITS>)(VALUE_##I(key)); meta.k.len = I;
+/* The states that take the key's last I bytes (TAKE) and what ends it, named P_*_I; OFF: bytes read that remaining
+ * still counts (the key_first states': "get " or "set ", its 4 bytes left to them, an operation less) */
+/* ... ' ' (the line's first byte) */
+#define KEY_SPACE(P, TAKE, OFF, I) state P##_space_##I { \
+        TAKE(I) pkt.extract(hdr.key_end); meta.s.line_len = 1; meta.s.remaining = meta.s.remaining - (I + 1 + OFF); \
+        transition select(meta.s.data_field) { \
+            MB_NO_DATA: line32;  /* no data length to read: only where '\r' is matters (and mg's flags) */ \
+            default: head_start; \
+        } \
+    }
+/* ... '\r' and the byte after it (the '\n' or not: the ingress control checks it), more after them */
+#define KEY_CRLF(P, TAKE, OFF, I) state P##_crlf_##I { \
+        TAKE(I) pkt.extract(hdr.key_end); pkt.extract(hdr.lf); meta.s.remaining = meta.s.remaining - (I + 2 + OFF); \
+        meta.line_found = 1; transition accept; }
+/* ... the same, the payload's last bytes */
+#define KEY_CRLF_END(P, TAKE, I) state P##_crlf_end_##I { \
+        TAKE(I) pkt.extract(hdr.key_end); pkt.extract(hdr.lf); meta.s.remaining = 0; meta.line_found = 1; \
+        transition accept; }
+/* ... '\r', the payload's last byte (no '\n') */
+#define KEY_CR_END(P, TAKE, I) state P##_cr_end_##I { \
+        TAKE(I) pkt.extract(hdr.key_end); meta.s.remaining = 0; meta.line_found = 1; transition accept; }
+/* ... '\r', the 8th byte of 8 or more: a '\n' may follow */
+#define KEY_CR_7(P, TAKE, OFF) state P##_cr_7 { \
+        TAKE(7) pkt.extract(hdr.key_end); meta.s.remaining = meta.s.remaining - (8 + OFF); transition line_cr_found; }
+/* A key_first look: N bytes into meta.s.F, and the select CASES on F (no end in them: no key; no byte read: a byte
+ * that ends the key at its first is no key either) */
+#define KEY_FIRST_LOOK(N, F, CASES) \
+    state key_first_look_##N { meta.s.F = pkt.lookahead<bit<(8 * N)>>(); transition key_first_look_##N##_is; } \
+    state key_first_look_##N##_is { \
+        transition select(meta.s.F) { \
+            KAT(N, 20, 0): no_key; KAT(N, 0d, 0): no_key; KAT(N, 0a, 0): no_key; KAT(N, 00, 0): no_key; \
+            CASES default: no_key; \
+        } \
+    }
+#define KEY_FIRST_POS(N, I, CR) KAT(N, 20, I): key_first_space_##I; KAT(N, 0d, I): CR; KAT(N, 0a, I): no_key; \
+    KAT(N, 00, I): no_key;
+/* After "get " or "set " (a select on remaining, which counts them): the key's first look (fewer than 8 bytes left:
+ * key_first_look_N; 0 or 1: no key), 8 bytes (fewer than 32 left), or 32 at a time (remaining made the bytes left
+ * first) */
+#define KEY_AFTER_COMMAND4 \
+    4: no_key; 5: no_key; 6: key_first_look_2; 7: key_first_look_3; 8: key_first_look_4; 9: key_first_look_5; \
+    10: key_first_look_6; 11: key_first_look_7; \
+    12 &&& 0xfffc: key_first_words_look; 16 &&& 0xfff0: key_first_words_look; 32 &&& 0xfffc: key_first_words_look; \
+    default: key_first_32;
 /* Entries of a select on (remaining, line_len, command): line_len is 256 or more (any of its high 8 bits set) */
 #define LEN_BIT(b, to) (_, 16w1 << b &&& 16w1 << b, _): to;
 #define LINE_LEN_256_UP(to) LEN_BIT(8, to) LEN_BIT(9, to) LEN_BIT(10, to) LEN_BIT(11, to) LEN_BIT(12, to) \
     LEN_BIT(13, to) LEN_BIT(14, to) LEN_BIT(15, to)
+/* Entries of a select on (fields, data_field, X): the field being read is the data length (fields - data_field is 1,
+ * as entries: an expression is a compiler temporary; data_field is 0, 2 or MB_NO_DATA) and X is K */
+#define IN_DATA_LENGTH(K, to) (1, 0, K): to; (3, 2, K): to; (0, MB_NO_DATA, K): to;
 #define HEAD_THEN_WIDE 0  /* meta.s.head_then: where the head's end goes on to */
 #define HEAD_THEN_CR 1
 #define KEY_ENDS_ANY(to) ANY_BYTE_IS(20, to); ANY_BYTE_IS(0d, to); ANY_BYTE_IS(0a, to); ANY_BYTE_IS(00, to)
@@ -130,19 +242,27 @@ parser MbParser(packet_in pkt, out headers_t hdr, inout metadata_t meta, inout s
     state parse_ipv4 {
         pkt.extract(hdr.ipv4);
         meta.s.ip_end = 14 + hdr.ipv4.total_len;
-        transition select(hdr.ipv4.version, hdr.ipv4.ihl) {
-            (4, 5): parse_ipv4_protocol;
-            (4, 0 &&& 0xc): accept;   /* ihl 0..3: broken */
-            (4, 4): accept;
-            (4, _): parse_ipv4_options;
+        /* (without options, the protocol's select too where it is an unfragmented packet's: a state less) */
+        transition select(hdr.ipv4.version, hdr.ipv4.ihl, hdr.ipv4.flags_frag, hdr.ipv4.protocol) {
+            (4, 5, 0 &&& 0x3fff, 17): parse_udp5;
+            (4, 5, 0 &&& 0x3fff, 6): parse_tcp;
+            (4, 5, _, _): parse_ipv4_protocol;
+            (4, 0 &&& 0xc, _, _): accept;   /* ihl 0..3: broken */
+            (4, 4, _, _): accept;
+            (4, _, _, _): parse_ipv4_options;
             default: accept;
         }
     }
 
     state parse_ipv4_options {
-        pkt.extract(hdr.ipv4_options, (bit<32>)(((bit<16>)hdr.ipv4.ihl - 5) * 32));
-        transition parse_ipv4_protocol;
+        transition select(hdr.ipv4.ihl) {
+            6: ipv4_options_6; 7: ipv4_options_7; 8: ipv4_options_8; 9: ipv4_options_9; 10: ipv4_options_10;
+            11: ipv4_options_11; 12: ipv4_options_12; 13: ipv4_options_13; 14: ipv4_options_14;
+            default: ipv4_options_15;
+        }
     }
+    IPV4_OPTIONS(6) IPV4_OPTIONS(7) IPV4_OPTIONS(8) IPV4_OPTIONS(9) IPV4_OPTIONS(10) IPV4_OPTIONS(11)
+    IPV4_OPTIONS(12) IPV4_OPTIONS(13) IPV4_OPTIONS(14) IPV4_OPTIONS(15)
 
     state parse_ipv4_protocol {
         /* a later fragment has no transport header; a first one (more fragments) only its ports */
@@ -162,43 +282,92 @@ parser MbParser(packet_in pkt, out headers_t hdr, inout metadata_t meta, inout s
         transition accept;
     }
 
-    state parse_udp {
+    /* UDP without IPv4 options: the header lengths constants (a short expression for bmv2 to evaluate). Where the
+     * IPv4 packet ends inside the UDP header (ip_end < 14 + 20 + 8), or before a frame header's end (< 8 more): as
+     * entries on ip_end (not on payload_len: p4c would copy this state's assignment into a compiler temporary, as a
+     * comparison would be one) */
+    state parse_udp5 {
         pkt.extract(hdr.ports);
         pkt.extract(hdr.udp);
-        meta.s.payload_len = meta.s.ip_end - 14 - ((bit<16>)hdr.ipv4.ihl << 2) - 8;
-        transition select(meta.s.ip_end < 14 + ((bit<16>)hdr.ipv4.ihl << 2) + 8) {
-            true: accept;  /* the IPv4 packet ends inside the UDP header */
-            false: parse_udp_payload;
-        }
-    }
-
-    state parse_udp_payload {
-        meta.l4 = 1;
-        meta.s.remaining = meta.s.payload_len;
-        transition select(meta.s.payload_len) {
-            0 &&& 0xfff8: accept;  /* shorter than a frame header (0..7) */
+        meta.s.payload_len = hdr.ipv4.total_len - (20 + 8);
+        transition select(meta.s.ip_end) {
+            0 &&& 0xffe0: udp_short;   /* ip_end < 50: 0..31, */
+            32 &&& 0xfff0: udp_short;  /* ... 32..47, */
+            48 &&& 0xfffe: udp_short;  /* ... 48..49 */
             default: parse_frame;
         }
     }
 
+    state udp_short {
+        transition select(meta.s.ip_end) {
+            0 &&& 0xffe0: accept;   /* ip_end < 42: 0..31, */
+            32 &&& 0xfff8: accept;  /* ... 32..39, */
+            40 &&& 0xfffe: accept;  /* ... 40..41 */
+            default: udp_no_frame;
+        }
+    }
+
+    /* UDP after IPv4 options (only: parse_ipv4 sends any other to parse_udp5): the same from the sign of span, set
+     * by IPV4_OPTIONS, and from payload_len (in a state of its own) */
+    state parse_udp {
+        pkt.extract(hdr.ports);
+        pkt.extract(hdr.udp);
+        meta.s.payload_len = meta.s.ip_end - 14 - ((bit<16>)hdr.ipv4.ihl << 2) - 8;
+        transition select(meta.s.span) {
+            0x80000000 &&& 0x80000000: accept;
+            default: udp_frame_room;
+        }
+    }
+
+    state udp_frame_room {
+        transition select(meta.s.payload_len) {
+            0 &&& 0xfff8: udp_no_frame;  /* shorter than a frame header (0..7) */
+            default: parse_frame;
+        }
+    }
+
+    state udp_no_frame {
+        meta.l4 = 1;
+        meta.s.remaining = meta.s.payload_len;
+        transition accept;
+    }
+
     state parse_frame {
         pkt.extract(hdr.frame);
-        meta.s.remaining = meta.s.remaining - 8;
-        meta.s.command_len = meta.s.remaining;
-        transition select(hdr.frame.sequence, hdr.frame.datagrams) {
-            (0, 1): frame_ok;  /* sequence 0 of 1 datagram */
-            default: accept;
+        meta.l4 = 1;
+        meta.s.remaining = meta.s.payload_len - 8;
+        transition select(hdr.frame.sequence, hdr.frame.datagrams, meta.s.payload_len) {
+            (0, 1, 8 &&& 0xfffc): frame_ok;  /* sequence 0 of 1 datagram, 0..3 bytes after it */
+            (0, 1, _): frame_command4;       /* ... 4 or more: parse_command's choice made here (a state less) */
+            default: frame_other;
         }
+    }
+
+    /* (command_len set here, not where remaining is: p4c would make it remaining's expression, an operation more) */
+    state frame_command4 {
+        meta.frame_ok = 1;
+        meta.s.command_len = meta.s.remaining;
+        meta.s.look4 = pkt.lookahead<bit<32>>();
+        transition select(meta.s.look4) { COMMAND4_CASES }
     }
 
     state frame_ok {
         meta.frame_ok = 1;
-        transition parse_command;
+        meta.s.command_len = meta.s.remaining;
+        transition select(meta.s.remaining) { COMMAND_CASES }
+    }
+
+    state frame_other {
+        meta.s.command_len = meta.s.remaining;
+        transition accept;
     }
 
     state parse_tcp {
         pkt.extract(hdr.ports);
         pkt.extract(hdr.tcp);
+        /* (for parse_tcp_payload's select: in its own state, p4c would copy it into a compiler temporary) */
+        meta.s.span = (bit<32>)meta.s.ip_end -
+            (bit<32>)(14 + ((bit<16>)hdr.ipv4.ihl << 2) + ((bit<16>)hdr.tcp.data_offset << 2));
         transition select(hdr.tcp.data_offset) {
             0 &&& 0xc: accept;  /* 0..3: broken */
             4: accept;
@@ -207,58 +376,56 @@ parser MbParser(packet_in pkt, out headers_t hdr, inout metadata_t meta, inout s
         }
     }
 
-    state parse_tcp_options {
-        pkt.extract(hdr.tcp_options, (bit<32>)(((bit<16>)hdr.tcp.data_offset - 5) * 32));
-        transition parse_tcp_payload;
+    state parse_tcp_options {  /* (as the IPv4 options) */
+        transition select(hdr.tcp.data_offset) {
+            6: tcp_options_6; 7: tcp_options_7; 8: tcp_options_8; 9: tcp_options_9; 10: tcp_options_10;
+            11: tcp_options_11; 12: tcp_options_12; 13: tcp_options_13; 14: tcp_options_14;
+            default: tcp_options_15;
+        }
     }
+    TCP_OPTIONS(6) TCP_OPTIONS(7) TCP_OPTIONS(8) TCP_OPTIONS(9) TCP_OPTIONS(10) TCP_OPTIONS(11)
+    TCP_OPTIONS(12) TCP_OPTIONS(13) TCP_OPTIONS(14) TCP_OPTIONS(15)
 
     state parse_tcp_payload {
-        bit<16> headers = 14 + ((bit<16>)hdr.ipv4.ihl << 2) + ((bit<16>)hdr.tcp.data_offset << 2);
-        meta.s.payload_len = meta.s.ip_end - headers;
+        meta.s.payload_len = meta.s.ip_end - (14 + ((bit<16>)hdr.ipv4.ihl << 2) + ((bit<16>)hdr.tcp.data_offset << 2));
+        transition select(meta.s.span) {
+            0x80000000 &&& 0x80000000: tcp_short;  /* the IPv4 packet ends inside the TCP header */
+            default: tcp_ok;
+        }
+    }
+
+    /* (remaining and command_len set in the next state: here p4c would make each payload_len's expression) */
+    state tcp_short {
         meta.s.remaining = meta.s.payload_len;
         meta.s.command_len = meta.s.payload_len;
-        transition select(meta.s.ip_end < headers) {
-            true: accept;
-            false: tcp_ok;
-        }
+        transition accept;
     }
 
     state tcp_ok {
         meta.l4 = 1;
-        transition parse_command;
-    }
-
-    /* The command word: up to 7 bytes, ended by ' ' or '\r'; "get " and "set " in one step. */
-    state parse_command {
-        transition select(meta.s.remaining) {
-            0: accept;  /* nothing to read: a bare TCP ACK, an empty datagram */
-            1 &&& 0xfffc: word_load;  /* 1 .. 3 */
-            default: command4;
-        }
+        meta.s.remaining = meta.s.payload_len;
+        meta.s.command_len = meta.s.payload_len;
+        transition select(meta.s.payload_len) { COMMAND_CASES }
     }
 
     state command4 {
         meta.s.look4 = pkt.lookahead<bit<32>>();
-        transition select(meta.s.look4) {
-            0x67657420: get4;  /* "get " */
-            0x73657420: set4;  /* "set " */
-            default: word_load;
-        }
+        transition select(meta.s.look4) { COMMAND4_CASES }
     }
 
     state get4 {  /* (get's statements here: a state less for most gets) */
         pkt.extract(hdr.command4);
-        meta.s.remaining = meta.s.remaining - 4;
         meta.command = CMD_GET;
-        KEY_START
+        meta.k.setValid();  /* (KEY_START) */
+        transition select(meta.s.remaining) { KEY_AFTER_COMMAND4 }
     }
 
     state set4 {
         pkt.extract(hdr.command4);
-        meta.s.remaining = meta.s.remaining - 4;
         meta.command = CMD_WRITE;
         meta.s.data_field = 2;
-        KEY_START
+        meta.k.setValid();
+        transition select(meta.s.remaining) { KEY_AFTER_COMMAND4 }
     }
 
     LOOKS(word, word_look)
@@ -266,7 +433,7 @@ parser MbParser(packet_in pkt, out headers_t hdr, inout metadata_t meta, inout s
     /* Up to 7 bytes, ended by ' ' or '\r' (the first in the look: entries in order of position) */
     state word_look {
         transition select(meta.s.look) {
-            IS(20, 0): word_space; IS(0d, 0): word_cr;
+            IS(20, 0): word_space_0; IS(0d, 0): word_cr_0;
             IS(20, 1): word_space_1; IS(0d, 1): word_cr_1;
             IS(20, 2): word_space_2; IS(0d, 2): word_cr_2;
             IS(20, 3): word_space_3; IS(0d, 3): word_cr_3;
@@ -278,6 +445,11 @@ parser MbParser(packet_in pkt, out headers_t hdr, inout metadata_t meta, inout s
         }
     }
 
+    /* no word (meta.s.word is not zeroed per packet) */
+    state word_space_0 { pkt.extract(hdr.word_rest, 8); meta.s.word = 0; meta.s.remaining = meta.s.remaining - 1;
+        transition word_space; }
+    state word_cr_0 { pkt.extract(hdr.word_rest, 8); meta.s.word = 0; meta.s.remaining = meta.s.remaining - 1;
+        transition word_cr; }
     WORD_ENDS(1, space) WORD_ENDS(2, space) WORD_ENDS(3, space) WORD_ENDS(4, space) WORD_ENDS(5, space)
     WORD_ENDS(6, space) WORD_ENDS(7, space)
     WORD_ENDS(1, cr) WORD_ENDS(2, cr) WORD_ENDS(3, cr) WORD_ENDS(4, cr) WORD_ENDS(5, cr) WORD_ENDS(6, cr)
@@ -289,9 +461,7 @@ parser MbParser(packet_in pkt, out headers_t hdr, inout metadata_t meta, inout s
     }
 
     state word_space {
-        pkt.extract(hdr.word_end);
-        meta.s.remaining = meta.s.remaining - 1;
-        transition select(meta.word) {
+        transition select(meta.s.word) {
             0x676574: get;                        /* get */
             0x67657473: get;                      /* gets */
             0x736574: write_data_2;               /* set <key> <flags> <exptime> <bytes> [noreply] */
@@ -315,9 +485,7 @@ parser MbParser(packet_in pkt, out headers_t hdr, inout metadata_t meta, inout s
     }
 
     state word_cr {
-        pkt.extract(hdr.word_end);
-        meta.s.remaining = meta.s.remaining - 1;
-        transition select(meta.word) {
+        transition select(meta.s.word) {
             0x7374617473: line_after_cr;          /* stats */
             0x76657273696f6e: line_after_cr;      /* version */
             0x6d6e: noop;                         /* mn */
@@ -325,39 +493,26 @@ parser MbParser(packet_in pkt, out headers_t hdr, inout metadata_t meta, inout s
         }
     }
 
-    state get { meta.command = CMD_GET; KEY_START }
-    state meta_get { meta.command = CMD_READ; KEY_START }
-    state write_data_2 { meta.command = CMD_WRITE; meta.s.data_field = 2; KEY_START }
-    state write_data_0 { meta.command = CMD_WRITE; meta.s.data_field = 0; KEY_START }
-    state write_no_data { meta.command = CMD_WRITE; KEY_START }
+    state get { meta.command = CMD_GET; KEY_START(get) } KEY_FIRST_STEP(get)
+    state meta_get { meta.command = CMD_READ; KEY_START(meta_get) } KEY_FIRST_STEP(meta_get)
+    state write_data_2 { meta.command = CMD_WRITE; meta.s.data_field = 2; KEY_START(write_data_2) }
+    KEY_FIRST_STEP(write_data_2)
+    state write_data_0 { meta.command = CMD_WRITE; meta.s.data_field = 0; KEY_START(write_data_0) }
+    KEY_FIRST_STEP(write_data_0)
+    state write_no_data { meta.command = CMD_WRITE; KEY_START(write_no_data) } KEY_FIRST_STEP(write_no_data)
     state line_after_space { meta.command = CMD_LINE; meta.s.line_len = 1; transition head_start; }
     state line_after_cr { meta.command = CMD_LINE; transition line_cr_found; }
     state noop { meta.command = CMD_NOOP; transition line_cr_found; }
 
     /* The key as memcached's text protocol reads it: 1..250 bytes, any but space, '\r', '\n' and NUL (control
-     * characters included), ended by ' ' or '\r'; anything else: no key (key_len 0). 8 bytes at a time while none
-     * of the next 8 is one of those and the key stays within 250 bytes; then a byte at a time (the key ends within
-     * the next 8 bytes, or the packet does, or the 250 bytes are near). The key starts (KEY_START) in the state that
-     * read the command. */
+     * characters included), ended by ' ' or '\r'; anything else: no key (key_len 0). 32 bytes at a time, then 8,
+     * while none of them is one of those and the key stays within 250 bytes; then its last bytes (the key ends
+     * within the next 8 bytes, or the packet does, or the 250 bytes are near). The key starts (KEY_START) in the
+     * state that read the command; each state that moves on in the key chooses the next step itself (KEY_FIRST,
+     * KEY32_STEP, KEY_STEP: a state less per step), down to how many bytes the last look takes. */
 
-    /* 32 more bytes in the payload and the key stays within MB_MAX_KEY; else key_step's choice, made here (a state
-     * less). As masks: a select on an expression is on a compiler temporary. */
-    state key32_step {
-        transition select(meta.s.remaining, meta.k.len) {
-            (0 &&& 0xfff8, _): key_load;        /* remaining < 8: key_step's, */
-            (_, 243): key_load;                 /* ... len > MB_MAX_KEY - 8 (242): 243, */
-            (_, 244 &&& 0xfc): key_load;        /* ... 244..247, */
-            (_, 248 &&& 0xf8): key_load;        /* ... 248..255 (never here: the key is 32 bytes a step so far), */
-            (0 &&& 0xffe0, _): key_words_look;  /* ... else 8 at a time: remaining < 32, */
-            (_, 219): key_words_look;           /* ... len > MB_MAX_KEY - 32 (218): 219, */
-            (_, 220 &&& 0xfc): key_words_look;  /* ... 220..223, */
-            (_, 224 &&& 0xe0): key_words_look;  /* ... 224..242 (243..255 above) */
-            default: key32_look;
-        }
-    }
-
-    WINDOWS_32(key32_look, KEY_ENDS_ANY32, key_step, key32_take)
-
+    /* 32 more bytes in the payload and the key stays within MB_MAX_KEY; else 8 more (KEY_STEP_CASES), or the last
+     * look. As masks: a select on an expression is on a compiler temporary. */
     state key32_take {
         pkt.extract(hdr.key32.next);
         meta.k.key = (meta.k.key << 256) | (bit<MB_KEY_BITS>)hdr.key32.last.v;
@@ -366,15 +521,23 @@ parser MbParser(packet_in pkt, out headers_t hdr, inout metadata_t meta, inout s
         transition key32_step;
     }
 
-    state key_step {  /* 8 bytes at a time from here (never 32 again: the key's bytes stay in order) */
+    /* (key32_take's select, a state of its own: one on the state's own assignment copies the key) */
+    state key32_step {
         transition select(meta.s.remaining, meta.k.len) {
-            (0 &&& 0xfff8, _): key_load;  /* remaining < 8 */
-            (_, 243): key_load;           /* len > MB_MAX_KEY - 8 (242): 243, */
-            (_, 244 &&& 0xfc): key_load;  /* ... 244..247, */
-            (_, 248 &&& 0xf8): key_load;  /* ... 248..255 */
-            default: key_words_look;
+            KEY_LAST_LOOK
+            (_, 243): key_look_8;               /* remaining >= 8 and len > MB_MAX_KEY - 8 (242): 243, */
+            (_, 244 &&& 0xfc): key_look_8;      /* ... 244..247, */
+            (_, 248 &&& 0xf8): key_look_8;      /* ... 248..255 (never here: the key is 32 bytes a step so far), */
+            (0 &&& 0xffe0, _): key_words_look;  /* else 8 at a time: remaining < 32, */
+            (_, 219): key_words_look;           /* ... len > MB_MAX_KEY - 32 (218): 219, */
+            (_, 220 &&& 0xfc): key_words_look;  /* ... 220..223, */
+            (_, 224 &&& 0xe0): key_words_look;  /* ... 224..242 (243..255 above) */
+            default: key32_look;
         }
     }
+
+    /* (no end in the 32 bytes: 8 at a time from here, never 32 again: the key's bytes stay in order) */
+    WINDOWS_32(key32_look, KEY_ENDS_ANY32, key_words_look, key32_take)
 
     state key_words_look {
         meta.s.look = pkt.lookahead<bit<64>>();
@@ -383,7 +546,7 @@ parser MbParser(packet_in pkt, out headers_t hdr, inout metadata_t meta, inout s
 
     state key_words_look_is {  /* (a select of its own: one on the state's own assignment copies the key) */
         transition select(meta.s.look) {
-            KEY_ENDS_ANY(key_load);
+            KEY_ENDS_ANY(key_look_8);  /* (8 or more bytes left here) */
             default: key_take_word;
         }
     }
@@ -393,54 +556,117 @@ parser MbParser(packet_in pkt, out headers_t hdr, inout metadata_t meta, inout s
         meta.k.key = (meta.k.key << 64) | (bit<MB_KEY_BITS>)hdr.key_words.last.w;
         meta.k.len = meta.k.len + 8;
         meta.s.remaining = meta.s.remaining - 8;
-        transition key_step;
+        transition key_take_word_step;
     }
 
-    /* The last bytes: the one that ends the key is within 8 (or the packet's end is, or a 251st byte is). */
-    LOOKS(key, key_look)
-
-    /* The first byte of the look that ends the key (entries in order of position): ' ' or '\r' (past the packet's
-     * end the look holds zeros: no key, as memcached refuses a NUL) */
-    state key_look {
-        transition select(meta.s.look, meta.k.len) {
-            (IS(20, 0), 0): no_key;
-            (IS(0d, 0), 0): no_key;
-            (IS(20, 0), _): key_end_space;
-            (IS(0d, 0), _): key_end_cr;
-            (IS(0a, 0), _): no_key;  /* a line end with no '\r' */
-            (IS(00, 0), _): no_key;  /* memcached refuses it */
-            KEY_BYTE(1)
-            KEY_BYTE(2)
-            (_, MB_MAX_KEY - 2): no_key;  /* a 251st byte (after 8-byte steps, a long key is 248 bytes) */
-            KEY_BYTE(3) KEY_BYTE(4) KEY_BYTE(5) KEY_BYTE(6) KEY_BYTE(7)
-            default: no_key;  /* (not reached: the end is within 8) */
+    state key_take_word_step {  /* (key_take_word's select, a state of its own: see key32_step) */
+        transition select(meta.s.remaining, meta.k.len) {
+            KEY_STEP_CASES
         }
     }
 
-    KEY_ENDS(1, space) KEY_ENDS(2, space) KEY_ENDS(3, space) KEY_ENDS(4, space) KEY_ENDS(5, space)
-    KEY_ENDS(6, space) KEY_ENDS(7, space)
-    KEY_ENDS(1, cr) KEY_ENDS(2, cr) KEY_ENDS(3, cr) KEY_ENDS(4, cr) KEY_ENDS(5, cr) KEY_ENDS(6, cr) KEY_ENDS(7, cr)
+    /* The last bytes: the one that ends the key is within the next N (N: 8, or the bytes left where fewer; or the
+     * 251st byte is). The N bytes are looked at as they are (key_look_N: a select on a field of N bytes), not
+     * widened to 8 (an operation more); the first of them that ends the key, in order of position, ' ' or '\r',
+     * chooses the state that takes the key's last bytes and that one, and knows (from N) whether a '\n' can
+     * follow a '\r' and whether the payload ends there (past the packet's end: no key, as memcached refuses a
+     * NUL). */
+    KEY_LOOK(1, look1, KEY_POS0(1, key_cr_end_0))
+    KEY_LOOK(2, look2, KEY_POS0(2, key_crlf_end_0) KEY_POS(2, 1, key_cr_end_1))
+    KEY_LOOK(3, look3, KEY_POS0(3, key_crlf_0) KEY_POS(3, 1, key_crlf_end_1) KEY_POS(3, 2, key_cr_end_2))
+    KEY_LOOK(4, look4, KEY_POS0(4, key_crlf_0) KEY_POS(4, 1, key_crlf_1) KEY_POS(4, 2, key_crlf_end_2) KEY_251
+        KEY_POS(4, 3, key_cr_end_3))
+    KEY_LOOK(5, look5, KEY_POS0(5, key_crlf_0) KEY_POS(5, 1, key_crlf_1) KEY_POS(5, 2, key_crlf_2) KEY_251
+        KEY_POS(5, 3, key_crlf_end_3) KEY_POS(5, 4, key_cr_end_4))
+    KEY_LOOK(6, look6, KEY_POS0(6, key_crlf_0) KEY_POS(6, 1, key_crlf_1) KEY_POS(6, 2, key_crlf_2) KEY_251
+        KEY_POS(6, 3, key_crlf_3) KEY_POS(6, 4, key_crlf_end_4) KEY_POS(6, 5, key_cr_end_5))
+    KEY_LOOK(7, look7, KEY_POS0(7, key_crlf_0) KEY_POS(7, 1, key_crlf_1) KEY_POS(7, 2, key_crlf_2) KEY_251
+        KEY_POS(7, 3, key_crlf_3) KEY_POS(7, 4, key_crlf_4) KEY_POS(7, 5, key_crlf_end_5) KEY_POS(7, 6, key_cr_end_6))
+    KEY_LOOK(8, look, KEY_POS0(8, key_crlf_0) KEY_POS(8, 1, key_crlf_1) KEY_POS(8, 2, key_crlf_2) KEY_251
+        KEY_POS(8, 3, key_crlf_3) KEY_POS(8, 4, key_crlf_4) KEY_POS(8, 5, key_crlf_5) KEY_POS(8, 6, key_crlf_6)
+        KEY_POS(8, 7, key_cr_7))
+
+    KEY_SPACE(key, KEY_TAKE, 0, 0) KEY_SPACE(key, KEY_TAKE, 0, 1) KEY_SPACE(key, KEY_TAKE, 0, 2)
+    KEY_SPACE(key, KEY_TAKE, 0, 3) KEY_SPACE(key, KEY_TAKE, 0, 4) KEY_SPACE(key, KEY_TAKE, 0, 5)
+    KEY_SPACE(key, KEY_TAKE, 0, 6) KEY_SPACE(key, KEY_TAKE, 0, 7)
+    KEY_CRLF(key, KEY_TAKE, 0, 0) KEY_CRLF(key, KEY_TAKE, 0, 1) KEY_CRLF(key, KEY_TAKE, 0, 2)
+    KEY_CRLF(key, KEY_TAKE, 0, 3) KEY_CRLF(key, KEY_TAKE, 0, 4) KEY_CRLF(key, KEY_TAKE, 0, 5)
+    KEY_CRLF(key, KEY_TAKE, 0, 6)
+    KEY_CRLF_END(key, KEY_TAKE, 0) KEY_CRLF_END(key, KEY_TAKE, 1) KEY_CRLF_END(key, KEY_TAKE, 2)
+    KEY_CRLF_END(key, KEY_TAKE, 3) KEY_CRLF_END(key, KEY_TAKE, 4) KEY_CRLF_END(key, KEY_TAKE, 5)
+    KEY_CR_END(key, KEY_TAKE, 0) KEY_CR_END(key, KEY_TAKE, 1) KEY_CR_END(key, KEY_TAKE, 2) KEY_CR_END(key, KEY_TAKE, 3)
+    KEY_CR_END(key, KEY_TAKE, 4) KEY_CR_END(key, KEY_TAKE, 5) KEY_CR_END(key, KEY_TAKE, 6)
+    KEY_CR_7(key, KEY_TAKE, 0)
+
+    /* The key after "get " or "set ": its first look, first 8 bytes, or 32 at a time */
+    KEY_FIRST_LOOK(2, look2, KEY_FIRST_POS(2, 1, key_first_cr_end_1))
+    KEY_FIRST_LOOK(3, look3, KEY_FIRST_POS(3, 1, key_first_crlf_end_1) KEY_FIRST_POS(3, 2, key_first_cr_end_2))
+    KEY_FIRST_LOOK(4, look4, KEY_FIRST_POS(4, 1, key_first_crlf_1) KEY_FIRST_POS(4, 2, key_first_crlf_end_2)
+        KEY_FIRST_POS(4, 3, key_first_cr_end_3))
+    KEY_FIRST_LOOK(5, look5, KEY_FIRST_POS(5, 1, key_first_crlf_1) KEY_FIRST_POS(5, 2, key_first_crlf_2)
+        KEY_FIRST_POS(5, 3, key_first_crlf_end_3) KEY_FIRST_POS(5, 4, key_first_cr_end_4))
+    KEY_FIRST_LOOK(6, look6, KEY_FIRST_POS(6, 1, key_first_crlf_1) KEY_FIRST_POS(6, 2, key_first_crlf_2)
+        KEY_FIRST_POS(6, 3, key_first_crlf_3) KEY_FIRST_POS(6, 4, key_first_crlf_end_4)
+        KEY_FIRST_POS(6, 5, key_first_cr_end_5))
+    KEY_FIRST_LOOK(7, look7, KEY_FIRST_POS(7, 1, key_first_crlf_1) KEY_FIRST_POS(7, 2, key_first_crlf_2)
+        KEY_FIRST_POS(7, 3, key_first_crlf_3) KEY_FIRST_POS(7, 4, key_first_crlf_4)
+        KEY_FIRST_POS(7, 5, key_first_crlf_end_5) KEY_FIRST_POS(7, 6, key_first_cr_end_6))
+    KEY_FIRST_LOOK(8, look, KEY_FIRST_POS(8, 1, key_first_crlf_1) KEY_FIRST_POS(8, 2, key_first_crlf_2)
+        KEY_FIRST_POS(8, 3, key_first_crlf_3) KEY_FIRST_POS(8, 4, key_first_crlf_4)
+        KEY_FIRST_POS(8, 5, key_first_crlf_5) KEY_FIRST_POS(8, 6, key_first_crlf_6) KEY_FIRST_POS(8, 7, key_first_cr_7))
+
+    KEY_SPACE(key_first, KEY_FIRST_TAKE, 4, 1) KEY_SPACE(key_first, KEY_FIRST_TAKE, 4, 2)
+    KEY_SPACE(key_first, KEY_FIRST_TAKE, 4, 3) KEY_SPACE(key_first, KEY_FIRST_TAKE, 4, 4)
+    KEY_SPACE(key_first, KEY_FIRST_TAKE, 4, 5) KEY_SPACE(key_first, KEY_FIRST_TAKE, 4, 6)
+    KEY_SPACE(key_first, KEY_FIRST_TAKE, 4, 7)
+    KEY_CRLF(key_first, KEY_FIRST_TAKE, 4, 1) KEY_CRLF(key_first, KEY_FIRST_TAKE, 4, 2)
+    KEY_CRLF(key_first, KEY_FIRST_TAKE, 4, 3) KEY_CRLF(key_first, KEY_FIRST_TAKE, 4, 4)
+    KEY_CRLF(key_first, KEY_FIRST_TAKE, 4, 5) KEY_CRLF(key_first, KEY_FIRST_TAKE, 4, 6)
+    KEY_CRLF_END(key_first, KEY_FIRST_TAKE, 1) KEY_CRLF_END(key_first, KEY_FIRST_TAKE, 2)
+    KEY_CRLF_END(key_first, KEY_FIRST_TAKE, 3) KEY_CRLF_END(key_first, KEY_FIRST_TAKE, 4)
+    KEY_CRLF_END(key_first, KEY_FIRST_TAKE, 5)
+    KEY_CR_END(key_first, KEY_FIRST_TAKE, 1) KEY_CR_END(key_first, KEY_FIRST_TAKE, 2)
+    KEY_CR_END(key_first, KEY_FIRST_TAKE, 3) KEY_CR_END(key_first, KEY_FIRST_TAKE, 4)
+    KEY_CR_END(key_first, KEY_FIRST_TAKE, 5) KEY_CR_END(key_first, KEY_FIRST_TAKE, 6)
+    KEY_CR_7(key_first, KEY_FIRST_TAKE, 4)
+
+    state key_first_words_look {
+        meta.s.look = pkt.lookahead<bit<64>>();
+        transition key_first_words_look_is;
+    }
+
+    state key_first_words_look_is {  /* (a select of its own: one on the state's own assignment copies the key) */
+        transition select(meta.s.look) {
+            KEY_ENDS_ANY(key_first_look_8);
+            default: key_first_take_word;
+        }
+    }
+
+    state key_first_take_word {
+        pkt.extract(hdr.key_words.next);
+        meta.k.key = (bit<MB_KEY_BITS>)hdr.key_words.last.w;
+        meta.k.len = 8;
+        meta.s.remaining = meta.s.remaining - (8 + 4);
+        transition key_first_take_word_step;
+    }
+
+    state key_first_take_word_step {  /* (key_first_take_word's select, a state of its own: see key32_step; on
+                                        * remaining only: on len, just set to 8, it would be on the constant, and
+                                        * bmv2 took no table entries with that) */
+        transition select(meta.s.remaining) {
+            0: no_key; 1: key_look_1; 2: key_look_2; 3: key_look_3; 4: key_look_4; 5: key_look_5; 6: key_look_6;
+            7: key_look_7; default: key_words_look;
+        }
+    }
+
+    state key_first_32 {
+        meta.s.remaining = meta.s.remaining - 4;
+        transition key32_look;
+    }
 
     state no_key {
         meta.k.len = 0;
         transition accept;
-    }
-
-    state key_end_space {
-        pkt.extract(hdr.key_end);
-        meta.s.line_len = 1;
-        meta.s.remaining = meta.s.remaining - 1;
-        transition select(meta.s.data_field) {
-            MB_NO_DATA: line32;  /* no data length to read: only where '\r' is matters (and mg's flags) */
-            default: head_start;
-        }
-    }
-
-    state key_end_cr {
-        pkt.extract(hdr.key_end);
-        meta.s.line_len = 1;
-        meta.s.remaining = meta.s.remaining - 1;
-        transition line_cr_found;
     }
 
     /* The rest of the line (the byte that ended the key counts as its first): fields, the data length, the flags
@@ -450,6 +676,8 @@ parser MbParser(packet_in pkt, out headers_t hdr, inout metadata_t meta, inout s
      * 8 at a time when it is all read, the rest (and the byte that ends the head) in chunks where the head ends. */
     state head_start {
         meta.s.head_at = 0;
+        meta.s.in_field = 0;
+        meta.s.digits = 0;
         transition head_load;
     }
 
@@ -486,13 +714,13 @@ parser MbParser(packet_in pkt, out headers_t hdr, inout metadata_t meta, inout s
             default: head_then;
         }
     }
-    state head_end_1 { TAKE_1(head) transition head_then; }
-    state head_end_2 { TAKE_2(head) transition head_then; }
-    state head_end_3 { TAKE_3(head) transition head_then; }
-    state head_end_4 { TAKE_4(head) transition head_then; }
-    state head_end_5 { TAKE_5(head) transition head_then; }
-    state head_end_6 { TAKE_6(head) transition head_then; }
-    state head_end_7 { TAKE_7(head) transition head_then; }
+    state head_end_1 { pkt.extract(hdr.head_rest, 8 * 1); transition head_then; }
+    state head_end_2 { pkt.extract(hdr.head_rest, 8 * 2); transition head_then; }
+    state head_end_3 { pkt.extract(hdr.head_rest, 8 * 3); transition head_then; }
+    state head_end_4 { pkt.extract(hdr.head_rest, 8 * 4); transition head_then; }
+    state head_end_5 { pkt.extract(hdr.head_rest, 8 * 5); transition head_then; }
+    state head_end_6 { pkt.extract(hdr.head_rest, 8 * 6); transition head_then; }
+    state head_end_7 { pkt.extract(hdr.head_rest, 8 * 7); transition head_then; }
     state head_end_8 { pkt.extract(hdr.head_words.next); transition head_then; }
     state head_then {
         transition select(meta.s.head_then) {
@@ -506,19 +734,19 @@ parser MbParser(packet_in pkt, out headers_t hdr, inout metadata_t meta, inout s
         meta.s.head_at = meta.s.head_at + 1;
         meta.s.line_len = meta.s.line_len + 1;
         meta.s.remaining = meta.s.remaining - 1;
-        transition select(meta.in_field, meta.fields - meta.s.data_field) {
-            (1, 1): line_data_length_read;  /* the space after the data length */
+        transition select(meta.fields, meta.s.data_field, meta.s.in_field) {
+            IN_DATA_LENGTH(1, line_data_length_read)  /* the space after the data length */
             default: line_out_of_field;
         }
     }
 
     state line_out_of_field {
-        meta.in_field = 0;
+        meta.s.in_field = 0;
         transition line_byte;
     }
 
     state line_data_length_read {
-        meta.in_field = 0;
+        meta.s.in_field = 0;
         meta.s.head_then = HEAD_THEN_WIDE;
         transition head_end;
     }
@@ -610,14 +838,8 @@ parser MbParser(packet_in pkt, out headers_t hdr, inout metadata_t meta, inout s
         }
     }
 
-
-    state line_tail_cr_0 {
-        pkt.extract(hdr.line_cr);
-        meta.s.remaining = meta.s.remaining - 1;
-        transition line_cr_found;
-    }
-    LINE_TAIL_ENDS(1) LINE_TAIL_ENDS(2) LINE_TAIL_ENDS(3) LINE_TAIL_ENDS(4) LINE_TAIL_ENDS(5) LINE_TAIL_ENDS(6)
-    LINE_TAIL_ENDS(7)
+    LINE_TAIL_ENDS(0) LINE_TAIL_ENDS(1) LINE_TAIL_ENDS(2) LINE_TAIL_ENDS(3) LINE_TAIL_ENDS(4) LINE_TAIL_ENDS(5)
+    LINE_TAIL_ENDS(6) LINE_TAIL_ENDS(7)
 
     state line_tail_changes {
         meta.changes = 1;
@@ -630,14 +852,14 @@ parser MbParser(packet_in pkt, out headers_t hdr, inout metadata_t meta, inout s
         meta.s.head_at = meta.s.head_at + 1;
         meta.s.line_len = meta.s.line_len + 1;
         meta.s.remaining = meta.s.remaining - 1;
-        transition select(meta.in_field) {
+        transition select(meta.s.in_field) {
             0: line_field_starts;
             default: line_flags;
         }
     }
 
     state line_field_starts {
-        meta.in_field = 1;
+        meta.s.in_field = 1;
         meta.fields = meta.fields + 1;
         transition line_flags;
     }
@@ -658,18 +880,18 @@ parser MbParser(packet_in pkt, out headers_t hdr, inout metadata_t meta, inout s
 
     /* In the data-length field: digits only, at most 9 of them (more could not fit in a packet anyway). */
     state line_number {
-        transition select(meta.fields - meta.s.data_field, meta.s.head_byte) {
-            (1, 0x30 &&& 0xf8): line_digit;  /* 0..7 */
-            (1, 0x38 &&& 0xfe): line_digit;  /* 8, 9 */
-            (1, _): line_bad_number;
+        transition select(meta.fields, meta.s.data_field, meta.s.head_byte) {
+            IN_DATA_LENGTH(0x30 &&& 0xf8, line_digit)  /* 0..7 */
+            IN_DATA_LENGTH(0x38 &&& 0xfe, line_digit)  /* 8, 9 */
+            IN_DATA_LENGTH(_, line_bad_number)
             default: line_byte;
         }
     }
 
     state line_digit {
         meta.number = meta.number * 10 + (bit<64>)(meta.s.head_byte - 0x30);
-        meta.digits = meta.digits + 1;
-        transition select(meta.digits) {
+        meta.s.digits = meta.s.digits + 1;
+        transition select(meta.s.digits) {
             10: line_bad_number;
             default: line_byte;
         }
@@ -715,10 +937,7 @@ control MbDeparser(packet_out pkt, in headers_t hdr) {
         pkt.emit(hdr.tcp_options);
         pkt.emit(hdr.frame);
         pkt.emit(hdr.command4);
-        pkt.emit(hdr.word4);
-        pkt.emit(hdr.word2);
-        pkt.emit(hdr.word1);
-        pkt.emit(hdr.word_end);
+        pkt.emit(hdr.word_rest);
         pkt.emit(hdr.key32);
         pkt.emit(hdr.key_words);
         pkt.emit(hdr.key4);
@@ -726,15 +945,10 @@ control MbDeparser(packet_out pkt, in headers_t hdr) {
         pkt.emit(hdr.key1);
         pkt.emit(hdr.key_end);
         pkt.emit(hdr.head_words);
-        pkt.emit(hdr.head4);
-        pkt.emit(hdr.head2);
-        pkt.emit(hdr.head1);
+        pkt.emit(hdr.head_rest);
         pkt.emit(hdr.line32);
         pkt.emit(hdr.line_words);
-        pkt.emit(hdr.line_tail4);
-        pkt.emit(hdr.line_tail2);
-        pkt.emit(hdr.line_tail1);
-        pkt.emit(hdr.line_cr);
+        pkt.emit(hdr.line_tail);
         pkt.emit(hdr.lf);
     }
 }

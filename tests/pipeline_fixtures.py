@@ -113,6 +113,19 @@ def zero_udp_checksum(frame: bytes) -> bytes:
     return frame[:at] + b"\x00\x00" + frame[at + 2:]
 
 
+def with_options(packet: bytes) -> bytes:
+    """`packet` with 4 bytes of options (NOPs) in its IPv4 header, and in its TCP header if it has one."""
+    out = Ether(packet)
+    out[IP].options = b"\x01" * 4
+    del out[IP].ihl, out[IP].len, out[IP].chksum
+    if TCP in out:
+        out[TCP].options = [("NOP", None)] * 4
+        del out[TCP].dataofs, out[TCP].chksum
+    else:
+        del out[UDP].len, out[UDP].chksum
+    return bytes(out)
+
+
 def _with_checksums(frame) -> bytes:
     del frame[IP].chksum
     del frame[UDP].chksum
@@ -176,6 +189,8 @@ CASES = (
         b"get cold\r\n", b"get hot other\r\n", b"get hot \r\n")),
     *(Case(f"not balanced, and its server unsure: {payload!r}", request(payload), unsure=0, dirty_after=True)
       for payload in (b"get hot\r\nget hot\r\n", b"get hot", b"gat 0 hot\r\n")),
+    Case("a line starting with a space has no command, whatever the one before it", request(b" hot\r\n"),
+         before=(request(b"gets hot\r\n"),), unsure=0, dirty_after=True),
     Case("a 251-byte key is left alone and counted unparsed", request(b"get " + b"k" * 251 + b"\r\n"),
          hot=(HotKey(LONGEST),), counters={"packets": 1, "memcached": 1, "unparsed": 1, "unsure": 1}, unsure=0,
          dirty_after=True),
@@ -186,6 +201,10 @@ CASES = (
     *(Case(f"a meta get that changes the item is not a whole read: {payload[:20]!r}", request(payload, udp=False),
            unsure=0, dirty_after=True)
       for payload in (b"mg hot v O" + b"x" * 40 + b" T30 q\r\n", b"mg hot v O" + b"x" * 40 + b"N30\r\n")),
+    Case("a hot get after IPv4 options is balanced", with_options(request(b"get hot\r\n")),
+         out=balanced_to(with_options(request(b"get hot\r\n")), 1)),
+    Case("a write over TCP after IPv4 and TCP options is mirrored", with_options(request(SET_HOT, udp=False)),
+         mirrored=True, dirty_after=True, counters={"packets": 1, "memcached": 1, "mirrored": 1}),
     Case("an already balanced get is not balanced again", request(b"get hot\r\n", flags=IP_BALANCED),
          counters={"packets": 1, "memcached": 1, "already_balanced": 1}),
     # set_mirror
