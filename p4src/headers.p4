@@ -346,7 +346,6 @@ struct metadata_t {
     bit<1> server_closed;  /* classify: a FIN or RST from the memcached of a server of the config, to the controller */
     bit<1> unsure_it;      /* read_request: a request not exactly one command the pipeline reads */
     bit<1> whole;          /* read_request: the payload is exactly one whole command */
-    bit<1> odd;            /* read_request: unsure_it or clone_it may be set (MbIngress runs the jobs on them) */
     bit<2> rewrite;        /* REWRITE_*: which rewrite of meta.server_wanted's address (hot_get, reply_source,
                             * read_request) */
     bit<1> request;        /* to a memcached port */

@@ -121,6 +121,12 @@ const bit<32> NO_POSITION = 0xffffffff;  /* replica_position: no replicas entry 
  * changes: every field write costs bmv2 per packet. */
 #define CSUM(OUT) hash(OUT, HashAlgorithm.csum16, 16w0, meta.c, 32w0x10000);
 
+/* A connection of the controller's (its address and port, the server's) to its slot in `closing` (meta.s.h): its
+ * close written from the controller's FIN, looked up from the server's answer, so one definition for both. */
+#define CLOSING_SLOT(CONTROLLER_IP, CONTROLLER_PORT, SERVER_IP, SERVER_PORT) \
+    mix(meta.s.h, CONTROLLER_IP ^ SERVER_IP ^ ((bit<32>)CONTROLLER_PORT << 16 | (bit<32>)SERVER_PORT)); \
+    meta.s.h = meta.s.h >> (32 - MB_CLOSING_BITS);
+
 /* Where a connection is kept as a stream (its slot in stream_ids), and its id there. */
 @name(".MbIngress.stream_at")
 action stream_at(in bit<32> src, in bit<16> src_port, in bit<32> dst, in bit<16> dst_port,
@@ -499,7 +505,7 @@ control MbHotGet(inout headers_t hdr, inout metadata_t meta, inout standard_meta
 
 /* A request the pipeline cannot read: its server unsure (a TCP one starts a stream: its copy is needed; a UDP one's
  * copies are coalesced) */
-#define UNPARSED count(C_UNPARSED); meta.unsure_it = 1; meta.coalesce = (bit<1>)hdr.udp.isValid(); meta.odd = 1;
+#define UNPARSED count(C_UNPARSED); meta.unsure_it = 1; meta.coalesce = (bit<1>)hdr.udp.isValid();
 
 /* meta.whole: the payload is exactly this one command: its line ends with "\r\n", then its data block and "\r\n"
  * if it has one, then nothing */
@@ -557,9 +563,7 @@ control MbReadRequest(inout headers_t hdr, inout metadata_t meta, inout standard
             if (hdr.tcp.isValid()) {
                 if ((hdr.tcp.flags & (TCP_FIN | TCP_RST)) != 0 && meta.trusted == 1) {
                     /* the controller closes: the server's FIN will answer it */
-                    mix(meta.s.h, hdr.ipv4.src ^ hdr.ipv4.dst ^
-                                  ((bit<32>)hdr.ports.src << 16 | (bit<32>)hdr.ports.dst));
-                    meta.s.h = meta.s.h >> (32 - MB_CLOSING_BITS);
+                    CLOSING_SLOT(hdr.ipv4.src, hdr.ports.src, hdr.ipv4.dst, hdr.ports.dst)
                     set64(meta.s.stored, hdr.ipv4.src ++ hdr.ports.src ++ hdr.ports.dst);
                     closing.write(meta.s.h, meta.s.stored);
                 }
@@ -618,11 +622,9 @@ control MbReadRequest(inout headers_t hdr, inout metadata_t meta, inout standard
                                     set_mirror.apply(hdr, meta, std);
                                 }
                                 meta.unsure_it = ~meta.whole;
-                                meta.odd = 1;
                             }
                         } else if (meta.whole == 0) {  /* a read, or a write to a cold key, not proved whole */
                             meta.unsure_it = 1;
-                            meta.odd = 1;
                         }
                         if (meta.command == CMD_GET) {
                             sketching.apply(hdr, meta, std);
@@ -635,13 +637,11 @@ control MbReadRequest(inout headers_t hdr, inout metadata_t meta, inout standard
                 } else if (meta.command == CMD_LINE && meta.s.command_len >= 6) {
                     WHOLE
                     meta.unsure_it = ~meta.whole;
-                    meta.odd = 1;
                 } else {  /* not a command the pipeline reads */
                     UNPARSED
                 }
             } else if (meta.mid_stream == 1) {
                 meta.unsure_it = 1;  /* `mn\r\n` may be the last bytes of a value */
-                meta.odd = 1;
             } else if (hdr.udp.isValid() && meta.s.payload_len != 0) {  /* no frame header (an empty datagram:
                                                                           * nothing to read, nothing wrong) */
                 UNPARSED
@@ -663,8 +663,7 @@ control MbServerClosed(inout headers_t hdr, inout metadata_t meta, inout standar
     @name(".MbIngress.server_closes")
     counter(MB_MAX_SERVERS, CounterType.packets) server_closes;  /* the twin of `closes` */
     apply {
-        mix(meta.s.h, hdr.ipv4.dst ^ hdr.ipv4.src ^ ((bit<32>)hdr.ports.dst << 16 | (bit<32>)hdr.ports.src));
-        meta.s.h = meta.s.h >> (32 - MB_CLOSING_BITS);
+        CLOSING_SLOT(hdr.ipv4.dst, hdr.ports.dst, hdr.ipv4.src, hdr.ports.src)
         closing.read(meta.s.stored, meta.s.h);
         if (meta.s.stored == hdr.ipv4.dst ++ hdr.ports.dst ++ hdr.ports.src) {
             closing.write(meta.s.h, 0);  /* the answer to the controller's own close */
@@ -673,8 +672,7 @@ control MbServerClosed(inout headers_t hdr, inout metadata_t meta, inout standar
             meta.s.n64 = meta.s.n64 + 1;
             closes.write(meta.s.closing_server, meta.s.n64);
             server_closes.count(meta.s.closing_server);
-            meta.s.dest_server = meta.s.closing_server;
-            MAKE_UNSURE(meta.s.dest_server)
+            MAKE_UNSURE(meta.s.closing_server)
             meta.clone_it = 1;
         }
     }
@@ -893,7 +891,8 @@ control MbIngress(inout headers_t hdr, inout metadata_t meta, inout standard_met
         /* (each kind of packet down its own branch: a get passes few conditions, each costs bmv2 per packet) */
         if (meta.request == 1) {
             read_request.apply(hdr, meta, std);  /* (with the hot get, mirror and sketch jobs of what it reads) */
-            if (meta.odd == 1) {  /* a request the jobs below have to deal with */
+            if (meta.unsure_it == 1 || meta.clone_it == 1) {  /* a request the jobs below have to deal with (one
+                                                                 * condition for a get that has none) */
                 if (meta.unsure_it == 1 && meta.dest_known == 1 && meta.trusted == 0) {
                     unsure_request.apply(hdr, meta, std);
                 }
