@@ -96,15 +96,19 @@ class RyuChannel:
         the switch applies a batch back to back: a batch that empties the tables and fills them again (a switch that
         connects, a new leader taking over under load) leaves no gap of round trips in which packets find no rule
         (one reply in a run was lost in that gap). The first refusal is raised."""
-        calls = [eventlet.spawn(self._call, dp, message, None, False, "message") for message in messages]
-        refused = None
-        for call in calls:
-            try:
-                call.wait()
-            except DriverError as err:
-                refused = refused or err
-        if refused is not None:
-            raise refused
+        calls = [eventlet.spawn(self._refusal, dp, message) for message in messages]
+        refused = [err for err in (call.wait() for call in calls) if err is not None]
+        if refused:
+            raise refused[0]
+
+    def _refusal(self, dp, message) -> DriverError | None:
+        """One message of a batch sent; its refusal returned, not raised: eventlet's hub prints a traceback for every
+        green thread that ends in an exception, even one its waiter catches (a deposed leader's batch did)."""
+        try:
+            self._call(dp, message, None, False, "message")
+        except DriverError as err:
+            return err
+        return None
 
     def ask(self, dp, request) -> list:
         return self._call(dp, request, _reply_class(request), True, "stats request") or []

@@ -211,3 +211,34 @@ def test_a_freed_lock_deposes_no_leader_the_key_does_not_name_it(tmp_path):
     assert waiting.election.deposed == [] and waiting.election.holder == successor
     stop.set()
     thread.join(5)
+
+
+def test_a_batch_the_switch_refuses_in_part_raises_its_first_refusal_and_prints_no_traceback(capfd):
+    """A deposed leader's batch (OVS refuses a slave's writes with OFPBRC_IS_SLAVE): every message was on its way
+    before the first answer, send raises the first refusal in the batch's order, and no green thread's exception
+    reaches eventlet's hub, which would print a traceback into the ryu-manager's log."""
+    from controller.ryu_app import RyuChannel
+    from dataplanes.driver import DriverError
+    import eventlet
+
+    class Refusing(RyuChannel):
+        def __init__(self):
+            super().__init__(app=None)
+            self.sent: list[str] = []
+
+        def _call(self, dp, message, reply_cls, multi, what):
+            self.sent.append(message)
+            eventlet.sleep(0.01 * (3 - len(self.sent)))  # answers come back in another order than sent
+            if message != "flow 1":
+                raise DriverError(f"switch 0000000000000001 refused a {what} ({message}): type 1 code 10")
+
+    channel = Refusing()
+    try:
+        channel.send(Connection.dp, ["flow 1", "flow 2", "group 3"])
+    except DriverError as err:
+        refused = str(err)
+    else:
+        refused = ""
+    assert channel.sent == ["flow 1", "flow 2", "group 3"]
+    assert "(flow 2)" in refused, refused
+    assert "Traceback" not in capfd.readouterr().err
