@@ -13,6 +13,7 @@ import queue
 import shutil
 import subprocess
 import time
+from pathlib import Path
 
 import pytest
 
@@ -210,6 +211,18 @@ def test_a_lease_query_is_answered_with_the_microseconds_the_lease_has_left(swit
         assert lease_left_us(driver) == 0
     finally:
         driver.renew_lease(3600)
+
+
+@on_bmv2
+def test_the_switch_runs_with_jemallocs_malloc_where_it_is_installed():
+    """bmv2 mallocs per field it writes: a switch is started with jemalloc preloaded (`make install` installs it)."""
+    from dataplanes.p4.bmv2 import preloaded_malloc
+    assert preloaded_malloc() == "libjemalloc.so.2"
+    bmv2 = Bmv2Switch(f"{TAG}m", []).start()
+    try:
+        assert "/libjemalloc.so.2" in Path(f"/proc/{bmv2.process.pid}/maps").read_text()
+    finally:
+        bmv2.stop()
 
 
 @on_bmv2
