@@ -8,8 +8,12 @@
  *   widened into meta.s.look (LOOKS), the key's selected on as they are (KEY_LOOK: an operation less per get).
  *   The bytes before it and that byte are taken in one varbit extract (rest_t), the key's last bytes in at most
  *   three chunks (4, 2, 1 bytes), whose value is added to the key. Longer stretches go 32 bytes at a time while
- *   none of four 8-byte windows holds a byte that would end or change the reading (a select entry per byte and
- *   position: ANY_BYTE_IS), then 8 at a time. The line's head (to the end of the data length field: fields
+ *   none of them is a byte that would end or change the reading (a select entry per byte and position:
+ *   ANY32_BYTE_IS), then 8 at a time. A 32-byte stretch is not taken step by step: each step looks at one window
+ *   more (the stretch so far and the next 32 bytes into a scratch field of that width; its last 32 selected on in
+ *   one state shared by all the steps) and where the stretch ends its clean windows are taken in one varbit
+ *   extract (WINDOW_LOOKS, FLUSHES): one header instance where a stack would be one per window, and `remaining`
+ *   counts the bytes not looked at yet. The line's head (to the end of the data length field: fields
  *   counted, digits read) is read a byte at a time from the look, taken 8 at a time, its last bytes in one varbit.
  *   Each part has its own headers, so the deparser emits them in the order they came. The key is accumulated into
  *   one 2000-bit number for hot_keys.
