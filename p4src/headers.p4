@@ -166,8 +166,11 @@ header word_t {
     bit<64> w;
 }
 
-header chunk32_t {
-    bit<256> v;
+/* A stretch of 32-byte windows (at most 7: MB_KEY_STEPS, MB_LINE_STEPS) looked at one more each step and taken in one
+ * extract where it ends: one header instance where a stack of them was one per window (bmv2 resets every instance
+ * per packet, used or not). */
+header wide_t {
+    varbit<1792> v;
 }
 
 /* The last bytes of a part (fewer than 8, found before they are taken), where their value is read from elsewhere or
@@ -206,7 +209,7 @@ struct headers_t {
     frame_t frame;
     command4_t command4;            /* "get " or "set ", read at once; else: */
     rest_t word_rest;               /* the command word (up to 7 bytes) and the byte that ended it: ' ' or '\r' */
-    chunk32_t[MB_KEY_STEPS] key32;  /* the key: 32 bytes at a time, */
+    wide_t key32;                   /* the key: 32 bytes at a time, */
     word_t[MB_KEY_WORDS] key_words; /* ... then 8, */
     chunk4_t key4;                  /* ... then its last bytes */
     chunk2_t key2;
@@ -214,7 +217,7 @@ struct headers_t {
     byte_t key_end;                 /* the byte that ended the key (' ' or '\r'), */
     word_t[MB_HEAD_WORDS] head_words;  /* the line after it to the data length's end (or '\r'): 8 at a time, */
     rest_t head_rest;               /* ... then its last bytes */
-    chunk32_t[MB_LINE_STEPS] line32;   /* then 32 bytes at a time, */
+    wide_t line32;                  /* then 32 bytes at a time, */
     word_t[MB_LINE_WORDS] line_words;  /* ... then 8, */
     rest_t line_tail;               /* ... then the last bytes and the '\r' */
     byte_t lf;                      /* the '\n' after it */
@@ -246,7 +249,7 @@ header scratch_t {
     bit<64> stored;
     bit<32> first;
     bit<16> second;
-    bit<32> step;
+    bit<32> step;          /* (also the parser's: a 32-byte stretch's windows looked at before the next one) */
     bit<32> mask;
     bit<32> estimate;
     bit<48> cell;
@@ -267,7 +270,13 @@ header scratch_t {
     bit<48> look6;
     bit<56> look7;
     bit<32> cell_at;       /* sketch_cell: the cell */
-    bit<256> look32;       /* parser: the next 32 bytes */
+    bit<256> look32;       /* parser: the next 32 bytes (in a 32-byte stretch: the last 32 of windowsN) */
+    bit<512> windows2;     /* parser: a 32-byte stretch's windows looked at, not taken yet, and the next one: 2 */
+    bit<768> windows3;     /* ... 3 (a field each: a lookahead into a slice of one field is not bmv2's, and one */
+    bit<1024> windows4;    /* into a field of another width is a compiler temporary, as costly: metadata bmv2 */
+    bit<1280> windows5;    /* zeroes per packet; shared by the key's and the line's stretches) */
+    bit<1536> windows6;
+    bit<1792> windows7;
     bit<8> head_at;        /* parser: bytes of the look read in the line's head (not taken yet) */
     bit<8> head_byte;      /* parser: the head's byte being read */
     bit<8> head_then;      /* parser: where the head's end goes on to (HEAD_THEN_*) */

@@ -8,8 +8,12 @@
  *   widened into meta.s.look (LOOKS), the key's selected on as they are (KEY_LOOK: an operation less per get).
  *   The bytes before it and that byte are taken in one varbit extract (rest_t), the key's last bytes in at most
  *   three chunks (4, 2, 1 bytes), whose value is added to the key. Longer stretches go 32 bytes at a time while
- *   none of four 8-byte windows holds a byte that would end or change the reading (a select entry per byte and
- *   position: ANY_BYTE_IS), then 8 at a time. The line's head (to the end of the data length field: fields
+ *   none of them is a byte that would end or change the reading (a select entry per byte and position:
+ *   ANY32_BYTE_IS), then 8 at a time. A 32-byte stretch is not taken step by step: each step looks at one window
+ *   more (the stretch so far and the next 32 bytes into a scratch field of that width; its last 32 selected on in
+ *   one state shared by all the steps) and where the stretch ends its clean windows are taken in one varbit
+ *   extract (WINDOW_LOOKS, FLUSHES): one header instance where a stack would be one per window, and `remaining`
+ *   counts the bytes not looked at yet. The line's head (to the end of the data length field: fields
  *   counted, digits read) is read a byte at a time from the look, taken 8 at a time, its last bytes in one varbit.
  *   Each part has its own headers, so the deparser emits them in the order they came. The key is accumulated into
  *   one 2000-bit number for hot_keys.
@@ -112,7 +116,7 @@
 #define KEY_FIRST_STEP(P) state P##_key { \
         transition select(meta.s.remaining) { \
             0: no_key; 1: key_look_1; 2: key_look_2; 3: key_look_3; 4: key_look_4; 5: key_look_5; 6: key_look_6; \
-            7: key_look_7; 0 &&& 0xffe0: key_words_look; default: key32_look; \
+            7: key_look_7; 0 &&& 0xffe0: key_words_look; default: key32_look_0; \
         } \
     }
 /* Entries of a select on (remaining, k.len): fewer than 8 bytes left: the last look takes them all (none: no key) */
@@ -207,15 +211,44 @@
 #define KEY_ENDS_ANY32(to) ANY32_BYTE_IS(20, to); ANY32_BYTE_IS(0d, to); ANY32_BYTE_IS(0a, to); ANY32_BYTE_IS(00, to)
 #define LINE_ENDS_ANY32(to) ANY32_BYTE_IS(0d, to)
 #define MG_ENDS_ANY32(to) ANY32_BYTE_IS(0d, to); ANY32_BYTE_IS(54, to); ANY32_BYTE_IS(4e, to); ANY32_BYTE_IS(49, to)
-/* 32 bytes at once: if any of them is one of the bytes in ANY (select entries on the 256-bit look), FALLBACK (8 at a
- * time from here), else TAKE. (A select on a field the state set from a lookahead is on the field itself; one on an
- * expression, or on a field set from one in the same state, is on a compiler temporary: metadata bmv2 zeroes for
- * every packet.) */
-#define WINDOWS_32(NAME, ANY, FALLBACK, TAKE) \
-    state NAME { \
-        meta.s.look32 = pkt.lookahead<bit<256>>(); \
-        transition select(meta.s.look32) { ANY(FALLBACK); default: TAKE; } \
+/* A 32-byte stretch P: window N (32 bytes) after the N before it, which were looked at and found clean but not taken
+ * (a stack of 32-byte headers, one per window, would be an instance each, which bmv2 resets for every packet): the
+ * W = N + 1 windows looked at into meta.s.windowsW, its last 32 bytes into look32, then P_window, the window's
+ * select: one state for all N, so that p4c merges it into none of them (merged, its select on look32 would be on a
+ * copy). Window 0 is looked at into look32 itself. */
+#define WINDOW_LOOK(P, N, W) state P##_look_##N { \
+        meta.s.windows##W = pkt.lookahead<bit<(256 * W)>>(); \
+        meta.s.look32 = meta.s.windows##W[255:0]; meta.s.step = N; transition P##_window; }
+#define WINDOW_LOOKS(P, WIN) \
+    state P##_look_0 { meta.s.look32 = pkt.lookahead<bit<256>>(); meta.s.step = 0; transition WIN; } \
+    WINDOW_LOOK(P, 1, 2) WINDOW_LOOK(P, 2, 3) WINDOW_LOOK(P, 3, 4) WINDOW_LOOK(P, 4, 5) WINDOW_LOOK(P, 5, 6) \
+    WINDOW_LOOK(P, 6, 7)
+/* ... the next window (after window `step`, clean) */
+#define WINDOW_NEXT(P) \
+    state P##_next { \
+        transition select(meta.s.step) { \
+            0: P##_look_1; 1: P##_look_2; 2: P##_look_3; 3: P##_look_4; 4: P##_look_5; default: P##_look_6; \
+        } \
     }
+/* ... the stretch's end: its clean windows taken in one extract into hdr.P (a state per length: an extract's length
+ * as an expression is a compiler temporary), `step` of them (P_flush: window `step` was not clean) or step + 1
+ * (P_flush_next: it was, and the stretch ends after it), then NEXT */
+#define FLUSH_N(P, N, NEXT) state P##_flush_##N { pkt.extract(hdr.P, 256 * N); transition NEXT; }
+#define FLUSHES(P, NEXT) \
+    state P##_flush { \
+        transition select(meta.s.step) { \
+            0: NEXT; 1: P##_flush_1; 2: P##_flush_2; 3: P##_flush_3; 4: P##_flush_4; 5: P##_flush_5; \
+            default: P##_flush_6; \
+        } \
+    } \
+    state P##_flush_next { \
+        transition select(meta.s.step) { \
+            0: P##_flush_1; 1: P##_flush_2; 2: P##_flush_3; 3: P##_flush_4; 4: P##_flush_5; 5: P##_flush_6; \
+            default: P##_flush_7; \
+        } \
+    } \
+    FLUSH_N(P, 1, NEXT) FLUSH_N(P, 2, NEXT) FLUSH_N(P, 3, NEXT) FLUSH_N(P, 4, NEXT) FLUSH_N(P, 5, NEXT) \
+    FLUSH_N(P, 6, NEXT) FLUSH_N(P, 7, NEXT)
 
 parser MbParser(packet_in pkt, out headers_t hdr, inout metadata_t meta, inout standard_metadata_t std) {
     state start {
@@ -511,33 +544,47 @@ parser MbParser(packet_in pkt, out headers_t hdr, inout metadata_t meta, inout s
      * state that read the command; each state that moves on in the key chooses the next step itself (KEY_FIRST,
      * KEY32_STEP, KEY_STEP: a state less per step), down to how many bytes the last look takes. */
 
-    /* 32 more bytes in the payload and the key stays within MB_MAX_KEY; else 8 more (KEY_STEP_CASES), or the last
-     * look. As masks: a select on an expression is on a compiler temporary. */
+    /* The key's first 224 bytes at most: 32 at a time (WINDOW_LOOKS), taken where the stretch ends (FLUSHES);
+     * `remaining` counts the bytes not looked at yet, so the next window is within the payload where it is 32 or
+     * more. */
+    WINDOW_LOOKS(key32, key32_window)
+
+    state key32_window {  /* (no end in the 32 bytes: key32_take; else 8 at a time from here, never 32 again: the
+                           * key's bytes stay in order) */
+        transition select(meta.s.look32) {
+            KEY_ENDS_ANY32(key32_flush);
+            default: key32_take;
+        }
+    }
+
     state key32_take {
-        pkt.extract(hdr.key32.next);
-        meta.k.key = (meta.k.key << 256) | (bit<MB_KEY_BITS>)hdr.key32.last.v;
+        meta.k.key = (meta.k.key << 256) | (bit<MB_KEY_BITS>)meta.s.look32;
         meta.k.len = meta.k.len + 32;
         meta.s.remaining = meta.s.remaining - 32;
         transition key32_step;
     }
 
-    /* (key32_take's select, a state of its own: one on the state's own assignment copies the key) */
+    /* (key32_take's select, a state of its own: one on the state's own assignment copies the key) 32 more bytes in
+     * the payload and the key stays within MB_MAX_KEY: the next window; else the stretch ends (and key32_end goes
+     * on as KEY_STEP_CASES). As masks: a select on an expression is on a compiler temporary. */
     state key32_step {
         transition select(meta.s.remaining, meta.k.len) {
-            KEY_LAST_LOOK
-            (_, 243): key_look_8;               /* remaining >= 8 and len > MB_MAX_KEY - 8 (242): 243, */
-            (_, 244 &&& 0xfc): key_look_8;      /* ... 244..247, */
-            (_, 248 &&& 0xf8): key_look_8;      /* ... 248..255 (never here: the key is 32 bytes a step so far), */
-            (0 &&& 0xffe0, _): key_words_look;  /* else 8 at a time: remaining < 32, */
-            (_, 219): key_words_look;           /* ... len > MB_MAX_KEY - 32 (218): 219, */
-            (_, 220 &&& 0xfc): key_words_look;  /* ... 220..223, */
-            (_, 224 &&& 0xe0): key_words_look;  /* ... 224..242 (243..255 above) */
-            default: key32_look;
+            (0 &&& 0xffe0, _): key32_flush_next;  /* remaining < 32, */
+            (_, 219): key32_flush_next;           /* len > MB_MAX_KEY - 32 (218): 219, */
+            (_, 220 &&& 0xfc): key32_flush_next;  /* ... 220..223, */
+            (_, 224 &&& 0xe0): key32_flush_next;  /* ... 224..255 */
+            default: key32_next;
         }
     }
 
-    /* (no end in the 32 bytes: 8 at a time from here, never 32 again: the key's bytes stay in order) */
-    WINDOWS_32(key32_look, KEY_ENDS_ANY32, key_words_look, key32_take)
+    WINDOW_NEXT(key32)
+    FLUSHES(key32, key32_end)
+
+    state key32_end {  /* the last look (KEY_LAST_LOOK, or the 251st byte near: key_look_8), or 8 more bytes */
+        transition select(meta.s.remaining, meta.k.len) {
+            KEY_STEP_CASES
+        }
+    }
 
     state key_words_look {
         meta.s.look = pkt.lookahead<bit<64>>();
@@ -661,7 +708,7 @@ parser MbParser(packet_in pkt, out headers_t hdr, inout metadata_t meta, inout s
 
     state key_first_32 {
         meta.s.remaining = meta.s.remaining - 4;
-        transition key32_look;
+        transition key32_look_0;
     }
 
     state no_key {
@@ -762,20 +809,52 @@ parser MbParser(packet_in pkt, out headers_t hdr, inout metadata_t meta, inout s
             (_, 232 &&& 0xfff8, _): line_wide;      /* ... 232..239, */
             (_, 240 &&& 0xfff0, _): line_wide;      /* ... 240..255, */
             LINE_LEN_256_UP(line_wide)              /* ... 256 and more */
-            (_, _, CMD_READ): line32_mg;
-            default: line32_look;
+            (_, _, CMD_READ): line32_mg_look_0;
+            default: line32_look_0;
         }
     }
 
-    WINDOWS_32(line32_look, LINE_ENDS_ANY32, line_wide, line32_take)
-    WINDOWS_32(line32_mg, MG_ENDS_ANY32, line_wide, line32_take)
+    /* (as the key's: windows looked at, taken where the stretch ends; for mg, T, N or I end it too) */
+    WINDOW_LOOKS(line32, line32_window)
+    WINDOW_LOOKS(line32_mg, line32_mg_window)
+
+    state line32_window {
+        transition select(meta.s.look32) {
+            LINE_ENDS_ANY32(line32_flush);
+            default: line32_take;
+        }
+    }
+
+    state line32_mg_window {
+        transition select(meta.s.look32) {
+            MG_ENDS_ANY32(line32_flush);
+            default: line32_take;
+        }
+    }
 
     state line32_take {
-        pkt.extract(hdr.line32.next);
         meta.s.line_len = meta.s.line_len + 32;
         meta.s.remaining = meta.s.remaining - 32;
-        transition line32;
+        transition line32_step;
     }
+
+    state line32_step {  /* (line32's choice after a window, a state of its own: see key32_step) */
+        transition select(meta.s.remaining, meta.s.line_len, meta.command) {
+            (0 &&& 0xffe0, _, _): line32_flush_next;
+            (_, 225, _): line32_flush_next;
+            (_, 226 &&& 0xfffe, _): line32_flush_next;
+            (_, 228 &&& 0xfffc, _): line32_flush_next;
+            (_, 232 &&& 0xfff8, _): line32_flush_next;
+            (_, 240 &&& 0xfff0, _): line32_flush_next;
+            LINE_LEN_256_UP(line32_flush_next)
+            (_, _, CMD_READ): line32_mg_next;
+            default: line32_next;
+        }
+    }
+
+    WINDOW_NEXT(line32)
+    WINDOW_NEXT(line32_mg)
+    FLUSHES(line32, line_wide)
 
     state line_wide {  /* 8 at a time from here (never 32 again: the bytes stay in order) */
         transition select(meta.s.remaining, meta.s.line_len, meta.command) {

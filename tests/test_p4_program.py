@@ -29,7 +29,7 @@ from dataplanes.p4.pipeline import COMPILER, PROGRAMS, Pipeline, available, comp
 from mbalancer.config import Server  # noqa: E402
 from dataplanes.p4.veth_ports import WAIT, Ports  # noqa: E402
 from tests.pipeline_fixtures import (CASES, CLIENT, CONNECTION_CASES, CONTROLLER, FABRIC_CASES, REPLICAS,  # noqa: E402
-                                     SERVERS, STREAM_CASES, Case, request)
+                                     SERVERS, STREAM_CASES, Case, HotKey, balanced_to, key_of, request)
 
 why_not = available() if os.geteuid() == 0 else "needs root (veths, bmv2 on them)"
 on_bmv2 = pytest.mark.skipif(why_not is not None, reason=f"P4 data plane cannot run here: {why_not}")
@@ -119,9 +119,39 @@ P4_ONLY_CASES = (
          request(b"set hot" + b" " * 50 + b"0 0 2\r\nxy\r\n", udp=False), mirrored=True, unsure=0, dirty_after=True),
 )
 
+# The parser's 32-byte stretches (the key's first 224 bytes, the line after the data length): windows looked at one
+# more each step and taken in one extract where the stretch ends. A key or line ending in each window, at its edges,
+# after "get "/"set " and after another command word; mg's T, N or I in each window.
+STRETCH_KEYS = (31, 32, 33, 40, 63, 64, 65, 96, 100, 128, 160, 192, 200, 218, 219, 224, 225, 232, 241)
+P4_STRETCH_CASES = (
+    *(Case(f"P4 stretch: a {n}-byte hot key is balanced", request(b"get " + key_of(n) + b"\r\n"),
+           hot=(HotKey(key_of(n)),), out=balanced_to(request(b"get " + key_of(n) + b"\r\n"), 1))
+      for n in STRETCH_KEYS),
+    *(Case(f"P4 stretch: a {n}-byte key differing from the hot key in byte {n - 33} is not balanced",
+           request(b"get " + key_of(n)[:n - 33] + b"!" + key_of(n)[n - 32:] + b"\r\n"), hot=(HotKey(key_of(n)),))
+      for n in (33, 100, 224, 241)),
+    *(Case(f"P4 stretch: a write to a {n}-byte hot key is mirrored: {command}", request(payload, udp=udp),
+           hot=(HotKey(key_of(n)),), mirrored=True, dirty_after=True,
+           counters={"packets": 1, "memcached": 1, "mirrored": 1})
+      for n in (32, 33, 64, 100, 224, 225, 241)
+      for command, payload, udp in (("set", b"set " + key_of(n) + b" 0 0 1\r\nx\r\n", True),
+                                    ("delete", b"delete " + key_of(n) + b"\r\n", False))),
+    *(Case(f"P4 stretch: a whole meta get with a {n}-byte opaque token changes nothing", request(
+        b"mg hot v k s O" + b"x" * n + b" q\r\n", udp=False), dirty_after=False)
+      for n in (17, 18, 20, 40, 50, 90, 120, 150, 180, 200, 215)),
+    *(Case(f"P4 stretch: a whole set with a {n}-byte token after its data length is mirrored", request(
+        b"set hot 0 0 2 " + b"t" * n + b"\r\nxy\r\n", udp=False), mirrored=True, dirty_after=True,
+        counters={"packets": 1, "memcached": 1, "mirrored": 1})
+      for n in (30, 31, 32, 33, 64, 100, 160, 200, 230)),
+    *(Case(f"P4 stretch: a meta get with {flag!r} after a {n}-byte token is not a whole read", request(
+        b"mg hot v O" + b"x" * n + b" " + flag + b"30 q\r\n", udp=False), unsure=0, dirty_after=True)
+      for n in (25, 60, 90, 130, 170, 200) for flag in (b"T", b"N")),
+)
+
 
 @on_bmv2
-@pytest.mark.parametrize("case", CASES + STREAM_CASES + P4_ONLY_CASES + FABRIC_CASES + CONNECTION_CASES,
+@pytest.mark.parametrize("case", CASES + STREAM_CASES + P4_ONLY_CASES + P4_STRETCH_CASES + FABRIC_CASES +
+                         CONNECTION_CASES,
                          ids=lambda c: c.name)  # (blind: last)
 def test_pipeline_fixture(switch, case):
     driver, ports, mirrors = switch
