@@ -355,8 +355,9 @@ struct metadata_t {
     bit<1> server_closed;  /* classify: a FIN or RST from the memcached of a server of the config, to the controller */
     bit<1> unsure_it;      /* read_request: a request not exactly one command the pipeline reads */
     bit<1> whole;          /* read_request: the payload is exactly one whole command */
-    bit<2> rewrite;        /* REWRITE_*: which rewrite of meta.server_wanted's address (hot_get, reply_source,
-                            * read_request) */
+    bit<7> rewrite;        /* REWRITE_*: which rewrite of meta.server_wanted's address (hot_get, reply_source,
+                            * read_request). 7 bits for 2: the metadata then fills whole bytes, and p4c adds no
+                            * padding field, which bmv2 would zero for every packet as any other */
     bit<1> request;        /* to a memcached port */
     bit<1> dest_known;     /* the destination is a server of the config */
     bit<1> trusted;        /* from the controller: its copies never make a server unsure */
