@@ -79,11 +79,12 @@ def switches():
             switch.close()
 
 
-def driver_of(switches: list[Switch]):
+def driver_of(switches: list[Switch], trusted: tuple[str, ...] = ()):
     from dataplanes.p4 import Settings
     from dataplanes.p4.driver import P4RuntimeDriver
     from dataplanes.p4.pipeline import Pipeline
-    return P4RuntimeDriver(Settings(switches=tuple(s.bmv2.address for s in switches), ports=(1, 2)), Pipeline())
+    return P4RuntimeDriver(Settings(switches=tuple(s.bmv2.address for s in switches), ports=(1, 2), trusted=trusted),
+                           Pipeline())
 
 
 def set_request(key: bytes) -> bytes:
@@ -188,5 +189,33 @@ def test_a_second_driver_adopts_every_key_and_rebuilds_only_the_one_the_switches
         after.clear_dirty(b"dirty", after.write_stamp(b"dirty"))  # the new driver's own from here on
         assert set(switches[0].spread(b"dirty", 0)) == {0, 1}
         after.set_forwarding([ForwardingEntry(s.mac, "2") for s in SERVERS])  # the same: nothing inserted twice
+    finally:
+        after.close()
+
+
+def test_closes_counted_before_a_driver_attaches_are_acknowledged_by_it(switches):
+    """A server closed a connection of the controller's after the first driver's last look (its predecessor's
+    connections ending as it stopped, or a restart): the next driver acknowledges the closes the switches counted
+    before it, as the eBPF driver does at open and as the core takes them (core.start records them as handled and
+    never writes them). Unacknowledged, the switch would send the server no balanced get again while the core
+    thinks it in rotation."""
+    from tests.pipeline_fixtures import CONTROLLER, closing
+    first = driver_of(switches, trusted=(CONTROLLER[1],))
+    first.attach(SERVERS, lambda frame: None)
+    first.set_forwarding([ForwardingEntry(s.mac, "2") for s in SERVERS])
+    first.install_hot_key(b"both", 0, [ReplicaWeight(0, 0.5), ReplicaWeight(1, 0.5)])
+    first.clear_dirty_keys(first.write_stamps([b"both"]))
+    first.renew_lease(600)
+    assert set(switches[0].spread(b"both", 0)) == {0, 1}
+    switches[0].through(closing(1))  # server 1's memcached closes the controller's connection
+    assert first.server_closes(1) == (1, 0)
+    assert set(switches[0].spread(b"both", 0)) == {0, UNTOUCHED}  # out of rotation until the close is handled
+    first.let_go()
+    after = driver_of(switches, trusted=(CONTROLLER[1],))
+    after.attach(SERVERS, lambda frame: None)
+    try:
+        after.renew_lease(600)
+        assert after.server_closes(1) == (1, 0)
+        assert set(switches[0].spread(b"both", 0)) == {0, 1}  # acknowledged at attach: back in rotation
     finally:
         after.close()

@@ -149,10 +149,23 @@ class P4RuntimeDriver(SlotBookDriver):
                     self.clients.append(self._client(address))
                     kept.append(self._prepare(self.clients[-1], adopt=True))
                 self.book.use([P4Tables(c, self.pipeline) for c in self.clients])
-                return self._read_back() if any(kept) else []
+                found = self._read_back() if any(kept) else []
+                self._acknowledge_closes()
+                return found
             except P4Error as err:
                 self._release()
                 raise DriverError(str(err)) from None
+
+    def _acknowledge_closes(self) -> None:
+        """The closes each switch counted before this driver attached (its predecessor's connections ending as it
+        stopped) acknowledged, as the eBPF driver does at open: the core
+        takes the closes it reads at start as handled (core.start) and never writes them. A switch just pushed
+        counted none. (After `_read_back`: it reads which servers have a `closes_handled` entry.)"""
+        for tables in self.book.switches:
+            for server in range(len(self.book.servers)):
+                closes = tables.closes(server)
+                if closes:
+                    tables.set_closes_handled(server, closes)
 
     def _release(self) -> None:
         for client in self.clients:
