@@ -36,7 +36,7 @@ def preloaded_malloc() -> str | None:
     """The malloc library simple_switch_grpc is started with (LD_PRELOAD), None: glibc's (said once, with why)."""
     library = ctypes.util.find_library(MALLOC)
     if library is None:
-        log.warning("bmv2: lib%s is not installed (`make p4` installs it): the switch runs on glibc's malloc, about "
+        log.warning("bmv2: lib%s is not installed (`make install` installs it): the switch runs on glibc's malloc, about "
                     "20%% fewer packets/s", MALLOC)
     else:
         log.info("bmv2: the switch runs with %s's malloc (%s preloaded): bmv2 mallocs per field it writes", MALLOC,
