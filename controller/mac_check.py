@@ -24,7 +24,7 @@ class MacStatus(Enum):
     OK = "ok"  # seen with the configured MAC
     MISMATCH = "mismatch"  # seen with another MAC: gets rewritten to the configured one are lost
     FLOODED = "flooded"  # gets to it flooded, and no switch saw the configured MAC: they are likely lost
-    UNSUPPORTED = "not supported by this data plane"  # P4, OpenFlow: the switch does not say
+    UNSUPPORTED = "not supported by this data plane"  # P4: the switch does not say
 
 
 WRONG = frozenset({MacStatus.MISMATCH, MacStatus.FLOODED})

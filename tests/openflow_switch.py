@@ -1,5 +1,5 @@
 """A recorded OpenFlow switch for tests that need no switch (faucet's FakeOFTable way): it applies the OpenFlow
-driver's messages to a flow and group table, answers group stats, and picks a get's bucket the way Open vSwitch's
+driver's messages to a flow and group table, answers flow and group stats, and picks a get's bucket the way Open vSwitch's
 hash selection does (the highest hash(bucket, tag) x weight; a hash of our own, so the same shares, not OVS's
 exact choices)."""
 from __future__ import annotations
@@ -33,6 +33,7 @@ class RecordedSwitch:
         self.sent: list = []
         self.refuse_groups = False
         self.bucket_packets: dict[int, list[int]] = {}  # what group stats answer
+        self.flow_packets: dict[tuple, int] = {}  # (table, priority, match) -> what flow desc answers as its count
         self.bundle: list | None = None  # the messages of the open bundle, applied together at its commit
 
     def switches(self) -> list:
@@ -52,7 +53,8 @@ class RecordedSwitch:
         if isinstance(request, parser.OFPFlowDescStatsRequest):
             return [parser.OFPFlowDescStatsReply(dp, body=[parser.OFPFlowDesc(
                 m.table_id, m.priority, m.idle_timeout, m.hard_timeout, m.flags, m.importance, m.cookie, m.match,
-                None, m.instructions) for m in self.flow_mods.values()])]
+                parser.OFPStats(packet_count=self.flow_packets.get(key, 0)), m.instructions)
+                for key, m in self.flow_mods.items() if request.table_id in (ofp.OFPTT_ALL, m.table_id)])]
         if isinstance(request, parser.OFPGroupDescStatsRequest):
             return [parser.OFPGroupDescStatsReply(dp, body=[parser.OFPGroupDescStats(
                 m.type, m.group_id, m.buckets, m.properties) for m in self.group_mods.values()])]
@@ -74,6 +76,7 @@ class RecordedSwitch:
             key = (m.table_id, m.priority, str(m.match.to_jsondict()))
             if m.command == ofp.OFPFC_ADD:
                 self.flows[key], self.flow_mods[key] = m.instructions, m
+                self.flow_packets.pop(key, None)  # a flow added counts afresh
             elif m.command == ofp.OFPFC_DELETE and m.table_id == ofp.OFPTT_ALL:
                 self.flows.clear()
                 self.flow_mods.clear()
@@ -93,7 +96,7 @@ class RecordedSwitch:
 
     def restart(self) -> None:
         """Empty, as a restarted switch is."""
-        for table in (self.flows, self.groups, self.flow_mods, self.group_mods):
+        for table in (self.flows, self.groups, self.flow_mods, self.group_mods, self.flow_packets):
             table.clear()
 
     def group_of_get(self, slot: int) -> int | None:
@@ -125,3 +128,10 @@ class RecordedSwitch:
         counts = self.bucket_packets.setdefault(group, [0] * len(buckets))
         counts[chosen] += 1
         return next(a.value for a in buckets[chosen].actions if getattr(a, "key", None) == "ipv4_dst")
+
+    def flood(self, server, gets: int) -> None:
+        """`gets` balanced to `server` flooded: its flood rule counts them, as the switch's would."""
+        match = messages.flooded_match(server)
+        key = (messages.L2, messages.FLOODED_PRIORITY, str(match.to_jsondict()))
+        assert key in self.flow_mods, "no flood rule for that server"
+        self.flow_packets[key] = self.flow_packets.get(key, 0) + gets

@@ -412,7 +412,7 @@ def test_a_data_plane_reports_what_it_saw_of_each_servers_mac_or_says_it_cannot(
     """controller/mac_check.py compares these with the configured MACs: per server, the MACs its packets came from
     and its balanced gets flooded (nothing yet on a switch just attached); None where the data plane cannot tell."""
     macs = harness.driver.server_macs()
-    if harness.kind in ("ebpf", "agent"):  # (the agent's box runs the eBPF switch)
+    if harness.kind in ("ebpf", "openflow", "agent"):  # (the agent's box runs the eBPF switch)
         assert macs == [MacSighting()] * len(SERVERS)
     else:
         assert macs is None

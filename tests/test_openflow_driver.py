@@ -156,6 +156,45 @@ def test_a_driver_that_takes_over_keeps_every_flow_and_group_that_agrees_and_wri
         second.close()
 
 
+def test_a_flow_read_back_with_its_match_fields_in_another_order_is_the_same_flow():
+    """Ryu sorts a match it builds by OXM field number; Open vSwitch answers in its own order (source MAC before
+    destination MAC). Compared by their order, a takeover would take the server's flood rule for another one: delete
+    it and write it again (losing its count), or, written before the deletion, lose it."""
+    built = messages.server_rules(Datapath(), SERVERS[:1])[-1]
+    fields = built.match.to_jsondict()["OFPMatch"]["oxm_fields"]
+    assert [f["OXMTlv"]["field"] for f in fields][:2] == ["eth_dst", "eth_src"]
+    as_ovs = parser.OFPMatch(_ordered_fields=[(f["OXMTlv"]["field"], f["OXMTlv"]["value"]) for f in
+                                              [fields[1], fields[0], *fields[2:]]])
+    read_back = parser.OFPFlowDesc(built.table_id, built.priority, 0, 0, 0, 0, built.cookie, as_ovs, None,
+                                   built.instructions)
+    assert messages.flow_of(read_back).key == messages.flow_of(built).key
+
+
+def test_the_gets_flooded_to_a_servers_mac_are_counted_from_when_the_driver_wrote_the_rules(classifier, switch):
+    """Each server's balanced gets flooded (controller/mac_check.py) are its L2 flood rule's count since this
+    driver wrote the switch's rules: what the switch counted under a controller before is not held against it, and
+    a switch that restarted counts afresh."""
+    first = OpenflowDriver(Settings(classifier=classifier.name), switch)
+    first.attach(SERVERS, lambda frame: None)
+    assert [m.flooded for m in first.server_macs()] == [0, 0, 0]
+    switch.flood(SERVERS[1], 4)
+    assert [m.flooded for m in first.server_macs()] == [0, 4, 0]
+    first.let_go()
+    second = OpenflowDriver(Settings(classifier=classifier.name), switch)
+    try:
+        second.attach(SERVERS, lambda frame: None)  # the flood rules kept, with their counts
+        assert [m.flooded for m in second.server_macs()] == [0, 0, 0]
+        switch.flood(SERVERS[2], 2)
+        assert [m.flooded for m in second.server_macs()] == [0, 0, 2]
+        switch.restart()
+        second.switch_connected(switch.dp)
+        switch.flood(SERVERS[0], 1)
+        assert [m.flooded for m in second.server_macs()] == [1, 0, 0]
+        assert [m.seen for m in second.server_macs()] == [(), (), ()]  # no TCP segment of theirs crossed it
+    finally:
+        second.close()
+
+
 def test_a_key_whose_group_disagrees_with_its_classifier_entry_is_rebuilt_alone(classifier, switch):
     first = OpenflowDriver(Settings(classifier=classifier.name), switch)
     first.attach(SERVERS, lambda frame: None)

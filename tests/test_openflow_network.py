@@ -34,7 +34,7 @@ from tests.conftest import eventually, memcached_answers
 from tests.switch_agent import AgentProcess
 from tests.tcp_relay import TcpRelay
 from tests.test_fabric_failover import LOAD
-from tests.test_ebpf_network import (client_gets, cold_and_multi_gets_reach_their_home,
+from tests.test_ebpf_network import (WRONG_MAC, client_gets, cold_and_multi_gets_reach_their_home,
                                      hot_gets_spread_evenly_and_answered_from_home, hits)
 from topologies.netns import NamespaceNetwork
 
@@ -54,9 +54,12 @@ def network():
         yield net
 
 
-def config_of(net: NamespaceNetwork, dataplane: dict | None = None) -> Config:
+def config_of(net: NamespaceNetwork, dataplane: dict | None = None, macs: dict[int, str] | None = None) -> Config:
+    """macs: servers given another MAC than their host's (a wrong entry)."""
     # equal weights whatever the load; no CAS polling and health probes rarely (their gets would count as hits)
-    return parse_config({"servers": [{"name": h.name, "ip": h.ip, "mac": h.mac} for h in net.server_hosts],
+    macs = macs or {}
+    return parse_config({"servers": [{"name": h.name, "ip": h.ip, "mac": macs.get(i, h.mac)}
+                                     for i, h in enumerate(net.server_hosts)],
                          "balancing": {"hot": 2, "hysteresis": 1, "mode": "equal"},
                          "controller": {"listen": HTTP, "poll_interval": 0, "health_interval": 60, "lease": 150},
                          "dataplane": dataplane or {"kind": "openflow",
@@ -68,9 +71,11 @@ class App:
     via a switch agent on the switch's box (`mbalancer switch serve`, connected to the bridge's management socket:
     no ryu-manager) driven by a controller core over its wire; and what a test asks of either."""
 
-    def __init__(self, net: NamespaceNetwork, tmp_path, via: str, relayed: bool = False):
-        """relayed: the controller reaches the agent through a TcpRelay (self.relay) that a test can cut."""
-        self.config = config_of(net)
+    def __init__(self, net: NamespaceNetwork, tmp_path, via: str, relayed: bool = False,
+                 macs: dict[int, str] | None = None):
+        """relayed: the controller reaches the agent through a TcpRelay (self.relay) that a test can cut; macs:
+        servers configured with another MAC than their host's."""
+        self.config = config_of(net, macs=macs)
         self.key_hash = make_hash(self.config.balancing.hash, [s.address for s in self.config.servers])
         self.agent: AgentProcess | None = None
         self.relay: TcpRelay | None = None
@@ -83,7 +88,7 @@ class App:
                 self.relay = TcpRelay((host, int(port))).__enter__()
                 address = self.relay.address
             self.controller = LocalController(config_of(net, {"kind": "agent", "agent": {
-                "address": address, "kind": "openflow", "token_file": str(self.agent.token_file)}}),
+                "address": address, "kind": "openflow", "token_file": str(self.agent.token_file)}}, macs),
                 self.key_hash, tmp_path)
         else:
             self.controller = RyuController(self.config, self.key_hash, tmp_path)
@@ -190,6 +195,49 @@ def test_the_dirty_rule_sends_gets_home_until_the_sync(network, app):
         assert tables.key_counts(slot).home_while_dirty == 100
     finally:
         tables.close()
+
+
+@pytest.mark.parametrize("via", ["ryu", "agent"])
+def test_a_wrong_server_mac_takes_the_server_out_and_the_others_stay_balanced(network, tmp_path, via):
+    """The operator's black hole on OpenFlow: a server configured with a valid-looking but wrong MAC. The group
+    rewrites the gets balanced to it to that MAC, which no port has learned: flooded and lost (its L2 flood rule
+    counts them). The classifier records the MAC the server's TCP segments come from (the controller's copies to
+    it bring some); the controller compares, takes the server out of every replica set and says so in one line with
+    both MACs. From then on every get is answered and none is balanced to it."""
+    key = b"hot:mac"
+    config = config_of(network)
+    home = make_hash(config.balancing.hash, [s.address for s in config.servers]).server_of(key)
+    bad = (home + 1) % 3
+    app = App(network, tmp_path, via, macs={bad: WRONG_MAC})
+    try:
+        assert app.make_hot(key, b"vm") == home
+        home_ip = network.server_hosts[home].ip
+        early = client_gets(network, home_ip, key, 20)  # balanced at once: those sent to `bad` may be lost
+        assert eventually(lambda: any(d["action"] == "server-mac" for d in app.state()["decisions"]), timeout=10), \
+            app.state()["decisions"]
+        line = next(d["reason"] for d in app.state()["decisions"] if d["action"] == "server-mac")
+        real = network.server_hosts[bad].mac
+        assert f"configured mac {WRONG_MAC}, seen {real}" in line and line.startswith(f"server {bad} "), line
+        assert eventually(lambda: all(r["weight"] == 0 for r in app.hot(key)["replicas"] if r["server"] == bad)
+                          and not app.hot(key)["dirty"], timeout=10), app.hot(key)
+        # every get lost was one flooded to the wrong MAC (Open vSwitch adds its datapath's counts to the flow's
+        # within a second or so)
+        assert eventually(lambda: app.state()["servers"][bad]["mac_check"]["flooded_gets"] >= 20 - early["answered"],
+                          timeout=10), (early, app.state()["servers"][bad]["mac_check"])
+        check = app.state()["servers"][bad]["mac_check"]
+        lost = check["flooded_gets"]
+        assert check["out_of_rotation"]["status"] == "mismatch" and check["seen"] == [real], check
+        assert [s["mac_check"]["status"] for s in app.state()["servers"]] == [
+            "mismatch" if i == bad else "ok" for i in range(3)]
+        before = hits(network)
+        reply = client_gets(network, home_ip, key, 600)
+        spread = [a - b for a, b in zip(hits(network), before)]
+        assert reply["answered"] == 600 and spread[bad] == 0 and sum(spread) == 600, (reply, spread)
+        assert min(spread[i] for i in range(3) if i != bad) > 150, spread  # both others serve it
+        assert app.state()["servers"][bad]["mac_check"]["flooded_gets"] == lost  # none balanced to it since
+    finally:
+        app.stop()
+        emptied(network)
 
 
 def test_a_switch_that_restarts_gets_its_flows_and_groups_back(network, app):

@@ -12,6 +12,8 @@ flow cache kept sending the 100th to the replica (the learned flow was there, th
 The classifier marks a get clean or dirty in the same map update a write makes, so no get after a write is tagged
 for balancing. OpenFlow does the rest: the replica choice (a select group per hot key), the rewrites, the copy to
 the controller (PacketIn -> on_mirror), the replies' source, L2, and the per-replica counters (bucket stats).
+The servers' MACs (controller/mac_check.py) come from both halves: the MACs the classifier saw each server's TCP
+segments come from, and the balanced gets the switch flooded to each server's configured MAC (a flow per server).
 
 Order that keeps gets correct: a key's group and flow are live (barrier) before the core can clear it, since the
 classifier only tags clean keys; on removal the classifier stops tagging first, then the rules go.
@@ -38,8 +40,8 @@ from dataplanes.bpf.key_tables import KeyTables, resolve_trusted
 from dataplanes.bpf.maps_driver import BpfMapsDriver
 from dataplanes.slot_book_driver import WATCH_EVERY
 from dataplanes.bpf.program import CLASSIFIER, bpffs_problem
-from dataplanes.driver import (RULES_REMOVED, Counters, Distrust, Driver, DriverError, FoundKey, MirrorHandler,
-                               ReconnectHandler, ReplicaWeight)
+from dataplanes.driver import (RULES_REMOVED, Counters, Distrust, Driver, DriverError, FoundKey, MacSighting,
+                               MirrorHandler, ReconnectHandler, ReplicaWeight)
 from dataplanes.openflow import SELECTIONS, Settings, messages
 from dataplanes.openflow.weights import bucket_weights
 from mbalancer.settings import Server
@@ -105,6 +107,9 @@ class OpenflowDriver(BpfMapsDriver):
         self.channel = channel
         self.buckets: dict[int, list[tuple[int, int, int]]] = {}  # slot -> (position, server, OVS weight): the record
         self._switch_lock = threading.RLock()  # one change at a time on the wire, in the record's order
+        # switch (datapath id) -> each server's flood rule count when this driver last wrote that switch's rules: the
+        # gets flooded before (another controller's, or before a restart) are not this configuration's to judge
+        self._floods_before: dict[int, list[int]] = {}
 
     def owned_switches(self) -> list[str]:
         return [f"openflow-classifier:{self.settings.classifier}"]
@@ -213,6 +218,10 @@ class OpenflowDriver(BpfMapsDriver):
             except DriverError as err:
                 log.warning("switch %s: the rules were not all taken (%s)", _dpid(dp), err)
                 return
+        try:
+            self._floods_before[dp.id] = self._floods_of(dp)
+        except DriverError:  # taken at the first read of the servers' MACs instead
+            self._floods_before.pop(dp.id, None)
         log.info("switch %s connected: %s%d rules written; pipeline, %d server rules and %d hot keys installed",
                  _dpid(dp), kept, len(batch), len(self.servers), len(self.buckets))
     def packet_in(self, frame: bytes) -> None:
@@ -294,6 +303,25 @@ class OpenflowDriver(BpfMapsDriver):
                     for (_, server, _), bucket in zip(buckets.get(slot, []), group.bucket_stats):
                         per_replica[server] = per_replica.get(server, 0) + bucket.packet_count
         return counters
+
+    def server_macs(self) -> list[MacSighting]:
+        """The MACs the classifier saw each server's TCP segments come from (since its entry was written), and the
+        balanced gets to it that the switches flooded since this driver wrote their rules (its L2 flood rule's
+        packets, summed over the switches)."""
+        seen = self.book.server_macs()
+        flooded = [0] * len(seen)
+        for dp in self.channel.switches():
+            now = self._floods_of(dp)
+            with self._switch_lock:
+                before = self._floods_before.setdefault(dp.id, now)
+                if any(n < b for n, b in zip(now, before)):  # its flows were written anew (a restart): counting afresh
+                    before = self._floods_before[dp.id] = [0] * len(now)
+            flooded = [total + n - b for total, n, b in zip(flooded, now, before)]
+        return [MacSighting(s.seen, n) for s, n in zip(seen, flooded)]
+
+    def _floods_of(self, dp: Any) -> list[int]:
+        """Each server's flood rule count on one switch."""
+        return messages.flooded_counts(self.channel.ask(dp, messages.flooded_stats(dp)), self.servers)
 
     def close(self) -> None:
         super().close()  # the lease ends in the classifier first: every get goes home, whatever the rules say

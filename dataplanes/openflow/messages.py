@@ -7,7 +7,8 @@ The pipeline, three tables:
              slot with no rule -> its home's MAC back, on to L2);
              COPY(server) -> server's MAC back, a copy to the controller (PacketIn), on to L2;
              REPLY(home) -> home's MAC, IP and UDP port as the source, on to L2; anything else -> L2
-  L2    (2)  destination MAC -> port (learned); unknown -> flood
+  L2    (2)  destination MAC -> port (learned); unknown -> flood (a balanced get to a server's configured MAC: flooded
+             by that server's own rule, whose packet count says how many were lost to a wrong MAC)
 A hot key's group has one bucket per replica with a positive weight (bucket id = the replica's position, so
 bucket counters map back), each rewriting destination MAC, IP and UDP port (and the source MAC to the BALANCED
 tag, the in_port to none: a fabric's home leaf may send the get back the way it came) and resubmitting to L2.
@@ -30,6 +31,7 @@ LEARN, TAGS, L2 = 0, 1, 2
 COOKIE = 0x4d42  # "MB": every flow this driver installs
 L2_IDLE = 300  # seconds a learned MAC stays without traffic
 LEARNED_PRIORITY = 10  # the L2 flows the learn action makes
+FLOODED_PRIORITY = 5  # per server: its balanced gets flooded (below the learned flows: only where its MAC is unknown)
 NTR_VENDOR_ID = 0x0000154d  # OVS's group selection-method property (an experimenter property of OF1.5 groups)
 NTR_SELECTION_METHOD = 1
 BALANCED_SOURCE = tags.tag(tags.BALANCED, 0)  # a balanced get's source MAC: learned by no switch on its way
@@ -92,7 +94,38 @@ def server_rules(dp, servers: Sequence[Server]) -> list:
                                                          ip_proto=17), apply(
             set_field(eth_src=server.mac), set_field(ipv4_src=server.ip), set_field(udp_src=server.port))
             + [goto(L2)]))
+        rules.append(flow(dp, L2, FLOODED_PRIORITY, flooded_match(server),
+                          apply(parser.OFPActionOutput(ofp.OFPP_FLOOD))))
     return rules
+
+
+def flooded_match(server: Server):
+    """A get balanced to `server` (the group wrote the BALANCED source, the server's MAC, address and port) that L2
+    knows no port for: flooded as any unknown destination, but counted against the server (controller/mac_check.py:
+    a configured MAC no host has loses every get balanced to it)."""
+    return parser.OFPMatch(eth_dst=server.mac, eth_src=BALANCED_SOURCE, eth_type=0x0800, ipv4_dst=server.ip,
+                           ip_proto=17, udp_dst=server.port)
+
+
+def flooded_stats(dp) -> parser.OFPFlowDescStatsRequest:
+    """The L2 table's flows with their counts (flow desc: Open vSwitch answers no OpenFlow 1.5 flow stats request);
+    the per-server flood counts are those at FLOODED_PRIORITY."""
+    return parser.OFPFlowDescStatsRequest(dp, 0, L2, ofp.OFPP_ANY, ofp.OFPG_ANY, COOKIE, 0xffffffffffffffff,
+                                          parser.OFPMatch())
+
+
+def flooded_counts(replies: Sequence, servers: Sequence[Server]) -> list[int]:
+    """Per server (in `servers`' order), the packets its flood rule counted, from flooded_stats' replies."""
+    index = {(s.ip, s.port): i for i, s in enumerate(servers)}
+    counts = [0] * len(servers)
+    for reply in replies:
+        for held in reply.body:
+            if held.priority != FLOODED_PRIORITY:
+                continue
+            server = index.get((held.match.get("ipv4_dst"), held.match.get("udp_dst")))
+            if server is not None and held.stats is not None:
+                counts[server] += held.stats.get("packet_count", 0)
+    return counts
 
 
 def group_id(slot: int) -> int:
@@ -260,7 +293,7 @@ class Group:
 def flow_of(message) -> Flow:
     """A flow mod we send, or a flow desc a switch answered with."""
     match = message.match
-    return Flow((message.table_id, message.priority, _json(match)), match,
+    return Flow((message.table_id, message.priority, _match_json(match)), match,
                 f"{message.cookie:#x} {_json(list(message.instructions))}")
 
 
@@ -298,6 +331,14 @@ def _json(value) -> str:
     """Ryu's JSON of a message part, without the lengths serializing fills in (a message not sent yet has none)."""
     parts = value if isinstance(value, list) else [value]
     return json.dumps([_no_lengths(p.to_jsondict()) for p in parts], sort_keys=True, default=str)
+
+
+def _match_json(match) -> str:
+    """A match's fields in one order whatever order they came in: Ryu sorts a match it builds by OXM field number,
+    Open vSwitch answers in its own order (the source MAC before the destination)."""
+    fields = match.to_jsondict()["OFPMatch"]["oxm_fields"]
+    return json.dumps(sorted((_no_lengths(f) for f in fields), key=lambda f: f["OXMTlv"]["field"]), sort_keys=True,
+                      default=str)
 
 
 def _no_lengths(value):

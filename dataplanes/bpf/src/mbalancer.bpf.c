@@ -90,12 +90,10 @@ static __always_inline void mb_learn(struct mb_ctx *skb)
 
 /* server_macs_seen: the source MAC of a TCP segment from a server's address (every health probe of the controller
  * brings some). UDP replies are not used: in a fabric, a reply rewritten upstream carries a replica's MAC with the
- * home's address. Written only when it changes. */
+ * home's address. Written only when it changes. The classifier notes them too (the OpenFlow switch forwards them
+ * untouched); there the gets flooded to a server's MAC are counted by the switch's own rules. */
 static __always_inline void mb_note_server_mac(struct mb_ctx *skb, const struct mb_packet *pkt)
 {
-#ifdef MB_CLASSIFIER
-	return;  /* the OpenFlow switch rewrites and forwards: the controller does not compare its MACs */
-#endif
 	struct mb_server_address address = {.ip = pkt->saddr, .port = pkt->sport};
 	__u32 *server = bpf_map_lookup_elem(&server_index, &address);
 	struct ethhdr *eth = mb_data(skb);
