@@ -224,6 +224,7 @@ class OpenflowDriver(BpfMapsDriver):
             self._floods_before.pop(dp.id, None)
         log.info("switch %s connected: %s%d rules written; pipeline, %d server rules and %d hot keys installed",
                  _dpid(dp), kept, len(batch), len(self.servers), len(self.buckets))
+
     def packet_in(self, frame: bytes) -> None:
         """A copy the switch sent up (COPY tag): a mirrored write or an unsure request."""
         if self.on_mirror is None or frame[12:14] != b"\x08\x00":
