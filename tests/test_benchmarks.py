@@ -121,7 +121,7 @@ def test_p4_switch_benchmark_prints_both_programs_and_the_change_latency():
                            "--target-ms", "60000", timeout=300)
     rows = {(r["program"], r["traffic"]): r for r in report["rows"]}
     assert set(rows) == {(p, t) for p in ("mbalancer.p4", "l2_forward.p4") for t in ("cold", "hot", "mixed")}
-    assert all(r["pps"] > 0 for r in rows.values())
+    assert all(0 < r["pps_low"] <= r["pps"] <= r["pps_high"] for r in rows.values())  # how much a figure moved
     # the L2 program sends every hot get home (s1); MBalancer's spreads them 50/50 by request id (as the switch counted
     # them: under load a port's queue drops some, so what reached the sinks was once 0.34 to s2)
     assert rows[("l2_forward.p4", "hot")]["share_s2"] < 0.01

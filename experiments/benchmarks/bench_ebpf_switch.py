@@ -282,8 +282,10 @@ def mixed_with_sketch(net: NamespaceNetwork, args: argparse.Namespace, tmp: Path
 
 
 def median_of(repeats: int, measure) -> dict:
+    """Each figure's median over `repeats` windows, and the lowest and highest packets/s (how much one moved)."""
     runs = [measure() for _ in range(repeats)]
-    return {name: statistics.median(run[name] for run in runs) for name in runs[0]}
+    return {**{name: statistics.median(run[name] for run in runs) for name in runs[0]},
+            "pps_low": min(run["pps"] for run in runs), "pps_high": max(run["pps"] for run in runs)}
 
 
 def report(row: dict) -> None:

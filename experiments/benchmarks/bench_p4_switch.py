@@ -261,11 +261,13 @@ def main(argv: list[str] | None = None) -> int:
         counted = instructions(args, sink, Path(tmp)) if args.instructions else []
     latency = change_latency(args)
     base = {r["traffic"]: r for r in rows if r["program"] == "l2_forward.p4"}
-    print(f"{'program':<15}{'traffic':<8}{'packets/s':>11}{'cores':>7}{'vs L2':>7}{'to s2':>7}")
+    print(f"{'program':<15}{'traffic':<8}{'packets/s':>11}{'windows (low-high)':>20}{'cores':>7}{'vs L2':>7}"
+          f"{'to s2':>7}")
     for r in rows:
         r["ratio"] = r["pps"] / base[r["traffic"]]["pps"]
-        print(f"{r['program']:<15}{r['traffic']:<8}{r['pps']:>11,.0f}{r['cores']:>7.2f}{r['ratio']:>7.2f}"
-              f"{r['share_s2']:>7.2f}")
+        spread = f"{r['pps_low']:,.0f}-{r['pps_high']:,.0f}"
+        print(f"{r['program']:<15}{r['traffic']:<8}{r['pps']:>11,.0f}{spread:>20}{r['cores']:>7.2f}"
+              f"{r['ratio']:>7.2f}{r['share_s2']:>7.2f}")
     l2 = {r["traffic"]: r["instructions"] for r in counted if r["program"] == "l2_forward.p4"}
     for r in counted:
         print(f"{r['program']:<15}{r['traffic']:<8}{r['instructions']:>11,.0f} instructions/packet"
