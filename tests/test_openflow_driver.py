@@ -387,3 +387,26 @@ def test_the_classifier_marks_the_gets_it_tags_and_rewrites_replies_to_gets_anot
     assert bytes(passed) == balanced_to(get, 1, home=2)
     answer = reply(b"VALUE cold 0 1\r\nv\r\nEND\r\n", by=1, request_id=11)
     assert run(answer) == from_home(answer, 2, mac=False)
+
+
+@pytest.mark.parametrize("hook", ["tc", "xdp"])
+def test_the_classifier_records_the_mac_each_servers_tcp_segments_come_from(driver, classifier, hook):
+    """What the controller compares with each configured server MAC (controller/mac_check.py), on either build of the
+    classifier (tc, and XDP for a userspace datapath's ports): the source MAC of a server's TCP segment; a UDP
+    reply's is not taken (in a fabric one may carry another server's MAC)."""
+    from scapy.all import Ether
+    from tests.conftest import run_program
+    from tests.pipeline_fixtures import closing, reply
+
+    pin = classifier.program_pin if hook == "tc" else classifier.load_xdp()
+
+    def from_mac(frame: bytes, mac: str) -> bytes:
+        out = Ether(frame)
+        out.src = mac
+        return bytes(out)
+
+    real = "02:00:00:00:00:b2"  # server 1's NIC, where the config says 02:00:00:00:00:02
+    run_program(pin, from_mac(reply(b"END\r\n", by=1, request_id=9), "02:00:00:00:00:c2"))
+    assert [m.seen for m in driver.server_macs()] == [(), (), ()]
+    run_program(pin, from_mac(closing(1, flags="A"), real))  # a segment of a controller's connection
+    assert [m.seen for m in driver.server_macs()] == [(), (real,), ()]
