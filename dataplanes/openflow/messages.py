@@ -108,10 +108,10 @@ def flooded_match(server: Server):
 
 
 def flooded_stats(dp) -> parser.OFPFlowDescStatsRequest:
-    """The L2 table's flows with their counts (flow desc: Open vSwitch answers no OpenFlow 1.5 flow stats request);
-    the per-server flood counts are those at FLOODED_PRIORITY."""
+    """The L2 flows that match on the BALANCED source, with their counts: the per-server flood rules, not the
+    learned MACs, which may be thousands (flow desc: Open vSwitch answers no OpenFlow 1.5 flow stats request)."""
     return parser.OFPFlowDescStatsRequest(dp, 0, L2, ofp.OFPP_ANY, ofp.OFPG_ANY, COOKIE, 0xffffffffffffffff,
-                                          parser.OFPMatch())
+                                          parser.OFPMatch(eth_src=BALANCED_SOURCE))
 
 
 def flooded_counts(replies: Sequence, servers: Sequence[Server]) -> list[int]:
