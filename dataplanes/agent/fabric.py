@@ -293,6 +293,11 @@ class FabricDriver(Driver):
     def closes_handled(self, server: int, closes: tuple) -> None:
         self._server_box(server).closes_handled(server, closes)
 
+    def closes_pending(self, server: int) -> bool:
+        """Pending on any box (every box counts the closes that pass it), every box asked at once."""
+        return any(self.fan_out.run([lambda box=box: box.closes_pending(server) for box in self.boxes],
+                                    (DriverError,)).results())
+
     def server_macs(self) -> list[MacSighting] | None:
         """Merged over the boxes (each server's own leaf sees its TCP segments); None if a box cannot tell."""
         per_box = [box.server_macs() for box in self.boxes]
