@@ -311,6 +311,23 @@ def test_a_fabric_box_that_comes_back_concerns_only_its_own_keys():
     assert fabric.held == {b"a0": 0}
 
 
+def test_a_fabric_says_a_servers_closes_are_pending_if_any_box_counted_one_nobody_acknowledged():
+    """Every box counts the closes that pass it; at attach none is acknowledged, so the core checks the server."""
+    from dataplanes.agent import Settings
+    from dataplanes.agent.fabric import FabricDriver
+    leaves = [RecordingDriver(), RecordingDriver()]
+    fabric = FabricDriver(Settings(boxes=("10.0.1.2:9600 s0", "10.0.1.6:9600 s1")), lambda settings: leaves.pop(0))
+    servers = [Server(f"s{i}", f"10.0.0.{i + 1}", f"02:00:00:00:00:0{i + 1}", 11211) for i in range(2)]
+    leaf0, leaf1 = fabric.boxes
+    leaf1.count_close(0)  # server 0's close, as the other leaf counted it before this controller
+    fabric.attach(servers, lambda frame: None)
+    assert [fabric.closes_pending(s) for s in range(2)] == [True, False]
+    leaf1.closes_handled(0, leaf1.server_closes(0))
+    assert [fabric.closes_pending(s) for s in range(2)] == [False, False]
+    leaf0.count_close(1)
+    assert [fabric.closes_pending(s) for s in range(2)] == [False, True]
+
+
 # --- a core taking over --------------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def servers():
