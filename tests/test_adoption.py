@@ -311,8 +311,9 @@ def test_a_fabric_box_that_comes_back_concerns_only_its_own_keys():
     assert fabric.held == {b"a0": 0}
 
 
-def test_a_fabric_says_a_servers_closes_are_pending_if_any_box_counted_one_nobody_acknowledged():
-    """Every box counts the closes that pass it; at attach none is acknowledged, so the core checks the server."""
+def test_a_fabric_says_a_servers_closes_are_pending_if_any_box_counted_one_and_acknowledges_them_on_every_box():
+    """Every box counts the closes that pass it; at attach none is acknowledged, so the core checks the server; once
+    it has, every box that counted one acknowledges it (a box left with one would balance no get to the server)."""
     from dataplanes.agent import Settings
     from dataplanes.agent.fabric import FabricDriver
     leaves = [RecordingDriver(), RecordingDriver()]
@@ -322,10 +323,13 @@ def test_a_fabric_says_a_servers_closes_are_pending_if_any_box_counted_one_nobod
     leaf1.count_close(0)  # server 0's close, as the other leaf counted it before this controller
     fabric.attach(servers, lambda frame: None)
     assert [fabric.closes_pending(s) for s in range(2)] == [True, False]
-    leaf1.closes_handled(0, leaf1.server_closes(0))
+    fabric.closes_handled(0, fabric.server_closes(0))  # what the core does once it checked server 0
     assert [fabric.closes_pending(s) for s in range(2)] == [False, False]
     leaf0.count_close(1)
+    leaf1.count_close(1)  # server 1's own leaf, and the other one its segments passed
     assert [fabric.closes_pending(s) for s in range(2)] == [False, True]
+    fabric.closes_handled(1, fabric.server_closes(1))  # every box that counted one acknowledges it
+    assert [leaf.closes_pending(1) for leaf in (leaf0, leaf1)] == [False, False]
 
 
 # --- a core taking over --------------------------------------------------------------------------------------------
