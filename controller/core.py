@@ -103,8 +103,8 @@ class ControllerCore:
         found = self.driver.attach(self.config.servers, self.submit_mirror, self.submit_reconnect)
         self._adopt(found)  # before the lease is renewed: a key not trusted is held dirty first
         self._check_macs()  # (then every COUNT_EVERY: /state says at once where the data plane cannot tell)
-        for server in range(len(self.config.servers)):  # the closes the driver acknowledged at attach
-            self._closes_handled[server] = self.driver.server_closes(server)
+        for server in range(len(self.config.servers)):
+            self._take_closes_at_start(server)
             self._rearm(server)
         self._publish()
         self.driver.renew_lease(self.config.controller.lease)
@@ -362,10 +362,20 @@ class ControllerCore:
         """The data plane counted a close of the server that no copy told of (read with a health probe)."""
         self._events.put(Closed(server))
 
+    def _take_closes_at_start(self, server: int) -> None:
+        """Closes the switches counted before this core started and nobody acknowledged (the server closed a
+        connection while no controller ran: it may have restarted empty) are handled by the worker as any close;
+        with none pending (a normal handover), the closes as they are count as handled: nothing to check."""
+        if self.driver.closes_pending(server):
+            self.submit_closed(server)  # (no record of its closes until handled: `_on_closed` says why)
+        else:
+            self._closes_handled[server] = self.driver.server_closes(server)
+
     def _on_closed(self, server: int) -> None:
         """The data plane saw the server close one of our connections: it may have died or restarted empty, and
         since then balances no get to it and holds its hot keys dirty. Its copies leave rotation (refilled, then
-        weighted again), its hot keys are checked at it as their home; then the data plane may balance to it."""
+        weighted again), its hot keys are checked at it as their home; then the data plane may balance to it. A
+        server whose closes this core has no record of had them pending at start: counted before it started."""
         try:
             seen = self.driver.server_closes(server)
         except DriverError as err:
@@ -373,6 +383,7 @@ class ControllerCore:
                                "the data plane until the next one is handled): %s", server, err)
         if seen == self._closes_handled.get(server):
             return  # handled already (its copy and the probe's poll both tell of it)
+        before_start = server not in self._closes_handled
         self._take_out_and_check(server)
         try:
             self.driver.closes_handled(server, seen)
@@ -382,9 +393,10 @@ class ControllerCore:
                         server, err)
         if server in self.health.down():  # each probe of a server that is down is refused: said once, when it went
             return log.debug("server %d refused a probe while down: it stays out of rotation", server)
+        when = " while no controller was running (before this one started)" if before_start else ""
         self._decide(Decision.SERVER_CLOSED, None, f"server {server} ({self.config.servers[server].name}) closed the "
-                                                   f"controller's connection (it may have restarted): weight 0 until "
-                                                   f"its copies are refilled; its hot keys checked at it")
+                                                   f"controller's connection{when} (it may have restarted): weight 0 "
+                                                   f"until its copies are refilled; its hot keys checked at it")
 
     def _take_out_and_check(self, server: int) -> None:
         """The server may have lost what it held: out of rotation until refilled, and its own hot keys checked at it
@@ -442,12 +454,13 @@ class ControllerCore:
 
     def watch_closes(self, server: int) -> None:
         """With every probe: a close of the server the data plane counted and no copy told of (lost, or a data plane
-        that copies none: the OpenFlow key classifier) is handled now."""
+        that copies none: the OpenFlow key classifier) is handled now; so is one pending at start whose handling
+        failed (no record of the server's closes yet)."""
         try:
             seen = self.driver.server_closes(server)
         except DriverError:
             return  # the data plane keeps the server out of rotation meanwhile
-        if seen != self._closes_handled.get(server, seen):
+        if seen != self._closes_handled.get(server):
             self.submit_closed(server)
 
     def _renew_lease(self) -> None:

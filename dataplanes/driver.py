@@ -276,6 +276,13 @@ class Driver(ABC):
         """The core has dealt with the server's closes up to `closes` (read before it took the server's copies out
         of rotation and checked its hot keys): gets may be balanced to it again where it has weight."""
 
+    def closes_pending(self, server: int) -> bool:
+        """Whether a switch counted closes of the server that nobody acknowledged (`closes_handled`): it balances no
+        get to the server meanwhile. A driver never acknowledges closes itself, at attach neither: those counted
+        while no controller ran (the server may have restarted empty) are the core's to handle at start (False
+        where the data plane watches no closes)."""
+        return False
+
     def server_macs(self) -> list[MacSighting] | None:
         """Per server (the index of attach's list), the MACs the switches saw its packets come from and its balanced
         gets they flooded, for the core to compare with the configured MAC (controller/mac_check.py); None where the
@@ -322,8 +329,8 @@ class Driver(ABC):
 # are derived from these lists (`forwards`), never written out, so a call added here reaches every side.
 HOT_KEY_CALLS = ("install_hot_key", "install_hot_keys", "set_weights", "remove_hot_key", "remove_hot_keys",
                  "set_dirty", "write_stamp", "write_stamps", "clear_dirty", "clear_dirty_keys", "renew_lease",
-                 "read_counters", "switch_counters", "server_closes", "closes_handled", "resume_stream",
-                 "blind_stream")
+                 "read_counters", "switch_counters", "server_closes", "closes_handled", "closes_pending",
+                 "resume_stream", "blind_stream")
 SWITCH_CALLS = ("set_forwarding", "set_tcp_homes", "stream_start", "unsure_quiet", "rearm_unsure", "server_macs",
                 "sketch_call", "owned_switches", "switches_gone")
 CALLS = HOT_KEY_CALLS + SWITCH_CALLS

@@ -103,6 +103,10 @@ class SwitchTables(Protocol):
     def set_closes_handled(self, server: int, count: int) -> None:
         """The controller has dealt with the server's closes up to `count`."""
 
+    def closes_pending(self, server: int) -> bool:
+        """Whether the switch counted closes of the server the controller has not dealt with (its count differs from
+        the handled one: no get is balanced to the server)."""
+
     def resume_stream(self, stream: StreamId, seq: int) -> None:
         """A command starts at `seq` of the connection read as a stream: that segment is read on its own again."""
 
@@ -439,6 +443,13 @@ class SlotBook:
             self._reachable()
             try:
                 self._on_each(lambda i, t: t.set_closes_handled(server, closes[i])).results()
+            except self.errors as err:
+                raise DriverError(f"closes of server {server}: {err}") from None
+
+    def closes_pending(self, server: int) -> bool:
+        with self.lock:
+            try:
+                return any(self._on_each(lambda _, t: t.closes_pending(server)).results())
             except self.errors as err:
                 raise DriverError(f"closes of server {server}: {err}") from None
 

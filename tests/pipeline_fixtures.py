@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 
 from scapy.all import IP, TCP, UDP, Ether, Raw
 
+from mbalancer.settings import Server
+
 CLIENT = ("02:00:00:00:00:aa", "10.0.0.100")
 CONTROLLER = ("02:00:00:00:00:fe", "10.0.0.254")  # a trusted source: its copies never make a server unsure
 SERVERS = (("02:00:00:00:00:01", "10.0.0.1", 11211), ("02:00:00:00:00:02", "10.0.0.2", 11211),
@@ -141,9 +143,10 @@ def key_of(length: int) -> bytes:
 MEMCASLAP_KEY = b"\x10" * 8 + b"joD9mL4Q\t\x7f"  # memcached reads every byte but space and the line end
 
 
-def closing(by: int, to: tuple = CONTROLLER, flags: str = "FA") -> bytes:
-    """Server `by`'s memcached closing its TCP connection to `to` (FIN, or RST)."""
-    mac, ip, port = SERVERS[by]
+def closing(by: int | Server, to: tuple = CONTROLLER, flags: str = "FA") -> bytes:
+    """Server `by`'s memcached (an index of SERVERS, or a config Server) closing its TCP connection to `to` (FIN, or
+    RST)."""
+    mac, ip, port = SERVERS[by] if isinstance(by, int) else (by.mac, by.ip, by.port)
     return bytes(Ether(src=mac, dst=to[0]) / IP(src=ip, dst=to[1]) / TCP(sport=port, dport=45000, flags=flags))
 
 

@@ -311,6 +311,27 @@ def test_a_fabric_box_that_comes_back_concerns_only_its_own_keys():
     assert fabric.held == {b"a0": 0}
 
 
+def test_a_fabric_says_a_servers_closes_are_pending_if_any_box_counted_one_and_acknowledges_them_on_every_box():
+    """Every box counts the closes that pass it; at attach none is acknowledged, so the core checks the server; once
+    it has, every box that counted one acknowledges it (a box left with one would balance no get to the server)."""
+    from dataplanes.agent import Settings
+    from dataplanes.agent.fabric import FabricDriver
+    leaves = [RecordingDriver(), RecordingDriver()]
+    fabric = FabricDriver(Settings(boxes=("10.0.1.2:9600 s0", "10.0.1.6:9600 s1")), lambda settings: leaves.pop(0))
+    servers = [Server(f"s{i}", f"10.0.0.{i + 1}", f"02:00:00:00:00:0{i + 1}", 11211) for i in range(2)]
+    leaf0, leaf1 = fabric.boxes
+    leaf1.count_close(0)  # server 0's close, as the other leaf counted it before this controller
+    fabric.attach(servers, lambda frame: None)
+    assert [fabric.closes_pending(s) for s in range(2)] == [True, False]
+    fabric.closes_handled(0, fabric.server_closes(0))  # what the core does once it checked server 0
+    assert [fabric.closes_pending(s) for s in range(2)] == [False, False]
+    leaf0.count_close(1)
+    leaf1.count_close(1)  # server 1's own leaf, and the other one its segments passed
+    assert [fabric.closes_pending(s) for s in range(2)] == [False, True]
+    fabric.closes_handled(1, fabric.server_closes(1))  # every box that counted one acknowledges it
+    assert [leaf.closes_pending(1) for leaf in (leaf0, leaf1)] == [False, False]
+
+
 # --- a core taking over --------------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def servers():
@@ -507,3 +528,41 @@ def test_a_switch_that_came_back_holding_its_keys_is_adopted_and_only_what_it_lo
         assert [(h["key"], h["state"]) for h in core.state()["hot_keys"]] == [(k.decode(), "clean") for k in KEYS]
     finally:
         core.stop()
+
+
+def test_a_server_that_closed_while_no_controller_ran_is_checked_before_it_is_balanced_to_again(servers):
+    """A server's memcached closed a connection of the controller's while no controller ran (it may have restarted
+    empty): the switch counted it and balances no get to it. The driver leaves it pending at attach
+    (`closes_pending`), and the new core handles it as any close: the server's copies out of rotation (weight 0,
+    refilled), its hot keys checked, the log saying why; only then is the close acknowledged and the server balanced
+    to. The acknowledgement refused once, the server stays out of rotation until the next probe's look handles it
+    again. The servers with nothing pending are left as they were."""
+    first, _ = first_leader(servers)
+    closed = 1
+    after = first.driver.successor()
+    die(first)
+    after.count_close(closed)  # its memcached closed the dead controller's connection
+    after.calls.clear()
+    after.refuse("closes_handled")
+    second = ControllerCore(config(servers), after, probe_health=False).start()
+    try:
+        assert second.wait_idle()
+        said = [d["reason"] for d in second.decisions_made() if d["action"] == "server-closed"]
+        assert len(said) == 1 and said[0].startswith(f"server {closed} ") and "no controller was running" in said[0]
+        out = {r.server for c in after.calls_of("set_weights") for r in c.args[0] if r.weight == 0}
+        assert out == {closed}  # out of rotation while refilled; no other server touched
+        weighted = lambda: all(r.weight > 0 for key in KEYS for r in after.table[key].replicas if r.server == closed)
+        assert eventually(weighted)  # refilled, weighted again ...
+        assert after.closes_pending(closed)  # ... but not acknowledged (refused): the switch sends it no get yet
+        copies = [key for key in KEYS if after.table[key].home != closed]  # (its own keys' gets go to it anyway)
+        assert copies and all(after.route(key, rid) != closed for key in copies for rid in range(50))
+        second.watch_closes(closed)  # what the health prober does before each probe
+        assert second.wait_idle()
+        assert not after.closes_pending(closed) and after.tables[0].closes_handled[closed] == 1
+        assert eventually(weighted)  # (taken out and refilled once more: a check that was not acknowledged)
+        assert all(closed in {after.route(key, rid) for rid in range(50)} for key in copies)  # balanced to again
+        assert not any(after.dirty(k) for k in KEYS)
+        said = [d["reason"] for d in second.decisions_made() if d["action"] == "server-closed"]
+        assert len(said) == 2 and all(r.startswith(f"server {closed} ") for r in said)
+    finally:
+        second.stop()

@@ -33,6 +33,7 @@ class Harness:
     reload: Callable[[], None]  # the switch comes back empty
     send: Callable[[bytes, int], None]  # a client's request (payload) to a server passes the switch
     successor: Callable[[], Driver]  # a new driver on the same switch (a controller that restarted)
+    close: Callable[[int], None]  # a server's memcached closes the controller's connection through the switch
 
 
 def recording_harness():
@@ -52,17 +53,18 @@ def recording_harness():
         if not whole:
             driver.unsure(server, b"")
 
-    yield Harness(driver, route, driver.reconnect, send, driver.successor)
+    yield Harness(driver, route, driver.reconnect, send, driver.successor, driver.count_close)
 
 
 def ebpf_harness():
     from tests.conftest import run_program
     from dataplanes.bpf.program import DataPlane
-    from tests.pipeline_fixtures import request_to
+    from tests.pipeline_fixtures import CONTROLLER, closing, request_to
 
     plane = DataPlane(f"contract{os.getpid()}").load()
     plane.serve([])
-    driver = registry.get("ebpf").make_driver(registry.get("ebpf").parse_settings({"switches": [plane.name]}))
+    settings = registry.get("ebpf").parse_settings({"switches": [plane.name], "trusted": [CONTROLLER[1]]})
+    driver = registry.get("ebpf").make_driver(settings)
     by_ip = {s.ip: i for i, s in enumerate(SERVERS)}
 
     def route(key: bytes, home: int, request_id: int) -> int:
@@ -79,10 +81,11 @@ def ebpf_harness():
         run_program(plane.program_pin, request_to(SERVERS[server], payload, udp=False))
 
     def successor() -> Driver:
-        return registry.get("ebpf").make_driver(registry.get("ebpf").parse_settings({"switches": [plane.name]}))
+        return registry.get("ebpf").make_driver(settings)
 
     try:
-        yield Harness(driver, route, reload, send, successor)
+        yield Harness(driver, route, reload, send, successor,
+                      lambda server: run_program(plane.program_pin, closing(SERVERS[server])))
     finally:
         driver.close()
         plane.unload()
@@ -95,11 +98,12 @@ def openflow_harness():
     from dataplanes.bpf.program import CLASSIFIER, DataPlane
     from dataplanes.openflow import Settings
     from tests.openflow_switch import RecordedSwitch
-    from tests.pipeline_fixtures import request_to
+    from tests.pipeline_fixtures import CONTROLLER, closing, request_to
 
     plane = DataPlane(f"contract{os.getpid()}", CLASSIFIER).load()
     switch = RecordedSwitch()
-    driver = OpenflowDriver(Settings(classifier=plane.name), switch)
+    settings = Settings(classifier=plane.name, trusted=(CONTROLLER[1],))
+    driver = OpenflowDriver(settings, switch)
     by_ip = {s.ip: i for i, s in enumerate(SERVERS)}
 
     def run(packet: bytes) -> bytes:
@@ -121,7 +125,7 @@ def openflow_harness():
     try:
         yield Harness(driver, route, reload, lambda payload, server: run(request_to(SERVERS[server], payload,
                                                                                     udp=False)),
-                      lambda: OpenflowDriver(Settings(classifier=plane.name), switch))
+                      lambda: OpenflowDriver(settings, switch), lambda server: run(closing(SERVERS[server])))
     finally:
         driver.close()
         plane.unload()
@@ -136,14 +140,15 @@ def p4_harness():
     from dataplanes.p4.bmv2 import Bmv2Switch
     from dataplanes.p4.pipeline import Pipeline
     from dataplanes.p4.veth_ports import Ports
-    from tests.pipeline_fixtures import request_to
+    from tests.pipeline_fixtures import CONTROLLER, closing, request_to
 
     ports = Ports(f"p4c{os.getpid() % 10000}", 2)
     bmv2 = Bmv2Switch(f"contract{os.getpid()}", ports.switch_ends)
     by_ip = {s.ip: i for i, s in enumerate(SERVERS)}
 
     def make() -> P4RuntimeDriver:
-        return P4RuntimeDriver(Settings(switches=(bmv2.address,), ports=(1, 2)), Pipeline())
+        return P4RuntimeDriver(Settings(switches=(bmv2.address,), ports=(1, 2), trusted=(CONTROLLER[1],)),
+                               Pipeline())
 
     def through(packet: bytes) -> bytes:
         ports.drain()
@@ -175,7 +180,8 @@ def p4_harness():
 
     try:
         yield Harness(driver, route, bmv2.restart,
-                      lambda payload, server: through(request_to(SERVERS[server], payload, udp=False)), successor)
+                      lambda payload, server: through(request_to(SERVERS[server], payload, udp=False)), successor,
+                      lambda server: through(closing(SERVERS[server])))
     finally:
         driver.close()
         bmv2.stop()
@@ -187,11 +193,13 @@ def agent_harness(tmp_path_factory):
     through it: the agent's driver over gRPC with a token; routes and requests through the real program."""
     from dataplanes.agent import Settings
     from dataplanes.agent.client import AgentDriver
+    from tests.pipeline_fixtures import CONTROLLER
 
     made = ebpf_harness()
     local = next(made)
     local.driver.close()  # the agent drives the switch; the ebpf harness keeps the program and its test runs
-    agent = AgentProcess(tmp_path_factory.mktemp("agent"), "ebpf", {"switches": [local.driver.book.pin_dirs[0].name]})
+    agent = AgentProcess(tmp_path_factory.mktemp("agent"), "ebpf", {"switches": [local.driver.book.pin_dirs[0].name],
+                                                                     "trusted": [CONTROLLER[1]]})
     settings = Settings(address=agent.address, token_file=str(agent.token_file), kind="ebpf")
     driver = AgentDriver(settings)
     drivers = [driver]
@@ -202,7 +210,7 @@ def agent_harness(tmp_path_factory):
         return drivers[-1]
 
     try:
-        yield Harness(driver, local.route, local.reload, local.send, successor)
+        yield Harness(driver, local.route, local.reload, local.send, successor, local.close)
     finally:
         for each in drivers:
             each.close()
@@ -349,6 +357,30 @@ def test_a_new_driver_reads_back_what_an_earlier_controller_left_and_keeps_it(ha
         assert set(spread(harness, b"d", 1)) == {1, 3} and after.write_stamp(b"k").writes == 0
         after.remove_hot_key(b"k")
         assert spread(harness, b"k", 0, 30) == {UNTOUCHED: 30}
+    finally:
+        after.close()
+
+
+def test_a_close_is_pending_until_the_core_handles_it_and_a_driver_attaching_later_leaves_it_so(harness):
+    """A server's memcached closing a connection of the controller's (it may have died, or restarted empty): the
+    switch balances it no get until the core acknowledges the close (`closes_handled`). A driver that attaches later
+    (a controller that took over) writes nothing for it: it reports it pending (`closes_pending`), for the core to
+    check the server before it acknowledges (core.start)."""
+    harness.driver.install_hot_key(b"k", 0, equal(0, 1))
+    clean(harness, b"k")
+    assert not any(harness.driver.closes_pending(s) for s in range(len(SERVERS)))
+    harness.close(1)
+    assert [harness.driver.closes_pending(s) for s in range(3)] == [False, True, False]
+    assert 1 not in spread(harness, b"k", 0, 60)
+    after = harness.successor()
+    after.attach(SERVERS, lambda frame: None)
+    try:
+        after.renew_lease(3600)
+        assert [after.closes_pending(s) for s in range(3)] == [False, True, False]  # not acknowledged at attach
+        assert 1 not in spread(harness, b"k", 0, 60)
+        after.closes_handled(1, after.server_closes(1))  # what the core does once it has checked the server
+        assert not any(after.closes_pending(s) for s in range(len(SERVERS)))
+        assert set(spread(harness, b"k", 0)) == {0, 1}
     finally:
         after.close()
 

@@ -99,7 +99,7 @@ def snapshot(address: str) -> set[bytes]:
     from dataplanes.p4 import entries as e
     from dataplanes.p4.pipeline import Pipeline
     pipeline = Pipeline()
-    entities = [e.table_entry(pipeline, t, {}) for t in (*KEY_TABLES, "servers", "forward")]
+    entities = [e.table_entry(pipeline, t, {}) for t in (*KEY_TABLES, "servers", "forward", "closes_handled")]
     entities += [e.counter_read(pipeline, c) for c in COUNTERS]
     channel = grpc.insecure_channel(address)
     try:
@@ -193,12 +193,11 @@ def test_a_second_driver_adopts_every_key_and_rebuilds_only_the_one_the_switches
         after.close()
 
 
-def test_closes_counted_before_a_driver_attaches_are_acknowledged_by_it(switches):
-    """A server closed a connection of the controller's after the first driver's last look (its predecessor's
-    connections ending as it stopped, or a restart): the next driver acknowledges the closes the switches counted
-    before it, as the eBPF driver does at open and as the core takes them (core.start records them as handled and
-    never writes them). Unacknowledged, the switch would send the server no balanced get again while the core
-    thinks it in rotation."""
+def test_closes_counted_before_a_driver_attaches_are_left_pending_for_the_core(switches):
+    """A server closed a connection of the controller's after the first driver's last look (it may have restarted
+    empty while no controller ran): the next driver writes nothing for it at attach (no `closes_handled` entry) and
+    reports it pending, so the core checks the server before it acknowledges the close (core.start); the switch
+    balances the server no get until then, and again once the close is acknowledged."""
     from tests.pipeline_fixtures import CONTROLLER, closing
     first = driver_of(switches, trusted=(CONTROLLER[1],))
     first.attach(SERVERS, lambda frame: None)
@@ -208,14 +207,19 @@ def test_closes_counted_before_a_driver_attaches_are_acknowledged_by_it(switches
     first.renew_lease(600)
     assert set(switches[0].spread(b"both", 0)) == {0, 1}
     switches[0].through(closing(1))  # server 1's memcached closes the controller's connection
-    assert first.server_closes(1) == (1, 0)
+    assert first.server_closes(1) == (1, 0) and first.closes_pending(1)
     assert set(switches[0].spread(b"both", 0)) == {0, UNTOUCHED}  # out of rotation until the close is handled
     first.let_go()
+    before = [s.snapshot() for s in switches]
     after = driver_of(switches, trusted=(CONTROLLER[1],))
     after.attach(SERVERS, lambda frame: None)
     try:
+        assert [s.snapshot() for s in switches] == before  # nothing written at attach, no closes_handled entry
+        assert [after.closes_pending(s) for s in range(len(SERVERS))] == [False, True, False, False]
         after.renew_lease(600)
-        assert after.server_closes(1) == (1, 0)
-        assert set(switches[0].spread(b"both", 0)) == {0, 1}  # acknowledged at attach: back in rotation
+        assert set(switches[0].spread(b"both", 0)) == {0, UNTOUCHED}  # still out of rotation
+        after.closes_handled(1, after.server_closes(1))  # the core, once it has checked the server
+        assert not after.closes_pending(1)
+        assert set(switches[0].spread(b"both", 0)) == {0, 1}  # back in rotation
     finally:
         after.close()

@@ -291,7 +291,20 @@ class FabricDriver(Driver):
         return self._server_box(server).server_closes(server)
 
     def closes_handled(self, server: int, closes: tuple) -> None:
-        self._server_box(server).closes_handled(server, closes)
+        """The server's own box takes `closes` (what the core read before its check); every other box that counted
+        one of its closes (a box its segments to the controller pass) acknowledges what it counted: else that box
+        would balance no get to the server for good. A close counted anywhere after the check began is counted by
+        the server's own box too, which the next probe compares."""
+        own = self._server_box(server)
+        own.closes_handled(server, closes)
+        others = [box for box in self.boxes if box is not own]
+        self.fan_out.run([lambda box=box: _acknowledge_pending(box, server) for box in others], (DriverError,)) \
+            .results()
+
+    def closes_pending(self, server: int) -> bool:
+        """Pending on any box (every box counts the closes that pass it), every box asked at once."""
+        return any(self.fan_out.run([lambda box=box: box.closes_pending(server) for box in self.boxes],
+                                    (DriverError,)).results())
 
     def server_macs(self) -> list[MacSighting] | None:
         """Merged over the boxes (each server's own leaf sees its TCP segments); None if a box cannot tell."""
@@ -339,3 +352,9 @@ class FabricDriver(Driver):
             yield order[i], outcomes.outcomes[i]
         if outcomes.failed:
             raise outcomes.failed[0][1]
+
+
+def _acknowledge_pending(box: Driver, server: int) -> None:
+    """One box's closes of the server acknowledged as it counted them now, where any is pending."""
+    if box.closes_pending(server):
+        box.closes_handled(server, box.server_closes(server))

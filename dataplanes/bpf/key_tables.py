@@ -155,10 +155,9 @@ class KeyTables(SlotBook):
             for pin_dir in self.pin_dirs:
                 opened.append(Tables(pin_dir))
                 tables = opened[-1]
+                # (closes counted before are not acknowledged here: the core handles them, Driver.closes_pending)
                 for index, server in enumerate(self.servers):
                     tables.set_server(index, server.mac, server.ip, server.port)
-                    # closes before this controller (its predecessor's connections ending): nothing of ours to check
-                    tables.set_closes_handled(index, tables.closes(index))
                 tables.add_memcached_ports(sorted({s.port for s in self.servers}))
                 for ip in sorted(own_addresses(self.servers) | set(self.trusted)):
                     tables.trust(ip)

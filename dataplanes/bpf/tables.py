@@ -192,6 +192,9 @@ class Tables(OneByOne):
     def set_closes_handled(self, server: int, count: int) -> None:
         self.maps["closes_handled"].update(U32.pack(server), U64.pack(count))
 
+    def closes_pending(self, server: int) -> bool:
+        return self.closes(server) != U64.unpack(self.maps["closes_handled"].lookup(U32.pack(server)))[0]
+
     def synced(self, slot: int) -> tuple[int, int]:
         return SYNCED.unpack(self.maps["synced"].lookup(U32.pack(slot)))
 

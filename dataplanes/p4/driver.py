@@ -149,23 +149,11 @@ class P4RuntimeDriver(SlotBookDriver):
                     self.clients.append(self._client(address))
                     kept.append(self._prepare(self.clients[-1], adopt=True))
                 self.book.use([P4Tables(c, self.pipeline) for c in self.clients])
-                found = self._read_back() if any(kept) else []
-                for tables, adopted in zip(self.book.switches, kept):
-                    if adopted:  # (a switch just pushed counted none)
-                        self._acknowledge_closes(tables)
-                return found
+                # (closes a switch counted before are not acknowledged here: the core handles them, closes_pending)
+                return self._read_back() if any(kept) else []
             except P4Error as err:
                 self._release()
                 raise DriverError(str(err)) from None
-
-    def _acknowledge_closes(self, tables: P4Tables) -> None:
-        """The closes an adopted switch counted before this driver attached (its predecessor's connections ending as
-        it stopped) acknowledged, as the eBPF driver does at open: the core takes the closes it reads at start as
-        handled (core.start) and never writes them. (After `_read_back`: it reads which servers have a
-        `closes_handled` entry.)"""
-        for server, closes in enumerate(tables.closes_of_every_server(len(self.book.servers))):
-            if closes:
-                tables.set_closes_handled(server, closes)
 
     def _release(self) -> None:
         for client in self.clients:

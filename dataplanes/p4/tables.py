@@ -228,9 +228,12 @@ class P4Tables:
     def closes(self, server: int) -> int:
         return self.count("server_closes", server)
 
-    def closes_of_every_server(self, servers: int) -> list[int]:
-        """`closes` of servers 0 .. servers - 1, in one read."""
-        return self._counts([("server_closes", server) for server in range(servers)], "the servers' closes")
+    def closes_pending(self, server: int) -> bool:
+        """The server's closes (the twin counter) differ from its `closes_handled` entry (none: 0 handled)."""
+        entry = e.table_entry(self.pipeline, "closes_handled", {"meta.checked_server": server})
+        handled = [e.params_of(self.pipeline, "handled_closes", entity)["count"]
+                   for entity in self.client.read([entry], f"closes of server {server} handled")]
+        return self.closes(server) != (handled[0] if handled else 0)
 
     def set_closes_handled(self, server: int, count: int) -> None:
         kind = e.MODIFY if server in self.handled_servers else e.INSERT

@@ -6,7 +6,8 @@ For unit tests of the core (ask `route` where a get would go, as faucet's tests 
 bookkeeping is the one every data plane uses (slots, write bases, stamps, holds, the lease), and the in-memory
 tables decide dirty state as a pipeline does, so there is no second implementation of the dirty rules here. What
 passes the switch is played by a test: `mirror(frame, key)` counts a write to the key at its home and delivers the
-copy, `count_write(key)` counts one whose copy never comes, `unsure(server, frame)` a request nobody can read;
+copy, `count_write(key)` counts one whose copy never comes, `unsure(server, frame)` a request nobody can read,
+`count_close(server)` a server closing a connection of the controller's (acknowledged by the core alone);
 `reconnect()` plays a switch that came back empty; `macs` is what it reports of the servers' MACs; `refuse(...)`
 makes chosen calls fail as a network driver's would; `leftover(...)` plays keys a previous controller left behind,
 `lease_left(...)` the switches' lease, and `successor()` a controller that takes over the same switches (a driver
@@ -172,6 +173,12 @@ class RecordingDriver(SlotBookDriver):
             self.tables[0].count_unsure(server)
         self.mirror(frame)
 
+    def count_close(self, server: int) -> None:
+        """`server`'s memcached closed a connection of the controller's, as the first switch counts it (no copy
+        delivered): no get balanced to it, its hot keys dirty, until the core acknowledges it (closes_handled)."""
+        with self.book.lock:
+            self.tables[0].count_close(server)
+
     def reconnect(self) -> None:
         """The switches came back empty: every table is new; the core is told to install its keys again."""
         with self.book.lock:
@@ -211,23 +218,15 @@ class RecordingDriver(SlotBookDriver):
         with self.book.lock:
             self.book.servers = tuple(servers)
             self.book.use(self._views())
-            found = read_back(self.book)
-            for tables in self.tables:
-                self._handled(tables)
-        return found
+            return read_back(self.book)  # (closes counted before are the core's to handle: closes_pending)
 
     def _views(self) -> list[MemoryTables]:
         """What the book writes: the switches' tables themselves."""
         return self.tables
 
     def _fill(self, tables: MemoryTables) -> None:
-        """What the driver writes to a switch that came back empty: closes so far handled, the lease."""
-        self._handled(tables)
+        """What the driver writes to a switch that came back empty: the lease."""
         tables.set_lease(self.book.lease_until)
-
-    def _handled(self, tables: MemoryTables) -> None:
-        for server in range(len(self.book.servers)):
-            tables.set_closes_handled(server, tables.closes(server))
 
     def _release(self) -> None:
         pass  # the tables stay, as a switch's do

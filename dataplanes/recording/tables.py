@@ -4,8 +4,8 @@ the `none` data plane (the recording driver, driver.py) and the simulated fabric
 The tables decide as every pipeline does (docs/architecture.md, "The pipeline"): a key is dirty while held, or while
 its slot's write count or its home's unsure count differs from what the controller synced it to, and every key acts
 dirty once the lease has run out. What passes the switch is played by the caller: a write to a hot key's home
-(`count_write`), a request to a server nobody can read (`count_unsure`), a get (`route`: where it goes, counted as
-the switch counts it). Each call of the book's is one request (`requests`), taking `delay` seconds: what reaching a
+(`count_write`), a request to a server nobody can read (`count_unsure`), a server closing a connection of the
+controller's (`count_close`), a get (`route`: where it goes, counted as the switch counts it). Each call of the book's is one request (`requests`), taking `delay` seconds: what reaching a
 switch across the network costs.
 """
 from __future__ import annotations
@@ -109,6 +109,10 @@ class MemoryTables:
         self._request("set_closes_handled")
         self.closes_handled[server] = count
 
+    def closes_pending(self, server: int) -> bool:
+        self._request("closes_pending")
+        return self._suspect(server)
+
     def resume_stream(self, stream: StreamId, seq: int) -> None:
         self._request("resume_stream")
 
@@ -172,6 +176,16 @@ class MemoryTables:
         self.unsure_counts[server] += 1
         self.switch["unsure"] += 1
 
+    def count_close(self, server: int) -> None:
+        """`server`'s memcached closed a connection of the controller's (it may have restarted empty): until the
+        controller has dealt with it, no get is balanced to it, and (an unsure request) its hot keys are dirty."""
+        self.closes_seen[server] += 1
+        self.count_unsure(server)
+
+    def _suspect(self, server: int) -> bool:
+        """It closed a connection of the controller's since the controller last dealt with its closes."""
+        return self.closes_seen[server] != self.closes_handled[server]
+
     def dirty(self, key: bytes) -> bool:
         """Whether the key's gets go home: held, or a count moved since the controller synced it (KeyError: not
         hot here)."""
@@ -181,7 +195,7 @@ class MemoryTables:
     def route(self, key: bytes, request_id: int) -> int | None:
         """Where a get for `key` goes: None when it passes untouched (not hot, dirty, or the lease out: to the
         server it was sent to), else the replica whose range of the request's hash (0..WEIGHT_ONE) holds it,
-        counted as the switch counts it."""
+        counted as the switch counts it; None too where that replica may have lost its copy (`count_close`)."""
         entry = self.hot.get(key)
         if entry is None:
             return None
@@ -193,8 +207,11 @@ class MemoryTables:
         point = (request_id * 2654435761 % 2 ** 32) * WEIGHT_ONE >> 32
         index = next(i for i, bound in enumerate(entry.cumulative) if point < bound)
         counts.per_replica[index] += 1
+        chosen = entry.servers[index]
+        if chosen != entry.home and self._suspect(chosen):
+            return None
         self.switch["balanced"] += 1
-        return entry.servers[index]
+        return chosen
 
     def reload(self) -> None:
         """The switch came back empty (restarted, reloaded): every table and count is new."""
