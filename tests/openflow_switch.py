@@ -1,7 +1,7 @@
 """A recorded OpenFlow switch for tests that need no switch (faucet's FakeOFTable way): it applies the OpenFlow
-driver's messages to a flow and group table, answers flow and group stats, and picks a get's bucket the way Open vSwitch's
-hash selection does (the highest hash(bucket, tag) x weight; a hash of our own, so the same shares, not OVS's
-exact choices)."""
+driver's messages to a flow and group table, answers flow and group stats, and picks a get's bucket the way Open
+vSwitch's hash selection does (the highest hash(bucket, tag) x weight; a hash of our own, so the same shares, not
+OVS's exact choices)."""
 from __future__ import annotations
 
 import hashlib

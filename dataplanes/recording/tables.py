@@ -5,8 +5,8 @@ The tables decide as every pipeline does (docs/architecture.md, "The pipeline"):
 its slot's write count or its home's unsure count differs from what the controller synced it to, and every key acts
 dirty once the lease has run out. What passes the switch is played by the caller: a write to a hot key's home
 (`count_write`), a request to a server nobody can read (`count_unsure`), a server closing a connection of the
-controller's (`count_close`), a get (`route`: where it goes, counted as the switch counts it). Each call of the book's is one request (`requests`), taking `delay` seconds: what reaching a
-switch across the network costs.
+controller's (`count_close`), a get (`route`: where it goes, counted as the switch counts it). Each call of the
+book's is one request (`requests`), taking `delay` seconds: what reaching a switch across the network costs.
 """
 from __future__ import annotations
 
