@@ -82,6 +82,15 @@ class RoleChange:
     deadline: float | None = None  # LOST for want of renewals: the lead's deadline that ran out (same clock as `at`)
 
 
+@dataclass(frozen=True)
+class Round:
+    """One round of asking every etcd endpoint in turn until one answers."""
+    answered: bool
+    answer: object  # what the endpoint that answered said (None: none did)
+    errors: list[str]  # why each endpoint asked before it (or every one) did not answer
+    all_refused: bool  # every one that did not answer refused the connection: a failure that came at once
+
+
 class Election:
     """A candidate for `key` on etcd `endpoints` ("http://host:port"), known to the others as `identity`."""
 
@@ -365,16 +374,15 @@ class Election:
         thawed amid a raft election, closed a first contact at once in a CI run with two CPU hogs)."""
         deadline = time.monotonic() + FIRST_TIMEOUT
         while True:
-            answered, answer, errors, refused = self._ask_each(request)
-            if answered:
-                return answer
-            if self._answered or not refused or time.monotonic() + FIRST_RETRY > deadline:
-                raise ElectionError(f"etcd: {'; '.join(errors)}")
+            asked = self._ask_each(request)
+            if asked.answered:
+                return asked.answer
+            if self._answered or not asked.all_refused or time.monotonic() + FIRST_RETRY > deadline:
+                raise ElectionError(f"etcd: {'; '.join(asked.errors)}")
             time.sleep(FIRST_RETRY)
 
-    def _ask_each(self, request) -> "tuple[bool, object, list[str], bool]":
-        """One round of _ask over the endpoints: (answered, the answer, why each did not, whether every one that
-        did not refused the connection, a failure that came at once)."""
+    def _ask_each(self, request) -> Round:
+        """One round of _ask over the endpoints."""
         import requests  # etcd3gw's own HTTP client: an answer cut off midway (a member killed) is its error alone
         errors, refused = [], True
         for step in range(len(self.clients)):
@@ -401,8 +409,8 @@ class Election:
             if index != self._current:
                 log.warning("etcd: now through %s:%s (%s)", client.host, client.port, "; ".join(errors))
                 self._current = index
-            return True, answer, errors, refused
-        return False, None, errors, refused
+            return Round(True, answer, errors, refused)
+        return Round(False, None, errors, refused)
 
     def _logged_in(self, client, request):
         """`request(client)`, logged in first where etcd's auth is on (and once more if etcd says the token went)."""
