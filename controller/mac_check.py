@@ -23,11 +23,9 @@ class MacStatus(Enum):
     UNSEEN = "not seen yet"  # no TCP segment of it passed a switch, no get to it was flooded
     OK = "ok"  # seen with the configured MAC
     MISMATCH = "mismatch"  # seen with another MAC: gets rewritten to the configured one are lost
-    FLOODED = "flooded"  # gets to it flooded, and no switch saw the configured MAC: they are likely lost
+    FLOODED = "flooded"  # gets to it flooded, and no switch saw the configured MAC: they are likely lost (out once
+    # they go on being flooded from one check to the next)
     UNSUPPORTED = "not supported by this data plane"  # P4: the switch does not say
-
-
-WRONG = frozenset({MacStatus.MISMATCH, MacStatus.FLOODED})
 
 
 @dataclass(frozen=True)
@@ -36,10 +34,6 @@ class MacVerdict:
     configured: str
     seen: tuple[str, ...] = ()
     flooded: int = 0
-
-    @property
-    def wrong(self) -> bool:
-        return self.status in WRONG
 
     def describe(self, index: int, name: str) -> str:
         """One line naming both MACs, for the decision log."""
@@ -75,6 +69,16 @@ def verdicts(servers: Sequence[Server], sightings: Sequence[MacSighting] | None)
     return [verdict(server.mac, None if sightings is None else sightings[i]) for i, server in enumerate(servers)]
 
 
+def _confirmed(now: MacVerdict, before: MacVerdict) -> bool:
+    """Whether a verdict takes the server out: a MAC seen wrong at once; gets flooded to a server never seen only
+    if they went on being flooded since the check before. A switch that has not learned the server's MAC yet (just
+    attached, restarted) floods a few of its gets until the server's first frame through it; a wrong MAC floods
+    every get balanced to it."""
+    if now.status is MacStatus.MISMATCH:
+        return True
+    return now.status is MacStatus.FLOODED and before.status is MacStatus.FLOODED and now.flooded > before.flooded
+
+
 class MacWatch:
     """The latest verdicts and the servers found wrong (kept for good). Updated by one thread (the core's counters
     thread), read by any: both are replaced whole, never changed in place."""
@@ -86,8 +90,10 @@ class MacWatch:
 
     def update(self, sightings: Sequence[MacSighting] | None) -> dict[int, MacVerdict]:
         """Take the driver's report; returns the servers newly found wrong, with their verdicts."""
-        self.latest = verdicts(self.servers, sightings)
-        new = {i: v for i, v in enumerate(self.latest) if v.wrong and i not in self.wrong}
+        latest = verdicts(self.servers, sightings)
+        new = {i: v for i, (v, before) in enumerate(zip(latest, self.latest))
+               if i not in self.wrong and _confirmed(v, before)}
+        self.latest = latest
         if new:
             self.wrong = {**self.wrong, **new}
         return new

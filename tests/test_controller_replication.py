@@ -771,17 +771,23 @@ def test_the_probe_finds_a_server_that_was_flushed_or_restarted():
 
 
 def test_gets_flooded_to_a_replica_the_switch_never_saw_take_it_out_for_good(core):
-    """The switch flooded gets balanced to replica 2 and never saw a packet from its configured MAC: the same alarm
-    as a MAC seen wrong (controller/mac_check.py). It gets weight 0 in every replica set, one line says why, and it
-    stays out when its health says "up" (only a restart with its entry fixed brings it back)."""
+    """The switch went on flooding gets balanced to replica 2 from one check to the next and never saw a packet
+    from its configured MAC: the same alarm as a MAC seen wrong (controller/mac_check.py). It gets weight 0 in every
+    replica set, one line says why, and it stays out when its health says "up" (only a restart with its entry fixed
+    brings it back)."""
     from dataplanes.driver import MacSighting
     driver = core.driver
     key = next(k for k in (b"f%d" % i for i in range(100)) if core.key_hash.server_of(k) != 2)
     store(core, key, b"value")
     warm(core, key)
     assert {r.server: r.weight for r in driver.table[key].replicas}[2] > 0
-    driver.macs = [MacSighting((s.mac,)) for s in core.config.servers[:2]] + [MacSighting(flooded=3)]
+    seen = [MacSighting((s.mac,)) for s in core.config.servers[:2]]
+    driver.macs = seen + [MacSighting(flooded=1)]
     core._check_macs()  # what the counters thread does every second
+    assert core.wait_idle()
+    assert {r.server: r.weight for r in driver.table[key].replicas}[2] > 0  # a switch still learning floods a few
+    driver.macs = seen + [MacSighting(flooded=3)]
+    core._check_macs()
     assert core.wait_idle()
     assert {r.server: r.weight for r in driver.table[key].replicas}[2] == 0
     line = next(d["reason"] for d in core.decisions_made() if d["action"] == "server-mac")

@@ -52,6 +52,23 @@ def test_a_server_found_wrong_stays_wrong_until_a_restart():
         verdicts(servers, [MacSighting()])
 
 
+def test_gets_flooded_to_a_server_never_seen_take_it_out_only_if_they_go_on_being_flooded():
+    """A switch that has not learned a server's MAC yet (just attached, restarted) floods a few of its gets until
+    the server's first frame through it: reported as flooded, not taken out. A wrong MAC floods every get balanced to
+    it: flooded at two checks in a row, more at the second, it is out."""
+    servers = [Server("a", "10.0.0.1", "02:00:00:00:00:01"), Server("b", "10.0.0.2", "02:00:00:00:00:02")]
+    watch = MacWatch(servers)
+    assert watch.update([MacSighting(), MacSighting(flooded=2)]) == {}
+    assert watch.state(1)["status"] == "flooded" and watch.state(1)["out_of_rotation"] is None
+    assert watch.update([MacSighting(), MacSighting(flooded=2)]) == {}  # the switch learned it: no more floods
+    assert watch.update([MacSighting(), MacSighting(("02:00:00:00:00:02",), flooded=2)]) == {}
+    assert watch.wrong == {}
+    other = MacWatch(servers)
+    assert other.update([MacSighting(), MacSighting(flooded=1)]) == {}
+    found = other.update([MacSighting(), MacSighting(flooded=3)])
+    assert list(found) == [1] and found[1].status is MacStatus.FLOODED and found[1].flooded == 3
+
+
 # --- a MAC as written and as switches hold it ------------------------------------------------------------------------
 def test_a_mac_goes_to_its_bytes_or_value_and_back_as_the_config_writes_it():
     assert mac_bytes(CONFIGURED) == mac_bytes(CONFIGURED.upper()) == b"\x02\x00\x00\x00\x00\x0a"
