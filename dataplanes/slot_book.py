@@ -429,11 +429,7 @@ class SlotBook:
             raise DriverError(f"the {self.what} has no switch open (not attached, or being reopened)")
 
     def server_closes(self, server: int) -> tuple:
-        with self.lock:
-            try:
-                return tuple(self._on_each(lambda _, t: t.closes(server)).results())
-            except self.errors as err:
-                raise DriverError(f"closes of server {server}: {err}") from None
+        return tuple(self._read_closes(server, lambda t: t.closes(server)))
 
     def closes_handled(self, server: int, closes: tuple) -> None:
         with self.lock:
@@ -447,9 +443,13 @@ class SlotBook:
                 raise DriverError(f"closes of server {server}: {err}") from None
 
     def closes_pending(self, server: int) -> bool:
+        return any(self._read_closes(server, lambda t: t.closes_pending(server)))
+
+    def _read_closes(self, server: int, read: Callable[[SwitchTables], object]) -> list:
+        """`read(switch)` of every switch, in switch order; a refusal as one DriverError about the server's closes."""
         with self.lock:
             try:
-                return any(self._on_each(lambda _, t: t.closes_pending(server)).results())
+                return self._on_each(lambda _, t: read(t)).results()
             except self.errors as err:
                 raise DriverError(f"closes of server {server}: {err}") from None
 
